@@ -1,0 +1,368 @@
+"""The event catalog: every fact and decision on the stream, as msgspec Structs.
+
+Rules (schema evolution, see docs/events.md):
+- Structs are ``frozen=True, kw_only=True`` and tagged by class name in the field ``type``.
+- Every event carries ``ts`` (seconds, from the publisher's clock or the simulator's virtual
+  clock) and ``src`` (publisher id). The stream sequence number is the event's identity.
+- New fields are appended with defaults; a tag is never renamed and a type never changed.
+  Breaking changes bump ``SCHEMA_MAJOR`` in ``events.codec``.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+from events.ids import (
+    BlockHash,
+    BranchId,
+    BranchMode,
+    NodeId,
+    Phase,
+    RequestId,
+    Role,
+    SwitchMechanism,
+    Tier,
+)
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=True, gc=False):
+    """Base of every event: when (``ts``, seconds) and who published it (``src``)."""
+
+    ts: float
+    src: str = ""
+
+
+# --------------------------------------------------------------------------- harness signals
+class BranchOpened(Event, frozen=True, kw_only=True, gc=False):
+    """A branch (unit of context with its own request sequence) starts.
+
+    ``mode`` is ``root`` for a new agent session, ``fork`` for a branch that reuses its
+    parent's context, ``subagent`` for a branch with a fresh context.
+    """
+
+    branch: BranchId
+    parent: BranchId | None = None
+    mode: BranchMode = "root"
+    session: str = ""
+
+
+class RequestSubmitted(Event, frozen=True, kw_only=True, gc=False):
+    """A request of a branch arrives at the gateway (or the trace driver).
+
+    ``blocks`` are the chained hashes of the prompt's full blocks of ``block_tokens`` tokens;
+    ``prompt_tokens - len(blocks) * block_tokens`` tokens form the partial tail block.
+    ``max_tokens`` is the output budget; the simulated engines generate exactly this many
+    tokens (like benchmarks with ``ignore_eos``), so a trace's recorded output length goes here.
+    """
+
+    request: RequestId
+    branch: BranchId
+    version: int = 0
+    blocks: list[BlockHash] = []
+    prompt_tokens: int = 0
+    max_tokens: int = 0
+    block_tokens: int = 64
+
+
+class ContextCompacted(Event, frozen=True, kw_only=True, gc=False):
+    """The harness rewrote a branch's context (``version`` is the new, bumped version)."""
+
+    branch: BranchId
+    version: int
+    blocks: list[BlockHash] = []
+
+
+class BranchEnded(Event, frozen=True, kw_only=True, gc=False):
+    """A branch finished; no further request will reference it."""
+
+    branch: BranchId
+
+
+# --------------------------------------------------------------------------- KV facts
+class KvStored(Event, frozen=True, kw_only=True, gc=False):
+    """``node`` now holds ``blocks`` in ``tier``. ``request``/``branch`` name the producer if known."""
+
+    node: NodeId
+    tier: Tier
+    blocks: list[BlockHash] = []
+    request: RequestId | None = None
+    branch: BranchId | None = None
+
+
+class KvEvicted(Event, frozen=True, kw_only=True, gc=False):
+    """``node`` dropped ``blocks`` from ``tier``."""
+
+    node: NodeId
+    tier: Tier
+    blocks: list[BlockHash] = []
+
+
+class KvMoved(Event, frozen=True, kw_only=True, gc=False):
+    """KV copied from ``src_node`` to ``dst_node`` (the source keeps its copy).
+
+    Within a phase (P2P, D2D) the active-branch count follows the copy to the destination;
+    across phases (P2D, D2P) both copies keep it (METHOD.md §4.1).
+    """
+
+    src_node: NodeId
+    dst_node: NodeId
+    blocks: list[BlockHash] = []
+    src_phase: Phase = "prefill"
+    dst_phase: Phase = "decode"
+    dst_tier: Tier = "L1"
+    request: RequestId | None = None
+    branch: BranchId | None = None
+
+
+class KvFetched(Event, frozen=True, kw_only=True, gc=False):
+    """A queued request's KV was fetched from a peer's host memory (L2) to ``dst_node``."""
+
+    request: RequestId
+    src_node: NodeId
+    dst_node: NodeId
+    blocks: list[BlockHash] = []
+    duration_s: float = 0.0
+    hidden_s: float = 0.0  # part of the fetch that overlapped the queue wait
+
+
+# --------------------------------------------------------------------------- engine facts
+class NodeRegistered(Event, frozen=True, kw_only=True, gc=False):
+    """An engine joined the partition with its role and capacities."""
+
+    node: NodeId
+    role: Role
+    gpus: int = 4
+    l1_capacity_tokens: int = 0
+    l2_capacity_tokens: int = 0
+    prefill_token_budget: int = 16384
+    max_running_requests: int = 256
+    t_fwd: float = 1.0  # tokens each request feeds per decode iteration (>1 with speculation)
+    profile: str = ""
+
+
+class NodeHeartbeat(Event, frozen=True, kw_only=True, gc=False):
+    """Periodic liveness and load report of an engine."""
+
+    node: NodeId
+    role: Role
+    running: int = 0
+    queued: int = 0
+    l1_used_tokens: int = 0
+    l2_used_tokens: int = 0
+
+
+class NodeRemoved(Event, frozen=True, kw_only=True, gc=False):
+    """A node left the partition (shut down, or missed its heartbeats); its KV is gone."""
+
+    node: NodeId
+    reason: str = ""
+
+
+class IterationDone(Event, frozen=True, kw_only=True, gc=False):
+    """One scheduler iteration of ``phase`` on ``node`` finished.
+
+    Prefill: ``sum_t_uc`` new tokens, ``sum_A`` query-key pairs, ``sum_t_rst`` tokens restored
+    from host memory, ``sum_t_c`` cached tokens. Decode: ``batch`` running requests,
+    ``t_fwd`` tokens fed per request, ``accepted_tokens`` tokens emitted in total.
+    """
+
+    node: NodeId
+    phase: Phase
+    duration_s: float
+    batch: int = 0
+    sum_t_uc: int = 0
+    sum_A: float = 0.0
+    sum_t_rst: int = 0
+    sum_t_c: int = 0
+    t_fwd: float = 1.0
+    accepted_tokens: int = 0
+    queued: int = 0
+
+
+class RequestStarted(Event, frozen=True, kw_only=True, gc=False):
+    """``request`` entered the running batch of ``phase`` on ``node``."""
+
+    request: RequestId
+    node: NodeId
+    phase: Phase
+
+
+class FirstToken(Event, frozen=True, kw_only=True, gc=False):
+    """The first output token of ``request`` was produced (ends prefill)."""
+
+    request: RequestId
+    node: NodeId
+
+
+class RequestFinished(Event, frozen=True, kw_only=True, gc=False):
+    """``request`` finished decoding on ``node`` (or failed: ``error`` set)."""
+
+    request: RequestId
+    node: NodeId
+    output_tokens: int = 0
+    error: str = ""
+
+
+# --------------------------------------------------------------------------- decisions
+class FetchStep(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """Fetch ``n_blocks`` blocks of the request, starting at index ``first_block`` of its
+    block list, from ``src_node``'s ``tier``."""
+
+    src_node: NodeId
+    first_block: int
+    n_blocks: int
+    tier: Tier = "L2"
+
+
+class NodeScore(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One candidate node's score in a routing decision (lower is better for our router)."""
+
+    node: NodeId
+    score: float
+    t_c: int = 0
+    queue_s: float = 0.0
+    fetch_excess_s: float = 0.0
+
+
+class RouteDecided(Event, frozen=True, kw_only=True, gc=False):
+    """The router placed ``request``: prefill on ``prefill_node``, decode on ``decode_node``.
+
+    ``t_c``/``t_uc`` are cached/uncached prompt tokens at the chosen node after the planned
+    ``fetch_plan``; ``scores`` explain the choice; ``reroute`` marks a move of a queued
+    request off a node that is switching role.
+    """
+
+    request: RequestId
+    prefill_node: NodeId
+    decode_node: NodeId
+    t_c: int = 0
+    t_uc: int = 0
+    fetch_plan: list[FetchStep] = []
+    predicted_ttft_s: float = 0.0
+    policy: str = ""
+    scores: list[NodeScore] = []
+    reroute: bool = False
+    branch: BranchId | None = None
+    shadow: bool = False  # decided by a router in shadow: nobody acts on it
+
+
+class ModelFitted(Event, frozen=True, kw_only=True, gc=False):
+    """Iteration-time model of ``phase`` on ``node`` fitted by NNLS.
+
+    Prefill: ``[c0, c1, c2, c3]`` for eq. 1; decode: ``[d0, d1, d2]`` for eq. 2 (seconds).
+    ``mape`` is the mean absolute percentage error on held-back samples.
+    """
+
+    node: NodeId
+    phase: Phase
+    coefficients: list[float] = []
+    samples: int = 0
+    mape: float = 0.0
+
+
+class Split(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    prefill: int
+    decode: int
+
+
+class Candidate(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One candidate split evaluated over a planning window."""
+
+    split: Split
+    mean_gain: float
+    se: float
+    throughput: float = 0.0
+    predicted_ttft_p95_s: float = 0.0
+    passed: bool = False
+    veto: str = ""
+
+
+class PlanEvaluated(Event, frozen=True, kw_only=True, gc=False):
+    """The planner compared candidate splits at the end of a window."""
+
+    window_start: float
+    window_end: float
+    current: Split
+    candidates: list[Candidate] = []
+    chosen: Split | None = None
+    reason: str = ""
+    planner: str = ""
+
+
+class RoleSwitchOrdered(Event, frozen=True, kw_only=True, gc=False):
+    """The planner decided that ``node`` changes role to ``to_role``."""
+
+    node: NodeId
+    from_role: Role
+    to_role: Role
+    mechanism: SwitchMechanism = "in_place"
+    reason: str = ""
+
+
+class AnomalyReported(Event, frozen=True, kw_only=True, gc=False):
+    """A consumer met input that violates an invariant (unknown branch, unknown block, ...).
+
+    Counted and reported, never fatal. ``ref`` names the offending entity.
+    """
+
+    component: str
+    kind: str
+    ref: str = ""
+    detail: str = ""
+
+
+# --------------------------------------------------------------------------- commands and acks
+class SwitchRole(Event, frozen=True, kw_only=True, gc=False):
+    """Command (on ``ei.<partition>.cmd.<node>``): drain and change role."""
+
+    node: NodeId
+    to_role: Role
+    mechanism: SwitchMechanism = "in_place"
+
+
+class RoleSwitched(Event, frozen=True, kw_only=True, gc=False):
+    """Ack: ``node`` now serves ``role``; ``drained`` requests finished during the switch."""
+
+    node: NodeId
+    role: Role
+    drained: int = 0
+    duration_s: float = 0.0
+    kv_dropped: bool = False
+
+
+# --------------------------------------------------------------------------- clock
+class Tick(Event, frozen=True, kw_only=True, gc=False):
+    """Clock tick published by the planner adapter or the simulator: planning windows and
+    timeouts close on ticks so a replay sees the same time."""
+
+
+AnyEvent = Union[
+    BranchOpened,
+    RequestSubmitted,
+    ContextCompacted,
+    BranchEnded,
+    KvStored,
+    KvEvicted,
+    KvMoved,
+    KvFetched,
+    NodeRegistered,
+    NodeHeartbeat,
+    NodeRemoved,
+    IterationDone,
+    RequestStarted,
+    FirstToken,
+    RequestFinished,
+    RouteDecided,
+    ModelFitted,
+    PlanEvaluated,
+    RoleSwitchOrdered,
+    AnomalyReported,
+    SwitchRole,
+    RoleSwitched,
+    Tick,
+]
+
+EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__  # type: ignore[attr-defined]
+EVENT_BY_NAME: dict[str, type[Event]] = {t.__name__: t for t in EVENT_TYPES}

@@ -1,0 +1,1 @@
+"""Agent traces, workload generators, importers, the cluster simulator, log replay, reports."""

@@ -1,0 +1,1 @@
+"""Evolving Infra services: bus adapter, pure decision cores and their service adapters."""
