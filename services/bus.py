@@ -1,0 +1,484 @@
+"""The bus: one JetStream stream per partition, typed events in, typed deliveries out.
+
+``NatsBus`` talks to a real NATS JetStream server through nats-py; ``InMemoryBus`` is its
+twin for unit tests. Both pass the same contract tests (``tests/contract/test_bus.py``).
+
+Delivery semantics (both backends):
+
+- Every event is published on its subject (``events.subjects.subject_for``) with the schema
+  version header; an optional ``msg_id`` becomes ``Nats-Msg-Id`` and a duplicate inside the
+  stream's duplicate window is not stored twice (the original's sequence is returned).
+- A durable consumer delivers in stream order with the stream sequence, and resumes after the
+  last sequence it acknowledged: on (re)start it is re-created at ``ack floor + 1``, so nothing
+  acknowledged is redelivered and nothing unacknowledged is lost. Acks are cumulative
+  (``AckPolicy.ALL``) and sent in batches; a consumer must still be idempotent on the sequence
+  (``services.core.Sequenced``), since a crash between applying and acking redelivers.
+- A message that fails to decode (garbage, newer major schema) is copied to the dead-letter
+  subject ``eidlq.<partition>.<consumer>`` with the reason in headers, logged, counted, and
+  skipped; the consumer goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections import deque
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from events import codec
+from events.catalog import AnyEvent, Event
+from events.subjects import (
+    DEFAULT_PARTITION,
+    all_subjects,
+    dlq_stream_name,
+    dlq_subject,
+    dlq_subjects,
+    stream_name,
+    subject_for,
+    token,
+)
+from services.logging import get_logger
+
+log = get_logger("bus")
+
+DLQ_REASON = "Ei-Dlq-Reason"
+DLQ_SUBJECT = "Ei-Dlq-Subject"
+DLQ_SEQ = "Ei-Dlq-Seq"
+DLQ_CONSUMER = "Ei-Dlq-Consumer"
+MSG_ID = "Nats-Msg-Id"
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One event as delivered: its stream sequence, subject, typed event and headers."""
+
+    seq: int
+    subject: str
+    event: AnyEvent
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    subject: str
+    reason: str
+    consumer: str
+    seq: int
+    data: bytes
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS wildcard match: ``*`` is one token, ``>`` the rest (one or more tokens)."""
+    p, s = pattern.split("."), subject.split(".")
+    for i, tok in enumerate(p):
+        if tok == ">":
+            return len(s) > i
+        if i >= len(s) or (tok != "*" and tok != s[i]):
+            return False
+    return len(p) == len(s)
+
+
+def _decode_or_reason(data: bytes, hdrs: Mapping[str, str] | None) -> tuple[AnyEvent | None, str]:
+    try:
+        return codec.decode_message(data, hdrs), ""
+    except codec.CodecError as exc:
+        return None, exc.reason
+
+
+# ====================================================================== in-memory twin
+class InMemoryBus:
+    """A single-process bus with JetStream's semantics (sequence, de-duplication, durable
+    consumers, dead letters). Unit tests and the simulator use it."""
+
+    def __init__(self, partition: str = DEFAULT_PARTITION) -> None:
+        self.partition = partition
+        self._log: list[tuple[str, bytes, dict[str, str]]] = []
+        self._ids: dict[str, int] = {}
+        self._acks: dict[str, int] = {}
+        self._snapshots: dict[str, bytes] = {}
+        self._dlq: list[DeadLetter] = []
+        self._cond = asyncio.Condition()
+        self.dead_lettered = 0
+
+    async def publish(self, event: Event, *, msg_id: str | None = None, shadow: str | None = None) -> int:
+        return await self.publish_raw(subject_for(event, self.partition, shadow), codec.encode(event),
+                                      codec.headers(), msg_id=msg_id)
+
+    async def publish_many(self, events: Sequence[Event]) -> list[int]:
+        return [await self.publish(e) for e in events]
+
+    async def publish_raw(self, subject: str, data: bytes, headers: Mapping[str, str] | None = None,
+                          msg_id: str | None = None) -> int:
+        if msg_id is not None and msg_id in self._ids:
+            return self._ids[msg_id]
+        hdrs = dict(headers or {})
+        if msg_id is not None:
+            hdrs[MSG_ID] = msg_id
+        async with self._cond:
+            self._log.append((subject, bytes(data), hdrs))
+            seq = len(self._log)
+            if msg_id is not None:
+                self._ids[msg_id] = seq
+            self._cond.notify_all()
+        return seq
+
+    async def last_seq(self) -> int:
+        return len(self._log)
+
+    def consumer(self, durable: str | None, *, start_seq: int | None = None,
+                 subjects: str | None = None) -> "_MemConsumer":
+        return _MemConsumer(self, durable, start_seq, subjects or all_subjects(self.partition))
+
+    async def put_snapshot(self, name: str, data: bytes) -> None:
+        self._snapshots[name] = bytes(data)
+
+    async def get_snapshot(self, name: str) -> bytes | None:
+        return self._snapshots.get(name)
+
+    async def dead_letters(self) -> list[DeadLetter]:
+        return list(self._dlq)
+
+    async def close(self) -> None:
+        pass
+
+    async def __aenter__(self) -> "InMemoryBus":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+class _MemConsumer:
+    def __init__(self, bus: InMemoryBus, durable: str | None, start_seq: int | None, subjects: str) -> None:
+        self.bus, self.durable, self.subjects = bus, durable, subjects
+        self.name = durable or "ephemeral"
+        floor = bus._acks.get(durable, 0) if durable else 0
+        self._next = start_seq if start_seq is not None else floor + 1
+        self._next = max(self._next, 1)
+
+    async def __aenter__(self) -> "_MemConsumer":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        pass
+
+    def __aiter__(self) -> AsyncIterator[Delivery]:
+        return self._iter()
+
+    async def _iter(self) -> AsyncIterator[Delivery]:
+        bus = self.bus
+        while True:
+            async with bus._cond:
+                await bus._cond.wait_for(lambda: len(bus._log) >= self._next)
+            while self._next <= len(bus._log):
+                seq = self._next
+                self._next += 1
+                subject, data, hdrs = bus._log[seq - 1]
+                if not subject_matches(self.subjects, subject):
+                    continue
+                event, reason = _decode_or_reason(data, hdrs)
+                if event is None:
+                    bus._dlq.append(DeadLetter(subject, reason, self.name, seq, data))
+                    bus.dead_lettered += 1
+                    log.error("dead_letter", consumer=self.name, seq=seq, subject=subject, reason=reason)
+                    continue
+                yield Delivery(seq, subject, event, hdrs)
+
+    async def ack(self, seq: int) -> None:
+        if self.durable:
+            self.bus._acks[self.durable] = max(self.bus._acks.get(self.durable, 0), seq)
+
+    async def flush(self) -> None:
+        pass
+
+
+# ====================================================================== NATS JetStream
+@dataclass(frozen=True)
+class StreamSettings:
+    """How the partition's stream is created (file storage; replicas for a cluster)."""
+
+    replicas: int = 1
+    retention: str = "limits"  # limits | interest | workqueue
+    max_age_s: float = 0.0  # 0 = keep forever
+    max_bytes: int = -1
+    duplicate_window_s: float = 120.0
+
+
+class NatsBus:
+    """JetStream-backed bus. Build it with :meth:`connect`."""
+
+    def __init__(self, nc, js, partition: str, settings: StreamSettings) -> None:
+        self.nc, self.js, self.partition, self.settings = nc, js, partition, settings
+        self.stream = stream_name(partition)
+        self.dlq_stream = dlq_stream_name(partition)
+        self._obs = None
+        self.dead_lettered = 0
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        partition: str = DEFAULT_PARTITION,
+        *,
+        user: str | None = None,
+        password: str | None = None,
+        token_: str | None = None,
+        nkeys_seed: str | None = None,
+        creds: str | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        name: str = "evolving",
+        settings: StreamSettings | None = None,
+        ensure: bool = True,
+    ) -> "NatsBus":
+        import nats  # adapter-only dependency
+
+        opts: dict = {"servers": [url], "name": name, "max_reconnect_attempts": -1}
+        if user:
+            opts.update(user=user, password=password)
+        if token_:
+            opts["token"] = token_
+        if nkeys_seed:
+            opts["nkeys_seed"] = nkeys_seed
+        if creds:
+            opts["user_credentials"] = creds
+        if tls_ca or tls_cert:
+            ctx = ssl.create_default_context(cafile=tls_ca)
+            if tls_cert:
+                ctx.load_cert_chain(tls_cert, tls_key)
+            opts["tls"] = ctx
+        nc = await nats.connect(**opts)
+        bus = cls(nc, nc.jetstream(), partition, settings or StreamSettings())
+        if ensure:
+            await bus.ensure_streams()
+        return bus
+
+    async def ensure_streams(self) -> None:
+        from nats.js import api
+        from nats.js.errors import NotFoundError
+
+        s = self.settings
+        retention = {"limits": api.RetentionPolicy.LIMITS, "interest": api.RetentionPolicy.INTEREST,
+                     "workqueue": api.RetentionPolicy.WORK_QUEUE}[s.retention]
+        for name, subj in ((self.stream, all_subjects(self.partition)),
+                           (self.dlq_stream, dlq_subjects(self.partition))):
+            cfg = api.StreamConfig(
+                name=name, subjects=[subj], storage=api.StorageType.FILE, num_replicas=s.replicas,
+                retention=retention if name == self.stream else api.RetentionPolicy.LIMITS,
+                max_age=s.max_age_s or None, max_bytes=s.max_bytes,
+                duplicate_window=s.duplicate_window_s,
+            )
+            try:
+                await self.js.stream_info(name)
+                await self.js.update_stream(cfg)
+            except NotFoundError:
+                await self.js.add_stream(cfg)
+
+    async def publish(self, event: Event, *, msg_id: str | None = None, shadow: str | None = None) -> int:
+        return await self.publish_raw(subject_for(event, self.partition, shadow), codec.encode(event),
+                                      codec.headers(), msg_id=msg_id)
+
+    async def publish_many(self, events: Sequence[Event], *, msg_ids: Sequence[str] | None = None) -> list[int]:
+        """Publish pipelined (no wait per message), then collect the acks in order."""
+        futs = []
+        base = codec.headers()
+        for i, ev in enumerate(events):
+            hdrs = base if msg_ids is None else {**base, MSG_ID: msg_ids[i]}
+            futs.append(await self.js.publish_async(subject_for(ev, self.partition), codec.encode(ev),
+                                                    headers=hdrs))
+        acks = await asyncio.gather(*futs)
+        return [a.seq for a in acks]
+
+    async def publish_raw(self, subject: str, data: bytes, headers: Mapping[str, str] | None = None,
+                          msg_id: str | None = None) -> int:
+        hdrs = dict(headers or {})
+        if msg_id is not None:
+            hdrs[MSG_ID] = msg_id
+        ack = await self.js.publish(subject, data, headers=hdrs or None)
+        return ack.seq
+
+    async def last_seq(self) -> int:
+        info = await self.js.stream_info(self.stream)
+        return info.state.last_seq
+
+    def consumer(self, durable: str | None, *, start_seq: int | None = None,
+                 subjects: str | None = None, batch_acks: int = 256) -> "_NatsConsumer":
+        return _NatsConsumer(self, durable, start_seq, subjects or all_subjects(self.partition), batch_acks)
+
+    async def _objects(self):
+        if self._obs is None:
+            bucket = f"EI_SNAP_{token(self.partition).upper().replace('-', '_')}"
+            try:
+                self._obs = await self.js.object_store(bucket)
+            except Exception:  # noqa: BLE001 - nats-py raises several types for "absent"
+                self._obs = await self.js.create_object_store(bucket)
+        return self._obs
+
+    async def put_snapshot(self, name: str, data: bytes) -> None:
+        obs = await self._objects()
+        await obs.put(token(name), data)
+
+    async def get_snapshot(self, name: str) -> bytes | None:
+        from nats.js.errors import NotFoundError, ObjectNotFoundError
+
+        obs = await self._objects()
+        try:
+            res = await obs.get(token(name))
+        except (NotFoundError, ObjectNotFoundError):
+            return None
+        return res.data
+
+    async def dead_letters(self) -> list[DeadLetter]:
+        info = await self.js.stream_info(self.dlq_stream)
+        out = []
+        for seq in range(info.state.first_seq, info.state.last_seq + 1):
+            if info.state.messages == 0:
+                break
+            m = await self.js.get_msg(self.dlq_stream, seq)
+            h = m.headers or {}
+            out.append(DeadLetter(h.get(DLQ_SUBJECT, ""), h.get(DLQ_REASON, ""), h.get(DLQ_CONSUMER, ""),
+                                  int(h.get(DLQ_SEQ, 0)), m.data or b""))
+        return out
+
+    async def _dead_letter(self, consumer: str, seq: int, subject: str, data: bytes, reason: str) -> None:
+        self.dead_lettered += 1
+        log.error("dead_letter", consumer=consumer, seq=seq, subject=subject, reason=reason)
+        await self.js.publish(dlq_subject(self.partition, consumer), data, headers={
+            DLQ_REASON: reason[:1000], DLQ_SUBJECT: subject, DLQ_SEQ: str(seq), DLQ_CONSUMER: consumer})
+
+    async def close(self) -> None:
+        if not self.nc.is_closed:
+            await self.nc.drain()
+
+    async def __aenter__(self) -> "NatsBus":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+def _stream_seq(reply: str) -> int:
+    """Stream sequence from a JetStream ack subject, without building nats-py's metadata.
+
+    ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>`` (9 tokens) or the
+    v2 form with ``<domain>.<account hash>`` after ``ACK`` (12 tokens, a trailing token).
+    """
+    parts = reply.split(".")
+    return int(parts[5] if len(parts) == 9 else parts[7])
+
+
+class _NatsConsumer:
+    """A durable push consumer re-created at its ack floor + 1 (or ``start_seq``)."""
+
+    def __init__(self, bus: NatsBus, durable: str | None, start_seq: int | None, subjects: str,
+                 batch_acks: int) -> None:
+        self.bus, self.durable, self.start_seq, self.subjects = bus, durable, start_seq, subjects
+        self.name = durable or "ephemeral"
+        self.batch_acks = batch_acks
+        self._buf: deque = deque()
+        self._wake = asyncio.Event()
+        self._sub = None
+        self._last_seen = 0
+        self._ack_target = 0
+        self._acked = 0
+        self._ack_msgs: dict[int, object] = {}
+
+    async def __aenter__(self) -> "_NatsConsumer":
+        from nats.js import api
+        from nats.js.errors import NotFoundError
+
+        js, stream = self.bus.js, self.bus.stream
+        start = self.start_seq
+        if self.durable:
+            try:
+                info = await js.consumer_info(stream, self.durable)
+                floor = info.ack_floor.stream_seq if info.ack_floor else 0
+                await js.delete_consumer(stream, self.durable)
+            except NotFoundError:
+                floor = 0
+            if start is None:
+                start = floor + 1
+            cfg = api.ConsumerConfig(
+                durable_name=self.durable, ack_policy=api.AckPolicy.ALL, max_ack_pending=100_000,
+                ack_wait=30.0, deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+                opt_start_seq=max(start, 1), filter_subject=self.subjects,
+            )
+            self._sub = await js.subscribe(self.subjects, durable=self.durable, stream=stream, config=cfg,
+                                           cb=self._on_msg, manual_ack=True, flow_control=True,
+                                           idle_heartbeat=5.0)
+        else:
+            cfg = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+                                     opt_start_seq=max(start or 1, 1))
+            self._sub = await js.subscribe(self.subjects, stream=stream, config=cfg, cb=self._on_msg,
+                                           ordered_consumer=True)
+        return self
+
+    async def _on_msg(self, msg) -> None:
+        self._buf.append(msg)
+        self._wake.set()
+
+    def __aiter__(self) -> AsyncIterator[Delivery]:
+        return self._iter()
+
+    async def _iter(self) -> AsyncIterator[Delivery]:
+        buf = self._buf
+        while True:
+            if not buf:
+                # Let the client's dispatcher hand over what it already read before sleeping:
+                # one wake-up then serves a batch instead of a single message.
+                await asyncio.sleep(0)
+                if buf:
+                    continue
+                await self.flush()
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            msg = buf.popleft()
+            seq = _stream_seq(msg.reply)
+            if seq <= self._last_seen:
+                continue  # redelivery of something already handed out
+            self._last_seen = seq
+            if self.durable:
+                self._ack_msgs[seq] = msg
+            event, reason = _decode_or_reason(msg.data, msg.headers)
+            if event is None:
+                await self.bus._dead_letter(self.name, seq, msg.subject, msg.data, reason)
+                await self.ack(seq)
+                continue
+            yield Delivery(seq, msg.subject, event, msg.headers or {})
+
+    async def ack(self, seq: int) -> None:
+        """Cumulative ack up to ``seq``; sent every ``batch_acks`` messages, and whenever the
+        consumer waits for more (so an idle consumer never holds an unsent ack)."""
+        if seq <= self._ack_target or not self.durable:
+            return
+        self._ack_target = seq
+        if seq - self._acked >= self.batch_acks:
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Send the pending cumulative ack now."""
+        if not self.durable or self._ack_target <= self._acked:
+            return
+        target = self._ack_target
+        msg = self._ack_msgs.get(target)
+        if msg is None:
+            return
+        await msg.ack()
+        self._acked = target
+        for s in [s for s in self._ack_msgs if s <= target]:
+            del self._ack_msgs[s]
+
+    async def __aexit__(self, *exc) -> None:
+        try:
+            await self.flush()
+            if self.bus.nc.is_connected:
+                await self.bus.nc.flush()
+        finally:
+            if self._sub is not None:
+                try:
+                    await self._sub.unsubscribe()
+                except Exception:  # noqa: BLE001 - connection may already be gone
+                    pass

