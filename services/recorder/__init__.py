@@ -1,0 +1,13 @@
+"""The recorder: lands the whole stream in DuckDB for SQL and deterministic replay.
+
+- :mod:`.eventlog` - the ``EventLog`` port, ``DuckDbEventLog`` and ``InMemoryEventLog``;
+- :mod:`.views` - typed per-kind views and the named views (requests, route_decisions, ...);
+- :mod:`.core` / :mod:`.service` - the batching core and the bus adapter ``run_recorder``;
+- :mod:`.verify` - ``evolving verify``: fold the log through fresh cores, compare decisions.
+
+See docs/recorder.md.
+"""
+
+from services.recorder.eventlog import DuckDbEventLog, EventLog, EventLogError, InMemoryEventLog
+
+__all__ = ["DuckDbEventLog", "EventLog", "EventLogError", "InMemoryEventLog"]

@@ -1,0 +1,137 @@
+"""``evolving sql``, ``evolving verify`` and ``evolving bench recorder``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+
+def register(sub, bench) -> None:
+    p = sub.add_parser("sql", help="run SQL on a recorded run (views: docs/recorder.md)")
+    p.add_argument("db", help="the run's DuckDB file")
+    p.add_argument("query", help='SQL, e.g. "SELECT * FROM role_switches"')
+    p.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
+    p.add_argument("--max-rows", type=int, default=200, help="rows shown in the table (default 200)")
+    p.set_defaults(func=cmd_sql)
+
+    p = sub.add_parser("verify", help="replay a recorded run through fresh cores; check every decision")
+    p.add_argument("db", help="the run's DuckDB file")
+    p.add_argument("--cores", default=None,
+                   help="comma-separated core names (default: run_config 'cores', else directory,planner,router)")
+    p.add_argument("--keep-going", action="store_true", help="count every divergence, not only the first")
+    p.add_argument("--strict", action="store_true", help="also fail on predictions the log ends before")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_verify)
+
+    p = bench.add_parser("recorder", help="events/s appended to DuckDB vs NDJSON+read_json and executemany")
+    p.add_argument("--requests", type=int, default=2000, help="requests in the mix (~12 events each)")
+    p.add_argument("--blocks", type=int, default=1000, help="block hashes per RequestSubmitted")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_bench)
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float | int | str | bool) or v is None:
+        return v
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_jsonable(x) for x in v]
+    return str(v)
+
+
+def cmd_sql(args) -> int:
+    import duckdb
+
+    from services.recorder.eventlog import DuckDbEventLog, EventLogError
+
+    try:
+        log = DuckDbEventLog(args.db, read_only=True)
+    except (EventLogError, duckdb.Error) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        rel = log.con.sql(args.query)
+        if rel is None:  # a statement without a result
+            return 0
+        cols, rows = rel.columns, rel.fetchall()
+    except duckdb.Error as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        log.close()
+    if args.json:
+        for row in rows:
+            print(json.dumps({c: _jsonable(v) for c, v in zip(cols, row)}))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(*cols, caption=f"{len(rows)} row(s)" + (f", first {args.max_rows} shown"
+                                                            if len(rows) > args.max_rows else ""))
+    for row in rows[: args.max_rows]:
+        table.add_row(*("NULL" if v is None else str(v) for v in row))
+    Console().print(table)
+    return 0
+
+
+def cmd_verify(args) -> int:
+    from services.recorder.eventlog import DuckDbEventLog, EventLogError
+    from services.recorder.verify import verify_log
+
+    try:
+        log = DuckDbEventLog(args.db, read_only=True)
+    except EventLogError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    names = [n.strip() for n in args.cores.split(",") if n.strip()] if args.cores else None
+    try:
+        report = verify_log(log, names, keep_going=args.keep_going, strict=args.strict)
+    except (KeyError, ImportError, LookupError, ValueError, TypeError) as exc:
+        print(f"error: cannot build the cores: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        log.close()
+    out = report.to_dict()
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print_report(out)
+    return 0 if report.ok else 1
+
+
+def print_report(out: dict) -> None:
+    reproduced = ", ".join(f"{k}={v}" for k, v in out["reproduced"].items()) or "none"
+    print(f"folded {out['events']} events; reproduced decisions: {reproduced}")
+    if out["not_recorded"]:
+        print(f"{out['not_recorded']} predicted decision(s) not in the log (the run ended before them)")
+    first = out["first_divergence"]
+    if first is None:
+        print("OK: every recorded decision was reproduced exactly")
+        return
+    print(f"DIVERGED ({out['divergences']} divergence(s)); first at seq {first['seq']}, "
+          f"core {first['core']}: {first['kind']}" + (f" ({first['detail']})" if first["detail"] else ""))
+    if first["predicted_after_seq"]:
+        print(f"  the fresh core predicted it after folding seq {first['predicted_after_seq']}")
+    print(f"  recorded:  {json.dumps(first['recorded'], sort_keys=True)}")
+    print(f"  predicted: {json.dumps(first['predicted'], sort_keys=True)}")
+
+
+def cmd_bench(args) -> int:
+    from services.recorder import bench
+
+    res = bench.run(n_requests=args.requests, blocks_per_request=args.blocks)
+    if args.json:
+        print(json.dumps(res))
+        return 0
+    print(f"{res['events']} events ({res['payload_mb']} MB of JSON, {args.blocks} blocks per RequestSubmitted), "
+          f"batches of {res['batch']}")
+    print(f"  DuckDbEventLog.append      {res['eventlog_events_per_s']:>10,} events/s  "
+          f"({res['eventlog_mb_per_s']} MB/s)")
+    print(f"  NDJSON + read_json         {res['ndjson_read_json_events_per_s']:>10,} events/s  "
+          f"(ours {res['ratio_vs_ndjson']}x)")
+    print(f"  executemany ({res['executemany_sample']} rows)     {res['executemany_events_per_s']:>10,} events/s  "
+          f"(ours {res['ratio_vs_executemany']}x)")
+    print(f"  read back + decode         {res['read_decode_events_per_s']:>10,} events/s")
+    return 0

@@ -1,0 +1,270 @@
+"""The event log port and its two backends: :class:`DuckDbEventLog` and :class:`InMemoryEventLog`.
+
+An event log stores the stream as ``(seq, subject, event)`` rows, in stream order.
+
+Invariants (held by ``tests/contract/test_eventlog.py`` for both backends):
+
+- ``append(batch)`` stores the rows whose ``seq`` is above the applied position, sorted, each
+  at most once, and moves the applied position to the highest ``seq`` of the batch *in the same
+  transaction* as the rows. Redelivering a batch (or any part of one) is therefore a no-op.
+  A row whose ``seq`` is at or below the applied position is skipped even if it was never stored
+  (the stream is consumed in order; a lower position is a redelivery).
+- ``read(from_seq)`` yields typed events, decoded from their stored form, in ``seq`` order.
+- ``run_config`` is a small key -> JSON value table that whoever creates a run writes once
+  (the plug-in names and constructor arguments of the cores); ``evolving verify`` builds its
+  fresh cores from it. See docs/recorder.md.
+
+DuckDB bulk path: a batch becomes a dict of NumPy arrays (object arrays for strings) that is
+registered as a relation and inserted with one ``INSERT ... SELECT``; ``executemany`` is about
+1,000x slower, and Arrow would need pyarrow (not a dependency). ``evolving bench recorder``
+measures the choice against an NDJSON + ``read_json`` baseline.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import msgspec
+import numpy as np
+
+from events.catalog import Event
+from events.codec import SCHEMA_VERSION, from_json, to_json
+
+Row = tuple[int, str, Event]
+"""One log row: stream sequence, subject, event."""
+
+_READ_CHUNK = 4096
+
+
+class EventLogError(RuntimeError):
+    """The log file is not usable (wrong schema, not an event log)."""
+
+
+@runtime_checkable
+class EventLog(Protocol):
+    """Append-only, seq-idempotent store of the stream."""
+
+    def append(self, batch: Iterable[Row]) -> int:
+        """Store the new rows of ``batch``; return how many were stored."""
+        ...
+
+    def last_seq(self) -> int:
+        """The applied position (0 for an empty log)."""
+        ...
+
+    def read(self, from_seq: int = 1) -> Iterator[Row]: ...
+
+    def count_by_type(self) -> dict[str, int]: ...
+
+    def run_config(self) -> dict[str, Any]: ...
+
+    def set_run_config(self, config: Mapping[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def new_rows(batch: Iterable[Row], applied_seq: int) -> list[Row]:
+    """The rows of ``batch`` to store after ``applied_seq``: sorted by seq, first copy of each seq."""
+    seen: set[int] = set()
+    out: list[Row] = []
+    for row in sorted(batch, key=lambda r: r[0]):
+        seq = row[0]
+        if not isinstance(seq, int) or seq < 1:
+            raise ValueError(f"stream sequence must be a positive int, got {seq!r}")
+        if seq <= applied_seq or seq in seen:
+            continue
+        seen.add(seq)
+        out.append(row)
+    return out
+
+
+# --------------------------------------------------------------------------- in memory
+class InMemoryEventLog:
+    """The in-memory twin: rows are kept as the JSON bytes DuckDB would store, so reading
+    them back goes through the same decoder."""
+
+    def __init__(self) -> None:
+        self._seqs: list[int] = []
+        self._rows: list[tuple[str, bytes]] = []
+        self._applied = 0
+        self._config: dict[str, bytes] = {}
+
+    def append(self, batch: Iterable[Row]) -> int:
+        rows = new_rows(batch, self._applied)
+        encoded = [(seq, subject, to_json(ev)) for seq, subject, ev in rows]
+        for seq, subject, data in encoded:  # encode all first: a bad event stores nothing
+            self._seqs.append(seq)
+            self._rows.append((subject, data))
+        if rows:
+            self._applied = rows[-1][0]
+        return len(rows)
+
+    def last_seq(self) -> int:
+        return self._applied
+
+    def read(self, from_seq: int = 1) -> Iterator[Row]:
+        start = int(np.searchsorted(np.asarray(self._seqs, dtype=np.int64), from_seq)) if self._seqs else 0
+        for i in range(start, len(self._seqs)):
+            subject, data = self._rows[i]
+            yield self._seqs[i], subject, from_json(data)
+
+    def count_by_type(self) -> dict[str, int]:
+        return dict(Counter(msgspec.json.decode(d)["type"] for _, d in self._rows))
+
+    def run_config(self) -> dict[str, Any]:
+        return {k: msgspec.json.decode(v) for k, v in sorted(self._config.items())}
+
+    def set_run_config(self, config: Mapping[str, Any]) -> None:
+        self._config.update({k: msgspec.json.encode(v) for k, v in config.items()})
+
+    def close(self) -> None:
+        pass
+
+
+# --------------------------------------------------------------------------- DuckDB
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS events (
+    seq UBIGINT PRIMARY KEY,
+    ts DOUBLE NOT NULL,
+    type VARCHAR NOT NULL,
+    src VARCHAR NOT NULL,
+    subject VARCHAR NOT NULL,
+    payload JSON NOT NULL
+);
+CREATE TABLE IF NOT EXISTS log_meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL);
+CREATE TABLE IF NOT EXISTS run_config (key VARCHAR PRIMARY KEY, value JSON NOT NULL);
+"""
+
+
+class DuckDbEventLog:
+    """The event log in one DuckDB file: table ``events`` plus typed views (see
+    :mod:`services.recorder.views`). One writer process at a time (DuckDB's file lock);
+    ``read_only=True`` opens a finished run for queries and replay."""
+
+    def __init__(self, path: str | os.PathLike, read_only: bool = False) -> None:
+        import duckdb
+
+        self.path = os.fspath(path)
+        self.read_only = read_only
+        if read_only and not os.path.exists(self.path):
+            raise EventLogError(f"no event log at {self.path}")
+        self.con = duckdb.connect(self.path, read_only=read_only)
+        if read_only:
+            self._check_schema()
+        else:
+            self._create()
+        self._applied = self._read_applied()
+
+    # -- setup
+    def _create(self) -> None:
+        from services.recorder.views import create_views
+
+        self.con.execute("BEGIN")
+        self.con.execute(_SCHEMA)
+        self.con.execute(
+            "INSERT OR IGNORE INTO log_meta VALUES ('applied_seq', '0'), ('schema', ?)", [SCHEMA_VERSION]
+        )
+        create_views(self.con)
+        self.con.execute("COMMIT")
+
+    def _check_schema(self) -> None:
+        tables = {r[0] for r in self.con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+        if not {"events", "log_meta"} <= tables:
+            raise EventLogError(f"{self.path} is not an event log (tables: {sorted(tables)})")
+
+    def _read_applied(self) -> int:
+        row = self.con.execute("SELECT value FROM log_meta WHERE key = 'applied_seq'").fetchall()
+        return int(row[0][0]) if row else 0
+
+    # -- port
+    def append(self, batch: Iterable[Row]) -> int:
+        rows = new_rows(batch, self._applied)
+        if not rows:
+            return 0
+        columns = _columns(rows)
+        con = self.con
+        con.execute("BEGIN")
+        try:
+            con.register("_ei_batch", columns)
+            con.execute(
+                "INSERT INTO events SELECT seq, ts, type, src, subject, payload FROM _ei_batch"
+            )
+            con.execute("UPDATE log_meta SET value = ? WHERE key = 'applied_seq'", [str(rows[-1][0])])
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        finally:
+            con.unregister("_ei_batch")
+        self._applied = rows[-1][0]
+        return len(rows)
+
+    def last_seq(self) -> int:
+        return self._applied
+
+    def read(self, from_seq: int = 1) -> Iterator[Row]:
+        cur = self.con.cursor()  # an open result on the main connection would block other queries
+        try:
+            cur.execute("SELECT seq, subject, payload FROM events WHERE seq >= ? ORDER BY seq", [from_seq])
+            while chunk := cur.fetchmany(_READ_CHUNK):
+                for seq, subject, payload in chunk:
+                    yield int(seq), subject, from_json(payload)
+        finally:
+            cur.close()
+
+    def count_by_type(self) -> dict[str, int]:
+        rows = self.con.execute("SELECT type, count(*) FROM events GROUP BY type ORDER BY type").fetchall()
+        return {t: int(n) for t, n in rows}
+
+    def run_config(self) -> dict[str, Any]:
+        rows = self.con.execute("SELECT key, value FROM run_config ORDER BY key").fetchall()
+        return {k: msgspec.json.decode(v) for k, v in rows}
+
+    def set_run_config(self, config: Mapping[str, Any]) -> None:
+        con = self.con
+        con.execute("BEGIN")
+        try:
+            for key, value in config.items():
+                con.execute(
+                    "INSERT OR REPLACE INTO run_config VALUES (?, ?::JSON)",
+                    [key, msgspec.json.encode(value).decode()],
+                )
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> "DuckDbEventLog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _columns(rows: Sequence[Row]) -> dict[str, np.ndarray]:
+    """Column arrays of a batch (what DuckDB scans without pandas or pyarrow)."""
+    n = len(rows)
+    seq = np.fromiter((r[0] for r in rows), dtype=np.uint64, count=n)
+    ts = np.fromiter((r[2].ts for r in rows), dtype=np.float64, count=n)
+    typ = np.empty(n, dtype=object)
+    src = np.empty(n, dtype=object)
+    subject = np.empty(n, dtype=object)
+    payload = np.empty(n, dtype=object)
+    typ[:] = [type(r[2]).__name__ for r in rows]
+    src[:] = [r[2].src for r in rows]
+    subject[:] = [r[1] for r in rows]
+    payload[:] = [to_json(r[2]).decode() for r in rows]
+    return {"seq": seq, "ts": ts, "type": typ, "src": src, "subject": subject, "payload": payload}
+
+
+def batched(rows: Iterable[Row], size: int) -> Iterator[list[Row]]:
+    it = iter(rows)
+    while chunk := list(itertools.islice(it, size)):
+        yield chunk

@@ -1,0 +1,194 @@
+"""SQL views over the ``events`` table: one typed view per event kind and the named views.
+
+Per kind: ``ev_<snake_name>`` (``ev_route_decided``, ``ev_plan_evaluated``, ...) with the
+columns ``seq, ts, src, subject`` and one typed column per field of the event, parsed once per
+row with ``json_transform`` into a STRUCT built from the catalog's annotations (lists of
+structs stay typed: ``fetch_plan``, ``scores``, ``candidates``). Block hashes are ``UBIGINT``.
+A field missing from an old payload reads as its catalog default.
+
+Named views (documented with example queries in docs/recorder.md):
+
+- ``plan_evaluations``: one row per PlanEvaluated, current/chosen split flattened.
+- ``role_switches``: RoleSwitchOrdered with the plan evaluation that preceded it and the
+  engine's RoleSwitched acknowledgement that followed it.
+- ``model_fits``: ModelFitted with the coefficients by name.
+- ``route_decisions``: RouteDecided with fetched blocks/tokens and the per-node scores list;
+  ``route_scores`` has one row per (decision, candidate node).
+- ``requests``: one row per submitted request: route, start, first token, finish, TTFT, E2E.
+
+Everything reads the ``events`` relation only, so the same SQL works over Parquet files that
+hold the same columns (see ``roll_to_parquet`` in docs/recorder.md).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import types
+import typing
+from typing import Any, Literal, NewType, get_args, get_origin, get_type_hints
+
+import msgspec
+
+from events.catalog import EVENT_TYPES
+from events.ids import BlockHash
+
+_BASE_COLUMNS = ("seq", "ts", "src", "subject")
+_SKIP_FIELDS = {"type", "ts", "src"}  # already columns of ``events``
+
+
+def view_name(event_type: type | str) -> str:
+    name = event_type if isinstance(event_type, str) else event_type.__name__
+    return "ev_" + re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def duck_type(annotation: Any) -> Any:
+    """The json_transform structure for one annotation: a type name, a list or a dict."""
+    if annotation is BlockHash:
+        return "UBIGINT"
+    if isinstance(annotation, NewType):
+        return duck_type(annotation.__supertype__)
+    origin = get_origin(annotation)
+    if origin is Literal:
+        return "VARCHAR"
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        return duck_type(args[0]) if len(args) == 1 else "JSON"
+    if origin is list:
+        return [duck_type(get_args(annotation)[0])]
+    if isinstance(annotation, type) and issubclass(annotation, msgspec.Struct):
+        return {name: duck_type(t) for name, t in get_type_hints(annotation).items()}
+    return {str: "VARCHAR", int: "BIGINT", float: "DOUBLE", bool: "BOOLEAN"}.get(annotation, "JSON")
+
+
+def _sql_literal(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    return None
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def event_view_sql(event_type: type) -> str:
+    fields = [f for f in msgspec.structs.fields(event_type) if f.name not in _SKIP_FIELDS]
+    hints = get_type_hints(event_type)
+    structure = {f.name: duck_type(hints[f.name]) for f in fields}
+    cols = []
+    for f in fields:
+        col = f"p.{_ident(f.name)}"
+        default = _sql_literal(f.default) if f.default is not msgspec.NODEFAULT else None
+        if default is not None:
+            col = f"coalesce({col}, {default})"
+        cols.append(f"{col} AS {_ident(f.name)}")
+    if not cols:
+        return (
+            f"CREATE OR REPLACE VIEW {view_name(event_type)} AS SELECT {', '.join(_BASE_COLUMNS)} "
+            f"FROM events WHERE type = '{event_type.__name__}'"
+        )
+    select = ", ".join([*_BASE_COLUMNS, *cols])
+    spec = json.dumps(structure).replace("'", "''")
+    return (
+        f"CREATE OR REPLACE VIEW {view_name(event_type)} AS SELECT {select} FROM ("
+        f"SELECT seq, ts, src, subject, json_transform(payload, '{spec}') AS p "
+        f"FROM events WHERE type = '{event_type.__name__}')"
+    )
+
+
+NAMED_VIEWS: dict[str, str] = {
+    "plan_evaluations": """
+SELECT seq, ts, planner, window_start, window_end,
+       "current".prefill AS current_prefill, "current".decode AS current_decode,
+       chosen.prefill AS chosen_prefill, chosen.decode AS chosen_decode,
+       chosen IS NOT NULL AND chosen <> "current" AS switched,
+       reason, len(candidates) AS n_candidates, candidates
+FROM ev_plan_evaluated
+""",
+    "role_switches": """
+SELECT o.seq, o.ts, o.node, o.from_role, o.to_role, o.mechanism, o.reason,
+       p.seq AS plan_seq, p.ts AS plan_ts, p.planner, p.reason AS plan_reason,
+       p."current".prefill AS plan_current_prefill, p."current".decode AS plan_current_decode,
+       p.chosen.prefill AS plan_chosen_prefill, p.chosen.decode AS plan_chosen_decode,
+       p.candidates AS plan_candidates,
+       a.seq AS ack_seq, a.ts AS ack_ts, a.role AS ack_role, a.drained, a.duration_s AS switch_duration_s,
+       a.kv_dropped
+FROM ev_role_switch_ordered o
+ASOF LEFT JOIN ev_plan_evaluated p ON o.seq >= p.seq
+ASOF LEFT JOIN ev_role_switched a ON o.node = a.node AND a.seq >= o.seq
+""",
+    "model_fits": """
+SELECT seq, ts, node, phase, coefficients,
+       coefficients[1] AS c0, coefficients[2] AS c1, coefficients[3] AS c2, coefficients[4] AS c3,
+       samples, mape
+FROM ev_model_fitted
+""",
+    "route_decisions": """
+SELECT r.seq, r.ts, r.request, r.branch, r.policy, r.shadow, r.reroute,
+       r.prefill_node, r.decode_node, r.t_c, r.t_uc, r.predicted_ttft_s,
+       coalesce(list_sum([s.n_blocks FOR s IN r.fetch_plan]), 0) AS fetched_blocks,
+       coalesce(list_sum([s.n_blocks FOR s IN r.fetch_plan]), 0) * coalesce(q.block_tokens, 64)
+           AS fetched_tokens,
+       len(r.fetch_plan) AS fetch_steps, r.fetch_plan, r.scores
+FROM ev_route_decided r
+LEFT JOIN (SELECT request, any_value(block_tokens) AS block_tokens
+           FROM ev_request_submitted GROUP BY request) q USING (request)
+""",
+    "route_scores": """
+SELECT seq, ts, request, policy, shadow, prefill_node, decode_node,
+       s.node, s.score, s.t_c, s.queue_s, s.fetch_excess_s, s.node = prefill_node AS chosen
+FROM (SELECT *, unnest(scores) AS s FROM ev_route_decided)
+""",
+    "requests": """
+WITH sub AS (
+    SELECT request, min(seq) AS seq, min(ts) AS submitted_ts, any_value(branch) AS branch,
+           any_value(version) AS version, any_value(prompt_tokens) AS prompt_tokens,
+           any_value(max_tokens) AS max_tokens, any_value(len(blocks)) AS n_blocks
+    FROM ev_request_submitted GROUP BY request),
+route AS (
+    SELECT request, arg_max(ts, seq) AS routed_ts, arg_max(prefill_node, seq) AS prefill_node,
+           arg_max(decode_node, seq) AS decode_node, arg_max(t_c, seq) AS t_c,
+           arg_max(t_uc, seq) AS t_uc, arg_max(predicted_ttft_s, seq) AS predicted_ttft_s,
+           arg_max(policy, seq) AS policy, count(*) - 1 AS reroutes
+    FROM ev_route_decided WHERE NOT shadow GROUP BY request),
+started AS (
+    SELECT request, min(ts) FILTER (phase = 'prefill') AS prefill_started_ts,
+           min(ts) FILTER (phase = 'decode') AS decode_started_ts
+    FROM ev_request_started GROUP BY request),
+first AS (SELECT request, min(ts) AS first_token_ts FROM ev_first_token GROUP BY request),
+fin AS (
+    SELECT request, arg_max(ts, seq) AS finished_ts, arg_max(output_tokens, seq) AS output_tokens,
+           arg_max(error, seq) AS error, arg_max(node, seq) AS finished_node
+    FROM ev_request_finished GROUP BY request)
+SELECT sub.request, sub.branch, sub.version, sub.seq, sub.submitted_ts, sub.prompt_tokens,
+       sub.n_blocks, sub.max_tokens, route.policy, route.prefill_node, route.decode_node,
+       route.t_c, route.t_uc, route.predicted_ttft_s, route.reroutes, route.routed_ts,
+       started.prefill_started_ts, first.first_token_ts, started.decode_started_ts,
+       fin.finished_ts, fin.output_tokens, fin.error,
+       first.first_token_ts - sub.submitted_ts AS ttft_s,
+       fin.finished_ts - sub.submitted_ts AS e2e_s,
+       started.prefill_started_ts - sub.submitted_ts AS queue_s,
+       (fin.finished_ts - first.first_token_ts) / nullif(fin.output_tokens - 1, 0) AS tpot_s
+FROM sub
+LEFT JOIN route USING (request)
+LEFT JOIN started USING (request)
+LEFT JOIN first USING (request)
+LEFT JOIN fin USING (request)
+""",
+}
+
+
+def create_views(con) -> None:
+    """(Re)create every view on ``con`` (inside the caller's transaction, if any)."""
+    for event_type in EVENT_TYPES:
+        con.execute(event_view_sql(event_type))
+    for name, body in NAMED_VIEWS.items():
+        con.execute(f"CREATE OR REPLACE VIEW {name} AS {body}")
+
+
+def view_names() -> list[str]:
+    return [view_name(t) for t in EVENT_TYPES] + list(NAMED_VIEWS)

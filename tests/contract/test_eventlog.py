@@ -1,0 +1,215 @@
+"""One contract for the EventLog port, run against DuckDbEventLog and InMemoryEventLog."""
+
+from __future__ import annotations
+
+import abc
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from events.catalog import (
+    AnomalyReported,
+    BranchEnded,
+    BranchOpened,
+    Candidate,
+    ContextCompacted,
+    EVENT_TYPES,
+    FetchStep,
+    FirstToken,
+    IterationDone,
+    KvEvicted,
+    KvFetched,
+    KvMoved,
+    KvStored,
+    ModelFitted,
+    NodeHeartbeat,
+    NodeRegistered,
+    NodeRemoved,
+    NodeScore,
+    PlanEvaluated,
+    RequestFinished,
+    RequestStarted,
+    RequestSubmitted,
+    RoleSwitched,
+    RoleSwitchOrdered,
+    RouteDecided,
+    Split,
+    SwitchRole,
+    Tick,
+)
+from events.codec import encode
+from events.subjects import subject_for
+from services.recorder.eventlog import DuckDbEventLog, EventLog, InMemoryEventLog
+
+BIG = 2**64 - 1
+
+ONE_OF_EACH = [
+    BranchOpened(ts=0.5, src="gw", branch="b1", parent="b0", mode="fork", session="s"),
+    RequestSubmitted(ts=1.0, src="gw", request="r1", branch="b1", version=2, blocks=[0, 1, BIG, 2**63],
+                     prompt_tokens=300, max_tokens=20, block_tokens=64),
+    ContextCompacted(ts=1.1, branch="b1", version=3, blocks=[5, 6]),
+    BranchEnded(ts=1.2, branch="b1"),
+    KvStored(ts=1.3, node="n1", tier="L1", blocks=[BIG], request="r1"),
+    KvEvicted(ts=1.4, node="n1", tier="L2", blocks=[7]),
+    KvMoved(ts=1.5, src_node="n1", dst_node="n2", blocks=[8, 9], branch="b1"),
+    KvFetched(ts=1.6, request="r1", src_node="n3", dst_node="n1", blocks=[1], duration_s=0.1, hidden_s=0.05),
+    NodeRegistered(ts=0.0, node="n1", role="prefill", gpus=8, l1_capacity_tokens=10**6, profile="gb300"),
+    NodeHeartbeat(ts=1.7, node="n1", role="prefill", running=3, queued=1),
+    NodeRemoved(ts=1.8, node="n9", reason="missed heartbeats"),
+    IterationDone(ts=1.9, node="n1", phase="prefill", duration_s=0.0123456789, batch=3, sum_t_uc=1000,
+                  sum_A=1.5e6, sum_t_rst=64, sum_t_c=128, t_fwd=1.0, accepted_tokens=0, queued=2),
+    RequestStarted(ts=2.0, request="r1", node="n1", phase="prefill"),
+    FirstToken(ts=2.1, request="r1", node="n1"),
+    RequestFinished(ts=2.2, request="r1", node="n2", output_tokens=20, error=""),
+    RouteDecided(ts=1.05, src="router", request="r1", prefill_node="n1", decode_node="n2", t_c=128, t_uc=172,
+                 fetch_plan=[FetchStep(src_node="n3", first_block=2, n_blocks=1)], predicted_ttft_s=0.1 + 0.2,
+                 policy="least_ttft", scores=[NodeScore(node="n1", score=0.3, t_c=128, queue_s=0.01)],
+                 branch="b1"),
+    ModelFitted(ts=3.0, node="n1", phase="prefill", coefficients=[1e-3, 2.5e-5, 1e-10, 3e-7], samples=9,
+                mape=0.031),
+    PlanEvaluated(ts=3.0, window_start=0.0, window_end=3.0, current=Split(prefill=2, decode=2),
+                  candidates=[Candidate(split=Split(prefill=3, decode=1), mean_gain=0.2, se=0.05, passed=True)],
+                  chosen=Split(prefill=3, decode=1), reason="gain", planner="evolving"),
+    RoleSwitchOrdered(ts=3.0, node="n2", from_role="decode", to_role="prefill", reason="plan"),
+    AnomalyReported(ts=3.1, component="directory", kind="unknown_branch", ref="b9"),
+    SwitchRole(ts=3.0, node="n2", to_role="prefill"),
+    RoleSwitched(ts=4.0, node="n2", role="prefill", drained=2, duration_s=1.0),
+    Tick(ts=5.0, src="planner"),
+]
+
+
+def rows(events, start=1):
+    return [(start + i, subject_for(e), e) for i, e in enumerate(events)]
+
+
+def ticks(seqs):
+    return [(s, "ei.default.clock", Tick(ts=float(s))) for s in seqs]
+
+
+class EventLogContract(abc.ABC):
+    """What every EventLog backend guarantees."""
+
+    @abc.abstractmethod
+    def make(self, tmp_path) -> EventLog: ...
+
+    @abc.abstractmethod
+    def reopen(self, log: EventLog, tmp_path) -> EventLog:
+        """The same log after a restart (closed and opened again, where that means anything)."""
+
+    def test_empty(self, tmp_path):
+        log = self.make(tmp_path)
+        assert log.last_seq() == 0
+        assert list(log.read()) == []
+        assert log.count_by_type() == {}
+
+    def test_every_event_type_round_trips_exactly(self, tmp_path):
+        assert {type(e) for e in ONE_OF_EACH} == set(EVENT_TYPES)
+        log = self.make(tmp_path)
+        batch = rows(ONE_OF_EACH)
+        assert log.append(batch) == len(batch)
+        back = list(log.read())
+        assert [(s, subj) for s, subj, _ in back] == [(s, subj) for s, subj, _ in batch]
+        assert [encode(e) for _, _, e in back] == [encode(e) for _, _, e in batch]
+        assert [type(e) for _, _, e in back] == [type(e) for _, _, e in batch]
+
+    def test_redelivered_batch_is_a_no_op(self, tmp_path):
+        log = self.make(tmp_path)
+        assert log.append(ticks([1, 2, 3])) == 3
+        assert log.append(ticks([1, 2, 3])) == 0
+        assert log.append(ticks([2, 3, 4, 5])) == 2
+        assert [s for s, _, _ in log.read()] == [1, 2, 3, 4, 5]
+        assert log.last_seq() == 5
+        assert log.count_by_type() == {"Tick": 5}
+
+    def test_batch_is_sorted_and_deduplicated(self, tmp_path):
+        log = self.make(tmp_path)
+        assert log.append(ticks([3, 1, 2, 3, 1])) == 3
+        assert [s for s, _, _ in log.read()] == [1, 2, 3]
+
+    def test_gaps_are_allowed_and_a_lower_seq_after_them_is_a_redelivery(self, tmp_path):
+        log = self.make(tmp_path)
+        assert log.append(ticks([1, 5, 9])) == 3
+        assert log.append(ticks([7, 10])) == 1  # 7 <= applied 9: a redelivery by definition
+        assert [s for s, _, _ in log.read()] == [1, 5, 9, 10]
+        assert [s for s, _, _ in log.read(6)] == [9, 10]
+        assert [s for s, _, _ in log.read(11)] == []
+
+    def test_invalid_seq_is_refused_and_stores_nothing(self, tmp_path):
+        log = self.make(tmp_path)
+        with pytest.raises(ValueError, match="positive int"):
+            log.append([*ticks([1]), (0, "x", Tick(ts=0.0))])
+        assert log.last_seq() == 0 and list(log.read()) == []
+
+    def test_count_by_type(self, tmp_path):
+        log = self.make(tmp_path)
+        log.append(rows([Tick(ts=1.0), FirstToken(ts=2.0, request="r", node="n"), Tick(ts=3.0)]))
+        assert log.count_by_type() == {"FirstToken": 1, "Tick": 2}
+
+    def test_state_survives_reopen(self, tmp_path):
+        log = self.make(tmp_path)
+        log.append(ticks([1, 2]))
+        log.set_run_config({"router": {"plugin": "least_ttft", "kwargs": {"name": "r", "shadow": False}}})
+        log = self.reopen(log, tmp_path)
+        assert log.last_seq() == 2
+        assert log.append(ticks([2, 3])) == 1
+        assert [s for s, _, _ in log.read()] == [1, 2, 3]
+        assert log.run_config() == {"router": {"plugin": "least_ttft", "kwargs": {"name": "r", "shadow": False}}}
+
+    def test_run_config_upserts_keys(self, tmp_path):
+        log = self.make(tmp_path)
+        log.set_run_config({"a": 1, "b": {"x": [1, 2]}})
+        log.set_run_config({"a": "two"})
+        assert log.run_config() == {"a": "two", "b": {"x": [1, 2]}}
+
+    # one contract class per backend runs the same property: differing executors are intended
+    @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.differing_executors])
+    @given(batches=st.lists(st.lists(st.integers(1, 40), max_size=8), max_size=6))
+    def test_property_stored_seqs_follow_the_applied_position(self, tmp_path_factory, batches):
+        log = self.make(tmp_path_factory.mktemp("prop"))
+        applied, expected = 0, []
+        for batch in batches:
+            new = sorted({s for s in batch if s > applied})
+            assert log.append(ticks(batch)) == len(new)
+            expected += new
+            applied = max([applied, *new])
+            assert log.last_seq() == applied
+        assert [s for s, _, _ in log.read()] == expected
+
+
+class TestInMemoryEventLog(EventLogContract):
+    def make(self, tmp_path):
+        return InMemoryEventLog()
+
+    def reopen(self, log, tmp_path):
+        return log
+
+
+class TestDuckDbEventLog(EventLogContract):
+    def make(self, tmp_path):
+        return DuckDbEventLog(tmp_path / "run.duckdb")
+
+    def reopen(self, log, tmp_path):
+        log.close()
+        return DuckDbEventLog(tmp_path / "run.duckdb")
+
+    def test_read_only_open_reads_but_does_not_write(self, tmp_path):
+        log = self.make(tmp_path)
+        log.append(rows(ONE_OF_EACH))
+        log.close()
+        ro = DuckDbEventLog(tmp_path / "run.duckdb", read_only=True)
+        assert ro.last_seq() == len(ONE_OF_EACH)
+        assert len(list(ro.read())) == len(ONE_OF_EACH)
+        with pytest.raises(Exception):
+            ro.append(ticks([100]))
+        ro.close()
+
+    def test_a_failed_insert_leaves_rows_and_position_unchanged(self, tmp_path):
+        log = self.make(tmp_path)
+        log.append(ticks([1, 2]))
+        log.con.execute("INSERT INTO events VALUES (4, 0, 'Tick', '', 'x', '{\"type\":\"Tick\",\"ts\":0.0}')")
+        with pytest.raises(Exception):
+            log.append(ticks([3, 4]))  # 4 collides on the primary key: the whole batch rolls back
+        log = self.reopen(log, tmp_path)
+        assert log.last_seq() == 2
+        assert [s for s, _, _ in log.read()] == [1, 2, 4]
