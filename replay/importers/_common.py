@@ -1,0 +1,90 @@
+"""Helpers shared by the importers: results, error location in JSON text, prefix length."""
+
+from __future__ import annotations
+
+import json
+import json.scanner
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from replay.trace import Session, TraceFormatError
+
+
+@dataclass
+class ImportResult:
+    """What an importer produced, and (with ``skip_bad``) what it skipped and why."""
+
+    sessions: list[Session] = field(default_factory=list)
+    skipped: list[TraceFormatError] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+class Problems:
+    """Collects bad input: raises at once, or (``skip_bad``) records and lets the caller skip."""
+
+    def __init__(self, skip_bad: bool, result: ImportResult):
+        self.skip_bad, self.result = skip_bad, result
+
+    def bad(self, file: str, line: int, field_path: str, message: str) -> None:
+        err = TraceFormatError(file, line, field_path, message)
+        if not self.skip_bad:
+            raise err
+        self.result.skipped.append(err)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two block lists."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class _PositionDecoder(json.JSONDecoder):
+    """A JSON decoder that records where every object and array starts (pure-Python scanner)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.positions: dict[int, int] = {}
+        parse_object, parse_array = self.parse_object, self.parse_array
+
+        def obj(s_and_end, *args):  # type: ignore[no-untyped-def]
+            value, end = parse_object(s_and_end, *args)
+            self.positions[id(value)] = s_and_end[1] - 1
+            return value, end
+
+        def arr(s_and_end, scan_once, *args):  # type: ignore[no-untyped-def]
+            value, end = parse_array(s_and_end, scan_once, *args)
+            self.positions[id(value)] = s_and_end[1] - 1
+            return value, end
+
+        self.parse_object, self.parse_array = obj, arr
+        self.scan_once = json.scanner.py_make_scanner(self)
+
+
+def locate(text: str, path: Sequence[str | int]) -> tuple[int, int]:
+    """(line, column), 1-based, of the JSON value at ``path`` (or its nearest container)."""
+    dec = _PositionDecoder()
+    try:
+        node: Any = dec.decode(text)
+    except ValueError:
+        return 0, 0
+    pos = dec.positions.get(id(node), 0)
+    for key in path:
+        try:
+            node = node[key]
+        except (KeyError, IndexError, TypeError):
+            break
+        pos = dec.positions.get(id(node), pos)
+    line = text.count("\n", 0, pos) + 1
+    col = pos - (text.rfind("\n", 0, pos) + 1) + 1
+    return line, col
+
+
+def json_path(path: Sequence[str | int]) -> str:
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else p)
+    return out or "(document)"
