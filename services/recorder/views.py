@@ -100,9 +100,12 @@ def event_view_sql(event_type: type) -> str:
     )
 
 
+#: ``ts`` as a UTC TIMESTAMP (live runs stamp Unix seconds; simulated runs start at 1970-01-01).
+_AT = "make_timestamp((ts * 1e6)::BIGINT) AS at_utc"
+
 NAMED_VIEWS: dict[str, str] = {
     "plan_evaluations": """
-SELECT seq, ts, planner, window_start, window_end,
+SELECT seq, ts, {AT}, planner, window_start, window_end,
        "current".prefill AS current_prefill, "current".decode AS current_decode,
        chosen.prefill AS chosen_prefill, chosen.decode AS chosen_decode,
        chosen IS NOT NULL AND chosen <> "current" AS switched,
@@ -110,7 +113,7 @@ SELECT seq, ts, planner, window_start, window_end,
 FROM ev_plan_evaluated
 """,
     "role_switches": """
-SELECT o.seq, o.ts, o.node, o.from_role, o.to_role, o.mechanism, o.reason,
+SELECT o.seq, o.ts, make_timestamp((o.ts * 1e6)::BIGINT) AS at_utc, o.node, o.from_role, o.to_role, o.mechanism, o.reason,
        p.seq AS plan_seq, p.ts AS plan_ts, p.planner, p.reason AS plan_reason,
        p."current".prefill AS plan_current_prefill, p."current".decode AS plan_current_decode,
        p.chosen.prefill AS plan_chosen_prefill, p.chosen.decode AS plan_chosen_decode,
@@ -122,13 +125,13 @@ ASOF LEFT JOIN ev_plan_evaluated p ON o.seq >= p.seq
 ASOF LEFT JOIN ev_role_switched a ON o.node = a.node AND a.seq >= o.seq
 """,
     "model_fits": """
-SELECT seq, ts, node, phase, coefficients,
+SELECT seq, ts, {AT}, node, phase, coefficients,
        coefficients[1] AS c0, coefficients[2] AS c1, coefficients[3] AS c2, coefficients[4] AS c3,
        samples, mape
 FROM ev_model_fitted
 """,
     "route_decisions": """
-SELECT r.seq, r.ts, r.request, r.branch, r.policy, r.shadow, r.reroute,
+SELECT r.seq, r.ts, make_timestamp((r.ts * 1e6)::BIGINT) AS at_utc, r.request, r.branch, r.policy, r.shadow, r.reroute,
        r.prefill_node, r.decode_node, r.t_c, r.t_uc, r.predicted_ttft_s,
        coalesce(list_sum([s.n_blocks FOR s IN r.fetch_plan]), 0) AS fetched_blocks,
        coalesce(list_sum([s.n_blocks FOR s IN r.fetch_plan]), 0) * coalesce(q.block_tokens, 64)
@@ -139,7 +142,7 @@ LEFT JOIN (SELECT request, any_value(block_tokens) AS block_tokens
            FROM ev_request_submitted GROUP BY request) q USING (request)
 """,
     "route_scores": """
-SELECT seq, ts, request, policy, shadow, prefill_node, decode_node,
+SELECT seq, ts, {AT}, request, policy, shadow, prefill_node, decode_node,
        s.node, s.score, s.t_c, s.queue_s, s.fetch_excess_s, s.node = prefill_node AS chosen
 FROM (SELECT *, unnest(scores) AS s FROM ev_route_decided)
 """,
@@ -164,7 +167,8 @@ fin AS (
     SELECT request, arg_max(ts, seq) AS finished_ts, arg_max(output_tokens, seq) AS output_tokens,
            arg_max(error, seq) AS error, arg_max(node, seq) AS finished_node
     FROM ev_request_finished GROUP BY request)
-SELECT sub.request, sub.branch, sub.version, sub.seq, sub.submitted_ts, sub.prompt_tokens,
+SELECT sub.request, sub.branch, sub.version, sub.seq, sub.submitted_ts,
+       make_timestamp((sub.submitted_ts * 1e6)::BIGINT) AS submitted_at, sub.prompt_tokens,
        sub.n_blocks, sub.max_tokens, route.policy, route.prefill_node, route.decode_node,
        route.t_c, route.t_uc, route.predicted_ttft_s, route.reroutes, route.routed_ts,
        started.prefill_started_ts, first.first_token_ts, started.decode_started_ts,
@@ -187,7 +191,7 @@ def create_views(con) -> None:
     for event_type in EVENT_TYPES:
         con.execute(event_view_sql(event_type))
     for name, body in NAMED_VIEWS.items():
-        con.execute(f"CREATE OR REPLACE VIEW {name} AS {body}")
+        con.execute(f"CREATE OR REPLACE VIEW {name} AS {body.replace('{AT}', _AT)}")
 
 
 def view_names() -> list[str]:
