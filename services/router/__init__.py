@@ -1,0 +1,17 @@
+"""The router: places each request on a prefill node and a decode node (METHOD.md §4.4).
+
+- :mod:`services.router.state` — the cluster as routers see it (nodes, roles, queues), folded
+  from events;
+- :mod:`services.router.base` — the :class:`Router` protocol and the shared fold (echo,
+  shadow, re-routing on a switch, cold start, snapshots);
+- :mod:`services.router.core` — :class:`LeastTtftRouter`, least predicted TTFT (eq. 7);
+- :mod:`services.router.baselines` — cache-aware (SGLang Model Gateway), sticky, round robin,
+  least loaded, Dynamo KV router;
+- :mod:`services.router.cli` — ``evolving bench router``.
+
+All routers are found by name through the entry-point group ``evolving.routers``.
+"""
+
+from services.router.base import Router, RouterBase
+
+__all__ = ["Router", "RouterBase"]
