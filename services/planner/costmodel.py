@@ -189,8 +189,13 @@ def _fit(X: np.ndarray, y: np.ndarray, prior: Sequence[float], min_train: int) -
     coef, unidentified = _nnls_relative(X[train], y[train], prior)
     pred = X[hold] @ coef
     mape = float(np.mean(np.abs(pred - y[hold]) / y[hold]))
-    return Fit(status="fitted", coefficients=[float(c) for c in coef], samples=n, mape=mape,
-               unidentified=unidentified)
+    return Fit(
+        status="fitted",
+        coefficients=[float(c) for c in coef],
+        samples=n,
+        mape=mape,
+        unidentified=unidentified,
+    )
 
 
 def prefill_design(samples: Iterable[Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:
@@ -209,15 +214,23 @@ def decode_design(samples: Iterable[Sequence[float]], k: int, E: int) -> tuple[n
     return X, arr[:, 2]
 
 
-def fit_prefill(samples: Iterable[Sequence[float]], prior: PrefillModel = PRIOR_PREFILL,
-                min_train: int = MIN_TRAIN_SAMPLES) -> Fit:
+def fit_prefill(
+    samples: Iterable[Sequence[float]],
+    prior: PrefillModel = PRIOR_PREFILL,
+    min_train: int = MIN_TRAIN_SAMPLES,
+) -> Fit:
     """NNLS fit of eq. 1 from rows ``(sum_t_uc, sum_A, sum_t_rst, duration_s)``."""
     X, y = prefill_design(samples)
     return _fit(X, y, prior.coefficients, min_train)
 
 
-def fit_decode(samples: Iterable[Sequence[float]], k: int = DEFAULT_K, E: int = DEFAULT_E,
-               prior: DecodeModel = PRIOR_DECODE, min_train: int = MIN_TRAIN_SAMPLES) -> Fit:
+def fit_decode(
+    samples: Iterable[Sequence[float]],
+    k: int = DEFAULT_K,
+    E: int = DEFAULT_E,
+    prior: DecodeModel = PRIOR_DECODE,
+    min_train: int = MIN_TRAIN_SAMPLES,
+) -> Fit:
     """NNLS fit of eq. 2 from rows ``(batch, t_fwd, duration_s)``."""
     X, y = decode_design(samples, k, E)
     return _fit(X, y, prior.coefficients, min_train)
@@ -227,7 +240,9 @@ def prefill_from(fit: Fit, prior: PrefillModel = PRIOR_PREFILL) -> PrefillModel:
     return PrefillModel(*fit.coefficients) if fit.fitted else prior
 
 
-def decode_from(fit: Fit, k: int = DEFAULT_K, E: int = DEFAULT_E, prior: DecodeModel = PRIOR_DECODE) -> DecodeModel:
+def decode_from(
+    fit: Fit, k: int = DEFAULT_K, E: int = DEFAULT_E, prior: DecodeModel = PRIOR_DECODE
+) -> DecodeModel:
     if not fit.fitted:
         return DecodeModel(prior.d0, prior.d1, prior.d2, k, E)
     d0, d1, d2 = fit.coefficients

@@ -31,7 +31,11 @@ def prefill_samples(n: int, noise: float, seed: int, model: PrefillModel = TRUE_
         t_uc = rng.integers(16, 4096, size=reqs)
         t_c = rng.integers(0, 120_000, size=reqs) * (rng.random(reqs) < 0.8)
         t_rst = (t_c * rng.random(reqs) * (rng.random(reqs) < 0.5)).astype(int)
-        s_uc, s_A, s_rst = int(t_uc.sum()), float(sum(prefill_A(u, c) for u, c in zip(t_uc, t_c))), int(t_rst.sum())
+        s_uc, s_A, s_rst = (
+            int(t_uc.sum()),
+            float(sum(prefill_A(u, c) for u, c in zip(t_uc, t_c))),
+            int(t_rst.sum()),
+        )
         y = model.iteration_s(s_uc, s_A, s_rst) * (1 + noise * rng.uniform(-1, 1))
         rows.append((s_uc, s_A, s_rst, y))
     return rows
@@ -56,8 +60,11 @@ def test_prefill_A_counts_causal_pairs():
 def test_chunked_request_time_matches_iterations():
     m = PrefillModel(0.01, 1e-5, 1e-9, 1e-6)
     # 10 000 new tokens, budget 4096 -> chunks 4096, 4096, 1808
-    expected = (m.iteration_s(4096, prefill_A(4096, 500), 300) + m.iteration_s(4096, prefill_A(4096, 4596), 0)
-                + m.iteration_s(1808, prefill_A(1808, 8692), 0))
+    expected = (
+        m.iteration_s(4096, prefill_A(4096, 500), 300)
+        + m.iteration_s(4096, prefill_A(4096, 4596), 0)
+        + m.iteration_s(1808, prefill_A(1808, 8692), 0)
+    )
     assert m.request_s(10_000, 500, t_rst=300, token_budget=4096) == pytest.approx(expected)
     # chunking changes only the count of fixed costs: total A is the same as one big chunk
     one = m.request_s(10_000, 500, 300, token_budget=10_000)

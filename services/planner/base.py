@@ -1,0 +1,394 @@
+"""What every planner shares: the node registry, warm-up, online model fitting, per-slice
+workload statistics and the ordering of role switches. Pure: no I/O, no clock, no randomness.
+
+A concrete planner subclasses :class:`PlannerBase` and implements ``_on_warmup_end`` and
+``_on_tick`` (both return the events to emit). Time is only ever ``event.ts``.
+
+Warm-up starts at the first event the planner applies and ends at the first ``Tick`` with
+``ts >= start + warmup_s``. During warm-up every ``IterationDone`` becomes one fitting sample
+of its node and phase: a collocated engine reports one ``IterationDone`` per phase it ran in an
+iteration, each timing only that phase's part, so a prefill report is a sample of eq. 1 and a
+decode report a sample of eq. 2 (a report with no work of its phase is skipped). Every
+``fit_interval_s`` of warm-up, and once more at its end, each node's models are refitted and
+published (``ModelFitted``); at the end they are frozen. A node without enough samples of its
+own uses the pool of all nodes' samples, then the prior.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import msgspec
+
+from events.catalog import (
+    Event,
+    IterationDone,
+    ModelFitted,
+    NodeHeartbeat,
+    NodeRegistered,
+    NodeRemoved,
+    RequestFinished,
+    RequestSubmitted,
+    RoleSwitched,
+    RoleSwitchOrdered,
+    RouteDecided,
+    Split,
+    SwitchRole,
+    Tick,
+)
+from services.planner.costmodel import (
+    DEFAULT_E,
+    DEFAULT_K,
+    PRIOR_DECODE,
+    PRIOR_PREFILL,
+    DecodeModel,
+    PrefillModel,
+    fit_decode,
+    fit_prefill,
+)
+from services.planner.window import SliceStats
+
+_ENC = msgspec.msgpack.Encoder(order="sorted")
+
+
+class BaseConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    name: str = "planner"
+    window_s: float = 600.0
+    slices: int = 10
+    cooldown_s: float = 120.0
+    warmup_s: float = 1800.0
+    fit_interval_s: float = 60.0
+    max_samples: int = 4096  # per node and phase; older samples are thinned 2:1 beyond it
+    mechanism: str = "in_place"
+    k: int = DEFAULT_K
+    E: int = DEFAULT_E
+    prior_prefill: list[float] = msgspec.field(default_factory=lambda: PRIOR_PREFILL.coefficients)
+    prior_decode: list[float] = msgspec.field(default_factory=lambda: PRIOR_DECODE.coefficients)
+
+    @property
+    def slice_s(self) -> float:
+        return self.window_s / self.slices
+
+
+class NodeInfo(msgspec.Struct, kw_only=True):
+    role: str
+    token_budget: int = 16384
+    t_fwd: float = 1.0
+    max_running: int = 256
+    l1_capacity: int = 0
+    running: int = 0
+    queued: int = 0
+    l1_used: int = 0
+    l2_used: int = 0
+    ordered: str = ""  # role ordered and not yet acknowledged
+    # re-measured after the freeze: new tokens per prefill iteration, restore share, t_acc
+    pre_iters: int = 0
+    pre_t_uc: float = 0.0
+    pre_t_c: float = 0.0
+    pre_t_rst: float = 0.0
+    dec_batch: float = 0.0
+    dec_accepted: float = 0.0
+
+    @property
+    def target(self) -> str:
+        return self.ordered or self.role
+
+
+class FitState(msgspec.Struct, kw_only=True):
+    coefficients: list[float] = []
+    samples: int = 0
+    mape: float = 0.0
+    status: str = "not fitted yet"
+
+
+class PlannerState(msgspec.Struct, kw_only=True):
+    started_at: float | None = None
+    frozen: bool = False
+    last_fit_at: float | None = None
+    last_switch_at: float | None = None
+    next_window_k: int | None = None  # slice index at which the current window ends
+    nodes: dict[str, NodeInfo] = {}
+    samples: dict[str, list[list[float]]] = {}  # "node|phase" -> rows
+    fits: dict[str, FitState] = {}  # "node|phase" and "*|phase" (pool)
+    slices: dict[int, SliceStats] = {}
+    extra: dict[str, float] = {}  # planner-specific scalars
+
+
+class _Snapshot(msgspec.Struct):
+    cls: str
+    config: bytes
+    state: PlannerState
+
+
+class PlannerBase:
+    """Shared folding of events; subclasses decide."""
+
+    Config: ClassVar[type[BaseConfig]] = BaseConfig
+    name: str = "planner"
+
+    def __init__(self, **config) -> None:
+        self.cfg = msgspec.convert(config, self.Config)
+        assert self.cfg.slices >= 2 and self.cfg.window_s > 0, "a window needs at least two slices"
+        self.name = self.cfg.name
+        self.st = PlannerState()
+
+    # ------------------------------------------------------------------ snapshot
+    def snapshot(self) -> bytes:
+        return _ENC.encode(_Snapshot(type(self).__name__, _ENC.encode(self.cfg), self.st))
+
+    @classmethod
+    def from_snapshot(cls, data: bytes):
+        snap = msgspec.msgpack.decode(data, type=_Snapshot)
+        assert snap.cls == cls.__name__, f"snapshot of {snap.cls} restored as {cls.__name__}"
+        self = cls(**msgspec.to_builtins(msgspec.msgpack.decode(snap.config)))
+        self.st = snap.state
+        return self
+
+    # ------------------------------------------------------------------ folding
+    def apply(self, event: Event) -> list[Event]:
+        st = self.st
+        if st.started_at is None:
+            st.started_at = event.ts
+        match event:
+            case NodeRegistered():
+                st.nodes[event.node] = NodeInfo(
+                    role=event.role,
+                    token_budget=event.prefill_token_budget,
+                    t_fwd=event.t_fwd,
+                    max_running=event.max_running_requests,
+                    l1_capacity=event.l1_capacity_tokens,
+                )
+            case RoleSwitched():
+                n = st.nodes.get(event.node)
+                if n is not None:
+                    n.role = event.role
+                    n.ordered = ""
+                    if event.kv_dropped:
+                        n.l1_used = 0
+            case NodeRemoved():
+                st.nodes.pop(event.node, None)
+            case NodeHeartbeat():
+                n = st.nodes.get(event.node)
+                if n is not None:
+                    n.running, n.queued = event.running, event.queued
+                    n.l1_used, n.l2_used = event.l1_used_tokens, event.l2_used_tokens
+            case IterationDone():
+                self._on_iteration(event)
+            case RequestSubmitted():
+                self._slice(event.ts).on_submit(event.prompt_tokens, event.max_tokens)
+            case RouteDecided():
+                if not event.shadow and not event.reroute:
+                    self._slice(event.ts).on_route(event.t_uc, event.t_c)
+            case RequestFinished():
+                if not event.error:
+                    self._slice(event.ts).on_finish(event.output_tokens)
+            case Tick():
+                return self._tick(event.ts)
+        return []
+
+    def _slice(self, ts: float) -> SliceStats:
+        k = math.floor(ts / self.cfg.slice_s)
+        s = self.st.slices.get(k)
+        if s is None:
+            s = self.st.slices[k] = SliceStats()
+        return s
+
+    def _on_iteration(self, ev: IterationDone) -> None:
+        n = self.st.nodes.get(ev.node)
+        if ev.duration_s <= 0 or not math.isfinite(ev.duration_s):
+            return
+        if ev.phase == "prefill":
+            if ev.sum_t_uc <= 0 and ev.sum_A <= 0 and ev.sum_t_rst <= 0:
+                return
+            self._slice(ev.ts).on_prefill(ev.sum_t_uc, ev.sum_t_c, ev.sum_t_rst, ev.queued, ev.duration_s)
+            row = [float(ev.sum_t_uc), float(ev.sum_A), float(ev.sum_t_rst), ev.duration_s]
+            if n is not None:
+                n.pre_iters += 1
+                n.pre_t_uc += ev.sum_t_uc
+                n.pre_t_c += ev.sum_t_c
+                n.pre_t_rst += ev.sum_t_rst
+        else:
+            if ev.batch <= 0:
+                return
+            self._slice(ev.ts).on_decode(
+                ev.node, ev.batch, ev.accepted_tokens, ev.t_fwd, ev.queued, ev.duration_s
+            )
+            row = [float(ev.batch), ev.t_fwd, ev.duration_s]
+            if n is not None:
+                n.dec_batch += ev.batch
+                n.dec_accepted += ev.accepted_tokens
+        if not self.st.frozen:
+            rows = self.st.samples.setdefault(f"{ev.node}|{ev.phase}", [])
+            rows.append(row)
+            if len(rows) > self.cfg.max_samples:
+                del rows[::2]
+
+    # ------------------------------------------------------------------ fitting
+    def _fit_all(self) -> list[Event]:
+        out: list[Event] = []
+        pool: dict[str, list[list[float]]] = {"prefill": [], "decode": []}
+        for key in sorted(self.st.samples):
+            node, phase = key.split("|")
+            rows = self.st.samples[key]
+            pool[phase].extend(rows)
+            fit = self._fit(phase, rows)
+            prev = self.st.fits.get(key)
+            self.st.fits[key] = FitState(
+                coefficients=fit.coefficients, samples=fit.samples, mape=fit.mape, status=fit.status
+            )
+            if fit.fitted and (prev is None or prev.coefficients != fit.coefficients):
+                out.append(
+                    ModelFitted(
+                        ts=0.0,
+                        src=self.name,
+                        node=node,
+                        phase=phase,  # ts set by caller
+                        coefficients=fit.coefficients,
+                        samples=fit.samples,
+                        mape=fit.mape,
+                    )
+                )
+        for phase, rows in pool.items():
+            fit = self._fit(phase, rows)
+            self.st.fits[f"*|{phase}"] = FitState(
+                coefficients=fit.coefficients, samples=fit.samples, mape=fit.mape, status=fit.status
+            )
+        return out
+
+    def _fit(self, phase: str, rows: list[list[float]]):
+        if phase == "prefill":
+            return fit_prefill(rows, prior=PrefillModel(*self.cfg.prior_prefill))
+        d0, d1, d2 = self.cfg.prior_decode
+        return fit_decode(
+            rows, k=self.cfg.k, E=self.cfg.E, prior=DecodeModel(d0, d1, d2, self.cfg.k, self.cfg.E)
+        )
+
+    def _coefficients(self, node: str, phase: str) -> list[float]:
+        for key in (f"{node}|{phase}", f"*|{phase}"):
+            f = self.st.fits.get(key)
+            if f is not None and f.coefficients:
+                return f.coefficients
+        return self.cfg.prior_prefill if phase == "prefill" else self.cfg.prior_decode
+
+    def prefill_model(self, node: str) -> PrefillModel:
+        return PrefillModel(*self._coefficients(node, "prefill"))
+
+    def decode_model(self, node: str) -> DecodeModel:
+        d0, d1, d2 = self._coefficients(node, "decode")
+        return DecodeModel(d0, d1, d2, self.cfg.k, self.cfg.E)
+
+    def fit_status(self, node: str, phase: str) -> str:
+        f = self.st.fits.get(f"{node}|{phase}")
+        return f.status if f is not None else "not fitted yet: no samples"
+
+    # ------------------------------------------------------------------ ticks and windows
+    def in_warmup(self) -> bool:
+        return not self.st.frozen
+
+    def _tick(self, ts: float) -> list[Event]:
+        st, cfg = self.st, self.cfg
+        out: list[Event] = []
+        if not st.frozen:
+            start = st.started_at if st.started_at is not None else ts
+            ending = ts >= start + cfg.warmup_s
+            if ending or st.last_fit_at is None or ts >= st.last_fit_at + cfg.fit_interval_s:
+                st.last_fit_at = ts
+                out += [msgspec.structs.replace(e, ts=ts) for e in self._fit_all()]
+            if not ending:
+                return out
+            st.frozen = True
+            st.samples = {}
+            k_end = math.floor(ts / cfg.slice_s)
+            out += self._on_warmup_end(ts, k_end)
+            st.next_window_k = k_end + cfg.slices
+            self._drop_slices_before(k_end)
+            return out
+        k_now = math.floor(ts / cfg.slice_s)
+        if st.next_window_k is None or k_now < st.next_window_k:
+            return out
+        k_end = k_now  # a late tick evaluates the latest complete window
+        out += self._on_tick(ts, k_end)
+        st.next_window_k = k_end + cfg.slices
+        self._drop_slices_before(k_end)
+        return out
+
+    def window_slices(self, k_end: int) -> list[SliceStats]:
+        """The ``slices`` slices before slice index ``k_end`` (empty ones included)."""
+        return [self.st.slices.get(k) or SliceStats() for k in range(k_end - self.cfg.slices, k_end)]
+
+    def _drop_slices_before(self, k: int) -> None:
+        for old in [i for i in self.st.slices if i < k]:
+            del self.st.slices[old]
+
+    def _on_warmup_end(self, ts: float, k_end: int) -> list[Event]:
+        raise NotImplementedError
+
+    def _on_tick(self, ts: float, k_end: int) -> list[Event]:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ splits and switches
+    def live_nodes(self) -> list[str]:
+        return sorted(self.st.nodes)
+
+    def current_split(self) -> Split:
+        roles = [n.target for n in self.st.nodes.values()]
+        return Split(prefill=roles.count("prefill"), decode=roles.count("decode"))
+
+    def switch_loss(self, node: str, to_role: str) -> tuple:
+        """Ordering key of the loss of switching ``node`` to ``to_role``: fewest running
+        requests first, then least KV the new role cannot use (a node that becomes a prefill
+        node resets its decode KV; a prefill node that becomes a decode node keeps its KV;
+        restart or drop mechanisms lose all of it), then fewest queued requests, then id."""
+        n = self.st.nodes[node]
+        if self.cfg.mechanism == "in_place":
+            lost = n.l1_used if to_role == "prefill" and n.target != "prefill" else 0
+        else:
+            lost = n.l1_used + n.l2_used
+        return (n.running, lost, n.queued, node)
+
+    def nodes_to_switch(self, target_prefill: int) -> list[tuple[str, str]]:
+        """(node, to_role) pairs that turn the current split into ``target_prefill`` prefill
+        nodes; collocated nodes are always assigned, the rest chosen by least loss."""
+        nodes = self.st.nodes
+        colloc = [n for n in sorted(nodes) if nodes[n].target not in ("prefill", "decode")]
+        pre = [n for n in sorted(nodes) if nodes[n].target == "prefill"]
+        dec = [n for n in sorted(nodes) if nodes[n].target == "decode"]
+        moves: list[tuple[str, str]] = []
+        need = target_prefill - len(pre)
+        # collocated nodes: lightest-loss ones become prefill first, the rest decode
+        colloc.sort(key=lambda n: self.switch_loss(n, "prefill"))
+        take = max(0, min(need, len(colloc)))
+        moves += [(n, "prefill") for n in colloc[:take]]
+        moves += [(n, "decode") for n in colloc[take:]]
+        need -= take
+        if need > 0:
+            dec.sort(key=lambda n: self.switch_loss(n, "prefill"))
+            moves += [(n, "prefill") for n in dec[:need]]
+        elif need < 0:
+            pre.sort(key=lambda n: self.switch_loss(n, "decode"))
+            moves += [(n, "decode") for n in pre[:-need]]
+        return sorted(moves)
+
+    def order(self, moves: list[tuple[str, str]], ts: float, reason: str) -> list[Event]:
+        out: list[Event] = []
+        for node, to_role in moves:
+            n = self.st.nodes[node]
+            out.append(
+                RoleSwitchOrdered(
+                    ts=ts,
+                    src=self.name,
+                    node=node,
+                    from_role=n.target,
+                    to_role=to_role,
+                    mechanism=self.cfg.mechanism,
+                    reason=reason,
+                )
+            )
+            out.append(
+                SwitchRole(ts=ts, src=self.name, node=node, to_role=to_role, mechanism=self.cfg.mechanism)
+            )
+            n.ordered = to_role if to_role != n.role else ""
+        if moves:
+            self.st.last_switch_at = ts
+        return out
