@@ -105,9 +105,8 @@ def _bench_ndjson(rows, path: str, tmpdir: str) -> float:
     t0 = time.perf_counter()
     for chunk in batched(rows, BATCH):
         with open(fn, "w") as f:
-            for seq, subject, ev in chunk:
-                f.write(json.dumps({"seq": seq, "ts": ev.ts, "type": type(ev).__name__, "src": ev.src,
-                                    "subject": subject, "payload": msgspec.to_builtins(ev)}) + "\n")
+            f.writelines(json.dumps({"seq": seq, "ts": ev.ts, "type": type(ev).__name__, "src": ev.src,
+                                    "subject": subject, "payload": msgspec.to_builtins(ev)}) + "\n" for seq, subject, ev in chunk)
         con.execute(f"INSERT INTO events SELECT * FROM read_json('{fn}', format='newline_delimited', "
                     f"columns={cols}, maximum_object_size=67108864)")
     dt = time.perf_counter() - t0

@@ -26,7 +26,7 @@ import itertools
 import os
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, Self, runtime_checkable
 
 import msgspec
 import numpy as np
@@ -241,7 +241,7 @@ class DuckDbEventLog:
     def close(self) -> None:
         self.con.close()
 
-    def __enter__(self) -> "DuckDbEventLog":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -183,7 +183,7 @@ def verify_rows(
         for spec, core in cores:
             try:
                 out = core.apply(recorded)
-            except Exception as exc:  # a core that raises on recorded input is a divergence
+            except Exception as exc:  # noqa: BLE001 - a core that raises on recorded input is a divergence
                 report.divergences.append(Divergence(seq, spec.name, "core_error", recorded=recorded,
                                                      detail=f"{type(exc).__name__}: {exc}"))
                 if not keep_going:
@@ -212,7 +212,7 @@ def build_cores(
         spec = registry[name]
         cfg = run_config.get(name) or {}
         if not isinstance(cfg, Mapping):
-            raise ValueError(f"run_config[{name!r}] must be an object, got {cfg!r}")
+            raise TypeError(f"run_config[{name!r}] must be an object, got {cfg!r}")
         out.append((spec, spec.factory(cfg)))
     return out
 

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import abc
 
+import duckdb
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from events.catalog import (
+    EVENT_TYPES,
     AnomalyReported,
     BranchEnded,
     BranchOpened,
     Candidate,
     ContextCompacted,
-    EVENT_TYPES,
     FetchStep,
     FirstToken,
     IterationDone,
@@ -200,7 +201,7 @@ class TestDuckDbEventLog(EventLogContract):
         ro = DuckDbEventLog(tmp_path / "run.duckdb", read_only=True)
         assert ro.last_seq() == len(ONE_OF_EACH)
         assert len(list(ro.read())) == len(ONE_OF_EACH)
-        with pytest.raises(Exception):
+        with pytest.raises(duckdb.Error):
             ro.append(ticks([100]))
         ro.close()
 
@@ -208,7 +209,7 @@ class TestDuckDbEventLog(EventLogContract):
         log = self.make(tmp_path)
         log.append(ticks([1, 2]))
         log.con.execute("INSERT INTO events VALUES (4, 0, 'Tick', '', 'x', '{\"type\":\"Tick\",\"ts\":0.0}')")
-        with pytest.raises(Exception):
+        with pytest.raises(duckdb.ConstraintException):
             log.append(ticks([3, 4]))  # 4 collides on the primary key: the whole batch rolls back
         log = self.reopen(log, tmp_path)
         assert log.last_seq() == 2

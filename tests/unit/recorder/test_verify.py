@@ -9,11 +9,11 @@ from events.catalog import RouteDecided, SwitchRole, Tick
 from services.recorder.eventlog import DuckDbEventLog
 from services.recorder.verify import (
     CoreSpec,
+    _checks_planner,
+    _checks_router,
     build_cores,
     verify_log,
     verify_rows,
-    _checks_planner,
-    _checks_router,
 )
 from tests.unit.recorder.fakecores import Exploding, FakePlanner, FakeRouter, inputs, live_log
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from events.catalog import (
+    EVENT_TYPES,
     Candidate,
     FetchStep,
     FirstToken,
@@ -25,13 +26,12 @@ from events.catalog import (
     Split,
     SwitchRole,
 )
-from events.catalog import EVENT_TYPES
 from events.subjects import subject_for
 from services.recorder.eventlog import DuckDbEventLog
 from services.recorder.views import NAMED_VIEWS, view_name
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "recorder.md"
-T0 = datetime(2026, 11, 29, 10, 40, tzinfo=timezone.utc).timestamp()
+T0 = datetime(2026, 11, 29, 10, 40, tzinfo=UTC).timestamp()
 BIG = 2**64 - 1
 
 
@@ -95,7 +95,7 @@ def q(con, sql):
 
 
 def doc_queries() -> list[str]:
-    return re.findall(r"```sql\n(.*?)```", DOC.read_text(), flags=re.S)
+    return re.findall(r"```sql\n(.*?)```", DOC.read_text(), flags=re.DOTALL)
 
 
 def test_every_event_kind_has_a_view_and_every_named_view_exists(con):
