@@ -120,8 +120,8 @@ def format_stats(st: TraceStats, title: str = "") -> str:
     lines = [title] if title else []
     approx = "  (approximate tokenisation)" if st.approximate else ""
     lines += [
-        f"sessions {st.sessions}   requests {st.requests}   branches {st.branches}   "
-        f"sub-agents {st.subagents}   forks {st.forks}   compactions {st.compactions}{approx}",
+        (f"sessions {st.sessions}   requests {st.requests}   branches {st.branches}   "
+        f"sub-agents {st.subagents}   forks {st.forks}   compactions {st.compactions}{approx}"),
         f"{'':16}{'n':>8}{'mean':>12}{'p50':>12}{'p90':>12}{'p99':>12}{'max':>12}",
     ]
     for name, d in (("prompt tokens", st.prompt_tokens), ("output tokens", st.output_tokens),

@@ -63,7 +63,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Literal, Union
+from typing import Literal
 
 import msgspec
 
@@ -112,7 +112,7 @@ class End(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", tag="end"
     """The branch ends; no later step."""
 
 
-Step = Union[Request, Fork, Spawn, Compact, End]
+Step = Request | Fork | Spawn | Compact | End
 Mode = Literal["root", "fork", "subagent"]
 
 
@@ -213,8 +213,8 @@ def validate_session(s: Session) -> list[tuple[str, str]]:
                     opened[st.branch] = (b.id, mode)
                     child = s.branches[index[st.branch]]
                     if child.parent != b.id or child.mode != mode:
-                        errs.append((f"{sat}.branch", f"child {st.branch!r} must have parent "
-                                     f"{b.id!r} and mode {mode!r}"))
+                        errs.append((f"{sat}.branch", (f"child {st.branch!r} must have parent "
+                                     f"{b.id!r} and mode {mode!r}")))
             elif isinstance(st, Compact) and any(not 0 <= h <= _MAX_U64 for h in st.blocks):
                 errs.append((f"{sat}.blocks", "hashes must be unsigned 64-bit"))
     for bi, b in enumerate(s.branches[1:], start=1):
@@ -302,7 +302,7 @@ def save_sessions(path: str | os.PathLike[str], sessions: Iterable[Session]) -> 
 
 # --------------------------------------------------------------------------- event cursor
 class _BranchState:
-    __slots__ = ("branch", "gid", "next", "ready", "version", "waiting_req", "waits", "ended")
+    __slots__ = ("branch", "ended", "gid", "next", "ready", "version", "waiting_req", "waits")
 
     def __init__(self, branch: Branch, gid: str):
         self.branch, self.gid = branch, gid

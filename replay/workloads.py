@@ -54,7 +54,7 @@ _U32 = 0xFFFFFFFF
 class _Ctx:
     """A growing context: chained full blocks plus a partial tail, salted by owner/version."""
 
-    __slots__ = ("bt", "blocks", "tail", "salt", "root")
+    __slots__ = ("blocks", "bt", "root", "salt", "tail")
 
     def __init__(self, bt: int, root: int, salt: int):
         self.bt, self.root, self.salt = bt, root, salt

@@ -114,10 +114,10 @@ def test_open_loop_at_s_never_overlaps_previous_response():
      "branches[0].steps[0]"),
     (b'{"id":"x","branches":[{"id":"m","steps":[{"kind":"request","blocks":[-1],"output_tokens":1}]}]}',
      "branches[0].steps[0].blocks"),
-    (b'{"id":"x","branches":[{"id":"m","steps":[{"kind":"request","blocks":[1],"output_tokens":1,'
-     b'"tail_tokens":64}]}]}', "branches[0].steps[0].tail_tokens"),
-    (b'{"id":"x","branches":[{"id":"m","steps":[{"kind":"request","blocks":[],"output_tokens":1},'
-     b'{"kind":"spawn","branch":"c"}]},{"id":"c","parent":"m","mode":"subagent","steps":[]}]}',
+    ((b'{"id":"x","branches":[{"id":"m","steps":[{"kind":"request","blocks":[1],"output_tokens":1,'
+     b'"tail_tokens":64}]}]}'), "branches[0].steps[0].tail_tokens"),
+    ((b'{"id":"x","branches":[{"id":"m","steps":[{"kind":"request","blocks":[],"output_tokens":1},'
+     b'{"kind":"spawn","branch":"c"}]},{"id":"c","parent":"m","mode":"subagent","steps":[]}]}'),
      "branches[1].steps"),
     (b'{"id":"x","branches":[{"id":"m","steps":[{"kind":"request","blocks":[1],"out', "(json)"),
 ])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from replay.stats import trace_stats
 from events.catalog import BranchOpened
+from replay.stats import trace_stats
 from replay.trace import encode_session, session_events, validate_session
 from replay.workloads import AgentPool, generate
 
