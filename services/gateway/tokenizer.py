@@ -1,0 +1,125 @@
+"""Tokenisers and the chat template of the gateway (pure, no I/O besides loading a file).
+
+- :class:`ByteTokenizer` (default): the UTF-8 bytes of the text are the token ids (0..255),
+  so one ASCII character is one token. Deterministic, dependency-free, and it makes prompt
+  lengths and shared prefixes exact, which ``evolving drive`` relies on (docs/gateway.md).
+- :class:`HfTokenizer`: a Hugging Face ``tokenizer.json`` through the optional ``tokenizers``
+  package, used when ``--tokenizer PATH`` names a file that exists and the package imports.
+  :func:`load_tokenizer` says why it fell back to bytes otherwise.
+
+Chat template (:func:`render_chat`), deliberately simple and documented rather than a model's
+Jinja template: every message becomes ``<|{role}|>\\n{content}<|end|>\\n`` and the prompt ends
+with the generation prompt ``<|assistant|>\\n``. The generation prompt is a prefix of the
+rendered assistant message, so the next turn's prompt extends this turn's prompt (the
+gateway's compaction rule depends on that). Content may be a string or a list of parts;
+text parts are joined, other parts become ``[<type>]``. An assistant's ``tool_calls`` are
+appended as compact JSON; a tool message's ``tool_call_id`` is shown in its role tag.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+GENERATION_PROMPT = "<|assistant|>\n"
+
+
+class Tokenizer(Protocol):
+    name: str
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes -> token ids 0..255 (one ASCII character = one token)."""
+
+    name = "bytes"
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(i & 0xFF for i in ids).decode("utf-8", errors="replace")
+
+
+class HfTokenizer:
+    """A Hugging Face ``tokenizers`` tokenizer loaded from ``tokenizer.json``."""
+
+    def __init__(self, path: str | Path) -> None:
+        from tokenizers import Tokenizer as _HfTok  # optional dependency
+
+        self._tok = _HfTok.from_file(str(path))
+        self.name = f"hf:{Path(path).name}"
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode(list(ids))
+
+
+def load_tokenizer(path: str | None) -> tuple[Tokenizer, str]:
+    """The tokenizer to use and a one-line reason (for logs and /health)."""
+    if not path:
+        return ByteTokenizer(), "byte-level tokenizer (default)"
+    p = Path(path)
+    if not p.is_file():
+        return ByteTokenizer(), f"byte-level tokenizer: {path} does not exist"
+    try:
+        return HfTokenizer(p), f"tokenizers: {path}"
+    except ImportError:
+        return ByteTokenizer(), "byte-level tokenizer: the 'tokenizers' package is not installed"
+
+
+class TemplateError(ValueError):
+    """A malformed chat message; ``field`` names it (e.g. ``messages[2].role``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field, self.message = field, message
+        super().__init__(f"{field}: {message}")
+
+
+def _content_text(content: object, at: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        out = []
+        for i, part in enumerate(content):
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                raise TemplateError(f"{at}[{i}]", "a content part must be an object with a 'type'")
+            if part["type"] == "text":
+                if not isinstance(part.get("text"), str):
+                    raise TemplateError(f"{at}[{i}].text", "must be a string")
+                out.append(part["text"])
+            else:
+                out.append(f"[{part['type']}]")
+        return "".join(out)
+    raise TemplateError(at, "must be a string, a list of parts or null")
+
+
+def render_chat(messages: object) -> str:
+    """Render OpenAI chat ``messages`` with the template above (see the module docstring)."""
+    if not isinstance(messages, list) or not messages:
+        raise TemplateError("messages", "must be a non-empty list of messages")
+    parts = []
+    for i, m in enumerate(messages):
+        at = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise TemplateError(at, "must be an object")
+        role = m.get("role")
+        if role not in ROLES:
+            raise TemplateError(f"{at}.role", f"must be one of {', '.join(ROLES)}, got {role!r}")
+        text = _content_text(m.get("content"), f"{at}.content")
+        if m.get("tool_calls"):
+            text += json.dumps(m["tool_calls"], separators=(",", ":"), sort_keys=True)
+        tag = role if role != "tool" or not m.get("tool_call_id") else f"tool:{m['tool_call_id']}"
+        parts.append(f"<|{tag}|>\n{text}<|end|>\n")
+    parts.append(GENERATION_PROMPT)
+    return "".join(parts)
