@@ -118,7 +118,8 @@ class PlannerState(msgspec.Struct, kw_only=True):
 class _Snapshot(msgspec.Struct):
     cls: str
     config: bytes
-    state: PlannerState
+    state: PlannerState  # with ``slices`` empty: they travel in ``slices`` (int keys, sorted)
+    slices: list[tuple[int, SliceStats]] = []
 
 
 class PlannerBase:
@@ -135,7 +136,9 @@ class PlannerBase:
 
     # ------------------------------------------------------------------ snapshot
     def snapshot(self) -> bytes:
-        return _ENC.encode(_Snapshot(type(self).__name__, _ENC.encode(self.cfg), self.st))
+        state = msgspec.structs.replace(self.st, slices={})
+        slices = sorted(self.st.slices.items())
+        return _ENC.encode(_Snapshot(type(self).__name__, _ENC.encode(self.cfg), state, slices))
 
     @classmethod
     def from_snapshot(cls, data: bytes):
@@ -143,6 +146,7 @@ class PlannerBase:
         assert snap.cls == cls.__name__, f"snapshot of {snap.cls} restored as {cls.__name__}"
         self = cls(**msgspec.to_builtins(msgspec.msgpack.decode(snap.config)))
         self.st = snap.state
+        self.st.slices = dict(snap.slices)
         return self
 
     # ------------------------------------------------------------------ folding
