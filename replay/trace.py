@@ -197,12 +197,14 @@ def validate_session(s: Session) -> list[tuple[str, str]]:
             elif isinstance(st, Request):
                 if not 0 <= st.tail_tokens < s.block_tokens:
                     errs.append((f"{sat}.tail_tokens", f"must be in [0, {s.block_tokens})"))
-                if st.output_tokens < 0 or st.pause_s < 0:
-                    errs.append((sat, "output_tokens and pause_s must be >= 0"))
+                if st.output_tokens < 0 or st.pause_s < 0 or (st.at_s is not None and st.at_s < 0):
+                    errs.append((sat, "output_tokens, pause_s and at_s must be >= 0"))
                 if any(not 0 <= h <= _MAX_U64 for h in st.blocks):
                     errs.append((f"{sat}.blocks", "hashes must be unsigned 64-bit"))
             elif isinstance(st, (Fork, Spawn)):
                 mode = "fork" if isinstance(st, Fork) else "subagent"
+                if st.pause_s < 0:
+                    errs.append((f"{sat}.pause_s", "must be >= 0"))
                 if st.branch not in index:
                     errs.append((f"{sat}.branch", f"unknown branch {st.branch!r}"))
                 elif st.branch in opened:
