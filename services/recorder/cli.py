@@ -9,8 +9,10 @@ from typing import Any
 
 def register(sub, bench) -> None:
     p = sub.add_parser("sql", help="run SQL on a recorded run (views: docs/recorder.md)")
-    p.add_argument("db", help="the run's DuckDB file")
+    p.add_argument("db", help="the run's DuckDB file, or Parquet segments (a file or a quoted glob)")
     p.add_argument("query", help='SQL, e.g. "SELECT * FROM role_switches"')
+    p.add_argument("--with", dest="more", action="append", default=[], metavar="SOURCE",
+                   help="another DuckDB file or Parquet segment(s) of the same run (repeatable)")
     p.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
     p.add_argument("--max-rows", type=int, default=200, help="rows shown in the table (default 200)")
     p.set_defaults(func=cmd_sql)
@@ -44,15 +46,16 @@ def _jsonable(v: Any) -> Any:
 def cmd_sql(args) -> int:
     import duckdb
 
-    from services.recorder.eventlog import DuckDbEventLog, EventLogError
+    from services.recorder.eventlog import EventLogError, open_sources
 
+    sources, query = [args.db, *args.more], args.query
     try:
-        log = DuckDbEventLog(args.db, read_only=True)
+        con = open_sources(sources)
     except (EventLogError, duckdb.Error) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        rel = log.con.sql(args.query)
+        rel = con.sql(query)
         if rel is None:  # a statement without a result
             return 0
         cols, rows = rel.columns, rel.fetchall()
@@ -60,7 +63,7 @@ def cmd_sql(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:
-        log.close()
+        con.close()
     if args.json:
         for row in rows:
             print(json.dumps({c: _jsonable(v) for c, v in zip(cols, row)}))

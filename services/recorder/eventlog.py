@@ -238,6 +238,19 @@ class DuckDbEventLog:
             con.execute("ROLLBACK")
             raise
 
+    def export_parquet(self, path: str | os.PathLike, from_seq: int = 1, to_seq: int | None = None) -> int:
+        """Copy rows ``from_seq..to_seq`` (default: to the applied position) to one Parquet file
+        with the columns of ``events``; return how many. Segments of a long run, queried in
+        place with :func:`open_sources` / ``evolving sql``."""
+        to_seq = self._applied if to_seq is None else to_seq
+        n = self.con.execute("SELECT count(*) FROM events WHERE seq BETWEEN ? AND ?", [from_seq, to_seq]).fetchall()
+        target = os.fspath(path).replace("'", "''")
+        self.con.execute(
+            f"COPY (SELECT * FROM events WHERE seq BETWEEN {int(from_seq)} AND {int(to_seq)} ORDER BY seq) "
+            f"TO '{target}' (FORMAT parquet)"
+        )
+        return int(n[0][0])
+
     def close(self) -> None:
         self.con.close()
 
@@ -268,3 +281,34 @@ def batched(rows: Iterable[Row], size: int) -> Iterator[list[Row]]:
     it = iter(rows)
     while chunk := list(itertools.islice(it, size)):
         yield chunk
+
+
+def open_sources(sources: Sequence[str]):
+    """A read-only query session over several recorded sources: DuckDB event logs (``*.duckdb``)
+    and Parquet files or globs written by :meth:`DuckDbEventLog.export_parquet`. ``events`` is
+    their union (they must not overlap in ``seq``) and every view is defined over it. One DuckDB
+    file alone is opened directly (its own views)."""
+    import duckdb
+
+    from services.recorder.views import create_views
+
+    if len(sources) == 1 and not _is_parquet(sources[0]):
+        return DuckDbEventLog(sources[0], read_only=True).con
+    con = duckdb.connect()
+    parts = []
+    for i, src in enumerate(sources):
+        quoted = src.replace("'", "''")
+        if _is_parquet(src):
+            parts.append(f"SELECT seq, ts, type, src, subject, payload::JSON AS payload FROM read_parquet('{quoted}')")
+        else:
+            if not os.path.exists(src):
+                raise EventLogError(f"no event log at {src}")
+            con.execute(f"ATTACH '{quoted}' AS src{i} (READ_ONLY)")
+            parts.append(f"SELECT * FROM src{i}.main.events")
+    con.execute("CREATE VIEW events AS " + " UNION ALL ".join(parts))
+    create_views(con)
+    return con
+
+
+def _is_parquet(source: str) -> bool:
+    return source.endswith(".parquet") or "*" in source

@@ -83,3 +83,14 @@ def test_bench_recorder_json(capsys):
     assert main(["bench", "recorder", "--requests", "30", "--blocks", "20", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["events"] == 30 * 12 and res["eventlog_events_per_s"] > 0 and res["ratio_vs_ndjson"] > 0
+
+
+def test_sql_over_parquet_segments(tmp_path, capsys):
+    make_run(tmp_path / "run.duckdb")
+    log = DuckDbEventLog(tmp_path / "run.duckdb")
+    log.export_parquet(tmp_path / "a.parquet", 1, 10)
+    log.export_parquet(tmp_path / "b.parquet", 11)
+    log.close()
+    rc = main(["sql", str(tmp_path / "a.parquet"), "--with", str(tmp_path / "b.parquet"), "--json",
+               "SELECT count(*) AS n FROM route_decisions"])
+    assert rc == 0 and json.loads(capsys.readouterr().out) == {"n": 12}
