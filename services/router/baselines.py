@@ -110,7 +110,7 @@ class StickyRouter(RouterBase):
 
 class _CacheAwareSnap(msgspec.Struct, kw_only=True):
     workers: list[str]
-    blocks: list[tuple[int, list[float]]]  # block -> last access per worker index (-1: absent)
+    blocks: list[tuple[int, int, list[float]]]  # block, depth, last access per worker (-1: absent)
     next_eviction: float
 
 
@@ -127,7 +127,8 @@ class CacheAwareRouter(RouterBase):
     3. else the worker with the smallest tree (most free cache) wins.
 
     Ties to the smallest node id. Every ``eviction_interval_s`` (event time) a tree over
-    ``max_tree_tokens`` drops its least recently routed blocks. Score: matched prefix tokens
+    ``max_tree_tokens`` drops its least recently routed blocks, deepest first among blocks
+    routed at the same time (leaves before their parents). Score: matched prefix tokens
     (*higher* is better), the winner's rule is in the decision's choice.
     """
 
@@ -146,6 +147,7 @@ class CacheAwareRouter(RouterBase):
         self.index: dict[str, int] = {}
         self.owners: dict[int, int] = {}  # block -> bitmask of worker indices
         self.last: list[dict[int, float]] = []  # per worker: block -> last routed ts
+        self.depth: dict[int, int] = {}  # block -> position in its prompt (fixed by the chain)
         self.next_eviction = float(self.eviction_interval_s)
 
     def _worker(self, node: str) -> int:
@@ -162,10 +164,11 @@ class CacheAwareRouter(RouterBase):
         idx = self._worker(rd.prefill_node)
         bit = 1 << idx
         last = self.last[idx]
-        owners = self.owners
-        for b in r.blocks:
+        owners, depth = self.owners, self.depth
+        for i, b in enumerate(r.blocks):
             owners[b] = owners.get(b, 0) | bit
             last[b] = rd.ts
+            depth[b] = i
 
     def on_event(self, event: Event) -> None:
         if event.ts >= self.next_eviction:
@@ -188,12 +191,14 @@ class CacheAwareRouter(RouterBase):
                 self.owners[b] = m
             else:
                 self.owners.pop(b, None)
+                self.depth.pop(b, None)
 
     def _evict(self) -> None:
         cap = max(0, int(self.max_tree_tokens) // self.block_tokens)
         for idx, last in enumerate(self.last):
             if len(last) > cap:
-                order = sorted(last.items(), key=lambda kv: (kv[1], kv[0]))
+                depth = self.depth
+                order = sorted(last.items(), key=lambda kv: (kv[1], -depth.get(kv[0], 0), kv[0]))
                 self._drop(idx, [b for b, _ in order[: len(last) - cap]])
 
     def _matches(self, blocks: list[int], candidates: list[str]) -> dict[str, int]:
@@ -250,7 +255,7 @@ class CacheAwareRouter(RouterBase):
     def extra_snapshot(self) -> bytes:
         rows = []
         for b in sorted(self.owners):
-            rows.append((b, [self.last[i].get(b, -1.0) for i in range(len(self.workers))]))
+            rows.append((b, self.depth.get(b, 0), [self.last[i].get(b, -1.0) for i in range(len(self.workers))]))
         return msgspec.msgpack.encode(_CacheAwareSnap(workers=self.workers, blocks=rows,
                                                       next_eviction=self.next_eviction))
 
@@ -260,7 +265,9 @@ class CacheAwareRouter(RouterBase):
         self.last = []
         for n in snap.workers:
             self._worker(n)
-        for b, stamps in snap.blocks:
+        self.depth = {}
+        for b, d, stamps in snap.blocks:
+            self.depth[b] = d
             for i, ts in enumerate(stamps):
                 if ts >= 0:
                     self.last[i][b] = ts

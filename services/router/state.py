@@ -200,7 +200,7 @@ class ClusterState:
             if event.phase == "decode" and event.node in self.nodes and event.batch > 0:
                 ns = self.nodes[event.node]
                 ns.accepted_tokens += event.accepted_tokens
-                ns.request_iterations += event.batch
+                ns.request_iterations += event.batch * max(1, getattr(event, "iterations", 1))
         elif isinstance(event, NodeRegistered):
             self._registered(event)
         elif isinstance(event, RoleSwitchOrdered):
@@ -444,7 +444,7 @@ class ClusterState:
         )
 
     @classmethod
-    def from_snapshot(cls, snap: StateSnapshot) -> "ClusterState":
+    def from_snapshot(cls, snap: StateSnapshot) -> ClusterState:
         st = cls()
         st.nodes = {n.node: n for n in snap.nodes}
         st.requests = {r.request: r for r in snap.requests}

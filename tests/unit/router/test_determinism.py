@@ -64,6 +64,7 @@ def test_ties_break_on_node_id(cls):
     r = cls()
     # registered in reverse order: the decision must not depend on arrival order
     evs = list(reversed(s.register(3, 2))) + [s.branch("b", 0.0), s.submit("x", "b", s.blocks(1, 4), 1.0)]
-    rd = [o for ev in evs for o in r.apply(ev) if isinstance(o, RouteDecided)][0]
+    out = [o for ev in evs for o in r.apply(ev)]
+    rd = next(o for o in out if isinstance(o, RouteDecided))
     assert (rd.prefill_node, rd.decode_node) == ("p00", "d00")
     assert [sc.node for sc in rd.scores] == ["p00", "p01", "p02"]
