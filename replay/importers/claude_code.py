@@ -29,8 +29,9 @@ Rules (also in ``docs/traces.md``):
   Blocks are ``block_hashes(tokens, 64, root=namespace_root("claude-code:<model>"))``.
   ``ImportResult.notes`` reports the mean gap between approximate and real prompt lengths.
 - **Threads.** ``isSidechain: false`` is branch ``main``; sidechain records are grouped by
-  ``agentId`` into branch ``agent-<agentId>`` (mode ``subagent``), spawned from ``main`` at its
-  first request's submit time. The parent waits for it when its next request was submitted
+  ``agentId`` into branch ``agent-<agentId>`` (mode ``subagent``; without ``agentId``, by the
+  first 8 characters of their chain root's uuid), spawned from the main thread at its first
+  request's submit time (nested sub-agents are attached to the main thread too). The parent waits for it when its next request was submitted
   after the sub-agent's last response (0.5 s tolerance).
 - **Timing.** A request is submitted at the timestamp of its first record's parent (the user
   or tool-result message it answers) and finished at the latest timestamp of its records;
@@ -174,7 +175,18 @@ class _SessionBuilder:
         return {t: sorted(c.values(), key=lambda c: (c.first.file, c.first.line)) for t, c in threads.items()}
 
     def sidechain_ids(self, d: dict[str, Any]) -> str:
-        return f"agent-{d.get('agentId') or 'sidechain'}"
+        """``agent-<agentId>``; inline sidechains of old versions without ``agentId`` are told
+        apart by the uuid of their first record (the root of their chain)."""
+        if d.get("agentId"):
+            return f"agent-{d['agentId']}"
+        root, seen = d, set()
+        while True:
+            parent = self.by_uuid.get(root.get("parentUuid") or "")
+            if parent is None or not parent.data.get("isSidechain") or id(parent) in seen:
+                break
+            seen.add(id(parent))
+            root = parent.data
+        return f"agent-{str(root.get('uuid', 'sidechain'))[:8]}"
 
     def sidechains_without_calls(self, threads: dict[str, list[_Call]]) -> list[tuple[str, _Rec]]:
         first: dict[str, _Rec] = {}

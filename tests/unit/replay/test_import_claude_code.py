@@ -127,3 +127,21 @@ def test_subagent_without_requests(tmp_path):
     assert (ei.value.file, ei.value.line, ei.value.field) == (str(sub), 1, "agentId")
     res = import_claude_code(root, skip_bad=True)
     assert len(res.skipped) == 1 and not any(isinstance(x, Spawn) for x in res.sessions[0].branches[0].steps)
+
+
+def test_inline_sidechains_without_agent_id_are_told_apart(tmp_path):
+    recs = _records()
+    sub = [json.loads(x) for x in (CC / "-home-dev-shop" / SID / "subagents" / "agent-a1b2c3.jsonl")
+           .read_text().splitlines()]
+    second = []
+    for r in sub:  # a second inline sidechain: same shape, other uuids and message ids
+        r2 = json.loads(json.dumps(r).replace('"s-', '"t-').replace("msg_s", "msg_t"))
+        second.append(r2)
+    for r in sub + second:
+        r.pop("agentId")
+    path = tmp_path / f"{SID}.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in recs + sub + second) + "\n")
+    res = import_claude_code(path)
+    subs = [b for b in res.sessions[0].branches if b.mode == "subagent"]
+    assert sorted(b.id for b in subs) == ["agent-s-1", "agent-t-1"]
+    assert all(sum(isinstance(x, Request) for x in b.steps) == 2 for b in subs)
