@@ -80,6 +80,7 @@ def cmd_sql(args) -> int:
 
 
 def cmd_verify(args) -> int:
+    from events.codec import CodecError
     from services.recorder.eventlog import DuckDbEventLog, EventLogError
     from services.recorder.verify import verify_log
 
@@ -91,6 +92,9 @@ def cmd_verify(args) -> int:
     names = [n.strip() for n in args.cores.split(",") if n.strip()] if args.cores else None
     try:
         report = verify_log(log, names, keep_going=args.keep_going, strict=args.strict)
+    except CodecError as exc:
+        print(f"error: unreadable log: {exc}", file=sys.stderr)
+        return 2
     except (KeyError, ImportError, LookupError, ValueError, TypeError) as exc:
         print(f"error: cannot build the cores: {exc}", file=sys.stderr)
         return 2

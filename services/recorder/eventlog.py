@@ -32,7 +32,7 @@ import msgspec
 import numpy as np
 
 from events.catalog import Event
-from events.codec import SCHEMA_VERSION, from_json, to_json
+from events.codec import SCHEMA_VERSION, CodecError, from_json, to_json
 
 Row = tuple[int, str, Event]
 """One log row: stream sequence, subject, event."""
@@ -212,7 +212,7 @@ class DuckDbEventLog:
             cur.execute("SELECT seq, subject, payload FROM events WHERE seq >= ? ORDER BY seq", [from_seq])
             while chunk := cur.fetchmany(_READ_CHUNK):
                 for seq, subject, payload in chunk:
-                    yield int(seq), subject, from_json(payload)
+                    yield int(seq), subject, _decode_row(int(seq), payload)
         finally:
             cur.close()
 
@@ -259,6 +259,13 @@ class DuckDbEventLog:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _decode_row(seq: int, payload: str) -> Event:
+    try:
+        return from_json(payload)
+    except CodecError as exc:
+        raise CodecError(f"event log row seq={seq}: {exc.reason}") from exc
 
 
 def _columns(rows: Sequence[Row]) -> dict[str, np.ndarray]:

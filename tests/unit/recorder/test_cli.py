@@ -94,3 +94,12 @@ def test_sql_over_parquet_segments(tmp_path, capsys):
     rc = main(["sql", str(tmp_path / "a.parquet"), "--with", str(tmp_path / "b.parquet"), "--json",
                "SELECT count(*) AS n FROM route_decisions"])
     assert rc == 0 and json.loads(capsys.readouterr().out) == {"n": 12}
+
+
+def test_verify_names_an_unreadable_row(tmp_path, capsys):
+    make_run(tmp_path / "run.duckdb")
+    log = DuckDbEventLog(tmp_path / "run.duckdb")
+    log.con.execute("""UPDATE events SET payload = '{"type":"NoSuchEvent","ts":1.0}' WHERE seq = 7""")
+    log.close()
+    assert main(["verify", str(tmp_path / "run.duckdb")]) == 2
+    assert "seq=7" in capsys.readouterr().err
