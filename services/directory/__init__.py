@@ -1,0 +1,8 @@
+"""Agent-aware KV directory (METHOD.md §4.1): where KV lives, active-branch counts per copy,
+longest-prefix lookup and count-aware eviction. The core is pure; see docs/directory.md."""
+
+from services.directory.core import DirectoryCore
+from services.directory.eviction import CountAwareEviction, LruEviction
+from services.directory.lookup import Lookup, NodeMatch
+
+__all__ = ["CountAwareEviction", "DirectoryCore", "Lookup", "LruEviction", "NodeMatch"]

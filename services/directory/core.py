@@ -1,0 +1,669 @@
+"""Agent-aware KV directory: a pure state machine, no I/O, no clock (METHOD.md §4.1).
+
+It folds the event stream into:
+
+1. **Where KV lives.** ``block -> holder mask`` (two bits per node index: L1, L2) plus, per node
+   and tier, ``block -> last access`` (``ts`` of the event that stored or used the copy).
+2. **Branches.** id -> parent, mode, version, current context (block list) and, per phase,
+   the node whose copy holds the branch's count (``holders``; ``-1`` = none).
+3. **Active-branch counts per copy.** ``refs[node][block]`` = number of active branches whose
+   counted context contains ``block`` and that have ``node`` as a holder in some phase (a
+   branch whose two phases sit on one node counts once there). :meth:`count` exposes it only
+   where the copy exists, so a count is never attached to an evicted copy; a copy stored again
+   shows its branches' counts again.
+
+Rules (the full table is in docs/directory.md): a fork inherits its parent's context and
+holders (+1 on the reused blocks at the parent's copies); a sub-agent starts empty and never
+counts the blocks of its parent's context at spawn; a request of the same version adds only
+the blocks not yet counted; a new version (compaction) counts the new context and un-counts
+the dropped blocks; a branch end un-counts everything. Holders are set by non-shadow
+``RouteDecided`` (prefill and decode node), ``KvStored(request/branch)`` and ``KvMoved``
+(within a phase the count moves to the destination; across phases both ends keep it). A
+switch decode -> prefill (or a removal, or a switch that drops KV) detaches every count on
+the node; prefill -> decode keeps them.
+
+Bad input (unknown branch, request, node or block, stale version, ...) is counted per kind and
+answered with :class:`events.AnomalyReported`; it never raises and never makes a count negative.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import takewhile
+from typing import Self
+
+import msgspec
+
+from events.catalog import (
+    AnomalyReported,
+    BranchEnded,
+    BranchOpened,
+    ContextCompacted,
+    Event,
+    FirstToken,
+    KvEvicted,
+    KvFetched,
+    KvMoved,
+    KvStored,
+    NodeRegistered,
+    NodeRemoved,
+    RequestFinished,
+    RequestStarted,
+    RequestSubmitted,
+    RoleSwitched,
+    RouteDecided,
+)
+from events.ids import BlockHash, BranchId, NodeId, Tier
+from services.directory.lookup import Lookup, scan
+
+PREFILL, DECODE = 0, 1
+_PHASE_INDEX = {"prefill": PREFILL, "decode": DECODE}
+_TIER_BIT = {"L1": 0, "L2": 1}
+SNAPSHOT_VERSION = 1
+
+
+class _Node:
+    __slots__ = ("alive", "id", "idx", "l1", "l2", "refs", "role")
+
+    def __init__(self, node_id: str, idx: int, role: str | None) -> None:
+        self.id = node_id
+        self.idx = idx
+        self.role = role  # None: seen in a KV event before its registration
+        self.alive = True
+        self.l1: dict[int, float] = {}  # block -> last access of the GPU copy
+        self.l2: dict[int, float] = {}  # block -> last access of the host copy
+        self.refs: dict[int, int] = {}  # block -> active branches counted here (absent = 0)
+
+    def tier(self, tier: str) -> dict[int, float]:
+        return self.l1 if tier == "L1" else self.l2
+
+
+class _Branch:
+    __slots__ = ("counted", "ctx", "excluded", "holders", "id", "mode", "parent", "version")
+
+    def __init__(self, branch_id: str, parent: str | None, mode: str) -> None:
+        self.id = branch_id
+        self.parent = parent
+        self.mode = mode
+        self.version = 0
+        self.ctx: list[int] = []  # blocks of the current context, in order
+        self.counted: set[int] = set()  # set(ctx) - excluded
+        self.excluded: frozenset[int] = frozenset()  # sub-agent: parent's context at spawn
+        self.holders = [-1, -1]  # node index holding the count, per phase
+
+
+class _Request:
+    __slots__ = ("blocks", "branch", "id", "nodes", "pins")
+
+    def __init__(self, request_id: str, branch: str, blocks: list[int]) -> None:
+        self.id = request_id
+        self.branch = branch
+        self.blocks = blocks
+        self.nodes = [-1, -1]  # routed prefill / decode node index
+        self.pins: set[int] = set()  # node indices whose copies this request is using
+
+
+# ----------------------------------------------------------------------------- snapshot types
+class _NodeSnap(msgspec.Struct, array_like=True):
+    id: str
+    role: str | None
+    alive: bool
+    l1: list[tuple[int, float]]
+    l2: list[tuple[int, float]]
+
+
+class _BranchSnap(msgspec.Struct, array_like=True):
+    id: str
+    parent: str | None
+    mode: str
+    version: int
+    ctx: list[int]
+    excluded: list[int]
+    holders: list[int]
+
+
+class _RequestSnap(msgspec.Struct, array_like=True):
+    id: str
+    branch: str
+    blocks: list[int]
+    nodes: list[int]
+    pins: list[int]
+
+
+class _Snapshot(msgspec.Struct, array_like=True):
+    version: int
+    nodes: list[_NodeSnap]  # in index order (indices are positions in the holder masks)
+    branches: list[_BranchSnap]  # sorted by id
+    ended: list[str]
+    requests: list[_RequestSnap]
+    anomalies: list[tuple[str, int]]
+
+
+_ENC = msgspec.msgpack.Encoder()
+_DEC = msgspec.msgpack.Decoder(_Snapshot)
+
+
+class DirectoryCore:
+    """The agent-aware KV directory (see the module docstring and docs/directory.md)."""
+
+    name = "directory"
+
+    def __init__(self) -> None:
+        self._where: dict[int, int] = {}  # block -> holder mask (bit 2i: L1 of node i, 2i+1: L2)
+        self._nodes: list[_Node] = []
+        self._node_idx: dict[str, int] = {}
+        self._branches: dict[str, _Branch] = {}
+        self._ended: set[str] = set()
+        self._requests: dict[str, _Request] = {}
+        self._anomalies: dict[str, int] = {}
+        self._out: list[Event] = []
+        self._handlers = {
+            BranchOpened: self._on_branch_opened,
+            RequestSubmitted: self._on_request_submitted,
+            ContextCompacted: self._on_context_compacted,
+            BranchEnded: self._on_branch_ended,
+            KvStored: self._on_kv_stored,
+            KvEvicted: self._on_kv_evicted,
+            KvMoved: self._on_kv_moved,
+            KvFetched: self._on_kv_fetched,
+            NodeRegistered: self._on_node_registered,
+            NodeRemoved: self._on_node_removed,
+            RoleSwitched: self._on_role_switched,
+            RouteDecided: self._on_route_decided,
+            RequestStarted: self._on_request_started,
+            FirstToken: self._on_first_token,
+            RequestFinished: self._on_request_finished,
+        }
+
+    # ------------------------------------------------------------------------- protocol
+    def apply(self, event: Event) -> list[Event]:
+        """Fold one event; returns the anomalies it caused (``AnomalyReported``), else ``[]``."""
+        handler = self._handlers.get(type(event))
+        if handler is None:
+            return []
+        self._out = []
+        handler(event)
+        out, self._out = self._out, []
+        return out
+
+    # ------------------------------------------------------------------------- queries
+    def lookup(self, blocks: Sequence[BlockHash]) -> Lookup:
+        """Longest cached prefixes of ``blocks`` per live node and tier and in the pool (one pass)."""
+        pool, segments = scan(self._where, blocks)
+        live = [(n.id, n.idx) for n in self._nodes if n.alive]
+        return Lookup(len(blocks), pool, segments, live)
+
+    def holders(self, block: BlockHash) -> list[tuple[NodeId, Tier]]:
+        """Copies of ``block`` as sorted ``(node, tier)`` pairs."""
+        m = self._where.get(block, 0)
+        out = []
+        for n in self._nodes:
+            bits = (m >> (2 * n.idx)) & 3
+            if bits & 1:
+                out.append((n.id, "L1"))
+            if bits & 2:
+                out.append((n.id, "L2"))
+        return sorted(out)
+
+    def count(self, block: BlockHash, node: NodeId) -> int:
+        """Active branches counted on ``node``'s copy of ``block`` (0 if the node holds no copy)."""
+        n = self._node(node)
+        if n is None or not (self._where.get(block, 0) >> (2 * n.idx)) & 3:
+            return 0
+        return n.refs.get(block, 0)
+
+    def last_access(self, block: BlockHash, node: NodeId, tier: Tier) -> float:
+        """``ts`` of the last store or use of that copy; raises ``KeyError`` if there is no copy."""
+        n = self._node(node)
+        if n is None:
+            raise KeyError(node)
+        return n.tier(tier)[block]
+
+    def blocks_on(self, node: NodeId, tier: Tier) -> list[BlockHash]:
+        """Blocks held by ``node`` in ``tier``, sorted."""
+        n = self._node(node)
+        return sorted(n.tier(tier)) if n else []
+
+    def copies(self, node: NodeId, tier: Tier) -> Mapping[BlockHash, float]:
+        """``block -> last access`` of ``node``'s copies in ``tier`` (read-only use)."""
+        n = self._node(node)
+        return n.tier(tier) if n else {}
+
+    def counts_on(self, node: NodeId) -> Mapping[BlockHash, int]:
+        """Raw active-branch references on ``node`` (includes blocks with no copy there)."""
+        n = self._node(node)
+        return n.refs if n else {}
+
+    def pinned(self, node: NodeId) -> frozenset[BlockHash]:
+        """Blocks of routed, unfinished requests that use ``node`` (never evict these)."""
+        n = self._node(node)
+        if n is None:
+            return frozenset()
+        out: set[int] = set()
+        for r in self._requests.values():
+            if n.idx in r.pins:
+                out.update(r.blocks)
+        return frozenset(out)
+
+    def nodes(self) -> dict[NodeId, str | None]:
+        """Live nodes and their roles."""
+        return {n.id: n.role for n in self._nodes if n.alive}
+
+    def branch(self, branch: BranchId) -> dict | None:
+        """A read-only view of an active branch (for tests and tools)."""
+        b = self._branches.get(branch)
+        if b is None:
+            return None
+        ids = [self._nodes[h].id if h >= 0 else None for h in b.holders]
+        return {"parent": b.parent, "mode": b.mode, "version": b.version, "blocks": list(b.ctx),
+                "counted": sorted(b.counted), "prefill_holder": ids[PREFILL], "decode_holder": ids[DECODE]}
+
+    def active_branches(self) -> list[BranchId]:
+        return sorted(self._branches)
+
+    def anomalies(self) -> dict[str, int]:
+        """Anomalies met so far, by kind."""
+        return dict(sorted(self._anomalies.items()))
+
+    # ------------------------------------------------------------------------- snapshot
+    def snapshot(self) -> bytes:
+        """Whole state as msgpack; byte-identical for identical histories (everything sorted)."""
+        snap = _Snapshot(
+            version=SNAPSHOT_VERSION,
+            nodes=[_NodeSnap(n.id, n.role, n.alive, sorted(n.l1.items()), sorted(n.l2.items()))
+                   for n in self._nodes],
+            branches=[_BranchSnap(b.id, b.parent, b.mode, b.version, list(b.ctx), sorted(b.excluded),
+                                  list(b.holders)) for _, b in sorted(self._branches.items())],
+            ended=sorted(self._ended),
+            requests=[_RequestSnap(r.id, r.branch, list(r.blocks), list(r.nodes), sorted(r.pins))
+                      for _, r in sorted(self._requests.items())],
+            anomalies=sorted(self._anomalies.items()),
+        )
+        return _ENC.encode(snap)
+
+    @classmethod
+    def from_snapshot(cls, data: bytes) -> Self:
+        snap = _DEC.decode(data)
+        if snap.version != SNAPSHOT_VERSION:
+            raise ValueError(f"directory snapshot version {snap.version}, expected {SNAPSHOT_VERSION}")
+        core = cls()
+        for ns in snap.nodes:
+            n = _Node(ns.id, len(core._nodes), ns.role)
+            n.alive = ns.alive
+            core._nodes.append(n)
+            core._node_idx[n.id] = n.idx
+            n.l1 = dict(ns.l1)
+            n.l2 = dict(ns.l2)
+            for bit, tier in ((1 << (2 * n.idx), n.l1), (2 << (2 * n.idx), n.l2)):
+                for b in tier:
+                    core._where[b] = core._where.get(b, 0) | bit
+        for bs in snap.branches:
+            b = _Branch(bs.id, bs.parent, bs.mode)
+            b.version, b.ctx, b.excluded = bs.version, bs.ctx, frozenset(bs.excluded)
+            b.counted = set(b.ctx) - b.excluded
+            core._branches[b.id] = b
+            for h in set(bs.holders) - {-1}:
+                core._add_refs(h, b.counted, +1)
+            b.holders = bs.holders
+        core._ended = set(snap.ended)
+        for rs in snap.requests:
+            r = _Request(rs.id, rs.branch, rs.blocks)
+            r.nodes, r.pins = rs.nodes, set(rs.pins)
+            core._requests[r.id] = r
+        core._anomalies = dict(snap.anomalies)
+        return core
+
+    # ------------------------------------------------------------------------- anomalies
+    def _anomaly(self, event: Event, kind: str, ref: str, detail: str = "") -> None:
+        self._anomalies[kind] = self._anomalies.get(kind, 0) + 1
+        self._out.append(AnomalyReported(ts=event.ts, src=self.name, component=self.name,
+                                         kind=kind, ref=ref, detail=f"{type(event).__name__}: {detail}"))
+
+    # ------------------------------------------------------------------------- nodes
+    def _node(self, node: str) -> _Node | None:
+        idx = self._node_idx.get(node)
+        return self._nodes[idx] if idx is not None else None
+
+    def _node_for_kv(self, event: Event, node: str) -> _Node:
+        """The node a KV event names; an unknown one is added (role unknown) and reported."""
+        n = self._node(node)
+        if n is None:
+            self._anomaly(event, "unknown_node", node, "KV of a node that never registered")
+            n = self._add_node(node, None)
+        elif not n.alive:
+            self._anomaly(event, "removed_node", node, "KV of a removed node; node revived")
+            n.alive = True
+        return n
+
+    def _add_node(self, node: str, role: str | None) -> _Node:
+        n = _Node(node, len(self._nodes), role)
+        self._nodes.append(n)
+        self._node_idx[node] = n.idx
+        return n
+
+    def _on_node_registered(self, ev: NodeRegistered) -> None:
+        n = self._node(ev.node)
+        if n is None:
+            self._add_node(ev.node, ev.role)
+            return
+        n.alive = True
+        if n.role is not None and n.role != ev.role:
+            self._switch(n, ev.role)
+        n.role = ev.role
+
+    def _on_node_removed(self, ev: NodeRemoved) -> None:
+        n = self._node(ev.node)
+        if n is None or not n.alive:
+            self._anomaly(ev, "unknown_node", ev.node, "removal of an unknown or removed node")
+            return
+        self._detach_all(n, phases=(PREFILL, DECODE))
+        self._drop_kv(n)
+        n.alive = False
+        for r in self._requests.values():
+            r.pins.discard(n.idx)
+
+    def _on_role_switched(self, ev: RoleSwitched) -> None:
+        n = self._node(ev.node)
+        if n is None or not n.alive:
+            self._anomaly(ev, "unknown_node", ev.node, "role switch of an unknown or removed node")
+            return
+        if ev.kv_dropped:
+            self._detach_all(n, phases=(PREFILL, DECODE))
+            self._drop_kv(n)
+        elif n.role is not None and n.role != ev.role:
+            self._switch(n, ev.role)
+        n.role = ev.role
+
+    def _switch(self, n: _Node, to_role: str) -> None:
+        """decode -> prefill: every count on the node resets to 0 (its KV stays, evictable first).
+        collocated -> prefill: the decode-phase counts reset. Any switch to decode keeps counts."""
+        if to_role == "prefill" and n.role == "decode":
+            self._detach_all(n, phases=(PREFILL, DECODE))
+        elif to_role == "prefill" and n.role == "collocated":
+            self._detach_all(n, phases=(DECODE,))
+
+    def _detach_all(self, n: _Node, phases: tuple[int, ...]) -> None:
+        for _, b in sorted(self._branches.items()):
+            for ph in phases:
+                if b.holders[ph] == n.idx:
+                    self._set_holder(b, ph, -1)
+        if len(phases) == 2:
+            assert not n.refs, f"invariant: no count left on {n.id} after detaching all branches"
+
+    def _drop_kv(self, n: _Node) -> None:
+        keep = ~(3 << (2 * n.idx))
+        where = self._where
+        for b in set(n.l1) | set(n.l2):
+            m = where[b] & keep
+            if m:
+                where[b] = m
+            else:
+                del where[b]
+        n.l1.clear()
+        n.l2.clear()
+
+    # ------------------------------------------------------------------------- counts
+    def _add_refs(self, idx: int, blocks: Iterable[int], delta: int) -> None:
+        refs = self._nodes[idx].refs
+        get = refs.get
+        if delta > 0:
+            for b in blocks:
+                refs[b] = get(b, 0) + 1
+            return
+        for b in blocks:
+            c = get(b, 0) - 1
+            assert c >= 0, f"invariant: count of block {b} on {self._nodes[idx].id} never negative"
+            if c:
+                refs[b] = c
+            else:
+                del refs[b]
+
+    def _set_holder(self, b: _Branch, phase: int, idx: int) -> None:
+        """Attach the branch's count for ``phase`` to node ``idx`` (-1: detach)."""
+        old = b.holders[phase]
+        if old == idx:
+            return
+        other = b.holders[1 - phase]
+        b.holders[phase] = idx
+        if old >= 0 and old != other:
+            self._add_refs(old, b.counted, -1)
+        if idx >= 0 and idx != other:
+            self._add_refs(idx, b.counted, +1)
+
+    def _set_context(self, b: _Branch, blocks: list[int]) -> bool:
+        """Make ``blocks`` the branch's context: +1 on blocks newly counted, -1 on dropped ones.
+        Returns whether it was a pure continuation (the old context is a prefix of the new)."""
+        old = b.ctx
+        append = len(blocks) >= len(old) and blocks[: len(old)] == old
+        if append:  # continuation: only the appended blocks can be new
+            added = [x for x in dict.fromkeys(blocks[len(old):]) if x not in b.counted and x not in b.excluded]
+            dropped: list[int] = []
+        else:
+            new = set(blocks) - b.excluded
+            added = [x for x in dict.fromkeys(blocks) if x in new and x not in b.counted]
+            dropped = [x for x in dict.fromkeys(old) if x in b.counted and x not in new]
+        b.ctx = blocks
+        b.counted.update(added)
+        b.counted.difference_update(dropped)
+        for h in {h for h in b.holders if h >= 0}:
+            if added:
+                self._add_refs(h, added, +1)
+            if dropped:
+                self._add_refs(h, dropped, -1)
+        return append
+
+    # ------------------------------------------------------------------------- branches
+    def _branch(self, event: Event, branch: str, create: bool = False, quiet_ended: bool = False) -> _Branch | None:
+        b = self._branches.get(branch)
+        if b is not None:
+            return b
+        if branch in self._ended:
+            if quiet_ended:
+                return None  # a late KV report of an ended branch: nothing to count
+            self._anomaly(event, "ended_branch", branch, "event for a branch that already ended")
+            return None
+        self._anomaly(event, "unknown_branch", branch,
+                      "opened implicitly as root" if create else "ignored")
+        if not create:
+            return None
+        b = _Branch(branch, None, "root")
+        self._branches[branch] = b
+        return b
+
+    def _on_branch_opened(self, ev: BranchOpened) -> None:
+        if ev.branch in self._branches or ev.branch in self._ended:
+            self._anomaly(ev, "duplicate_branch", ev.branch, "branch opened twice; ignored")
+            return
+        b = _Branch(ev.branch, ev.parent, ev.mode)
+        self._branches[ev.branch] = b
+        if ev.mode == "root":
+            return
+        parent = self._branches.get(ev.parent) if ev.parent is not None else None
+        if parent is None:
+            self._anomaly(ev, "unknown_parent", str(ev.parent), f"{ev.mode} of an unknown or ended parent")
+            return
+        if ev.mode == "subagent":
+            b.excluded = frozenset(parent.ctx)
+            return
+        # fork: reuses the parent's context where the parent's KV lives (+1 on those copies);
+        # a fork of a sub-agent inherits what the sub-agent does not count
+        b.ctx = parent.ctx
+        b.excluded = parent.excluded
+        b.counted = set(parent.counted)
+        for ph in (PREFILL, DECODE):
+            self._set_holder(b, ph, parent.holders[ph])
+
+    def _on_request_submitted(self, ev: RequestSubmitted) -> None:
+        self._requests[ev.request] = _Request(ev.request, ev.branch, ev.blocks)
+        b = self._branch(ev, ev.branch, create=True)
+        if b is None:
+            return
+        if ev.version < b.version:
+            self._anomaly(ev, "stale_version", ev.branch, f"version {ev.version} < {b.version}; context kept")
+            return
+        rewrite = ev.version == b.version and b.ctx
+        b.version = ev.version
+        if not self._set_context(b, ev.blocks) and rewrite:
+            self._anomaly(ev, "unversioned_rewrite", ev.branch, "context rewritten without a version bump")
+
+    def _on_context_compacted(self, ev: ContextCompacted) -> None:
+        b = self._branch(ev, ev.branch)
+        if b is None:
+            return
+        if ev.version < b.version:
+            self._anomaly(ev, "stale_version", ev.branch, f"compaction to {ev.version} at {b.version}; ignored")
+            return
+        if ev.version == b.version and b.ctx:
+            return  # a request of this version already carried the rewritten context
+        b.version = ev.version
+        self._set_context(b, ev.blocks)
+
+    def _on_branch_ended(self, ev: BranchEnded) -> None:
+        b = self._branch(ev, ev.branch)
+        if b is None:
+            return
+        for ph in (PREFILL, DECODE):
+            self._set_holder(b, ph, -1)
+        del self._branches[ev.branch]
+        self._ended.add(ev.branch)
+
+    # ------------------------------------------------------------------------- requests
+    def _request(self, event: Event, request: str | None) -> _Request | None:
+        if request is None:
+            return None
+        r = self._requests.get(request)
+        if r is None:
+            self._anomaly(event, "unknown_request", request)
+        return r
+
+    def _on_route_decided(self, ev: RouteDecided) -> None:
+        if ev.shadow:
+            return
+        r = self._request(ev, ev.request)
+        pn = self._node(ev.prefill_node)
+        dn = self._node(ev.decode_node)
+        if pn is None or dn is None or not (pn.alive and dn.alive):
+            self._anomaly(ev, "unknown_node", f"{ev.prefill_node},{ev.decode_node}", "route to an unknown node")
+            return
+        branch = r.branch if r is not None else ev.branch
+        if r is not None:
+            r.nodes = [pn.idx, dn.idx]
+            r.pins = {pn.idx, dn.idx}
+        b = self._branch(ev, branch) if branch is not None else None
+        if b is not None:
+            self._set_holder(b, PREFILL, pn.idx)
+            self._set_holder(b, DECODE, dn.idx)
+
+    def _touch(self, n: _Node, blocks: Sequence[int], ts: float) -> None:
+        """A request used its prefix on ``n``: refresh the last access of the L1 copies of its
+        longest L1 prefix and of the L2 copies of its longest L2 prefix (C-speed passes)."""
+        for copies in (n.l1, n.l2):
+            k = len(list(takewhile(copies.__contains__, blocks)))
+            if k:
+                copies.update(dict.fromkeys(blocks[:k], float(ts)))
+
+    def _on_request_started(self, ev: RequestStarted) -> None:
+        r = self._request(ev, ev.request)
+        n = self._node(ev.node)
+        if n is None or not n.alive:
+            self._anomaly(ev, "unknown_node", ev.node, "request started on an unknown node")
+            return
+        if r is not None:
+            r.pins.add(n.idx)
+            self._touch(n, r.blocks, ev.ts)
+
+    def _on_first_token(self, ev: FirstToken) -> None:
+        r = self._request(ev, ev.request)
+        if r is not None and r.nodes[PREFILL] >= 0 and r.nodes[PREFILL] != r.nodes[DECODE]:
+            r.pins.discard(r.nodes[PREFILL])
+
+    def _on_request_finished(self, ev: RequestFinished) -> None:
+        if self._request(ev, ev.request) is not None:
+            del self._requests[ev.request]
+
+    # ------------------------------------------------------------------------- KV facts
+    def _store(self, n: _Node, tier: str, blocks: Sequence[int], ts: float) -> None:
+        bit = 1 << (2 * n.idx + _TIER_BIT[tier])
+        where = self._where
+        get = where.get
+        for b in blocks:
+            where[b] = get(b, 0) | bit
+        n.tier(tier).update(dict.fromkeys(blocks, float(ts)))
+
+    def _phase_of(self, n: _Node, r: _Request | None) -> list[int]:
+        """Phases whose count a KV store on ``n`` attaches: those the request was routed to on
+        ``n``; else the node's role (collocated and unknown -> prefill, where KV is produced)."""
+        if r is not None:
+            phases = [ph for ph in (PREFILL, DECODE) if r.nodes[ph] == n.idx]
+            if phases:
+                return phases
+        return [DECODE] if n.role == "decode" else [PREFILL]
+
+    def _on_kv_stored(self, ev: KvStored) -> None:
+        n = self._node_for_kv(ev, ev.node)
+        self._store(n, ev.tier, ev.blocks, ev.ts)
+        r = self._request(ev, ev.request)
+        branch = r.branch if r is not None else ev.branch
+        if branch is None:
+            return
+        b = self._branch(ev, branch, quiet_ended=True)
+        if b is not None:
+            for ph in self._phase_of(n, r):
+                self._set_holder(b, ph, n.idx)
+
+    def _on_kv_evicted(self, ev: KvEvicted) -> None:
+        n = self._node(ev.node)
+        if n is None:
+            self._anomaly(ev, "unknown_node", ev.node, "eviction on an unknown node")
+            return
+        copies = n.tier(ev.tier)
+        bit = 1 << (2 * n.idx + _TIER_BIT[ev.tier])
+        where = self._where
+        missing = 0
+        for b in ev.blocks:
+            if copies.pop(b, None) is None:
+                missing += 1
+                continue
+            m = where[b] & ~bit
+            if m:
+                where[b] = m
+            else:
+                del where[b]
+        if missing:
+            self._anomaly(ev, "unknown_block", ev.node, f"{missing} evicted block(s) not held in {ev.tier}")
+
+    def _on_kv_moved(self, ev: KvMoved) -> None:
+        src = self._node_for_kv(ev, ev.src_node)
+        dst = self._node_for_kv(ev, ev.dst_node)
+        self._read(ev, src, ev.blocks)
+        self._store(dst, ev.dst_tier, ev.blocks, ev.ts)
+        r = self._request(ev, ev.request)
+        branch = r.branch if r is not None else ev.branch
+        b = self._branch(ev, branch, quiet_ended=True) if branch is not None else None
+        if b is None:
+            return
+        sp, dp = _PHASE_INDEX[ev.src_phase], _PHASE_INDEX[ev.dst_phase]
+        if sp != dp:  # across phases both copies keep the count
+            self._set_holder(b, sp, src.idx)
+        self._set_holder(b, dp, dst.idx)  # within a phase the count moves: source -1
+
+    def _read(self, ev: Event, n: _Node, blocks: Sequence[int]) -> None:
+        """Blocks read from ``n`` (a move or fetch source): refresh their last access."""
+        missing = 0
+        for b in blocks:
+            hit = False
+            for copies in (n.l1, n.l2):
+                if b in copies:
+                    copies[b] = float(ev.ts)
+                    hit = True
+            missing += not hit
+        if missing:
+            self._anomaly(ev, "unknown_block", n.id, f"{missing} block(s) read from a node without a copy")
+
+    def _on_kv_fetched(self, ev: KvFetched) -> None:
+        """Peer L2 -> own L2 -> GPU (METHOD §4.1): the destination holds the blocks in both tiers."""
+        src = self._node_for_kv(ev, ev.src_node)
+        dst = self._node_for_kv(ev, ev.dst_node)
+        self._read(ev, src, ev.blocks)
+        self._store(dst, "L2", ev.blocks, ev.ts)
+        self._store(dst, "L1", ev.blocks, ev.ts)
