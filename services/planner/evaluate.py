@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from services.planner.costmodel import DecodeModel, PrefillModel
 from services.planner.window import Work
 
 
@@ -78,7 +79,7 @@ def decode_rates(nodes: NodeArrays, w: WorkArrays, D: int, sel: slice) -> np.nda
     B = np.minimum(nodes.cap[sel][:, None], (w.q / D)[None, :])
     phi = 1.0 - (1.0 - nodes.k / nodes.E) ** (w.t_fwd[None, :] * B)
     T = c[:, :1] + c[:, 1:2] * phi + c[:, 2:3] * B
-    iters = np.ceil(w.t_out / w.t_acc - 1e-9)
+    iters = np.ceil(w.t_out / w.t_acc)
     with np.errstate(divide="ignore", invalid="ignore"):
         mu = np.where(B > 0, B / (iters[None, :] * T), 0.0)
     return mu
@@ -129,3 +130,27 @@ def prefill_latency_s(
     prefill; total A does not depend on the chunking)."""
     chunks = np.maximum(1.0, np.ceil(t_uc / budget))
     return chunks * coef_p[:, 0] + coef_p[:, 1] * t_uc + coef_p[:, 2] * A + coef_p[:, 3] * t_rst
+
+
+def theta_reference(nodes: NodeArrays, works: list[Work]) -> list[list[float]]:
+    """Theta[P-1][s] recomputed from scratch per candidate with the scalar cost models: the
+    naive evaluation the vectorised :func:`theta` must equal (tests) and beat (benchmark)."""
+    N = nodes.coef_p.shape[0]
+    pre = [PrefillModel(*map(float, c)) for c in nodes.coef_p]
+    dec = [DecodeModel(*map(float, c), k=nodes.k, E=nodes.E) for c in nodes.coef_d]
+    out: list[list[float]] = []
+    for P in range(1, N):
+        row = []
+        for w in works:
+            sum_p = 0.0
+            for n in range(P):
+                m = pre[n]
+                cost = m.c0 * max(1.0, w.t_uc) / nodes.budget[n] + m.c1 * w.t_uc + m.c2 * w.A + m.c3 * w.t_rst
+                sum_p += 1.0 / max(cost, 1e-12)
+            sum_d = 0.0
+            for n in range(P, N):
+                B = min(float(nodes.cap[n]), w.q / (N - P))
+                sum_d += dec[n].throughput_rps(w.t_out, w.t_acc, B, w.t_fwd) if B > 0 else 0.0
+            row.append(min(sum_p, sum_d))
+        out.append(row)
+    return out

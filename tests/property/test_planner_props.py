@@ -1,0 +1,181 @@
+"""Property tests of the planner's invariants (METHOD.md §4.2, §4.3)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from events.catalog import (
+    IterationDone,
+    NodeHeartbeat,
+    NodeRegistered,
+    NodeRemoved,
+    PlanEvaluated,
+    RequestFinished,
+    RequestSubmitted,
+    RoleSwitched,
+    RoleSwitchOrdered,
+    RouteDecided,
+    SwitchRole,
+    Tick,
+)
+from services.planner.baselines import ArrowPlanner, DynamoPlanner, StaticPlanner
+from services.planner.core import EvolvingPlanner
+from services.planner.costmodel import fit_decode, fit_prefill
+from services.planner.evaluate import NodeArrays, WorkArrays, theta, theta_reference
+from services.planner.window import Work
+
+finite = st.floats(min_value=-1e6, max_value=1e12) | st.sampled_from([math.nan, math.inf, 0.0])
+
+
+@given(st.lists(st.tuples(finite, finite, finite, finite), max_size=60))
+@settings(max_examples=60, deadline=None)
+def test_prefill_fit_never_crashes_and_never_goes_negative(rows):
+    fit = fit_prefill(rows)
+    assert fit.fitted or fit.status.startswith("not fitted yet")
+    assert all(c >= 0 and math.isfinite(c) for c in fit.coefficients)
+
+
+@given(st.lists(st.tuples(st.integers(0, 512), st.floats(0.5, 4), finite), max_size=60))
+@settings(max_examples=60, deadline=None)
+def test_decode_fit_never_crashes_and_never_goes_negative(rows):
+    fit = fit_decode(rows)
+    assert all(c >= 0 and math.isfinite(c) for c in fit.coefficients)
+
+
+pos = st.floats(min_value=1e-7, max_value=1e-2)
+work = st.builds(
+    Work,
+    t_uc=st.floats(0, 50_000),
+    t_c=st.floats(0, 200_000),
+    A=st.floats(0, 1e10),
+    t_rst=st.floats(0, 10_000),
+    t_out=st.floats(1, 5000),
+    t_acc=st.floats(0.5, 4),
+    t_fwd=st.floats(1, 4),
+    q=st.floats(0, 2000),
+    arrivals_rps=st.floats(0, 50),
+    prompt=st.floats(0, 1e5),
+)
+
+
+@given(st.integers(2, 12), st.lists(work, min_size=1, max_size=4), st.randoms(use_true_random=False))
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_vectorised_theta_equals_naive_recomputation(n, works, rnd):
+    nodes = NodeArrays(
+        coef_p=np.array(
+            [
+                [rnd.uniform(1e-4, 0.05), rnd.uniform(1e-6, 1e-4), rnd.uniform(0, 1e-9), rnd.uniform(0, 1e-5)]
+                for _ in range(n)
+            ]
+        ),
+        budget=np.array([rnd.choice([2048, 8192, 16384]) for _ in range(n)], dtype=float),
+        coef_d=np.array(
+            [[rnd.uniform(1e-3, 0.03), rnd.uniform(0, 0.05), rnd.uniform(0, 1e-3)] for _ in range(n)]
+        ),
+        cap=np.array([rnd.choice([8, 64, 256]) for _ in range(n)], dtype=float),
+        k=8,
+        E=256,
+    )
+    fast, _, _ = theta(nodes, WorkArrays.of(works))
+    ref = np.array(theta_reference(nodes, works))
+    assert np.allclose(fast, ref, rtol=1e-9, atol=1e-12)
+
+
+# ------------------------------------------------------------------ random event streams
+NODES = ["a", "b", "c", "d", "e"]
+
+
+def event_at(ts: float, kind: int, node: str, x: int, y: int):
+    if kind == 0:
+        return IterationDone(
+            ts=ts,
+            node=node,
+            phase="prefill",
+            duration_s=0.01 + x / 1000,
+            sum_t_uc=x * 10 + y,
+            sum_A=float(x * y * 100),
+            sum_t_rst=y,
+            sum_t_c=x * y,
+            queued=y % 5,
+        )
+    if kind == 1:
+        return IterationDone(
+            ts=ts,
+            node=node,
+            phase="decode",
+            duration_s=0.01 + y / 1000,
+            batch=x % 64,
+            t_fwd=1.0 + (y % 3),
+            accepted_tokens=x,
+            queued=y % 7,
+        )
+    if kind == 2:
+        return RequestSubmitted(ts=ts, request=f"r{x}", branch="b", prompt_tokens=x * 100, max_tokens=y * 10)
+    if kind == 3:
+        return RouteDecided(
+            ts=ts,
+            request=f"r{x}",
+            prefill_node=node,
+            decode_node=node,
+            t_c=x * 50,
+            t_uc=y * 20,
+            shadow=bool(y % 4 == 0),
+        )
+    if kind == 4:
+        return RequestFinished(ts=ts, request=f"r{x}", node=node, output_tokens=y * 10)
+    if kind == 5:
+        return NodeHeartbeat(
+            ts=ts, node=node, role="decode", running=x % 30, queued=y % 9, l1_used_tokens=x * 1000
+        )
+    if kind == 6:
+        return RoleSwitched(ts=ts, node=node, role=("prefill", "decode")[x % 2])
+    if kind == 7:
+        return NodeRemoved(ts=ts, node=node)
+    if kind == 8:
+        return NodeRegistered(ts=ts, node=node, role="collocated", l1_capacity_tokens=100_000)
+    return Tick(ts=ts)
+
+
+streams = st.lists(
+    st.tuples(
+        st.floats(0, 40), st.integers(0, 9), st.sampled_from(NODES), st.integers(0, 200), st.integers(0, 50)
+    ),
+    min_size=1,
+    max_size=250,
+)
+
+
+@given(streams, st.sampled_from([EvolvingPlanner, StaticPlanner, DynamoPlanner, ArrowPlanner]))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_any_stream_keeps_the_planner_invariants(steps, cls):
+    cfg = {"warmup_s": 60, "window_s": 60, "slices": 3, "cooldown_s": 90}
+    planner = cls(**cfg)
+    ts = 0.0
+    for n in NODES[:3]:
+        planner.apply(NodeRegistered(ts=0.0, node=n, role="collocated"))
+    last_switch = None
+    for dt, kind, node, x, y in steps:
+        ts += dt
+        out = planner.apply(event_at(ts, kind, node, x, y))
+        orders = [e for e in out if isinstance(e, RoleSwitchOrdered)]
+        commands = [e for e in out if isinstance(e, SwitchRole)]
+        assert [(e.node, e.to_role) for e in orders] == [(c.node, c.to_role) for c in commands]
+        assert len({e.node for e in orders}) == len(orders)
+        plans = [e for e in out if isinstance(e, PlanEvaluated)]
+        if orders:
+            assert plans and plans[-1].chosen is not None
+            split = planner.current_split()
+            assert split.prefill >= 1 and split.decode >= 1
+            # initial assignments (collocated nodes) are exempt from the cooldown
+            if cls is EvolvingPlanner and all(e.from_role != "collocated" for e in orders):
+                assert last_switch is None or ts - last_switch >= cfg["cooldown_s"]
+                chosen = plans[-1].chosen
+                c = next(c for c in plans[-1].candidates if c.split == chosen)
+                assert c.mean_gain > 2 * c.se and c.passed
+            last_switch = ts
+    again = cls.from_snapshot(planner.snapshot())
+    assert again.snapshot() == planner.snapshot()
