@@ -153,10 +153,14 @@ def run(sizes=(9, 64, 768), repeats: int = 5, seed: int = 0, naive_max_nodes: in
 def format_report(r: dict) -> str:
     a = r["accuracy"]
     lines = [
-        f"cost models on synthetic iterations (eq. 1/eq. 2, {a['noise']:.0%} noise, "
-        f"{a['train_samples']} training samples)",
-        f"  prefill hold-back MAPE {a['holdout_mape']:.2%}; decode hold-back MAPE {a['decode']['holdout_mape']:.2%}, "
-        f"test MAPE {a['decode']['test_mape']:.2%}",
+        (
+            f"cost models on synthetic iterations (eq. 1/eq. 2, {a['noise']:.0%} noise, "
+            f"{a['train_samples']} training samples)"
+        ),
+        (
+            f"  prefill hold-back MAPE {a['holdout_mape']:.2%}; decode hold-back MAPE {a['decode']['holdout_mape']:.2%}, "
+            f"test MAPE {a['decode']['test_mape']:.2%}"
+        ),
         "  prefill test MAPE, ours vs Arrow-style (total input length):",
     ]
     for name, v in a["prefill"].items():
