@@ -154,7 +154,10 @@ class DuckDbEventLog:
             raise EventLogError(f"no event log at {self.path}")
         self.con = duckdb.connect(self.path, read_only=read_only)
         if read_only:
+            from services.recorder.views import create_views
+
             self._check_schema()
+            create_views(self.con, temp=True)
         else:
             self._create()
         self._applied = self._read_applied()

@@ -30,7 +30,7 @@ from typing import Any, Literal, NewType, get_args, get_origin, get_type_hints
 
 import msgspec
 
-from events.catalog import EVENT_TYPES
+from events.catalog import EVENT_TYPES, RequestStarted
 from events.ids import BlockHash
 
 _BASE_COLUMNS = ("seq", "ts", "src", "subject")
@@ -160,7 +160,7 @@ route AS (
     FROM ev_route_decided WHERE NOT shadow GROUP BY request),
 started AS (
     SELECT request, min(ts) FILTER (phase = 'prefill') AS prefill_started_ts,
-           min(ts) FILTER (phase = 'decode') AS decode_started_ts
+           min(ts) FILTER (phase = 'decode') AS decode_started_ts{STARTED_EXTRA}
     FROM ev_request_started GROUP BY request),
 first AS (SELECT request, min(ts) AS first_token_ts FROM ev_first_token GROUP BY request),
 fin AS (
@@ -171,7 +171,7 @@ SELECT sub.request, sub.branch, sub.version, sub.seq, sub.submitted_ts,
        make_timestamp((sub.submitted_ts * 1e6)::BIGINT) AS submitted_at, sub.prompt_tokens,
        sub.n_blocks, sub.max_tokens, route.policy, route.prefill_node, route.decode_node,
        route.t_c, route.t_uc, route.predicted_ttft_s, route.reroutes, route.routed_ts,
-       started.prefill_started_ts, first.first_token_ts, started.decode_started_ts,
+       started.prefill_started_ts, first.first_token_ts, started.decode_started_ts,{STARTED_COLS}
        fin.finished_ts, fin.output_tokens, fin.error,
        first.first_token_ts - sub.submitted_ts AS ttft_s,
        fin.finished_ts - sub.submitted_ts AS e2e_s,
@@ -186,12 +186,27 @@ LEFT JOIN fin USING (request)
 }
 
 
-def create_views(con) -> None:
-    """(Re)create every view on ``con`` (inside the caller's transaction, if any)."""
+#: What the engine found at prefill start, when the catalog's RequestStarted carries it.
+_STARTED_FACTS = ("cached_tokens", "restored_tokens", "fetched_tokens")
+
+
+def _named_view_sql(body: str) -> str:
+    have = {f.name for f in msgspec.structs.fields(RequestStarted)}
+    facts = [f for f in _STARTED_FACTS if f in have]
+    extra = "".join(f",\n           max({f}) FILTER (phase = 'prefill') AS prefill_{f}" for f in facts)
+    cols = "".join(f" started.prefill_{f}," for f in facts)
+    return body.replace("{AT}", _AT).replace("{STARTED_EXTRA}", extra).replace("{STARTED_COLS}", cols)
+
+
+def create_views(con, temp: bool = False) -> None:
+    """(Re)create every view on ``con`` (inside the caller's transaction, if any). ``temp``:
+    session-only views that shadow the ones stored in a file opened read-only, so a reader
+    always sees the views of its own catalog version."""
+    kind = "TEMP VIEW" if temp else "VIEW"
     for event_type in EVENT_TYPES:
-        con.execute(event_view_sql(event_type))
+        con.execute(event_view_sql(event_type).replace("CREATE OR REPLACE VIEW", f"CREATE OR REPLACE {kind}", 1))
     for name, body in NAMED_VIEWS.items():
-        con.execute(f"CREATE OR REPLACE VIEW {name} AS {body.replace('{AT}', _AT)}")
+        con.execute(f"CREATE OR REPLACE {kind} {name} AS {_named_view_sql(body)}")
 
 
 def view_names() -> list[str]:

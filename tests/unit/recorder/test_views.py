@@ -188,3 +188,13 @@ def test_views_over_parquet_segments_and_a_tail_file_match_the_single_file(tmp_p
         sql = f"SELECT * FROM {view} ORDER BY ALL"
         assert mixed.sql(sql).fetchall() == con.sql(sql).fetchall(), view
     mixed.close()
+
+
+def test_a_read_only_open_sees_the_views_of_its_own_catalog_not_stale_stored_ones(tmp_path):
+    log = DuckDbEventLog(tmp_path / "old.duckdb")
+    log.append(scenario())
+    log.con.execute("CREATE OR REPLACE VIEW requests AS SELECT 1 AS stale")
+    log.close()
+    ro = DuckDbEventLog(tmp_path / "old.duckdb", read_only=True)
+    assert "ttft_s" in ro.con.sql("SELECT * FROM requests").columns
+    ro.close()
