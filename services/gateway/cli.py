@@ -1,0 +1,63 @@
+"""``evolving drive TRACE --gateway URL [--concurrency N] [--speedup X]`` (services/gateway/drive.py).
+
+``register_drive(sub)`` adds the subcommand; ``services/live/cli.py`` calls it when present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import uuid
+
+
+def register_drive(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("drive", help="replay agent sessions through a running gateway over HTTP (closed loop)")
+    p.add_argument("trace", help="session JSONL file or directory (replay/trace.py format)")
+    p.add_argument("--gateway", default="http://127.0.0.1:8000", help="gateway base URL")
+    p.add_argument("--concurrency", type=int, default=8, help="sessions running at once")
+    p.add_argument("--speedup", type=float, default=1.0, help="divide every pause by this factor")
+    p.add_argument("--limit", type=int, default=None, help="replay only the first N sessions")
+    p.add_argument("--model", default="evolving-sim")
+    p.add_argument("--timeout-s", type=float, default=300.0, help="per HTTP request")
+    p.add_argument("--run-id", default=None, help="branch id prefix (default: random, so reruns never clash)")
+    p.add_argument("--no-stream", action="store_true", help="non-streaming requests (no client TTFT)")
+    p.add_argument("--out", default=None, help="write one JSON line per request here")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=_cmd_drive)
+
+
+def _cmd_drive(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from replay.trace import TraceFormatError, load_sessions
+    from services.gateway.drive import DriveConfig, Driver
+
+    try:
+        sessions = load_sessions(args.trace)
+    except (OSError, TraceFormatError) as exc:
+        print(f"evolving drive: {exc}", file=sys.stderr)
+        return 2
+    if args.limit is not None:
+        sessions = sessions[: args.limit]
+    if not sessions:
+        print(f"evolving drive: no sessions in {args.trace}", file=sys.stderr)
+        return 2
+    if args.concurrency < 1 or args.speedup <= 0:
+        print("evolving drive: --concurrency must be >= 1 and --speedup > 0", file=sys.stderr)
+        return 2
+    run_id = args.run_id if args.run_id is not None else f"d{uuid.uuid4().hex[:6]}-"
+    cfg = DriveConfig(gateway=args.gateway, concurrency=args.concurrency, speedup=args.speedup,
+                      model=args.model, timeout_s=args.timeout_s, run_id=run_id, stream=not args.no_stream)
+    report = asyncio.run(Driver(cfg).run(sessions))
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.writelines(json.dumps(asdict(r)) + "\n" for r in report.results)
+    summary = report.summary()
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        for k, v in summary.items():
+            print(f"{k:>20}: {v}")
+    return 0 if not report.failed else 1

@@ -1,0 +1,115 @@
+"""``evolving drive`` against the gateway app (InMemoryBus, a fake router + engine): the
+harness events that reach the stream mirror the trace's branch tree, versions and prefixes."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+
+from aiohttp.test_utils import TestClient, TestServer
+
+from events.catalog import BranchEnded, BranchOpened, ContextCompacted, RequestSubmitted, RouteDecided
+from replay.trace import Branch, Compact, End, Fork, Request, Session, Spawn, save_sessions
+from services.bus import InMemoryBus
+from services.gateway.app import Gateway, GatewayConfig
+from services.gateway.cli import register_drive
+from services.gateway.drive import DriveConfig, Driver
+from services.gateway.tokens import MemoryTokens, TokenMsg, sim_text
+
+SESSION = Session(id="s1", branches=[
+    Branch(id="root", steps=[
+        Request(blocks=[11, 12], tail_tokens=10, output_tokens=3),
+        Fork(branch="kid", wait=True),
+        Request(blocks=[11, 12, 13], tail_tokens=5, output_tokens=2, pause_s=0.5),
+        Compact(blocks=[90]),
+        Request(blocks=[90, 14], output_tokens=2, pause_s=0.2),
+        Spawn(branch="sub", wait=False),
+    ]),
+    Branch(id="kid", parent="root", mode="fork", steps=[
+        Request(blocks=[11, 12, 15], tail_tokens=1, output_tokens=1), End()]),
+    Branch(id="sub", parent="root", mode="subagent", steps=[Request(blocks=[70], output_tokens=2)]),
+])
+
+
+async def fake_cluster(bus, tokens):
+    async with bus.consumer(None, start_seq=1, subjects=f"ei.{bus.partition}.agent.>") as c:
+        async for d in c:
+            ev = d.event
+            if isinstance(ev, RequestSubmitted):
+                await bus.publish(RouteDecided(ts=ev.ts, request=ev.request, prefill_node="n1",
+                                               decode_node="n1", policy="fake"))
+                await tokens.publish(TokenMsg(request=ev.request, kind="first", tokens=1, total=1,
+                                              text=sim_text(1), simulated=True))
+                rest = ev.max_tokens - 1
+                await tokens.publish(TokenMsg(request=ev.request, kind="done", tokens=rest, total=ev.max_tokens,
+                                              text=sim_text(rest), simulated=True))
+
+
+async def _events(bus):
+    out, head = [], await bus.last_seq()
+    async with bus.consumer(None, start_seq=1) as c:
+        async for d in c:
+            out.append(d.event)
+            if d.seq >= head:
+                break
+    return out
+
+
+async def test_drive_replays_the_branch_tree(partition):
+    bus, tokens = InMemoryBus(partition), MemoryTokens(partition)
+    gw = Gateway(bus, tokens, GatewayConfig(partition=partition))
+    task = asyncio.create_task(fake_cluster(bus, tokens))
+    try:
+        async with TestClient(TestServer(gw.make_app())) as client:
+            drv = Driver(DriveConfig(gateway="", speedup=50.0, run_id="x-"), http=client)
+            report = await drv.run([SESSION])
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    s = report.summary()
+    assert (s["sessions"], s["requests_ok"], s["requests_failed"], s["branch_end_requests"]) == (1, 5, 0, 1)
+    assert s["output_tokens"] == 3 + 2 + 2 + 1 + 2
+    assert all(r.ttft_s is not None for r in report.ok)
+    evs = [e for e in await _events(bus) if not isinstance(e, RouteDecided)]
+    root, kid, sub = "x-0:s1/root", "x-0:s1/kid", "x-0:s1/sub"
+    opened = {e.branch: e for e in evs if isinstance(e, BranchOpened)}
+    assert set(opened) == {root, kid, sub}
+    assert (opened[root].parent, opened[root].mode) == (None, "root")
+    assert (opened[kid].parent, opened[kid].mode) == (root, "fork")
+    assert (opened[sub].parent, opened[sub].mode) == (root, "subagent")
+    ended = [e.branch for e in evs if isinstance(e, BranchEnded)]
+    assert sorted(ended) == sorted([root, kid, sub])
+    assert [e.branch for e in evs if isinstance(e, ContextCompacted)] == [root]
+    subs = [e for e in evs if isinstance(e, RequestSubmitted)]
+    by_branch = {b: [e for e in subs if e.branch == b] for b in (root, kid, sub)}
+    assert [e.version for e in by_branch[root]] == [0, 0, 1]
+    assert [e.prompt_tokens for e in by_branch[root]] == [138, 197, 128]
+    # the trace's hashes map one-to-one onto the gateway's
+    trace = {root: [[11, 12], [11, 12, 13], [90, 14]], kid: [[11, 12, 15]], sub: [[70]]}
+    mapping: dict[int, int] = {}
+    for b, reqs in by_branch.items():
+        assert len(reqs) == len(trace[b])
+        for e, tblocks in zip(reqs, trace[b], strict=True):
+            assert len(e.blocks) == len(tblocks)
+            for t, g in zip(tblocks, e.blocks, strict=True):
+                assert mapping.setdefault(t, g) == g
+    assert len(set(mapping.values())) == len(mapping)
+    # closed loop: the kid (waited for) ran before root's second request
+    order = [e.request for e in subs]
+    assert order.index(by_branch[kid][0].request) < order.index(by_branch[root][1].request)
+
+
+def test_cli_registration_and_bad_trace(tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    register_drive(sub)
+    save_sessions(tmp_path / "t.jsonl", [SESSION])
+    args = parser.parse_args(["drive", str(tmp_path / "t.jsonl"), "--concurrency", "3", "--speedup", "4"])
+    assert (args.concurrency, args.speedup, args.gateway) == (3, 4.0, "http://127.0.0.1:8000")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "x", "branches": []}\n')
+    args = parser.parse_args(["drive", str(bad)])
+    assert args.func(args) == 2
+    assert "bad.jsonl:1" in capsys.readouterr().err
