@@ -82,13 +82,10 @@ class NodeInfo(msgspec.Struct, kw_only=True):
     l1_used: int = 0
     l2_used: int = 0
     ordered: str = ""  # role ordered and not yet acknowledged
-    # re-measured after the freeze: new tokens per prefill iteration, restore share, t_acc
-    pre_iters: int = 0
-    pre_t_uc: float = 0.0
-    pre_t_c: float = 0.0
-    pre_t_rst: float = 0.0
-    dec_batch: float = 0.0
-    dec_accepted: float = 0.0
+    # new tokens per prefill iteration while a queue waited (the node's achievable fill),
+    # since the last window end; restore share and t_acc are re-measured per slice
+    fill_iters: int = 0
+    fill_t_uc: float = 0.0
 
     @property
     def target(self) -> str:
@@ -207,11 +204,9 @@ class PlannerBase:
                 return
             self._slice(ev.ts).on_prefill(ev.sum_t_uc, ev.sum_t_c, ev.sum_t_rst, ev.queued, ev.duration_s)
             row = [float(ev.sum_t_uc), float(ev.sum_A), float(ev.sum_t_rst), ev.duration_s]
-            if n is not None:
-                n.pre_iters += 1
-                n.pre_t_uc += ev.sum_t_uc
-                n.pre_t_c += ev.sum_t_c
-                n.pre_t_rst += ev.sum_t_rst
+            if n is not None and ev.queued > 0:
+                n.fill_iters += 1
+                n.fill_t_uc += ev.sum_t_uc
         else:
             if ev.batch <= 0:
                 return
@@ -219,9 +214,6 @@ class PlannerBase:
                 ev.node, ev.batch, ev.accepted_tokens, ev.t_fwd, ev.queued, ev.duration_s
             )
             row = [float(ev.batch), ev.t_fwd, ev.duration_s]
-            if n is not None:
-                n.dec_batch += ev.batch
-                n.dec_accepted += ev.accepted_tokens
         if not self.st.frozen:
             rows = self.st.samples.setdefault(f"{ev.node}|{ev.phase}", [])
             rows.append(row)
@@ -305,25 +297,41 @@ class PlannerBase:
             st.samples = {}
             k_end = math.floor(ts / cfg.slice_s)
             out += self._on_warmup_end(ts, k_end)
-            st.next_window_k = k_end + cfg.slices
-            self._drop_slices_before(k_end)
+            self._close_window(k_end)
             return out
         k_now = math.floor(ts / cfg.slice_s)
         if st.next_window_k is None or k_now < st.next_window_k:
             return out
         k_end = k_now  # a late tick evaluates the latest complete window
         out += self._on_tick(ts, k_end)
-        st.next_window_k = k_end + cfg.slices
-        self._drop_slices_before(k_end)
+        self._close_window(k_end)
         return out
 
     def window_slices(self, k_end: int) -> list[SliceStats]:
         """The ``slices`` slices before slice index ``k_end`` (empty ones included)."""
         return [self.st.slices.get(k) or SliceStats() for k in range(k_end - self.cfg.slices, k_end)]
 
-    def _drop_slices_before(self, k: int) -> None:
-        for old in [i for i in self.st.slices if i < k]:
+    def _close_window(self, k_end: int) -> None:
+        self.st.next_window_k = k_end + self.cfg.slices
+        for old in [i for i in self.st.slices if i < k_end]:
             del self.st.slices[old]
+        for n in self.st.nodes.values():
+            n.fill_iters, n.fill_t_uc = 0, 0.0
+
+    def prefill_fill(self) -> dict[str, float]:
+        """New tokens per prefill iteration each node achieves, re-measured every window from
+        its iterations that ran while requests queued (the scheduler could fill them); a node
+        without such iterations takes the cluster's measured fill, else its token budget.
+        Always within [1, token budget]."""
+        nodes = self.st.nodes
+        its = sum(n.fill_iters for n in nodes.values())
+        cluster = sum(n.fill_t_uc for n in nodes.values()) / its if its else None
+        out = {}
+        for name in sorted(nodes):
+            n = nodes[name]
+            fill = n.fill_t_uc / n.fill_iters if n.fill_iters else (cluster or n.token_budget)
+            out[name] = float(min(max(1.0, fill), max(1, n.token_budget)))
+        return out
 
     def _on_warmup_end(self, ts: float, k_end: int) -> list[Event]:
         raise NotImplementedError

@@ -94,9 +94,10 @@ class EvolvingPlanner(PlannerBase):
 
     def node_arrays(self, seq: list[str]) -> NodeArrays:
         nodes = self.st.nodes
+        fill = self.prefill_fill()
         return NodeArrays(
             coef_p=np.array([self.prefill_model(n).coefficients for n in seq], dtype=float).reshape(-1, 4),
-            budget=np.array([max(1, nodes[n].token_budget) for n in seq], dtype=float),
+            fill=np.array([fill[n] for n in seq], dtype=float),
             coef_d=np.array([self.decode_model(n).coefficients for n in seq], dtype=float).reshape(-1, 3),
             cap=np.array([max(1, nodes[n].max_running) for n in seq], dtype=float),
             k=self.cfg.k,
@@ -134,9 +135,9 @@ class EvolvingPlanner(PlannerBase):
         mu_node = sumP.mean(axis=1) / P_values
         wait95 = erlang_c_wait_p95(lam, mu_node, P_values, self.cfg.window_s)
         cum_coef = np.cumsum(arrays.coef_p, axis=0)[: N - 1] / P_values[:, None]
-        cum_budget = np.cumsum(arrays.budget)[: N - 1] / P_values
+        cum_fill = np.cumsum(arrays.fill)[: N - 1] / P_values
         service = prefill_latency_s(
-            cum_coef, cum_budget, float(w.t_uc.mean()), float(w.A.mean()), float(w.t_rst.mean())
+            cum_coef, cum_fill, float(w.t_uc.mean()), float(w.A.mean()), float(w.t_rst.mean())
         )
         return Evaluation(P_values, theta_mean, gain, se, wait95, wait95 + service, n)
 

@@ -179,7 +179,8 @@ def _nnls_relative(X: np.ndarray, y: np.ndarray, prior: Sequence[float]) -> tupl
 
 
 def _fit(X: np.ndarray, y: np.ndarray, prior: Sequence[float], min_train: int) -> Fit:
-    good = np.isfinite(y) & (y > 0) & np.all(np.isfinite(X), axis=1)
+    # a duration under a nanosecond or a count beyond 1e15 is a broken report, not a sample
+    good = np.isfinite(y) & (y > 1e-9) & np.all(np.isfinite(X) & (np.abs(X) < 1e15), axis=1)
     X, y = X[good], y[good]
     n = len(y)
     train, hold = _split(n)

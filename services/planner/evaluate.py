@@ -24,7 +24,7 @@ class NodeArrays:
     """Per-node model coefficients and capacities in assignment order."""
 
     coef_p: np.ndarray  # (N, 4) c0..c3
-    budget: np.ndarray  # (N,) prefill token budget per iteration
+    fill: np.ndarray  # (N,) new tokens per prefill iteration (measured fill, at most the budget)
     coef_d: np.ndarray  # (N, 3) d0..d2
     cap: np.ndarray  # (N,) max running requests in decode
     k: int
@@ -60,11 +60,11 @@ class WorkArrays:
 
 
 def prefill_rates(nodes: NodeArrays, w: WorkArrays) -> np.ndarray:
-    """mu_P[n, s] = 1 / (c0 * max(1, t_uc) / budget + c1 t_uc + c2 A + c3 t_rst): requests/s of a
-    saturated prefill node (iterations filled to the token budget share ``c0``)."""
+    """mu_P[n, s] = 1 / (c0 * max(1, t_uc) / fill + c1 t_uc + c2 A + c3 t_rst): requests/s of a
+    busy prefill node whose iterations carry ``fill`` new tokens and so share ``c0``."""
     c = nodes.coef_p
     cost = (
-        c[:, :1] * np.maximum(1.0, w.t_uc)[None, :] / nodes.budget[:, None]
+        c[:, :1] * np.maximum(1.0, w.t_uc)[None, :] / nodes.fill[:, None]
         + c[:, 1:2] * w.t_uc[None, :]
         + c[:, 2:3] * w.A[None, :]
         + c[:, 3:4] * w.t_rst[None, :]
@@ -124,11 +124,11 @@ def erlang_c_wait_p95(lam: float, mu: np.ndarray, servers: np.ndarray, horizon_s
 
 
 def prefill_latency_s(
-    coef_p: np.ndarray, budget: np.ndarray, t_uc: float, A: float, t_rst: float
+    coef_p: np.ndarray, fill: np.ndarray, t_uc: float, A: float, t_rst: float
 ) -> np.ndarray:
-    """Prefill time of one request alone per node: ceil(t_uc / budget) iterations (chunked
+    """Prefill time of one request per node: ceil(t_uc / fill) iterations (chunked
     prefill; total A does not depend on the chunking)."""
-    chunks = np.maximum(1.0, np.ceil(t_uc / budget))
+    chunks = np.maximum(1.0, np.ceil(t_uc / fill))
     return chunks * coef_p[:, 0] + coef_p[:, 1] * t_uc + coef_p[:, 2] * A + coef_p[:, 3] * t_rst
 
 
@@ -145,7 +145,7 @@ def theta_reference(nodes: NodeArrays, works: list[Work]) -> list[list[float]]:
             sum_p = 0.0
             for n in range(P):
                 m = pre[n]
-                cost = m.c0 * max(1.0, w.t_uc) / nodes.budget[n] + m.c1 * w.t_uc + m.c2 * w.A + m.c3 * w.t_rst
+                cost = m.c0 * max(1.0, w.t_uc) / nodes.fill[n] + m.c1 * w.t_uc + m.c2 * w.A + m.c3 * w.t_rst
                 sum_p += 1.0 / max(cost, 1e-12)
             sum_d = 0.0
             for n in range(P, N):

@@ -43,7 +43,7 @@ class Mix:
     q: float = 64.0  # requests in decode, whole cluster
     t_acc: float = 1.7
     rst_share: float = 0.1  # share of cached tokens restored from host
-    prefill_queued: int = 1  # per prefill node
+    prefill_queued: int = 0  # per prefill node; > 0: iterations are filled near the budget
     decode_kv_util: float = 0.5  # L1 used / capacity on decode nodes
 
 
@@ -146,8 +146,14 @@ def drive(planner, sc: Scenario) -> Trace:
                     )
                     feed(RequestFinished(ts=ts, src="engine", request=rid, node=d, output_tokens=t_out))
             for n in pre:
-                m = int(rng.integers(1, 5))
-                uc = np.minimum(sc.token_budget // m, (mix.t_uc * rng.uniform(0.3, 2.0, m)).astype(int) + 1)
+                if mix.prefill_queued > 0:  # a queue waits: the scheduler fills the iteration
+                    m = max(1, int(sc.token_budget * rng.uniform(0.7, 1.0) / max(1.0, mix.t_uc)))
+                    uc = np.full(m, max(1, min(sc.token_budget // m, int(mix.t_uc))))
+                else:
+                    m = int(rng.integers(1, 5))
+                    uc = np.minimum(
+                        sc.token_budget // m, (mix.t_uc * rng.uniform(0.3, 2.0, m)).astype(int) + 1
+                    )
                 c = (mix.t_c * rng.uniform(0.0, 2.0, m)).astype(int)
                 rst = (c * mix.rst_share * rng.uniform(0.5, 1.5, m)).astype(int)
                 A = float(sum(prefill_A(float(u), float(cc)) for u, cc in zip(uc, c)))

@@ -72,7 +72,7 @@ def test_vectorised_theta_equals_naive_recomputation(n, works, rnd):
                 for _ in range(n)
             ]
         ),
-        budget=np.array([rnd.choice([2048, 8192, 16384]) for _ in range(n)], dtype=float),
+        fill=np.array([rnd.choice([2048, 8192, 16384]) for _ in range(n)], dtype=float),
         coef_d=np.array(
             [[rnd.uniform(1e-3, 0.03), rnd.uniform(0, 0.05), rnd.uniform(0, 1e-3)] for _ in range(n)]
         ),

@@ -7,7 +7,15 @@ import msgspec
 import numpy as np
 import pytest
 
-from events.catalog import ModelFitted, NodeRegistered, PlanEvaluated, RoleSwitchOrdered, SwitchRole, Tick
+from events.catalog import (
+    IterationDone,
+    ModelFitted,
+    NodeRegistered,
+    PlanEvaluated,
+    RoleSwitchOrdered,
+    SwitchRole,
+    Tick,
+)
 from services.planner.core import Evaluation, EvolvingPlanner
 from services.planner.synthetic import Mix, Scenario, drive
 
@@ -182,6 +190,22 @@ def test_decision_ttft_objective_can_keep_the_current_split():
     # outside the tolerance throughput wins
     ev = _evaluation([0.0, 2.0, 3.0], [0.0, 0.01, 0.01], thr=[10.0, 12.0, 13.0], ttft=[2.0, 9.0, 12.0])
     assert EvolvingPlanner(ttft_objective=True).decide(ev, 1, "")[0] == 3
+
+
+def test_prefill_fill_is_remeasured_per_window_from_iterations_with_a_queue():
+    planner = EvolvingPlanner(warmup_s=0)
+    for n in ("a", "b", "c"):
+        planner.apply(NodeRegistered(ts=0.0, node=n, role="collocated", prefill_token_budget=8192))
+    for ts, node, t_uc, queued in [(1, "a", 4000, 3), (2, "a", 6000, 1), (3, "a", 100, 0), (4, "b", 9000, 0)]:
+        planner.apply(
+            IterationDone(
+                ts=ts, node=node, phase="prefill", duration_s=0.1, sum_t_uc=t_uc, sum_A=1.0, queued=queued
+            )
+        )
+    # a: mean of its iterations with a queue; b (none with a queue) and c: the cluster's
+    assert planner.prefill_fill() == {"a": 5000.0, "b": 5000.0, "c": 5000.0}
+    planner.apply(Tick(ts=5.0))  # warm-up ends: a window closes, the measurement restarts
+    assert planner.prefill_fill() == {"a": 8192.0, "b": 8192.0, "c": 8192.0}
 
 
 def test_no_events_no_crash_and_clear_states():
