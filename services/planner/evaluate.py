@@ -76,8 +76,11 @@ def decode_rates(nodes: NodeArrays, w: WorkArrays, D: int, sel: slice) -> np.nda
     """mu_D[n, s] for nodes ``sel`` when ``D`` decode nodes share the decode population ``q``:
     batch B = min(cap, q / D); mu = B / (ceil(t_out / t_acc) * T_iter(B))."""
     c = nodes.coef_d[sel]
-    B = np.minimum(nodes.cap[sel][:, None], (w.q / D)[None, :])
-    phi = 1.0 - (1.0 - nodes.k / nodes.E) ** (w.t_fwd[None, :] * B)
+    # B and phi depend on a node only through its cap: compute them once per distinct cap
+    caps, inverse = np.unique(nodes.cap[sel], return_inverse=True)
+    B_u = np.minimum(caps[:, None], (w.q / D)[None, :])
+    phi_u = 1.0 - (1.0 - nodes.k / nodes.E) ** (w.t_fwd[None, :] * B_u)
+    B, phi = B_u[inverse], phi_u[inverse]
     T = c[:, :1] + c[:, 1:2] * phi + c[:, 2:3] * B
     iters = np.ceil(w.t_out / w.t_acc)
     with np.errstate(divide="ignore", invalid="ignore"):
