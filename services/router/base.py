@@ -127,7 +127,8 @@ class RouterBase:
                 return []  # someone's shadow decision, or the echo of our own
             self._fold_acting(event)
             return []
-        self.directory.apply(event)
+        if not isinstance(event, RequestSubmitted):  # a submission is folded after its lookup
+            self.directory.apply(event)
         displaced = self.state.apply(event)
         out: list[Event] = []
         if isinstance(event, RequestSubmitted):
@@ -261,13 +262,17 @@ class RouterBase:
     def _route_new(self, ev: RequestSubmitted) -> list[Event]:
         out: list[Event] = []
         r = self.state.requests.get(ev.request)
-        if r is None or r.phase != PENDING or r.prefill_node is not None:
+        if r is None or r.phase != PENDING or r.prefill_node is not None or r.blocks is not ev.blocks:
+            self.directory.apply(ev)
             return out  # duplicate submission (counted by the state)
         if ev.branch not in self.branches:
             out.append(self._anomaly("unknown_branch", ev.request, ev.ts, f"branch {ev.branch!r} never opened"))
         if not ev.blocks:
             out.append(self._anomaly("no_blocks", ev.request, ev.ts, "no full block: cold start"))
+        # KV locations do not depend on the submission, so the lookup runs first and the
+        # directory's fold of the submission reuses its scan (DirectoryCore caches it)
         rd = self.decide(r, ev.ts)
+        self.directory.apply(ev)
         if rd is None:
             self.state.unrouted.append(r.request)
             out.append(self._anomaly("no_prefill_node", ev.request, ev.ts, "waits for a prefill node"))
