@@ -179,6 +179,9 @@ class IterationDone(Event, frozen=True, kw_only=True, gc=False):
     t_fwd: float = 1.0
     accepted_tokens: int = 0
     queued: int = 0
+    # Consecutive iterations this event stands for (same node, phase, batch; each took
+    # ``duration_s``): the simulator reports a run of identical decode iterations as one event.
+    iterations: int = 1
 
 
 class RequestStarted(Event, frozen=True, kw_only=True, gc=False):
@@ -187,6 +190,11 @@ class RequestStarted(Event, frozen=True, kw_only=True, gc=False):
     request: RequestId
     node: NodeId
     phase: Phase
+    # Prefill only, what the engine actually found (the router's t_c is a plan): prompt tokens
+    # whose KV was reused, of which restored from own host memory / fetched from a peer.
+    cached_tokens: int = 0
+    restored_tokens: int = 0
+    fetched_tokens: int = 0
 
 
 class FirstToken(Event, frozen=True, kw_only=True, gc=False):

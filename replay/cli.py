@@ -19,6 +19,7 @@ from pathlib import Path
 
 def register(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:
     _register_trace(sub)
+    _register_sim(sub, bench)
 
 
 # --------------------------------------------------------------------------- trace
@@ -129,3 +130,11 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     n = save_sessions(args.out, sessions)
     print(f"wrote {n} {args.workload} session(s) (seed {args.seed}) to {args.out}")
     return 0
+
+
+# --------------------------------------------------------------------------- simulator
+def _register_sim(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:
+    """``replay``, ``compare``, ``sweep-static`` and ``bench sim`` (see replay/sim_cli.py)."""
+    from replay.sim_cli import register_sim
+
+    register_sim(sub, bench)

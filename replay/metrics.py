@@ -1,0 +1,196 @@
+"""Run metrics, computed from the event log alone (so a DuckDB log gives the same figures).
+
+Measured window: requests *submitted* at or after the warm-up end; a request counts as done
+when its ``RequestFinished`` is in the log. Throughput = requests finished inside the window /
+window length.
+
+- TTFT = FirstToken - RequestSubmitted; E2E = RequestFinished - RequestSubmitted;
+  TPOT = (RequestFinished - FirstToken) / (output tokens - 1).
+- Actual KV hit = ``RequestStarted(prefill).cached_tokens`` (what the engine reused: own GPU,
+  own host, fetched). Ideal hit (METHOD.md §1): with an unlimited cache shared by every node and
+  no switches, the longest prefix of the prompt's blocks that any earlier request's prompt held
+  (earlier = submitted before, warm-up included), at most prompt - 1 tokens.
+  Lost KV reuse = sum(max(0, ideal - actual)) / sum(ideal) over the window's requests.
+- Prefill queue wait = prefill start - submission; the imbalance is the most-loaded prefill
+  node's mean wait over the mean of the nodes' mean waits.
+- Idle prefill GPU time = 1 - (prefill iteration time) / (time nodes spent in a prefill or
+  collocated role), over the window.
+- Splits: a node's role changes at its ``RoleSwitched``; a switch is a ``RoleSwitched`` that
+  changed the role; its time is ``duration_s`` (order to ack, drain included).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from events.catalog import (
+    Event,
+    FirstToken,
+    IterationDone,
+    NodeRegistered,
+    RequestFinished,
+    RequestStarted,
+    RequestSubmitted,
+    RoleSwitched,
+)
+
+
+@dataclass
+class RunMetrics:
+    stack: str = ""
+    window_s: float = 0.0
+    submitted: int = 0
+    finished: int = 0
+    throughput_rps: float = 0.0
+    ttft_mean_s: float = float("nan")
+    ttft_p50_s: float = float("nan")
+    ttft_p95_s: float = float("nan")
+    e2e_mean_s: float = float("nan")
+    e2e_p95_s: float = float("nan")
+    tpot_mean_ms: float = float("nan")
+    kv_hit_actual: float = float("nan")
+    kv_hit_ideal: float = float("nan")
+    lost_kv_reuse: float = float("nan")
+    uncached_tokens_per_req: float = float("nan")
+    switches: int = 0
+    switch_mean_s: float = float("nan")
+    split_time_s: dict[str, float] = field(default_factory=dict)
+    prefill_wait_mean_s: float = float("nan")
+    prefill_wait_imbalance: float = float("nan")
+    idle_prefill_frac: float = float("nan")
+    unfinished: int = 0
+    # series for plots (not printed in the table)
+    ttft_s: list[float] = field(default_factory=list, repr=False)
+    e2e_s: list[float] = field(default_factory=list, repr=False)
+    split_series: list[tuple[float, int]] = field(default_factory=list, repr=False)
+
+    def summary(self) -> dict:
+        d = asdict(self)
+        for k in ("ttft_s", "e2e_s", "split_series"):
+            d.pop(k)
+        return d
+
+
+def _pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(xs, q)) if xs else float("nan")
+
+
+def _mean(xs: list[float]) -> float:
+    return float(np.mean(xs)) if xs else float("nan")
+
+
+def compute_metrics(log: Iterable[Event], warmup_s: float, end_s: float, stack: str = "") -> RunMetrics:
+    m = RunMetrics(stack=stack, window_s=end_s - warmup_s)
+    seen: set[int] = set()
+    sub: dict[str, tuple[float, int, int, int]] = {}  # req -> (ts, prompt, ideal tokens, measured?)
+    first: dict[str, float] = {}
+    cached: dict[str, int] = {}
+    pstart: dict[str, tuple[float, str]] = {}
+    roles: dict[str, str] = {}
+    split_changes: list[tuple[float, dict[str, str]]] = []
+    switch_durations: list[float] = []
+    prefill_busy = 0.0
+    ttft, e2e, tpot = [], [], []
+    finished_in_window = 0
+    for e in log:
+        t = type(e)
+        if t is RequestSubmitted:
+            bt = e.block_tokens
+            n = 0
+            for b in e.blocks:
+                if b not in seen:
+                    break
+                n += 1
+            ideal = min(n * bt, max(0, e.prompt_tokens - 1))
+            seen.update(e.blocks)
+            measured = e.ts >= warmup_s
+            sub[e.request] = (e.ts, e.prompt_tokens, ideal, measured)
+            if measured:
+                m.submitted += 1
+        elif t is RequestStarted:
+            if e.phase == "prefill":
+                cached[e.request] = e.cached_tokens
+                pstart[e.request] = (e.ts, e.node)
+        elif t is FirstToken:
+            first[e.request] = e.ts
+        elif t is RequestFinished:
+            s = sub.get(e.request)
+            if s is None or e.error:
+                continue
+            if warmup_s <= e.ts <= end_s:
+                finished_in_window += 1
+            if not s[3]:
+                continue
+            m.finished += 1
+            e2e.append(e.ts - s[0])
+            ft = first.get(e.request)
+            if ft is not None:
+                ttft.append(ft - s[0])
+                if e.output_tokens > 1:
+                    tpot.append((e.ts - ft) / (e.output_tokens - 1))
+        elif t is IterationDone:
+            if e.phase == "prefill" and e.ts >= warmup_s:
+                prefill_busy += min(e.duration_s * e.iterations, e.ts - warmup_s)
+        elif t is NodeRegistered:
+            roles[e.node] = e.role
+            split_changes.append((e.ts, dict(roles)))
+        elif t is RoleSwitched and roles.get(e.node) != e.role:
+            if e.ts >= warmup_s:
+                switch_durations.append(e.duration_s)
+            roles[e.node] = e.role
+            split_changes.append((e.ts, dict(roles)))
+    m.throughput_rps = finished_in_window / m.window_s if m.window_s > 0 else float("nan")
+    m.ttft_mean_s, m.ttft_p50_s, m.ttft_p95_s = _mean(ttft), _pct(ttft, 50), _pct(ttft, 95)
+    m.e2e_mean_s, m.e2e_p95_s = _mean(e2e), _pct(e2e, 95)
+    m.tpot_mean_ms = _mean(tpot) * 1e3
+    m.ttft_s, m.e2e_s = ttft, e2e
+    # KV reuse over the window's requests that started prefill
+    tot_prompt = tot_ideal = tot_actual = lost = 0
+    waits: dict[str, list[float]] = defaultdict(list)
+    for r, (ts, prompt, ideal, measured) in sub.items():
+        if not measured or r not in cached:
+            continue
+        act = cached[r]
+        tot_prompt += prompt
+        tot_ideal += ideal
+        tot_actual += act
+        lost += max(0, ideal - act)
+        st, node = pstart[r]
+        waits[node].append(st - ts)
+    n_started = sum(len(v) for v in waits.values())
+    if tot_prompt:
+        m.kv_hit_actual = tot_actual / tot_prompt
+        m.kv_hit_ideal = tot_ideal / tot_prompt
+        m.uncached_tokens_per_req = (tot_prompt - tot_actual) / n_started
+    m.lost_kv_reuse = lost / tot_ideal if tot_ideal else float("nan")
+    allw = [w for v in waits.values() for w in v]
+    m.prefill_wait_mean_s = _mean(allw)
+    per_node = [float(np.mean(v)) for v in waits.values() if v]
+    if per_node and np.mean(per_node) > 0:
+        m.prefill_wait_imbalance = float(max(per_node) / np.mean(per_node))
+    m.switches = len(switch_durations)
+    m.switch_mean_s = _mean(switch_durations)
+    # time in each split and prefill-capable node time over the window
+    split_time: dict[str, float] = defaultdict(float)
+    prefill_node_s = 0.0
+    series = []
+    for i, (ts, rl) in enumerate(split_changes):
+        nxt = split_changes[i + 1][0] if i + 1 < len(split_changes) else end_s
+        p = sum(1 for r in rl.values() if r == "prefill")
+        d = sum(1 for r in rl.values() if r == "decode")
+        c = sum(1 for r in rl.values() if r == "collocated")
+        series.append((ts, p + c))
+        a, b = max(ts, warmup_s), min(nxt, end_s)
+        if b > a:
+            label = f"{p}P{d}D" + (f"{c}C" if c else "")
+            split_time[label] += b - a
+            prefill_node_s += (p + c) * (b - a)
+    m.split_time_s = dict(sorted(split_time.items(), key=lambda kv: -kv[1]))
+    m.split_series = series
+    if prefill_node_s > 0:
+        m.idle_prefill_frac = max(0.0, 1.0 - prefill_busy / prefill_node_s)
+    return m

@@ -1,0 +1,317 @@
+"""``evolving replay`` / ``compare`` / ``sweep-static`` / ``bench sim``: the simulator's commands.
+
+Registered by ``replay.cli._register_sim``. Every run writes its full event log to DuckDB
+through the recorder's :class:`~services.recorder.eventlog.DuckDbEventLog` (the same code the
+live recorder uses), in batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from engine.profiles import load_profile
+from replay.metrics import RunMetrics, compute_metrics
+from replay.sim import SessionSource, SimConfig, Simulation
+from replay.stacks import get_stack
+
+#: Bundled real Claude Code sessions (kv-cache-tester, Apache-2.0): the default trace.
+BUNDLED_TRACE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "traces" / "weka-claude-code"
+WORKLOAD_PROFILE = {"cc": "gb300-glm52", "putnam": "gb300-glm52", "osworld": "gb300-kimi-k26"}
+
+
+def parse_duration(text: str) -> float:
+    """``1h``, ``30m``, ``90s``, ``1h30m`` or plain seconds."""
+    t = str(text).strip().lower()
+    try:
+        return float(t)
+    except ValueError:
+        pass
+    parts = re.findall(r"(\d+(?:\.\d+)?)\s*([hms])", t)
+    if not parts or "".join(a + b for a, b in parts) != t.replace(" ", ""):
+        raise argparse.ArgumentTypeError(f"bad duration {text!r}: use like 1h, 30m, 90s, 1h30m")
+    return sum(float(v) * {"h": 3600, "m": 60, "s": 1}[u] for v, u in parts)
+
+
+# --------------------------------------------------------------------------- inputs
+def load_trace(path: str | Path) -> list:
+    """Sessions from a session JSONL file/dir, or a folder/file of kv-cache-tester JSON traces."""
+    from replay.trace import TraceFormatError, load_sessions
+
+    try:
+        sessions = load_sessions(path)
+        if sessions:
+            return sessions
+    except TraceFormatError:
+        pass
+    from replay.importers.weka import import_weka
+
+    return import_weka(path).sessions
+
+
+def session_source(args) -> tuple[SessionSource, str]:
+    if getattr(args, "workload", None):
+        from replay.workloads import WORKLOADS
+
+        w = WORKLOADS[args.workload]
+        import numpy as np
+
+        def make(k: int, _w=w, _seed=args.seed, _name=args.workload):
+            rng = np.random.Generator(np.random.PCG64([_seed, k]))
+            return _w.make(f"{_name}-s{_seed}-{k:05d}", rng, _w.params)
+
+        return SessionSource(make=make), f"{args.workload}-like (seed {args.seed})"
+    path = args.trace or BUNDLED_TRACE
+    sessions = load_trace(path)
+    return SessionSource(sessions), f"{len(sessions)} sessions from {path}"
+
+
+def sim_config(args) -> SimConfig:
+    agents = args.agents
+    if agents is None and args.arrivals is None:
+        from replay.workloads import WORKLOADS
+
+        agents = WORKLOADS[args.workload].default_agents if getattr(args, "workload", None) else 12
+    return SimConfig(nodes=args.nodes, duration_s=args.duration, warmup_s=args.warmup, seed=args.seed,
+                     agents=None if args.arrivals else agents, arrivals_per_min=args.arrivals,
+                     directory_core=not args.fast)
+
+
+def profile_name(args) -> str:
+    if args.profile:
+        return args.profile
+    return WORKLOAD_PROFILE.get(getattr(args, "workload", None) or "cc", "gb300-glm52")
+
+
+# --------------------------------------------------------------------------- one run
+class _Recorder:
+    """Batches (seq, subject, event) rows into a DuckDbEventLog."""
+
+    def __init__(self, path: Path, config: dict, batch: int = 20000) -> None:
+        from events.subjects import subject_for
+        from services.recorder.eventlog import DuckDbEventLog
+
+        if path.exists():
+            path.unlink()
+        self.log = DuckDbEventLog(str(path))
+        self.log.set_run_config(config)
+        self.rows: list = []
+        self.batch = batch
+        self.subject_for = subject_for
+
+    def __call__(self, seq: int, ev) -> None:
+        self.rows.append((seq, self.subject_for(ev), ev))
+        if len(self.rows) >= self.batch:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.rows:
+            self.log.append(self.rows)
+            self.rows = []
+
+    def close(self) -> None:
+        self.flush()
+        self.log.close()
+
+
+def run_one(stack_name: str, args, source: SessionSource, out: Path | None, progress: bool = True,
+            keep_log: bool = True) -> tuple[RunMetrics, object]:
+    prof = load_profile(profile_name(args))
+    cfg = sim_config(args)
+    stack = get_stack(stack_name, start=getattr(args, "start", None))
+    rec = None
+    if out is not None:
+        rec = _Recorder(out, {"driver": "simulator", "stack": stack.describe(), "profile": prof.name,
+                              "nodes": cfg.nodes, "seed": cfg.seed, "warmup_s": cfg.warmup_s,
+                              "duration_s": cfg.duration_s, "agents": cfg.agents,
+                              "arrivals_per_min": cfg.arrivals_per_min})
+    sim = Simulation(prof, stack, source, cfg, record=rec, keep_log=True)
+    t0 = time.perf_counter()
+    bar = None
+    if progress:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        bar = Progress(TextColumn("[bold]{task.fields[stack]}"), BarColumn(), TextColumn("{task.fields[info]}"),
+                       TimeElapsedColumn(), transient=True)
+        task = bar.add_task("sim", total=cfg.end_s, stack=stack.name, info="")
+
+        def on_tick(now: float, s: Simulation) -> None:
+            if int(now) % 10:
+                return
+            roles = [n.role for n in s.nodes.values()]
+            split = f"{roles.count('prefill')}P{roles.count('decode')}D" + (
+                f"{roles.count('collocated')}C" if "collocated" in roles else "")
+            bar.update(task, completed=now, info=f"t={now / 60:5.1f} min  done={s.finished}  split={split}")
+
+        sim.progress = on_tick
+        bar.start()
+    try:
+        res = sim.run()
+    finally:
+        if bar is not None:
+            bar.stop()
+        if rec is not None:
+            rec.close()
+    res.wall_s = time.perf_counter() - t0
+    m = compute_metrics(res.log, cfg.warmup_s, cfg.end_s, stack.name)
+    m.unfinished = len(res.unfinished)
+    return m, res
+
+
+# --------------------------------------------------------------------------- commands
+def _add_common(p: argparse.ArgumentParser, default_duration: str = "1h", default_warmup: str = "30m") -> None:
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--trace", help="session JSONL file/dir or kv-cache-tester JSON traces "
+                                     "(default: the bundled real Claude Code sessions)")
+    src.add_argument("--workload", choices=["cc", "putnam", "osworld"], help="synthetic workload")
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--agents", type=int, default=None, help="fixed concurrency (finished agents replaced)")
+    load.add_argument("--arrivals", type=float, default=None, help="open arrivals: agents per minute")
+    p.add_argument("--nodes", type=int, default=9)
+    p.add_argument("--profile", default=None, help="deploy/profiles/<name>.toml (default by workload)")
+    p.add_argument("--duration", type=parse_duration, default=parse_duration(default_duration),
+                   help="measured time after the warm-up (e.g. 1h, 20m)")
+    p.add_argument("--warmup", type=parse_duration, default=parse_duration(default_warmup))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--start", default=None, help="baselines' initial split (default 6P3D)")
+    p.add_argument("--fast", action="store_true",
+                   help="no separate directory core (eviction reads the router's DirectoryCore)")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+
+
+def _cmd_replay(args) -> int:
+    from rich.console import Console
+
+    from replay.report import print_table, to_json
+
+    source, what = session_source(args)
+    out = Path(args.out) if args.out else None
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    m, res = run_one(args.stack, args, source, out, progress=not args.no_progress and not args.json)
+    if args.json:
+        print(json.dumps(to_json([m]), indent=2))
+        return 0
+    c = Console()
+    print_table([m], title=f"{args.stack} on {what}, {args.nodes} nodes", console=c)
+    c.print(f"simulated {res.config.end_s:.0f} s in {res.wall_s:.1f} s wall "
+            f"({res.config.end_s / max(res.wall_s, 1e-9):.0f}x real time); {len(res.log)} events"
+            + (f"; event log: {out}" if out else ""))
+    return 0
+
+
+def _cmd_compare(args) -> int:
+    from rich.console import Console
+
+    from replay.report import print_table, to_json, write_plots
+
+    stacks = [s.strip() for s in args.stacks.split(",") if s.strip()]
+    source, what = session_source(args)
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs = []
+    c = Console(stderr=args.json, width=max(100, 28 * (len(stacks) + 1)) if not args.json else None)
+    for name in stacks:
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+        m, res = run_one(name, args, source, out_dir / f"{safe}.duckdb", progress=not args.no_progress)
+        c.print(f"[dim]{name}: {res.submitted} submitted, {res.finished} finished, "
+                f"{res.wall_s:.1f} s wall ({res.config.end_s / max(res.wall_s, 1e-9):.0f}x real time)")
+        runs.append(m)
+    cfg = sim_config(args)
+    plots = write_plots(runs, out_dir, cfg.warmup_s, cfg.end_s, cfg.nodes)
+    if args.json:
+        print(json.dumps(to_json(runs), indent=2))
+        return 0
+    print_table(runs, title=f"{what}, {args.nodes} nodes x {profile_name(args)}, "
+                            f"{args.duration / 60:.0f} min after {args.warmup / 60:.0f} min warm-up, seed {args.seed}",
+                console=c)
+    c.print("event logs: " + ", ".join(str(out_dir / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', n)}.duckdb")
+                                       for n in stacks))
+    c.print("plots: " + ", ".join(str(p) for p in plots))
+    return 0
+
+
+def _cmd_sweep(args) -> int:
+    from rich.console import Console
+
+    from replay.report import print_table, to_json
+
+    source, what = session_source(args)
+    runs = []
+    c = Console(stderr=args.json, width=max(100, 24 * args.nodes) if not args.json else None)
+    for p in range(1, args.nodes):
+        m, _ = run_one(f"static:{p}P{args.nodes - p}D", args, source, None, progress=not args.no_progress)
+        c.print(f"[dim]{m.stack}: {m.throughput_rps:.3f} req/s, TTFT P95 {m.ttft_p95_s:.2f} s")
+        runs.append(m)
+    best = max(runs, key=lambda m: (m.throughput_rps, -m.ttft_p95_s))
+    if args.json:
+        print(json.dumps({"best": best.stack, "runs": to_json(runs)}, indent=2))
+        return 0
+    ordered = [best] + [m for m in runs if m is not best]
+    print_table(ordered, title=f"static splits on {what} (best first)", console=c)
+    c.print(f"best static split: {best.stack} ({best.throughput_rps:.3f} req/s)")
+    return 0
+
+
+def _cmd_bench(args) -> int:
+    """Simulated seconds per wall second, side by side with a baseline run."""
+    from rich.console import Console
+    from rich.table import Table
+
+    rows = []
+    cases = [(9, args.agents), (64, args.agents * 64 // 9)]
+    for nodes, agents in cases:
+        base = argparse.Namespace(**vars(args))
+        base.nodes, base.agents, base.arrivals, base.trace = nodes, agents, None, None
+        base.workload = "cc"
+        for label, stack, fast in (("evolving", "evolving", False), ("evolving --fast", "evolving", True),
+                                   (f"static:{nodes * 2 // 3}P{nodes - nodes * 2 // 3}D",
+                                    f"static:{nodes * 2 // 3}P{nodes - nodes * 2 // 3}D", False)):
+            a = argparse.Namespace(**vars(base))
+            a.fast = fast
+            source, _ = session_source(a)
+            _, res = run_one(stack, a, source, None, progress=False)
+            speed = res.config.end_s / res.wall_s
+            rows.append((nodes, agents, label, res.config.end_s, res.wall_s, speed, len(res.log), res.finished))
+    t = Table(title="evolving bench sim: CC-like agents, simulated seconds per wall second")
+    for col in ("nodes", "agents", "run", "simulated s", "wall s", "x real time", "events", "finished",
+                "vs evolving"):
+        t.add_column(col, justify="right")
+    ref = {}
+    for r in rows:
+        ref.setdefault(r[0], r[5])
+        t.add_row(str(r[0]), str(r[1]), r[2], f"{r[3]:.0f}", f"{r[4]:.1f}", f"{r[5]:.1f}", str(r[6]), str(r[7]),
+                  f"{r[5] / ref[r[0]]:.2f}x")
+    Console().print(t)
+    return 0
+
+
+def register_sim(sub, bench) -> None:
+    rp = sub.add_parser("replay", help="simulate one stack serving agent sessions on a simulated cluster")
+    _add_common(rp)
+    rp.add_argument("--stack", default="evolving", help="evolving, dynamo, arrow, static:4P5D, ablations")
+    rp.add_argument("--out", default=None, help="DuckDB file for the full event log")
+    rp.set_defaults(func=_cmd_replay)
+
+    cp = sub.add_parser("compare", help="several stacks on the identical trace: one table, plots, event logs")
+    _add_common(cp, default_duration="20m", default_warmup="10m")
+    cp.add_argument("--stacks", default="evolving,dynamo,arrow,static:4P5D")
+    cp.add_argument("--out-dir", default="runs/compare", help="event logs (DuckDB) and PNG plots go here")
+    cp.set_defaults(func=_cmd_compare)
+
+    sp = sub.add_parser("sweep-static", help="find the best static split for a workload")
+    _add_common(sp)
+    sp.set_defaults(func=_cmd_sweep)
+
+    bp = bench.add_parser("sim", help="simulator speed: simulated seconds per wall second, 9 and 64 nodes")
+    bp.add_argument("--agents", type=int, default=126, help="CC-like agents on 9 nodes (scaled for 64)")
+    bp.add_argument("--duration", type=parse_duration, default=parse_duration("5m"))
+    bp.add_argument("--warmup", type=parse_duration, default=parse_duration("5m"))
+    bp.add_argument("--seed", type=int, default=0)
+    bp.set_defaults(func=_cmd_bench, profile=None, start=None, fast=False, json=False, no_progress=True,
+                    trace=None, arrivals=None)
