@@ -202,14 +202,16 @@ class ClusterState:
                 ns.accepted_tokens += event.accepted_tokens
                 ns.request_iterations += event.batch * max(1, getattr(event, "iterations", 1))
         elif isinstance(event, NodeRegistered):
-            self._registered(event)
+            return self._registered(event)
         elif isinstance(event, RoleSwitchOrdered):
             return self._switch_ordered(event)
         elif isinstance(event, RoleSwitched):
-            if event.node in self.nodes:
-                ns = self.nodes[event.node]
+            ns = self.nodes.get(event.node)
+            if ns is not None:
+                before = ns.phases()
                 ns.role, ns.switching_to = event.role, None
                 self._eligible = None
+                return self._displaced(ns, before - ns.phases())  # a switch nobody ordered
         elif isinstance(event, NodeRemoved):
             return self._removed(event)
         elif isinstance(event, ModelFitted):
@@ -353,15 +355,18 @@ class ClusterState:
         self._end_prefill(r, ev.ts)
         self._set_decode(r, None)
 
-    def _registered(self, ev: NodeRegistered) -> None:
+    def _registered(self, ev: NodeRegistered) -> list[str]:
         ns = self.nodes.get(ev.node)
+        self._eligible = None
         if ns is None:
             self.nodes[ev.node] = NodeState(node=ev.node, role=ev.role, token_budget=ev.prefill_token_budget,
                                             t_fwd=ev.t_fwd)
-        else:
-            ns.role, ns.switching_to = ev.role, None
-            ns.token_budget, ns.t_fwd = ev.prefill_token_budget, ev.t_fwd
-        self._eligible = None
+            return []
+        # re-registration (an engine restarted, possibly in another role: a restart switch)
+        before = ns.phases()
+        ns.role, ns.switching_to = ev.role, None
+        ns.token_budget, ns.t_fwd = ev.prefill_token_budget, ev.t_fwd
+        return self._displaced(ns, before - ns.phases())
 
     def _displaced(self, ns: NodeState, dropped: frozenset[str]) -> list[str]:
         out: list[str] = []

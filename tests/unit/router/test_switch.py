@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from events.catalog import NodeRemoved, RequestStarted, RoleSwitched, RoleSwitchOrdered, RouteDecided
+from events.catalog import (
+    NodeRegistered,
+    NodeRemoved,
+    RequestStarted,
+    RoleSwitched,
+    RoleSwitchOrdered,
+    RouteDecided,
+)
 from services.router import scenario as s
 from services.router.baselines import RoundRobinRouter
 from services.router.core import LeastTtftRouter
@@ -87,3 +94,18 @@ def test_last_prefill_node_switching_leaves_requests_waiting_then_routes_them():
     assert [(d.request, d.prefill_node, d.reroute) for d in late] == [("a", "p01", True), ("b2", "p01", False)]
     assert r.state.unrouted == []
     assert r.state.requests["a"].phase == QUEUED
+
+
+def test_restart_in_another_role_reroutes_like_an_ordered_switch():
+    r = LeastTtftRouter()
+    feed(r, s.register(2, 1) + [s.branch("b", 0.0)])
+    out = routes(feed(r, [s.submit(f"r{i}", "b", s.blocks(1_000 * i, 5), 1.0) for i in range(4)]))
+    on_p01 = [d.request for d in out if d.prefill_node == "p01"]
+    moved = routes(feed(r, [NodeRegistered(ts=2.0, node="p01", role="decode")]))
+    assert [d.request for d in moved] == on_p01 and all(d.prefill_node == "p00" for d in moved)
+    queue = list(r.state.nodes["p00"].prefill_queue)
+    assert queue == ["r0", "r2", "r1", "r3"]
+    # a switch nobody ordered still takes the queue off the node: no prefill node is left
+    out = feed(r, [RoleSwitched(ts=3.0, node="p00", role="decode")])
+    assert routes(out) == [] and [o.kind for o in out] == ["no_prefill_node"] * 4
+    assert r.state.unrouted == queue
