@@ -22,6 +22,8 @@ def register_drive(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="evolving-sim")
     p.add_argument("--timeout-s", type=float, default=300.0, help="per HTTP request")
     p.add_argument("--run-id", default=None, help="branch id prefix (default: random, so reruns never clash)")
+    p.add_argument("--wait-s", type=float, default=30.0,
+                   help="wait this long for the gateway's /health before starting (0: do not wait)")
     p.add_argument("--no-stream", action="store_true", help="non-streaming requests (no client TTFT)")
     p.add_argument("--out", default=None, help="write one JSON line per request here")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -49,8 +51,13 @@ def _cmd_drive(args: argparse.Namespace) -> int:
         return 2
     run_id = args.run_id if args.run_id is not None else f"d{uuid.uuid4().hex[:6]}-"
     cfg = DriveConfig(gateway=args.gateway, concurrency=args.concurrency, speedup=args.speedup,
-                      model=args.model, timeout_s=args.timeout_s, run_id=run_id, stream=not args.no_stream)
-    report = asyncio.run(Driver(cfg).run(sessions))
+                      model=args.model, timeout_s=args.timeout_s, run_id=run_id, stream=not args.no_stream,
+                      wait_s=args.wait_s)
+    try:
+        report = asyncio.run(Driver(cfg).run(sessions))
+    except TimeoutError as exc:
+        print(f"evolving drive: {exc}", file=sys.stderr)
+        return 3
     if args.out:
         with open(args.out, "w") as fh:
             fh.writelines(json.dumps(asdict(r)) + "\n" for r in report.results)

@@ -137,6 +137,7 @@ class DriveConfig:
     timeout_s: float = 300.0
     run_id: str = ""
     stream: bool = True
+    wait_s: float = 0.0  # poll GET /health this long before the first session (0: do not wait)
 
 
 class _SessionRun:
@@ -229,6 +230,8 @@ class Driver:
         own = self.http is None
         if own:
             self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.cfg.timeout_s))
+        if self.cfg.wait_s > 0:
+            await self.wait_ready(self.cfg.wait_s)
         self._t0 = time.monotonic()
         queue = list(enumerate(sessions))
         queue.reverse()
@@ -246,6 +249,21 @@ class Driver:
                 await self.http.close()
         self.report.wall_s = time.monotonic() - self._t0
         return self.report
+
+    async def wait_ready(self, wait_s: float) -> None:
+        """Poll the gateway's /health until it answers 200; raise ``TimeoutError`` after ``wait_s``."""
+        deadline = time.monotonic() + wait_s
+        last = ""
+        while time.monotonic() < deadline:
+            try:
+                async with self.http.get(self._url("/health")) as r:
+                    if r.status == 200:
+                        return
+                    last = f"HTTP {r.status}"
+            except Exception as exc:  # noqa: BLE001 - not up yet
+                last = f"{type(exc).__name__}: {exc}"
+            await asyncio.sleep(0.2)
+        raise TimeoutError(f"gateway {self.cfg.gateway} not ready after {wait_s:g} s ({last})")
 
     def _url(self, path: str) -> str:
         base = self.cfg.gateway.rstrip("/")

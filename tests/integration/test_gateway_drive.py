@@ -7,6 +7,8 @@ import argparse
 import asyncio
 import contextlib
 
+import aiohttp
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from events.catalog import BranchEnded, BranchOpened, ContextCompacted, RequestSubmitted, RouteDecided
@@ -16,6 +18,7 @@ from services.gateway.app import Gateway, GatewayConfig
 from services.gateway.cli import register_drive
 from services.gateway.drive import DriveConfig, Driver
 from services.gateway.tokens import MemoryTokens, TokenMsg, sim_text
+from services.natsserver import free_port
 
 SESSION = Session(id="s1", branches=[
     Branch(id="root", steps=[
@@ -113,3 +116,10 @@ def test_cli_registration_and_bad_trace(tmp_path, capsys):
     args = parser.parse_args(["drive", str(bad)])
     assert args.func(args) == 2
     assert "bad.jsonl:1" in capsys.readouterr().err
+
+
+async def test_wait_ready_times_out_clearly():
+    async with aiohttp.ClientSession() as http:
+        drv = Driver(DriveConfig(gateway=f"http://127.0.0.1:{free_port()}"), http=http)
+        with pytest.raises(TimeoutError, match="not ready"):
+            await drv.wait_ready(0.3)
