@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, Self, runtime_checkable
@@ -153,6 +154,9 @@ class DuckDbEventLog:
         if read_only and not os.path.exists(self.path):
             raise EventLogError(f"no event log at {self.path}")
         self.con = duckdb.connect(self.path, read_only=read_only)
+        # one connection, used from the event loop and from worker threads (run_recorder
+        # appends in one): a transaction must not interleave with another thread's statements
+        self._lock = threading.RLock()
         if read_only:
             from services.recorder.views import create_views
 
@@ -185,6 +189,10 @@ class DuckDbEventLog:
 
     # -- port
     def append(self, batch: Iterable[Row]) -> int:
+        with self._lock:
+            return self._append(batch)
+
+    def _append(self, batch: Iterable[Row]) -> int:
         rows = new_rows(batch, self._applied)
         if not rows:
             return 0
@@ -210,7 +218,8 @@ class DuckDbEventLog:
         return self._applied
 
     def read(self, from_seq: int = 1) -> Iterator[Row]:
-        cur = self.con.cursor()  # an open result on the main connection would block other queries
+        with self._lock:
+            cur = self.con.cursor()  # its own connection: reading does not hold the lock
         try:
             cur.execute("SELECT seq, subject, payload FROM events WHERE seq >= ? ORDER BY seq", [from_seq])
             while chunk := cur.fetchmany(_READ_CHUNK):
@@ -220,14 +229,20 @@ class DuckDbEventLog:
             cur.close()
 
     def count_by_type(self) -> dict[str, int]:
-        rows = self.con.execute("SELECT type, count(*) FROM events GROUP BY type ORDER BY type").fetchall()
+        with self._lock:
+            rows = self.con.execute("SELECT type, count(*) FROM events GROUP BY type ORDER BY type").fetchall()
         return {t: int(n) for t, n in rows}
 
     def run_config(self) -> dict[str, Any]:
-        rows = self.con.execute("SELECT key, value FROM run_config ORDER BY key").fetchall()
+        with self._lock:
+            rows = self.con.execute("SELECT key, value FROM run_config ORDER BY key").fetchall()
         return {k: msgspec.json.decode(v) for k, v in rows}
 
     def set_run_config(self, config: Mapping[str, Any]) -> None:
+        with self._lock:
+            self._set_run_config(config)
+
+    def _set_run_config(self, config: Mapping[str, Any]) -> None:
         con = self.con
         con.execute("BEGIN")
         try:
@@ -245,6 +260,10 @@ class DuckDbEventLog:
         """Copy rows ``from_seq..to_seq`` (default: to the applied position) to one Parquet file
         with the columns of ``events``; return how many. Segments of a long run, queried in
         place with :func:`open_sources` / ``evolving sql``."""
+        with self._lock:
+            return self._export_parquet(path, from_seq, to_seq)
+
+    def _export_parquet(self, path: str | os.PathLike, from_seq: int, to_seq: int | None) -> int:
         to_seq = self._applied if to_seq is None else to_seq
         n = self.con.execute("SELECT count(*) FROM events WHERE seq BETWEEN ? AND ?", [from_seq, to_seq]).fetchall()
         target = os.fspath(path).replace("'", "''")
@@ -255,7 +274,8 @@ class DuckDbEventLog:
         return int(n[0][0])
 
     def close(self) -> None:
-        self.con.close()
+        with self._lock:
+            self.con.close()
 
     def __enter__(self) -> Self:
         return self

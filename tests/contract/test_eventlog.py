@@ -215,3 +215,35 @@ class TestDuckDbEventLog(EventLogContract):
         log = self.reopen(log, tmp_path)
         assert log.last_seq() == 2
         assert [s for s, _, _ in log.read()] == [1, 2, 4]
+
+
+def test_duckdb_log_is_safe_to_share_between_threads(tmp_path):
+    """run_recorder appends in a worker thread while a service may write run_config in another."""
+    import threading
+
+    log = DuckDbEventLog(tmp_path / "run.duckdb")
+    errors: list[BaseException] = []
+
+    def appender():
+        try:
+            for start in range(1, 2001, 50):
+                log.append(ticks(range(start, start + 50)))
+        except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    def configurer():
+        try:
+            for i in range(100):
+                log.set_run_config({"round": i})
+                log.run_config()
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=appender), threading.Thread(target=configurer)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert log.last_seq() == 2000 and log.count_by_type() == {"Tick": 2000}
+    assert log.run_config() == {"round": 99}
