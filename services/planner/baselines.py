@@ -129,8 +129,9 @@ class DynamoPlanner(_Baseline):
         signals = f"prefill queue {queue:.2f}/node, decode kv {kv:.2f}"
         if N < 2:
             return [self._event(ts, k_end, reason=f"{N} node(s): nothing to split")]
-        if self._unassigned():
-            return self._switch_to(ts, k_end, scale_split(cfg.initial, N), "dynamo: assign new nodes")
+        if self._unassigned():  # a node joined after warm-up: it serves decode, the split stays
+            P = min(max(1, cur.prefill), N - 1)
+            return self._switch_to(ts, k_end, P, "dynamo: assign new nodes")
         if any(n.ordered for n in self.st.nodes.values()):
             return [self._event(ts, k_end, reason=f"switch in progress; {signals}")]
         want_d = 1 if kv > cfg.decode_kv_up else (-1 if kv < cfg.decode_kv_down else 0)

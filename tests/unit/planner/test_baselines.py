@@ -88,3 +88,24 @@ def test_dynamo_moves_toward_prefill_on_a_long_prefill_queue_and_waits_for_resta
         e for e in tr.outputs if isinstance(e, PlanEvaluated) and e.reason.startswith("switch in progress")
     ]
     assert blocked  # no decision while the restart is in progress
+
+
+@pytest.mark.parametrize("cls,expected_prefill", [(StaticPlanner, 7), (DynamoPlanner, 6)])
+def test_a_node_joining_after_warmup_is_assigned(cls, expected_prefill):
+    from events.catalog import NodeRegistered, Tick
+
+    planner = cls(warmup_s=10, initial="6P3D")
+    for i in range(9):
+        planner.apply(NodeRegistered(ts=0.0, node=f"n{i}", role="collocated"))
+    planner.apply(Tick(ts=11.0))
+    assert planner.current_split().prefill == 6
+    planner.apply(NodeRegistered(ts=20.0, node="n9", role="collocated"))
+    out = planner.apply(Tick(ts=700.0))  # past the next interval end of either planner
+    orders = [e for e in out if isinstance(e, RoleSwitchOrdered)]
+    assert "n9" in [e.node for e in orders]
+    if cls is DynamoPlanner:
+        assert [(e.node, e.to_role) for e in orders] == [("n9", "decode")]
+    assert (
+        planner.current_split().prefill == expected_prefill
+        and planner.current_split().decode == 10 - expected_prefill
+    )
