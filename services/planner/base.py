@@ -246,7 +246,8 @@ class PlannerBase:
                     )
                 )
         for phase, rows in pool.items():
-            fit = self._fit(phase, rows)
+            stride = max(1, len(rows) // (4 * self.cfg.max_samples))  # bound the pooled fit's size
+            fit = self._fit(phase, rows[::stride])
             self.st.fits[f"*|{phase}"] = FitState(
                 coefficients=fit.coefficients, samples=fit.samples, mape=fit.mape, status=fit.status
             )

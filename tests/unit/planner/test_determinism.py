@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import pathlib
 
 import pytest
@@ -33,6 +34,11 @@ SCENARIO = Scenario(
 DECISIONS = (ModelFitted, PlanEvaluated, RoleSwitchOrdered, SwitchRole)
 
 
+@functools.cache
+def trace_of(cls):
+    return drive(cls(warmup_s=300), SCENARIO)
+
+
 def wire(events) -> bytes:
     """The decisions as the stream carries them (and they survive decoding and JSON)."""
     out = []
@@ -47,7 +53,7 @@ def wire(events) -> bytes:
 
 @pytest.mark.parametrize("cls", [EvolvingPlanner, StaticPlanner, DynamoPlanner, ArrowPlanner])
 def test_same_events_same_decisions_byte_equal(cls):
-    first = drive(cls(warmup_s=300), SCENARIO)
+    first = trace_of(cls)
     assert any(isinstance(e, RoleSwitchOrdered) for e in first.outputs)
     again = cls(warmup_s=300)
     replayed = [out for ev in first.inputs for out in again.apply(ev)]
@@ -58,7 +64,7 @@ def test_same_events_same_decisions_byte_equal(cls):
 @pytest.mark.parametrize("cls", [EvolvingPlanner, DynamoPlanner, ArrowPlanner])
 @pytest.mark.parametrize("cut", [150, 2000, 20_000])
 def test_snapshot_then_tail_gives_the_same_decisions(cls, cut):
-    trace = drive(cls(warmup_s=300), SCENARIO)
+    trace = trace_of(cls)
     head, tail = trace.inputs[:cut], trace.inputs[cut:]
     a = cls(warmup_s=300)
     for ev in head:
