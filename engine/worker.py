@@ -27,9 +27,10 @@ What it does (the numbers are the order of a request's life on this node)
 6. ``NodeHeartbeat`` every ``--heartbeat-s`` (1 s). SIGTERM/SIGINT: ``NodeRemoved(reason=
    "shutdown")``, flush, exit 0.
 
-Time: the node model's clock is ``start_epoch + elapsed_wall * time_scale`` (seconds), so
-``--time-scale 1`` is real time and ``10`` runs the model ten times faster than the wall clock
-(tests); event ``ts`` are model time. A scheduled callback runs with ``now`` = its own due time
+Time: the node model's clock is ``epoch + (wall - epoch) * time_scale`` (seconds), the clock
+the planner's ticker and the gateway use with the same ``--clock-epoch`` (default: the
+worker's start), so ``--time-scale 1`` is real time and ``10`` runs the model ten times faster
+than the wall clock (tests); event ``ts`` are model time. A scheduled callback runs with ``now`` = its own due time
 even when the loop is late, so the model's timeline is exactly what it planned.
 
 ``--backend sglang`` is the GPU target and is not implemented yet: it exits with code 2.
@@ -43,6 +44,7 @@ import contextlib
 import heapq
 import itertools
 import math
+import os
 import signal
 import sys
 import time
@@ -166,7 +168,8 @@ class EngineWorker:
 
     def __init__(self, bus, tokens, node: str, role: Role, profile: Profile, *, seed: int = 0,
                  time_scale: float = 1.0, fetch_mode: str = "async", eviction: str = "count_aware",
-                 heartbeat_s: float = 1.0, token_interval_s: float = 0.2, epoch: float | None = None) -> None:
+                 heartbeat_s: float = 1.0, token_interval_s: float = 0.2, clock_epoch: float | None = None,
+                 epoch: float | None = None) -> None:
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         self.bus, self.tokens = bus, tokens
@@ -175,6 +178,8 @@ class EngineWorker:
         self.profile = profile
         self.directory = DirectoryCore()
         self.policy = POLICIES[eviction](profile.block_tokens)
+        if epoch is None and clock_epoch is not None:  # the clock every process of a run shares
+            epoch = clock_epoch + (time.time() - clock_epoch) * time_scale
         self.host = WallClockHost(time_scale, self._on_emit, self._choose, self._peer, epoch=epoch)
         self.node = SimNode(self.node_id, role, profile, self.host, seed, fetch_mode)
         self.heartbeat_s, self.token_interval_s = heartbeat_s, token_interval_s
@@ -393,6 +398,11 @@ class EngineWorker:
 
 
 # ---------------------------------------------------------------------- command line
+def _env_epoch() -> float | None:
+    raw = os.environ.get("EI_CLOCK_EPOCH", "").strip()
+    return float(raw) if raw else None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m engine.worker",
                                 description="one engine node: the sim node model on the bus")
@@ -404,6 +414,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("sim", "sglang"), default="sim")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="model seconds per wall-clock second (1 = real time, 10 = ten times faster)")
+    p.add_argument("--clock-epoch", type=float, default=_env_epoch(),
+                   help="epoch of the scaled clock shared by a run's processes (default: env "
+                        "EI_CLOCK_EPOCH, else now)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--fetch-mode", choices=("async", "at_start", "none"), default="async")
     p.add_argument("--eviction", choices=sorted(POLICIES), default="count_aware")
@@ -423,7 +436,7 @@ async def run(args: argparse.Namespace) -> int:
     worker = EngineWorker(bus, NatsTokens(bus.nc, args.partition), args.node, args.role, profile,
                           seed=args.seed, time_scale=args.time_scale, fetch_mode=args.fetch_mode,
                           eviction=args.eviction, heartbeat_s=args.heartbeat_s,
-                          token_interval_s=args.token_interval_s)
+                          token_interval_s=args.token_interval_s, clock_epoch=args.clock_epoch)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

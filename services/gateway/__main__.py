@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 
@@ -16,6 +17,11 @@ from aiohttp import web
 
 from services.gateway.app import Gateway, GatewayConfig
 from services.logging import configure_logging, get_logger
+
+
+def _env_epoch() -> float | None:
+    raw = os.environ.get("EI_CLOCK_EPOCH", "").strip()
+    return float(raw) if raw else None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,6 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--route-timeout-s", type=float, default=10.0)
     p.add_argument("--token-timeout-s", type=float, default=60.0)
     p.add_argument("--default-max-tokens", type=int, default=128)
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="event ts = epoch + (wall - epoch) * scale (match the sim engines' --time-scale)")
+    p.add_argument("--clock-epoch", type=float, default=_env_epoch(),
+                   help="epoch of the scaled clock (default: env EI_CLOCK_EPOCH, else now)")
     p.add_argument("--src", default="gateway", help="publisher id in the events' src field")
     p.add_argument("--log-format", choices=["console", "json"], default=None)
     p.add_argument("--log-level", default=None)
@@ -54,7 +64,8 @@ async def serve(args: argparse.Namespace) -> int:
     bus = await NatsBus.connect(url, partition=args.partition, name=f"gateway-{args.src}")
     cfg = GatewayConfig(partition=args.partition, model=args.model, block_tokens=args.block_tokens,
                         route_timeout_s=args.route_timeout_s, token_timeout_s=args.token_timeout_s,
-                        default_max_tokens=args.default_max_tokens, tokenizer=args.tokenizer, src=args.src)
+                        default_max_tokens=args.default_max_tokens, tokenizer=args.tokenizer, src=args.src,
+                        time_scale=args.time_scale, clock_epoch=args.clock_epoch)
     gw = Gateway(bus, NatsTokens(bus.nc, args.partition), cfg)
     runner = web.AppRunner(gw.make_app())
     await runner.setup()

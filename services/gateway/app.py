@@ -63,6 +63,18 @@ class GatewayConfig:
     max_tokens_limit: int = 65_536
     tokenizer: str | None = None
     src: str = "gateway"
+    # Event ts = epoch + (wall - epoch) * time_scale: the scaled clock the sim engines and the
+    # planner's ticker share (engine/worker.py). 1.0 = wall-clock seconds.
+    time_scale: float = 1.0
+    clock_epoch: float | None = None
+
+
+def scaled_clock(time_scale: float, epoch: float | None) -> Callable[[], float]:
+    """``epoch + (time.time() - epoch) * time_scale`` (plain ``time.time`` at scale 1)."""
+    if time_scale == 1.0:
+        return time.time
+    e = time.time() if epoch is None else epoch
+    return lambda: e + (time.time() - e) * time_scale
 
 
 class ApiError(Exception):
@@ -214,10 +226,10 @@ class Gateway:
     MemoryTokens; ``clock`` gives event timestamps (seconds)."""
 
     def __init__(self, bus, tokens, config: GatewayConfig | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] | None = None) -> None:
         self.bus, self.tokens = bus, tokens
         self.cfg = config or GatewayConfig()
-        self.clock = clock
+        self.clock = clock or scaled_clock(self.cfg.time_scale, self.cfg.clock_epoch)
         self.tokenizer, self.tokenizer_note = load_tokenizer(self.cfg.tokenizer)
         self.table = BranchTable(src=self.cfg.src)
         self.metrics = Metrics()

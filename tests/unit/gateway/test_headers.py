@@ -149,3 +149,14 @@ def test_ended_memory_is_bounded():
         _admit(t, BranchSignals(branch=f"b{i}", source="ei"), [1])
         t.end(f"b{i}", 1.0)
     assert list(t.ended) == ["b1", "b2"]
+
+
+def test_scaled_clock():
+    import time
+
+    from services.gateway.app import scaled_clock
+
+    assert scaled_clock(1.0, None) is time.time
+    e = time.time() - 100.0
+    c = scaled_clock(10.0, e)
+    assert c() - e >= 1000.0  # 100 wall seconds since the epoch are >= 1000 model seconds
