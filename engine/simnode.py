@@ -62,7 +62,7 @@ from events.ids import BlockHash, NodeId, RequestId, Role, SwitchMechanism, Tier
 #: cache only; HiCache per node).
 FETCH_MODES = ("async", "at_start", "none")
 #: Share of a tier freed by one eviction (low watermark).
-EVICT_BATCH = 0.01
+EVICT_BATCH = 0.02
 #: A collocated node runs decode for at most this long between prefill iterations.
 COLLOCATED_DECODE_SLICE_S = 0.25
 

@@ -264,7 +264,7 @@ def _cmd_bench(args) -> int:
     from rich.table import Table
 
     rows = []
-    cases = [(9, args.agents), (64, args.agents * 64 // 9)]
+    cases = [(9, args.agents), (args.big_nodes, args.agents * args.big_nodes // 9)]
     for nodes, agents in cases:
         base = argparse.Namespace(**vars(args))
         base.nodes, base.agents, base.arrivals, base.trace = nodes, agents, None, None
@@ -310,8 +310,9 @@ def register_sim(sub, bench) -> None:
 
     bp = bench.add_parser("sim", help="simulator speed: simulated seconds per wall second, 9 and 64 nodes")
     bp.add_argument("--agents", type=int, default=126, help="CC-like agents on 9 nodes (scaled for 64)")
-    bp.add_argument("--duration", type=parse_duration, default=parse_duration("5m"))
-    bp.add_argument("--warmup", type=parse_duration, default=parse_duration("5m"))
+    bp.add_argument("--duration", type=parse_duration, default=parse_duration("3m"))
+    bp.add_argument("--warmup", type=parse_duration, default=parse_duration("3m"))
+    bp.add_argument("--big-nodes", type=int, default=64, help="the large cluster (agents scaled)")
     bp.add_argument("--seed", type=int, default=0)
     bp.set_defaults(func=_cmd_bench, profile=None, start=None, fast=False, json=False, no_progress=True,
                     trace=None, arrivals=None)

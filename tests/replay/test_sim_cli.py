@@ -1,0 +1,47 @@
+"""The simulator's commands end to end on the bundled real Claude Code sessions (short runs)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from replay.sim_cli import parse_duration
+from services.cli import main
+from services.recorder.eventlog import DuckDbEventLog
+
+
+def test_parse_duration():
+    assert parse_duration("1h") == 3600 and parse_duration("30m") == 1800
+    assert parse_duration("1h30m") == 5400 and parse_duration("90") == 90
+    with pytest.raises(Exception):
+        parse_duration("ten minutes")
+
+
+def test_compare_prints_json_keyed_by_stack_writes_logs_and_plots(tmp_path, capsys):
+    rc = main(["compare", "--duration", "4m", "--warmup", "3m", "--agents", "6", "--no-progress",
+               "--stacks", "evolving,static:3P6D", "--out-dir", str(tmp_path), "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert list(out) == ["evolving", "static:3P6D"]
+    for figures in out.values():
+        assert figures["finished"] > 0 and figures["throughput_rps"] > 0
+    for name in ("split_over_time.png", "ttft_cdf.png", "e2e_cdf.png", "lost_kv_reuse.png"):
+        assert (tmp_path / name).stat().st_size > 1000
+    log = DuckDbEventLog(str(tmp_path / "evolving.duckdb"), read_only=True)
+    try:
+        counts = log.count_by_type()
+        assert counts.get("RequestFinished", 0) > 0 and counts.get("Tick", 0) == 7 * 60 + 1
+        seqs = [seq for seq, _, _ in log.read()]
+        assert seqs == list(range(1, len(seqs) + 1))
+        assert log.run_config()["stack"].startswith("evolving")
+    finally:
+        log.close()
+
+
+def test_replay_table(tmp_path, capsys):
+    rc = main(["replay", "--duration", "3m", "--warmup", "2m", "--agents", "4", "--no-progress",
+               "--stack", "dynamo", "--out", str(tmp_path / "run.duckdb")])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "throughput" in text and "TTFT P95" in text
