@@ -215,7 +215,7 @@ def _memory(setup, steps) -> tuple[int, int, int, int]:
     d, _ = _fold_directory(setup, steps)
     dir_bytes = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
-    copies = sum(len(n.l1) + len(n.l2) for n in d._nodes)
+    copies = int(d._t.held[: d._t.size].sum())
     del d
     gc.collect()
     tracemalloc.start()

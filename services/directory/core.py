@@ -2,11 +2,12 @@
 
 It folds the event stream into:
 
-1. **Where KV lives.** ``block -> holder mask`` (two bits per node index: L1, L2) plus, per node
-   and tier, ``block -> last access`` (``ts`` of the event that stored or used the copy).
+1. **Where KV lives.** A :class:`~services.directory.table.BlockTable`: one slot per block,
+   numpy columns per node for "holds it in L1 / L2", the copy's last access (``ts`` of the
+   event that stored or used it) and the active-branch references.
 2. **Branches.** id -> parent, mode, version, current context (block list) and, per phase,
    the node whose copy holds the branch's count (``holders``; ``-1`` = none).
-3. **Active-branch counts per copy.** ``refs[node][block]`` = number of active branches whose
+3. **Active-branch counts per copy.** ``refs[block, node]`` = number of active branches whose
    counted context contains ``block`` and that have ``node`` as a holder in some phase (a
    branch whose two phases sit on one node counts once there). :meth:`count` exposes it only
    where the copy exists, so a count is never attached to an evicted copy; a copy stored again
@@ -28,11 +29,11 @@ answered with :class:`events.AnomalyReported`; it never raises and never makes a
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from itertools import takewhile
+from collections.abc import Mapping, Sequence
 from typing import Self
 
 import msgspec
+import numpy as np
 
 from events.catalog import (
     AnomalyReported,
@@ -54,32 +55,26 @@ from events.catalog import (
     RouteDecided,
 )
 from events.ids import BlockHash, BranchId, NodeId, Tier
-from services.directory.lookup import Lookup, scan
+from services.directory.lookup import Lookup
+from services.directory.table import TIER_INDEX, BlockTable
 
 PREFILL, DECODE = 0, 1
 _PHASE_INDEX = {"prefill": PREFILL, "decode": DECODE}
-_TIER_BIT = {"L1": 0, "L2": 1}
 SNAPSHOT_VERSION = 1
 
 
 class _Node:
-    __slots__ = ("alive", "id", "idx", "l1", "l2", "refs", "role")
+    __slots__ = ("alive", "id", "idx", "role")
 
     def __init__(self, node_id: str, idx: int, role: str | None) -> None:
         self.id = node_id
-        self.idx = idx
+        self.idx = idx  # column in the block table
         self.role = role  # None: seen in a KV event before its registration
         self.alive = True
-        self.l1: dict[int, float] = {}  # block -> last access of the GPU copy
-        self.l2: dict[int, float] = {}  # block -> last access of the host copy
-        self.refs: dict[int, int] = {}  # block -> active branches counted here (absent = 0)
-
-    def tier(self, tier: str) -> dict[int, float]:
-        return self.l1 if tier == "L1" else self.l2
 
 
 class _Branch:
-    __slots__ = ("counted", "ctx", "excluded", "holders", "id", "mode", "parent", "version")
+    __slots__ = ("counted", "cslots", "ctx", "excluded", "holders", "id", "mode", "parent", "version")
 
     def __init__(self, branch_id: str, parent: str | None, mode: str) -> None:
         self.id = branch_id
@@ -90,10 +85,11 @@ class _Branch:
         self.counted: set[int] = set()  # set(ctx) - excluded
         self.excluded: frozenset[int] = frozenset()  # sub-agent: parent's context at spawn
         self.holders = [-1, -1]  # node index holding the count, per phase
+        self.cslots: tuple[np.ndarray, int] | None = None  # table slots of counted, table gen
 
 
 class _Request:
-    __slots__ = ("blocks", "branch", "id", "nodes", "pins")
+    __slots__ = ("blocks", "branch", "id", "nodes", "pins", "slots")
 
     def __init__(self, request_id: str, branch: str, blocks: list[int]) -> None:
         self.id = request_id
@@ -101,6 +97,7 @@ class _Request:
         self.blocks = blocks
         self.nodes = [-1, -1]  # routed prefill / decode node index
         self.pins: set[int] = set()  # node indices whose copies this request is using
+        self.slots: tuple[np.ndarray, int] | None = None  # cached table slots of blocks, gen
 
 
 # ----------------------------------------------------------------------------- snapshot types
@@ -149,7 +146,10 @@ class DirectoryCore:
     name = "directory"
 
     def __init__(self) -> None:
-        self._where: dict[int, int] = {}  # block -> holder mask (bit 2i: L1 of node i, 2i+1: L2)
+        self._t = BlockTable()
+        # the last lookup's (blocks list, slots, table gen): the RequestSubmitted that carries
+        # the same list object reuses its slots instead of probing the table again
+        self._scanned: tuple[Sequence[int], np.ndarray, int] | None = None
         self._nodes: list[_Node] = []
         self._node_idx: dict[str, int] = {}
         self._branches: dict[str, _Branch] = {}
@@ -189,50 +189,56 @@ class DirectoryCore:
     # ------------------------------------------------------------------------- queries
     def lookup(self, blocks: Sequence[BlockHash]) -> Lookup:
         """Longest cached prefixes of ``blocks`` per live node and tier and in the pool (one pass)."""
-        pool, segments = scan(self._where, blocks)
+        pool, held, slots = self._t.scan(blocks, len(self._nodes))
+        self._scanned = (blocks, slots, self._t.gen)
         live = [(n.id, n.idx) for n in self._nodes if n.alive]
-        return Lookup(len(blocks), pool, segments, live)
+        return Lookup(len(blocks), pool, held, live)
 
     def holders(self, block: BlockHash) -> list[tuple[NodeId, Tier]]:
         """Copies of ``block`` as sorted ``(node, tier)`` pairs."""
-        m = self._where.get(block, 0)
-        out = []
-        for n in self._nodes:
-            bits = (m >> (2 * n.idx)) & 3
-            if bits & 1:
-                out.append((n.id, "L1"))
-            if bits & 2:
-                out.append((n.id, "L2"))
-        return sorted(out)
+        s = self._t.slot.get(block)
+        if s is None:
+            return []
+        held = self._t.held[s]
+        return sorted((n.id, tier) for n in self._nodes for tier, t in TIER_INDEX.items() if held[2 * n.idx + t])
 
     def count(self, block: BlockHash, node: NodeId) -> int:
         """Active branches counted on ``node``'s copy of ``block`` (0 if the node holds no copy)."""
         n = self._node(node)
-        if n is None or not (self._where.get(block, 0) >> (2 * n.idx)) & 3:
+        s = self._t.slot.get(block)
+        if n is None or s is None or not self._t.holds(s, n.idx):
             return 0
-        return n.refs.get(block, 0)
+        return int(self._t.refs[s, n.idx])
 
     def last_access(self, block: BlockHash, node: NodeId, tier: Tier) -> float:
         """``ts`` of the last store or use of that copy; raises ``KeyError`` if there is no copy."""
         n = self._node(node)
-        if n is None:
-            raise KeyError(node)
-        return n.tier(tier)[block]
+        s = self._t.slot.get(block)
+        if n is None or s is None or not self._t.holds(s, n.idx, TIER_INDEX[tier]):
+            raise KeyError((block, node, tier))
+        return float(self._t.last[s, 2 * n.idx + TIER_INDEX[tier]])
 
     def blocks_on(self, node: NodeId, tier: Tier) -> list[BlockHash]:
         """Blocks held by ``node`` in ``tier``, sorted."""
-        n = self._node(node)
-        return sorted(n.tier(tier)) if n else []
+        return sorted(self.copies(node, tier))
 
-    def copies(self, node: NodeId, tier: Tier) -> Mapping[BlockHash, float]:
-        """``block -> last access`` of ``node``'s copies in ``tier`` (read-only use)."""
+    def copies(self, node: NodeId, tier: Tier) -> dict[BlockHash, float]:
+        """``block -> last access`` of ``node``'s copies in ``tier``."""
+        blocks, last, _ = self.tier_arrays(node, tier)
+        return dict(zip(blocks.tolist(), last.tolist()))
+
+    def tier_arrays(self, node: NodeId, tier: Tier) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(blocks uint64, last_access float64, count int32)`` of ``node``'s copies in ``tier``
+        (unordered): what an eviction policy sorts, without per-block Python objects."""
         n = self._node(node)
-        return n.tier(tier) if n else {}
+        if n is None:
+            return np.zeros(0, np.uint64), np.zeros(0, np.float64), np.zeros(0, np.int32)
+        return self._t.tier_arrays(n.idx, tier)
 
     def counts_on(self, node: NodeId) -> Mapping[BlockHash, int]:
         """Raw active-branch references on ``node`` (includes blocks with no copy there)."""
         n = self._node(node)
-        return n.refs if n else {}
+        return self._t.refs_on(n.idx) if n else {}
 
     def pinned(self, node: NodeId) -> frozenset[BlockHash]:
         """Blocks of routed, unfinished requests that use ``node`` (never evict these)."""
@@ -270,8 +276,8 @@ class DirectoryCore:
         """Whole state as msgpack; byte-identical for identical histories (everything sorted)."""
         snap = _Snapshot(
             version=SNAPSHOT_VERSION,
-            nodes=[_NodeSnap(n.id, n.role, n.alive, sorted(n.l1.items()), sorted(n.l2.items()))
-                   for n in self._nodes],
+            nodes=[_NodeSnap(n.id, n.role, n.alive, sorted(self.copies(n.id, "L1").items()),
+                             sorted(self.copies(n.id, "L2").items())) for n in self._nodes],
             branches=[_BranchSnap(b.id, b.parent, b.mode, b.version, list(b.ctx), sorted(b.excluded),
                                   list(b.holders)) for _, b in sorted(self._branches.items())],
             ended=sorted(self._ended),
@@ -288,22 +294,19 @@ class DirectoryCore:
             raise ValueError(f"directory snapshot version {snap.version}, expected {SNAPSHOT_VERSION}")
         core = cls()
         for ns in snap.nodes:
-            n = _Node(ns.id, len(core._nodes), ns.role)
+            n = core._add_node(ns.id, ns.role)
             n.alive = ns.alive
-            core._nodes.append(n)
-            core._node_idx[n.id] = n.idx
-            n.l1 = dict(ns.l1)
-            n.l2 = dict(ns.l2)
-            for bit, tier in ((1 << (2 * n.idx), n.l1), (2 << (2 * n.idx), n.l2)):
-                for b in tier:
-                    core._where[b] = core._where.get(b, 0) | bit
+            for tier, copies in (("L1", ns.l1), ("L2", ns.l2)):
+                if copies:
+                    blocks, ts = zip(*copies)
+                    core._t.store(n.idx, tier, blocks, np.asarray(ts, dtype=np.float64))
         for bs in snap.branches:
             b = _Branch(bs.id, bs.parent, bs.mode)
             b.version, b.ctx, b.excluded = bs.version, bs.ctx, frozenset(bs.excluded)
             b.counted = set(b.ctx) - b.excluded
             core._branches[b.id] = b
-            for h in set(bs.holders) - {-1}:
-                core._add_refs(h, b.counted, +1)
+            for h in sorted(set(bs.holders) - {-1}):
+                core._t.add_refs(h, core._branch_slots(b), +1)
             b.holders = bs.holders
         core._ended = set(snap.ended)
         for rs in snap.requests:
@@ -336,7 +339,7 @@ class DirectoryCore:
         return n
 
     def _add_node(self, node: str, role: str | None) -> _Node:
-        n = _Node(node, len(self._nodes), role)
+        n = _Node(node, self._t.add_node(), role)
         self._nodes.append(n)
         self._node_idx[node] = n.idx
         return n
@@ -388,47 +391,34 @@ class DirectoryCore:
                 if b.holders[ph] == n.idx:
                     self._set_holder(b, ph, -1)
         if len(phases) == 2:
-            assert not n.refs, f"invariant: no count left on {n.id} after detaching all branches"
+            assert not self._t.refs[:, n.idx].any(), f"invariant: no count left on {n.id} after detaching all"
 
     def _drop_kv(self, n: _Node) -> None:
-        keep = ~(3 << (2 * n.idx))
-        where = self._where
-        for b in set(n.l1) | set(n.l2):
-            m = where[b] & keep
-            if m:
-                where[b] = m
-            else:
-                del where[b]
-        n.l1.clear()
-        n.l2.clear()
+        self._t.drop_node(n.idx)
 
     # ------------------------------------------------------------------------- counts
-    def _add_refs(self, idx: int, blocks: Iterable[int], delta: int) -> None:
-        refs = self._nodes[idx].refs
-        get = refs.get
-        if delta > 0:
-            for b in blocks:
-                refs[b] = get(b, 0) + 1
-            return
-        for b in blocks:
-            c = get(b, 0) - 1
-            assert c >= 0, f"invariant: count of block {b} on {self._nodes[idx].id} never negative"
-            if c:
-                refs[b] = c
-            else:
-                del refs[b]
+    def _branch_slots(self, b: _Branch) -> np.ndarray:
+        """Allocated table slots of the branch's counted blocks (cached while no slot is freed)."""
+        c = b.cslots
+        if c is not None and c[1] == self._t.gen:
+            return c[0]
+        blocks = list(b.counted)
+        s = self._t.ensure(blocks)
+        b.cslots = (s, self._t.gen)
+        return s
 
     def _set_holder(self, b: _Branch, phase: int, idx: int) -> None:
-        """Attach the branch's count for ``phase`` to node ``idx`` (-1: detach)."""
+        """Attach the branch's count for ``phase`` to node ``idx`` (-1: detach). The new copy
+        gets +1 before the old one gets -1, so no slot of the branch is freed in between."""
         old = b.holders[phase]
         if old == idx:
             return
         other = b.holders[1 - phase]
         b.holders[phase] = idx
-        if old >= 0 and old != other:
-            self._add_refs(old, b.counted, -1)
         if idx >= 0 and idx != other:
-            self._add_refs(idx, b.counted, +1)
+            self._t.add_refs(idx, self._branch_slots(b), +1)
+        if old >= 0 and old != other:
+            self._t.add_refs(old, self._branch_slots(b), -1)
 
     def _set_context(self, b: _Branch, blocks: list[int]) -> bool:
         """Make ``blocks`` the branch's context: +1 on blocks newly counted, -1 on dropped ones.
@@ -443,13 +433,20 @@ class DirectoryCore:
             added = [x for x in dict.fromkeys(blocks) if x in new and x not in b.counted]
             dropped = [x for x in dict.fromkeys(old) if x in b.counted and x not in new]
         b.ctx = blocks
-        b.counted.update(added)
-        b.counted.difference_update(dropped)
-        for h in {h for h in b.holders if h >= 0}:
-            if added:
-                self._add_refs(h, added, +1)
-            if dropped:
-                self._add_refs(h, dropped, -1)
+        holders = sorted({h for h in b.holders if h >= 0})
+        if added:
+            cached = b.cslots is not None and b.cslots[1] == self._t.gen
+            s_add = self._t.ensure(added) if holders else None
+            b.counted.update(added)
+            for h in holders:
+                self._t.add_refs(h, s_add, +1)
+            b.cslots = (np.concatenate([b.cslots[0], s_add]), self._t.gen) if cached and holders else None
+        if dropped:
+            s_drop = self._t.slots(dropped, len(dropped)) if holders else None
+            b.counted.difference_update(dropped)
+            b.cslots = None
+            for h in holders:
+                self._t.add_refs(h, s_drop, -1)
         return append
 
     # ------------------------------------------------------------------------- branches
@@ -490,11 +487,16 @@ class DirectoryCore:
         b.ctx = parent.ctx
         b.excluded = parent.excluded
         b.counted = set(parent.counted)
+        b.cslots = parent.cslots
         for ph in (PREFILL, DECODE):
             self._set_holder(b, ph, parent.holders[ph])
 
     def _on_request_submitted(self, ev: RequestSubmitted) -> None:
-        self._requests[ev.request] = _Request(ev.request, ev.branch, ev.blocks)
+        r = _Request(ev.request, ev.branch, ev.blocks)
+        self._requests[ev.request] = r
+        if self._scanned is not None and self._scanned[0] is ev.blocks:
+            r.slots = self._scanned[1:]
+        self._scanned = None
         b = self._branch(ev, ev.branch, create=True)
         if b is None:
             return
@@ -554,14 +556,6 @@ class DirectoryCore:
             self._set_holder(b, PREFILL, pn.idx)
             self._set_holder(b, DECODE, dn.idx)
 
-    def _touch(self, n: _Node, blocks: Sequence[int], ts: float) -> None:
-        """A request used its prefix on ``n``: refresh the last access of the L1 copies of its
-        longest L1 prefix and of the L2 copies of its longest L2 prefix (C-speed passes)."""
-        for copies in (n.l1, n.l2):
-            k = len(list(takewhile(copies.__contains__, blocks)))
-            if k:
-                copies.update(dict.fromkeys(blocks[:k], float(ts)))
-
     def _on_request_started(self, ev: RequestStarted) -> None:
         r = self._request(ev, ev.request)
         n = self._node(ev.node)
@@ -570,7 +564,9 @@ class DirectoryCore:
             return
         if r is not None:
             r.pins.add(n.idx)
-            self._touch(n, r.blocks, ev.ts)
+            s = self._t.resolve(r.blocks, r.slots)
+            r.slots = (s, self._t.gen)
+            self._t.touch(n.idx, s, float(ev.ts))
 
     def _on_first_token(self, ev: FirstToken) -> None:
         r = self._request(ev, ev.request)
@@ -583,12 +579,7 @@ class DirectoryCore:
 
     # ------------------------------------------------------------------------- KV facts
     def _store(self, n: _Node, tier: str, blocks: Sequence[int], ts: float) -> None:
-        bit = 1 << (2 * n.idx + _TIER_BIT[tier])
-        where = self._where
-        get = where.get
-        for b in blocks:
-            where[b] = get(b, 0) | bit
-        n.tier(tier).update(dict.fromkeys(blocks, float(ts)))
+        self._t.store(n.idx, tier, blocks, float(ts))
 
     def _phase_of(self, n: _Node, r: _Request | None) -> list[int]:
         """Phases whose count a KV store on ``n`` attaches: those the request was routed to on
@@ -616,19 +607,7 @@ class DirectoryCore:
         if n is None:
             self._anomaly(ev, "unknown_node", ev.node, "eviction on an unknown node")
             return
-        copies = n.tier(ev.tier)
-        bit = 1 << (2 * n.idx + _TIER_BIT[ev.tier])
-        where = self._where
-        missing = 0
-        for b in ev.blocks:
-            if copies.pop(b, None) is None:
-                missing += 1
-                continue
-            m = where[b] & ~bit
-            if m:
-                where[b] = m
-            else:
-                del where[b]
+        missing = self._t.evict(n.idx, ev.tier, ev.blocks)
         if missing:
             self._anomaly(ev, "unknown_block", ev.node, f"{missing} evicted block(s) not held in {ev.tier}")
 
@@ -649,14 +628,7 @@ class DirectoryCore:
 
     def _read(self, ev: Event, n: _Node, blocks: Sequence[int]) -> None:
         """Blocks read from ``n`` (a move or fetch source): refresh their last access."""
-        missing = 0
-        for b in blocks:
-            hit = False
-            for copies in (n.l1, n.l2):
-                if b in copies:
-                    copies[b] = float(ev.ts)
-                    hit = True
-            missing += not hit
+        missing = self._t.read(n.idx, blocks, float(ev.ts))
         if missing:
             self._anomaly(ev, "unknown_block", n.id, f"{missing} block(s) read from a node without a copy")
 

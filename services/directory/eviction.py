@@ -15,7 +15,7 @@ vectorised. Ties break on the block hash, so the order is deterministic.
 
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Set as AbstractSet
 
 import numpy as np
 
@@ -31,23 +31,20 @@ class _Policy:
             raise ValueError(f"block_tokens must be positive, got {block_tokens}")
         self.block_tokens = block_tokens
 
-    def order(self, directory, node: NodeId, tier: Tier, pinned: Set[BlockHash] = frozenset()) -> list[BlockHash]:
+    def order(self, directory, node: NodeId, tier: Tier,
+              pinned: AbstractSet[BlockHash] = frozenset()) -> list[BlockHash]:
         """Every unpinned block of ``node``'s ``tier`` in eviction order."""
-        copies = directory.copies(node, tier)
-        if not copies:
-            return []
-        blocks = np.fromiter(copies.keys(), dtype=np.uint64, count=len(copies))
-        last = np.fromiter(copies.values(), dtype=np.float64, count=len(copies))
-        keys: tuple[np.ndarray, ...] = (blocks, last)
+        return self._ordered(directory, node, tier, pinned).tolist()
+
+    def _ordered(self, directory, node: NodeId, tier: Tier, pinned: AbstractSet[BlockHash]) -> np.ndarray:
+        blocks, last, count = directory.tier_arrays(node, tier)
         if self.count_aware:
-            refs = directory.counts_on(node)
-            get = refs.get
-            counted = np.fromiter((get(b, 0) > 0 for b in copies), dtype=bool, count=len(copies))
-            keys = (blocks, last, counted)
-        idx = np.lexsort(keys)  # last key is the primary one
-        ordered = blocks[idx].tolist()
-        if pinned:
-            ordered = [b for b in ordered if b not in pinned]
+            idx = np.lexsort((blocks, last, count > 0))  # the last key is the primary one
+        else:
+            idx = np.lexsort((blocks, last))
+        ordered = blocks[idx]
+        if pinned and len(ordered):
+            ordered = ordered[~np.isin(ordered, np.fromiter(pinned, dtype=np.uint64, count=len(pinned)))]
         return ordered
 
     def choose(
@@ -56,13 +53,13 @@ class _Policy:
         node: NodeId,
         tier: Tier,
         tokens_to_free: int,
-        pinned: Set[BlockHash] = frozenset(),
+        pinned: AbstractSet[BlockHash] = frozenset(),
     ) -> list[BlockHash]:
         """Blocks to evict from ``node``'s ``tier`` to free ``tokens_to_free`` tokens."""
         if tokens_to_free <= 0:
             return []
         n_blocks = -(-tokens_to_free // self.block_tokens)
-        return self.order(directory, node, tier, pinned)[:n_blocks]
+        return self._ordered(directory, node, tier, pinned)[:n_blocks].tolist()
 
 
 class CountAwareEviction(_Policy):

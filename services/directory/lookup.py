@@ -1,22 +1,18 @@
-"""Longest-prefix lookup over the directory's block -> holder bitmask table (pure, no I/O).
+"""Longest-prefix lookup results (pure, no I/O).
 
-A holder mask packs two bits per node index ``i``: bit ``2*i`` = the node holds the block in
-GPU memory (L1), bit ``2*i + 1`` = in host memory (L2). Chained hashes make a prefix equal
-when its last block is equal, so a flat ``dict[block, mask]`` is enough: one pass over the
-request's blocks, one dict probe per block, stops at the first block that no node holds.
-
-The pass records the masks run-length encoded (``segments``: ``(start, mask)`` at every change),
-so per-node prefixes and fetch plans are computed from a handful of segments, not per block.
+Chained hashes make two prefixes equal when their last blocks are equal, so the directory
+needs no tree: one dict probe per block of the request gives its slot, one numpy gather gives
+the ``[blocks, nodes, tiers]`` holder matrix, and every prefix is a "first False" along the
+block axis. The scan stops at the first block that no node holds (the pool prefix).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import msgspec
+import numpy as np
 
 from events.catalog import FetchStep
-from events.ids import BlockHash, NodeId
+from events.ids import NodeId
 
 
 class NodeMatch(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -31,68 +27,36 @@ class NodeMatch(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     l2_blocks: int = 0
 
 
-def scan(where: dict[int, int], blocks: Sequence[int]) -> tuple[int, list[tuple[int, int]]]:
-    """One pass: (pool prefix length, run-length encoded holder masks of that prefix)."""
-    get = where.get
-    segments: list[tuple[int, int]] = []
-    prev = -1
-    i = 0
-    for b in blocks:
-        m = get(b, 0)
-        if m != prev:
-            if m == 0:
-                break
-            segments.append((i, m))
-            prev = m
-        i += 1
-    return i, segments
-
-
-def _prefix(segments: list[tuple[int, int]], pool: int, bits: int) -> int:
-    """Length of the prefix whose every mask intersects ``bits``."""
-    for start, m in segments:
-        if not m & bits:
-            return start
-    return pool
-
-
 class Lookup:
     """Result of :meth:`DirectoryCore.lookup` for one request's block list.
 
-    ``per_node`` covers every live node (zeros included); ``pool_blocks`` is the longest
-    prefix held anywhere. ``fetch_plan(node)`` lists the peer reads that bring ``node`` from
-    its local prefix to the pool prefix.
+    ``per_node`` covers every live node (zeros included); ``pool_blocks`` is the longest prefix
+    held anywhere. ``fetch_plan(node)`` lists the peer reads that bring ``node`` from its local
+    prefix to the pool prefix.
     """
 
-    __slots__ = ("_ids", "_index", "_segments", "n_blocks", "per_node", "pool_blocks")
+    __slots__ = ("_cols", "_ids", "_rows", "n_blocks", "per_node", "pool_blocks")
 
-    def __init__(
-        self,
-        n_blocks: int,
-        pool_blocks: int,
-        segments: list[tuple[int, int]],
-        live: Sequence[tuple[NodeId, int]],
-    ) -> None:
+    def __init__(self, n_blocks: int, pool_blocks: int, held: np.ndarray, live: list[tuple[NodeId, int]]) -> None:
+        """``held``: ``[pool_blocks, 2 * columns]`` holder matrix (column ``2n + tier``)."""
         self.n_blocks = n_blocks
         self.pool_blocks = pool_blocks
-        self._segments = segments
-        self._index = {node: idx for node, idx in live}
-        self._ids = {idx: node for node, idx in live}
-        per_node: dict[NodeId, NodeMatch] = {}
-        for node, idx in live:
-            l1 = 1 << (2 * idx)
-            l2 = l1 << 1
-            per_node[node] = NodeMatch(
-                l1_blocks=_prefix(segments, pool_blocks, l1),
-                local_blocks=_prefix(segments, pool_blocks, l1 | l2),
-                l2_blocks=_prefix(segments, pool_blocks, l2),
-            )
-        self.per_node = per_node
+        self._cols = {node: col for node, col in live}
+        self._ids = sorted(live)  # (node id, column): ties go to the smallest id
+        # one contiguous row per (node, tier), padded with a False so argmin = first gap
+        rows = np.zeros((held.shape[1], pool_blocks + 1), dtype=bool)
+        rows[:, :pool_blocks] = held.T
+        self._rows = rows
+        l1 = rows[0::2].argmin(axis=1).tolist()
+        l2 = rows[1::2].argmin(axis=1).tolist()
+        local = (rows[0::2] | rows[1::2]).argmin(axis=1).tolist()
+        self.per_node = {node: NodeMatch(l1_blocks=l1[col], local_blocks=local[col], l2_blocks=l2[col])
+                         for node, col in live}
 
     def best(self) -> tuple[NodeId | None, int]:
         """The node with the longest local prefix (ties to the smallest node id) and its length."""
         best: tuple[NodeId | None, int] = (None, 0)
-        for node in sorted(self.per_node):
+        for node, _ in self._ids:
             n = self.per_node[node].local_blocks
             if n > best[1]:
                 best = (node, n)
@@ -111,54 +75,33 @@ class Lookup:
 
         Host copies (L2) are read where any peer has one, GPU copies (L1) only where no peer
         does. From each position the source is the peer whose copy in that tier covers the
-        longest run, ties to the smallest node id; one step per maximal run.
+        longest run, ties to the smallest node id; one step per maximal run. Blocks inside the
+        range that only ``node`` itself holds are skipped.
         """
-        own = self._index.get(node)
+        own = self._cols.get(node)
         m = self.per_node.get(node)
         pos = m.local_blocks if m else 0
-        segs = self._segments
         steps: list[FetchStep] = []
         while pos < self.pool_blocks:
-            k = _segment_at(segs, pos)
-            found = self._longest_source(k, own)
-            if found is None:  # only ``node`` itself holds this stretch: nothing to fetch
-                pos = segs[k + 1][0] if k + 1 < len(segs) else self.pool_blocks
+            found = self._longest_source(pos, own)
+            if found is None:
+                pos += 1
                 continue
             src, end, tier = found
-            steps.append(FetchStep(src_node=self._ids[src], first_block=pos, n_blocks=end - pos, tier=tier))
+            steps.append(FetchStep(src_node=src, first_block=pos, n_blocks=end - pos, tier=tier))
             pos = end
         return steps
 
-    def _longest_source(self, k: int, own: int | None) -> tuple[int, int, str] | None:
-        segs = self._segments
-        mask = segs[k][1]
-        for shift, tier in ((1, "L2"), (0, "L1")):
-            best_idx, best_end, best_id = -1, -1, ""
-            for idx, node in self._ids.items():
-                bit = 1 << (2 * idx + shift)
-                if idx == own or not mask & bit:
+    def _longest_source(self, pos: int, own: int | None) -> tuple[NodeId, int, str] | None:
+        for t, tier in ((1, "L2"), (0, "L1")):
+            best: tuple[int, str] | None = None
+            for node, col in self._ids:
+                row = self._rows[2 * col + t]
+                if col == own or not row[pos]:
                     continue
-                j = k + 1
-                while j < len(segs) and segs[j][1] & bit:
-                    j += 1
-                end = segs[j][0] if j < len(segs) else self.pool_blocks
-                if end > best_end or (end == best_end and node < best_id):
-                    best_idx, best_end, best_id = idx, end, node
-            if best_idx >= 0:
-                return best_idx, best_end, tier
+                end = pos + int(row[pos:].argmin())
+                if best is None or end > best[0]:
+                    best = (end, node)
+            if best is not None:
+                return best[1], best[0], tier
         return None
-
-
-def _segment_at(segments: list[tuple[int, int]], pos: int) -> int:
-    """Index of the segment containing block position ``pos`` (binary search)."""
-    lo, hi = 0, len(segments) - 1
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if segments[mid][0] <= pos:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-__all__ = ["BlockHash", "Lookup", "NodeMatch", "scan"]

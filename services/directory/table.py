@@ -1,0 +1,209 @@
+"""The directory's block table: one slot per known block, numpy columns per node (pure, no I/O).
+
+Layout (``S`` slots; node ``n``'s copy in tier ``t`` (0 = L1, 1 = L2) is column ``2n + t``):
+
+- ``slot: dict[block hash, int]`` — the only per-block Python structure: one dict probe per
+  block, everything after it is vectorised. Slot 0 is a sentinel that holds nothing, so an
+  unknown block maps to 0 and numpy code needs no special case.
+- ``held[S, 2N]`` bool — the node holds the block in that tier (rows are contiguous, so a
+  request's holder matrix is one ``take`` of its slots).
+- ``last[S, 2N]`` float64 — last access of that copy (``ts`` of its store or last use).
+- ``refs[S, N]`` int32 — active-branch references (see core.py); never negative.
+- ``block[S]`` uint64 — the hash back from a slot.
+
+A slot is freed (and reused) when no node holds the block and no branch references it; ``gen``
+counts frees, so an array of slots cached at generation ``g`` is still exact while ``gen == g``.
+Slot numbers never leak into outputs: everything returned is keyed or sorted by block hash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from itertools import repeat
+
+import numpy as np
+
+TIER_INDEX = {"L1": 0, "L2": 1}
+
+
+class BlockTable:
+    __slots__ = ("block", "free", "gen", "held", "last", "n_nodes", "refs", "size", "slot")
+
+    def __init__(self, capacity: int = 1024, node_capacity: int = 4) -> None:
+        self.slot: dict[int, int] = {}
+        self.block = np.zeros(capacity, dtype=np.uint64)
+        self.held = np.zeros((capacity, 2 * node_capacity), dtype=bool)
+        self.last = np.zeros((capacity, 2 * node_capacity), dtype=np.float64)
+        self.refs = np.zeros((capacity, node_capacity), dtype=np.int32)
+        self.free: list[int] = []
+        self.size = 1  # slot 0 is the sentinel
+        self.n_nodes = 0
+        self.gen = 0
+
+    # ------------------------------------------------------------------------- growth
+    def add_node(self) -> int:
+        idx = self.n_nodes
+        ncap = self.refs.shape[1]
+        if idx >= ncap:
+            cap, extra = self.refs.shape[0], max(4, ncap)
+            self.held = np.concatenate([self.held, np.zeros((cap, 2 * extra), bool)], axis=1)
+            self.last = np.concatenate([self.last, np.zeros((cap, 2 * extra), np.float64)], axis=1)
+            self.refs = np.concatenate([self.refs, np.zeros((cap, extra), np.int32)], axis=1)
+        self.n_nodes += 1
+        return idx
+
+    def _grow(self, need: int) -> None:
+        cap = len(self.block)
+        new = max(need, 2 * cap)
+        self.block = np.resize(self.block, new)
+        for name in ("held", "last", "refs"):
+            old = getattr(self, name)
+            arr = np.zeros((new, old.shape[1]), dtype=old.dtype)
+            arr[:cap] = old
+            setattr(self, name, arr)
+
+    # ------------------------------------------------------------------------- slots
+    def slots(self, blocks: Iterable[int], n: int) -> np.ndarray:
+        """Slots of ``n`` blocks (0 for an unknown block), one dict probe each."""
+        return np.fromiter(map(self.slot.get, blocks, repeat(0)), dtype=np.intp, count=n)
+
+    def resolve(self, blocks: Sequence[int], cached: tuple[np.ndarray, int] | None) -> np.ndarray:
+        """Slots of ``blocks`` reusing an earlier answer ``(slots, gen)`` for the same list: if no
+        slot was freed since, only the blocks unknown then are probed again."""
+        if cached is None or cached[1] != self.gen:
+            return self.slots(blocks, len(blocks))
+        s = cached[0]
+        z = np.flatnonzero(s == 0)
+        if len(z) * 4 > len(s):
+            return self.slots(blocks, len(blocks))
+        if len(z):
+            s = s.copy()
+            get = self.slot.get
+            for i in z.tolist():
+                s[i] = get(blocks[i], 0)
+        return s
+
+    def ensure(self, blocks: Sequence[int], s: np.ndarray | None = None) -> np.ndarray:
+        """Slots of ``blocks`` (``s``: already probed), allocating the unknown ones."""
+        if s is None:
+            s = self.slots(blocks, len(blocks))
+        missing = np.flatnonzero(s == 0)
+        if len(missing):
+            slot, free = self.slot, self.free
+            for i in missing.tolist():
+                b = blocks[i]
+                k = slot.get(b)
+                if k is None:
+                    if free:
+                        k = free.pop()
+                    else:
+                        k = self.size
+                        if k >= len(self.block):
+                            self._grow(k + 1)
+                        self.size = k + 1
+                    slot[b] = k
+                    self.block[k] = b
+                s[i] = k
+        return s
+
+    def release(self, s: np.ndarray) -> None:
+        """Free the slots among ``s`` that no node holds and no branch references."""
+        s = s[s > 0]
+        if not len(s):
+            return
+        dead = s[~self.held[s].any(axis=1) & ~self.refs[s].any(axis=1)]
+        if not len(dead):
+            return
+        slot = self.slot
+        self.gen += 1
+        for k in np.unique(dead).tolist():
+            del slot[int(self.block[k])]
+            self.last[k] = 0.0
+            self.free.append(k)
+
+    # ------------------------------------------------------------------------- copies
+    def store(self, n: int, tier: str, blocks: Sequence[int], ts: float | np.ndarray) -> None:
+        if not len(blocks):
+            return
+        s = self.ensure(blocks)
+        col = 2 * n + TIER_INDEX[tier]
+        self.held[s, col] = True
+        self.last[s, col] = ts
+
+    def evict(self, n: int, tier: str, blocks: Sequence[int]) -> int:
+        """Drop copies; returns how many of ``blocks`` were not held there."""
+        if not len(blocks):
+            return 0
+        s = self.slots(blocks, len(blocks))
+        col = 2 * n + TIER_INDEX[tier]
+        have = self.held[s, col] & (s > 0)
+        s = s[have]
+        self.held[s, col] = False
+        self.release(s)
+        return int(len(have) - have.sum())
+
+    def drop_node(self, n: int) -> None:
+        cols = slice(2 * n, 2 * n + 2)
+        s = np.flatnonzero(self.held[: self.size, cols].any(axis=1))
+        self.held[s, cols] = False
+        self.release(s)
+
+    def touch(self, n: int, s: np.ndarray, ts: float) -> None:
+        """Refresh the last access of the longest L1 prefix's GPU copies and the longest L2
+        prefix's host copies of the blocks with slots ``s`` on node ``n``."""
+        if not len(s):
+            return
+        h = self.held.take(s, axis=0)
+        for col in (2 * n, 2 * n + 1):
+            c = h[:, col]
+            k = len(c) if c.all() else int(c.argmin())
+            if k:
+                self.last[s[:k], col] = ts
+
+    def read(self, n: int, blocks: Sequence[int], ts: float) -> int:
+        """Blocks read from node ``n``: refresh every copy there; returns how many it lacked."""
+        if not len(blocks):
+            return 0
+        s = self.slots(blocks, len(blocks))
+        h = self.held[s, 2 * n : 2 * n + 2] & (s > 0)[:, None]
+        for t in (0, 1):
+            self.last[s[h[:, t]], 2 * n + t] = ts
+        return int((~h.any(axis=1)).sum())
+
+    # ------------------------------------------------------------------------- counts
+    def add_refs(self, n: int, s: np.ndarray, delta: int) -> None:
+        """``delta`` (+1/-1) on node ``n`` for the distinct, allocated slots ``s``."""
+        if not len(s):
+            return
+        if delta > 0:
+            self.refs[s, n] += 1
+            return
+        assert (s > 0).all() and (self.refs[s, n] > 0).all(), (
+            f"invariant: counts on node column {n} are never negative")
+        self.refs[s, n] -= 1
+        self.release(s)
+
+    def refs_on(self, n: int) -> dict[int, int]:
+        s = np.flatnonzero(self.refs[: self.size, n])
+        return dict(zip(self.block[s].tolist(), self.refs[s, n].tolist()))
+
+    # ------------------------------------------------------------------------- queries
+    def tier_arrays(self, n: int, tier: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(blocks, last_access, refs)`` of node ``n``'s copies in ``tier``, in slot order."""
+        col = 2 * n + TIER_INDEX[tier]
+        s = np.flatnonzero(self.held[: self.size, col])
+        return self.block[s], self.last[s, col], self.refs[s, n]
+
+    def holds(self, s: int, n: int, tier: int | None = None) -> bool:
+        if tier is None:
+            return bool(self.held[s, 2 * n] or self.held[s, 2 * n + 1])
+        return bool(self.held[s, 2 * n + tier])
+
+    def scan(self, blocks: Sequence[int], n_nodes: int) -> tuple[int, np.ndarray, np.ndarray]:
+        """One pass: pool prefix length, the ``[pool, 2 * n_nodes]`` holder matrix of it, and
+        the slots of ``blocks`` (for reuse by the request's later events)."""
+        s = self.slots(blocks, len(blocks))
+        h = self.held.take(s, axis=0)[:, : 2 * n_nodes]
+        anyh = h.any(axis=1)
+        pool = len(s) if anyh.all() else int(anyh.argmin())
+        return pool, h[:pool], s
