@@ -1,0 +1,294 @@
+"""``python -m services.<name>`` and ``evolving serve <name>``: one live service per process.
+
+=========  ===================================  ==========================================
+service    core(s)                              publishes
+=========  ===================================  ==========================================
+directory  ``DirectoryCore``                    ``AnomalyReported``
+planner    planner plug-in + ``LivenessWatcher`` ``ModelFitted``, ``PlanEvaluated``,
+                                                ``RoleSwitchOrdered``, ``SwitchRole``,
+                                                ``NodeRemoved``, ``AnomalyReported``; and
+                                                ``Tick`` every ``--tick-s`` (adapter clock)
+router     router plug-in                       ``RouteDecided``, ``AnomalyReported``
+           (``--shadow``: under ``ei.<p>.shadow.<name>.>``)
+recorder   ``Recorder`` (services.recorder)     nothing: lands the stream in DuckDB
+=========  ===================================  ==========================================
+
+Each service writes its core configuration to the bus's snapshot store under
+``config.<service>`` (``{"plugin": ..., "kwargs": ...}``, the shape ``evolving verify``
+reads); the recorder merges those entries into the log's ``run_config`` when it starts and
+when it stops, and ``evolving up`` writes them before the recorder starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from events.catalog import Tick
+from services.live.liveness import LivenessWatcher
+from services.live.metrics import MetricsServer, ServiceMetrics
+from services.live.stack import CoreStack
+from services.logging import get_logger
+from services.runner import RunnerConfig, ServiceRunner
+
+log = get_logger("serve")
+
+SERVICES = ("directory", "planner", "router", "recorder")
+CONFIG_KEYS = ("directory", "planner", "router")
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+
+
+# ---------------------------------------------------------------------------- arguments
+def parse_kv(items: Sequence[str] | None) -> dict[str, Any]:
+    """``["k=v", ...]`` -> kwargs; a value that parses as JSON is taken as JSON (numbers,
+    booleans, lists), else as a string."""
+    out: dict[str, Any] = {}
+    for item in items or ():
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"expected KEY=VALUE, got {item!r}")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nats-url", default=os.environ.get("EI_NATS_URL", DEFAULT_NATS_URL))
+    p.add_argument("--partition", default=os.environ.get("EI_PARTITION", "default"))
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve /metrics and /healthz on this port (0: a free port; default: off)")
+    p.add_argument("--metrics-host", default="127.0.0.1")
+    p.add_argument("--snapshot-every", type=int, default=5000, help="events between snapshots")
+    p.add_argument("--snapshot-interval-s", type=float, default=5.0, help="seconds between snapshots")
+
+
+def add_service_args(p: argparse.ArgumentParser, kind: str) -> None:
+    add_common(p)
+    if kind == "router":
+        p.add_argument("--router", default="evolving", help="router plug-in name (evolving.routers)")
+        p.add_argument("--router-arg", action="append", default=[], metavar="K=V",
+                       help="router constructor keyword (repeatable)")
+        p.add_argument("--shadow", default=None, metavar="NAME",
+                       help="run in shadow under this name: decisions go to ei.<p>.shadow.NAME.>")
+    elif kind == "planner":
+        p.add_argument("--planner", default="evolving", help="planner plug-in name (evolving.planners)")
+        p.add_argument("--planner-arg", action="append", default=[], metavar="K=V")
+        p.add_argument("--tick-s", type=float, default=1.0, help="Tick period, wall clock (0: no ticks)")
+        p.add_argument("--heartbeat-timeout-s", type=float, default=10.0,
+                       help="NodeRemoved after this long without a node event (0: never)")
+        p.add_argument("--time-scale", type=float, default=1.0,
+                       help="Tick ts = epoch + (wall - epoch) * scale (match the engines' --time-scale)")
+        p.add_argument("--clock-epoch", type=float, default=None, help="epoch of the scaled clock (default: now)")
+    elif kind == "recorder":
+        p.add_argument("--db", required=True, help="DuckDB file of the run")
+        p.add_argument("--run-config", default=None, help="JSON file (or inline JSON) merged into run_config")
+        p.add_argument("--flush-interval-s", type=float, default=0.2)
+
+
+def build_parser(kind: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"python -m services.{kind}", description=f"the live {kind} service")
+    add_service_args(p, kind)
+    return p
+
+
+# ---------------------------------------------------------------------------- core specs
+def core_spec(kind: str, args) -> tuple[str, dict[str, Any], str]:
+    """``(service name, run_config entry, config key)`` of a directory/planner/router service."""
+    if kind == "directory":
+        return "directory", {}, "directory"
+    if kind == "planner":
+        return "planner", {"plugin": args.planner, "kwargs": parse_kv(args.planner_arg)}, "planner"
+    if kind == "router":
+        kwargs = parse_kv(args.router_arg)
+        if args.shadow:
+            kwargs.update(name=args.shadow, shadow=True)
+            return f"shadow-{args.shadow}", {"plugin": args.router, "kwargs": kwargs}, f"shadow.{args.shadow}"
+        return "router", {"plugin": args.router, "kwargs": kwargs}, "router"
+    raise ValueError(f"no core service named {kind!r}")
+
+
+def build_runner(kind: str, args, bus, metrics: ServiceMetrics | None = None) -> ServiceRunner:
+    """The runner of a directory, planner or router service on ``bus``."""
+    from services.plugins import load_planner, load_router
+
+    name, entry, _key = core_spec(kind, args)
+    common = {"snapshot_every": args.snapshot_every, "snapshot_interval_s": args.snapshot_interval_s}
+    if kind == "directory":
+        from services.directory.core import DirectoryCore
+
+        cfg = RunnerConfig(name=name, config=entry, **common)
+        return ServiceRunner(bus, cfg, DirectoryCore, DirectoryCore.from_snapshot, metrics)
+    if kind == "router":
+        cls = load_router(args.router)
+        kwargs = entry["kwargs"]
+        cls(**kwargs)  # fail fast on bad arguments, before touching the stream
+        cfg = RunnerConfig(name=name, config=entry, shadow=args.shadow, **common)
+        return ServiceRunner(bus, cfg, lambda: cls(**kwargs), cls.from_snapshot, metrics)
+    if kind == "planner":
+        cls = load_planner(args.planner)
+        kwargs = entry["kwargs"]
+        timeout = args.heartbeat_timeout_s
+        cls(**kwargs)
+        cfg = RunnerConfig(name=name, config={**entry, "heartbeat_timeout_s": timeout}, **common)
+        return ServiceRunner(
+            bus, cfg, lambda: CoreStack([cls(**kwargs), LivenessWatcher(timeout)]),
+            lambda data: CoreStack.restore(data, [cls.from_snapshot, LivenessWatcher.from_snapshot]), metrics)
+    raise ValueError(f"no core service named {kind!r}")
+
+
+# ---------------------------------------------------------------------------- running
+async def ticker(bus, period_s: float, stop: asyncio.Event, src: str = "planner", time_scale: float = 1.0,
+                 epoch: float | None = None) -> None:
+    """Publish ``Tick`` every ``period_s`` of wall time: the planner core's only clock. Its ``ts``
+    is wall-clock seconds, or with ``time_scale != 1`` the model time
+    ``epoch + (wall - epoch) * time_scale`` that the sim engines are meant to share."""
+    loop = asyncio.get_running_loop()
+    next_at = loop.time()
+    epoch = time.time() if epoch is None else epoch
+    while not stop.is_set():
+        await bus.publish(Tick(ts=epoch + (time.time() - epoch) * time_scale, src=src))
+        next_at += period_s
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=max(0.0, next_at - loop.time()))
+        except TimeoutError:
+            pass
+
+
+async def run_core_service(kind: str, args, bus, stop: asyncio.Event,
+                           started: asyncio.Event | None = None) -> ServiceRunner:
+    """Run one directory/planner/router service on ``bus`` until ``stop``."""
+    runner = build_runner(kind, args, bus)
+    _name, entry, key = core_spec(kind, args)
+    await bus.put_snapshot(f"config.{key}", json.dumps(entry, sort_keys=True).encode())
+    server = None
+    if args.metrics_port is not None:
+        server = await MetricsServer(runner.metrics, runner.health, args.metrics_host, args.metrics_port).start()
+    tasks = [asyncio.create_task(runner.run(stop), name=f"{kind}-runner")]
+    if kind == "planner" and args.tick_s > 0:
+        tasks.append(asyncio.create_task(ticker(bus, args.tick_s, stop, time_scale=args.time_scale,
+                                                epoch=args.clock_epoch), name="planner-ticker"))
+    if started is not None:
+        started.set()
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for t in done:
+            t.result()
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if server is not None:
+            await server.stop()
+    return runner
+
+
+def _load_run_config(spec: str | None) -> dict[str, Any]:
+    if not spec:
+        return {}
+    if spec.lstrip().startswith("{"):
+        return json.loads(spec)
+    with open(spec, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+async def collect_run_config(bus, explicit: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Core configurations the services wrote to the bus, plus ``explicit`` (which wins)."""
+    out: dict[str, Any] = {}
+    for key in CONFIG_KEYS:
+        data = await bus.get_snapshot(f"config.{key}")
+        if data is not None:
+            out[key] = json.loads(data)
+    out.update(explicit or {})
+    if "cores" not in out:
+        out["cores"] = [k for k in CONFIG_KEYS if k in out]
+    return out
+
+
+async def run_recorder_service(args, bus, stop: asyncio.Event, started: asyncio.Event | None = None):
+    """Record the stream into ``args.db`` until ``stop``; run_config merged at start and stop."""
+    from services.recorder.eventlog import DuckDbEventLog
+    from services.recorder.service import run_recorder
+
+    explicit = _load_run_config(args.run_config)
+    event_log = DuckDbEventLog(args.db)
+    metrics = ServiceMetrics("recorder")
+    recorded = metrics.applied.labels("recorder")
+    lag = metrics.lag.labels("recorder")
+
+    async def merge_config() -> None:
+        cfg = await collect_run_config(bus, explicit)
+        if cfg != {"cores": []} and cfg != event_log.run_config():
+            await asyncio.to_thread(event_log.set_run_config, cfg)
+
+    def health() -> dict[str, Any]:
+        return {"service": "recorder", "ready": True, "applied_seq": event_log.last_seq()}
+
+    async def watch() -> None:
+        while True:
+            head = await bus.last_seq()
+            applied = event_log.last_seq()
+            recorded.set(applied)
+            lag.set(max(0, head - applied))
+            await asyncio.sleep(1.0)
+
+    await merge_config()
+    server = None
+    if args.metrics_port is not None:
+        server = await MetricsServer(metrics, health, args.metrics_host, args.metrics_port).start()
+    watcher = asyncio.create_task(watch())
+    if started is not None:
+        started.set()
+    try:
+        stats = await run_recorder(bus, event_log, "recorder", flush_interval_s=args.flush_interval_s, stop=stop)
+        await merge_config()
+    finally:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+        if server is not None:
+            await server.stop()
+        event_log.close()
+    return stats
+
+
+async def serve_async(kind: str, args) -> int:
+    from services.bus import NatsBus
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    bus = await NatsBus.connect(args.nats_url, args.partition, name=f"evolving-{kind}")
+    try:
+        if kind == "recorder":
+            await run_recorder_service(args, bus, stop)
+        else:
+            await run_core_service(kind, args, bus, stop)
+    finally:
+        await bus.close()
+    return 0
+
+
+def main(kind: str, argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m services.<kind>``."""
+    from services.logging import configure_logging
+
+    args = build_parser(kind).parse_args(argv)
+    configure_logging()
+    try:
+        return asyncio.run(serve_async(kind, args))
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main(sys.argv[1]))

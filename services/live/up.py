@@ -1,0 +1,393 @@
+"""``evolving up``: the whole live system from one command.
+
+Processes (each a child process, as in production; logs in ``--log-dir``, one JSON-lines file
+per child):
+
+1. ``nats-server -js`` (embedded, unless ``--nats-url``); stopped last.
+2. The recorder (``python -m services.recorder --db DB``), then the directory, the planner,
+   the router and any ``--shadow`` routers (``python -m services.<name>``). ``up`` writes the
+   run configuration (plug-in names and arguments) into the DuckDB file before the recorder
+   starts, so ``evolving verify DB`` rebuilds the same cores.
+3. ``--engines N`` sim engines (``python -m engine.worker --node nI --role R --time-scale S``).
+4. The gateway (``python -m services.gateway --port P``).
+
+A child that exits while ``up`` runs is restarted (backoff 1 s doubling to 10 s); the
+services rebuild from their snapshots (docs/live.md). The status line (rich) shows the nodes
+and their roles, the requests in flight, the last routing and planning decisions and the
+children. Ctrl-C (SIGINT) or SIGTERM stops everything in order: gateway, engines, decision
+services, recorder (SIGTERM, then SIGKILL after ``--stop-timeout-s``), NATS last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from events.catalog import (
+    NodeRegistered,
+    NodeRemoved,
+    PlanEvaluated,
+    RequestFinished,
+    RequestSubmitted,
+    RoleSwitched,
+    RoleSwitchOrdered,
+    RouteDecided,
+)
+from services.live.serve import parse_kv
+from services.logging import get_logger
+
+log = get_logger("up")
+REPO = Path(__file__).resolve().parents[2]
+
+# Stop order: higher groups stop first.
+G_RECORDER, G_SERVICE, G_ENGINE, G_GATEWAY = 0, 1, 2, 3
+
+
+@dataclass
+class Child:
+    name: str
+    cmd: list[str]
+    group: int
+    log_path: Path
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+    backoff_s: float = 1.0
+    down_since: float | None = None
+
+    def start(self, env: dict[str, str]) -> None:
+        with open(self.log_path, "ab") as out:
+            self.proc = subprocess.Popen(self.cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)  # Ctrl-C reaches only `up`
+
+    @property
+    def state(self) -> str:
+        if self.proc is None:
+            return "not started"
+        rc = self.proc.poll()
+        return "running" if rc is None else f"exited {rc}"
+
+
+@dataclass
+class Status:
+    """What the status line shows, folded from the stream (from the head at start)."""
+
+    nodes: dict[str, str] = field(default_factory=dict)
+    in_flight: set[str] = field(default_factory=set)
+    submitted: int = 0
+    finished: int = 0
+    counts: Counter = field(default_factory=Counter)
+    last_route: str = "-"
+    last_plan: str = "-"
+    last_seq: int = 0
+
+    def fold(self, seq: int, ev) -> None:
+        self.last_seq = seq
+        self.counts[type(ev).__name__] += 1
+        if isinstance(ev, NodeRegistered):
+            self.nodes[ev.node] = ev.role
+        elif isinstance(ev, RoleSwitchOrdered):
+            self.nodes[ev.node] = f"{ev.from_role}->{ev.to_role}"
+        elif isinstance(ev, RoleSwitched):
+            self.nodes[ev.node] = ev.role
+        elif isinstance(ev, NodeRemoved):
+            self.nodes.pop(ev.node, None)
+        elif isinstance(ev, RequestSubmitted):
+            self.submitted += 1
+            self.in_flight.add(ev.request)
+        elif isinstance(ev, RequestFinished):
+            self.finished += 1
+            self.in_flight.discard(ev.request)
+        elif isinstance(ev, RouteDecided) and not ev.shadow:
+            self.last_route = (f"{ev.request} -> P {ev.prefill_node} / D {ev.decode_node} "
+                               f"(t_c {ev.t_c}, ttft~{ev.predicted_ttft_s * 1e3:.0f} ms, {ev.policy})")
+        elif isinstance(ev, PlanEvaluated):
+            chosen = f"{ev.chosen.prefill}P/{ev.chosen.decode}D" if ev.chosen else "keep"
+            self.last_plan = f"{chosen}: {ev.reason}"
+
+
+def add_up_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nats-url", default=None, help="use this NATS server (default: start an embedded one)")
+    p.add_argument("--partition", default="default")
+    p.add_argument("--run-dir", default=None, help="directory for the DuckDB log, child logs and NATS store "
+                                                    "(default: runs/<timestamp>)")
+    p.add_argument("--db", default=None, help="DuckDB file (default: RUN_DIR/run.duckdb)")
+    p.add_argument("--engines", type=int, default=4, help="sim engines to start (0: none)")
+    p.add_argument("--prefill", type=int, default=None,
+                   help="start this many engines as prefill and the rest as decode (default: all collocated)")
+    p.add_argument("--profile", default=None, help="engine profile (engine.worker --profile)")
+    p.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
+                   help="extra argument for every engine worker, e.g. --engine-arg=--fetch-mode=none")
+    p.add_argument("--time-scale", type=float, default=1.0, help="engines' model seconds per wall second")
+    p.add_argument("--gateway-port", type=int, default=8000, help="gateway HTTP port (0: a free port)")
+    p.add_argument("--no-gateway", action="store_true")
+    p.add_argument("--router", default="evolving")
+    p.add_argument("--router-arg", action="append", default=[], metavar="K=V")
+    p.add_argument("--shadow", action="append", default=[], metavar="PLUGIN",
+                   help="also run this router plug-in in shadow (repeatable)")
+    p.add_argument("--planner", default="evolving")
+    p.add_argument("--planner-arg", action="append", default=[], metavar="K=V")
+    p.add_argument("--tick-s", type=float, default=1.0)
+    p.add_argument("--heartbeat-timeout-s", type=float, default=10.0)
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="first metrics port; services take consecutive ports (0: free ports; -1: off)")
+    p.add_argument("--no-status", action="store_true", help="no rich status line (plain log lines)")
+    p.add_argument("--ready-file", default=None, help="write the URLs here as JSON once everything answers")
+    p.add_argument("--run-seconds", type=float, default=0.0, help="stop after this long (0: until Ctrl-C)")
+    p.add_argument("--stop-timeout-s", type=float, default=10.0)
+
+
+def run_config(args) -> dict:
+    """The ``run_config`` that ``evolving verify`` reads (docs/recorder.md)."""
+    return {
+        "directory": {},
+        "planner": {"plugin": args.planner, "kwargs": parse_kv(args.planner_arg)},
+        "router": {"plugin": args.router, "kwargs": parse_kv(args.router_arg)},
+        "cores": ["directory", "planner", "router"],
+        "live": {"engines": args.engines, "prefill": args.prefill, "time_scale": args.time_scale,
+                 "shadows": list(args.shadow), "partition": args.partition},
+    }
+
+
+def _free_port() -> int:
+    from services.natsserver import free_port
+
+    return free_port()
+
+
+def plan_children(args, url: str, run_dir: Path, db: Path) -> tuple[list[Child], dict]:
+    py, logs = sys.executable, run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    common = ["--nats-url", url, "--partition", args.partition]
+    metrics: dict[str, int] = {}
+    next_port = args.metrics_port
+
+    def mport(name: str) -> list[str]:
+        nonlocal next_port
+        if args.metrics_port < 0:
+            return []
+        port = _free_port() if args.metrics_port == 0 else next_port
+        next_port += 1
+        metrics[name] = port
+        return ["--metrics-port", str(port)]
+
+    def svc(name: str, module: str, group: int, *extra: str) -> Child:
+        return Child(name, [py, "-m", module, *common, *extra], group, logs / f"{name}.log")
+
+    children = [svc("recorder", "services.recorder", G_RECORDER, "--db", str(db), *mport("recorder")),
+                svc("directory", "services.directory", G_SERVICE, *mport("directory")),
+                svc("planner", "services.planner", G_SERVICE, "--planner", args.planner,
+                    *[f"--planner-arg={a}" for a in args.planner_arg], "--tick-s", str(args.tick_s),
+                    "--heartbeat-timeout-s", str(args.heartbeat_timeout_s), "--time-scale", str(args.time_scale),
+                    "--clock-epoch", repr(args.clock_epoch), *mport("planner")),
+                svc("router", "services.router", G_SERVICE, "--router", args.router,
+                    *[f"--router-arg={a}" for a in args.router_arg], *mport("router"))]
+    for name in args.shadow:
+        children.append(svc(f"shadow-{name}", "services.router", G_SERVICE, "--router", name, "--shadow", name,
+                            *mport(f"shadow-{name}")))
+    for i in range(args.engines):
+        role = "collocated" if args.prefill is None else ("prefill" if i < args.prefill else "decode")
+        extra = ["--profile", args.profile] if args.profile else []
+        children.append(Child(f"engine-n{i}", [py, "-m", "engine.worker", "--node", f"n{i}", "--role", role,
+                                               *common, "--time-scale", str(args.time_scale), "--seed", str(i),
+                                               *extra, *args.engine_arg], G_ENGINE, logs / f"engine-n{i}.log"))
+    urls: dict = {"nats": url, "db": str(db), "logs": str(logs),
+                  "metrics": {k: f"http://127.0.0.1:{v}/metrics" for k, v in metrics.items()}}
+    if not args.no_gateway:
+        port = args.gateway_port or _free_port()
+        children.append(Child("gateway", [py, "-m", "services.gateway", "--host", "127.0.0.1", "--port", str(port),
+                                          *common], G_GATEWAY, logs / "gateway.log"))
+        urls["gateway"] = f"http://127.0.0.1:{port}"
+    return children, urls
+
+
+class Up:
+    def __init__(self, args) -> None:
+        self.args = args
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.run_dir = Path(args.run_dir or REPO / "runs" / stamp)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.db = Path(args.db) if args.db else self.run_dir / "run.duckdb"
+        self.status = Status()
+        self.stop = asyncio.Event()
+        self.stopping = False
+        self.children: list[Child] = []
+        self.urls: dict = {}
+        self._console = None
+        args.clock_epoch = time.time()  # model time = epoch + (wall - epoch) * time_scale
+
+    def say(self, msg: str, **kw) -> None:
+        if self._console is not None:
+            self._console.log(msg + ("  " + " ".join(f"{k}={v}" for k, v in kw.items()) if kw else ""))
+        else:
+            log.info(msg, **kw)
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "PYTHONPATH": str(REPO), "EI_LOG_FORMAT": "json"}
+
+    async def run(self) -> int:
+        from services.bus import NatsBus
+        from services.natsserver import EmbeddedNats
+        from services.recorder.eventlog import DuckDbEventLog
+
+        nats = None
+        url = self.args.nats_url
+        if url is None:
+            nats = EmbeddedNats(store_dir=self.run_dir / "nats").start()
+            url = nats.url
+        bus = None
+        try:
+            bus = await NatsBus.connect(url, self.args.partition, name="evolving-up")  # creates the streams
+            with DuckDbEventLog(self.db) as event_log:
+                event_log.set_run_config(run_config(self.args))
+            self.children, self.urls = plan_children(self.args, url, self.run_dir, self.db)
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, self.stop.set)
+            for group in (G_RECORDER, G_SERVICE, G_ENGINE, G_GATEWAY):
+                for c in self.children:
+                    if c.group == group:
+                        c.start(self.env())
+                if group == G_SERVICE:
+                    await self._wait_services(bus)
+            self.say("started", **{k: v for k, v in self.urls.items() if k != "metrics"})
+            watch = asyncio.create_task(self._watch_stream(bus))
+            ready = asyncio.create_task(self._write_ready())
+            try:
+                await self._supervise()
+            finally:
+                for t in (watch, ready):
+                    t.cancel()
+                await asyncio.gather(watch, ready, return_exceptions=True)
+        finally:
+            await self._stop_children()
+            if bus is not None:
+                await bus.close()
+            if nats is not None:
+                nats.stop()
+        self.say("stopped", db=str(self.db))
+        return 0
+
+    async def _wait_services(self, bus, timeout_s: float = 60.0) -> None:
+        """Wait until each decision service wrote its configuration (it is then consuming)."""
+        keys = ["config.directory", "config.planner", "config.router"]
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not self.stop.is_set():
+            if all([await bus.get_snapshot(k) is not None for k in keys]):
+                return
+            await asyncio.sleep(0.1)
+
+    async def _write_ready(self) -> None:
+        import aiohttp
+
+        gw = self.urls.get("gateway")
+        if gw:
+            async with aiohttp.ClientSession() as http:
+                while True:
+                    try:
+                        async with http.get(f"{gw}/health", timeout=aiohttp.ClientTimeout(total=1)) as r:
+                            if r.status == 200:
+                                break
+                    except (TimeoutError, aiohttp.ClientError):
+                        pass
+                    await asyncio.sleep(0.2)
+        self.say("ready", gateway=gw or "-")
+        if self.args.ready_file:
+            tmp = Path(self.args.ready_file + ".tmp")
+            tmp.write_text(json.dumps(self.urls, indent=2))
+            tmp.replace(self.args.ready_file)
+
+    async def _watch_stream(self, bus) -> None:
+        async with bus.consumer(None, start_seq=1) as c:
+            async for d in c:
+                self.status.fold(d.seq, d.event)
+
+    async def _supervise(self) -> None:
+        deadline = time.monotonic() + self.args.run_seconds if self.args.run_seconds > 0 else None
+        live = None
+        if not self.args.no_status and sys.stderr.isatty():
+            from rich.live import Live
+
+            live = Live(self._render(), refresh_per_second=4, transient=False)
+            live.start()
+            self._console = live.console
+        try:
+            while not self.stop.is_set():
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                self._restart_dead()
+                if live is not None:
+                    live.update(self._render())
+                try:
+                    await asyncio.wait_for(self.stop.wait(), timeout=0.25)
+                except TimeoutError:
+                    pass
+        finally:
+            if live is not None:
+                live.update(self._render())
+                live.stop()
+                self._console = None
+
+    def _restart_dead(self) -> None:
+        now = time.monotonic()
+        for c in self.children:
+            if c.proc is None or c.proc.poll() is None:
+                continue
+            if c.down_since is None:
+                c.down_since = now
+                self.say("child_exited", child=c.name, rc=c.proc.returncode, restart_in_s=c.backoff_s,
+                         log=str(c.log_path))
+            elif now - c.down_since >= c.backoff_s:
+                c.start(self.env())
+                c.restarts += 1
+                c.down_since = None
+                c.backoff_s = min(10.0, c.backoff_s * 2)
+                self.say("child_restarted", child=c.name, restarts=c.restarts)
+
+    def _render(self):
+        from rich.table import Table
+
+        st = self.status
+        t = Table.grid(padding=(0, 2))
+        nodes = " ".join(f"{n}:{r}" for n, r in sorted(st.nodes.items())) or "-"
+        t.add_row("nodes", nodes)
+        t.add_row("requests", f"in flight {len(st.in_flight)}  submitted {st.submitted}  finished {st.finished}")
+        t.add_row("last route", st.last_route)
+        t.add_row("last plan", st.last_plan[:160])
+        t.add_row("stream", f"seq {st.last_seq}  route {st.counts['RouteDecided']}  "
+                            f"anomalies {st.counts['AnomalyReported']}")
+        procs = " ".join(f"{c.name}:{'ok' if c.state == 'running' else c.state}"
+                         + (f"(r{c.restarts})" if c.restarts else "") for c in self.children)
+        t.add_row("children", procs)
+        if "gateway" in self.urls:
+            t.add_row("gateway", self.urls["gateway"])
+        return t
+
+    async def _stop_children(self) -> None:
+        self.stopping = True
+        for group in (G_GATEWAY, G_ENGINE, G_SERVICE, G_RECORDER):
+            procs = [c for c in self.children if c.group == group and c.proc is not None and c.proc.poll() is None]
+            for c in procs:
+                c.proc.send_signal(signal.SIGTERM)
+            for c in procs:
+                try:
+                    await asyncio.wait_for(asyncio.to_thread(c.proc.wait), timeout=self.args.stop_timeout_s)
+                except TimeoutError:
+                    self.say("child_killed", child=c.name, reason="did not stop in time")
+                    c.proc.kill()
+                    await asyncio.to_thread(c.proc.wait)
+
+
+def cmd_up(args) -> int:
+    try:
+        return asyncio.run(Up(args).run())
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,335 @@
+"""The generic live adapter: a durable JetStream consumer folded through a pure core.
+
+One :class:`ServiceRunner` per service process (directory, planner, router, a shadow router).
+What it does, in order, for every batch of deliveries:
+
+1. **Fold.** Each delivery goes through :class:`services.core.Sequenced` (a sequence at or
+   below the applied one is a redelivery and changes nothing). A core that raises is not
+   fatal: the message is copied to the dead-letter subject ``eidlq.<p>.<service>`` with the
+   exception, counted, and skipped (rule 7); the stream position moves on.
+2. **Publish.** What the core emits and ``publish`` accepts is published in emission order,
+   pipelined, each with the deterministic message id ``f"{service}:{seq}:{i}"`` (``seq`` the
+   input's stream sequence, ``i`` the index in the core's output) so JetStream drops a
+   re-publication inside its duplicate window. A router in shadow publishes under
+   ``ei.<p>.shadow.<name>.>``. An empty ``src`` is stamped with the service name.
+3. **Ack** the batch's last sequence once every publication of the batch is confirmed.
+4. **Snapshot** every ``snapshot_every`` events or ``snapshot_interval_s`` seconds, and on a
+   clean stop: ``put_snapshot(service, ...)`` with the core's state, the sequence it covers and
+   a fingerprint of the core's configuration. A snapshot is only written when every decision
+   of the sequences it covers is confirmed on the stream.
+
+Restart. The consumer starts at ``snapshot seq + 1`` (or 1 without a usable snapshot: none, or
+one whose fingerprint differs from the configuration now asked for), whatever its ack floor
+says: the snapshot, not the ack, is the truth about what the state holds. The tail up to the
+stream head seen at start (``recover_until``) is replayed with its outputs **held**: every
+delivery in the tail whose ``Nats-Msg-Id`` is a held id proves that decision was already
+published before the crash, and drops it. When the replay reaches ``recover_until`` (or the
+consumer goes idle for ``recover_idle_s``), what is still held - decisions lost between the
+core's emission and their publication - is published, in order. So no decision is lost and
+none is published twice, even after the duplicate window has passed; the message ids are a
+second guard.
+
+Time. The runner reads the clock only to pace snapshots and to measure lag; every decision is
+made by the core from the events' ``ts``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from events import codec
+from events.catalog import AnomalyReported, Event
+from events.subjects import dlq_subject, subject_for
+from services.bus import DLQ_CONSUMER, DLQ_REASON, DLQ_SEQ, DLQ_SUBJECT, MSG_ID, Delivery
+from services.core import Sequenced
+from services.live.metrics import ServiceMetrics
+from services.logging import get_logger
+
+log = get_logger("runner")
+
+#: Test hook: ``EI_FAULT=crash_after_publish:N`` makes the process exit (code 86) right after
+#: the batch holding its N-th published decision is confirmed, before the ack and the snapshot.
+FAULT_ENV = "EI_FAULT"
+FAULT_EXIT_CODE = 86
+
+
+class _RunnerSnap(msgspec.Struct, array_like=True):
+    fingerprint: str
+    sequenced: bytes  # services.core.Sequenced snapshot: applied_seq + core bytes
+
+
+def fingerprint(config: Mapping[str, Any]) -> str:
+    """Stable hash of a service's configuration (a snapshot of another config is ignored)."""
+    return hashlib.sha256(msgspec.json.encode(config, order="sorted")).hexdigest()[:16]
+
+
+@dataclass
+class RunnerConfig:
+    """How one service folds and publishes. ``name`` is the durable consumer, the snapshot
+    key and the message-id prefix; it must be unique per partition."""
+
+    name: str
+    config: Mapping[str, Any]  # the core's configuration (fingerprinted into the snapshot)
+    publish: Callable[[Event], bool] | None = None  # which emitted events go out (None: all)
+    shadow: str | None = None  # publish under ei.<p>.shadow.<shadow>.>
+    subjects: str | None = None  # consumer filter (None: the whole partition)
+    snapshot_every: int = 5000  # events folded between snapshots
+    snapshot_interval_s: float = 5.0  # ... or seconds, whichever comes first
+    max_batch: int = 512
+    recover_idle_s: float = 1.0
+    lag_interval_s: float = 1.0
+
+
+class ServiceRunner:
+    """Durable consumer -> :class:`Sequenced` core -> published decisions (module docstring)."""
+
+    def __init__(self, bus, cfg: RunnerConfig, make_core: Callable[[], Any],
+                 restore_core: Callable[[bytes], Any], metrics: ServiceMetrics | None = None) -> None:
+        self.bus, self.cfg = bus, cfg
+        self.make_core, self.restore_core = make_core, restore_core
+        self.metrics = metrics or ServiceMetrics(cfg.name)
+        self.fp = fingerprint(cfg.config)
+        self.seqd: Sequenced | None = None
+        self.restored_from = 0  # snapshot position the service started from (0: rebuilt)
+        self.recover_until = 0
+        self.recovering = False
+        self.head = 0
+        self.published = 0
+        self.last_decision: Event | None = None
+        self.ready = asyncio.Event()  # set once the backlog seen at start is folded
+        self._held: dict[str, Event] = {}
+        self._since_snap = 0
+        self._snap_at = 0.0
+        self._fault_after = _fault_after()
+        self._bus_dead_letters = 0
+
+    # ------------------------------------------------------------------ state
+    @property
+    def core(self):
+        return self.seqd.core if self.seqd else None
+
+    @property
+    def applied_seq(self) -> int:
+        return self.seqd.applied_seq if self.seqd else 0
+
+    def health(self) -> dict[str, Any]:
+        return {"service": self.cfg.name, "ready": self.ready.is_set(), "applied_seq": self.applied_seq,
+                "head": self.head, "lag": max(0, self.head - self.applied_seq),
+                "restored_from": self.restored_from, "recovering": self.recovering,
+                "published": self.published}
+
+    async def load(self) -> None:
+        """Restore from the service's snapshot when it matches the configuration, else start
+        fresh at sequence 0."""
+        data = await self.bus.get_snapshot(self.cfg.name)
+        self.seqd = None
+        if data is not None:
+            try:
+                snap = msgspec.msgpack.decode(data, type=_RunnerSnap)
+                if snap.fingerprint != self.fp:
+                    log.warning("snapshot_ignored", service=self.cfg.name,
+                                reason="configuration changed; rebuilding from sequence 0")
+                else:
+                    self.seqd = Sequenced.restore(snap.sequenced, _Restorer(self.restore_core))
+            except (msgspec.DecodeError, msgspec.ValidationError, ValueError, AssertionError) as exc:
+                log.error("snapshot_unreadable", service=self.cfg.name, error=str(exc))
+        if self.seqd is None:
+            self.seqd = Sequenced(self.make_core(), 0)
+        self.restored_from = self.seqd.applied_seq
+        self.head = await self.bus.last_seq()
+        self.recover_until = self.head
+        self.recovering = self.recover_until > self.applied_seq
+        log.info("service_start", service=self.cfg.name, from_snapshot=self.restored_from,
+                 replay_to=self.recover_until)
+
+    # ------------------------------------------------------------------ main loop
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Fold until ``stop`` is set (then publish, ack and snapshot what is folded)."""
+        stop = stop or asyncio.Event()
+        if self.seqd is None:
+            await self.load()
+        if not self.recovering:
+            self.ready.set()
+        queue: asyncio.Queue = asyncio.Queue(maxsize=4 * self.cfg.max_batch)
+        start = self.applied_seq + 1
+        async with self.bus.consumer(self.cfg.name, start_seq=start, subjects=self.cfg.subjects) as consumer:
+
+            async def pump() -> None:
+                async for d in consumer:
+                    await queue.put(d)
+
+            pump_task = asyncio.create_task(pump(), name=f"{self.cfg.name}-pump")
+            stop_task = asyncio.create_task(stop.wait(), name=f"{self.cfg.name}-stop")
+            lag_task = asyncio.create_task(self._watch_lag(), name=f"{self.cfg.name}-lag")
+            self._snap_at = time.monotonic()
+            try:
+                while True:
+                    get = asyncio.create_task(queue.get())
+                    timeout = self.cfg.recover_idle_s if self.recovering else None
+                    done, _ = await asyncio.wait({get, stop_task, pump_task}, timeout=timeout,
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                    if get not in done:
+                        get.cancel()
+                    if pump_task in done:
+                        pump_task.result()  # re-raise a consumer failure
+                        break
+                    batch: list[Delivery] = [get.result()] if get in done else []
+                    while batch and len(batch) < self.cfg.max_batch and not queue.empty():
+                        batch.append(queue.get_nowait())
+                    idle = not batch and stop_task not in done
+                    await self._process(batch, consumer, end_recovery=idle)
+                    if stop_task in done:
+                        break
+                    await self._maybe_snapshot()
+            finally:
+                for t in (pump_task, stop_task, lag_task):
+                    t.cancel()
+                await asyncio.gather(pump_task, stop_task, lag_task, return_exceptions=True)
+            if stop.is_set():
+                while not queue.empty():
+                    await self._process([queue.get_nowait()], consumer)
+                if self.recovering:
+                    await self._process([], consumer, end_recovery=True)
+                await consumer.flush()
+                await self.snapshot()
+        log.info("service_stopped", service=self.cfg.name, applied_seq=self.applied_seq,
+                 published=self.published)
+
+    async def _process(self, batch: list[Delivery], consumer, end_recovery: bool = False) -> None:
+        out: list[tuple[str, Event]] = []
+        m, name = self.metrics, self.cfg.name
+        for d in batch:
+            if self.recovering:
+                mid = d.headers.get(MSG_ID) if d.headers else None
+                if mid is not None and self._held.pop(mid, None) is not None:
+                    m.republish_skipped.labels(name).inc()
+            if d.seq <= self.seqd.applied_seq:
+                self.seqd.skipped += 1
+                m.redelivered.labels(name).inc()
+                continue
+            try:
+                emitted = self.seqd.fold(d.seq, d.event)
+            except Exception as exc:  # noqa: BLE001 - a core bug must not stop the service
+                self.seqd.applied_seq = d.seq
+                await self._dead_letter(d, f"core {type(exc).__name__}: {exc}")
+                emitted = []
+            m.folded.labels(name).inc()
+            for i, ev in enumerate(emitted):
+                if self.cfg.publish is not None and not self.cfg.publish(ev):
+                    continue
+                if not ev.src:
+                    ev = msgspec.structs.replace(ev, src=name)
+                mid = f"{name}:{d.seq}:{i}"
+                if self.recovering:
+                    self._held[mid] = ev
+                else:
+                    out.append((mid, ev))
+            if self.recovering and d.seq >= self.recover_until:
+                out = self._end_recovery() + out
+        if self.recovering and end_recovery:
+            out = self._end_recovery() + out
+        if out:
+            await self._publish(out)
+        if batch:
+            self.head = max(self.head, batch[-1].seq)
+            if not self.recovering:
+                await consumer.ack(batch[-1].seq)
+        bus_dl = getattr(self.bus, "dead_lettered", 0)  # undecodable messages the bus skipped
+        if bus_dl > self._bus_dead_letters:
+            m.dead_letters.labels(name).inc(bus_dl - self._bus_dead_letters)
+            self._bus_dead_letters = bus_dl
+        m.applied.labels(name).set(self.applied_seq)
+        m.lag.labels(name).set(max(0, self.head - self.applied_seq))
+        self._since_snap += len(batch)
+
+    def _end_recovery(self) -> list[tuple[str, Event]]:
+        held, self._held = list(self._held.items()), {}
+        self.recovering = False
+        self.ready.set()
+        log.info("service_caught_up", service=self.cfg.name, applied_seq=self.applied_seq,
+                 republished=len(held), skipped=int(self.metrics.value("ei_service_republish_skipped_total")))
+        return held
+
+    async def _publish(self, items: list[tuple[str, Event]]) -> None:
+        await publish_with_ids(self.bus, items, self.cfg.shadow)
+        m, name = self.metrics, self.cfg.name
+        for _mid, ev in items:
+            if isinstance(ev, AnomalyReported):
+                m.anomalies.labels(name, ev.kind).inc()
+            else:
+                m.decisions.labels(name, type(ev).__name__).inc()
+                self.last_decision = ev
+        self.published += len(items)
+        if self._fault_after and self.published >= self._fault_after:
+            log.error("fault_injected", service=name, published=self.published)
+            os._exit(FAULT_EXIT_CODE)
+
+    async def _dead_letter(self, d: Delivery, reason: str) -> None:
+        self.metrics.dead_letters.labels(self.cfg.name).inc()
+        log.error("dead_letter", consumer=self.cfg.name, seq=d.seq, subject=d.subject, reason=reason)
+        part = self.bus.partition
+        await self.bus.publish_raw(dlq_subject(part, self.cfg.name), codec.encode(d.event), headers={
+            DLQ_REASON: reason[:1000], DLQ_SUBJECT: d.subject, DLQ_SEQ: str(d.seq), DLQ_CONSUMER: self.cfg.name})
+
+    # ------------------------------------------------------------------ snapshots and lag
+    async def _maybe_snapshot(self) -> None:
+        due = self._since_snap >= self.cfg.snapshot_every or (
+            self._since_snap and time.monotonic() - self._snap_at >= self.cfg.snapshot_interval_s)
+        if due and not self.recovering:
+            await self.snapshot()
+
+    async def snapshot(self) -> None:
+        """Write the snapshot now (never while decisions of folded sequences are held)."""
+        if self.recovering or self.seqd is None:
+            return
+        data = msgspec.msgpack.encode(_RunnerSnap(self.fp, self.seqd.snapshot()))
+        await self.bus.put_snapshot(self.cfg.name, data)
+        self.metrics.snapshots.labels(self.cfg.name).inc()
+        self._since_snap = 0
+        self._snap_at = time.monotonic()
+
+    async def _watch_lag(self) -> None:
+        while True:
+            try:
+                self.head = await self.bus.last_seq()
+                self.metrics.lag.labels(self.cfg.name).set(max(0, self.head - self.applied_seq))
+            except Exception as exc:  # noqa: BLE001 - lag is best effort; the fold goes on
+                log.warning("lag_unknown", service=self.cfg.name, error=str(exc))
+            await asyncio.sleep(self.cfg.lag_interval_s)
+
+
+class _Restorer:
+    """Adapts a ``bytes -> core`` function to ``Sequenced.restore``'s ``core_type`` argument."""
+
+    def __init__(self, fn: Callable[[bytes], Any]) -> None:
+        self.from_snapshot = fn
+
+
+async def publish_with_ids(bus, items: list[tuple[str, Event]], shadow: str | None = None) -> list[int]:
+    """Publish ``(msg_id, event)`` pairs in order; pipelined on JetStream, one by one on the
+    in-memory twin. Returns the stream sequences (a duplicate id returns the original's)."""
+    js = getattr(bus, "js", None)
+    if js is None:
+        return [await bus.publish(ev, msg_id=mid, shadow=shadow) for mid, ev in items]
+    base = codec.headers()
+    futs = []
+    for mid, ev in items:
+        futs.append(await js.publish_async(subject_for(ev, bus.partition, shadow), codec.encode(ev),
+                                           headers={**base, MSG_ID: mid}))
+    acks = await asyncio.gather(*futs)
+    return [a.seq for a in acks]
+
+
+def _fault_after() -> int:
+    spec = os.environ.get(FAULT_ENV, "")
+    if spec.startswith("crash_after_publish:"):
+        return int(spec.split(":", 1)[1])
+    return 0
