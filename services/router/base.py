@@ -269,6 +269,9 @@ class RouterBase:
             out.append(self._anomaly("unknown_branch", ev.request, ev.ts, f"branch {ev.branch!r} never opened"))
         if not ev.blocks:
             out.append(self._anomaly("no_blocks", ev.request, ev.ts, "no full block: cold start"))
+        elif ev.block_tokens != self.block_tokens:
+            out.append(self._anomaly("block_tokens_mismatch", ev.request, ev.ts,
+                                     f"request blocks of {ev.block_tokens} tokens, router {self.block_tokens}"))
         # KV locations do not depend on the submission, so the lookup runs first and the
         # directory's fold of the submission reuses its scan (DirectoryCore caches it)
         rd = self.decide(r, ev.ts)

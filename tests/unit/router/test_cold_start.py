@@ -55,3 +55,11 @@ def test_no_decode_node_decodes_on_the_prefill_node_and_counts_it():
     rd = next(o for o in out if isinstance(o, RouteDecided))
     assert (rd.prefill_node, rd.decode_node) == ("p00", "p00")
     assert r.anomalies == {"no_decode_node": 1}
+
+
+def test_block_size_mismatch_is_reported_and_still_decided():
+    r = load_router("evolving")(block_tokens=16)
+    out = [o for ev in s.register(1, 1) + [s.branch("b", 0.0), s.submit("x", "b", s.blocks(1, 2), 1.0)]
+           for o in r.apply(ev)]
+    assert [type(o).__name__ for o in out] == ["AnomalyReported", "RouteDecided"]
+    assert r.anomalies == {"block_tokens_mismatch": 1}
