@@ -27,6 +27,7 @@ class NodeArrays:
     fill: np.ndarray  # (N,) new tokens per prefill iteration (measured fill, at most the budget)
     coef_d: np.ndarray  # (N, 3) d0..d2
     cap: np.ndarray  # (N,) max running requests in decode
+    kv_tokens: np.ndarray  # (N,) GPU KV capacity in tokens (0: unknown, no KV limit)
     k: int
     E: int
 
@@ -41,6 +42,7 @@ class WorkArrays:
     t_fwd: np.ndarray
     q: np.ndarray
     arrivals_rps: np.ndarray
+    context: np.ndarray
 
     @classmethod
     def of(cls, works: list[Work]) -> WorkArrays:
@@ -56,6 +58,7 @@ class WorkArrays:
             col("t_fwd"),
             col("q"),
             col("arrivals_rps"),
+            col("context"),
         )
 
 
@@ -72,14 +75,25 @@ def prefill_rates(nodes: NodeArrays, w: WorkArrays) -> np.ndarray:
     return 1.0 / np.maximum(cost, 1e-12)
 
 
+def batch_cap(cap: float, kv_tokens: float, context: np.ndarray) -> np.ndarray:
+    """Most requests a decode node can run per slice: ``max_running_requests`` and, when its GPU
+    KV capacity is known, ``kv_tokens / context`` (agents' long contexts fill KV first)."""
+    if kv_tokens <= 0:
+        return np.full(context.shape, float(cap))
+    return np.minimum(float(cap), np.maximum(1.0, np.floor(kv_tokens / np.maximum(1.0, context))))
+
+
 def decode_rates(nodes: NodeArrays, w: WorkArrays, D: int, sel: slice) -> np.ndarray:
     """mu_D[n, s] for nodes ``sel`` when ``D`` decode nodes share the decode population ``q``:
-    batch B = min(cap, q / D); mu = B / (ceil(t_out / t_acc) * T_iter(B))."""
+    batch B = min(batch_cap, q / D); mu = B / (ceil(t_out / t_acc) * T_iter(B))."""
     c = nodes.coef_d[sel]
-    # B and phi depend on a node only through its cap: compute them once per distinct cap
-    caps, inverse = np.unique(nodes.cap[sel], return_inverse=True)
-    B_u = np.minimum(caps[:, None], (w.q / D)[None, :])
+    # B and phi depend on a node only through (cap, kv_tokens): compute them once per distinct pair
+    pairs = np.stack([nodes.cap[sel], nodes.kv_tokens[sel]], axis=1)
+    uniq, inverse = np.unique(pairs, axis=0, return_inverse=True)
+    caps_u = np.stack([batch_cap(cap, kv, w.context) for cap, kv in uniq])
+    B_u = np.minimum(caps_u, (w.q / D)[None, :])
     phi_u = 1.0 - (1.0 - nodes.k / nodes.E) ** (w.t_fwd[None, :] * B_u)
+    inverse = inverse.reshape(-1)
     B, phi = B_u[inverse], phi_u[inverse]
     T = c[:, :1] + c[:, 1:2] * phi + c[:, 2:3] * B
     iters = np.ceil(w.t_out / w.t_acc)
@@ -152,7 +166,8 @@ def theta_reference(nodes: NodeArrays, works: list[Work]) -> list[list[float]]:
                 sum_p += 1.0 / max(cost, 1e-12)
             sum_d = 0.0
             for n in range(P, N):
-                B = min(float(nodes.cap[n]), w.q / (N - P))
+                cap = batch_cap(float(nodes.cap[n]), float(nodes.kv_tokens[n]), np.array([w.context]))[0]
+                B = min(float(cap), w.q / (N - P))
                 sum_d += dec[n].throughput_rps(w.t_out, w.t_acc, B, w.t_fwd) if B > 0 else 0.0
             row.append(min(sum_p, sum_d))
         out.append(row)

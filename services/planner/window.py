@@ -127,6 +127,11 @@ class Work:
     arrivals_rps: float
     prompt: float
 
+    @property
+    def context(self) -> float:
+        """KV tokens a running decode request holds on average: its prompt and half its output."""
+        return self.t_c + self.t_uc + self.t_out / 2.0
+
 
 def _ratio(num: float, den: float, fallback: float) -> float:
     return num / den if den > 0 else fallback

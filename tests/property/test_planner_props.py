@@ -77,6 +77,7 @@ def test_vectorised_theta_equals_naive_recomputation(n, works, rnd):
             [[rnd.uniform(1e-3, 0.03), rnd.uniform(0, 0.05), rnd.uniform(0, 1e-3)] for _ in range(n)]
         ),
         cap=np.array([rnd.choice([8, 64, 256]) for _ in range(n)], dtype=float),
+        kv_tokens=np.array([rnd.choice([0, 200_000, 5_000_000]) for _ in range(n)], dtype=float),
         k=8,
         E=256,
     )

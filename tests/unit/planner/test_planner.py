@@ -223,3 +223,42 @@ def test_no_events_no_crash_and_clear_states():
 def test_unknown_config_is_refused():
     with pytest.raises(msgspec.ValidationError, match="windw_s"):
         EvolvingPlanner(windw_s=10)
+
+
+def test_decode_batch_is_capped_by_kv_capacity_so_long_contexts_need_more_decode_nodes():
+    from services.planner.costmodel import prefill_A
+    from services.planner.evaluate import NodeArrays, WorkArrays, batch_cap, theta
+    from services.planner.window import Work
+
+    w = Work(
+        t_uc=5000,
+        t_c=40_000,
+        A=prefill_A(5000, 40_000),
+        t_rst=0,
+        t_out=300,
+        t_acc=2.0,
+        t_fwd=2.0,
+        q=200,
+        arrivals_rps=1.0,
+        prompt=45_000,
+    )
+    assert w.context == 45_150
+    assert batch_cap(256, 5_000_000, np.array([w.context]))[0] == 110  # floor(5e6 / 45,150)
+    assert batch_cap(256, 0, np.array([w.context]))[0] == 256  # unknown KV: no limit
+
+    def best_P(kv_tokens: float) -> int:
+        n = 9
+        nodes = NodeArrays(
+            coef_p=np.tile([0.01, 3e-5, 1e-10, 0.0], (n, 1)),
+            fill=np.full(n, 16384.0),
+            coef_d=np.tile([0.012, 0.015, 3e-4], (n, 1)),
+            cap=np.full(n, 256.0),
+            kv_tokens=np.full(n, kv_tokens),
+            k=8,
+            E=256,
+        )
+        th, _, _ = theta(nodes, WorkArrays.of([w]))
+        return int(np.argmax(th[:, 0])) + 1
+
+    assert best_P(0) == 5
+    assert best_P(1_000_000) == 4  # 22 requests fit per decode node instead of all 200
