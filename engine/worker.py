@@ -218,6 +218,7 @@ class EngineWorker:
     def _tokens_for(self, e: Event) -> None:
         t = type(e)
         if t is FirstToken:
+            self._queued_here.discard(e.request)  # prefill done: no longer movable by a reroute
             self._token(request=e.request, kind="first", tokens=1, total=1, text=sim_text(1))
         elif t is IterationDone and e.phase == "decode":
             for job in self.node.running.values():

@@ -179,3 +179,25 @@ async def test_process_registers_and_stops_on_sigterm(nats_url, partition):
             proc.kill()
             await proc.wait()
         await bus.close()
+
+
+async def test_reroute_takes_a_queued_request_off_the_node(partition):
+    bus, tokens = InMemoryBus(partition), MemoryTokens(partition)
+    w = EngineWorker(bus, tokens, "n1", "prefill", PROFILE, time_scale=20.0)
+    await w.start()
+    try:
+        # a long prefill (200K tokens, ~12 chunked iterations) keeps "small" queued behind it
+        await bus.publish(submit("big", max_tokens=2, prompt_tokens=200_000))
+        await bus.publish(RouteDecided(ts=0.0, request="big", prefill_node="n1", decode_node="d9"))
+        await wait_for_event(bus, lambda e: isinstance(e, RequestStarted) and e.request == "big")
+        await bus.publish(submit("small", max_tokens=2))
+        await bus.publish(RouteDecided(ts=0.0, request="small", prefill_node="n1", decode_node="d9"))
+        await bus.publish(RouteDecided(ts=0.0, request="small", prefill_node="n2", decode_node="d9",
+                                       reroute=True))
+        await wait_for_event(bus, lambda e: isinstance(e, FirstToken) and e.request == "big", timeout=20)
+        await asyncio.sleep(0.05)  # let the node's executor look at its queue once more
+        evs = await all_events(bus)
+        assert not any(isinstance(e, RequestStarted) and e.request == "small" for e in evs)
+        assert w.node.pqueue == []
+    finally:
+        await w.stop()
