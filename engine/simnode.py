@@ -339,9 +339,11 @@ class SimNode:
     def _next(self) -> None:
         if self.busy or self.status in ("switching", "down"):
             return
-        pre_ok = self.does_prefill() and self._eligible_prefill()
-        dec_ok = self.does_decode() and (self.running or self.dwaiting)
-        if self.does_decode():
+        # Work of a phase the node no longer serves (a transfer that landed after a switch)
+        # still finishes here: no request is ever stranded.
+        pre_ok = (self.does_prefill() or bool(self.pqueue)) and self._eligible_prefill()
+        dec_ok = False
+        if self.does_decode() or self.running or self.dwaiting:
             self._admit()
             dec_ok = bool(self.running)
         if pre_ok and (not dec_ok or self.last_was_decode or self.role != "collocated"):

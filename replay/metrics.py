@@ -83,6 +83,14 @@ def _mean(xs: list[float]) -> float:
     return float(np.mean(xs)) if xs else float("nan")
 
 
+def _change(changes: list, ts: float, roles: dict[str, str]) -> None:
+    """Record the roles from ``ts`` on; changes at the same instant collapse into one."""
+    if changes and changes[-1][0] == ts:
+        changes[-1] = (ts, dict(roles))
+    else:
+        changes.append((ts, dict(roles)))
+
+
 def compute_metrics(log: Iterable[Event], warmup_s: float, end_s: float, stack: str = "") -> RunMetrics:
     m = RunMetrics(stack=stack, window_s=end_s - warmup_s)
     seen: set[int] = set()
@@ -137,12 +145,12 @@ def compute_metrics(log: Iterable[Event], warmup_s: float, end_s: float, stack: 
                 prefill_busy += min(e.duration_s * e.iterations, e.ts - warmup_s)
         elif t is NodeRegistered:
             roles[e.node] = e.role
-            split_changes.append((e.ts, dict(roles)))
+            _change(split_changes, e.ts, roles)
         elif t is RoleSwitched and roles.get(e.node) != e.role:
             if e.ts >= warmup_s:
                 switch_durations.append(e.duration_s)
             roles[e.node] = e.role
-            split_changes.append((e.ts, dict(roles)))
+            _change(split_changes, e.ts, roles)
     m.throughput_rps = finished_in_window / m.window_s if m.window_s > 0 else float("nan")
     m.ttft_mean_s, m.ttft_p50_s, m.ttft_p95_s = _mean(ttft), _pct(ttft, 50), _pct(ttft, 95)
     m.e2e_mean_s, m.e2e_p95_s = _mean(e2e), _pct(e2e, 95)

@@ -278,6 +278,8 @@ def _cmd_bench(args) -> int:
             _, res = run_one(stack, a, source, None, progress=False)
             speed = res.config.end_s / res.wall_s
             rows.append((nodes, agents, label, res.config.end_s, res.wall_s, speed, len(res.log), res.finished))
+            print(f"{nodes} nodes, {agents} agents, {label}: {speed:.1f}x real time "
+                  f"({res.config.end_s:.0f} s simulated in {res.wall_s:.1f} s, {len(res.log)} events)", flush=True)
     t = Table(title="evolving bench sim: CC-like agents, simulated seconds per wall second")
     for col in ("nodes", "agents", "run", "simulated s", "wall s", "x real time", "events", "finished",
                 "vs evolving"):
