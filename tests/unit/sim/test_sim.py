@@ -160,3 +160,13 @@ def test_session_pool_cycles_with_fresh_block_hashes():
     b = [h for _, _, r in src.get(3).requests() for h in r.blocks]
     assert len(a) == len(b) and not set(a) & set(b)
     assert len(set(_salt_blocks(a, 1))) == len(set(a))  # a bijection keeps distinct blocks distinct
+
+
+def test_open_arrivals_start_sessions_at_poisson_times():
+    sessions = generate("cc", seed=5, agents=30)
+    cfg = SimConfig(nodes=3, duration_s=120.0, warmup_s=60.0, seed=2, agents=None, arrivals_per_min=6.0)
+    sim = Simulation(SMALL, get_stack("static:1P2D"), sessions, cfg)
+    res = sim.run()
+    started = sim._next_session
+    assert 8 <= started <= 32  # ~18 expected in 3 minutes at 6 per minute
+    assert res.submitted >= started  # every started session submitted its first request
