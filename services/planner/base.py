@@ -37,6 +37,7 @@ from events.catalog import (
     SwitchRole,
     Tick,
 )
+from events.ids import SwitchMechanism
 from services.planner.costmodel import (
     DEFAULT_E,
     DEFAULT_K,
@@ -60,7 +61,7 @@ class BaseConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     warmup_s: float = 1800.0
     fit_interval_s: float = 60.0
     max_samples: int = 4096  # per node and phase; older samples are thinned 2:1 beyond it
-    mechanism: str = "in_place"
+    mechanism: SwitchMechanism = "in_place"
     k: int = DEFAULT_K
     E: int = DEFAULT_E
     prior_prefill: list[float] = msgspec.field(default_factory=lambda: PRIOR_PREFILL.coefficients)

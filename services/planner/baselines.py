@@ -21,6 +21,7 @@ import math
 import re
 
 from events.catalog import Event, NodeHeartbeat, PlanEvaluated, Split
+from events.ids import SwitchMechanism
 from services.planner.base import BaseConfig, PlannerBase
 from services.planner.window import SliceStats
 
@@ -96,7 +97,7 @@ class DynamoConfig(BaselineConfig, kw_only=True, forbid_unknown_fields=True):
     name: str = "dynamo"
     window_s: float = 60.0
     slices: int = 2
-    mechanism: str = "restart"
+    mechanism: SwitchMechanism = "restart"
     prefill_queue_up: float = 5.0  # queued requests per prefill node
     prefill_queue_down: float = 0.2
     decode_kv_up: float = 0.9  # L1 used / capacity on decode nodes
@@ -155,7 +156,7 @@ class ArrowConfig(BaselineConfig, kw_only=True, forbid_unknown_fields=True):
     name: str = "arrow"
     window_s: float = 60.0
     slices: int = 2
-    mechanism: str = "in_place_drop_kv"
+    mechanism: SwitchMechanism = "in_place_drop_kv"
 
 
 class ArrowPlanner(_Baseline):

@@ -223,6 +223,8 @@ def test_no_events_no_crash_and_clear_states():
 def test_unknown_config_is_refused():
     with pytest.raises(msgspec.ValidationError, match="windw_s"):
         EvolvingPlanner(windw_s=10)
+    with pytest.raises(msgspec.ValidationError, match="mechanism"):
+        EvolvingPlanner(mechanism="reboot")
 
 
 def test_decode_batch_is_capped_by_kv_capacity_so_long_contexts_need_more_decode_nodes():
