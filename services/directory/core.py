@@ -189,7 +189,7 @@ class DirectoryCore:
     # ------------------------------------------------------------------------- queries
     def lookup(self, blocks: Sequence[BlockHash]) -> Lookup:
         """Longest cached prefixes of ``blocks`` per live node and tier and in the pool (one pass)."""
-        pool, held, slots = self._t.scan(blocks, len(self._nodes))
+        pool, held, slots = self._t.scan(blocks)
         self._scanned = (blocks, slots, self._t.gen)
         live = [(n.id, n.idx) for n in self._nodes if n.alive]
         return Lookup(len(blocks), pool, held, live)
@@ -199,8 +199,8 @@ class DirectoryCore:
         s = self._t.slot.get(block)
         if s is None:
             return []
-        held = self._t.held[s]
-        return sorted((n.id, tier) for n in self._nodes for tier, t in TIER_INDEX.items() if held[2 * n.idx + t])
+        return sorted((n.id, tier) for n in self._nodes for tier, t in TIER_INDEX.items()
+                      if self._t.holds(s, n.idx, t))
 
     def count(self, block: BlockHash, node: NodeId) -> int:
         """Active branches counted on ``node``'s copy of ``block`` (0 if the node holds no copy)."""
@@ -420,13 +420,20 @@ class DirectoryCore:
         if old >= 0 and old != other:
             self._t.add_refs(old, self._branch_slots(b), -1)
 
-    def _set_context(self, b: _Branch, blocks: list[int]) -> bool:
+    def _set_context(self, b: _Branch, blocks: list[int], r: _Request | None = None) -> bool:
         """Make ``blocks`` the branch's context: +1 on blocks newly counted, -1 on dropped ones.
-        Returns whether it was a pure continuation (the old context is a prefix of the new)."""
+        Returns whether it was a pure continuation (the old context is a prefix of the new).
+        ``r``: the request carrying ``blocks``, whose cached slots spare probing the tail."""
         old = b.ctx
         append = len(blocks) >= len(old) and blocks[: len(old)] == old
+        tail_slots = None
         if append:  # continuation: only the appended blocks can be new
-            added = [x for x in dict.fromkeys(blocks[len(old):]) if x not in b.counted and x not in b.excluded]
+            tail = blocks[len(old):]
+            if not b.excluded and len(set(tail)) == len(tail) and b.counted.isdisjoint(tail):
+                added = tail  # the common case, decided in C
+                tail_slots = self._cached_tail(r, len(tail))
+            else:
+                added = [x for x in dict.fromkeys(tail) if x not in b.counted and x not in b.excluded]
             dropped: list[int] = []
         else:
             new = set(blocks) - b.excluded
@@ -436,7 +443,9 @@ class DirectoryCore:
         holders = sorted({h for h in b.holders if h >= 0})
         if added:
             cached = b.cslots is not None and b.cslots[1] == self._t.gen
-            s_add = self._t.ensure(added) if holders else None
+            s_add = self._t.ensure(added, tail_slots) if holders else None
+            if tail_slots is not None and r is not None and s_add is not None:
+                self._update_cache(r, s_add)
             b.counted.update(added)
             for h in holders:
                 self._t.add_refs(h, s_add, +1)
@@ -505,7 +514,7 @@ class DirectoryCore:
             return
         rewrite = ev.version == b.version and b.ctx
         b.version = ev.version
-        if not self._set_context(b, ev.blocks) and rewrite:
+        if not self._set_context(b, ev.blocks, r) and rewrite:
             self._anomaly(ev, "unversioned_rewrite", ev.branch, "context rewritten without a version bump")
 
     def _on_context_compacted(self, ev: ContextCompacted) -> None:
@@ -590,10 +599,36 @@ class DirectoryCore:
                 return phases
         return [DECODE] if n.role == "decode" else [PREFILL]
 
+    def _cached_tail(self, r: _Request | None, k: int) -> np.ndarray | None:
+        """A copy of the request's cached slots of its last ``k`` blocks, if still exact."""
+        if r is None or r.slots is None or r.slots[1] != self._t.gen or k > len(r.blocks):
+            return None
+        return r.slots[0][len(r.blocks) - k:].copy()
+
+    def _update_cache(self, r: _Request, tail: np.ndarray) -> None:
+        """Write freshly resolved slots of the request's last ``len(tail)`` blocks into its cache."""
+        if r.slots is None or r.slots[1] != self._t.gen or not len(tail):
+            return
+        s = r.slots[0].copy()
+        s[len(s) - len(tail):] = tail
+        r.slots = (s, self._t.gen)
+
+    def _kv_slots(self, r: _Request | None, blocks: Sequence[int]) -> np.ndarray | None:
+        """Cached slots for a KV event of request ``r`` whose blocks are a suffix of its prompt."""
+        if r is None or not len(blocks):
+            return None
+        k, rb = len(blocks), r.blocks
+        if k > len(rb) or rb[len(rb) - k:] != blocks:
+            return None
+        return self._cached_tail(r, k)
+
     def _on_kv_stored(self, ev: KvStored) -> None:
         n = self._node_for_kv(ev, ev.node)
-        self._store(n, ev.tier, ev.blocks, ev.ts)
         r = self._request(ev, ev.request)
+        cached = self._kv_slots(r, ev.blocks)
+        s = self._t.store(n.idx, ev.tier, ev.blocks, float(ev.ts), cached)
+        if cached is not None:
+            self._update_cache(r, s)
         branch = r.branch if r is not None else ev.branch
         if branch is None:
             return
@@ -614,9 +649,12 @@ class DirectoryCore:
     def _on_kv_moved(self, ev: KvMoved) -> None:
         src = self._node_for_kv(ev, ev.src_node)
         dst = self._node_for_kv(ev, ev.dst_node)
-        self._read(ev, src, ev.blocks)
-        self._store(dst, ev.dst_tier, ev.blocks, ev.ts)
         r = self._request(ev, ev.request)
+        cached = self._kv_slots(r, ev.blocks)
+        self._read(ev, src, ev.blocks, cached)
+        s = self._t.store(dst.idx, ev.dst_tier, ev.blocks, float(ev.ts), cached)
+        if cached is not None:
+            self._update_cache(r, s)
         branch = r.branch if r is not None else ev.branch
         b = self._branch(ev, branch, quiet_ended=True) if branch is not None else None
         if b is None:
@@ -626,9 +664,9 @@ class DirectoryCore:
             self._set_holder(b, sp, src.idx)
         self._set_holder(b, dp, dst.idx)  # within a phase the count moves: source -1
 
-    def _read(self, ev: Event, n: _Node, blocks: Sequence[int]) -> None:
+    def _read(self, ev: Event, n: _Node, blocks: Sequence[int], s: np.ndarray | None = None) -> None:
         """Blocks read from ``n`` (a move or fetch source): refresh their last access."""
-        missing = self._t.read(n.idx, blocks, float(ev.ts))
+        missing = self._t.read(n.idx, blocks, float(ev.ts), s)
         if missing:
             self._anomaly(ev, "unknown_block", n.id, f"{missing} block(s) read from a node without a copy")
 

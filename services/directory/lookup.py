@@ -1,9 +1,10 @@
 """Longest-prefix lookup results (pure, no I/O).
 
 Chained hashes make two prefixes equal when their last blocks are equal, so the directory
-needs no tree: one dict probe per block of the request gives its slot, one numpy gather gives
-the ``[blocks, nodes, tiers]`` holder matrix, and every prefix is a "first False" along the
-block axis. The scan stops at the first block that no node holds (the pool prefix).
+needs no tree: one dict probe per block of the request gives its slot, one numpy ``take`` gives
+the holder bit masks (bit ``2n + tier`` per node ``n``), and a running AND along the blocks
+keeps exactly the bits of the copies whose prefix is still unbroken: a node's prefix ends where
+its bit leaves the running AND. The pool prefix ends at the first block no node holds.
 """
 
 from __future__ import annotations
@@ -27,6 +28,35 @@ class NodeMatch(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     l2_blocks: int = 0
 
 
+_EVEN = np.uint64(0x5555555555555555)
+
+
+def _prefix_ends(col: np.ndarray) -> dict[int, int]:
+    """For the bits of ``col[0]``: the length of the run of leading blocks that have the bit."""
+    if not len(col):
+        return {}
+    out: dict[int, int] = {}
+    if (col == col[0]).all():  # the common case: every block held by the same copies
+        _assign(out, int(col[0]), len(col))
+        return out
+    acc = np.bitwise_and.accumulate(col)
+    changes = (np.flatnonzero(acc[1:] != acc[:-1]) + 1).tolist()
+    prev = int(acc[0])
+    for i in changes:
+        cur = int(acc[i])
+        _assign(out, prev & ~cur, i)
+        prev = cur
+    _assign(out, prev, len(col))
+    return out
+
+
+def _assign(out: dict[int, int], bits: int, length: int) -> None:
+    while bits:
+        low = bits & -bits
+        out[low.bit_length() - 1] = length
+        bits ^= low
+
+
 class Lookup:
     """Result of :meth:`DirectoryCore.lookup` for one request's block list.
 
@@ -35,23 +65,28 @@ class Lookup:
     prefix to the pool prefix.
     """
 
-    __slots__ = ("_cols", "_ids", "_rows", "n_blocks", "per_node", "pool_blocks")
+    __slots__ = ("_cols", "_ids", "_masks", "n_blocks", "per_node", "pool_blocks")
 
-    def __init__(self, n_blocks: int, pool_blocks: int, held: np.ndarray, live: list[tuple[NodeId, int]]) -> None:
-        """``held``: ``[pool_blocks, 2 * columns]`` holder matrix (column ``2n + tier``)."""
+    def __init__(self, n_blocks: int, pool_blocks: int, masks: np.ndarray, live: list[tuple[NodeId, int]]) -> None:
+        """``masks``: ``[pool_blocks, W]`` uint64 holder words (bit ``2n + tier``, 64 per word)."""
         self.n_blocks = n_blocks
         self.pool_blocks = pool_blocks
+        self._masks = masks
         self._cols = {node: col for node, col in live}
         self._ids = sorted(live)  # (node id, column): ties go to the smallest id
-        # one contiguous row per (node, tier), padded with a False so argmin = first gap
-        rows = np.zeros((held.shape[1], pool_blocks + 1), dtype=bool)
-        rows[:, :pool_blocks] = held.T
-        self._rows = rows
-        l1 = rows[0::2].argmin(axis=1).tolist()
-        l2 = rows[1::2].argmin(axis=1).tolist()
-        local = (rows[0::2] | rows[1::2]).argmin(axis=1).tolist()
-        self.per_node = {node: NodeMatch(l1_blocks=l1[col], local_blocks=local[col], l2_blocks=l2[col])
-                         for node, col in live}
+        tiers: list[dict[int, int]] = []
+        local: list[dict[int, int]] = []
+        for w in range(masks.shape[1]):
+            col = masks[:, w]
+            tiers.append(_prefix_ends(col))
+            local.append(_prefix_ends((col | (col >> np.uint64(1))) & _EVEN))
+        per_node = {}
+        for node, n in live:
+            w, b = (2 * n) >> 6, (2 * n) & 63
+            per_node[node] = NodeMatch(l1_blocks=tiers[w].get(b, 0) if tiers else 0,
+                                       local_blocks=local[w].get(b, 0) if local else 0,
+                                       l2_blocks=tiers[w].get(b + 1, 0) if tiers else 0)
+        self.per_node = per_node
 
     def best(self) -> tuple[NodeId | None, int]:
         """The node with the longest local prefix (ties to the smallest node id) and its length."""
@@ -96,10 +131,13 @@ class Lookup:
         for t, tier in ((1, "L2"), (0, "L1")):
             best: tuple[int, str] | None = None
             for node, col in self._ids:
-                row = self._rows[2 * col + t]
-                if col == own or not row[pos]:
+                if col == own:
                     continue
-                end = pos + int(row[pos:].argmin())
+                j = 2 * col + t
+                run = ((self._masks[pos:, j >> 6] >> np.uint64(j & 63)) & np.uint64(1)).astype(bool)
+                if not run[0]:
+                    continue
+                end = self.pool_blocks if run.all() else pos + int(run.argmin())
                 if best is None or end > best[0]:
                     best = (end, node)
             if best is not None:

@@ -1,12 +1,13 @@
 """The directory's block table: one slot per known block, numpy columns per node (pure, no I/O).
 
-Layout (``S`` slots; node ``n``'s copy in tier ``t`` (0 = L1, 1 = L2) is column ``2n + t``):
+Layout (``S`` slots; node ``n``'s copy in tier ``t`` (0 = L1, 1 = L2) is bit ``j = 2n + t``,
+stored in word ``j // 64`` at bit ``j % 64``; ``W`` words cover ``32 W`` nodes):
 
 - ``slot: dict[block hash, int]`` — the only per-block Python structure: one dict probe per
   block, everything after it is vectorised. Slot 0 is a sentinel that holds nothing, so an
   unknown block maps to 0 and numpy code needs no special case.
-- ``held[S, 2N]`` bool — the node holds the block in that tier (rows are contiguous, so a
-  request's holder matrix is one ``take`` of its slots).
+- ``held[S, W]`` uint64 — bit set: the node holds the block in that tier. A request's holder
+  masks are one ``take`` of its slots; a running AND along them gives every node's prefix.
 - ``last[S, 2N]`` float64 — last access of that copy (``ts`` of its store or last use).
 - ``refs[S, N]`` int32 — active-branch references (see core.py); never negative.
 - ``block[S]`` uint64 — the hash back from a slot.
@@ -32,7 +33,7 @@ class BlockTable:
     def __init__(self, capacity: int = 1024, node_capacity: int = 4) -> None:
         self.slot: dict[int, int] = {}
         self.block = np.zeros(capacity, dtype=np.uint64)
-        self.held = np.zeros((capacity, 2 * node_capacity), dtype=bool)
+        self.held = np.zeros((capacity, -(-node_capacity // 32)), dtype=np.uint64)
         self.last = np.zeros((capacity, 2 * node_capacity), dtype=np.float64)
         self.refs = np.zeros((capacity, node_capacity), dtype=np.int32)
         self.free: list[int] = []
@@ -45,8 +46,10 @@ class BlockTable:
         idx = self.n_nodes
         ncap = self.refs.shape[1]
         if idx >= ncap:
-            cap, extra = self.refs.shape[0], max(4, ncap)
-            self.held = np.concatenate([self.held, np.zeros((cap, 2 * extra), bool)], axis=1)
+            cap, extra = self.refs.shape[0], 4  # +4 columns: memory per slot grows with nodes only
+            words = -(-(ncap + extra) // 32) - self.held.shape[1]
+            if words > 0:
+                self.held = np.concatenate([self.held, np.zeros((cap, words), np.uint64)], axis=1)
             self.last = np.concatenate([self.last, np.zeros((cap, 2 * extra), np.float64)], axis=1)
             self.refs = np.concatenate([self.refs, np.zeros((cap, extra), np.int32)], axis=1)
         self.n_nodes += 1
@@ -84,26 +87,26 @@ class BlockTable:
         return s
 
     def ensure(self, blocks: Sequence[int], s: np.ndarray | None = None) -> np.ndarray:
-        """Slots of ``blocks`` (``s``: already probed), allocating the unknown ones."""
+        """Slots of ``blocks`` (``s``: already probed), allocating the unknown ones in bulk."""
         if s is None:
             s = self.slots(blocks, len(blocks))
         missing = np.flatnonzero(s == 0)
-        if len(missing):
-            slot, free = self.slot, self.free
-            for i in missing.tolist():
-                b = blocks[i]
-                k = slot.get(b)
-                if k is None:
-                    if free:
-                        k = free.pop()
-                    else:
-                        k = self.size
-                        if k >= len(self.block):
-                            self._grow(k + 1)
-                        self.size = k + 1
-                    slot[b] = k
-                    self.block[k] = b
-                s[i] = k
+        if not len(missing):
+            return s
+        mb = [blocks[i] for i in missing.tolist()]
+        new = list(dict.fromkeys(mb))  # a block may repeat inside one list
+        k = len(new)
+        take = min(k, len(self.free))
+        ks = self.free[len(self.free) - take:]
+        del self.free[len(self.free) - take:]
+        if k > take:
+            if self.size + k - take > len(self.block):
+                self._grow(self.size + k - take)
+            ks.extend(range(self.size, self.size + k - take))
+            self.size += k - take
+        self.slot.update(zip(new, ks))
+        self.block[ks] = np.array(new, dtype=np.uint64)
+        s[missing] = ks if k == len(mb) else self.slots(mb, len(mb))
         return s
 
     def release(self, s: np.ndarray) -> None:
@@ -122,53 +125,64 @@ class BlockTable:
             self.free.append(k)
 
     # ------------------------------------------------------------------------- copies
-    def store(self, n: int, tier: str, blocks: Sequence[int], ts: float | np.ndarray) -> None:
+    def store(self, n: int, tier: str, blocks: Sequence[int], ts: float | np.ndarray,
+              s: np.ndarray | None = None) -> np.ndarray:
+        """``n`` holds ``blocks`` in ``tier`` (``s``: their slots if known); returns the slots."""
         if not len(blocks):
-            return
-        s = self.ensure(blocks)
-        col = 2 * n + TIER_INDEX[tier]
-        self.held[s, col] = True
-        self.last[s, col] = ts
+            return np.zeros(0, dtype=np.intp)
+        s = self.ensure(blocks, s)
+        j = 2 * n + TIER_INDEX[tier]
+        self.held[s, j >> 6] |= _BIT[j & 63]
+        self.last[s, j] = ts
+        return s
 
     def evict(self, n: int, tier: str, blocks: Sequence[int]) -> int:
         """Drop copies; returns how many of ``blocks`` were not held there."""
         if not len(blocks):
             return 0
         s = self.slots(blocks, len(blocks))
-        col = 2 * n + TIER_INDEX[tier]
-        have = self.held[s, col] & (s > 0)
+        j = 2 * n + TIER_INDEX[tier]
+        w, bit = j >> 6, _BIT[j & 63]
+        have = (self.held[s, w] & bit).astype(bool) & (s > 0)
         s = s[have]
-        self.held[s, col] = False
+        self.held[s, w] &= ~bit
         self.release(s)
         return int(len(have) - have.sum())
 
     def drop_node(self, n: int) -> None:
-        cols = slice(2 * n, 2 * n + 2)
-        s = np.flatnonzero(self.held[: self.size, cols].any(axis=1))
-        self.held[s, cols] = False
+        w, pair = (2 * n) >> 6, _BIT[(2 * n) & 63] | _BIT[(2 * n + 1) & 63]
+        s = np.flatnonzero(self.held[: self.size, w] & pair)
+        self.held[s, w] &= ~pair
         self.release(s)
+
+    def column(self, s: np.ndarray, j: int) -> np.ndarray:
+        """bool: do the slots ``s`` hold copy bit ``j`` (node ``j // 2``, tier ``j % 2``)?"""
+        return (self.held[s, j >> 6] & _BIT[j & 63]).astype(bool)
 
     def touch(self, n: int, s: np.ndarray, ts: float) -> None:
         """Refresh the last access of the longest L1 prefix's GPU copies and the longest L2
         prefix's host copies of the blocks with slots ``s`` on node ``n``."""
         if not len(s):
             return
-        h = self.held.take(s, axis=0)
-        for col in (2 * n, 2 * n + 1):
-            c = h[:, col]
+        for j in (2 * n, 2 * n + 1):
+            c = self.column(s, j)
             k = len(c) if c.all() else int(c.argmin())
             if k:
-                self.last[s[:k], col] = ts
+                self.last[s[:k], j] = ts
 
-    def read(self, n: int, blocks: Sequence[int], ts: float) -> int:
+    def read(self, n: int, blocks: Sequence[int], ts: float, s: np.ndarray | None = None) -> int:
         """Blocks read from node ``n``: refresh every copy there; returns how many it lacked."""
         if not len(blocks):
             return 0
-        s = self.slots(blocks, len(blocks))
-        h = self.held[s, 2 * n : 2 * n + 2] & (s > 0)[:, None]
-        for t in (0, 1):
-            self.last[s[h[:, t]], 2 * n + t] = ts
-        return int((~h.any(axis=1)).sum())
+        if s is None:
+            s = self.slots(blocks, len(blocks))
+        known = s > 0
+        hit = np.zeros(len(s), dtype=bool)
+        for j in (2 * n, 2 * n + 1):
+            c = self.column(s, j) & known
+            self.last[s[c], j] = ts
+            hit |= c
+        return int(len(s) - hit.sum())
 
     # ------------------------------------------------------------------------- counts
     def add_refs(self, n: int, s: np.ndarray, delta: int) -> None:
@@ -190,20 +204,22 @@ class BlockTable:
     # ------------------------------------------------------------------------- queries
     def tier_arrays(self, n: int, tier: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(blocks, last_access, refs)`` of node ``n``'s copies in ``tier``, in slot order."""
-        col = 2 * n + TIER_INDEX[tier]
-        s = np.flatnonzero(self.held[: self.size, col])
-        return self.block[s], self.last[s, col], self.refs[s, n]
+        j = 2 * n + TIER_INDEX[tier]
+        s = np.flatnonzero(self.held[: self.size, j >> 6] & _BIT[j & 63])
+        return self.block[s], self.last[s, j], self.refs[s, n]
 
     def holds(self, s: int, n: int, tier: int | None = None) -> bool:
-        if tier is None:
-            return bool(self.held[s, 2 * n] or self.held[s, 2 * n + 1])
-        return bool(self.held[s, 2 * n + tier])
+        tiers = (0, 1) if tier is None else (tier,)
+        return any(int(self.held[s, (2 * n + t) >> 6]) >> ((2 * n + t) & 63) & 1 for t in tiers)
 
-    def scan(self, blocks: Sequence[int], n_nodes: int) -> tuple[int, np.ndarray, np.ndarray]:
-        """One pass: pool prefix length, the ``[pool, 2 * n_nodes]`` holder matrix of it, and
-        the slots of ``blocks`` (for reuse by the request's later events)."""
+    def scan(self, blocks: Sequence[int]) -> tuple[int, np.ndarray, np.ndarray]:
+        """One pass: pool prefix length, the ``[pool, W]`` holder masks of it, and the slots
+        of ``blocks`` (for reuse by the request's later events)."""
         s = self.slots(blocks, len(blocks))
-        h = self.held.take(s, axis=0)[:, : 2 * n_nodes]
-        anyh = h.any(axis=1)
+        h = self.held.take(s, axis=0)
+        anyh = h.any(axis=1) if h.shape[1] > 1 else h[:, 0].astype(bool)
         pool = len(s) if anyh.all() else int(anyh.argmin())
         return pool, h[:pool], s
+
+
+_BIT = [np.uint64(1 << i) for i in range(64)]

@@ -246,3 +246,76 @@ def test_shadow_route_decisions_are_ignored():
     assert d.branch("a")["prefill_holder"] is None
     d.apply(RouteDecided(ts=1, request="r1", prefill_node="p1", decode_node="d1"))
     assert (d.branch("a")["prefill_holder"], d.branch("a")["decode_holder"]) == ("p1", "d1")
+
+
+# ----------------------------------------------------------------------------- collocated and node events
+def test_collocated_node_counts_a_branch_once_and_switching_to_prefill_drops_decode_counts():
+    d = cluster()
+    d.apply(NodeRegistered(ts=0, node="c0", role="collocated"))
+    d.apply(BranchOpened(ts=0, branch="a"))
+    serve(d, "r1", "a", [1, 2], ts=1, p="c0", dn="c0")
+    assert d.count(1, "c0") == 1  # both phases on one node: counted once
+    d.apply(RoleSwitched(ts=2, node="c0", role="prefill"))
+    view = d.branch("a")
+    assert (view["prefill_holder"], view["decode_holder"]) == ("c0", None)
+    assert d.count(1, "c0") == 1
+    d.apply(BranchOpened(ts=3, branch="b"))  # unrouted store on a collocated node: prefill phase
+    d.apply(RoleSwitched(ts=3, node="c0", role="collocated"))
+    d.apply(RequestSubmitted(ts=3, request="r2", branch="b", blocks=[5]))
+    d.apply(KvStored(ts=3, node="c0", tier="L1", blocks=[5], branch="b"))
+    assert d.branch("b")["prefill_holder"] == "c0" and d.branch("b")["decode_holder"] is None
+
+
+def test_kv_stored_by_a_decode_node_without_route_attaches_the_decode_phase():
+    d = cluster()
+    d.apply(BranchOpened(ts=0, branch="a"))
+    d.apply(RequestSubmitted(ts=0, request="r1", branch="a", blocks=[1]))
+    d.apply(KvStored(ts=1, node="d1", tier="L2", blocks=[1], branch="a"))
+    assert (d.branch("a")["prefill_holder"], d.branch("a")["decode_holder"]) == (None, "d1")
+    assert d.count(1, "d1") == 1
+
+
+def test_kv_fetched_puts_blocks_in_both_tiers_of_the_destination():
+    from events.catalog import KvFetched
+
+    d = cluster()
+    d.apply(KvStored(ts=1, node="p0", tier="L2", blocks=[1, 2]))
+    d.apply(KvFetched(ts=5, request="x", src_node="p0", dst_node="p1", blocks=[1, 2]))
+    assert d.holders(2) == [("p0", "L2"), ("p1", "L1"), ("p1", "L2")]
+    assert d.last_access(1, "p0", "L2") == 5.0 and d.last_access(1, "p1", "L1") == 5.0
+
+
+def test_reregistration_with_a_new_role_applies_the_switch_rule_and_keeps_kv():
+    d = cluster()
+    d.apply(BranchOpened(ts=0, branch="a"))
+    serve(d, "r1", "a", [1], ts=1)
+    d.apply(NodeRegistered(ts=2, node="d0", role="prefill"))
+    assert d.count(1, "d0") == 0 and ("d0", "L1") in d.holders(1)
+    assert d.nodes()["d0"] == "prefill"
+
+
+def test_a_node_seen_before_its_registration_is_added_then_registered():
+    d = DirectoryCore()
+    out = d.apply(KvStored(ts=0, node="late", tier="L1", blocks=[3]))
+    assert [e.kind for e in out] == ["unknown_node"]
+    assert d.nodes() == {"late": None}
+    assert d.apply(NodeRegistered(ts=1, node="late", role="decode")) == []
+    assert d.nodes() == {"late": "decode"} and d.holders(3) == [("late", "L1")]
+
+
+def test_rewrite_without_version_bump_is_applied_and_reported():
+    d = cluster()
+    d.apply(BranchOpened(ts=0, branch="a"))
+    serve(d, "r1", "a", [1, 2, 3], ts=1)
+    out = serve(d, "r2", "a", [1, 9], ts=2)
+    assert [e.kind for e in out] == ["unversioned_rewrite"]
+    assert counts(d, [1, 2, 3, 9]) == on([1, 9], ["p0", "d0"])
+
+
+def test_compaction_with_the_version_a_request_already_carried_is_ignored():
+    d = cluster()
+    d.apply(BranchOpened(ts=0, branch="a"))
+    serve(d, "r1", "a", [1, 2], ts=1)
+    serve(d, "r2", "a", [7, 8], ts=2, version=1)  # the request arrived before the compaction
+    assert d.apply(ContextCompacted(ts=3, branch="a", version=1, blocks=[7])) == []
+    assert counts(d, [1, 2, 7, 8]) == on([7, 8], ["p0", "d0"])

@@ -150,3 +150,19 @@ def test_policies_share_one_interface(policy):
     store(d, "p", "L1", [3, 1, 2], ts=1.0)
     assert policy.choose(d, "p", "L1", 64) == [1]
     assert policy.name in ("count_aware", "lru")
+
+
+def test_many_nodes_span_several_mask_words():
+    ids = [f"n{i:02d}" for i in range(70)]  # 140 copy bits: three 64-bit words
+    d = nodes(*ids)
+    store(d, "n69", "L2", [1, 2, 3, 4])
+    store(d, "n33", "L1", [1, 2])
+    store(d, "n00", "L2", [1])
+    look = d.lookup([1, 2, 3, 4, 5])
+    assert look.pool_blocks == 4
+    assert (look.per_node["n69"].l2_blocks, look.per_node["n69"].l1_blocks) == (4, 0)
+    assert look.per_node["n33"] == look.per_node["n33"].__class__(l1_blocks=2, local_blocks=2, l2_blocks=0)
+    assert look.per_node["n00"].local_blocks == 1 and look.per_node["n50"].local_blocks == 0
+    assert look.fetch_plan("n33") == [FetchStep(src_node="n69", first_block=2, n_blocks=2, tier="L2")]
+    assert d.holders(1) == [("n00", "L2"), ("n33", "L1"), ("n69", "L2")]
+    assert LruEviction().choose(d, "n69", "L2", 64) == [1]

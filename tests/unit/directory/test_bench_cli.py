@@ -1,0 +1,42 @@
+"""The bench command runs end to end on a small stream (figures are printed, never asserted)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from services.directory import bench, cli
+
+pytestmark = pytest.mark.skipif(not bench.DEFAULT_TRACES.is_dir(), reason="shared traces not present")
+
+
+def test_workload_replicates_with_distinct_namespaces_and_keeps_subagents():
+    w = bench.load_workload(bench.DEFAULT_TRACES, min_requests=200, min_blocks=10_000)
+    assert len(w.requests) >= 200
+    branches = {r[1] for r in w.requests}
+    assert any("/sa" in b for b in branches)  # sub-agents became their own branches
+    assert all(r[3] == "subagent" and r[2] for r in w.requests if "/sa" in r[1])
+    reps = {b.split("#")[1].split(":")[0] for b in branches}
+    assert len(reps) >= 2
+    first = {}
+    for r in w.requests:  # the same local trace block in two replicas hashes differently
+        first.setdefault(r[1].split("#")[0] + r[1].split(":")[1], set()).add(r[4][0])
+    assert all(len(v) >= 2 for v in first.values() if v)
+
+
+def test_bench_cli_prints_json_figures(capsys):
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers()
+    b = sub.add_parser("bench").add_subparsers()
+    cli.register(sub, b)
+    args = p.parse_args(["bench", "directory", "--json", "--min-requests", "100", "--min-blocks", "5000",
+                         "--repeats", "1"])
+    assert args.func(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["requests"] >= 100 and out["prompt_blocks"] >= 5000
+    for key in ("directory_blocks_per_s", "bare_dict_blocks_per_s", "ratio", "lookup_1000_p99_ms"):
+        assert out[key] > 0
+    assert out["anomalies"] == {}
+    assert "ratio" in bench.format_report(out)
