@@ -546,7 +546,8 @@ class SimNode:
             if job.left <= 1e-9:
                 finished.append(job)
         self._emit(IterationDone(ts=now, src=self.id, node=self.id, phase="decode", duration_s=self.run_iter_s,
-                                 batch=self.run_batch, t_fwd=self.p.t_fwd, accepted_tokens=acc_total,
+                                 batch=self.run_batch, t_fwd=self.p.t_fwd,
+                                 accepted_tokens=int(round(acc_total / max(1, n))),
                                  queued=len(self.dwaiting), iterations=n))
         self.run_batch = 0
         for job in finished:

@@ -180,7 +180,8 @@ class IterationDone(Event, frozen=True, kw_only=True, gc=False):
     accepted_tokens: int = 0
     queued: int = 0
     # Consecutive iterations this event stands for (same node, phase, batch; each took
-    # ``duration_s``): the simulator reports a run of identical decode iterations as one event.
+    # ``duration_s`` and accepted ``accepted_tokens`` on average): the simulator reports a run
+    # of identical decode iterations as one event. Sums over time weigh by ``iterations``.
     iterations: int = 1
 
 
