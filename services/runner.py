@@ -39,6 +39,7 @@ import asyncio
 import hashlib
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -110,6 +111,9 @@ class ServiceRunner:
         self._snap_at = 0.0
         self._fault_after = _fault_after()
         self._bus_dead_letters = 0
+        m, name = self.metrics, cfg.name
+        self._m_folded, self._m_redelivered = m.folded.labels(name), m.redelivered.labels(name)
+        self._m_applied, self._m_lag = m.applied.labels(name), m.lag.labels(name)
 
     # ------------------------------------------------------------------ state
     @property
@@ -158,44 +162,53 @@ class ServiceRunner:
             await self.load()
         if not self.recovering:
             self.ready.set()
-        queue: asyncio.Queue = asyncio.Queue(maxsize=4 * self.cfg.max_batch)
+        buf: deque[Delivery] = deque()
+        wake, room = asyncio.Event(), asyncio.Event()
+        room.set()
+        limit, max_batch = 4 * self.cfg.max_batch, self.cfg.max_batch
         start = self.applied_seq + 1
         async with self.bus.consumer(self.cfg.name, start_seq=start, subjects=self.cfg.subjects) as consumer:
 
             async def pump() -> None:
                 async for d in consumer:
-                    await queue.put(d)
+                    buf.append(d)
+                    wake.set()
+                    if len(buf) >= limit:  # back-pressure: the consumer's own buffer holds the rest
+                        room.clear()
+                        await room.wait()
 
             pump_task = asyncio.create_task(pump(), name=f"{self.cfg.name}-pump")
             stop_task = asyncio.create_task(stop.wait(), name=f"{self.cfg.name}-stop")
             lag_task = asyncio.create_task(self._watch_lag(), name=f"{self.cfg.name}-lag")
             self._snap_at = time.monotonic()
             try:
-                while True:
-                    get = asyncio.create_task(queue.get())
-                    timeout = self.cfg.recover_idle_s if self.recovering else None
-                    done, _ = await asyncio.wait({get, stop_task, pump_task}, timeout=timeout,
-                                                 return_when=asyncio.FIRST_COMPLETED)
-                    if get not in done:
-                        get.cancel()
-                    if pump_task in done:
-                        pump_task.result()  # re-raise a consumer failure
-                        break
-                    batch: list[Delivery] = [get.result()] if get in done else []
-                    while batch and len(batch) < self.cfg.max_batch and not queue.empty():
-                        batch.append(queue.get_nowait())
-                    idle = not batch and stop_task not in done
-                    await self._process(batch, consumer, end_recovery=idle)
-                    if stop_task in done:
-                        break
+                while not stop.is_set():
+                    if not buf:
+                        wake.clear()
+                        waiter = asyncio.create_task(wake.wait())
+                        timeout = self.cfg.recover_idle_s if self.recovering else None
+                        done, _ = await asyncio.wait({waiter, stop_task, pump_task}, timeout=timeout,
+                                                     return_when=asyncio.FIRST_COMPLETED)
+                        if waiter not in done:
+                            waiter.cancel()
+                        if not buf:
+                            if pump_task in done:
+                                pump_task.result()  # re-raise a consumer failure
+                                break
+                            if not done:  # idle while replaying the tail: the tail is done
+                                await self._process([], consumer, end_recovery=True)
+                            continue
+                    batch = [buf.popleft() for _ in range(min(len(buf), max_batch))]
+                    room.set()
+                    await self._process(batch, consumer)
                     await self._maybe_snapshot()
             finally:
                 for t in (pump_task, stop_task, lag_task):
                     t.cancel()
                 await asyncio.gather(pump_task, stop_task, lag_task, return_exceptions=True)
             if stop.is_set():
-                while not queue.empty():
-                    await self._process([queue.get_nowait()], consumer)
+                while buf:
+                    await self._process([buf.popleft() for _ in range(min(len(buf), max_batch))], consumer)
                 if self.recovering:
                     await self._process([], consumer, end_recovery=True)
                 await consumer.flush()
@@ -206,6 +219,7 @@ class ServiceRunner:
     async def _process(self, batch: list[Delivery], consumer, end_recovery: bool = False) -> None:
         out: list[tuple[str, Event]] = []
         m, name = self.metrics, self.cfg.name
+        folded = 0
         for d in batch:
             if self.recovering:
                 mid = d.headers.get(MSG_ID) if d.headers else None
@@ -213,7 +227,7 @@ class ServiceRunner:
                     m.republish_skipped.labels(name).inc()
             if d.seq <= self.seqd.applied_seq:
                 self.seqd.skipped += 1
-                m.redelivered.labels(name).inc()
+                self._m_redelivered.inc()
                 continue
             try:
                 emitted = self.seqd.fold(d.seq, d.event)
@@ -221,7 +235,7 @@ class ServiceRunner:
                 self.seqd.applied_seq = d.seq
                 await self._dead_letter(d, f"core {type(exc).__name__}: {exc}")
                 emitted = []
-            m.folded.labels(name).inc()
+            folded += 1
             for i, ev in enumerate(emitted):
                 if self.cfg.publish is not None and not self.cfg.publish(ev):
                     continue
@@ -246,8 +260,9 @@ class ServiceRunner:
         if bus_dl > self._bus_dead_letters:
             m.dead_letters.labels(name).inc(bus_dl - self._bus_dead_letters)
             self._bus_dead_letters = bus_dl
-        m.applied.labels(name).set(self.applied_seq)
-        m.lag.labels(name).set(max(0, self.head - self.applied_seq))
+        self._m_folded.inc(folded)
+        self._m_applied.set(self.applied_seq)
+        self._m_lag.set(max(0, self.head - self.applied_seq))
         self._since_snap += len(batch)
 
     def _end_recovery(self) -> list[tuple[str, Event]]:

@@ -92,6 +92,8 @@ def add_service_args(p: argparse.ArgumentParser, kind: str) -> None:
         p.add_argument("--db", required=True, help="DuckDB file of the run")
         p.add_argument("--run-config", default=None, help="JSON file (or inline JSON) merged into run_config")
         p.add_argument("--flush-interval-s", type=float, default=0.2)
+        p.add_argument("--drain-timeout-s", type=float, default=5.0,
+                       help="on stop, wait this long at most to record up to the stream head")
 
 
 def build_parser(kind: str) -> argparse.ArgumentParser:
@@ -245,15 +247,30 @@ async def run_recorder_service(args, bus, stop: asyncio.Event, started: asyncio.
     server = None
     if args.metrics_port is not None:
         server = await MetricsServer(metrics, health, args.metrics_host, args.metrics_port).start()
+    inner_stop = asyncio.Event()
+
+    async def drain_then_stop() -> None:
+        """On stop, record up to the head seen then (bounded wait), so a clean shutdown of the
+        whole system leaves every event in the log."""
+        await stop.wait()
+        head = await bus.last_seq()
+        deadline = asyncio.get_running_loop().time() + args.drain_timeout_s
+        while event_log.last_seq() < head and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        inner_stop.set()
+
     watcher = asyncio.create_task(watch())
+    drainer = asyncio.create_task(drain_then_stop())
     if started is not None:
         started.set()
     try:
-        stats = await run_recorder(bus, event_log, "recorder", flush_interval_s=args.flush_interval_s, stop=stop)
+        stats = await run_recorder(bus, event_log, "recorder", flush_interval_s=args.flush_interval_s,
+                                   stop=inner_stop)
         await merge_config()
     finally:
-        watcher.cancel()
-        await asyncio.gather(watcher, return_exceptions=True)
+        for t in (watcher, drainer):
+            t.cancel()
+        await asyncio.gather(watcher, drainer, return_exceptions=True)
         if server is not None:
             await server.stop()
         event_log.close()

@@ -178,7 +178,7 @@ async def _serve_traffic(nats_url, partition, shadow: bool, db=None) -> tuple[li
     recorder = None
     if db is not None:
         rec_args = argparse.Namespace(db=str(db), run_config=None, metrics_port=None, metrics_host="127.0.0.1",
-                                      flush_interval_s=0.05)
+                                      flush_interval_s=0.05, drain_timeout_s=5.0)
         recorder = asyncio.create_task(run_recorder_service(rec_args, bus, rec_stop))
     services = [await start("router", nats_url, partition)]
     if shadow:

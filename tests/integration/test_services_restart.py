@@ -30,7 +30,7 @@ pytestmark = pytest.mark.asyncio
 
 def _recorder_args(db) -> argparse.Namespace:
     return argparse.Namespace(db=str(db), run_config=None, metrics_port=None, metrics_host="127.0.0.1",
-                              flush_interval_s=0.05)
+                              flush_interval_s=0.05, drain_timeout_s=5.0)
 
 
 async def _wait_exit(proc, timeout_s: float = 30.0) -> int:
