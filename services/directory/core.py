@@ -196,7 +196,7 @@ class DirectoryCore:
 
     def holders(self, block: BlockHash) -> list[tuple[NodeId, Tier]]:
         """Copies of ``block`` as sorted ``(node, tier)`` pairs."""
-        s = self._t.slot.get(block)
+        s = self._t.find(block)
         if s is None:
             return []
         return sorted((n.id, tier) for n in self._nodes for tier, t in TIER_INDEX.items()
@@ -205,7 +205,7 @@ class DirectoryCore:
     def count(self, block: BlockHash, node: NodeId) -> int:
         """Active branches counted on ``node``'s copy of ``block`` (0 if the node holds no copy)."""
         n = self._node(node)
-        s = self._t.slot.get(block)
+        s = self._t.find(block)
         if n is None or s is None or not self._t.holds(s, n.idx):
             return 0
         return int(self._t.refs[s, n.idx])
@@ -213,7 +213,7 @@ class DirectoryCore:
     def last_access(self, block: BlockHash, node: NodeId, tier: Tier) -> float:
         """``ts`` of the last store or use of that copy; raises ``KeyError`` if there is no copy."""
         n = self._node(node)
-        s = self._t.slot.get(block)
+        s = self._t.find(block)
         if n is None or s is None or not self._t.holds(s, n.idx, TIER_INDEX[tier]):
             raise KeyError((block, node, tier))
         return float(self._t.last[s, 2 * n.idx + TIER_INDEX[tier]])

@@ -3,9 +3,10 @@
 Layout (``S`` slots; node ``n``'s copy in tier ``t`` (0 = L1, 1 = L2) is bit ``j = 2n + t``,
 stored in word ``j // 64`` at bit ``j % 64``; ``W`` words cover ``32 W`` nodes):
 
-- ``slot: dict[block hash, int]`` — the only per-block Python structure: one dict probe per
-  block, everything after it is vectorised. Slot 0 is a sentinel that holds nothing, so an
-  unknown block maps to 0 and numpy code needs no special case.
+- ``index: HashIndex`` (block hash -> slot) — a numpy open-addressing hash table, so a whole
+  block list is resolved in a few vectorised probe rounds, with no per-block Python object.
+  Slot 0 is a sentinel that holds nothing, so an unknown block maps to 0 and numpy code needs
+  no special case.
 - ``held[S, W]`` uint64 — bit set: the node holds the block in that tier. A request's holder
   masks are one ``take`` of its slots; a running AND along them gives every node's prefix.
 - ``last[S, 2N]`` float64 — last access of that copy (``ts`` of its store or last use).
@@ -20,18 +21,19 @@ Slot numbers never leak into outputs: everything returned is keyed or sorted by 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from itertools import repeat
 
 import numpy as np
+
+from services.directory.index import HashIndex
 
 TIER_INDEX = {"L1": 0, "L2": 1}
 
 
 class BlockTable:
-    __slots__ = ("block", "free", "gen", "held", "last", "n_nodes", "refs", "size", "slot")
+    __slots__ = ("block", "free", "gen", "held", "index", "last", "n_nodes", "refs", "size")
 
     def __init__(self, capacity: int = 1024, node_capacity: int = 4) -> None:
-        self.slot: dict[int, int] = {}
+        self.index = HashIndex(2 * capacity)
         self.block = np.zeros(capacity, dtype=np.uint64)
         self.held = np.zeros((capacity, -(-node_capacity // 32)), dtype=np.uint64)
         self.last = np.zeros((capacity, 2 * node_capacity), dtype=np.float64)
@@ -67,8 +69,12 @@ class BlockTable:
 
     # ------------------------------------------------------------------------- slots
     def slots(self, blocks: Iterable[int], n: int) -> np.ndarray:
-        """Slots of ``n`` blocks (0 for an unknown block), one dict probe each."""
-        return np.fromiter(map(self.slot.get, blocks, repeat(0)), dtype=np.intp, count=n)
+        """Slots of ``n`` blocks (0 for an unknown block)."""
+        return self.index.find(np.fromiter(blocks, dtype=np.uint64, count=n))
+
+    def find(self, block: int) -> int | None:
+        """Slot of one block, ``None`` if unknown."""
+        return self.index.get(block)
 
     def resolve(self, blocks: Sequence[int], cached: tuple[np.ndarray, int] | None) -> np.ndarray:
         """Slots of ``blocks`` reusing an earlier answer ``(slots, gen)`` for the same list: if no
@@ -77,24 +83,26 @@ class BlockTable:
             return self.slots(blocks, len(blocks))
         s = cached[0]
         z = np.flatnonzero(s == 0)
-        if len(z) * 4 > len(s):
-            return self.slots(blocks, len(blocks))
         if len(z):
             s = s.copy()
-            get = self.slot.get
-            for i in z.tolist():
-                s[i] = get(blocks[i], 0)
+            s[z] = self.slots([blocks[i] for i in z.tolist()], len(z))
         return s
 
     def ensure(self, blocks: Sequence[int], s: np.ndarray | None = None) -> np.ndarray:
         """Slots of ``blocks`` (``s``: already probed), allocating the unknown ones in bulk."""
         if s is None:
-            s = self.slots(blocks, len(blocks))
-        missing = np.flatnonzero(s == 0)
-        if not len(missing):
-            return s
-        mb = [blocks[i] for i in missing.tolist()]
-        new = list(dict.fromkeys(mb))  # a block may repeat inside one list
+            keys = np.fromiter(blocks, dtype=np.uint64, count=len(blocks))
+            s = self.index.find(keys)
+            missing = np.flatnonzero(s == 0)
+            if not len(missing):
+                return s
+            mk = keys[missing]
+        else:
+            missing = np.flatnonzero(s == 0)
+            if not len(missing):
+                return s
+            mk = np.fromiter((blocks[i] for i in missing.tolist()), dtype=np.uint64, count=len(missing))
+        new, inverse = np.unique(mk, return_inverse=True)  # a block may repeat inside one list
         k = len(new)
         take = min(k, len(self.free))
         ks = self.free[len(self.free) - take:]
@@ -104,9 +112,10 @@ class BlockTable:
                 self._grow(self.size + k - take)
             ks.extend(range(self.size, self.size + k - take))
             self.size += k - take
-        self.slot.update(zip(new, ks))
-        self.block[ks] = np.array(new, dtype=np.uint64)
-        s[missing] = ks if k == len(mb) else self.slots(mb, len(mb))
+        ks_arr = np.asarray(ks, dtype=np.intp)
+        self.index.insert(new, ks_arr)
+        self.block[ks_arr] = new
+        s[missing] = ks_arr[inverse]
         return s
 
     def release(self, s: np.ndarray) -> None:
@@ -117,12 +126,11 @@ class BlockTable:
         dead = s[~self.held[s].any(axis=1) & ~self.refs[s].any(axis=1)]
         if not len(dead):
             return
-        slot = self.slot
+        dead = np.unique(dead)
         self.gen += 1
-        for k in np.unique(dead).tolist():
-            del slot[int(self.block[k])]
-            self.last[k] = 0.0
-            self.free.append(k)
+        self.index.delete(self.block[dead])
+        self.last[dead] = 0.0
+        self.free.extend(dead.tolist())
 
     # ------------------------------------------------------------------------- copies
     def store(self, n: int, tier: str, blocks: Sequence[int], ts: float | np.ndarray,
