@@ -203,16 +203,18 @@ class PlannerBase:
         if ev.phase == "prefill":
             if ev.sum_t_uc <= 0 and ev.sum_A <= 0 and ev.sum_t_rst <= 0:
                 return
-            self._slice(ev.ts).on_prefill(ev.sum_t_uc, ev.sum_t_c, ev.sum_t_rst, ev.queued, ev.duration_s)
+            self._slice(ev.ts).on_prefill(
+                ev.sum_t_uc, ev.sum_t_c, ev.sum_t_rst, ev.queued, ev.duration_s, ev.iterations
+            )
             row = [float(ev.sum_t_uc), float(ev.sum_A), float(ev.sum_t_rst), ev.duration_s]
             if n is not None and ev.queued > 0:
-                n.fill_iters += 1
-                n.fill_t_uc += ev.sum_t_uc
+                n.fill_iters += max(1, ev.iterations)
+                n.fill_t_uc += ev.sum_t_uc * max(1, ev.iterations)
         else:
             if ev.batch <= 0:
                 return
             self._slice(ev.ts).on_decode(
-                ev.node, ev.batch, ev.accepted_tokens, ev.t_fwd, ev.queued, ev.duration_s
+                ev.node, ev.batch, ev.accepted_tokens, ev.t_fwd, ev.queued, ev.duration_s, ev.iterations
             )
             row = [float(ev.batch), ev.t_fwd, ev.duration_s]
         if not self.st.frozen:

@@ -85,24 +85,29 @@ class SliceStats(msgspec.Struct, kw_only=True):
         self.sum_t_out += output_tokens
 
     def on_decode(
-        self, node: str, batch: int, accepted: int, t_fwd: float, queued: int, duration_s: float
+        self, node: str, batch: int, accepted: int, t_fwd: float, queued: int, duration_s: float, iterations: int = 1
     ) -> None:
-        self.dec_iters += 1
-        self.dec_batch += batch
-        self.dec_accepted += accepted
-        self.dec_fwd += t_fwd * batch
-        self.dec_busy_s += duration_s
+        """``iterations`` identical iterations, each of ``duration_s`` with ``accepted`` tokens."""
+        m = max(1, iterations)
+        self.dec_iters += m
+        self.dec_batch += batch * m
+        self.dec_accepted += accepted * m
+        self.dec_fwd += t_fwd * batch * m
+        self.dec_busy_s += duration_s * m
         occ = self.dec_occupancy.setdefault(node, [0.0, 0.0])
-        occ[0] += (batch + queued) * duration_s
-        occ[1] += duration_s
+        occ[0] += (batch + queued) * duration_s * m
+        occ[1] += duration_s * m
 
-    def on_prefill(self, t_uc: int, t_c: int, t_rst: int, queued: int, duration_s: float) -> None:
-        self.pre_iters += 1
-        self.pre_t_uc += t_uc
-        self.pre_t_c += t_c
-        self.pre_t_rst += t_rst
-        self.pre_busy_s += duration_s
-        self.pre_queue += queued * duration_s
+    def on_prefill(
+        self, t_uc: int, t_c: int, t_rst: int, queued: int, duration_s: float, iterations: int = 1
+    ) -> None:
+        m = max(1, iterations)
+        self.pre_iters += m
+        self.pre_t_uc += t_uc * m
+        self.pre_t_c += t_c * m
+        self.pre_t_rst += t_rst * m
+        self.pre_busy_s += duration_s * m
+        self.pre_queue += queued * duration_s * m
 
 
 @dataclass(frozen=True, slots=True)

@@ -264,3 +264,25 @@ def test_decode_batch_is_capped_by_kv_capacity_so_long_contexts_need_more_decode
 
     assert best_P(0) == 5
     assert best_P(1_000_000) == 4  # 22 requests fit per decode node instead of all 200
+
+
+def test_an_aggregated_decode_run_counts_like_its_iterations():
+    one, many = EvolvingPlanner(warmup_s=1e9), EvolvingPlanner(warmup_s=1e9)
+    for p in (one, many):
+        p.apply(NodeRegistered(ts=0.0, node="a", role="collocated"))
+    kw = {"node": "a", "phase": "decode", "duration_s": 0.02, "batch": 8, "accepted_tokens": 20, "t_fwd": 2.0}
+    one.apply(IterationDone(ts=1.0, iterations=10, **kw))
+    for _ in range(10):
+        many.apply(IterationDone(ts=1.0, **kw))
+    many.apply(
+        IterationDone(ts=2.0, node="a", phase="decode", duration_s=0.06, batch=1, queued=3, iterations=1)
+    )
+    one.apply(IterationDone(ts=2.0, node="a", phase="decode", duration_s=0.06, batch=1, queued=3))
+    a, b = one.st.slices[0], many.st.slices[0]
+    for f in a.__struct_fields__:
+        if f != "dec_occupancy":
+            assert getattr(a, f) == pytest.approx(getattr(b, f)), f
+    assert a.dec_occupancy["a"] == pytest.approx(b.dec_occupancy["a"])
+    assert a.dec_iters == 11 and a.dec_batch == 81 and a.dec_accepted == 200
+    # time-weighted requests in decode: 8 for 0.2 s, then 1 running + 3 queued for 0.06 s
+    assert a.decode_population() == pytest.approx((8 * 0.2 + 4 * 0.06) / 0.26)
