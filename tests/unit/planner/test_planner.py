@@ -286,3 +286,23 @@ def test_an_aggregated_decode_run_counts_like_its_iterations():
     assert a.dec_iters == 11 and a.dec_batch == 81 and a.dec_accepted == 200
     # time-weighted requests in decode: 8 for 0.2 s, then 1 running + 3 queued for 0.06 s
     assert a.decode_population() == pytest.approx((8 * 0.2 + 4 * 0.06) / 0.26)
+
+
+def test_the_nodes_that_switch_are_those_that_lose_least():
+    from events.catalog import NodeHeartbeat, RoleSwitched
+
+    planner = EvolvingPlanner(warmup_s=1e9)
+    roles = {"a": "prefill", "b": "prefill", "c": "decode", "d": "decode", "e": "decode"}
+    load = {"a": (3, 0), "b": (1, 0), "c": (5, 10), "d": (2, 900), "e": (2, 100)}  # (running, l1_used)
+    for n, r in roles.items():
+        planner.apply(NodeRegistered(ts=0.0, node=n, role="collocated"))
+        planner.apply(RoleSwitched(ts=1.0, node=n, role=r))
+        planner.apply(NodeHeartbeat(ts=2.0, node=n, role=r, running=load[n][0], l1_used_tokens=load[n][1]))
+    # decode -> prefill: fewest running first (d, e tie at 2), then least KV lost: e before d
+    assert planner.nodes_to_switch(3) == [("e", "prefill")]
+    assert planner.nodes_to_switch(4) == [("d", "prefill"), ("e", "prefill")]
+    # prefill -> decode keeps its KV: fewest running decides
+    assert planner.nodes_to_switch(1) == [("b", "decode")]
+    assert planner.nodes_to_switch(2) == []
+    # the evaluation's assignment order agrees: candidate P takes the first P nodes
+    assert planner.assignment_order() == ["a", "b", "e", "d", "c"]
