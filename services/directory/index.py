@@ -22,6 +22,17 @@ _WINDOW = 16
 _STEPS = np.arange(_WINDOW, dtype=np.intp)
 
 
+def first_occurrences(a: np.ndarray) -> np.ndarray:
+    """Indices of the first occurrence of each distinct value of ``a`` (by value order for
+    large arrays, by position for small ones; callers only need the set)."""
+    if len(a) <= 64:  # numpy's unique costs tens of microseconds of overhead on tiny arrays
+        seen: dict[int, int] = {}
+        for i, v in enumerate(a.tolist()):
+            seen.setdefault(v, i)
+        return np.fromiter(seen.values(), dtype=np.intp, count=len(seen))
+    return np.unique(a, return_index=True)[1]
+
+
 class HashIndex:
     __slots__ = ("bits", "deleted", "keys", "state", "used", "vals")
 
@@ -98,7 +109,7 @@ class HashIndex:
             has = free.any(axis=1)
             rows = np.flatnonzero(has)
             cell = cells[rows, free[rows].argmax(axis=1)]
-            _, first = np.unique(cell, return_index=True)
+            first = first_occurrences(cell)
             win, cell = rows[first], cell[first]
             self.deleted -= int((self.state[cell] == DELETED).sum())
             self.keys[cell] = keys[todo[win]]

@@ -101,8 +101,11 @@ class BlockTable:
             missing = np.flatnonzero(s == 0)
             if not len(missing):
                 return s
-            mk = np.fromiter((blocks[i] for i in missing.tolist()), dtype=np.uint64, count=len(missing))
-        new, inverse = np.unique(mk, return_inverse=True)  # a block may repeat inside one list
+            if 4 * len(missing) > len(s):
+                mk = np.fromiter(blocks, dtype=np.uint64, count=len(blocks))[missing]
+            else:
+                mk = np.fromiter(map(blocks.__getitem__, missing.tolist()), dtype=np.uint64, count=len(missing))
+        new, inverse = _distinct(mk)  # a block may repeat inside one list
         k = len(new)
         take = min(k, len(self.free))
         ks = self.free[len(self.free) - take:]
@@ -231,3 +234,13 @@ class BlockTable:
 
 
 _BIT = [np.uint64(1 << i) for i in range(64)]
+
+
+def _distinct(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(distinct keys, index of each key in them)``; plain Python for tiny arrays, where
+    numpy's ``unique`` costs tens of microseconds of overhead."""
+    if len(keys) > 64:
+        return np.unique(keys, return_inverse=True)
+    pos: dict[int, int] = {}
+    inverse = [pos.setdefault(k, len(pos)) for k in keys.tolist()]
+    return np.fromiter(pos, dtype=np.uint64, count=len(pos)), np.asarray(inverse, dtype=np.intp)
