@@ -235,16 +235,3 @@ def fit_decode(
     """NNLS fit of eq. 2 from rows ``(batch, t_fwd, duration_s)``."""
     X, y = decode_design(samples, k, E)
     return _fit(X, y, prior.coefficients, min_train)
-
-
-def prefill_from(fit: Fit, prior: PrefillModel = PRIOR_PREFILL) -> PrefillModel:
-    return PrefillModel(*fit.coefficients) if fit.fitted else prior
-
-
-def decode_from(
-    fit: Fit, k: int = DEFAULT_K, E: int = DEFAULT_E, prior: DecodeModel = PRIOR_DECODE
-) -> DecodeModel:
-    if not fit.fitted:
-        return DecodeModel(prior.d0, prior.d1, prior.d2, k, E)
-    d0, d1, d2 = fit.coefficients
-    return DecodeModel(d0, d1, d2, k, E)

@@ -85,7 +85,14 @@ class SliceStats(msgspec.Struct, kw_only=True):
         self.sum_t_out += output_tokens
 
     def on_decode(
-        self, node: str, batch: int, accepted: int, t_fwd: float, queued: int, duration_s: float, iterations: int = 1
+        self,
+        node: str,
+        batch: int,
+        accepted: int,
+        t_fwd: float,
+        queued: int,
+        duration_s: float,
+        iterations: int = 1,
     ) -> None:
         """``iterations`` identical iterations, each of ``duration_s`` with ``accepted`` tokens."""
         m = max(1, iterations)
