@@ -111,6 +111,7 @@ class ServiceRunner:
         self._snap_at = 0.0
         self._fault_after = _fault_after()
         self._bus_dead_letters = 0
+        self._upload: asyncio.Task | None = None
         m, name = self.metrics, cfg.name
         self._m_folded, self._m_redelivered = m.folded.labels(name), m.redelivered.labels(name)
         self._m_applied, self._m_lag = m.applied.labels(name), m.lag.labels(name)
@@ -162,6 +163,8 @@ class ServiceRunner:
             await self.load()
         if not self.recovering:
             self.ready.set()
+            log.info("service_caught_up", service=self.cfg.name, applied_seq=self.applied_seq, republished=0,
+                     skipped=0)
         buf: deque[Delivery] = deque()
         wake, room = asyncio.Event(), asyncio.Event()
         room.set()
@@ -299,17 +302,32 @@ class ServiceRunner:
         due = self._since_snap >= self.cfg.snapshot_every or (
             self._since_snap and time.monotonic() - self._snap_at >= self.cfg.snapshot_interval_s)
         if due and not self.recovering:
-            await self.snapshot()
+            await self.snapshot(wait=False)
 
-    async def snapshot(self) -> None:
-        """Write the snapshot now (never while decisions of folded sequences are held)."""
+    async def snapshot(self, wait: bool = True) -> None:
+        """Take the snapshot now (never while decisions of folded sequences are held) and
+        upload it; ``wait=False`` uploads in the background so the fold goes on (one upload at
+        a time, so an older snapshot never lands after a newer one)."""
         if self.recovering or self.seqd is None:
             return
+        if self._upload is not None and not self._upload.done():
+            if not wait:
+                return  # still uploading the previous one: try again after the next batch
+            await self._upload
         data = msgspec.msgpack.encode(_RunnerSnap(self.fp, self.seqd.snapshot()))
-        await self.bus.put_snapshot(self.cfg.name, data)
-        self.metrics.snapshots.labels(self.cfg.name).inc()
         self._since_snap = 0
         self._snap_at = time.monotonic()
+        self._upload = asyncio.create_task(self._put(data), name=f"{self.cfg.name}-snapshot")
+        if wait:
+            await self._upload
+
+    async def _put(self, data: bytes) -> None:
+        try:
+            await self.bus.put_snapshot(self.cfg.name, data)
+        except Exception as exc:  # noqa: BLE001 - a lost snapshot only lengthens the next replay
+            log.error("snapshot_failed", service=self.cfg.name, error=str(exc))
+            return
+        self.metrics.snapshots.labels(self.cfg.name).inc()
 
     async def _watch_lag(self) -> None:
         while True:

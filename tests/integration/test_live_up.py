@@ -1,13 +1,15 @@
-"""End to end: ``evolving up`` (services, sim engines and the gateway as child processes) on the
-session's nats-server, a real Claude Code trace (weka fixture) driven through the gateway with
-``evolving drive``; every request completes, the DuckDB log holds every event of the stream,
-and ``evolving verify`` reproduces every recorded decision."""
+"""End to end: ``evolving up`` (services, a shadow router, sim engines and the gateway as child
+processes) on the session's nats-server, a real Claude Code trace (weka fixture) driven through
+the gateway with ``evolving drive``, twice, with the router SIGKILLed in between (``up``
+restarts it); every request completes and is decided once, the DuckDB log holds every event of
+the stream, and ``evolving verify`` reproduces every recorded decision."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -31,6 +33,15 @@ def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout)
 
 
+def _wait_text(path: Path, text: str, times: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().count(text) >= times:
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"{text!r} not {times} times in {path} within {timeout_s} s")
+
+
 def _wait_file(path: Path, proc: subprocess.Popen, timeout_s: float) -> dict:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -52,15 +63,19 @@ def test_up_serves_a_real_trace_end_to_end(nats_url, partition, tmp_path):
     up = subprocess.Popen(
         [sys.executable, "-m", "services.cli", "up", "--nats-url", nats_url, "--partition", partition,
          "--run-dir", str(run_dir), "--engines", "2", "--gateway-port", "0", "--ready-file", str(ready),
-         "--no-status", "--metrics-port", "-1", "--stop-timeout-s", "15"],
+         "--no-status", "--metrics-port", "-1", "--stop-timeout-s", "15", "--shadow", "cache_aware"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         urls = _wait_file(ready, up, 120)
-        drive = _cli("drive", str(trace), "--gateway", urls["gateway"], "--speedup", "1000", "--json",
-                     "--timeout-s", "60")
-        assert drive.returncode == 0, drive.stdout + drive.stderr
-        summary = json.loads(drive.stdout)
-        assert summary["requests_failed"] == 0 and summary["requests_ok"] == 3, summary
+        for run in ("first", "after-restart"):
+            drive = _cli("drive", str(trace), "--gateway", urls["gateway"], "--speedup", "1000", "--json",
+                         "--timeout-s", "60", "--run-id", f"{run}-")
+            assert drive.returncode == 0, drive.stdout + drive.stderr
+            summary = json.loads(drive.stdout)
+            assert summary["requests_failed"] == 0 and summary["requests_ok"] == 3, summary
+            if run == "first":  # kill the router; `up` restarts it from its snapshot + tail
+                os.kill(urls["pids"]["router"], signal.SIGKILL)
+                _wait_text(run_dir / "logs" / "router.log", "service_caught_up", 2, 60)
     finally:
         if up.poll() is None:
             up.send_signal(signal.SIGINT)  # Ctrl-C
@@ -91,10 +106,51 @@ def test_up_serves_a_real_trace_end_to_end(nats_url, partition, tmp_path):
             "AND NOT coalesce((payload->>'$.shadow')::BOOLEAN, false) "
             "AND NOT coalesce((payload->>'$.reroute')::BOOLEAN, false) GROUP BY 1").fetchall()
         assert log.run_config()["router"]["plugin"] == "evolving"
-    assert len(submitted) == 3 and submitted == finished, (submitted, finished)
+        shadowed = {r for (r,) in log.con.execute(
+            "SELECT payload->>'$.request' FROM events WHERE subject LIKE ?",
+            [f"ei.{partition}.shadow.cache_aware.routedecided"]).fetchall()}
+    assert len(submitted) == 6 and submitted == finished, (submitted, finished)
     assert sorted(r for r, _ in routed) == sorted(submitted) and {c for _, c in routed} == {1}
+    assert shadowed == submitted  # the shadow router decided every request, under its own subject
     assert counts["NodeRegistered"] == 2 and counts["Tick"] >= 1
     verify = _cli("verify", str(db), "--json")
     assert verify.returncode == 0, verify.stdout + verify.stderr
     report = json.loads(verify.stdout)
-    assert report["ok"] and report["reproduced"].get("RouteDecided") == 3, report
+    assert report["ok"] and report["reproduced"].get("RouteDecided") == 6, report
+
+
+def test_status_line_folds_nodes_requests_and_decisions():
+    from rich.console import Console
+
+    from events.catalog import (
+        NodeRegistered,
+        PlanEvaluated,
+        RequestFinished,
+        RequestSubmitted,
+        RoleSwitchOrdered,
+        RouteDecided,
+        Split,
+    )
+    from services.live.up import Status, Up
+
+    st = Status()
+    evs = [NodeRegistered(ts=0, node="n0", role="collocated"), NodeRegistered(ts=0, node="n1", role="collocated"),
+           RequestSubmitted(ts=1, request="r1", branch="b"), RequestSubmitted(ts=1, request="r2", branch="b"),
+           RouteDecided(ts=1, request="r1", prefill_node="n0", decode_node="n1", policy="evolving"),
+           RouteDecided(ts=1, request="r1", prefill_node="n1", decode_node="n1", policy="x", shadow=True),
+           RequestFinished(ts=2, request="r1", node="n1"),
+           PlanEvaluated(ts=3, window_start=0, window_end=3, current=Split(prefill=0, decode=0),
+                         chosen=Split(prefill=1, decode=1), reason="initial"),
+           RoleSwitchOrdered(ts=3, node="n0", from_role="collocated", to_role="prefill")]
+    for i, ev in enumerate(evs, 1):
+        st.fold(i, ev)
+    assert st.nodes == {"n0": "collocated->prefill", "n1": "collocated"}
+    assert st.in_flight == {"r2"} and (st.submitted, st.finished) == (2, 1)
+    assert st.last_route.startswith("r1 -> P n0 / D n1")  # the shadow decision is not shown
+    assert st.last_plan == "1P/1D: initial"
+    up = Up.__new__(Up)
+    up.status, up.children, up.urls = st, [], {"gateway": "http://127.0.0.1:1"}
+    console = Console(record=True, width=200)
+    console.print(up._render())
+    text = console.export_text()
+    assert "n0:collocated->prefill" in text and "in flight 1" in text and "1P/1D" in text
