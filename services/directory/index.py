@@ -1,15 +1,17 @@
-"""A vectorised hash index ``uint64 key -> int slot`` (open addressing, pure numpy, no I/O).
+"""A vectorised hash index ``uint64 key -> slot`` (open addressing, pure numpy, no I/O).
 
 Why not a ``dict``: a request carries hundreds to thousands of block hashes, and a Python dict
 answers them one interpreter step and one or two cache misses at a time. Here a whole batch is
-hashed and probed by numpy: one gather per probe round over every key still unresolved, so the
+hashed and probed by numpy, one gather per probe round over every key still unresolved, so the
 memory accesses of a batch overlap instead of queueing.
 
-Layout: ``keys``/``vals``/``state`` arrays of a power-of-two capacity; ``state`` is 0 (empty),
-1 (used) or 2 (deleted, a tombstone that keeps probe chains intact). Position of a key:
-Fibonacci hashing (multiply by 2^64/phi, keep the top bits), then linear probing. The table is
-rebuilt at twice the live size whenever used + deleted cells pass half the capacity, so probe
-chains stay short (expected < 2 probes).
+Layout: one ``uint64[capacity, 2]`` array of ``(key, value)`` cells (a probe touches one cache
+line). Value 0 marks an empty cell and ``2**64 - 1`` a deleted one (a tombstone that keeps probe
+chains intact); stored values (slots) are therefore in ``[1, 2**64 - 2]``. Position: Fibonacci
+hashing (multiply by 2^64/phi, keep the top bits), then linear probing. The first rounds read
+one cell per unresolved key; the rare key still unresolved after four cells reads windows of
+16 cells per round. The table is rebuilt at <= 1/4 load
+whenever used + deleted cells pass 1/2, so chains stay short.
 """
 
 from __future__ import annotations
@@ -17,14 +19,14 @@ from __future__ import annotations
 import numpy as np
 
 _PHI = np.uint64(0x9E3779B97F4A7C15)
-EMPTY, USED, DELETED = 0, 1, 2
+_EMPTY = np.uint64(0)
+_DELETED = np.uint64(2**64 - 1)
 _WINDOW = 16
 _STEPS = np.arange(_WINDOW, dtype=np.intp)
 
 
 def first_occurrences(a: np.ndarray) -> np.ndarray:
-    """Indices of the first occurrence of each distinct value of ``a`` (by value order for
-    large arrays, by position for small ones; callers only need the set)."""
+    """Indices of one occurrence of each distinct value of ``a`` (the first one)."""
     if len(a) <= 64:  # numpy's unique costs tens of microseconds of overhead on tiny arrays
         seen: dict[int, int] = {}
         for i, v in enumerate(a.tolist()):
@@ -34,18 +36,14 @@ def first_occurrences(a: np.ndarray) -> np.ndarray:
 
 
 class HashIndex:
-    __slots__ = ("bits", "deleted", "keys", "state", "used", "vals")
+    __slots__ = ("bits", "cells", "deleted", "used")
 
     def __init__(self, capacity: int = 1024) -> None:
-        bits = max(4, int(capacity - 1).bit_length())
-        self._alloc(bits)
+        self._alloc(max(4, int(capacity - 1).bit_length()))
 
     def _alloc(self, bits: int) -> None:
-        cap = 1 << bits
         self.bits = bits
-        self.keys = np.zeros(cap, dtype=np.uint64)
-        self.vals = np.zeros(cap, dtype=np.intp)
-        self.state = np.zeros(cap, dtype=np.int8)
+        self.cells = np.zeros((1 << bits, 2), dtype=np.uint64)
         self.used = 0
         self.deleted = 0
 
@@ -55,84 +53,94 @@ class HashIndex:
     def _home(self, keys: np.ndarray) -> np.ndarray:
         return ((keys * _PHI) >> np.uint64(64 - self.bits)).astype(np.intp)
 
-    def _probe(self, keys: np.ndarray) -> np.ndarray:
-        """Cell of each key, or -1 where the key is absent.
-
-        Round 1 looks at each key's home cell (most keys end there); later rounds gather a
-        window of ``_WINDOW`` consecutive cells per unresolved key, so a long probe chain costs
-        one more vectorised round instead of one round per cell."""
+    def _probe(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(cell, value)`` of each key; cell -1 and value 0 where the key is absent."""
         mask = (1 << self.bits) - 1
         pos = self._home(keys)
-        st = self.state[pos]
-        hit = (st == USED) & (self.keys[pos] == keys)
-        out = np.where(hit, pos, -1)
-        todo = np.flatnonzero(~hit & (st != EMPTY))
+        c = self.cells[pos]
+        v = c[:, 1]
+        hit = (c[:, 0] == keys) & (v != _EMPTY) & (v != _DELETED)
+        cell = np.where(hit, pos, -1)
+        val = np.where(hit, v, _EMPTY)
+        todo = np.flatnonzero(~hit & (v != _EMPTY))
         start = pos[todo] + 1
-        while len(todo):
-            cells = (start[:, None] + _STEPS) & mask
-            wst = self.state[cells]
-            match = (wst == USED) & (self.keys[cells] == keys[todo][:, None])
-            stop = match | (wst == EMPTY)
+        for _ in range(3):  # short chains: one cell per round (a cheap 1-D gather)
+            if not len(todo):
+                return cell, val
+            p = start & mask
+            c = self.cells[p]
+            v = c[:, 1]
+            found = (c[:, 0] == keys[todo]) & (v != _EMPTY) & (v != _DELETED)
+            cell[todo[found]] = p[found]
+            val[todo[found]] = v[found]
+            more = ~found & (v != _EMPTY)
+            todo, start = todo[more], p[more] + 1
+        while len(todo):  # the rare long chain: windows of cells per round
+            win = (start[:, None] + _STEPS) & mask
+            w = self.cells[win]
+            wv = w[:, :, 1]
+            match = (w[:, :, 0] == keys[todo][:, None]) & (wv != _EMPTY) & (wv != _DELETED)
+            stop = match | (wv == _EMPTY)
             first = stop.argmax(axis=1)
             rows = np.arange(len(todo))
             found = match[rows, first]
-            out[todo[found]] = cells[rows[found], first[found]]
+            cell[todo[found]] = win[rows[found], first[found]]
+            val[todo[found]] = wv[rows[found], first[found]]
             more = ~stop.any(axis=1)
             todo, start = todo[more], (start[more] + _WINDOW) & mask
-        return out
+        return cell, val
 
     def find(self, keys: np.ndarray) -> np.ndarray:
-        """Value of each key (uint64 array), 0 where absent."""
-        cell = self._probe(keys)
-        out = self.vals[cell]
-        out[cell < 0] = 0
-        return out
+        """Value of each key (uint64 array in, intp out), 0 where absent."""
+        return self._probe(keys)[1].astype(np.intp)
 
     def get(self, key: int) -> int | None:
         v = int(self.find(np.array([key], dtype=np.uint64))[0])
         return v or None
 
     def insert(self, keys: np.ndarray, vals: np.ndarray) -> None:
-        """Add distinct keys known to be absent (their values must be non-zero)."""
+        """Add distinct keys known to be absent, with values in ``[1, 2**64 - 2]``."""
         if not len(keys):
             return
         if 2 * (self.used + self.deleted + len(keys)) > (1 << self.bits):
             self._rebuild(self.used + len(keys))
         mask = (1 << self.bits) - 1
+        vals = np.asarray(vals).astype(np.uint64)
         start = self._home(keys)
         todo = np.arange(len(keys))
         while len(todo):
             # each key takes the first free cell of a window on its probe chain; keys that pick
-            # the same cell: the first wins, the others look again from the same start
-            cells = (start[todo][:, None] + _STEPS) & mask
-            free = self.state[cells] != USED
+            # the same cell: one wins, the others look again from the same start
+            win = (start[todo][:, None] + _STEPS) & mask
+            wv = self.cells[win, 1]
+            free = (wv == _EMPTY) | (wv == _DELETED)
             has = free.any(axis=1)
             rows = np.flatnonzero(has)
-            cell = cells[rows, free[rows].argmax(axis=1)]
+            cell = win[rows, free[rows].argmax(axis=1)]
             first = first_occurrences(cell)
-            win, cell = rows[first], cell[first]
-            self.deleted -= int((self.state[cell] == DELETED).sum())
-            self.keys[cell] = keys[todo[win]]
-            self.vals[cell] = vals[todo[win]]
-            self.state[cell] = USED
-            self.used += len(win)
+            won, cell = rows[first], cell[first]
+            self.deleted -= int((self.cells[cell, 1] == _DELETED).sum())
+            self.cells[cell, 0] = keys[todo[won]]
+            self.cells[cell, 1] = vals[todo[won]]
+            self.used += len(won)
             start[todo[~has]] += _WINDOW
             keep = np.ones(len(todo), dtype=bool)
-            keep[win] = False
+            keep[won] = False
             todo = todo[keep]
             start[todo] &= mask
 
     def delete(self, keys: np.ndarray) -> None:
         """Remove keys (absent ones are ignored)."""
-        cell = self._probe(keys)
+        cell = self._probe(keys)[0]
         cell = np.unique(cell[cell >= 0])
-        self.state[cell] = DELETED
+        self.cells[cell, 1] = _DELETED
         self.used -= len(cell)
         self.deleted += len(cell)
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
-        live = self.state == USED
-        return self.keys[live], self.vals[live]
+        v = self.cells[:, 1]
+        live = (v != _EMPTY) & (v != _DELETED)
+        return self.cells[live, 0], v[live].astype(np.intp)
 
     def _rebuild(self, live: int) -> None:
         keys, vals = self.items()

@@ -32,6 +32,6 @@ def test_index_matches_a_dict(ops):
         got = idx.find(np.array(probe, dtype=np.uint64)).tolist()
         assert got == [model.get(k, 0) for k in probe]
         assert len(idx) == len(model)
-        assert 2 * (idx.used + idx.deleted) <= len(idx.state)
+        assert 2 * (idx.used + idx.deleted) <= len(idx.cells)
     k, v = idx.items()
     assert dict(zip(k.tolist(), v.tolist())) == model
