@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from itertools import islice, takewhile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -189,12 +190,18 @@ class SimNode:
     def holds(self, block: BlockHash, tier: Tier) -> bool:
         return block in (self.l1 if tier == "L1" else self.l2)
 
-    def _prefix_len(self, blocks: Sequence[BlockHash], start: int, store: set) -> int:
-        i = start
-        n = len(blocks)
-        while i < n and blocks[i] in store:
-            i += 1
-        return i
+    @staticmethod
+    def _prefix_len(blocks: Sequence[BlockHash], start: int, store: set) -> int:
+        """End of the run of ``blocks[start:]`` held in ``store`` (C-speed scan)."""
+        return start + len(list(takewhile(store.__contains__, islice(blocks, start, None))))
+
+    def _missing(self, blocks: Sequence[BlockHash], store: set) -> list[BlockHash]:
+        """Blocks not in ``store``, in order, without duplicates (the held prefix is skipped
+        at C speed: a prompt is usually a held prefix plus a new suffix)."""
+        k = self._prefix_len(blocks, 0, store)
+        if k == len(blocks):
+            return []
+        return [b for b in dict.fromkeys(islice(blocks, k, None)) if b not in store]
 
     def _make_room(self, tier: Tier, need_blocks: int, also_pinned: Sequence[BlockHash] = (),
                    extra_tokens: int = 0) -> bool:
@@ -222,7 +229,7 @@ class SimNode:
                request: RequestId | None = None) -> list[BlockHash]:
         """Add the blocks not held yet to ``tier`` (after eviction); returns those added."""
         store = self.l1 if tier == "L1" else self.l2
-        new = [b for b in dict.fromkeys(blocks) if b not in store]
+        new = self._missing(blocks, store)
         if not new:
             return []
         if not self._make_room(tier, len(new), pinned):
@@ -313,8 +320,8 @@ class SimNode:
         pins = job.blocks
         kept = []
         for src, blocks in got:
-            new2 = [b for b in blocks if b not in self.l2]
-            new1 = [b for b in blocks if b not in self.l1]
+            new2 = self._missing(blocks, self.l2)
+            new1 = self._missing(blocks, self.l1)
             if not (self._make_room("L2", len(new2), pins) and self._make_room("L1", len(new1), pins)):
                 break  # no room: the rest is recomputed
             self.l2.update(blocks)
@@ -476,7 +483,7 @@ class SimNode:
         while self.dwaiting and len(self.running) < self.p.max_running:
             job = self.dwaiting[0]
             work = self._job_working_tokens(job)
-            new = [b for b in dict.fromkeys(job.blocks) if b not in self.l1]
+            new = self._missing(job.blocks, self.l1)
             if not self._make_room("L1", len(new), job.blocks, extra_tokens=work):
                 if not self.running:  # it can never fit: serve it without caching its blocks
                     self.dwaiting.popleft()
