@@ -292,7 +292,7 @@ def _cmd_bench(args) -> int:
         ref.setdefault(r[0], r[5])
         t.add_row(str(r[0]), str(r[1]), r[2], f"{r[3]:.0f}", f"{r[4]:.1f}", f"{r[5]:.1f}", str(r[6]), str(r[7]),
                   f"{r[8]:.1f}", f"{r[5] / ref[r[0]]:.2f}x")
-    Console().print(t)
+    Console(width=150).print(t)
     return 0
 
 
