@@ -144,8 +144,9 @@ class ServiceRunner:
                                 reason="configuration changed; rebuilding from sequence 0")
                 else:
                     self.seqd = Sequenced.restore(snap.sequenced, _Restorer(self.restore_core))
-            except (msgspec.DecodeError, msgspec.ValidationError, ValueError, AssertionError) as exc:
-                log.error("snapshot_unreadable", service=self.cfg.name, error=str(exc))
+            except Exception as exc:  # noqa: BLE001 - any unreadable snapshot: rebuild from sequence 0
+                log.error("snapshot_unreadable", service=self.cfg.name, error=f"{type(exc).__name__}: {exc}",
+                          action="rebuilding from sequence 0")
         if self.seqd is None:
             self.seqd = Sequenced(self.make_core(), 0)
         self.restored_from = self.seqd.applied_seq

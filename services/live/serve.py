@@ -235,12 +235,20 @@ async def run_recorder_service(args, bus, stop: asyncio.Event, started: asyncio.
     def health() -> dict[str, Any]:
         return {"service": "recorder", "ready": True, "applied_seq": event_log.last_seq()}
 
+    folded, dead = metrics.folded.labels("recorder"), metrics.dead_letters.labels("recorder")
+
     async def watch() -> None:
+        seen, seen_dl = event_log.last_seq(), 0
         while True:
             head = await bus.last_seq()
             applied = event_log.last_seq()
             recorded.set(applied)
             lag.set(max(0, head - applied))
+            folded.inc(max(0, applied - seen))  # sequences committed (dead letters included)
+            seen = max(seen, applied)
+            bus_dl = getattr(bus, "dead_lettered", 0)
+            dead.inc(max(0, bus_dl - seen_dl))
+            seen_dl = max(seen_dl, bus_dl)
             await asyncio.sleep(1.0)
 
     await merge_config()

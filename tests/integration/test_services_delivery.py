@@ -235,3 +235,24 @@ async def test_recorder_collects_the_run_config_the_services_wrote(nats_url, par
     assert cfg["planner"] == {"plugin": "static", "kwargs": {"name": "static"}}
     assert cfg["cores"] == ["planner", "router"]
     await bus.close()
+
+
+async def test_unreadable_snapshot_rebuilds_from_zero_without_republishing(nats_url, partition):
+    bus = await NatsBus.connect(nats_url, partition)
+    await bus.publish_many(workload.nodes(2, 2) + [e for b in range(3) for e in workload.branch_events(b, 3)])
+    wanted = [f"b{b}/{k}" for b in range(3) for k in range(3)]
+    router = await start("router", nats_url, partition)
+    await wait_until(lambda: routed(bus, wanted), 20, what="every request routed")
+    await router.close()
+    await bus.put_snapshot("router", b"\x00 not a snapshot")
+    await bus.publish_many(workload.branch_events(9, 2))  # new work after the restart point
+    router = await start("router", nats_url, partition)
+    try:
+        await wait_until(lambda: routed(bus, wanted + ["b9/0", "b9/1"]), 20, what="the new requests routed")
+        assert router.runner.restored_from == 0  # rebuilt from sequence 0
+        assert router.runner.metrics.value("ei_service_republish_skipped_total") == len(wanted)
+    finally:
+        await router.close()
+    counts = acting_route_counts(await read_all(bus))
+    assert sorted(counts) == sorted(wanted + ["b9/0", "b9/1"]) and set(counts.values()) == {1}
+    await bus.close()
