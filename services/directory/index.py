@@ -21,6 +21,8 @@ import numpy as np
 _PHI = np.uint64(0x9E3779B97F4A7C15)
 _EMPTY = np.uint64(0)
 _DELETED = np.uint64(2**64 - 1)
+_PHI_INT, _M64, _DELETED_INT = int(_PHI), 2**64 - 1, 2**64 - 1
+_SMALL = 24  # batches up to this size are inserted in plain Python
 _WINDOW = 16
 _STEPS = np.arange(_WINDOW, dtype=np.intp)
 
@@ -92,11 +94,29 @@ class HashIndex:
 
     def find(self, keys: np.ndarray) -> np.ndarray:
         """Value of each key (uint64 array in, intp out), 0 where absent."""
+        if len(keys) <= _SMALL:
+            return np.array(self.find_few(keys.tolist()), dtype=np.intp)
         return self._probe(keys)[1].astype(np.intp)
 
+    def find_few(self, keys: list[int]) -> list[int]:
+        """:meth:`find` in plain Python, for a handful of keys."""
+        cells, mask, shift = self.cells, (1 << self.bits) - 1, 64 - self.bits
+        out = []
+        for k in keys:
+            p = ((k * _PHI_INT) & _M64) >> shift
+            while True:
+                cv = cells.item(p, 1)
+                if cv == 0:
+                    out.append(0)
+                    break
+                if cv != _DELETED_INT and cells.item(p, 0) == k:
+                    out.append(cv)
+                    break
+                p = (p + 1) & mask
+        return out
+
     def get(self, key: int) -> int | None:
-        v = int(self.find(np.array([key], dtype=np.uint64))[0])
-        return v or None
+        return self.find_few([int(key)])[0] or None
 
     def insert(self, keys: np.ndarray, vals: np.ndarray) -> None:
         """Add distinct keys known to be absent, with values in ``[1, 2**64 - 2]``."""
@@ -104,6 +124,9 @@ class HashIndex:
             return
         if 2 * (self.used + self.deleted + len(keys)) > (1 << self.bits):
             self._rebuild(self.used + len(keys))
+        if len(keys) <= _SMALL:
+            self._insert_few(keys.tolist(), np.asarray(vals).tolist())
+            return
         mask = (1 << self.bits) - 1
         vals = np.asarray(vals).astype(np.uint64)
         start = self._home(keys)
@@ -128,6 +151,22 @@ class HashIndex:
             keep[won] = False
             todo = todo[keep]
             start[todo] &= mask
+
+    def _insert_few(self, keys: list[int], vals: list[int]) -> None:
+        """The same insertion, one key at a time in plain Python: cheaper than a dozen numpy
+        calls when a batch has only a few keys (a request's newly appended blocks)."""
+        cells, mask, shift = self.cells, (1 << self.bits) - 1, 64 - self.bits
+        for k, v in zip(keys, vals):
+            p = ((k * _PHI_INT) & _M64) >> shift
+            while True:
+                cv = cells.item(p, 1)
+                if cv == 0 or cv == _DELETED_INT:
+                    break
+                p = (p + 1) & mask
+            if cv == _DELETED_INT:
+                self.deleted -= 1
+            cells[p] = (k, v)
+            self.used += 1
 
     def delete(self, keys: np.ndarray) -> None:
         """Remove keys (absent ones are ignored)."""

@@ -70,6 +70,8 @@ class BlockTable:
     # ------------------------------------------------------------------------- slots
     def slots(self, blocks: Iterable[int], n: int) -> np.ndarray:
         """Slots of ``n`` blocks (0 for an unknown block)."""
+        if n <= 24:
+            return np.array(self.index.find_few(list(blocks)), dtype=np.intp)
         return self.index.find(np.fromiter(blocks, dtype=np.uint64, count=n))
 
     def find(self, block: int) -> int | None:

@@ -13,7 +13,7 @@ KEYS = st.one_of(st.integers(0, 40), st.integers(0, 2**64 - 1))
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.booleans(), st.lists(KEYS, max_size=30)), max_size=25))
+@given(st.lists(st.tuples(st.booleans(), st.lists(KEYS, max_size=90)), max_size=25))
 def test_index_matches_a_dict(ops):
     idx, model = HashIndex(capacity=4), {}
     nxt = 1
