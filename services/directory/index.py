@@ -22,6 +22,7 @@ _PHI = np.uint64(0x9E3779B97F4A7C15)
 _EMPTY = np.uint64(0)
 _DELETED = np.uint64(2**64 - 1)
 _PHI_INT, _M64, _DELETED_INT = int(_PHI), 2**64 - 1, 2**64 - 1
+_SINGLE_ROUNDS = 1  # probe rounds of one cell per key before windows of cells
 _SMALL = 24  # batches up to this size are inserted in plain Python
 _WINDOW = 16
 _STEPS = np.arange(_WINDOW, dtype=np.intp)
@@ -66,7 +67,7 @@ class HashIndex:
         val = np.where(hit, v, _EMPTY)
         todo = np.flatnonzero(~hit & (v != _EMPTY))
         start = pos[todo] + 1
-        for _ in range(3):  # short chains: one cell per round (a cheap 1-D gather)
+        for _ in range(_SINGLE_ROUNDS):  # short chains: one cell per round (a cheap 1-D gather)
             if not len(todo):
                 return cell, val
             p = start & mask
