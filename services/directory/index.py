@@ -8,10 +8,10 @@ memory accesses of a batch overlap instead of queueing.
 Layout: one ``uint64[capacity, 2]`` array of ``(key, value)`` cells (a probe touches one cache
 line). Value 0 marks an empty cell and ``2**64 - 1`` a deleted one (a tombstone that keeps probe
 chains intact); stored values (slots) are therefore in ``[1, 2**64 - 2]``. Position: Fibonacci
-hashing (multiply by 2^64/phi, keep the top bits), then linear probing. The first rounds read
-one cell per unresolved key; the rare key still unresolved after four cells reads windows of
-16 cells per round. The table is rebuilt at <= 1/4 load
-whenever used + deleted cells pass 1/2, so chains stay short.
+hashing (multiply by 2^64/phi, keep the top bits), then linear probing. Round 1 reads each
+key's home cell, round 2 the next one; the keys still unresolved read windows of 16 cells per
+round. Batches of at most ``SMALL_BATCH`` keys take a plain-Python path (fewer numpy calls). The
+table is rebuilt at <= 1/4 load whenever used + deleted cells pass 1/2, so chains stay short.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ _EMPTY = np.uint64(0)
 _DELETED = np.uint64(2**64 - 1)
 _PHI_INT, _M64, _DELETED_INT = int(_PHI), 2**64 - 1, 2**64 - 1
 _SINGLE_ROUNDS = 1  # probe rounds of one cell per key before windows of cells
-_SMALL = 24  # batches up to this size are inserted in plain Python
+SMALL_BATCH = 24  # batches up to this size are probed and inserted in plain Python
 _WINDOW = 16
 _STEPS = np.arange(_WINDOW, dtype=np.intp)
 
@@ -95,7 +95,7 @@ class HashIndex:
 
     def find(self, keys: np.ndarray) -> np.ndarray:
         """Value of each key (uint64 array in, intp out), 0 where absent."""
-        if len(keys) <= _SMALL:
+        if len(keys) <= SMALL_BATCH:
             return np.array(self.find_few(keys.tolist()), dtype=np.intp)
         return self._probe(keys)[1].astype(np.intp)
 
@@ -125,7 +125,7 @@ class HashIndex:
             return
         if 2 * (self.used + self.deleted + len(keys)) > (1 << self.bits):
             self._rebuild(self.used + len(keys))
-        if len(keys) <= _SMALL:
+        if len(keys) <= SMALL_BATCH:
             self._insert_few(keys.tolist(), np.asarray(vals).tolist())
             return
         mask = (1 << self.bits) - 1

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from services.directory.index import HashIndex
+from services.directory.index import SMALL_BATCH, HashIndex
 
 TIER_INDEX = {"L1": 0, "L2": 1}
 
@@ -70,7 +70,7 @@ class BlockTable:
     # ------------------------------------------------------------------------- slots
     def slots(self, blocks: Iterable[int], n: int) -> np.ndarray:
         """Slots of ``n`` blocks (0 for an unknown block)."""
-        if n <= 24:
+        if n <= SMALL_BATCH:
             return np.array(self.index.find_few(list(blocks)), dtype=np.intp)
         return self.index.find(np.fromiter(blocks, dtype=np.uint64, count=n))
 
