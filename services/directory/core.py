@@ -61,6 +61,7 @@ from services.directory.table import TIER_INDEX, BlockTable
 PREFILL, DECODE = 0, 1
 _PHASE_INDEX = {"prefill": PREFILL, "decode": DECODE}
 SNAPSHOT_VERSION = 1
+_MAX_HASH = 2**64 - 1
 
 
 class _Node:
@@ -182,7 +183,12 @@ class DirectoryCore:
         if handler is None:
             return []
         self._out = []
-        handler(event)
+        blocks = getattr(event, "blocks", None)
+        if blocks and (min(blocks) < 0 or max(blocks) > _MAX_HASH):
+            self._anomaly(event, "bad_block_hash", str(min(blocks) if min(blocks) < 0 else max(blocks)),
+                          "block hashes are unsigned 64-bit; event ignored")
+        else:
+            handler(event)
         out, self._out = self._out, []
         return out
 

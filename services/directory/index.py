@@ -10,8 +10,8 @@ line). Value 0 marks an empty cell and ``2**64 - 1`` a deleted one (a tombstone 
 chains intact); stored values (slots) are therefore in ``[1, 2**64 - 2]``. Position: Fibonacci
 hashing (multiply by 2^64/phi, keep the top bits), then linear probing. Round 1 reads each
 key's home cell, round 2 the next one; the keys still unresolved read windows of 16 cells per
-round. Batches of at most ``SMALL_BATCH`` keys take a plain-Python path (fewer numpy calls). The
-table is rebuilt at <= 1/4 load whenever used + deleted cells pass 1/2, so chains stay short.
+round. Batches of at most ``SMALL_BATCH`` keys take a plain-Python path (fewer numpy calls).
+The table is rebuilt at <= 1/4 load whenever used + deleted cells pass 1/2: chains stay short.
 """
 
 from __future__ import annotations

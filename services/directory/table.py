@@ -228,7 +228,12 @@ class BlockTable:
     def scan(self, blocks: Sequence[int]) -> tuple[int, np.ndarray, np.ndarray]:
         """One pass: pool prefix length, the ``[pool, W]`` holder masks of it, and the slots
         of ``blocks`` (for reuse by the request's later events)."""
-        s = self.slots(blocks, len(blocks))
+        try:
+            s = self.slots(blocks, len(blocks))
+        except OverflowError:  # a hash outside 64 bits: nothing holds it, the prefix ends there
+            k = next(i for i, b in enumerate(blocks) if not 0 <= b < 2**64)
+            s = np.zeros(len(blocks), dtype=np.intp)
+            s[:k] = self.slots(blocks[:k], k)
         h = self.held.take(s, axis=0)
         anyh = h.any(axis=1) if h.shape[1] > 1 else h[:, 0].astype(bool)
         pool = len(s) if anyh.all() else int(anyh.argmin())

@@ -319,3 +319,17 @@ def test_compaction_with_the_version_a_request_already_carried_is_ignored():
     serve(d, "r2", "a", [7, 8], ts=2, version=1)  # the request arrived before the compaction
     assert d.apply(ContextCompacted(ts=3, branch="a", version=1, blocks=[7])) == []
     assert counts(d, [1, 2, 7, 8]) == on([7, 8], ["p0", "d0"])
+
+
+def test_block_hashes_outside_64_bits_are_refused_without_a_trace_in_the_state():
+    d = cluster()
+    d.apply(BranchOpened(ts=0, branch="a"))
+    before = d.snapshot()
+    for bad in (-1, 2**64):
+        out = d.apply(RequestSubmitted(ts=1, request="r", branch="a", blocks=[1, bad]))
+        assert [e.kind for e in out] == ["bad_block_hash"]
+        assert [e.kind for e in d.apply(KvStored(ts=1, node="p0", tier="L1", blocks=[bad]))] == ["bad_block_hash"]
+    assert d.anomalies() == {"bad_block_hash": 4}
+    d.apply(KvStored(ts=2, node="p0", tier="L1", blocks=[2**64 - 1, 0]))
+    assert d.holders(2**64 - 1) == [("p0", "L1")] and d.holders(0) == [("p0", "L1")]
+    assert DirectoryCore.from_snapshot(before).branch("a") == d.branch("a")

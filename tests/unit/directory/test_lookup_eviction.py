@@ -166,3 +166,11 @@ def test_many_nodes_span_several_mask_words():
     assert look.fetch_plan("n33") == [FetchStep(src_node="n69", first_block=2, n_blocks=2, tier="L2")]
     assert d.holders(1) == [("n00", "L2"), ("n33", "L1"), ("n69", "L2")]
     assert LruEviction().choose(d, "n69", "L2", 64) == [1]
+
+
+def test_lookup_of_a_hash_outside_64_bits_ends_the_prefix_there():
+    d = nodes("a")
+    blocks = list(range(1, 40))
+    store(d, "a", "L1", blocks)
+    assert d.lookup(blocks[:30] + [-5] + blocks[30:]).pool_blocks == 30
+    assert d.lookup(blocks[:3] + [2**64]).per_node["a"].local_blocks == 3
