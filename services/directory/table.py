@@ -177,8 +177,9 @@ class BlockTable:
         prefix's host copies of the blocks with slots ``s`` on node ``n``."""
         if not len(s):
             return
+        word = self.held[:, (2 * n) >> 6].take(s)
         for j in (2 * n, 2 * n + 1):
-            c = self.column(s, j)
+            c = (word & _BIT[j & 63]).astype(bool)
             k = len(c) if c.all() else int(c.argmin())
             if k:
                 self.last[s[:k], j] = ts
