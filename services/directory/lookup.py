@@ -28,26 +28,32 @@ class NodeMatch(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     l2_blocks: int = 0
 
 
-_EVEN = np.uint64(0x5555555555555555)
+_EVEN = 0x5555555555555555
 
 
-def _prefix_ends(col: np.ndarray) -> dict[int, int]:
-    """For the bits of ``col[0]``: the length of the run of leading blocks that have the bit."""
+def _prefix_ends(col: np.ndarray) -> tuple[dict[int, int], dict[int, int]]:
+    """For one holder word along the blocks: ``bit -> prefix length`` of every copy bit set on
+    the first block (tier prefixes), and of every node's "L1 or L2" bit (local prefixes, keyed
+    by the node's L1 bit). Works on the runs of equal masks: a running AND over them keeps the
+    bits whose prefix is unbroken, so a bit's prefix ends where it leaves the AND."""
     if not len(col):
-        return {}
-    out: dict[int, int] = {}
-    if (col == col[0]).all():  # the common case: every block held by the same copies
-        _assign(out, int(col[0]), len(col))
-        return out
-    acc = np.bitwise_and.accumulate(col)
-    changes = (np.flatnonzero(acc[1:] != acc[:-1]) + 1).tolist()
-    prev = int(acc[0])
-    for i in changes:
-        cur = int(acc[i])
-        _assign(out, prev & ~cur, i)
-        prev = cur
-    _assign(out, prev, len(col))
-    return out
+        return {}, {}
+    starts = [0, *(np.flatnonzero(col[1:] != col[:-1]) + 1).tolist()]
+    masks = col[starts].tolist()
+    tiers: dict[int, int] = {}
+    local: dict[int, int] = {}
+    acc_t = masks[0]
+    acc_l = (acc_t | acc_t >> 1) & _EVEN
+    for start, m in zip(starts[1:], masks[1:]):
+        nt, nl = acc_t & m, acc_l & (m | m >> 1) & _EVEN
+        _assign(tiers, acc_t & ~nt, start)
+        _assign(local, acc_l & ~nl, start)
+        acc_t, acc_l = nt, nl
+        if not acc_t and not acc_l:
+            break
+    _assign(tiers, acc_t, len(col))
+    _assign(local, acc_l, len(col))
+    return tiers, local
 
 
 def _assign(out: dict[int, int], bits: int, length: int) -> None:
@@ -77,9 +83,9 @@ class Lookup:
         tiers: list[dict[int, int]] = []
         local: list[dict[int, int]] = []
         for w in range(masks.shape[1]):
-            col = masks[:, w]
-            tiers.append(_prefix_ends(col))
-            local.append(_prefix_ends((col | (col >> np.uint64(1))) & _EVEN))
+            t, loc = _prefix_ends(masks[:, w])
+            tiers.append(t)
+            local.append(loc)
         per_node = {}
         for node, n in live:
             w, b = (2 * n) >> 6, (2 * n) & 63
