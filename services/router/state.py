@@ -199,8 +199,11 @@ class ClusterState:
         elif isinstance(event, IterationDone):
             if event.phase == "decode" and event.node in self.nodes and event.batch > 0:
                 ns = self.nodes[event.node]
-                ns.accepted_tokens += event.accepted_tokens
-                ns.request_iterations += event.batch * max(1, getattr(event, "iterations", 1))
+                # an aggregated event stands for ``iterations`` iterations, each accepting
+                # ``accepted_tokens`` (catalog): weigh both sums by it
+                n_iter = max(1, getattr(event, "iterations", 1))
+                ns.accepted_tokens += event.accepted_tokens * n_iter
+                ns.request_iterations += event.batch * n_iter
         elif isinstance(event, NodeRegistered):
             return self._registered(event)
         elif isinstance(event, RoleSwitchOrdered):
