@@ -45,3 +45,13 @@ def test_replay_table(tmp_path, capsys):
     assert rc == 0
     text = capsys.readouterr().out
     assert "throughput" in text and "TTFT P95" in text
+
+
+def test_sweep_static_names_the_best_split(capsys):
+    rc = main(["sweep-static", "--nodes", "3", "--agents", "4", "--duration", "3m", "--warmup", "2m",
+               "--no-progress", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert sorted(out["runs"]) == ["static:1P2D", "static:2P1D"]
+    best = out["runs"][out["best"]]["throughput_rps"]
+    assert best == max(r["throughput_rps"] for r in out["runs"].values())
