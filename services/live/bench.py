@@ -3,7 +3,8 @@
 1. **Route decision latency** at ``--rate`` requests/s: the router runs as its own process
    (``python -m services.router``); the bench publishes ``RequestSubmitted`` (JetStream publish,
    acked) and times until the request's ``RouteDecided`` arrives on a core-NATS subscription
-   to the route subject. Target p99 <= 5 ms at 100 req/s.
+   to the route subject. Target p99 <= 5 ms at 100 req/s. Beside it: the router core alone on
+   the same stream, one publish round trip, and the same path with the ``round_robin`` router.
 2. **Directory fold rate vs raw consume rate**, same events, same process, one after the
    other: a durable consumer that only iterates and acks (the JetStream ceiling of this
    client), then the directory service folding the same stream from sequence 1 (decode, fold,
@@ -48,18 +49,19 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 # ------------------------------------------------------------------------------ 1. route latency
-async def route_latency(url: str, rate: float, n: int) -> dict:
+async def route_latency(url: str, rate: float, n: int, router_name: str = "evolving") -> dict:
     from services.bus import NatsBus
     from services.live.testing import spawn_service, wait_until
 
-    part = _partition("lat")
+    part = _partition(f"lat{router_name.replace('_', '')}")
     bus = await NatsBus.connect(url, part)
     await bus.publish_many(workload.nodes(4, 4))
     n_branches = 50
     for b in range(n_branches):
         await bus.publish_many(workload.branch_events(b, 0, prefix="lat"))
     log_path = Path(tempfile.gettempdir()) / f"{part}-router.log"
-    router = spawn_service("router", url, part, "--snapshot-interval-s", "5", log_path=log_path)
+    router = spawn_service("router", url, part, "--router", router_name, "--snapshot-interval-s", "5",
+                           log_path=log_path)
     arrived: dict[str, float] = {}
 
     async def on_route(msg) -> None:
@@ -108,8 +110,9 @@ async def route_latency(url: str, rate: float, n: int) -> dict:
 
         await wait_until(all_in, 60, what="every decision")
         elapsed = time.perf_counter() - t0
+        floor_ms = await _publish_rtt_ms(bus, rate, min(n, 300))
         lat_ms = [(arrived[r] - sent[r]) * 1e3 for r in sent]
-        core_ms = _router_core_ms(await _stream_events(bus))
+        core_ms = _router_core_ms(await _stream_events(bus), router_name)
     finally:
         await sub.unsubscribe()
         router.send_signal(signal.SIGTERM)
@@ -117,8 +120,24 @@ async def route_latency(url: str, rate: float, n: int) -> dict:
         await bus.close()
     return {"rate_rps": rate, "requests": n, "achieved_rps": round(n / elapsed, 1),
             "p50_ms": _pct(lat_ms, 50), "p90_ms": _pct(lat_ms, 90), "p99_ms": _pct(lat_ms, 99),
-            "max_ms": round(max(lat_ms), 3), "target_p99_ms": 5.0, "router": "evolving (own process)",
-            "core_only_p50_ms": _pct(core_ms, 50), "core_only_p99_ms": _pct(core_ms, 99)}
+            "max_ms": round(max(lat_ms), 3), "target_p99_ms": 5.0, "router": f"{router_name} (own process)",
+            "core_only_p50_ms": _pct(core_ms, 50), "core_only_p99_ms": _pct(core_ms, 99),
+            "publish_rtt_p50_ms": _pct(floor_ms, 50), "publish_rtt_p99_ms": _pct(floor_ms, 99)}
+
+
+async def _publish_rtt_ms(bus, rate: float, n: int) -> list[float]:
+    """One JetStream publish round trip (publish until the server's ack), at the same rate:
+    the floor of one hop; a routed request makes three (publish, delivery to the router,
+    the router's publish reaching the subscriber)."""
+    from events.catalog import Tick
+
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        await bus.publish(Tick(ts=time.time(), src="bench"))  # a valid event: the router folds it
+        out.append((time.perf_counter() - t) * 1e3)
+        await asyncio.sleep(1.0 / rate)
+    return out
 
 
 async def _stream_events(bus) -> list:
@@ -127,12 +146,12 @@ async def _stream_events(bus) -> list:
     return [d.event for d in await read_all(bus)]
 
 
-def _router_core_ms(events: list) -> list[float]:
+def _router_core_ms(events: list, router_name: str) -> list[float]:
     """The same stream folded through a fresh router in this process: the time of each
     ``RequestSubmitted`` fold alone (no transport), for the side-by-side figure."""
-    from services.router.core import LeastTtftRouter
+    from services.plugins import load_router
 
-    router = LeastTtftRouter()
+    router = load_router(router_name)()
     out = []
     for ev in events:
         t = time.perf_counter()
@@ -321,6 +340,7 @@ async def run(args) -> dict:
     try:
         res: dict = {"cpus": os.cpu_count(), "loadavg_1m_before": round(os.getloadavg()[0], 2)}
         res["route_latency"] = await route_latency(url, args.rate, args.requests)
+        res["route_latency_round_robin"] = await route_latency(url, args.rate, args.requests, "round_robin")
         res["fold"] = await fold_rates(url, args.fold_events)
         if args.gateway_requests > 0:
             res["gateway"] = await gateway_throughput(url, args.gateway_requests)
@@ -340,6 +360,12 @@ def print_report(res: dict) -> None:
     print(f"  p50 {r['p50_ms']} ms   p90 {r['p90_ms']} ms   p99 {r['p99_ms']} ms   max {r['max_ms']} ms   "
           f"(target p99 <= {r['target_p99_ms']:g} ms: {'met' if r['p99_ms'] <= r['target_p99_ms'] else 'MISSED'})")
     print(f"  the router core alone on the same stream: p50 {r['core_only_p50_ms']} ms   p99 {r['core_only_p99_ms']} ms")
+    print(f"  one JetStream publish round trip (one of the three hops): p50 {r['publish_rtt_p50_ms']} ms   "
+          f"p99 {r['publish_rtt_p99_ms']} ms")
+    b = res.get("route_latency_round_robin")
+    if b:
+        print(f"  baseline, same path with the round_robin router: p50 {b['p50_ms']} ms   p90 {b['p90_ms']} ms   "
+              f"p99 {b['p99_ms']} ms (its core: p99 {b['core_only_p99_ms']} ms)")
     f = res["fold"]
     print(f"fold, {f['events']} events on one stream:")
     print(f"  raw JetStream consume+ack  {f['raw_consume_eps']:>9,} events/s")
