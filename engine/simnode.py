@@ -346,6 +346,10 @@ class SimNode:
     def _next(self) -> None:
         if self.busy or self.status in ("switching", "down"):
             return
+        if self.status == "draining":
+            self._maybe_finish_drain()  # the phase it leaves is done: switch now, even if the
+            if self.status != "up" and self.status != "draining":  # kept phase has work
+                return
         # Work of a phase the node no longer serves (a transfer that landed after a switch)
         # still finishes here: no request is ever stranded.
         pre_ok = (self.does_prefill() or bool(self.pqueue)) and self._eligible_prefill()

@@ -187,3 +187,16 @@ def test_switch_drains_running_requests_first():
     assert ack.ts == pytest.approx(prefill_s(1000) + P.switch_in_place_s)
     assert ack.duration_s == pytest.approx(prefill_s(1000) + P.switch_in_place_s - 0.001)
     assert h.at(FirstToken)[0].ts < ack.ts
+
+
+def test_collocated_to_decode_switches_once_prefill_is_drained_while_decoding_continues():
+    h = Host()
+    n = h.add("a", "collocated")
+    n.enqueue_prefill(job("long", list(range(1, 16)), 1000, 2000))  # decodes for a long time
+    h.q.schedule(0.001, n.order_switch, "decode", "in_place")
+    h.run()
+    ack = h.at(RoleSwitched)[-1]
+    assert ack.role == "decode"
+    # the prefill iteration was the only work of the phase it leaves: the switch follows it
+    assert ack.ts == pytest.approx(prefill_s(1000) + P.switch_in_place_s)
+    assert h.at(RequestFinished)[0].ts > ack.ts  # decoding went on after the switch
