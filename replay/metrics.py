@@ -16,7 +16,8 @@ window length.
 - Idle prefill GPU time = 1 - (prefill iteration time) / (time nodes spent in a prefill or
   collocated role), over the window.
 - Splits: a node's role changes at its ``RoleSwitched``; a switch is a ``RoleSwitched`` that
-  changed the role; its time is ``duration_s`` (order to ack, drain included).
+  changed the role, leaving out the end of the warm-up (collocated -> first split); its time is
+  ``duration_s`` (order to ack, drain included).
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ def compute_metrics(log: Iterable[Event], warmup_s: float, end_s: float, stack: 
             roles[e.node] = e.role
             _change(split_changes, e.ts, roles)
         elif t is RoleSwitched and roles.get(e.node) != e.role:
-            if e.ts >= warmup_s:
+            if e.ts >= warmup_s and roles.get(e.node) != "collocated":  # not the warm-up's end
                 switch_durations.append(e.duration_s)
             roles[e.node] = e.role
             _change(split_changes, e.ts, roles)
