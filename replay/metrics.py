@@ -97,6 +97,7 @@ def compute_metrics(log: Iterable[Event], warmup_s: float, end_s: float, stack: 
     seen: set[int] = set()
     sub: dict[str, tuple[float, int, int, int]] = {}  # req -> (ts, prompt, ideal tokens, measured?)
     first: dict[str, float] = {}
+    done: set[str] = set()
     cached: dict[str, int] = {}
     pstart: dict[str, tuple[float, str]] = {}
     roles: dict[str, str] = {}
@@ -127,6 +128,7 @@ def compute_metrics(log: Iterable[Event], warmup_s: float, end_s: float, stack: 
         elif t is FirstToken:
             first[e.request] = e.ts
         elif t is RequestFinished:
+            done.add(e.request)
             s = sub.get(e.request)
             if s is None or e.error:
                 continue
@@ -152,6 +154,7 @@ def compute_metrics(log: Iterable[Event], warmup_s: float, end_s: float, stack: 
                 switch_durations.append(e.duration_s)
             roles[e.node] = e.role
             _change(split_changes, e.ts, roles)
+    m.unfinished = len(sub) - len(done)
     m.throughput_rps = finished_in_window / m.window_s if m.window_s > 0 else float("nan")
     m.ttft_mean_s, m.ttft_p50_s, m.ttft_p95_s = _mean(ttft), _pct(ttft, 50), _pct(ttft, 95)
     m.e2e_mean_s, m.e2e_p95_s = _mean(e2e), _pct(e2e, 95)

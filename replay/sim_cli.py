@@ -296,7 +296,47 @@ def _cmd_bench(args) -> int:
     return 0
 
 
+def _cmd_report(args) -> int:
+    """Recompute the table and plots from recorded runs (metrics come from the log alone)."""
+    from rich.console import Console
+
+    from replay.report import print_table, to_json, write_plots
+    from services.recorder.eventlog import DuckDbEventLog
+
+    files = [Path(f) for f in args.logs]
+    runs, cfgs = [], []
+    for f in files:
+        log = DuckDbEventLog(str(f), read_only=True)
+        try:
+            cfg = log.run_config()
+            warm, dur = float(cfg["warmup_s"]), float(cfg["duration_s"])
+            name = str(cfg.get("stack", f.stem)).split(": planner=")[0]
+            m = compute_metrics((ev for _, _, ev in log.read()), warm, warm + dur, name)
+        finally:
+            log.close()
+        runs.append(m)
+        cfgs.append(cfg)
+    if args.json:
+        print(json.dumps(to_json(runs), indent=2))
+        return 0
+    c = Console(width=max(100, 28 * (len(runs) + 1)))
+    print_table(runs, title=args.title or ", ".join(str(f) for f in files), console=c)
+    if args.plots:
+        cfg = cfgs[0]
+        paths = write_plots(runs, args.plots, float(cfg["warmup_s"]),
+                            float(cfg["warmup_s"]) + float(cfg["duration_s"]), int(cfg.get("nodes", 9)))
+        c.print("plots: " + ", ".join(str(p) for p in paths))
+    return 0
+
+
 def register_sim(sub, bench) -> None:
+    rep = sub.add_parser("sim-report", help="the comparison table (and plots) recomputed from recorded runs")
+    rep.add_argument("logs", nargs="+", help="DuckDB event logs written by replay/compare (first = baseline of ratios)")
+    rep.add_argument("--plots", default=None, help="write the PNG plots into this folder")
+    rep.add_argument("--title", default="")
+    rep.add_argument("--json", action="store_true")
+    rep.set_defaults(func=_cmd_report)
+
     rp = sub.add_parser("replay", help="simulate one stack serving agent sessions on a simulated cluster")
     _add_common(rp)
     rp.add_argument("--stack", default="evolving", help="evolving, dynamo, arrow, static:4P5D, ablations")

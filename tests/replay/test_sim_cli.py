@@ -55,3 +55,13 @@ def test_sweep_static_names_the_best_split(capsys):
     assert sorted(out["runs"]) == ["static:1P2D", "static:2P1D"]
     best = out["runs"][out["best"]]["throughput_rps"]
     assert best == max(r["throughput_rps"] for r in out["runs"].values())
+
+
+def test_sim_report_recomputes_the_table_from_the_logs(tmp_path, capsys):
+    assert main(["compare", "--duration", "3m", "--warmup", "2m", "--agents", "4", "--no-progress",
+                 "--stacks", "evolving,static:3P6D", "--out-dir", str(tmp_path), "--json"]) == 0
+    live = json.loads(capsys.readouterr().out)
+    logs = [str(tmp_path / "evolving.duckdb"), str(tmp_path / "static_3P6D.duckdb")]
+    assert main(["sim-report", *logs, "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again == live
