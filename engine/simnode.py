@@ -35,9 +35,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from itertools import islice, takewhile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import islice, takewhile
 from typing import Protocol
 
 import numpy as np
@@ -79,7 +79,7 @@ class NodeHost(Protocol):
 
     def choose_eviction(self, node: NodeId, tier: Tier, tokens: int, pinned: frozenset) -> list[BlockHash]: ...
 
-    def peer(self, node: NodeId) -> "SimNode | None": ...
+    def peer(self, node: NodeId) -> SimNode | None: ...
 
 
 @dataclass(slots=True)
@@ -553,12 +553,12 @@ class SimNode:
             acc = min(job.left, n * self.p.t_acc)
             job.left -= acc
             job.context += acc
-            acc_total += int(round(acc))
+            acc_total += acc
             if job.left <= 1e-9:
                 finished.append(job)
         self._emit(IterationDone(ts=now, src=self.id, node=self.id, phase="decode", duration_s=self.run_iter_s,
                                  batch=self.run_batch, t_fwd=self.p.t_fwd,
-                                 accepted_tokens=int(round(acc_total / max(1, n))),
+                                 accepted_tokens=round(acc_total / max(1, n)),
                                  queued=len(self.dwaiting), iterations=n))
         self.run_batch = 0
         for job in finished:

@@ -110,7 +110,7 @@ class RunResult:
 class Simulation:
     """One run of one stack on one workload (see the module docstring)."""
 
-    def __init__(self, profile: Profile, stack, sessions: "Sequence[Session] | SessionSource", config: SimConfig,
+    def __init__(self, profile: Profile, stack, sessions: Sequence[Session] | SessionSource, config: SimConfig,
                  record: Callable[[int, Event], None] | None = None, keep_log: bool = True) -> None:
         self.source = sessions if isinstance(sessions, SessionSource) else SessionSource(list(sessions))
         self.p = profile

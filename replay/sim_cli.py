@@ -11,7 +11,6 @@ import argparse
 import json
 import re
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from engine.profiles import load_profile

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
@@ -14,7 +15,7 @@ from services.recorder.eventlog import DuckDbEventLog
 def test_parse_duration():
     assert parse_duration("1h") == 3600 and parse_duration("30m") == 1800
     assert parse_duration("1h30m") == 5400 and parse_duration("90") == 90
-    with pytest.raises(Exception):
+    with pytest.raises(argparse.ArgumentTypeError):
         parse_duration("ten minutes")
 
 
