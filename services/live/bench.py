@@ -115,14 +115,35 @@ async def route_latency(url: str, rate: float, n: int, router_name: str = "evolv
         core_ms = _router_core_ms(await _stream_events(bus), router_name)
     finally:
         await sub.unsubscribe()
-        router.send_signal(signal.SIGTERM)
-        await asyncio.to_thread(router.wait)
+        await _stop_process(router)
         await bus.close()
     return {"rate_rps": rate, "requests": n, "achieved_rps": round(n / elapsed, 1),
             "p50_ms": _pct(lat_ms, 50), "p90_ms": _pct(lat_ms, 90), "p99_ms": _pct(lat_ms, 99),
             "max_ms": round(max(lat_ms), 3), "target_p99_ms": 5.0, "router": f"{router_name} (own process)",
             "core_only_p50_ms": _pct(core_ms, 50), "core_only_p99_ms": _pct(core_ms, 99),
             "publish_rtt_p50_ms": _pct(floor_ms, 50), "publish_rtt_p99_ms": _pct(floor_ms, 99)}
+
+
+async def _stop_process(proc, timeout_s: float = 20.0, sig: int = signal.SIGTERM) -> None:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    try:
+        await asyncio.wait_for(asyncio.to_thread(proc.wait), timeout_s)
+    except TimeoutError:
+        proc.kill()
+        await asyncio.to_thread(proc.wait)
+
+
+async def _until_applied(runner, task, head: int, timeout_s: float = 300.0) -> None:
+    """Wait until ``runner`` folded ``head``; fail loudly if its task ended or time ran out."""
+    deadline = time.perf_counter() + timeout_s
+    while runner.applied_seq < head:
+        if task.done():
+            task.result()
+            raise RuntimeError(f"{runner.cfg.name} stopped at {runner.applied_seq} of {head}")
+        if time.perf_counter() > deadline:
+            raise TimeoutError(f"{runner.cfg.name} folded {runner.applied_seq} of {head} in {timeout_s} s")
+        await asyncio.sleep(0.002)
 
 
 async def _publish_rtt_ms(bus, rate: float, n: int) -> list[float]:
@@ -216,12 +237,15 @@ async def fold_rates(url: str, n_events: int) -> dict:
     core_s = time.perf_counter() - t0
 
     # raw consume: iterate + ack, nothing else
+    async def consume() -> None:
+        async with bus.consumer("bench-raw", start_seq=1) as c:
+            async for d in c:
+                await c.ack(d.seq)
+                if d.seq >= head:
+                    break
+
     t0 = time.perf_counter()
-    async with bus.consumer("bench-raw", start_seq=1) as c:
-        async for d in c:
-            await c.ack(d.seq)
-            if d.seq >= head:
-                break
+    await asyncio.wait_for(consume(), 300)
     raw_s = time.perf_counter() - t0
 
     # the same runner around a core that does nothing: the adapter's own cost
@@ -230,8 +254,7 @@ async def fold_rates(url: str, n_events: int) -> dict:
     nstop = asyncio.Event()
     t0 = time.perf_counter()
     ntask = asyncio.create_task(noop.run(nstop))
-    while noop.applied_seq < head:
-        await asyncio.sleep(0.002)
+    await _until_applied(noop, ntask, head)
     noop_s = time.perf_counter() - t0
     nstop.set()
     await ntask
@@ -242,8 +265,7 @@ async def fold_rates(url: str, n_events: int) -> dict:
     stop = asyncio.Event()
     t0 = time.perf_counter()
     task = asyncio.create_task(runner.run(stop))
-    while runner.applied_seq < head:
-        await asyncio.sleep(0.005)
+    await _until_applied(runner, task, head)
     fold_s = time.perf_counter() - t0
     stop.set()
     await task
@@ -320,9 +342,7 @@ async def gateway_throughput(url: str, n: int, concurrency: int = 32) -> dict:
                 await asyncio.gather(*(one(http, 1000 + i) for i in range(n)))
                 wall = time.perf_counter() - t0
         finally:
-            if up.poll() is None:
-                up.send_signal(signal.SIGINT)
-            await asyncio.to_thread(up.wait)
+            await _stop_process(up, 60.0, signal.SIGINT)
     return {"requests": n, "concurrency": concurrency, "ok": ok, "failed": failed,
             "completed_rps": round(ok / wall, 1), "latency_p50_s": _pct(lat, 50), "latency_p99_s": _pct(lat, 99),
             "engines": "4 sim (2 prefill, 2 decode), time scale 1", "max_tokens": 8}
