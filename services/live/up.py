@@ -437,7 +437,33 @@ class Up:
                     await asyncio.to_thread(c.proc.wait)
 
 
+def check_args(args) -> str | None:
+    """A reason to refuse to start, found before anything is started (plug-in names, arguments)."""
+    import importlib.util
+
+    from services.plugins import PluginNotFound, load_planner, load_router
+
+    try:
+        load_router(args.router)(**parse_kv(args.router_arg))
+        load_planner(args.planner)(**parse_kv(args.planner_arg))
+        for name in args.shadow:
+            load_router(name)(name=name, shadow=True)
+    except (PluginNotFound, TypeError, ValueError) as exc:
+        return str(exc)
+    except Exception as exc:  # noqa: BLE001 - a plug-in's own validation error type
+        return f"{type(exc).__name__}: {exc}"
+    if args.engines and importlib.util.find_spec("engine.worker") is None:
+        return "engine.worker is not installed: use --engines 0"
+    if not args.no_gateway and importlib.util.find_spec("services.gateway") is None:
+        return "services.gateway is not installed: use --no-gateway"
+    return None
+
+
 def cmd_up(args) -> int:
+    problem = check_args(args)
+    if problem:
+        print(f"evolving up: {problem}", file=sys.stderr)
+        return 2
     try:
         return asyncio.run(Up(args).run())
     except KeyboardInterrupt:
