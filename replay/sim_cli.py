@@ -74,7 +74,7 @@ def sim_config(args) -> SimConfig:
     if agents is None and args.arrivals is None:
         from replay.workloads import WORKLOADS
 
-        agents = WORKLOADS[args.workload].default_agents if getattr(args, "workload", None) else 12
+        agents = WORKLOADS[args.workload].default_agents if getattr(args, "workload", None) else 126
     return SimConfig(nodes=args.nodes, duration_s=args.duration, warmup_s=args.warmup, seed=args.seed,
                      agents=None if args.arrivals else agents, arrivals_per_min=args.arrivals,
                      directory_core=not args.fast)
@@ -168,7 +168,8 @@ def _add_common(p: argparse.ArgumentParser, default_duration: str = "1h", defaul
                                      "(default: the bundled real Claude Code sessions)")
     src.add_argument("--workload", choices=["cc", "putnam", "osworld"], help="synthetic workload")
     load = p.add_mutually_exclusive_group()
-    load.add_argument("--agents", type=int, default=None, help="fixed concurrency (finished agents replaced)")
+    load.add_argument("--agents", type=int, default=None,
+                      help="fixed concurrency, finished agents replaced (default: the workload's, 126 for traces)")
     load.add_argument("--arrivals", type=float, default=None, help="open arrivals: agents per minute")
     p.add_argument("--nodes", type=int, default=9)
     p.add_argument("--profile", default=None, help="deploy/profiles/<name>.toml (default by workload)")
