@@ -112,6 +112,7 @@ class ServiceRunner:
         self._fault_after = _fault_after()
         self._bus_dead_letters = 0
         self._upload: asyncio.Task | None = None
+        self._running = True
         m, name = self.metrics, cfg.name
         self._m_folded, self._m_redelivered = m.folded.labels(name), m.redelivered.labels(name)
         self._m_applied, self._m_lag = m.applied.labels(name), m.lag.labels(name)
@@ -207,9 +208,8 @@ class ServiceRunner:
                     await self._process(batch, consumer)
                     await self._maybe_snapshot()
             finally:
-                for t in (pump_task, stop_task, lag_task):
-                    t.cancel()
-                await asyncio.gather(pump_task, stop_task, lag_task, return_exceptions=True)
+                self._running = False
+                await cancel_all((pump_task, stop_task, lag_task))
             if stop.is_set():
                 while buf:
                     await self._process([buf.popleft() for _ in range(min(len(buf), max_batch))], consumer)
@@ -331,13 +331,27 @@ class ServiceRunner:
         self.metrics.snapshots.labels(self.cfg.name).inc()
 
     async def _watch_lag(self) -> None:
-        while True:
+        while self._running:
             try:
                 self.head = await self.bus.last_seq()
                 self.metrics.lag.labels(self.cfg.name).set(max(0, self.head - self.applied_seq))
             except Exception as exc:  # noqa: BLE001 - lag is best effort; the fold goes on
                 log.warning("lag_unknown", service=self.cfg.name, error=str(exc))
             await asyncio.sleep(self.cfg.lag_interval_s)
+
+
+async def cancel_all(tasks, grace_s: float = 2.0) -> None:
+    """Cancel ``tasks`` and wait for them. nats-py swallows a ``CancelledError`` that lands
+    inside some of its publish paths (the task then carries on), so cancel again once after a
+    grace period, and then leave what still runs behind rather than hang the shutdown."""
+    pending = set(tasks)
+    for _ in range(2):
+        for t in pending:
+            t.cancel()
+        _done, pending = await asyncio.wait(pending, timeout=grace_s)
+        if not pending:
+            return
+    log.warning("tasks_left_running", tasks=sorted(t.get_name() for t in pending))
 
 
 class _Restorer:

@@ -36,7 +36,7 @@ from services.live.liveness import LivenessWatcher
 from services.live.metrics import MetricsServer, ServiceMetrics
 from services.live.stack import CoreStack
 from services.logging import get_logger
-from services.runner import RunnerConfig, ServiceRunner
+from services.runner import RunnerConfig, ServiceRunner, cancel_all
 
 log = get_logger("serve")
 
@@ -186,9 +186,7 @@ async def run_core_service(kind: str, args, bus, stop: asyncio.Event,
             t.result()
         await asyncio.gather(*tasks)
     finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_all(tasks)
         if server is not None:
             await server.stop()
     return runner
@@ -239,7 +237,7 @@ async def run_recorder_service(args, bus, stop: asyncio.Event, started: asyncio.
 
     async def watch() -> None:
         seen, seen_dl = event_log.last_seq(), 0
-        while True:
+        while not inner_stop.is_set():
             head = await bus.last_seq()
             applied = event_log.last_seq()
             recorded.set(applied)
@@ -276,9 +274,7 @@ async def run_recorder_service(args, bus, stop: asyncio.Event, started: asyncio.
                                    stop=inner_stop)
         await merge_config()
     finally:
-        for t in (watcher, drainer):
-            t.cancel()
-        await asyncio.gather(watcher, drainer, return_exceptions=True)
+        await cancel_all((watcher, drainer))
         if server is not None:
             await server.stop()
         event_log.close()
