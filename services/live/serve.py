@@ -158,7 +158,7 @@ async def ticker(bus, period_s: float, stop: asyncio.Event, src: str = "planner"
     epoch = time.time() if epoch is None else epoch
     while not stop.is_set():
         await bus.publish(Tick(ts=epoch + (time.time() - epoch) * time_scale, src=src))
-        next_at += period_s
+        next_at = max(next_at + period_s, loop.time() - period_s)  # after a stall: no burst of ticks
         try:
             await asyncio.wait_for(stop.wait(), timeout=max(0.0, next_at - loop.time()))
         except TimeoutError:
@@ -295,7 +295,10 @@ async def serve_async(kind: str, args) -> int:
         else:
             await run_core_service(kind, args, bus, stop)
     finally:
-        await bus.close()
+        try:
+            await bus.close()
+        except Exception as exc:  # noqa: BLE001 - NATS already gone: nothing left to flush
+            log.warning("bus_close_failed", service=kind, error=f"{type(exc).__name__}: {exc}")
     return 0
 
 
