@@ -1,8 +1,9 @@
 """End to end: ``evolving up`` (services, a shadow router, sim engines and the gateway as child
 processes) on the session's nats-server, a real Claude Code trace (weka fixture) driven through
 the gateway with ``evolving drive``, twice, with the router SIGKILLed in between (``up``
-restarts it); every request completes and is decided once, the DuckDB log holds every event of
-the stream, and ``evolving verify`` reproduces every recorded decision."""
+restarts it), while the planner switches the collocated engines to a split; every request
+completes and is decided once, the DuckDB log holds every event of the stream, and
+``evolving verify`` reproduces every recorded decision (routes, plans, switch orders)."""
 
 from __future__ import annotations
 
@@ -63,7 +64,10 @@ def test_up_serves_a_real_trace_end_to_end(nats_url, partition, tmp_path):
     up = subprocess.Popen(
         [sys.executable, "-m", "services.cli", "up", "--nats-url", nats_url, "--partition", partition,
          "--run-dir", str(run_dir), "--engines", "2", "--gateway-port", "0", "--ready-file", str(ready),
-         "--no-status", "--metrics-port", "-1", "--stop-timeout-s", "15", "--shadow", "cache_aware"],
+         "--no-status", "--metrics-port", "-1", "--stop-timeout-s", "15", "--shadow", "cache_aware",
+         # a planner that plans within seconds: the initial split switches both collocated engines
+         "--planner-arg", "warmup_s=3", "--planner-arg", "window_s=4", "--planner-arg", "slices=2",
+         "--planner-arg", "cooldown_s=2"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         urls = _wait_file(ready, up, 120)
@@ -113,10 +117,13 @@ def test_up_serves_a_real_trace_end_to_end(nats_url, partition, tmp_path):
     assert sorted(r for r, _ in routed) == sorted(submitted) and {c for _, c in routed} == {1}
     assert shadowed == submitted  # the shadow router decided every request, under its own subject
     assert counts["NodeRegistered"] == 2 and counts["Tick"] >= 1
+    assert counts["RoleSwitchOrdered"] >= 2 and counts["RoleSwitched"] >= 2  # planner -> engines -> acks
     verify = _cli("verify", str(db), "--json")
     assert verify.returncode == 0, verify.stdout + verify.stderr
     report = json.loads(verify.stdout)
     assert report["ok"] and report["reproduced"].get("RouteDecided") == 6, report
+    assert report["reproduced"]["RoleSwitchOrdered"] == counts["RoleSwitchOrdered"], report
+    assert report["reproduced"]["PlanEvaluated"] == counts["PlanEvaluated"] >= 1, report
 
 
 def test_status_line_folds_nodes_requests_and_decisions():
