@@ -25,6 +25,7 @@ import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Self
 
 from events import codec
 from events.catalog import AnyEvent, Event
@@ -105,8 +106,10 @@ class InMemoryBus:
         return await self.publish_raw(subject_for(event, self.partition, shadow), codec.encode(event),
                                       codec.headers(), msg_id=msg_id)
 
-    async def publish_many(self, events: Sequence[Event]) -> list[int]:
-        return [await self.publish(e) for e in events]
+    async def publish_many(self, events: Sequence[Event], *, msg_ids: Sequence[str] | None = None,
+                           shadow: str | None = None) -> list[int]:
+        return [await self.publish(e, msg_id=None if msg_ids is None else msg_ids[i], shadow=shadow)
+                for i, e in enumerate(events)]
 
     async def publish_raw(self, subject: str, data: bytes, headers: Mapping[str, str] | None = None,
                           msg_id: str | None = None) -> int:
@@ -127,7 +130,7 @@ class InMemoryBus:
         return len(self._log)
 
     def consumer(self, durable: str | None, *, start_seq: int | None = None,
-                 subjects: str | None = None) -> "_MemConsumer":
+                 subjects: str | None = None) -> _MemConsumer:
         return _MemConsumer(self, durable, start_seq, subjects or all_subjects(self.partition))
 
     async def put_snapshot(self, name: str, data: bytes) -> None:
@@ -142,7 +145,7 @@ class InMemoryBus:
     async def close(self) -> None:
         pass
 
-    async def __aenter__(self) -> "InMemoryBus":
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -157,7 +160,7 @@ class _MemConsumer:
         self._next = start_seq if start_seq is not None else floor + 1
         self._next = max(self._next, 1)
 
-    async def __aenter__(self) -> "_MemConsumer":
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -232,7 +235,7 @@ class NatsBus:
         name: str = "evolving",
         settings: StreamSettings | None = None,
         ensure: bool = True,
-    ) -> "NatsBus":
+    ) -> NatsBus:
         import nats  # adapter-only dependency
 
         opts: dict = {"servers": [url], "name": name, "max_reconnect_attempts": -1}
@@ -280,13 +283,15 @@ class NatsBus:
         return await self.publish_raw(subject_for(event, self.partition, shadow), codec.encode(event),
                                       codec.headers(), msg_id=msg_id)
 
-    async def publish_many(self, events: Sequence[Event], *, msg_ids: Sequence[str] | None = None) -> list[int]:
-        """Publish pipelined (no wait per message), then collect the acks in order."""
+    async def publish_many(self, events: Sequence[Event], *, msg_ids: Sequence[str] | None = None,
+                           shadow: str | None = None) -> list[int]:
+        """Publish pipelined (no wait per message), then collect the acks in order. A duplicate
+        ``msg_ids`` entry answers with the original's sequence."""
         futs = []
         base = codec.headers()
         for i, ev in enumerate(events):
             hdrs = base if msg_ids is None else {**base, MSG_ID: msg_ids[i]}
-            futs.append(await self.js.publish_async(subject_for(ev, self.partition), codec.encode(ev),
+            futs.append(await self.js.publish_async(subject_for(ev, self.partition, shadow), codec.encode(ev),
                                                     headers=hdrs))
         acks = await asyncio.gather(*futs)
         return [a.seq for a in acks]
@@ -304,7 +309,7 @@ class NatsBus:
         return info.state.last_seq
 
     def consumer(self, durable: str | None, *, start_seq: int | None = None,
-                 subjects: str | None = None, batch_acks: int = 256) -> "_NatsConsumer":
+                 subjects: str | None = None, batch_acks: int = 256) -> _NatsConsumer:
         return _NatsConsumer(self, durable, start_seq, subjects or all_subjects(self.partition), batch_acks)
 
     async def _objects(self):
@@ -352,7 +357,7 @@ class NatsBus:
         if not self.nc.is_closed:
             await self.nc.drain()
 
-    async def __aenter__(self) -> "NatsBus":
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -385,7 +390,7 @@ class _NatsConsumer:
         self._acked = 0
         self._ack_msgs: dict[int, object] = {}
 
-    async def __aenter__(self) -> "_NatsConsumer":
+    async def __aenter__(self) -> Self:
         from nats.js import api
         from nats.js.errors import NotFoundError
 
@@ -480,5 +485,5 @@ class _NatsConsumer:
             if self._sub is not None:
                 try:
                     await self._sub.unsubscribe()
-                except Exception:  # noqa: BLE001 - connection may already be gone
-                    pass
+                except Exception as err:  # noqa: BLE001 - the connection may already be gone
+                    log.debug("unsubscribe_failed", consumer=self.name, error=str(err))

@@ -17,6 +17,7 @@ import sysconfig
 import tempfile
 import time
 from pathlib import Path
+from typing import Self
 
 from services.logging import get_logger
 
@@ -68,23 +69,27 @@ class EmbeddedNats:
     """
 
     def __init__(self, port: int = 0, store_dir: str | os.PathLike | None = None,
-                 host: str = "127.0.0.1", ready_timeout_s: float = 10.0) -> None:
+                 host: str = "127.0.0.1", ready_timeout_s: float = 10.0, own_session: bool = False) -> None:
         self.host = host
         self.port = port or free_port(host)
         self._tmp = None if store_dir else tempfile.mkdtemp(prefix="ei-nats-")
         self.store_dir = str(store_dir or self._tmp)
         self.ready_timeout_s = ready_timeout_s
+        #: Start the server in a session of its own, so a terminal's Ctrl-C reaches only the
+        #: parent, which can stop NATS after everything that publishes to it (``evolving up``).
+        self.own_session = own_session
         self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
         return f"nats://{self.host}:{self.port}"
 
-    def start(self) -> "EmbeddedNats":
+    def start(self) -> EmbeddedNats:
         binary = find_nats_server()
         os.makedirs(self.store_dir, exist_ok=True)
         cmd = [binary, "-a", self.host, "-p", str(self.port), "-js", "-sd", self.store_dir]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     start_new_session=self.own_session)
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -111,13 +116,13 @@ class EmbeddedNats:
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
 
-    def __enter__(self) -> "EmbeddedNats":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    async def __aenter__(self) -> "EmbeddedNats":
+    async def __aenter__(self) -> Self:
         return self.start()
 
     async def __aexit__(self, *exc) -> None:

@@ -48,7 +48,7 @@ import msgspec
 
 from events import codec
 from events.catalog import AnomalyReported, Event
-from events.subjects import dlq_subject, subject_for
+from events.subjects import dlq_subject
 from services.bus import DLQ_CONSUMER, DLQ_REASON, DLQ_SEQ, DLQ_SUBJECT, MSG_ID, Delivery
 from services.core import Sequenced
 from services.live.metrics import ServiceMetrics
@@ -362,18 +362,11 @@ class _Restorer:
 
 
 async def publish_with_ids(bus, items: list[tuple[str, Event]], shadow: str | None = None) -> list[int]:
-    """Publish ``(msg_id, event)`` pairs in order; pipelined on JetStream, one by one on the
-    in-memory twin. Returns the stream sequences (a duplicate id returns the original's)."""
-    js = getattr(bus, "js", None)
-    if js is None:
-        return [await bus.publish(ev, msg_id=mid, shadow=shadow) for mid, ev in items]
-    base = codec.headers()
-    futs = []
-    for mid, ev in items:
-        futs.append(await js.publish_async(subject_for(ev, bus.partition, shadow), codec.encode(ev),
-                                           headers={**base, MSG_ID: mid}))
-    acks = await asyncio.gather(*futs)
-    return [a.seq for a in acks]
+    """Publish ``(msg_id, event)`` pairs in order (pipelined on JetStream). Returns the stream
+    sequences (a duplicate id returns the original's)."""
+    if not items:
+        return []
+    return await bus.publish_many([ev for _, ev in items], msg_ids=[mid for mid, _ in items], shadow=shadow)
 
 
 def _fault_after() -> int:

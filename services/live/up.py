@@ -44,6 +44,7 @@ from events.catalog import (
 )
 from services.live.serve import parse_kv
 from services.logging import get_logger
+from services.natsserver import EmbeddedNats
 
 log = get_logger("up")
 REPO = Path(__file__).resolve().parents[2]
@@ -157,54 +158,6 @@ def run_config(args) -> dict:
     }
 
 
-class _OwnSessionNats:
-    """The embedded ``nats-server -js`` in a session of its own, so a Ctrl-C in the terminal
-    reaches only ``up``, which stops NATS after everything that publishes to it.
-    (``services.natsserver.EmbeddedNats`` starts it in the caller's process group, where the
-    terminal's SIGINT would stop it first.)"""
-
-    def __init__(self, store_dir: Path, host: str = "127.0.0.1") -> None:
-        from services.natsserver import free_port
-
-        self.host, self.port, self.store_dir = host, free_port(host), store_dir
-        self.url = f"nats://{host}:{self.port}"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self, timeout_s: float = 10.0) -> _OwnSessionNats:
-        import socket
-
-        from services.natsserver import NatsServerError, find_nats_server
-
-        self.store_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [find_nats_server(), "-a", self.host, "-p", str(self.port), "-js", "-sd", str(self.store_dir)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     start_new_session=True)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise NatsServerError(f"nats-server exited with {self.proc.returncode}")
-            try:
-                with socket.create_connection((self.host, self.port), timeout=0.2) as sock:
-                    sock.settimeout(0.5)
-                    if sock.recv(5) == b"INFO ":
-                        return self
-            except OSError:
-                pass
-            time.sleep(0.01)
-        self.stop()
-        raise NatsServerError(f"nats-server did not answer on {self.url} within {timeout_s} s")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
-
 def _free_port() -> int:
     from services.natsserver import free_port
 
@@ -288,7 +241,7 @@ class Up:
         nats = None
         url = self.args.nats_url
         if url is None:
-            nats = _OwnSessionNats(self.run_dir / "nats").start()
+            nats = EmbeddedNats(store_dir=self.run_dir / "nats", own_session=True).start()
             url = nats.url
         bus = None
         try:

@@ -58,6 +58,17 @@ class BusContract:
         assert [d.event.ts for d in got] == [e.ts for e in evs]
         await bus.close()
 
+    async def test_publish_many_with_ids_and_shadow(self, partition):
+        bus = await self.make_bus(partition)
+        evs = _events(3)
+        assert await bus.publish_many(evs, msg_ids=["a", "b", "c"]) == [1, 2, 3]
+        assert await bus.publish_many(evs, msg_ids=["a", "b", "d"]) == [1, 2, 4]
+        await bus.publish_many(evs[:1], shadow="mine")
+        async with bus.consumer(None, start_seq=5) as c:
+            (d,) = await _take(c, 1)
+        assert d.subject == f"ei.{partition}.shadow.mine.tick"
+        await bus.close()
+
     async def test_durable_resumes_where_it_stopped(self, partition):
         bus = await self.make_bus(partition)
         await bus.publish_many(_events(30))
