@@ -492,7 +492,11 @@ class DirectoryCore:
             return
         parent = self._branches.get(ev.parent) if ev.parent is not None else None
         if parent is None:
-            self._anomaly(ev, "unknown_parent", str(ev.parent), f"{ev.mode} of an unknown or ended parent")
+            # A branch resumed after its parent ended is normal over HTTP: the harness reveals a
+            # fork only with its first request. The parent's counts were released at its end, so
+            # the child starts with an empty context and its first request counts its blocks.
+            if ev.parent not in self._ended:
+                self._anomaly(ev, "unknown_parent", str(ev.parent), f"{ev.mode} of an unknown parent")
             return
         if ev.mode == "subagent":
             b.excluded = frozenset(parent.ctx)

@@ -333,3 +333,18 @@ def test_block_hashes_outside_64_bits_are_refused_without_a_trace_in_the_state()
     d.apply(KvStored(ts=2, node="p0", tier="L1", blocks=[2**64 - 1, 0]))
     assert d.holders(2**64 - 1) == [("p0", "L1")] and d.holders(0) == [("p0", "L1")]
     assert DirectoryCore.from_snapshot(before).branch("a") == d.branch("a")
+
+
+def test_fork_of_an_ended_parent_is_a_resume_that_counts_its_first_request():
+    # Over HTTP the gateway only learns of a fork at its first request, which may come after
+    # the parent's end (trace_0504 resumes 3,058 s later): not an anomaly, and the resumed
+    # context is counted once on the node that serves it.
+    d = cluster()
+    d.apply(BranchOpened(ts=0, branch="a"))
+    serve(d, "r1", "a", [1, 2], ts=1)
+    d.apply(BranchEnded(ts=2, branch="a"))
+    assert d.count(1, "p0") == 0 and d.count(2, "p0") == 0
+    assert d.apply(BranchOpened(ts=3, branch="a~1", parent="a", mode="fork")) == []
+    serve(d, "r2", "a~1", [1, 2, 3], ts=4)
+    assert counts(d, [1, 2, 3]) == on([1, 2, 3], ["p0", "d0"])
+    assert d.anomalies() == {}
