@@ -9,8 +9,12 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.ei-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  echo "installing evolving-infra and its dev tools into .venv ..." >&2
-  .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip >&2
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]' >&2
+  echo "installing evolving-infra and its dev tools into .venv (log: .venv/install.log) ..." >&2
+  if ! { .venv/bin/python -m pip install --disable-pip-version-check --upgrade pip &&
+         .venv/bin/python -m pip install --disable-pip-version-check -e '.[dev]'; } > .venv/install.log 2>&1; then
+    tail -40 .venv/install.log >&2
+    echo "ERROR: installation failed (full log: .venv/install.log)" >&2
+    exit 1
+  fi
   touch "$stamp"
 fi
