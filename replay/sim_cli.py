@@ -127,7 +127,7 @@ def run_one(stack_name: str, args, source: SessionSource, out: Path | None, prog
         rec = _Recorder(out, {"driver": "simulator", "stack": stack.describe(), "profile": prof.name,
                               "nodes": cfg.nodes, "seed": cfg.seed, "warmup_s": cfg.warmup_s,
                               "duration_s": cfg.duration_s, "agents": cfg.agents,
-                              "arrivals_per_min": cfg.arrivals_per_min})
+                              "arrivals_per_min": cfg.arrivals_per_min, **stack.core_config(prof, cfg)})
     sim = Simulation(prof, stack, source, cfg, record=rec, keep_log=True)
     t0 = time.perf_counter()
     bar = None

@@ -73,20 +73,25 @@ class Stack:
             d = nodes - p
         return ["prefill"] * p + ["decode"] * d
 
-    def make_cores(self, profile: Profile, cfg) -> list:
-        """[directory, planner, router], fresh, configured for this run."""
-        from services.directory.core import DirectoryCore
-
+    def core_config(self, profile: Profile, cfg) -> dict[str, Any]:
+        """How this run's cores are built, in the ``run_config`` form that ``evolving verify``
+        rebuilds them from (class path + JSON kwargs per core): one source for both."""
         pargs: dict[str, Any] = {"name": self.planner, "warmup_s": float(cfg.warmup_s), "mechanism": self.mechanism,
                                  "k": profile.experts_per_token, "E": profile.experts}
         if self.split is not None:  # baselines order their configured split at warm-up end
             roles = self.initial_roles(cfg.nodes)
             pargs["initial"] = f"{roles.count('prefill')}P{roles.count('decode')}D"
         pargs.update(self.planner_args)
-        planner = _load(PLANNERS[self.planner])(**_accepted(PLANNERS[self.planner], pargs))
-        router = _load(ROUTERS[self.router])(name=self.router, shadow=False, block_tokens=profile.block_tokens,
-                                              **self.router_args)
-        return [DirectoryCore(), planner, router]
+        rargs = {"name": self.router, "shadow": False, "block_tokens": profile.block_tokens, **self.router_args}
+        return {"cores": ["directory", "planner", "router"],
+                "directory": {"class": "services.directory.core:DirectoryCore", "kwargs": {}},
+                "planner": {"class": PLANNERS[self.planner], "kwargs": _accepted(PLANNERS[self.planner], pargs)},
+                "router": {"class": ROUTERS[self.router], "kwargs": rargs}}
+
+    def make_cores(self, profile: Profile, cfg) -> list:
+        """[directory, planner, router], fresh, configured for this run."""
+        conf = self.core_config(profile, cfg)
+        return [_load(conf[c]["class"])(**conf[c]["kwargs"]) for c in conf["cores"]]
 
     def make_eviction(self, profile: Profile):
         from services.directory.eviction import POLICIES
