@@ -12,7 +12,7 @@ Request lifecycle (one POST /v1/chat/completions or /v1/completions)
 5. Wait for the non-shadow ``RouteDecided`` of the request (``route_timeout_s``, then 503).
 6. Relay the engine's token messages: SSE chunks (``stream: true``) or one JSON body.
    ``token_timeout_s`` of silence ends the request (504, or an error event in a stream).
-7. After the response (also after a failure): ``BranchEnded`` when ``x-branch-end`` /
+7. When the response completes, before the client sees its end (and after a failure): ``BranchEnded`` when ``x-branch-end`` /
    ``x-dynamo-session-final`` was true, or when the request had no branch headers (it is then
    served as a one-request branch and counted in ``ei_gateway_headerless_requests_total``).
 
@@ -353,21 +353,31 @@ class Gateway:
                                f"{self.cfg.partition!r} running?", None, "service_unavailable") from None
             meta = _Meta(request_id, branch, adm.request.version, route, len(ids), len(blocks), model, chat,
                          max_tokens, int(self.clock()))
+
+            async def end_branch() -> None:
+                await self._end_after(adm.end_after, branch)
+
             if stream:
-                return await self._stream(req, tsub, meta, body)
-            return await self._collect(tsub, meta)
+                return await self._stream(req, tsub, meta, body, end_branch)
+            return await self._collect(tsub, meta, end_branch)
         finally:
             self.in_flight -= 1
             self.watcher.forget(request_id)
             await tsub.close()
-            if adm.end_after:
-                ended = self.table.end(branch, self.clock())
-                if ended is not None:
-                    self.metrics.inc("ei_gateway_branches_ended_total")
-                    try:
-                        await self._publish([ended])
-                    except ApiError:
-                        pass  # already logged; the response is on its way
+            await self._end_after(adm.end_after, branch)  # also after a failure; no-op if done
+
+    async def _end_after(self, end_after: bool, branch: str) -> None:
+        """Publish ``BranchEnded`` once, *before* the client sees the end of the response, so a
+        harness that reacts to the response never races the branch's end on the stream."""
+        if not end_after:
+            return
+        ended = self.table.end(branch, self.clock())
+        if ended is not None:
+            self.metrics.inc("ei_gateway_branches_ended_total")
+            try:
+                await self._publish([ended])
+            except ApiError:
+                pass  # already logged; the response is on its way
 
     async def _end_only(self, sig: BranchSignals, model: str, chat: bool) -> web.Response:
         ended = self.table.end(sig.branch, self.clock())
@@ -386,7 +396,7 @@ class Gateway:
                            f"{meta.route.decode_node!r} within {self.cfg.token_timeout_s:g} s",
                            None, "timeout") from None
 
-    async def _collect(self, tsub, meta: _Meta) -> web.Response:
+    async def _collect(self, tsub, meta: _Meta, before_done) -> web.Response:
         parts: list[str] = []
         got, simulated = 0, False
         while True:
@@ -401,10 +411,11 @@ class Gateway:
                 if total > got and simulated:  # a lost chunk (core NATS is at-most-once)
                     parts.append(sim_text(total - got))
                 self.metrics.inc("ei_gateway_output_tokens_total", total)
+                await before_done()
                 return web.json_response(meta.full_body("".join(parts), total, m.finish_reason or "length",
                                                         simulated), headers=meta.headers())
 
-    async def _stream(self, req: web.Request, tsub, meta: _Meta, body: dict) -> web.StreamResponse:
+    async def _stream(self, req: web.Request, tsub, meta: _Meta, body: dict, before_done) -> web.StreamResponse:
         m = await self._next(tsub, meta)  # errors before the first byte are plain JSON errors
         if m.kind == "error":
             raise ApiError(502, f"the engine failed request {meta.request!r}: {m.error}", None, "engine_error")
@@ -440,6 +451,7 @@ class Gateway:
                     await resp.write(_sse({"error": {"message": exc.message, "type": exc.type,
                                                      "code": exc.status}}))
                     break
+            await before_done()
             await resp.write(b"data: [DONE]\n\n")
         except (ConnectionResetError, asyncio.CancelledError):
             log.info("client_gone", request=meta.request)
