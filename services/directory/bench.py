@@ -47,7 +47,11 @@ from events.catalog import (
 from events.hashing import namespaced_hash
 from services.directory.core import DirectoryCore
 
-DEFAULT_TRACES = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces" / "weka-claude-code"
+_REPO = Path(__file__).resolve().parents[2]
+#: The real sessions: ../shared/traces beside the checkout, else the copy bundled with the tests.
+DEFAULT_TRACES = next((p for p in (_REPO / ".." / "shared" / "traces" / "weka-claude-code",
+                                   _REPO / "tests" / "fixtures" / "traces" / "weka-claude-code") if p.is_dir()),
+                      _REPO / "tests" / "fixtures" / "traces" / "weka-claude-code")
 PREFILL_NODES = [f"p{i}" for i in range(4)]
 DECODE_NODES = [f"d{i}" for i in range(5)]
 
