@@ -118,34 +118,43 @@ class Lookup:
         does. From each position the source is the peer whose copy in that tier covers the
         longest run, ties to the smallest node id; one step per maximal run. Blocks inside the
         range that only ``node`` itself holds are skipped.
+
+        Cost: one pass of numpy over the ``[range, peers]`` holder bits computes, for every
+        position and peer, where that peer's run ends; the loop then runs once per step.
         """
         own = self._cols.get(node)
         m = self.per_node.get(node)
-        pos = m.local_blocks if m else 0
+        start = m.local_blocks if m else 0
+        n = self.pool_blocks - start
+        peers = [(nid, col) for nid, col in self._ids if col != own]
+        if n <= 0 or not peers:
+            return []
+        cols = np.array([c for _, c in peers], dtype=np.int64)
+        words = self._masks[start:self.pool_blocks]
+        rows = np.arange(n)
+
+        def holds(tier_bit: int) -> np.ndarray:  # [n, peers] bool
+            j = 2 * cols + tier_bit
+            return ((words[:, j >> 6] >> (j & 63).astype(np.uint64)) & np.uint64(1)).astype(bool)
+
+        def run_end(h: np.ndarray) -> np.ndarray:  # first row >= r where h is False (n if none)
+            gaps = np.where(h, n, rows[:, None] if h.ndim == 2 else rows)
+            return np.minimum.accumulate(gaps[::-1], axis=0)[::-1]
+
+        h2, h1 = holds(1), holds(0)
+        end2, end1 = run_end(h2), run_end(h1)
+        any2 = h2.any(axis=1)
+        any_peer = any2 | h1.any(axis=1)
+        next_held = run_end(~any_peer)  # first row >= r that some peer holds
         steps: list[FetchStep] = []
-        while pos < self.pool_blocks:
-            found = self._longest_source(pos, own)
-            if found is None:
-                pos += 1
+        pos = 0
+        while pos < n:
+            if not any_peer[pos]:
+                pos = int(next_held[pos])
                 continue
-            src, end, tier = found
-            steps.append(FetchStep(src_node=src, first_block=pos, n_blocks=end - pos, tier=tier))
+            ends, tier = (end2[pos], "L2") if any2[pos] else (end1[pos], "L1")
+            k = int(np.argmax(ends))  # first maximum: peers are sorted by node id
+            end = int(ends[k])
+            steps.append(FetchStep(src_node=peers[k][0], first_block=start + pos, n_blocks=end - pos, tier=tier))
             pos = end
         return steps
-
-    def _longest_source(self, pos: int, own: int | None) -> tuple[NodeId, int, str] | None:
-        for t, tier in ((1, "L2"), (0, "L1")):
-            best: tuple[int, str] | None = None
-            for node, col in self._ids:
-                if col == own:
-                    continue
-                j = 2 * col + t
-                run = ((self._masks[pos:, j >> 6] >> np.uint64(j & 63)) & np.uint64(1)).astype(bool)
-                if not run[0]:
-                    continue
-                end = self.pool_blocks if run.all() else pos + int(run.argmin())
-                if best is None or end > best[0]:
-                    best = (end, node)
-            if best is not None:
-                return best[1], best[0], tier
-        return None
