@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import json.scanner
-from collections.abc import Sequence
+import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,25 @@ class Problems:
         if not self.skip_bad:
             raise err
         self.result.skipped.append(err)
+
+
+def json_lines(path: str | os.PathLike[str], problems: Problems) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` for every non-blank line of a JSONL file; a line that is not
+    valid JSON or not an object is reported to ``problems`` (raise, or record and skip)."""
+    file = str(path)
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                continue
+            try:
+                rec = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                problems.bad(file, lineno, "(json)", f"not valid JSON: {exc.msg} (column {exc.colno})")
+                continue
+            if not isinstance(rec, dict):
+                problems.bad(file, lineno, "(line)", "must be a JSON object")
+                continue
+            yield lineno, rec
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

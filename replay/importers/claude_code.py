@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from events.hashing import block_hashes, namespace_root
-from replay.importers._common import ImportResult, Problems
+from replay.importers._common import ImportResult, Problems, json_lines
 from replay.trace import Branch, Compact, End, Fork, Request, Session, Spawn, Step
 
 BLOCK_TOKENS = 64
@@ -313,34 +313,23 @@ class _SessionBuilder:
 def _read(files: list[Path], problems: Problems) -> dict[str, list[_Rec]]:
     sessions: dict[str, list[_Rec]] = {}
     for f in files:
-        with open(f, "rb") as fh:
-            for lineno, raw in enumerate(fh, start=1):
-                if not raw.strip():
-                    continue
-                try:
-                    d = json.loads(raw)
-                except json.JSONDecodeError as exc:
-                    problems.bad(str(f), lineno, "(json)", f"not valid JSON: {exc.msg} (column {exc.colno})")
-                    continue
-                if not isinstance(d, dict):
-                    problems.bad(str(f), lineno, "(line)", "must be a JSON object")
-                    continue
-                if d.get("type") not in ("user", "assistant", "system"):
-                    continue
-                missing = next((k for k in ("uuid", "timestamp") if not isinstance(d.get(k), str)), None)
-                if missing:
-                    problems.bad(str(f), lineno, missing, "missing or not a string")
-                    continue
-                if d.get("type") != "system" and not isinstance(d.get("message"), dict):
-                    problems.bad(str(f), lineno, "message", "missing or not an object")
-                    continue
-                try:
-                    ts = _parse_ts(d["timestamp"])
-                except ValueError as exc:
-                    problems.bad(str(f), lineno, "timestamp", f"not an ISO 8601 time: {exc}")
-                    continue
-                sid = str(d.get("sessionId") or f.stem)
-                sessions.setdefault(sid, []).append(_Rec(d, str(f), lineno, ts))
+        for lineno, d in json_lines(f, problems):
+            if d.get("type") not in ("user", "assistant", "system"):
+                continue
+            missing = next((k for k in ("uuid", "timestamp") if not isinstance(d.get(k), str)), None)
+            if missing:
+                problems.bad(str(f), lineno, missing, "missing or not a string")
+                continue
+            if d.get("type") != "system" and not isinstance(d.get("message"), dict):
+                problems.bad(str(f), lineno, "message", "missing or not an object")
+                continue
+            try:
+                ts = _parse_ts(d["timestamp"])
+            except ValueError as exc:
+                problems.bad(str(f), lineno, "timestamp", f"not an ISO 8601 time: {exc}")
+                continue
+            sid = str(d.get("sessionId") or f.stem)
+            sessions.setdefault(sid, []).append(_Rec(d, str(f), lineno, ts))
     return sessions
 
 

@@ -21,12 +21,11 @@ Rules (stated in ``docs/traces.md`` too):
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from events.hashing import namespaced_hash
-from replay.importers._common import ImportResult, Problems
+from replay.importers._common import ImportResult, Problems, json_lines
 from replay.trace import Branch, End, Request, Session
 
 MOONCAKE_BLOCK_TOKENS = 512
@@ -54,47 +53,36 @@ def import_mooncake(
     ns = f"mooncake:{stem}"
     sessions: list[list[tuple[float, Request]]] = []
     by_prefix: dict[tuple[int, ...], int] = {}
-    with open(src, "rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            try:
-                rec = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                problems.bad(file, lineno, "(json)", f"not valid JSON: {exc.msg} (column {exc.colno})")
-                continue
-            if not isinstance(rec, dict):
-                problems.bad(file, lineno, "(line)", "must be a JSON object")
-                continue
-            ts = _int_field(rec, "timestamp", file, lineno, problems)
-            n_in = _int_field(rec, "input_length", file, lineno, problems) if ts is not None else None
-            n_out = _int_field(rec, "output_length", file, lineno, problems) if n_in is not None else None
-            if n_out is None or ts is None or n_in is None:
-                continue
-            ids = rec.get("hash_ids")
-            if not isinstance(ids, list) or not all(isinstance(h, int) for h in ids):
-                problems.bad(file, lineno, "hash_ids", "missing or not a list of integers")
-                continue
-            n_full = int(n_in) // block_tokens
-            if not n_full <= len(ids) <= n_full + 1:
-                problems.bad(file, lineno, "hash_ids",
-                             f"{len(ids)} ids for input_length={n_in} (expect {n_full} or {n_full + 1})")
-                continue
-            full = tuple(ids[:n_full])
-            sid = None
-            for k in range(len(full), 0, -1):
-                sid = by_prefix.get(full[:k])
-                if sid is not None:
-                    break
-            if sid is None:
-                sid = len(sessions)
-                sessions.append([])
-            req = Request(blocks=[namespaced_hash(ns, h) for h in full],
-                          tail_tokens=int(n_in) - n_full * block_tokens,
-                          output_tokens=int(n_out))
-            sessions[sid].append((ts / 1000.0, req))
-            if full:
-                by_prefix[full] = sid
+    for lineno, rec in json_lines(src, problems):
+        ts = _int_field(rec, "timestamp", file, lineno, problems)
+        n_in = _int_field(rec, "input_length", file, lineno, problems) if ts is not None else None
+        n_out = _int_field(rec, "output_length", file, lineno, problems) if n_in is not None else None
+        if n_out is None or ts is None or n_in is None:
+            continue
+        ids = rec.get("hash_ids")
+        if not isinstance(ids, list) or not all(isinstance(h, int) for h in ids):
+            problems.bad(file, lineno, "hash_ids", "missing or not a list of integers")
+            continue
+        n_full = int(n_in) // block_tokens
+        if not n_full <= len(ids) <= n_full + 1:
+            problems.bad(file, lineno, "hash_ids",
+                         f"{len(ids)} ids for input_length={n_in} (expect {n_full} or {n_full + 1})")
+            continue
+        full = tuple(ids[:n_full])
+        sid = None
+        for k in range(len(full), 0, -1):
+            sid = by_prefix.get(full[:k])
+            if sid is not None:
+                break
+        if sid is None:
+            sid = len(sessions)
+            sessions.append([])
+        req = Request(blocks=[namespaced_hash(ns, h) for h in full],
+                      tail_tokens=int(n_in) - n_full * block_tokens,
+                      output_tokens=int(n_out))
+        sessions[sid].append((ts / 1000.0, req))
+        if full:
+            by_prefix[full] = sid
     width = max(5, len(str(len(sessions))))
     for k, reqs in enumerate(sessions):
         t0 = reqs[0][0]
