@@ -65,9 +65,9 @@ from events.catalog import (
     SwitchRole,
 )
 from events.ids import NodeId, Role
+from events.wire import TokenMsg, sim_text
 from services.directory.core import DirectoryCore
 from services.directory.eviction import POLICIES
-from services.gateway.tokens import TokenMsg, sim_text
 from services.logging import get_logger
 
 log = get_logger("worker")

@@ -38,6 +38,7 @@ from aiohttp import web
 from events.catalog import Event, RouteDecided
 from events.hashing import block_hashes
 from events.subjects import token
+from events.wire import TokenMsg, sim_text
 from services.gateway.headers import (
     BranchSignals,
     BranchStateError,
@@ -46,7 +47,6 @@ from services.gateway.headers import (
     parse_branch_headers,
 )
 from services.gateway.tokenizer import TemplateError, Tokenizer, load_tokenizer, render_chat
-from services.gateway.tokens import TokenMsg, sim_text
 from services.logging import get_logger
 
 log = get_logger("gateway")

@@ -1,0 +1,72 @@
+"""Wire types shared by the engines and the gateway that are not control-plane events.
+
+Generated tokens are not facts the control plane folds (``FirstToken`` / ``RequestFinished``
+are), so they travel on core NATS (no JetStream storage, at-most-once) on the subject
+
+    ``eitok.<partition>.<key>``   with ``key = token_key(request)``
+
+``token_key`` is the first 16 hex digits of BLAKE2b(request id), so any request id (slashes,
+dots, spaces) maps to one safe subject token. Outside ``ei.<p>.>`` on purpose: the partition's
+stream never stores these messages.
+
+Each message is one JSON-encoded :class:`TokenMsg` (readable with ``nats sub 'eitok.>'``):
+
+- ``kind="first"``: the first output token exists (prefill done), ``tokens=1``.
+- ``kind="chunk"``: ``tokens`` more tokens, ``total`` generated so far, ``text`` their text.
+- ``kind="done"``: generation finished, ``total`` output tokens, ``finish_reason``.
+- ``kind="error"``: the request failed on the engine, ``error`` says why.
+
+The sim engine generates no real text: ``text`` is ``"tok "`` per token (:func:`sim_text`).
+
+Bottom layer: msgspec and the standard library only. The NATS adapter that publishes and
+subscribes these messages is ``services.gateway.tokens.NatsTokens``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Literal
+
+import msgspec
+
+from events.subjects import token
+
+SIM_TOKEN_TEXT = "tok "
+_ENC = msgspec.json.Encoder()
+
+
+class TokenMsg(msgspec.Struct, frozen=True, kw_only=True):
+    request: str
+    kind: Literal["first", "chunk", "done", "error"]
+    tokens: int = 0  # new tokens in this message
+    total: int = 0  # tokens generated so far (including these)
+    text: str = ""  # text of the new tokens
+    node: str = ""
+    ts: float = 0.0
+    finish_reason: str = ""
+    error: str = ""
+    simulated: bool = False  # the text is dummy ("tok " per token) from the sim engine
+
+
+_DEC = msgspec.json.Decoder(TokenMsg)
+
+
+def sim_text(n: int) -> str:
+    """The sim engine's dummy text for ``n`` tokens."""
+    return SIM_TOKEN_TEXT * max(0, n)
+
+
+def token_key(request: str) -> str:
+    return hashlib.blake2b(request.encode(), digest_size=8).hexdigest()
+
+
+def token_subject(partition: str, request: str) -> str:
+    return f"eitok.{token(partition)}.{token_key(request)}"
+
+
+def encode(msg: TokenMsg) -> bytes:
+    return _ENC.encode(msg)
+
+
+def decode(data: bytes) -> TokenMsg:
+    return _DEC.decode(data)
