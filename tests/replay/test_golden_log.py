@@ -1,0 +1,41 @@
+"""A pinned simulator log: code moves and speed-ups must not change a single decision.
+
+``evolving replay --stack evolving --duration 5m --seed 3`` on the bundled real Claude Code
+sessions writes a DuckDB event log; the digest of every recorded event (sequence, time, type,
+source, subject, payload), in stream order, must equal the one recorded before the layering
+refactor (issue 11). A change that alters any event, decision or order fails here. If a change
+is *meant* to change decisions, re-pin the digest in the same commit and say why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import duckdb
+
+from services.cli import main
+
+PINNED_EVENTS = 22185
+PINNED_DIGEST = "5618c9f1d2d82227b6a41627cabdf0bc0691ede11d8dbd849ca6922a49399a4c"
+
+
+def log_digest(path: str) -> tuple[int, str]:
+    con = duckdb.connect(path, read_only=True)
+    try:
+        rows = con.execute(
+            "SELECT seq, ts, type, src, subject, payload::VARCHAR FROM events ORDER BY seq").fetchall()
+    finally:
+        con.close()
+    h = hashlib.sha256()
+    for row in rows:
+        h.update(repr(row).encode())
+    return len(rows), h.hexdigest()
+
+
+def test_replay_log_is_byte_identical_to_the_pinned_one(tmp_path, capsys):
+    out = tmp_path / "golden.duckdb"
+    rc = main(["replay", "--stack", "evolving", "--duration", "5m", "--seed", "3", "--no-progress",
+               "--out", str(out)])
+    capsys.readouterr()
+    assert rc == 0
+    assert log_digest(str(out)) == (PINNED_EVENTS, PINNED_DIGEST)
