@@ -1,7 +1,7 @@
 """Typed events of the Evolving Infra control plane (the only contract between services)."""
 
-from events.catalog import *  # noqa: F401,F403
-from events.catalog import AnyEvent, Event, EVENT_TYPES, EVENT_BY_NAME  # noqa: F401
+from events.catalog import *
+from events.catalog import EVENT_BY_NAME, EVENT_TYPES, AnyEvent, Event  # noqa: F401
 from events.codec import (  # noqa: F401
     SCHEMA_VERSION,
     CodecError,
@@ -11,4 +11,4 @@ from events.codec import (  # noqa: F401
     encode,
 )
 from events.hashing import block_hashes, hash_block_tokens, namespaced_hash  # noqa: F401
-from events.ids import *  # noqa: F401,F403
+from events.ids import *

@@ -347,7 +347,7 @@ class Tick(Event, frozen=True, kw_only=True, gc=False):
     timeouts close on ticks so a replay sees the same time."""
 
 
-AnyEvent = Union[
+AnyEvent = Union[  # noqa: UP007 - a typing.Union alias: msgspec and get_args() read it the same on 3.11
     BranchOpened,
     RequestSubmitted,
     ContextCompacted,

@@ -14,9 +14,7 @@ import sys
 #: Modules that add subcommands, in help order. A missing module is skipped.
 COMMAND_MODULES = (
     "services.buscli",
-    "services.directory.cli",
-    "services.planner.cli",
-    "services.router.cli",
+    "services.bench.cli",
     "replay.cli",
     "services.recorder.cli",
     "services.live.cli",

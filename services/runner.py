@@ -51,8 +51,8 @@ from events.catalog import AnomalyReported, Event
 from events.subjects import dlq_subject
 from services.bus import DLQ_CONSUMER, DLQ_REASON, DLQ_SEQ, DLQ_SUBJECT, MSG_ID, Delivery
 from services.core import Sequenced
-from services.live.metrics import ServiceMetrics
 from services.logging import get_logger
+from services.metrics import ServiceMetrics
 
 log = get_logger("runner")
 

@@ -1,8 +1,11 @@
-"""``python -m services.directory``: the live directory service (see services/live/serve.py, docs/live.md)."""
+"""``python -m services.directory``: the live directory service (services/live/serve.py, docs/live.md).
 
+This package is a pure core; the driver is imported only when this file runs as a program, so
+importing ``services.directory`` never pulls in NATS, aiohttp or the live services.
+"""
+
+import importlib
 import sys
 
-from services.live.serve import main
-
 if __name__ == "__main__":
-    sys.exit(main("directory"))
+    sys.exit(importlib.import_module("services.live.serve").main("directory"))

@@ -33,9 +33,9 @@ from typing import Any
 
 from events.catalog import Tick
 from services.live.liveness import LivenessWatcher
-from services.live.metrics import MetricsServer, ServiceMetrics
 from services.live.stack import CoreStack
 from services.logging import get_logger
+from services.metrics import MetricsServer, ServiceMetrics
 from services.runner import RunnerConfig, ServiceRunner, cancel_all
 
 log = get_logger("serve")

@@ -38,7 +38,7 @@ from events.catalog import (
     Tick,
 )
 from events.ids import SwitchMechanism
-from services.planner.costmodel import (
+from services.costmodel import (
     DEFAULT_E,
     DEFAULT_K,
     PRIOR_DECODE,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from services.planner.costmodel import DecodeModel, PrefillModel
+from services.costmodel import DecodeModel, PrefillModel
 from services.planner.window import Work
 
 

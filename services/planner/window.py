@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from services.planner.costmodel import prefill_A
+from services.costmodel import prefill_A
 
 
 class SliceStats(msgspec.Struct, kw_only=True):

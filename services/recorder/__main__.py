@@ -1,8 +1,11 @@
-"""``python -m services.recorder``: the live recorder service (see services/live/serve.py, docs/live.md)."""
+"""``python -m services.recorder``: the live recorder service (services/live/serve.py, docs/live.md).
 
+The driver is imported only when this file runs as a program: importing the recorder's
+adapters (event log, views, verify) never pulls in the live services.
+"""
+
+import importlib
 import sys
 
-from services.live.serve import main
-
 if __name__ == "__main__":
-    sys.exit(main("recorder"))
+    sys.exit(importlib.import_module("services.live.serve").main("recorder"))

@@ -7,7 +7,8 @@
 - :mod:`services.router.core` — :class:`LeastTtftRouter`, least predicted TTFT (eq. 7);
 - :mod:`services.router.baselines` — cache-aware (SGLang Model Gateway), sticky, round robin,
   least loaded, Dynamo KV router;
-- :mod:`services.router.cli` — ``evolving bench router``.
+- ``evolving bench router`` and the event-stream builders of its scenarios live in
+  :mod:`services.bench` (drivers stand above the core).
 
 All routers are found by name through the entry-point group ``evolving.routers``.
 """

@@ -55,7 +55,7 @@ from events.catalog import (
     RoleSwitchOrdered,
     RouteDecided,
 )
-from services.planner.costmodel import PRIOR_DECODE, PRIOR_PREFILL, DecodeModel, PrefillModel
+from services.costmodel import PRIOR_DECODE, PRIOR_PREFILL, DecodeModel, PrefillModel
 
 #: Phases each role serves. A collocated node (warm-up) serves both.
 ROLE_PHASES: dict[str, frozenset[str]] = {

@@ -70,8 +70,8 @@ async def test_silent_node_is_removed_once_and_replay_agrees(nats_url, partition
 async def test_metrics_endpoint_serves_prometheus_text_and_health(nats_url, partition):
     import aiohttp
 
-    from services.live.metrics import MetricsServer
     from services.live.serve import build_runner
+    from services.metrics import MetricsServer
 
     bus = await NatsBus.connect(nats_url, partition)
     args = argparse.Namespace(router="round_robin", router_arg=[], shadow=None, snapshot_every=100,

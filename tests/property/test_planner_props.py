@@ -22,9 +22,9 @@ from events.catalog import (
     SwitchRole,
     Tick,
 )
+from services.costmodel import fit_decode, fit_prefill
 from services.planner.baselines import ArrowPlanner, DynamoPlanner, StaticPlanner
 from services.planner.core import EvolvingPlanner
-from services.planner.costmodel import fit_decode, fit_prefill
 from services.planner.evaluate import NodeArrays, WorkArrays, theta, theta_reference
 from services.planner.window import Work
 

@@ -19,8 +19,8 @@ from events.catalog import (
     RoleSwitchOrdered,
     RouteDecided,
 )
+from services.bench import scenario as s
 from services.plugins import load_router
-from services.router import scenario as s
 from services.router.state import DECODING, PENDING, PREFILLING, QUEUED
 
 NODES = ["p00", "p01", "p02", "d00", "d01", "c00"]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from services.directory import bench, cli
+from services.bench import cli
+from services.bench import directory as bench
 
 
 def test_the_real_sessions_are_found_in_a_bare_clone_too():

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from events.catalog import PlanEvaluated, RoleSwitchOrdered
+from services.bench.synthetic import TRUE_PREFILL, Mix, Scenario, drive
 from services.planner.baselines import ArrowPlanner, DynamoPlanner, StaticPlanner, parse_split, scale_split
 from services.planner.core import EvolvingPlanner
-from services.planner.synthetic import TRUE_PREFILL, Mix, Scenario, drive
 from services.planner.window import SliceStats
 
 # high reuse: each request appends 300 new tokens to a 60K-token context that is cached

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from services.planner import bench, cli
+from services.bench import cli
+from services.bench import planner as bench
 
 
 def test_bench_reports_accuracy_and_speed_with_baselines(capsys):

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from services.planner.costmodel import (
+from services.costmodel import (
     PRIOR_DECODE,
     PRIOR_PREFILL,
     DecodeModel,

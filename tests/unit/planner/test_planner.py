@@ -16,8 +16,8 @@ from events.catalog import (
     SwitchRole,
     Tick,
 )
+from services.bench.synthetic import Mix, Scenario, drive
 from services.planner.core import Evaluation, EvolvingPlanner
-from services.planner.synthetic import Mix, Scenario, drive
 
 DECODE_HEAVY = {"t_uc": 500, "t_c": 20_000, "t_out": 2000, "q": 64}
 PREFILL_HEAVY = {"t_uc": 8000, "t_c": 2000, "t_out": 100, "q": 64}
@@ -228,7 +228,7 @@ def test_unknown_config_is_refused():
 
 
 def test_decode_batch_is_capped_by_kv_capacity_so_long_contexts_need_more_decode_nodes():
-    from services.planner.costmodel import prefill_A
+    from services.costmodel import prefill_A
     from services.planner.evaluate import NodeArrays, WorkArrays, batch_cap, theta
     from services.planner.window import Work
 

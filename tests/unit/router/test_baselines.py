@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from events.catalog import RouteDecided
-from services.router import scenario as s
+from services.bench import scenario as s
 from services.router.baselines import (
     CacheAwareRouter,
     DynamoKvRouter,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from services.bench.router import format_report, run
 from services.cli import build_parser
-from services.router.bench import format_report, run
 
 
 def test_bench_reports_every_router_and_ratio():

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from events.catalog import AnomalyReported, RouteDecided
-from services.planner.costmodel import PRIOR_PREFILL
+from services.bench import scenario as s
+from services.costmodel import PRIOR_PREFILL
 from services.plugins import load_router
-from services.router import scenario as s
 
 NAMES = ["evolving", "cache_aware", "sticky", "round_robin", "least_loaded", "dynamo_kv"]
 

@@ -6,7 +6,7 @@ import msgspec
 import pytest
 
 from events.catalog import RouteDecided
-from services.router import scenario as s
+from services.bench import scenario as s
 from services.router.baselines import (
     CacheAwareRouter,
     DynamoKvRouter,

@@ -10,8 +10,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 PURE = ["services/router/state.py", "services/router/base.py", "services/router/core.py",
-        "services/router/baselines.py", "services/router/scenario.py", "services/router/__init__.py"]
-ALLOWED_PREFIXES = ("events", "services.core", "services.directory", "services.planner.costmodel",
+        "services/router/baselines.py", "services/bench/scenario.py", "services/router/__init__.py"]
+ALLOWED_PREFIXES = ("events", "services.core", "services.directory", "services.costmodel",
                     "services.router")
 ALLOWED_TOP = {"__future__", "collections", "typing", "dataclasses", "math", "itertools", "functools",
                "bisect", "heapq", "numpy", "msgspec", "enum"}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from events.catalog import FetchStep, IterationDone, ModelFitted, RouteDecided
-from services.planner.costmodel import PRIOR_DECODE, PRIOR_PREFILL, PrefillModel
-from services.router import scenario as s
+from services.bench import scenario as s
+from services.costmodel import PRIOR_DECODE, PRIOR_PREFILL, PrefillModel
 from services.router.baselines import CacheAwareRouter
 from services.router.core import LeastTtftRouter
 

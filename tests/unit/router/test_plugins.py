@@ -9,8 +9,8 @@ import pytest
 
 from events.catalog import RouteDecided
 from events.subjects import subject_for
+from services.bench import scenario as s
 from services.plugins import PluginNotFound, available, load_router
-from services.router import scenario as s
 from services.router.base import Router
 from services.router.baselines import CacheAwareRouter
 from services.router.core import LeastTtftRouter

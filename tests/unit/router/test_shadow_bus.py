@@ -6,8 +6,8 @@ from __future__ import annotations
 import msgspec
 
 from events.catalog import RouteDecided
+from services.bench import scenario as s
 from services.bus import InMemoryBus
-from services.router import scenario as s
 from services.router.baselines import CacheAwareRouter
 from services.router.core import LeastTtftRouter
 

@@ -13,7 +13,7 @@ from events.catalog import (
     RoleSwitchOrdered,
     RouteDecided,
 )
-from services.router import scenario as s
+from services.bench import scenario as s
 from services.router.baselines import RoundRobinRouter
 from services.router.core import LeastTtftRouter
 from services.router.state import PREFILLING, QUEUED

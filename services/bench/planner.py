@@ -20,10 +20,10 @@ import time
 import numpy as np
 
 from events.catalog import NodeRegistered, Tick
+from services.bench.synthetic import TRUE_DECODE, TRUE_PREFILL, node_ids
+from services.costmodel import DecodeModel, PrefillModel, fit_decode, fit_prefill, prefill_A
 from services.planner.core import EvolvingPlanner
-from services.planner.costmodel import DecodeModel, PrefillModel, fit_decode, fit_prefill, prefill_A
 from services.planner.evaluate import theta_reference
-from services.planner.synthetic import TRUE_DECODE, TRUE_PREFILL, node_ids
 from services.planner.window import SliceStats
 
 

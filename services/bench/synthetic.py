@@ -25,7 +25,7 @@ from events.catalog import (
     SwitchRole,
     Tick,
 )
-from services.planner.costmodel import DecodeModel, PrefillModel, prefill_A
+from services.costmodel import DecodeModel, PrefillModel, prefill_A
 
 TRUE_PREFILL = PrefillModel(c0=0.012, c1=3.5e-5, c2=1.2e-10, c3=2.5e-6)
 TRUE_DECODE = DecodeModel(d0=0.011, d1=0.016, d2=3.5e-4, k=8, E=256)
