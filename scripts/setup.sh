@@ -18,3 +18,34 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   fi
   touch "$stamp"
 fi
+
+# KV kernel tests need torch (CPU wheel, ~60 s the first time); EVOLVING_NO_TORCH=1 skips it.
+has_module() { .venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$1') is None)"; }
+if [ "${EVOLVING_NO_TORCH:-0}" != 1 ] && ! has_module torch; then
+  echo "installing torch==2.13.0 (CPU) for the KV kernel tests (log: .venv/install-kv.log) ..." >&2
+  if ! .venv/bin/python -m pip install --disable-pip-version-check 'torch==2.13.0' > .venv/install-kv.log 2>&1; then
+    tail -20 .venv/install-kv.log >&2
+    echo "ERROR: torch==2.13.0 did not install (set EVOLVING_NO_TORCH=1 to skip the KV kernel tests)" >&2
+    exit 1
+  fi
+fi
+# Mooncake transfer engine (TCP) for the KV transfer tests: best effort, never fails setup;
+# without it those tests are skipped with the reason.
+if ! has_module mooncake; then
+  if .venv/bin/python -m pip download --disable-pip-version-check -q --no-deps -d "$(mktemp -d)" \
+       mooncake-transfer-engine-non-cuda > /dev/null 2>&1; then
+    .venv/bin/python -m pip install --disable-pip-version-check -q mooncake-transfer-engine-non-cuda \
+      > .venv/install-mooncake.log 2>&1 || echo "warning: mooncake-transfer-engine-non-cuda did not install" >&2
+  else
+    echo "warning: mooncake-transfer-engine-non-cuda is not available from the package index" >&2
+  fi
+fi
+if has_module mooncake && ! ldconfig -p 2>/dev/null | grep 'libibverbs\.so\.1' > /dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
+    apt-get install -y -q libibverbs1 > .venv/install-ibverbs.log 2>&1 ||
+      { apt-get update -q > /dev/null 2>&1 && apt-get install -y -q libibverbs1 > .venv/install-ibverbs.log 2>&1; } ||
+      echo "warning: apt-get could not install libibverbs1 (Mooncake tests will be skipped)" >&2
+  else
+    echo "warning: libibverbs1 is missing and we are not root (Mooncake tests will be skipped)" >&2
+  fi
+fi
