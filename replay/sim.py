@@ -41,7 +41,7 @@ from events.catalog import (
     Tick,
 )
 from events.ids import NodeId, Role
-from replay.trace import Session, SessionCursor
+from replay.trace import Session, SessionCursor, reblock
 
 # kinds: only a tie-break after (time, seq); documented for the heap order.
 K_CALL = 0
@@ -245,7 +245,7 @@ class Simulation:
             return
         k = self._next_session
         self._next_session += 1
-        s = self.source.get(k)
+        s = reblock(self.source.get(k), self.p.block_tokens)  # charge the trace's own block size
         cur = SessionCursor(s, prefix=f"a{k}:")
         self.active_sessions += 1
         self._take(cur, cur.start(self.now))

@@ -10,11 +10,12 @@ root (``mode="root"``, ``parent=None``). Each branch is a list of steps (tagged 
 field ``kind``):
 
 - :class:`Request` ``{"kind": "request", "blocks": [...], "tail_tokens", "output_tokens",
-  "pause_s", "at_s"}`` -- one LLM call. ``blocks`` are the chained 64-bit hashes of the prompt's
-  *full* blocks of ``Session.block_tokens`` tokens, ``tail_tokens`` the tokens of the partial
+  "pause_s", "at_s", "pause_kind"}`` -- one LLM call. ``blocks`` are the chained 64-bit hashes
+  of the prompt's *full* blocks of ``Session.block_tokens`` tokens, ``tail_tokens`` the tokens of the partial
   last block (``0 <= tail_tokens < block_tokens``), so the prompt has
   ``len(blocks) * block_tokens + tail_tokens`` tokens. ``output_tokens`` is the recorded
-  output length. ``pause_s`` is the client time before the call (tool run or user think time).
+  output length. ``pause_s`` is the client time before the call (tool run or user think time);
+  ``pause_kind`` says which (``"tool"``, ``"human"``, ``""`` unknown; optional, for pacing).
 - :class:`Fork` ``{"kind": "fork", "branch", "wait", "pause_s"}`` -- opens child ``branch``
   (``mode="fork"``) that reuses this branch's context (its requests start with our blocks).
 - :class:`Spawn` ``{"kind": "spawn", "branch", "wait", "pause_s"}`` -- opens sub-agent
@@ -73,6 +74,9 @@ from events.ids import BlockHash, BranchId, RequestId
 FORMAT_VERSION = 1
 _MAX_U64 = (1 << 64) - 1
 _SRC = "trace"
+#: What the client did during ``Request.pause_s``: ``"tool"`` (a tool ran: the prompt appends a
+#: tool result), ``"human"`` (a user turn: the prompt appends user text), ``""`` (unknown).
+PauseKind = Literal["", "tool", "human"]
 
 
 # --------------------------------------------------------------------------- types
@@ -84,6 +88,7 @@ class Request(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", tag="
     output_tokens: int
     pause_s: float = 0.0
     at_s: float | None = None
+    pause_kind: PauseKind = ""
 
 
 class Fork(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", tag="fork"):
@@ -300,6 +305,75 @@ def save_sessions(path: str | os.PathLike[str], sessions: Iterable[Session]) -> 
             fh.write(encode_session(s) + b"\n")
             n += 1
     return n
+
+
+# --------------------------------------------------------------------------- block size
+def reblock(s: Session, block_tokens: int) -> Session:
+    """``s`` re-expressed in blocks of ``block_tokens`` tokens (the serving side's block size), so
+    every token is charged as the trace's own block size says. One size must divide the other.
+
+    - **split** (trace blocks of ``k * block_tokens``, e.g. Mooncake's 512 into 64): block ``h``
+      becomes ``k`` sub-blocks ``hash_block_tokens(h, [j])`` (``h`` names its prefix), ``j < k``; a prefix hit of
+      ``m`` trace blocks is then a hit of ``m * k`` sub-blocks, the same tokens. The partial tail
+      block of the trace was never hashed (its content is unknown), so its full sub-blocks get
+      hashes unique to the request (``[j, 2**32 - 1, step salt]``): charged, never a hit, as
+      before; the rest stays ``tail_tokens``.
+    - **merge** (trace blocks of ``block_tokens / k``): every ``k`` trace blocks become one block
+      named by the last of them (chained, so it names the whole prefix); leftover trace blocks
+      join the tail.
+
+    Returns ``s`` itself when the sizes are equal. Deterministic; raises ``ValueError`` when
+    neither size divides the other.
+    """
+    src = s.block_tokens
+    if block_tokens == src:
+        return s
+    if block_tokens <= 0 or (src % block_tokens and block_tokens % src):
+        raise ValueError(f"session {s.id!r}: blocks of {src} tokens cannot be re-cut into blocks of "
+                         f"{block_tokens} tokens (one size must divide the other)")
+    from events.hashing import hash_block_tokens, namespace_root
+
+    cache: dict[int, list[int]] = {}
+
+    def split(blocks: list[int]) -> list[int]:
+        out: list[int] = []
+        k = src // block_tokens
+        for h in blocks:
+            sub = cache.get(h)
+            if sub is None:
+                sub = cache[h] = [hash_block_tokens(h, [j]) for j in range(k)]
+            out += sub
+        return out
+
+    def merge(blocks: list[int]) -> tuple[list[int], int]:
+        k = block_tokens // src
+        n = len(blocks) // k
+        return [blocks[(i + 1) * k - 1] for i in range(n)], (len(blocks) - n * k) * src
+
+    salt_root = namespace_root(f"reblock:{s.id}")
+    branches = []
+    for bi, b in enumerate(s.branches):
+        steps: list[Step] = []
+        for si, st in enumerate(b.steps):
+            if isinstance(st, Request):
+                if src > block_tokens:
+                    blocks, tail = split(st.blocks), st.tail_tokens
+                    parent = blocks[-1] if blocks else salt_root
+                    salt = [bi, si]
+                    while tail >= block_tokens:
+                        parent = hash_block_tokens(parent, [len(blocks), 0xFFFFFFFF, *salt])
+                        blocks.append(parent)
+                        tail -= block_tokens
+                else:
+                    blocks, extra = merge(st.blocks)
+                    tail = st.tail_tokens + extra
+                st = msgspec.structs.replace(st, blocks=blocks, tail_tokens=tail)
+            elif isinstance(st, Compact):
+                blocks = split(st.blocks) if src > block_tokens else merge(st.blocks)[0]
+                st = msgspec.structs.replace(st, blocks=blocks)
+            steps.append(st)
+        branches.append(msgspec.structs.replace(b, steps=steps))
+    return msgspec.structs.replace(s, block_tokens=block_tokens, branches=branches)
 
 
 # --------------------------------------------------------------------------- event cursor

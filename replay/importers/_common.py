@@ -7,6 +7,7 @@ import json.scanner
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from replay.trace import Session, TraceFormatError
@@ -34,10 +35,71 @@ class Problems:
         self.result.skipped.append(err)
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+_SNIFF = 8192
+
+
+def sniff(head: bytes, *, gzip_ok: bool) -> str | None:
+    """Why ``head`` (the first bytes of a file) is not text this importer can read, or ``None``.
+
+    Empty (or blank) input, gzip data where plain text is expected (``gzip_ok`` False) and
+    binary data (a NUL byte, or bytes that are not UTF-8) each get a one-line reason."""
+    if not head.strip():
+        return "empty file: no records"
+    if head.startswith(GZIP_MAGIC):
+        return None if gzip_ok else "gzip-compressed data, not JSONL text (decompress it first: gunzip)"
+    if b"\x00" in head:
+        return "binary data, not JSON text"
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(head) - 4:  # a multi-byte character cut by the sniff window is fine
+            return f"binary data, not UTF-8 JSON text (byte {exc.start})"
+    return None
+
+
+def check_text_file(path: str | os.PathLike[str], problems: Problems, *, gzip_ok: bool = False) -> bool:
+    """Sniff ``path``: report a one-line problem (line 0, field ``(file)``) and return False if it
+    is empty, binary or (unless ``gzip_ok``) gzip; True when it looks like text."""
+    with open(path, "rb") as fh:
+        head = fh.read(_SNIFF)
+    why = sniff(head, gzip_ok=gzip_ok)
+    if why is not None:
+        problems.bad(str(path), 0, "(file)", why)
+        return False
+    return True
+
+
+def read_text(path: str | os.PathLike[str], problems: Problems) -> str | None:
+    """The text of a JSON document, gunzipped when it is gzip data (by content, not by name);
+    ``None`` (after reporting to ``problems``) when empty, binary or a corrupt gzip stream."""
+    import gzip
+    import zlib
+
+    raw = Path(path).read_bytes()
+    if raw.startswith(GZIP_MAGIC):
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as exc:
+            problems.bad(str(path), 0, "(file)", f"corrupt gzip data: {exc}")
+            return None
+    why = sniff(raw[:_SNIFF], gzip_ok=False)
+    if why is None:
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            why = f"binary data, not UTF-8 JSON text (byte {exc.start})"
+    problems.bad(str(path), 0, "(file)", why)
+    return None
+
+
 def json_lines(path: str | os.PathLike[str], problems: Problems) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(line number, object)`` for every non-blank line of a JSONL file; a line that is not
-    valid JSON or not an object is reported to ``problems`` (raise, or record and skip)."""
+    valid JSON or not an object is reported to ``problems`` (raise, or record and skip). An
+    empty, binary or gzip file is one problem (see :func:`sniff`) and yields nothing."""
     file = str(path)
+    if not check_text_file(path, problems):
+        return
     with open(path, "rb") as fh:
         for lineno, raw in enumerate(fh, start=1):
             if not raw.strip():

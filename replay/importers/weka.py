@@ -1,13 +1,17 @@
 """Importer for Claude Code sessions in the kv-cache-tester format (weka-claude-code traces).
 
-One JSON document per session (``id``, ``block_size``, ``hash_id_scope``, ``requests``); see
-``docs/traces.md`` for the mapping. Rules (all stated here and in the docs):
+One JSON document per session (``id``, ``block_size``, ``hash_id_scope``, ``requests``), plain
+or gzipped (``.json.gz``; told by content); see ``docs/traces.md`` for the mapping. Rules (all
+stated here and in the docs):
 
 - The main thread is branch ``main``; an inline ``{"type": "subagent"}`` entry becomes a
   ``Spawn`` of branch ``<agent_id>`` (mode ``subagent``, label = ``subagent_type``) whose
   requests' ``t`` count from the spawn. The parent *waits* for it when the next main-thread
   request starts after the sub-agent ended (``t + duration_ms``, 1 s tolerance since main-thread
-  ``t`` are whole seconds); otherwise it ran in the background (``wait=False``).
+  ``t`` are whole seconds); otherwise it ran in the background (``wait=False``). Without
+  ``duration_ms`` (absent or null) the sub-agent ends with its last response; a spawn with no
+  later parent request is waited for (the parent ends after it). A sub-agent whose requests
+  were all bad (``--skip-bad``) is dropped with its spawn, and reported.
 - ``hash_ids`` are the blocks, namespaced per session with ``namespaced_hash("weka:<id>", h)``
   (scope ``local``: ids of two files are unrelated; sub-agents share their parent's namespace).
   ``tail_tokens = in - len(hash_ids) * block_size``.
@@ -15,6 +19,10 @@ One JSON document per session (``id``, ``block_size``, ``hash_id_scope``, ``requ
   its pause counts from the later of the last spawn and the end of the sub-agents it waited
   for, so the replay keeps the recorded spacing (``t - that time``, at least 0). A spawn's
   pause counts from the previous response's end (``t + api_time``) or the previous spawn.
+  Without ``think_time`` (absent or null, as in some real sessions) the pause is the gap since
+  the previous response ended (``t - previous t - previous api_time``, at least 0).
+  ``pause_kind`` is ``"tool"`` when ``input_types`` holds ``"tool_result"``, ``"human"`` when it
+  holds only user content (``"text"``), ``""`` without ``input_types``.
 - Context rewrites, judged against the branch's previous request: let ``d`` be how many of
   the previous request's blocks the new prompt does not share as a prefix.
   ``d <= 2`` is a continuation (the harness re-renders the end of the context).
@@ -32,8 +40,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from events.hashing import namespaced_hash
-from replay.importers._common import ImportResult, Problems, common_prefix, json_path, locate
+from replay.importers._common import ImportResult, Problems, common_prefix, json_path, locate, read_text
 from replay.trace import Branch, Compact, End, Fork, Request, Session, Spawn, Step
 
 EDIT_SLACK_BLOCKS = 2
@@ -61,6 +71,24 @@ def _num(obj: dict[str, Any], key: str, path: list[str | int], *, integer: bool 
 
 
 @dataclass
+class _SpawnStep:
+    """A spawn being built: ``wait`` is decided by the parent's next request (None: none came,
+    the parent waits for it before ending)."""
+
+    branch: str
+    pause_s: float
+    wait: bool | None = None
+
+
+def pause_kind(input_types: Any) -> str:
+    """``"tool"`` when the prompt appends a tool result, ``"human"`` when it appends only user
+    text (a user turn), ``""`` when the record does not say (see docs/traces.md, pacing)."""
+    if not isinstance(input_types, list) or not input_types:
+        return ""
+    return "tool" if "tool_result" in input_types else "human"
+
+
+@dataclass
 class _Thread:
     """Builds the branches of one thread (main or a sub-agent) and its resumes."""
 
@@ -80,6 +108,7 @@ class _Builder:
         self.problems, self.file, self.text = problems, file, text
         self.threads: list[_Thread] = []
         self.ids: set[str] = set()
+        self.hashes: dict[int, int] = {}  # local id -> namespaced hash (ids repeat in every prompt)
 
     def report(self, bad: _Bad) -> None:
         line, col = locate(self.text, bad.path)
@@ -97,7 +126,7 @@ class _Builder:
         """Add the thread's steps; returns the absolute time its last response finished."""
         self.threads.append(th)
         anchor = t0  # when the previous step (response end or spawn) happened
-        pending: list[tuple[int, float]] = []  # (index in th.steps of a Spawn, child end)
+        pending: list[tuple[_SpawnStep, float]] = []  # spawns whose wait flag the next request decides
         waited_end = -1.0
         after_spawn = False
         for i, r in enumerate(reqs):
@@ -110,50 +139,54 @@ class _Builder:
                     sub = r.get("requests")
                     if not isinstance(sub, list) or not sub:
                         raise _Bad(rp + ["requests"], "sub-agent without requests")
+                    # duration_ms absent or null: the sub-agent ended with its last response
+                    dur = None if r.get("duration_ms") is None else _num(r, "duration_ms", rp)
                     child = _Thread(self.unique(str(r.get("agent_id") or f"agent@{i}")), th.branch_id,
                                     "subagent", label=str(r.get("subagent_type", "")))
-                    th.steps.append(["spawn", child.branch_id, max(0.0, t - anchor)])
+                    step = _SpawnStep(child.branch_id, max(0.0, t - anchor))
+                    th.steps.append(step)
                     end = self.walk(sub, rp + ["requests"], child, t)
-                    if "duration_ms" in r:
-                        end = t + _num(r, "duration_ms", rp) / 1000.0
-                    pending.append((len(th.steps) - 1, end))
+                    if dur is not None:
+                        end = t + dur / 1000.0
+                    pending.append((step, end))
                     anchor, after_spawn = t, True
                     continue
-                req, t, fin = self.request(r, rp, t0)
+                req, t, fin = self.request(r, rp, t0, anchor)
             except _Bad as bad:
                 self.report(bad)
                 continue
-            for idx, end in pending:
-                wait = end <= t + WAIT_TOLERANCE_S
-                th.steps[idx].append(wait)
-                if wait:
+            for step, end in pending:
+                step.wait = end <= t + WAIT_TOLERANCE_S
+                if step.wait:
                     waited_end = max(waited_end, end)
             pending.clear()
             if after_spawn:
-                req = Request(blocks=req.blocks, tail_tokens=req.tail_tokens,
-                              output_tokens=req.output_tokens,
-                              pause_s=max(0.0, t - max(anchor, waited_end)))
+                req = msgspec.structs.replace(req, pause_s=max(0.0, t - max(anchor, waited_end)))
                 after_spawn, waited_end = False, -1.0
             th = self.place(th, req, r)
             anchor = fin
-        for idx, _end in pending:
-            th.steps[idx].append(True)
+        # spawns after the thread's last request: the thread ends once they have (wait stays None
+        # -> True when the session is built)
         return anchor
 
-    def request(self, r: dict[str, Any], rp: list[str | int], t0: float) -> tuple[Request, float, float]:
+    def request(self, r: dict[str, Any], rp: list[str | int], t0: float,
+                anchor: float) -> tuple[Request, float, float]:
         t = t0 + _num(r, "t", rp)
         n_in = _num(r, "in", rp, integer=True)
         out = _num(r, "out", rp, integer=True)
-        think = _num(r, "think_time", rp)
+        # think_time absent (some real sessions): the gap since the previous response ended
+        think = _num(r, "think_time", rp) if r.get("think_time") is not None else max(0.0, t - anchor)
         api = _num(r, "api_time", rp, required=False)
         ids = r.get("hash_ids")
-        if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in ids):
+        if not isinstance(ids, list) or not all(type(h) is int for h in ids):
             raise _Bad(rp + ["hash_ids"], "missing or not a list of integers")
         tail = n_in - len(ids) * self.bs
         if not 0 <= tail < self.bs:
             raise _Bad(rp + ["hash_ids"], f"{len(ids)} blocks of {self.bs} do not fit in={n_in} tokens")
-        blocks = [namespaced_hash(self.ns, h) for h in ids]
-        return Request(blocks=blocks, tail_tokens=tail, output_tokens=out, pause_s=float(think)), t, t + api
+        cache = self.hashes
+        blocks = [cache[h] if h in cache else cache.setdefault(h, namespaced_hash(self.ns, h)) for h in ids]
+        return Request(blocks=blocks, tail_tokens=tail, output_tokens=out, pause_s=float(think),
+                       pause_kind=pause_kind(r.get("input_types"))), t, t + api
 
     def place(self, th: _Thread, req: Request, r: dict[str, Any]) -> _Thread:
         """Append ``req`` to ``th``, first recognising a compaction or a branch resume."""
@@ -174,15 +207,38 @@ class _Builder:
         th.prev_blocks, th.prev_in = req.blocks, n_in
         return th
 
-    def session(self, source: str) -> Session:
+    def session(self, source: str) -> Session | None:
+        """The session, or ``None`` (reported) when the main thread kept no request. A sub-agent
+        left without a usable request (all of them bad, skipped) is dropped with its spawn and
+        its own children, and reported."""
+        has_req = {th.branch_id for th in self.threads if any(isinstance(s, Request) for s in th.steps)}
+        parent = {th.branch_id: th.parent for th in self.threads}
+
+        def alive(bid: str | None) -> bool:
+            while bid is not None:
+                if bid not in has_req:
+                    return False
+                bid = parent.get(bid)
+            return True
+
+        if not alive(self.threads[0].branch_id):
+            self.problems.bad(self.file, 1, "requests", "the session has no usable request")
+            return None
         branches = []
         for th in self.threads:
+            if not alive(th.branch_id):
+                if th.parent is not None and alive(th.parent):
+                    self.problems.bad(self.file, 1, "requests",
+                                      f"sub-agent {th.branch_id!r} kept no usable request: dropped")
+                continue
             steps: list[Step] = []
-            for s in th.steps:
-                if isinstance(s, list):  # ["spawn", child, pause, wait]
-                    steps.append(Spawn(branch=s[1], pause_s=s[2], wait=s[3]))
+            for st in th.steps:
+                if isinstance(st, _SpawnStep):
+                    if alive(st.branch):
+                        steps.append(Spawn(branch=st.branch, pause_s=st.pause_s,
+                                           wait=True if st.wait is None else st.wait))
                 else:
-                    steps.append(s)
+                    steps.append(st)
             if not steps or not isinstance(steps[-1], End):
                 steps.append(End())
             branches.append(Branch(id=th.branch_id, parent=th.parent, mode=th.mode,  # type: ignore[arg-type]
@@ -196,8 +252,11 @@ def weka_namespace(session_id: str, scope: str = "local") -> str:
 
 
 def import_weka_file(path: str | os.PathLike[str], problems: Problems) -> Session | None:
+    """One session from a kv-cache-tester JSON document (plain or gzip, told by content)."""
     file = str(path)
-    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    text = read_text(path, problems)
+    if text is None:
+        return None
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -211,28 +270,28 @@ def import_weka_file(path: str | os.PathLike[str], problems: Problems) -> Sessio
     if not isinstance(bs, int) or bs <= 0:
         problems.bad(file, 1, "block_size", f"must be a positive integer, got {bs!r}")
         return None
-    sid = str(doc.get("id") or Path(path).stem)
+    name = Path(path).name
+    sid = str(doc.get("id") or name.removesuffix(".gz").removesuffix(".json"))
     b = _Builder(sid, weka_namespace(sid, str(doc.get("hash_id_scope", "local"))), bs, problems, file, text)
     root = _Thread(b.unique("main"), None, "root")
     b.walk(doc["requests"], ["requests"], root, 0.0)
-    if not any(isinstance(s, Request) for s in root.steps) and len(b.threads) == 1:
-        problems.bad(file, 1, "requests", "the session has no usable request")
-        return None
-    # a branch left without requests (all bad, skipped) cannot be replayed: drop the session
-    for th in b.threads:
-        if not any(isinstance(s, Request) for s in th.steps):
-            problems.bad(file, 1, "requests", f"branch {th.branch_id!r} kept no usable request")
-            return None
-    return b.session(f"weka:{Path(path).name}")
+    return b.session(f"weka:{name}")
+
+
+def weka_files(src: str | os.PathLike[str]) -> list[Path]:
+    """``src`` itself, or every ``*.json`` / ``*.json.gz`` file of the directory, sorted by name."""
+    p = Path(src)
+    if not p.is_dir():
+        return [p]
+    return sorted((f for f in p.iterdir() if f.is_file() and f.name.endswith((".json", ".json.gz"))),
+                  key=lambda f: f.name)
 
 
 def import_weka(src: str | os.PathLike[str], skip_bad: bool = False) -> ImportResult:
-    """Import one ``.json`` file or every ``.json`` file of a directory (sorted)."""
+    """Import one ``.json`` / ``.json.gz`` file or every such file of a directory (sorted)."""
     res = ImportResult()
     problems = Problems(skip_bad, res)
-    p = Path(src)
-    files = sorted(p.glob("*.json")) if p.is_dir() else [p]
-    for f in files:
+    for f in weka_files(src):
         s = import_weka_file(f, problems)
         if s is not None:
             res.sessions.append(s)
