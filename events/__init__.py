@@ -1,4 +1,8 @@
-"""Typed events of the Evolving Infra control plane (the only contract between services)."""
+"""Typed events of the Evolving Infra control plane (the only contract between services).
+
+Layer 0 (the bottom): the catalog, wire types (``wire``), codec, hashing, ids and subjects.
+May import: the standard library and msgspec only. Everything else imports it.
+"""
 
 from events.catalog import *
 from events.catalog import EVENT_BY_NAME, EVENT_TYPES, AnyEvent, Event  # noqa: F401

@@ -3,6 +3,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+echo "ruff check ." >&2
+if ! .venv/bin/ruff check . ; then
+  echo "ERROR: ruff check . failed (lint is part of the test command)" >&2
+  exit 1
+fi
 set +e
 .venv/bin/python -m pytest -p no:cacheprovider "$@"
 rc=$?

@@ -9,10 +9,19 @@ Delivery semantics (both backends):
   version header; an optional ``msg_id`` becomes ``Nats-Msg-Id`` and a duplicate inside the
   stream's duplicate window is not stored twice (the original's sequence is returned).
 - A durable consumer delivers in stream order with the stream sequence, and resumes after the
-  last sequence it acknowledged: on (re)start it is re-created at ``ack floor + 1``, so nothing
-  acknowledged is redelivered and nothing unacknowledged is lost. Acks are cumulative
-  (``AckPolicy.ALL``) and sent in batches; a consumer must still be idempotent on the sequence
-  (``services.core.Sequenced``), since a crash between applying and acking redelivers.
+  last sequence it acknowledged, so nothing acknowledged is redelivered and nothing
+  unacknowledged is lost. On JetStream it is a **pull** consumer: the client asks for batches
+  (``fetch(batch)``) and reads each message's stream sequence from ``msg.metadata``. The durable
+  is kept across restarts when it is clean (everything delivered was acknowledged, and the
+  caller does not ask for another start position); otherwise (a crash left delivered but
+  unacknowledged messages, or a snapshot asks to resume at an older position) it is re-created at
+  ``ack floor + 1`` (or the asked position), because JetStream would redeliver the unacknowledged
+  tail only after ``ack_wait``, behind newer messages, and every core folds in stream order.
+  Acks are cumulative (``AckPolicy.ALL``) and sent in batches; a consumer must still be
+  idempotent on the sequence (``services.core.Sequenced``), since a crash between applying and
+  acking redelivers.
+- ``Bus`` and ``Consumer`` below are the port (``typing.Protocol``) that both backends satisfy
+  and every service is typed against.
 - A message that fails to decode (garbage, newer major schema) is copied to the dead-letter
   subject ``eidlq.<partition>.<consumer>`` with the reason in headers, logged, counted, and
   skipped; the consumer goes on.
@@ -21,11 +30,12 @@ Delivery semantics (both backends):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Self
+from typing import Protocol, Self, runtime_checkable
 
 from events import codec
 from events.catalog import AnyEvent, Event
@@ -85,6 +95,55 @@ def _decode_or_reason(data: bytes, hdrs: Mapping[str, str] | None) -> tuple[AnyE
         return codec.decode_message(data, hdrs), ""
     except codec.CodecError as exc:
         return None, exc.reason
+
+
+# ====================================================================== the port
+@runtime_checkable
+class Consumer(Protocol):
+    """An open subscription to a partition's stream: async-iterate :class:`Delivery` in stream
+    order, ``ack(seq)`` cumulatively, ``flush()`` pending acks. Use as an async context manager."""
+
+    name: str
+
+    def __aiter__(self) -> AsyncIterator[Delivery]: ...
+
+    async def ack(self, seq: int) -> None: ...
+
+    async def flush(self) -> None: ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(self, *exc) -> None: ...
+
+
+@runtime_checkable
+class Bus(Protocol):
+    """What every service needs from the bus (``NatsBus`` on JetStream, ``InMemoryBus`` in
+    process); ``tests/contract/test_bus.py`` holds both to it."""
+
+    partition: str
+    dead_lettered: int
+
+    async def publish(self, event: Event, *, msg_id: str | None = None, shadow: str | None = None) -> int: ...
+
+    async def publish_many(self, events: Sequence[Event], *, msg_ids: Sequence[str] | None = None,
+                           shadow: str | None = None) -> list[int]: ...
+
+    async def publish_raw(self, subject: str, data: bytes, headers: Mapping[str, str] | None = None,
+                          msg_id: str | None = None) -> int: ...
+
+    async def last_seq(self) -> int: ...
+
+    def consumer(self, durable: str | None, *, start_seq: int | None = None,
+                 subjects: str | None = None) -> Consumer: ...
+
+    async def put_snapshot(self, name: str, data: bytes) -> None: ...
+
+    async def get_snapshot(self, name: str) -> bytes | None: ...
+
+    async def dead_letters(self) -> list[DeadLetter]: ...
+
+    async def close(self) -> None: ...
 
 
 # ====================================================================== in-memory twin
@@ -364,65 +423,112 @@ class NatsBus:
         await self.close()
 
 
-def _stream_seq(reply: str) -> int:
-    """Stream sequence from a JetStream ack subject, without building nats-py's metadata.
-
-    ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>`` (9 tokens) or the
-    v2 form with ``<domain>.<account hash>`` after ``ACK`` (12 tokens, a trailing token).
-    """
-    parts = reply.split(".")
-    return int(parts[5] if len(parts) == 9 else parts[7])
+#: JetStream status codes on a pull consumer's inbox (they carry no stream message).
+_STATUS_HEARTBEAT = "100"
+_STATUS_DONE = {"404", "408", "409"}  # no messages / request expired / request closed (e.g. limits)
 
 
 class _NatsConsumer:
-    """A durable push consumer re-created at its ack floor + 1 (or ``start_seq``)."""
+    """A JetStream pull consumer (durable, or ephemeral when ``durable`` is None).
+
+    Messages arrive on a private inbox and are buffered by a callback; :meth:`fetch` asks the
+    server for the next ``batch`` (a long poll that expires after ``expires_s``). While one
+    request is still owed more than half a batch nothing new is asked; below that the next
+    request is sent before the buffer runs dry, so a busy stream is read at push-consumer speed
+    and an idle one waits on one parked request.
+    """
 
     def __init__(self, bus: NatsBus, durable: str | None, start_seq: int | None, subjects: str,
-                 batch_acks: int) -> None:
+                 batch_acks: int, batch: int = 1024, expires_s: float = 5.0) -> None:
         self.bus, self.durable, self.start_seq, self.subjects = bus, durable, start_seq, subjects
         self.name = durable or "ephemeral"
-        self.batch_acks = batch_acks
+        self.batch_acks, self.batch, self.expires_s = batch_acks, batch, expires_s
+        self._consumer: str | None = None
         self._buf: deque = deque()
         self._wake = asyncio.Event()
         self._sub = None
+        self._inbox = ""
+        self._owed: deque[list] = deque()  # [messages still owed, loop time the request expires]
         self._last_seen = 0
         self._ack_target = 0
         self._acked = 0
         self._ack_msgs: dict[int, object] = {}
+        self.reused = False  # the durable was kept from an earlier run (tests, logs)
 
-    async def __aenter__(self) -> Self:
-        from nats.js import api
+    async def _open_durable(self) -> int:
+        """Keep or (re)create the durable; return the start sequence of a new one (0 = kept)."""
         from nats.js.errors import NotFoundError
 
         js, stream = self.bus.js, self.bus.stream
-        start = self.start_seq
+        try:
+            info = await js.consumer_info(stream, self.durable)
+        except NotFoundError:
+            return max(self.start_seq or 1, 1)
+        floor = info.ack_floor.stream_seq if info.ack_floor else 0
+        delivered = info.delivered.stream_seq if info.delivered else 0
+        clean = (delivered <= floor and info.config.filter_subject == self.subjects
+                 and info.config.deliver_subject is None)
+        if clean and self.start_seq in (None, floor + 1):
+            self.reused = True
+            return 0
+        log.info("consumer_recreated", consumer=self.durable, ack_floor=floor, delivered=delivered,
+                 start_seq=self.start_seq, reason="unacknowledged tail" if delivered > floor else "new start")
+        await js.delete_consumer(stream, self.durable)
+        return max(self.start_seq if self.start_seq is not None else floor + 1, 1)
+
+    async def __aenter__(self) -> Self:
+        from nats.js import api
+
+        js, stream = self.bus.js, self.bus.stream
         if self.durable:
-            try:
-                info = await js.consumer_info(stream, self.durable)
-                floor = info.ack_floor.stream_seq if info.ack_floor else 0
-                await js.delete_consumer(stream, self.durable)
-            except NotFoundError:
-                floor = 0
-            if start is None:
-                start = floor + 1
-            cfg = api.ConsumerConfig(
-                durable_name=self.durable, ack_policy=api.AckPolicy.ALL, max_ack_pending=100_000,
-                ack_wait=30.0, deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
-                opt_start_seq=max(start, 1), filter_subject=self.subjects,
-            )
-            self._sub = await js.subscribe(self.subjects, durable=self.durable, stream=stream, config=cfg,
-                                           cb=self._on_msg, manual_ack=True, flow_control=True,
-                                           idle_heartbeat=5.0)
+            start = await self._open_durable()
+            self._consumer = self.durable
+            if start:
+                await js.add_consumer(stream, config=api.ConsumerConfig(
+                    durable_name=self.durable, ack_policy=api.AckPolicy.ALL, max_ack_pending=100_000,
+                    ack_wait=30.0, deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+                    opt_start_seq=start, filter_subject=self.subjects, max_waiting=16))
         else:
-            cfg = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
-                                     opt_start_seq=max(start or 1, 1))
-            self._sub = await js.subscribe(self.subjects, stream=stream, config=cfg, cb=self._on_msg,
-                                           ordered_consumer=True)
+            info = await js.add_consumer(stream, config=api.ConsumerConfig(
+                ack_policy=api.AckPolicy.NONE, deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+                opt_start_seq=max(self.start_seq or 1, 1), filter_subject=self.subjects,
+                inactive_threshold=30.0, mem_storage=True))
+            self._consumer = info.name
+        nc = self.bus.nc
+        self._inbox = nc.new_inbox()
+        self._sub = await nc.subscribe(self._inbox, cb=self._on_msg, pending_msgs_limit=-1,
+                                       pending_bytes_limit=-1)
         return self
 
     async def _on_msg(self, msg) -> None:
-        self._buf.append(msg)
+        status = (msg.headers or {}).get("Status") if not msg.reply else None
+        if status is None:
+            if self._owed:
+                self._owed[0][0] -= 1
+                if self._owed[0][0] <= 0:
+                    self._owed.popleft()
+            self._buf.append(msg)
+        elif status in _STATUS_DONE and self._owed:
+            self._owed.popleft()
         self._wake.set()
+
+    async def fetch(self, batch: int | None = None) -> None:
+        """Ask JetStream for the next ``batch`` messages (they arrive on the inbox)."""
+        import json
+
+        n = batch or self.batch
+        loop = asyncio.get_running_loop()
+        self._owed.append([n, loop.time() + self.expires_s])
+        req = {"batch": n, "expires": int(self.expires_s * 1e9)}
+        await self.bus.nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{self.bus.stream}.{self._consumer}",
+                                  json.dumps(req).encode(), reply=self._inbox)
+
+    async def _top_up(self) -> None:
+        now = asyncio.get_running_loop().time()
+        while self._owed and self._owed[0][1] < now:  # expired without a status (lost): forget it
+            self._owed.popleft()
+        if sum(o[0] for o in self._owed) < self.batch // 2 and len(self._owed) < 2:
+            await self.fetch()
 
     def __aiter__(self) -> AsyncIterator[Delivery]:
         return self._iter()
@@ -430,18 +536,21 @@ class _NatsConsumer:
     async def _iter(self) -> AsyncIterator[Delivery]:
         buf = self._buf
         while True:
+            if len(buf) < self.batch // 2:
+                await self._top_up()
             if not buf:
-                # Let the client's dispatcher hand over what it already read before sleeping:
+                # Let the client's reader hand over what it already read before sleeping:
                 # one wake-up then serves a batch instead of a single message.
                 await asyncio.sleep(0)
                 if buf:
                     continue
                 await self.flush()
                 self._wake.clear()
-                await self._wake.wait()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.expires_s)
                 continue
             msg = buf.popleft()
-            seq = _stream_seq(msg.reply)
+            seq = msg.metadata.sequence.stream
             if seq <= self._last_seen:
                 continue  # redelivery of something already handed out
             self._last_seen = seq
@@ -487,3 +596,6 @@ class _NatsConsumer:
                     await self._sub.unsubscribe()
                 except Exception as err:  # noqa: BLE001 - the connection may already be gone
                     log.debug("unsubscribe_failed", consumer=self.name, error=str(err))
+            if not self.durable and self._consumer and self.bus.nc.is_connected:
+                with contextlib.suppress(Exception):
+                    await self.bus.js.delete_consumer(self.bus.stream, self._consumer)

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -49,18 +48,12 @@ import msgspec
 from events import codec
 from events.catalog import AnomalyReported, Event
 from events.subjects import dlq_subject
-from services.bus import DLQ_CONSUMER, DLQ_REASON, DLQ_SEQ, DLQ_SUBJECT, MSG_ID, Delivery
+from services.bus import DLQ_CONSUMER, DLQ_REASON, DLQ_SEQ, DLQ_SUBJECT, MSG_ID, Bus, Consumer, Delivery
 from services.core import Sequenced
 from services.logging import get_logger
 from services.metrics import ServiceMetrics
 
 log = get_logger("runner")
-
-#: Test hook: ``EI_FAULT=crash_after_publish:N`` makes the process exit (code 86) right after
-#: the batch holding its N-th published decision is confirmed, before the ack and the snapshot.
-FAULT_ENV = "EI_FAULT"
-FAULT_EXIT_CODE = 86
-
 
 class _RunnerSnap(msgspec.Struct, array_like=True):
     fingerprint: str
@@ -92,7 +85,7 @@ class RunnerConfig:
 class ServiceRunner:
     """Durable consumer -> :class:`Sequenced` core -> published decisions (module docstring)."""
 
-    def __init__(self, bus, cfg: RunnerConfig, make_core: Callable[[], Any],
+    def __init__(self, bus: Bus, cfg: RunnerConfig, make_core: Callable[[], Any],
                  restore_core: Callable[[bytes], Any], metrics: ServiceMetrics | None = None) -> None:
         self.bus, self.cfg = bus, cfg
         self.make_core, self.restore_core = make_core, restore_core
@@ -109,7 +102,9 @@ class ServiceRunner:
         self._held: dict[str, Event] = {}
         self._since_snap = 0
         self._snap_at = 0.0
-        self._fault_after = _fault_after()
+        #: Called with the running count after each confirmed publish (before the ack and the
+        #: snapshot); fault injection (services/live/faults.py) and tests hook in here.
+        self.after_publish: Callable[[int], None] | None = None
         self._bus_dead_letters = 0
         self._upload: asyncio.Task | None = None
         self._running = True
@@ -220,38 +215,9 @@ class ServiceRunner:
         log.info("service_stopped", service=self.cfg.name, applied_seq=self.applied_seq,
                  published=self.published)
 
-    async def _process(self, batch: list[Delivery], consumer, end_recovery: bool = False) -> None:
-        out: list[tuple[str, Event]] = []
-        m, name = self.metrics, self.cfg.name
-        folded = 0
-        for d in batch:
-            if self.recovering:
-                mid = d.headers.get(MSG_ID) if d.headers else None
-                if mid is not None and self._held.pop(mid, None) is not None:
-                    m.republish_skipped.labels(name).inc()
-            if d.seq <= self.seqd.applied_seq:
-                self.seqd.skipped += 1
-                self._m_redelivered.inc()
-                continue
-            try:
-                emitted = self.seqd.fold(d.seq, d.event)
-            except Exception as exc:  # noqa: BLE001 - a core bug must not stop the service
-                self.seqd.applied_seq = d.seq
-                await self._dead_letter(d, f"core {type(exc).__name__}: {exc}")
-                emitted = []
-            folded += 1
-            for i, ev in enumerate(emitted):
-                if self.cfg.publish is not None and not self.cfg.publish(ev):
-                    continue
-                if not ev.src:
-                    ev = msgspec.structs.replace(ev, src=name)
-                mid = f"{name}:{d.seq}:{i}"
-                if self.recovering:
-                    self._held[mid] = ev
-                else:
-                    out.append((mid, ev))
-            if self.recovering and d.seq >= self.recover_until:
-                out = self._end_recovery() + out
+    async def _process(self, batch: list[Delivery], consumer: Consumer, end_recovery: bool = False) -> None:
+        """One batch: fold it, publish what it decided, acknowledge it, count it."""
+        out, folded = await self._fold_batch(batch)
         if self.recovering and end_recovery:
             out = self._end_recovery() + out
         if out:
@@ -260,9 +226,63 @@ class ServiceRunner:
             self.head = max(self.head, batch[-1].seq)
             if not self.recovering:
                 await consumer.ack(batch[-1].seq)
+        self._count(batch, folded)
+
+    async def _fold_batch(self, batch: list[Delivery]) -> tuple[list[tuple[str, Event]], int]:
+        """Fold each delivery once; return the decisions to publish now (with their message ids)
+        and how many deliveries were folded. While recovering, decisions are held instead."""
+        out: list[tuple[str, Event]] = []
+        folded = 0
+        for d in batch:
+            if self.recovering:
+                self._release_republished(d)
+            if d.seq <= self.seqd.applied_seq:
+                self.seqd.skipped += 1
+                self._m_redelivered.inc()
+                continue
+            emitted = await self._fold_one(d)
+            folded += 1
+            for mid, ev in self._outgoing(d.seq, emitted):
+                if self.recovering:
+                    self._held[mid] = ev
+                else:
+                    out.append((mid, ev))
+            if self.recovering and d.seq >= self.recover_until:
+                out = self._end_recovery() + out
+        return out, folded
+
+    def _release_republished(self, d: Delivery) -> None:
+        """A decision held during recovery that is already on the stream (its message id comes
+        back) is not published again."""
+        mid = d.headers.get(MSG_ID) if d.headers else None
+        if mid is not None and self._held.pop(mid, None) is not None:
+            self.metrics.republish_skipped.labels(self.cfg.name).inc()
+
+    async def _fold_one(self, d: Delivery) -> list[Event]:
+        try:
+            return self.seqd.fold(d.seq, d.event)
+        except Exception as exc:  # noqa: BLE001 - a core bug must not stop the service
+            self.seqd.applied_seq = d.seq
+            await self._dead_letter(d, f"core {type(exc).__name__}: {exc}")
+            return []
+
+    def _outgoing(self, seq: int, emitted: list[Event]) -> list[tuple[str, Event]]:
+        """The emitted events this service publishes, stamped with its name as ``src`` and a
+        message id derived from the input's sequence (so a re-fold publishes the same ids)."""
+        name, keep = self.cfg.name, self.cfg.publish
+        out = []
+        for i, ev in enumerate(emitted):
+            if keep is not None and not keep(ev):
+                continue
+            if not ev.src:
+                ev = msgspec.structs.replace(ev, src=name)
+            out.append((f"{name}:{seq}:{i}", ev))
+        return out
+
+    def _count(self, batch: list[Delivery], folded: int) -> None:
         bus_dl = getattr(self.bus, "dead_lettered", 0)  # undecodable messages the bus skipped
         if bus_dl > self._bus_dead_letters:
-            m.dead_letters.labels(name).inc(bus_dl - self._bus_dead_letters)
+            self.metrics.dead_letters.labels(self.cfg.name).inc(bus_dl - self._bus_dead_letters)
             self._bus_dead_letters = bus_dl
         self._m_folded.inc(folded)
         self._m_applied.set(self.applied_seq)
@@ -287,9 +307,8 @@ class ServiceRunner:
                 m.decisions.labels(name, type(ev).__name__).inc()
                 self.last_decision = ev
         self.published += len(items)
-        if self._fault_after and self.published >= self._fault_after:
-            log.error("fault_injected", service=name, published=self.published)
-            os._exit(FAULT_EXIT_CODE)
+        if self.after_publish is not None:
+            self.after_publish(self.published)
 
     async def _dead_letter(self, d: Delivery, reason: str) -> None:
         self.metrics.dead_letters.labels(self.cfg.name).inc()
@@ -361,16 +380,10 @@ class _Restorer:
         self.from_snapshot = fn
 
 
-async def publish_with_ids(bus, items: list[tuple[str, Event]], shadow: str | None = None) -> list[int]:
+async def publish_with_ids(bus: Bus, items: list[tuple[str, Event]], shadow: str | None = None) -> list[int]:
     """Publish ``(msg_id, event)`` pairs in order (pipelined on JetStream). Returns the stream
     sequences (a duplicate id returns the original's)."""
     if not items:
         return []
     return await bus.publish_many([ev for _, ev in items], msg_ids=[mid for mid, _ in items], shadow=shadow)
 
-
-def _fault_after() -> int:
-    spec = os.environ.get(FAULT_ENV, "")
-    if spec.startswith("crash_after_publish:"):
-        return int(spec.split(":", 1)[1])
-    return 0

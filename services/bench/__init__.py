@@ -7,5 +7,5 @@
   builders it (and the router tests) use;
 - :mod:`.cli` - registers the three commands.
 
-May import anything below it: events, the cores, the adapters (plug-in loading), the trace format.
+Layer 3 (driver). May import anything below it: events, the cores, the adapters (plug-in loading).
 """

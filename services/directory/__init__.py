@@ -1,5 +1,8 @@
 """Agent-aware KV directory (METHOD.md §4.1): where KV lives, active-branch counts per copy,
-longest-prefix lookup and count-aware eviction. The core is pure; see docs/directory.md."""
+longest-prefix lookup and count-aware eviction. The core is pure; see docs/directory.md.
+
+Layer 1 (core). May import: ``events``, numpy, msgspec. Its benchmark is ``services.bench.directory``.
+"""
 
 from services.directory.core import DirectoryCore
 from services.directory.eviction import CountAwareEviction, LruEviction

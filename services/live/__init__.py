@@ -9,4 +9,6 @@
 - :mod:`.bench` - ``evolving bench live``.
 
 See docs/live.md.
+
+Layer 3 (driver). May import everything below: adapters, cores, ``events``.
 """

@@ -60,9 +60,11 @@ def acting_route_counts(deliveries: Sequence[Delivery], reroutes: bool = False) 
 
 
 def spawn_service(kind: str, nats_url: str, partition: str, *extra: str, env: dict | None = None,
-                  log_path: str | os.PathLike | None = None) -> subprocess.Popen:
-    """``python -m services.<kind> --nats-url URL --partition P ...`` as a child process."""
-    cmd = [sys.executable, "-m", f"services.{kind}", "--nats-url", nats_url, "--partition", partition, *extra]
+                  log_path: str | os.PathLike | None = None, fault: str | None = None) -> subprocess.Popen:
+    """``python -m services.<kind> --nats-url URL --partition P ...`` as a child process;
+    ``fault`` arms one fault through ``services.live.faults`` (e.g. ``crash_after_publish:7``)."""
+    prog = ["services.live.faults", fault, kind] if fault else [f"services.{kind}"]
+    cmd = [sys.executable, "-m", *prog, "--nats-url", nats_url, "--partition", partition, *extra]
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     if not log_path:
         return subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)

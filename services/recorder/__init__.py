@@ -6,6 +6,9 @@
 - :mod:`.verify` - ``evolving verify``: fold the log through fresh cores, compare decisions.
 
 See docs/recorder.md.
+
+Layer 2 (adapter: DuckDB). May import: ``events``, the cores (``verify`` refolds through them),
+DuckDB. ``cli`` and ``bench`` are drivers (layer 3).
 """
 
 from services.recorder.eventlog import DuckDbEventLog, EventLog, EventLogError, InMemoryEventLog

@@ -11,6 +11,9 @@
   :mod:`services.bench` (drivers stand above the core).
 
 All routers are found by name through the entry-point group ``evolving.routers``.
+
+Layer 1 (core). May import: ``events``, ``services.core``, ``services.costmodel``, the directory
+core (each router folds its own replica), numpy, msgspec.
 """
 
 from services.router.base import Router, RouterBase

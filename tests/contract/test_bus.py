@@ -8,7 +8,7 @@ import pytest
 
 from events import codec
 from events.catalog import BranchOpened, KvStored, RequestSubmitted, Tick
-from services.bus import InMemoryBus, NatsBus, subject_matches
+from services.bus import Bus, Consumer, InMemoryBus, NatsBus, subject_matches
 
 
 def _events(n: int):
@@ -143,6 +143,34 @@ class BusContract:
         assert await bus.get_snapshot("router") == blob
         await bus.close()
 
+    async def test_backend_satisfies_the_port(self, partition):
+        bus = await self.make_bus(partition)
+        assert isinstance(bus, Bus)
+        async with bus.consumer(None) as c:
+            assert isinstance(c, Consumer)
+        await bus.close()
+
+    async def test_durable_resumes_in_order_after_a_crash_mid_batch(self, partition):
+        """A consumer that handed out messages it never acknowledged (a crash) resumes at its
+        ack floor + 1, in stream order, with nothing lost and nothing skipped."""
+        bus = await self.make_bus(partition)
+        await bus.publish_many(_events(40))
+        c = bus.consumer("crashy")
+        await c.__aenter__()
+        got = []
+        async for d in c:
+            got.append(d.seq)
+            if d.seq <= 10:
+                await c.ack(d.seq)
+            if d.seq == 25:
+                break
+        await c.flush()
+        await c.__aexit__(None, None, None)  # 11..25 handed out, never acknowledged
+        async with bus.consumer("crashy") as c2:
+            rest = await _take(c2, 30)
+        assert [d.seq for d in rest] == list(range(11, 41))
+        await bus.close()
+
     async def test_large_event_round_trips(self, partition):
         bus = await self.make_bus(partition)
         big = RequestSubmitted(ts=1.0, request="r", branch="b", blocks=list(range(2**63, 2**63 + 4000)),
@@ -166,6 +194,34 @@ class TestNatsBus(BusContract):
 
     async def make_bus(self, partition):
         return await NatsBus.connect(self.url, partition)
+
+    async def test_a_clean_durable_is_kept_across_restarts(self, partition):
+        """JetStream keeps the durable pull consumer (same creation time) when the last run
+        acknowledged everything it was delivered; it is re-created only to move its start."""
+        bus = await self.make_bus(partition)
+        await bus.publish_many(_events(20))
+        async with bus.consumer("keeper") as c:
+            await _take(c, 20)
+        created = (await bus.js.consumer_info(bus.stream, "keeper")).created
+        await bus.publish_many(_events(5))
+        async with bus.consumer("keeper") as c:
+            assert c.reused
+            got = await _take(c, 5)
+        assert [d.seq for d in got] == list(range(21, 26))
+        assert (await bus.js.consumer_info(bus.stream, "keeper")).created == created
+        async with bus.consumer("keeper", start_seq=3) as c:
+            assert not c.reused
+            (d,) = await _take(c, 1)
+        assert d.seq == 3
+        await bus.close()
+
+    async def test_consumer_reads_the_sequence_from_metadata_over_many_batches(self, partition):
+        bus = await self.make_bus(partition)
+        await bus.publish_many(_events(5000))
+        async with bus.consumer("big") as c:
+            got = await _take(c, 5000, timeout=30)
+        assert [d.seq for d in got] == list(range(1, 5001))
+        await bus.close()
 
 
 @pytest.mark.parametrize("pattern,subject,ok", [

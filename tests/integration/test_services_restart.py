@@ -19,11 +19,12 @@ from services.bus import NatsBus
 from services.core import Sequenced
 from services.directory.core import DirectoryCore
 from services.live import workload
+from services.live.faults import FAULT_EXIT_CODE
 from services.live.serve import run_recorder_service
 from services.live.testing import acting_route_counts, read_all, spawn_service, wait_until
 from services.recorder.eventlog import DuckDbEventLog
 from services.recorder.verify import verify_log
-from services.runner import FAULT_EXIT_CODE, _RunnerSnap
+from services.runner import _RunnerSnap
 
 pytestmark = pytest.mark.asyncio
 
@@ -83,7 +84,7 @@ async def test_router_crash_between_publish_and_ack_rebuilds_without_double_deci
     second = [e for b in range(3, 5) for e in workload.branch_events(b, 4, ts=2.0)]
     log1, log2 = tmp_path / "router1.log", tmp_path / "router2.log"
     router = spawn_service("router", nats_url, partition, "--snapshot-every", "3",
-                           env={"EI_FAULT": "crash_after_publish:7"}, log_path=log1)
+                           fault="crash_after_publish:7", log_path=log1)
     try:
         await _started(bus, "router")
         publisher = asyncio.create_task(_publish_slowly(bus, first))
@@ -156,7 +157,7 @@ async def test_directory_crash_and_restart_matches_a_fresh_fold(nats_url, partit
         bad.append(RequestSubmitted(ts=1.0 + i, src="t", request=f"r{i}", branch=f"ghost{i}", blocks=[i, i + 1]))
         bad.append(KvEvicted(ts=1.0 + i, src="t", node=f"n{i}", tier="L1", blocks=[i]))
     args = ("--snapshot-every", "5")
-    directory = spawn_service("directory", nats_url, partition, *args, env={"EI_FAULT": "crash_after_publish:9"},
+    directory = spawn_service("directory", nats_url, partition, *args, fault="crash_after_publish:9",
                               log_path=tmp_path / "d1.log")
     try:
         await _started(bus, "directory")
