@@ -439,7 +439,7 @@ class _NatsConsumer:
     """
 
     def __init__(self, bus: NatsBus, durable: str | None, start_seq: int | None, subjects: str,
-                 batch_acks: int, batch: int = 1024, expires_s: float = 5.0) -> None:
+                 batch_acks: int, batch: int = 2048, expires_s: float = 5.0) -> None:
         self.bus, self.durable, self.start_seq, self.subjects = bus, durable, start_seq, subjects
         self.name = durable or "ephemeral"
         self.batch_acks, self.batch, self.expires_s = batch_acks, batch, expires_s
@@ -546,8 +546,11 @@ class _NatsConsumer:
                     continue
                 await self.flush()
                 self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.expires_s)
+                # Bounded sleep: a request whose expiry status got lost (a reconnect) must not
+                # park the consumer for good; a timer handle is cheaper than wait_for's task.
+                timer = asyncio.get_running_loop().call_later(self.expires_s, self._wake.set)
+                await self._wake.wait()
+                timer.cancel()
                 continue
             msg = buf.popleft()
             seq = msg.metadata.sequence.stream
