@@ -1,29 +1,37 @@
-"""The engine worker: one process per node, the sim node model run in wall-clock time on the bus.
+"""The engine worker: one process per node, an engine backend (engine/backend.py) on the bus.
 
 ``python -m engine.worker --node n1 --role collocated --profile gb300-glm52 --nats-url URL``
+``python -m engine.worker --backend sglang --sglang-url http://h:30000 ...`` (engine/backends/sglang)
 
-What it does (the numbers are the order of a request's life on this node)
-1. Start: fold the partition's stream from sequence 1 into its own ``DirectoryCore`` (other
-   nodes' KV for fetch plans, active-branch counts for eviction), without acting on it. If the
-   directory still believes this node is alive (an earlier run of the same id), publish
-   ``NodeRemoved(reason="restarted")`` first: that run's KV is gone. Then ``NodeRegistered``.
+The worker depends only on the port: ``--backend sim`` runs the simulated node model in
+wall-clock time, ``--backend sglang`` drives one SGLang server. What it does (the numbers are
+the order of a request's life on this node)
+1. Start, as the services do (services/runner.py): restore the worker's view (engine/view.py:
+   directory + requests in flight) from its snapshot ``engine-<node>`` and fold the tail of the
+   stream after it (from sequence 1 without a usable snapshot) up to the head seen at start,
+   without acting on it. If the directory still believes this node is alive (an earlier run
+   of the same id), publish ``NodeRemoved(reason="restarted")`` first: that run's KV is gone.
+   Then ``NodeRegistered``. A snapshot is written every ``--snapshot-every`` folded events and
+   at a clean stop, only when every event this node published has come back from the stream
+   (its own events are applied at once, before their echo: a snapshot taken between the two
+   would apply them twice after a restart).
 2. From the head on, act on the stream: a non-shadow ``RouteDecided`` with ``prefill_node`` =
    this node enqueues a prefill job (``RequestSubmitted`` gave its blocks and lengths); a
    reroute away from this node takes the queued job off; ``SwitchRole`` on
-   ``ei.<p>.cmd.<node>`` drains and switches in place (``SimNode.order_switch``; the node
+   ``ei.<p>.cmd.<node>`` drains and switches (``backend.order_switch``; the backend
    acknowledges with ``RoleSwitched``).
-3. Prefill -> decode across processes: the node model hands the KV to its decode node in
+3. Prefill -> decode across processes: the sim node hands the KV to its decode node in
    process (``NodeHost.peer(...).kv_arrived``). Here a remote peer is a proxy whose
    ``kv_arrived`` does nothing; the *decode* worker instead watches the stream for the
-   ``FirstToken`` of a request routed to it and admits the request ``p2d_transfer_s`` later.
+   ``FirstToken`` of a request routed to it and calls ``backend.kv_arrived`` ``p2d_transfer_s``
+   later (the SGLang backend ignores that call: SGLang's own PD transfer pairs the servers).
 4. Every event the node emits (KV facts, ``IterationDone``, ``RequestStarted``, ``FirstToken``,
    ``RequestFinished``, ``RoleSwitched``) is applied to the local directory at once and
    published in order; its echo from the stream (same ``src``, after the start head) is
    skipped, so eviction sees this node's own KV without waiting for the round trip.
-5. Tokens go to the gateway on core NATS (``services.gateway.tokens``): ``first`` from the
-   prefill node, ``chunk`` messages from the decode node (after each decode run and every
-   ``--token-interval-s`` while a run is going, estimated from the run's iteration time),
-   ``done`` on ``RequestFinished``. The sim generates no text: ``"tok "`` per token.
+5. Tokens go to the gateway on core NATS (``services.gateway.tokens``), as the backend reports
+   them (``host.token``): the sim's are ``"tok "`` per token (engine/backends/sim/backend.py),
+   SGLang's are the streamed text. ``backend.progress()`` runs every ``--token-interval-s``.
 6. ``NodeHeartbeat`` every ``--heartbeat-s`` (1 s). SIGTERM/SIGINT: ``NodeRemoved(reason=
    "shutdown")``, flush, exit 0.
 
@@ -33,7 +41,6 @@ worker's start), so ``--time-scale 1`` is real time and ``10`` runs the model te
 than the wall clock (tests); event ``ts`` are model time. A scheduled callback runs with ``now`` = its own due time
 even when the loop is late, so the model's timeline is exactly what it planned.
 
-``--backend sglang`` is the GPU target and is not implemented yet: it exits with code 2.
 """
 
 from __future__ import annotations
@@ -50,28 +57,28 @@ import sys
 import time
 from collections.abc import Callable
 
+from engine.backend import DecodeJob, EngineBackend, PrefillJob
 from engine.profiles import Profile, load_profile
-from engine.simnode import DecodeJob, PrefillJob, SimNode
+from engine.view import WorkerView
 from events.catalog import (
     Event,
     FirstToken,
-    IterationDone,
     NodeHeartbeat,
     NodeRegistered,
     NodeRemoved,
-    RequestFinished,
-    RequestSubmitted,
     RouteDecided,
     SwitchRole,
 )
 from events.ids import NodeId, Role
-from events.wire import TokenMsg, sim_text
+from events.wire import TokenMsg
+from services.core import Sequenced
 from services.directory.core import DirectoryCore
 from services.directory.eviction import POLICIES
 from services.logging import get_logger
 
 log = get_logger("worker")
 ROLES = ("collocated", "prefill", "decode")
+BACKENDS = ("sim", "sglang")
 
 
 class _TierView:
@@ -103,10 +110,11 @@ class RemotePeer:
 
 
 class WallClockHost:
-    """``NodeHost`` over an asyncio loop: a heap of due callbacks run at their model time."""
+    """``WorkerHost`` (engine/backend.py) over an asyncio loop: a heap of due callbacks run at their model time."""
 
     def __init__(self, time_scale: float, emit: Callable[[Event], None], choose, peer,
-                 epoch: float | None = None, monotonic: Callable[[], float] = time.monotonic) -> None:
+                 epoch: float | None = None, monotonic: Callable[[], float] = time.monotonic,
+                 token: Callable[[TokenMsg], None] | None = None) -> None:
         if not (time_scale > 0 and math.isfinite(time_scale)):
             raise ValueError(f"time_scale must be a positive number, got {time_scale}")
         self.scale = time_scale
@@ -117,7 +125,7 @@ class WallClockHost:
         self._heap: list = []
         self._seq = itertools.count()
         self._wake = asyncio.Event()
-        self._emit, self._choose, self._peer = emit, choose, peer
+        self._emit, self._choose, self._peer, self._token = emit, choose, peer, token
 
     def clock(self) -> float:
         """Model time now (not ``now``: that is the time of the callback being run)."""
@@ -131,6 +139,10 @@ class WallClockHost:
     # NodeHost
     def emit(self, event: Event) -> None:
         self._emit(event)
+
+    def token(self, msg: TokenMsg) -> None:
+        if self._token is not None:
+            self._token(msg)
 
     def schedule(self, t: float, fn, *args) -> None:
         heapq.heappush(self._heap, (t, next(self._seq), fn, args))
@@ -164,112 +176,101 @@ class WallClockHost:
 
 
 class EngineWorker:
-    """One node: the sim node model, its directory, the bus and the token channel."""
+    """One node: an engine backend, the worker's view of the partition, the bus and the token
+    channel. ``backend`` is ``"sim"`` or a factory ``(host, worker) -> EngineBackend``."""
 
     def __init__(self, bus, tokens, node: str, role: Role, profile: Profile, *, seed: int = 0,
                  time_scale: float = 1.0, fetch_mode: str = "async", eviction: str = "count_aware",
                  heartbeat_s: float = 1.0, token_interval_s: float = 0.2, clock_epoch: float | None = None,
-                 epoch: float | None = None) -> None:
+                 epoch: float | None = None, backend: str | Callable = "sim", snapshot_every: int = 2000) -> None:
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         self.bus, self.tokens = bus, tokens
         self.node_id = NodeId(node)
         self.src = node
         self.profile = profile
-        self.directory = DirectoryCore()
+        self.view = WorkerView()
         self.policy = POLICIES[eviction](profile.block_tokens)
         if epoch is None and clock_epoch is not None:  # the clock every process of a run shares
             epoch = clock_epoch + (time.time() - clock_epoch) * time_scale
-        self.host = WallClockHost(time_scale, self._on_emit, self._choose, self._peer, epoch=epoch)
-        self.node = SimNode(self.node_id, role, profile, self.host, seed, fetch_mode)
+        self.host = WallClockHost(time_scale, self._on_emit, self._choose, self._peer, epoch=epoch,
+                                  token=self._out_token)
+        if backend == "sim":
+            from engine.backends.sim.backend import SimBackend
+
+            self.backend: EngineBackend = SimBackend(self.host, node, role, profile, seed=seed, fetch_mode=fetch_mode)
+        elif callable(backend):
+            self.backend = backend(self.host, self)
+        else:
+            raise ValueError(f"backend must be one of {BACKENDS} or a factory, got {backend!r}")
         self.heartbeat_s, self.token_interval_s = heartbeat_s, token_interval_s
+        self.snapshot_every = snapshot_every
+        self.snapshot_key = f"engine-{node}"
         self._out: asyncio.Queue = asyncio.Queue()
-        self._requests: dict[str, RequestSubmitted] = {}
         self._decode_for: dict[str, str] = {}  # request -> prefill node, for requests we decode
         self._queued_here: set[str] = set()
-        self._reported: dict[str, int] = {}  # request -> tokens sent to the gateway
         self._head = 0
+        self.applied_seq = 0  # last stream sequence folded into the view
+        self.restored_from = 0  # snapshot position the worker started from (0: folded from 1)
+        self._unechoed = 0  # own events published whose echo has not come back yet
+        self._since_snap = 0
         self._tasks: list[asyncio.Task] = []
         self.live = asyncio.Event()
         self.published = 0
 
-    # ------------------------------------------------------------------ NodeHost callbacks
+    # ------------------------------------------------------------------ view
+    @property
+    def directory(self) -> DirectoryCore:
+        return self.view.directory
+
+    @property
+    def node(self):
+        """The sim node model (tests and the sim backend only)."""
+        return getattr(self.backend, "node", None)
+
+    # ------------------------------------------------------------------ WorkerHost callbacks
     def _on_emit(self, event: Event) -> None:
-        self.directory.apply(event)
+        self.view.apply(event)
+        self._unechoed += 1
         self._out.put_nowait(event)
-        self._tokens_for(event)
+        if type(event) is FirstToken:
+            self._queued_here.discard(event.request)  # prefill done: no longer movable by a reroute
+
+    def _out_token(self, msg: TokenMsg) -> None:
+        self._out.put_nowait(msg)
 
     def _choose(self, node, tier, tokens, pinned):
         return self.policy.choose(self.directory, node, tier, tokens, pinned)
 
     def _peer(self, node):
         if node == self.node_id:
-            return self.node
+            return self.backend
         return RemotePeer(node, self.directory)
 
     def _publish_own(self, event: Event) -> None:
-        self.directory.apply(event)
+        self.view.apply(event)
+        self._unechoed += 1
         self._out.put_nowait(event)
-
-    # ------------------------------------------------------------------ tokens
-    def _token(self, **kw) -> None:
-        self._out.put_nowait(TokenMsg(node=self.node_id, ts=self.host.now, simulated=True, **kw))
-
-    def _tokens_for(self, e: Event) -> None:
-        t = type(e)
-        if t is FirstToken:
-            self._queued_here.discard(e.request)  # prefill done: no longer movable by a reroute
-            self._token(request=e.request, kind="first", tokens=1, total=1, text=sim_text(1))
-        elif t is IterationDone and e.phase == "decode":
-            for job in self.node.running.values():
-                self._chunk(job, int(job.total_out - job.left + 1e-9))
-        elif t is RequestFinished:
-            sent = self._reported.pop(e.request, 1)
-            rest = max(0, e.output_tokens - sent)
-            self._token(request=e.request, kind="done", tokens=rest, total=e.output_tokens,
-                        text=sim_text(rest), finish_reason="length")
-            self._requests.pop(e.request, None)
-            self._decode_for.pop(e.request, None)
-
-    def _chunk(self, job: DecodeJob, produced: int) -> None:
-        sent = self._reported.get(job.request, 1)
-        produced = min(produced, job.total_out)
-        if produced > sent:
-            self._reported[job.request] = produced
-            self._token(request=job.request, kind="chunk", tokens=produced - sent, total=produced,
-                        text=sim_text(produced - sent))
-
-    def progress(self) -> None:
-        """Chunks for the decode run in progress, estimated from its iteration time (never more
-        than the run will have produced at its end)."""
-        n = self.node
-        if not (n.busy and n.run_batch and n.run_iter_s > 0):
-            return
-        done = min(n.run_iters, int((self.host.clock() - n.run_start_s) / n.run_iter_s))
-        for job in n.running.values():
-            est = job.total_out - job.left + min(job.left, done * self.profile.t_acc)
-            self._chunk(job, int(est + 1e-9))
 
     # ------------------------------------------------------------------ stream input
     def fold(self, seq: int, event: Event) -> None:
-        """One delivery from the stream (in order). Before the start head: directory only."""
+        """One delivery from the stream (in order). Up to the start head: the view only."""
         own_echo = seq > self._head and getattr(event, "src", None) == self.src
-        if not own_echo:
-            self.directory.apply(event)
-        t = type(event)
-        if t is RequestSubmitted:  # also before the head: a request in flight may be routed later
-            self._requests[event.request] = event
-            return
-        if t is RequestFinished and event.node != self.node_id:
-            self._requests.pop(event.request, None)
+        if own_echo:
+            self._unechoed = max(0, self._unechoed - 1)
+        else:
+            self.view.apply(event)
+        self.applied_seq = max(self.applied_seq, seq)
+        self._since_snap += 1
         if seq <= self._head:
             return
+        t = type(event)
         if t is RouteDecided and not event.shadow:
             self._on_route(event)
         elif t is SwitchRole and event.node == self.node_id:
             self.host.catch_up()
             log.info("switch_ordered", node=self.node_id, to_role=event.to_role, mechanism=event.mechanism)
-            self.node.order_switch(event.to_role, event.mechanism)
+            self.backend.order_switch(event.to_role, event.mechanism)
         elif t is FirstToken and event.node != self.node_id and event.request in self._decode_for:
             self._admit_decode(event.request)
 
@@ -281,27 +282,27 @@ class EngineWorker:
             self._decode_for.pop(rid, None)
         if rid in self._queued_here and e.prefill_node != self.node_id:
             self.host.catch_up()
-            if self.node.remove_queued(rid) is not None:
+            if self.backend.remove_queued(rid) is not None:
                 self._queued_here.discard(rid)
             return
         if e.prefill_node != self.node_id:
             return
-        req = self._requests.get(rid)
+        req = self.view.requests.get(rid)
         if req is None:
             log.warning("route_without_request", request=rid)
             return
         now = self.host.catch_up()
-        old = self.node.remove_queued(rid) if rid in self._queued_here else None
+        old = self.backend.remove_queued(rid) if rid in self._queued_here else None
         job = old or PrefillJob(request=rid, blocks=req.blocks, prompt_tokens=req.prompt_tokens,
                                 max_tokens=req.max_tokens, decode_node=e.decode_node,
                                 fetch_plan=e.fetch_plan, enqueued_s=now)
         if old is not None:
             job.decode_node, job.fetch_plan, job.fetched, job.fetch_s = e.decode_node, e.fetch_plan, [], 0.0
         self._queued_here.add(rid)
-        self.node.enqueue_prefill(job)
+        self.backend.enqueue_prefill(job)
 
     def _admit_decode(self, rid: str) -> None:
-        req = self._requests.get(rid)
+        req = self.view.requests.get(rid)
         src = self._decode_for.get(rid)
         if req is None or src is None:
             return
@@ -309,7 +310,35 @@ class EngineWorker:
         job = DecodeJob(request=rid, blocks=req.blocks, prompt_tokens=req.prompt_tokens,
                         left=float(max(0, req.max_tokens - 1)), total_out=max(1, req.max_tokens),
                         context=float(req.prompt_tokens + 1), src_node=NodeId(src))
-        self.host.schedule(now + self.profile.p2d_transfer_s(req.prompt_tokens), self.node.kv_arrived, job)
+        self.host.schedule(now + self.profile.p2d_transfer_s(req.prompt_tokens), self.backend.kv_arrived, job)
+
+    # ------------------------------------------------------------------ snapshots
+    async def load_snapshot(self) -> None:
+        """Restore the view from ``engine-<node>`` when there is a readable one, else start at 0."""
+        data = await self.bus.get_snapshot(self.snapshot_key)
+        if data is None:
+            return
+        try:
+            seqd = Sequenced.restore(data, WorkerView)
+        except Exception as exc:  # noqa: BLE001 - any unreadable snapshot: fold from sequence 1
+            log.error("snapshot_unreadable", node=self.node_id, error=f"{type(exc).__name__}: {exc}",
+                      action="folding from sequence 1")
+            return
+        self.view, self.applied_seq = seqd.core, seqd.applied_seq
+        self.restored_from = seqd.applied_seq
+
+    async def snapshot(self) -> bool:
+        """Write the view's snapshot if it is consistent (no own event awaiting its echo)."""
+        if self._unechoed or self.applied_seq == 0:
+            return False
+        data = Sequenced(self.view, self.applied_seq).snapshot()
+        try:
+            await self.bus.put_snapshot(self.snapshot_key, data)
+        except Exception as exc:  # noqa: BLE001 - a lost snapshot only lengthens the next start
+            log.error("snapshot_failed", node=self.node_id, error=str(exc))
+            return False
+        self._since_snap = 0
+        return True
 
     # ------------------------------------------------------------------ tasks
     async def _publisher(self) -> None:
@@ -322,14 +351,16 @@ class EngineWorker:
                     await self.bus.publish(item)
                     self.published += 1
             except Exception as exc:  # noqa: BLE001 - a lost publication is logged, the node goes on
+                if not isinstance(item, TokenMsg):
+                    self._unechoed = max(0, self._unechoed - 1)  # its echo will never come
                 log.error("publish_failed", node=self.node_id, item=type(item).__name__, error=str(exc))
             finally:
                 self._out.task_done()
 
     async def _consume(self, caught_up: asyncio.Event) -> None:
-        if self._head == 0:
+        if self._head <= self.applied_seq:
             caught_up.set()
-        async with self.bus.consumer(None, start_seq=1) as c:
+        async with self.bus.consumer(None, start_seq=self.applied_seq + 1) as c:
             async for d in c:
                 try:
                     self.fold(d.seq, d.event)
@@ -338,6 +369,8 @@ class EngineWorker:
                               error=repr(exc))
                 if d.seq >= self._head:
                     caught_up.set()
+                if self._since_snap >= self.snapshot_every and not self._unechoed:
+                    await self.snapshot()
 
     async def _heartbeats(self) -> None:
         while True:
@@ -347,24 +380,27 @@ class EngineWorker:
     async def _progress(self) -> None:
         while True:
             await asyncio.sleep(self.token_interval_s)
-            self.progress()
+            self.host.catch_up()
+            self.backend.progress()
 
     def heartbeat(self) -> NodeHeartbeat:
-        n = self.node
-        return NodeHeartbeat(ts=self.host.catch_up(), src=self.src, node=self.node_id, role=n.role,
-                             running=len(n.running), queued=len(n.pqueue) + len(n.dwaiting),
-                             l1_used_tokens=len(n.l1) * n.bt, l2_used_tokens=len(n.l2) * n.bt)
+        ld = self.backend.load()
+        return NodeHeartbeat(ts=self.host.catch_up(), src=self.src, node=self.node_id, role=ld.role,
+                             running=ld.running, queued=ld.queued,
+                             l1_used_tokens=ld.l1_used_tokens, l2_used_tokens=ld.l2_used_tokens)
 
     def registration(self) -> NodeRegistered:
         p = self.profile
-        return NodeRegistered(ts=self.host.catch_up(), src=self.src, node=self.node_id, role=self.node.role,
+        return NodeRegistered(ts=self.host.catch_up(), src=self.src, node=self.node_id, role=self.backend.role,
                               gpus=p.gpus_per_node, l1_capacity_tokens=p.l1_capacity_tokens,
                               l2_capacity_tokens=p.l2_capacity_tokens,
                               prefill_token_budget=p.prefill_token_budget, max_running_requests=p.max_running,
                               t_fwd=p.t_fwd, profile=p.name)
 
     async def start(self) -> None:
-        """Catch up with the stream, register, and start serving."""
+        """Start the backend, restore snapshot + tail, register, and start serving."""
+        await self.backend.start()
+        await self.load_snapshot()
         self._head = await self.bus.last_seq()
         caught_up = asyncio.Event()
         self._tasks.append(asyncio.create_task(self._publisher(), name="publisher"))
@@ -379,22 +415,30 @@ class EngineWorker:
         self._tasks.append(asyncio.create_task(self._progress(), name="progress"))
         await self._out.join()
         self.live.set()
-        log.info("worker_up", node=self.node_id, role=self.node.role, profile=self.profile.name,
-                 head=self._head, time_scale=self.host.scale)
+        log.info("worker_up", node=self.node_id, role=self.backend.role, backend=self.backend.name,
+                 profile=self.profile.name, restored_from=self.restored_from, head=self._head,
+                 time_scale=self.host.scale)
 
     async def stop(self, reason: str = "shutdown") -> None:
-        """Publish ``NodeRemoved``, flush everything queued, cancel the tasks."""
+        """Publish ``NodeRemoved``, flush everything queued, snapshot, cancel the tasks."""
         for t in self._tasks[2:]:
             t.cancel()
         self._publish_own(NodeRemoved(ts=self.host.catch_up(), src=self.src, node=self.node_id, reason=reason))
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._out.join(), 10.0)
+        for _ in range(100):  # let the echoes come back, so the snapshot is consistent
+            if not self._unechoed:
+                break
+            await asyncio.sleep(0.02)
+        await self.snapshot()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks.clear()
+        with contextlib.suppress(Exception):
+            await self.backend.close()
         log.info("worker_stopped", node=self.node_id, reason=reason)
 
 
@@ -406,43 +450,75 @@ def _env_epoch() -> float | None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m engine.worker",
-                                description="one engine node: the sim node model on the bus")
+                                description="one engine node on the bus: the sim node model or one SGLang server "
+                                            "(engine/backend.py is the port; docs/engines.md)")
     p.add_argument("--node", required=True, help="node id (unique in the partition)")
-    p.add_argument("--role", choices=ROLES, default="collocated")
-    p.add_argument("--profile", default="gb300-glm52", help="deploy/profiles/<name>.toml or a path")
-    p.add_argument("--nats-url", required=True)
-    p.add_argument("--partition", default="default")
-    p.add_argument("--backend", choices=("sim", "sglang"), default="sim")
+    p.add_argument("--role", choices=ROLES, default="collocated", help="initial role (default collocated)")
+    p.add_argument("--profile", default="gb300-glm52",
+                   help="deploy/profiles/<name>.toml or a path: capacities and block size the node registers "
+                        "with (and the sim's ground-truth timings)")
+    p.add_argument("--nats-url", required=True, help="NATS server, e.g. nats://127.0.0.1:4222")
+    p.add_argument("--partition", default="default", help="bus partition (default: default)")
+    p.add_argument("--backend", choices=BACKENDS, default="sim",
+                   help="sim: simulated node; sglang: drive one SGLang server (options below)")
     p.add_argument("--time-scale", type=float, default=1.0,
-                   help="model seconds per wall-clock second (1 = real time, 10 = ten times faster)")
+                   help="model seconds per wall-clock second (1 = real time, 10 = ten times faster; "
+                        "sglang needs 1)")
     p.add_argument("--clock-epoch", type=float, default=_env_epoch(),
                    help="epoch of the scaled clock shared by a run's processes (default: env "
                         "EI_CLOCK_EPOCH, else now)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--fetch-mode", choices=("async", "at_start", "none"), default="async")
-    p.add_argument("--eviction", choices=sorted(POLICIES), default="count_aware")
-    p.add_argument("--heartbeat-s", type=float, default=1.0)
-    p.add_argument("--token-interval-s", type=float, default=0.2)
-    p.add_argument("--log-format", choices=["console", "json"], default=None)
-    p.add_argument("--log-level", default=None)
+    p.add_argument("--seed", type=int, default=0, help="sim: noise seed")
+    p.add_argument("--fetch-mode", choices=("async", "at_start", "none"), default="async",
+                   help="sim: how peer KV is fetched (docs/simulator.md)")
+    p.add_argument("--eviction", choices=sorted(POLICIES), default="count_aware",
+                   help="eviction order of the node's KV pool (the directory's policy)")
+    p.add_argument("--heartbeat-s", type=float, default=1.0, help="seconds between NodeHeartbeat events")
+    p.add_argument("--token-interval-s", type=float, default=0.2,
+                   help="seconds between token progress reports to the gateway")
+    p.add_argument("--snapshot-every", type=int, default=2000,
+                   help="folded events between snapshots of the worker's view (engine-<node>)")
+    p.add_argument("--log-format", choices=["console", "json"], default=None,
+                   help="log lines as console text or JSON (default: the services' setting)")
+    p.add_argument("--log-level", default=None, help="debug, info, warning or error (default info)")
+    from engine.backends.sglang.options import add_arguments
+
+    add_arguments(p)
     return p
 
 
 async def run(args: argparse.Namespace) -> int:
+    from engine.backend import BackendUnavailable
     from services.bus import NatsBus
     from services.gateway.tokens import NatsTokens
 
     profile = load_profile(args.profile)
+    backend: str | Callable = "sim"
+    if args.backend == "sglang":
+        from engine.backends.sglang.backend import SglangBackend, config_from_args
+
+        cfg = config_from_args(args)
+        backend = lambda host, w: SglangBackend(host, w.src, args.role, profile, cfg)
+        try:
+            await SglangBackend.preflight(cfg)
+        except BackendUnavailable as exc:
+            print(f"engine.worker: {exc}", file=sys.stderr)
+            return 2
     bus = await NatsBus.connect(args.nats_url, partition=args.partition, name=f"engine-{args.node}")
     worker = EngineWorker(bus, NatsTokens(bus.nc, args.partition), args.node, args.role, profile,
                           seed=args.seed, time_scale=args.time_scale, fetch_mode=args.fetch_mode,
                           eviction=args.eviction, heartbeat_s=args.heartbeat_s,
-                          token_interval_s=args.token_interval_s, clock_epoch=args.clock_epoch)
+                          token_interval_s=args.token_interval_s, clock_epoch=args.clock_epoch,
+                          backend=backend, snapshot_every=args.snapshot_every)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await worker.start()
+    try:
+        await worker.start()
+    except BackendUnavailable as exc:
+        print(f"engine.worker: {exc}", file=sys.stderr)
+        await bus.close()
+        return 2
     await stop.wait()
     await worker.stop("shutdown")
     await bus.close()
@@ -454,15 +530,18 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     configure_logging(level=args.log_level, fmt=args.log_format)
-    if args.backend == "sglang":
-        print("engine.worker: the sglang backend is not implemented yet (GPU target); "
-              "use --backend sim", file=sys.stderr)
-        return 2
     try:
         load_profile(args.profile)
     except (FileNotFoundError, ValueError, KeyError) as exc:
         print(f"engine.worker: bad --profile: {exc}", file=sys.stderr)
         return 2
+    if args.backend == "sglang":
+        from engine.backends.sglang.options import check_args
+
+        err = check_args(args)
+        if err:
+            print(f"engine.worker: {err}", file=sys.stderr)
+            return 2
     return asyncio.run(run(args))
 
 

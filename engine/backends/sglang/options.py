@@ -1,0 +1,66 @@
+"""Command-line options of ``python -m engine.worker --backend sglang`` (documented in --help)."""
+
+from __future__ import annotations
+
+import argparse
+from urllib.parse import urlparse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sglang backend (--backend sglang; docs/engines.md)")
+    g.add_argument("--sglang-url", default=None,
+                   help="attach to a running SGLang server at this URL (e.g. http://127.0.0.1:30000); "
+                        "without it the worker launches one with --sglang-launch")
+    g.add_argument("--sglang-launch", default=None,
+                   help="launch command for the server, run with the shell, e.g. 'python -m sglang.launch_server "
+                        "--model-path /models/X --tp 4 --port 30000 --disaggregation-mode prefill "
+                        "--enable-pd-role-switch --kv-events-config ...' (the worker stops it on exit)")
+    g.add_argument("--sglang-launch-timeout-s", type=float, default=900.0,
+                   help="seconds to wait for a launched server's /health (model load; default 900)")
+    g.add_argument("--kv-events-endpoint", default=None,
+                   help="ZMQ endpoint of the server's KV-event publisher to subscribe to, e.g. tcp://127.0.0.1:5557 "
+                        "(the 'endpoint' of the server's --kv-events-config, with a connectable host); "
+                        "none: no KV events (the directory learns nothing of this node's cache)")
+    g.add_argument("--kv-events-topic", default="", help="topic of the KV-event publisher (default: all)")
+    g.add_argument("--bootstrap-host", default=None,
+                   help="host a decode server reaches this node's prefill bootstrap server at "
+                        "(default: the host of --sglang-url)")
+    g.add_argument("--bootstrap-port", type=int, default=8998,
+                   help="this node's --disaggregation-bootstrap-port (default 8998, SGLang's default)")
+    g.add_argument("--peer-url", action="append", default=[], metavar="NODE=URL",
+                   help="HTTP URL of another node's SGLang server (repeatable): a prefill node sends the request "
+                        "to its decode peer too, with the same bootstrap room")
+    g.add_argument("--peer-bootstrap", action="append", default=[], metavar="NODE=HOST:PORT",
+                   help="bootstrap address of another node's prefill server (repeatable)")
+    g.add_argument("--switch-fallback", choices=("restart", "refuse"), default="restart",
+                   help="when the server refuses POST /pd_role_switch (no --enable-pd-role-switch, a transfer "
+                        "backend without it, collocated): restart it in the new role (needs --sglang-launch) "
+                        "or report the switch as refused (default restart)")
+    g.add_argument("--drain-timeout-s", type=float, default=120.0,
+                   help="longest wait for in-flight requests before a role switch (default 120)")
+    g.add_argument("--request-timeout-s", type=float, default=600.0, help="HTTP timeout of one generate call")
+
+
+def _url_ok(url: str) -> bool:
+    u = urlparse(url)
+    return u.scheme in ("http", "https") and bool(u.hostname)
+
+
+def check_args(args: argparse.Namespace) -> str | None:
+    """One line naming the bad option, or None."""
+    if not args.sglang_url and not args.sglang_launch:
+        return "--backend sglang needs --sglang-url URL (attach) or --sglang-launch CMD (launch)"
+    if args.sglang_url and not _url_ok(args.sglang_url):
+        return f"--sglang-url {args.sglang_url!r} is not an http(s)://host[:port] URL"
+    for spec in args.peer_url:
+        node, _, url = spec.partition("=")
+        if not node or not _url_ok(url):
+            return f"--peer-url {spec!r} is not NODE=http://host:port"
+    for spec in args.peer_bootstrap:
+        node, _, addr = spec.partition("=")
+        host, _, port = addr.rpartition(":")
+        if not node or not host or not port.isdigit():
+            return f"--peer-bootstrap {spec!r} is not NODE=HOST:PORT"
+    if args.time_scale != 1.0:
+        return "--backend sglang runs in real time: --time-scale must be 1"
+    return None

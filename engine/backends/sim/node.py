@@ -1,0 +1,579 @@
+"""The simulated engine node: prefill / decode / collocated, with an L1 (GPU) and L2 (host) KV pool.
+
+No asyncio, no wall clock: the caller passes time through a :class:`NodeHost` (``now``,
+``schedule``, ``emit``) and the node reports what it did as catalog events. The same class
+backs the discrete-event cluster simulator (replay/sim.py) and can back a live sim engine
+(a host that schedules on an event loop and publishes on the bus).
+
+Request lifecycle on a node (numbers match the docstring of replay/sim.py and docs/simulator.md)
+1. ``enqueue_prefill``: a non-shadow ``RouteDecided`` names this node. With the shared pool and
+   asynchronous fetch, the planned peer blocks are fetched now (one fetch link per node, FIFO);
+   the request is eligible for prefill once its fetch is done (``KvStored`` L2+L1 at that time).
+2. Prefill start: the node measures its own cached prefix (own L1, then own L2 = restore
+   ``t_rst``; with fetch-at-start the peer fetch is done now and its time is added to this
+   iteration). ``RequestStarted(phase=prefill)`` carries the tokens actually reused.
+3. Prefill iterations take up to ``token_budget`` new tokens (running chunk first, then queued
+   eligible requests FCFS); time = eq. 1 with the profile's coefficients x noise.
+4. Last chunk done: ``KvStored`` (L1 and, write-through, L2) for the new blocks, ``FirstToken``,
+   then KV transfer to the decode node over the GPU path (``p2d_transfer_s``).
+5. Decode admission (``kv_arrived``): when the decode L1 holds the prompt's blocks plus the
+   request's working tokens (evicting through the policy), ``KvMoved`` P->D and
+   ``RequestStarted(phase=decode)``.
+6. Decode is continuously batched: a *run* is a sequence of iterations with the same batch B;
+   every iteration takes eq. 2 x one noise draw per run and accepts ``t_acc`` tokens per
+   request. A run ends at the first completion, or at the next iteration boundary when a
+   request is admitted. One ``IterationDone(iterations=n)`` per run.
+7. ``RequestFinished``; the prompt's KV stays cached in L1 and is written to L2 for later
+   requests ("decode nodes only write to the pool").
+
+Role switch (``SwitchRole``): stop nothing, drain the work of the phase the node leaves
+(queued and running), then ``in_place`` (0.7 s, KV kept), ``restart`` (down ``restart_s``,
+all KV dropped) or ``in_place_drop_kv`` (0.7 s, all KV dropped); then ``RoleSwitched``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from engine.backend import DecodeJob, PrefillJob
+from engine.kvpool import EVICT_BATCH, KvPool
+from engine.profiles import Profile
+from events.catalog import (
+    Event,
+    FirstToken,
+    IterationDone,
+    KvFetched,
+    KvMoved,
+    KvStored,
+    RequestFinished,
+    RequestStarted,
+    RoleSwitched,
+)
+from events.ids import BlockHash, NodeId, RequestId, Role, SwitchMechanism, Tier
+
+#: How prefill nodes reach KV held by peers: "async" (fetch while queued; ours), "at_start"
+#: (fetch when prefill starts, time added to prefill; memory-pool baseline), "none" (node-local
+#: cache only; HiCache per node).
+FETCH_MODES = ("async", "at_start", "none")
+__all__ = ["COLLOCATED_DECODE_SLICE_S", "EVICT_BATCH", "FETCH_MODES", "DecodeJob", "NodeHost", "PrefillJob",
+           "SimNode"]
+#: A collocated node runs decode for at most this long between prefill iterations.
+COLLOCATED_DECODE_SLICE_S = 0.25
+
+
+class NodeHost(Protocol):
+    """What a node needs from its driver."""
+
+    now: float
+
+    def emit(self, event: Event) -> None: ...
+
+    def schedule(self, t: float, fn, *args) -> None: ...
+
+    def choose_eviction(self, node: NodeId, tier: Tier, tokens: int, pinned: frozenset) -> list[BlockHash]: ...
+
+    def peer(self, node: NodeId) -> SimNode | None: ...
+
+
+class SimNode:
+    """One engine node (see the module docstring)."""
+
+    def __init__(self, node: NodeId, role: Role, profile: Profile, host: NodeHost, seed: int,
+                 fetch_mode: str = "async") -> None:
+        assert fetch_mode in FETCH_MODES, fetch_mode
+        self.id = node
+        self.role: Role = role
+        self.p = profile
+        self.host = host
+        self.rng = np.random.default_rng(seed)
+        self.fetch_mode = fetch_mode
+        self.bt = profile.block_tokens
+        self.pool = KvPool(node, profile.block_tokens, profile.l1_capacity_tokens, profile.l2_capacity_tokens,
+                           choose=self._choose, emit=self._emit, now=self._now)
+        self.l1_cap_blocks = self.pool.l1_cap_blocks
+        self.l2_cap_blocks = self.pool.l2_cap_blocks
+        # prefill
+        self.pqueue: list[PrefillJob] = []
+        self.fetch_link_free_s = 0.0
+        # decode
+        self.running: dict[RequestId, DecodeJob] = {}
+        self.dwaiting: deque[DecodeJob] = deque()
+        self.run_start_s = 0.0
+        self.run_iter_s = 0.0
+        self.run_iters = 0
+        self.run_batch = 0
+        self.run_cut = False
+        # executor
+        self.busy = False
+        self.gen = 0
+        self.kick_pending = False
+        self.last_was_decode = False
+        self.status = "up"  # up | draining | switching | down
+        self.switch_to: Role | None = None
+        self.switch_mech: SwitchMechanism = "in_place"
+        self.switch_ordered_s = 0.0
+        self.drained = 0
+        # counters for metrics and tests
+        self.busy_prefill_s = 0.0
+        self.busy_acc = 0.0
+        self.busy_start = 0.0
+        self.prefill_wait_s = 0.0
+        self.prefill_started = 0
+
+    # ------------------------------------------------------------------ small helpers
+    def _noise(self, rel: float) -> float:
+        if rel <= 0:
+            return 1.0
+        return max(0.5, 1.0 + rel * float(self.rng.standard_normal()))
+
+    def does_prefill(self) -> bool:
+        return self.role in ("prefill", "collocated")
+
+    def does_decode(self) -> bool:
+        return self.role in ("decode", "collocated")
+
+    def _emit(self, e: Event) -> None:
+        self.host.emit(e)
+
+    def _now(self) -> float:
+        return self.host.now
+
+    def _choose(self, tier: Tier, tokens: int, pinned: frozenset) -> list[BlockHash]:
+        return self.host.choose_eviction(self.id, tier, tokens, pinned)
+
+    def kick(self) -> None:
+        """Schedule the executor at the current time (never re-entrant)."""
+        if not self.kick_pending and not self.busy:
+            self.kick_pending = True
+            self.host.schedule(self.host.now, self._on_kick)
+
+    def _on_kick(self) -> None:
+        self.kick_pending = False
+        self._next()
+
+    # ------------------------------------------------------------------ KV store (engine/kvpool.py)
+    @property
+    def l1(self) -> set[BlockHash]:
+        return self.pool.l1
+
+    @property
+    def l2(self) -> set[BlockHash]:
+        return self.pool.l2
+
+    @property
+    def working_tokens(self) -> int:
+        """Decode L1 tokens not held as cached blocks (tails + output): the pool's reservation."""
+        return self.pool.reserved_tokens
+
+    @working_tokens.setter
+    def working_tokens(self, value: int) -> None:
+        self.pool.reserved_tokens = value
+
+    def holds(self, block: BlockHash, tier: Tier) -> bool:
+        return self.pool.holds(block, tier)
+
+    _prefix_len = staticmethod(KvPool.prefix_len)
+
+    def _missing(self, blocks: Sequence[BlockHash], store: set) -> list[BlockHash]:
+        return self.pool.missing(blocks, store)
+
+    def _make_room(self, tier: Tier, need_blocks: int, also_pinned: Sequence[BlockHash] = (),
+                   extra_tokens: int = 0) -> bool:
+        return self.pool.make_room(tier, need_blocks, also_pinned, extra_tokens)
+
+    def _store(self, tier: Tier, blocks: Sequence[BlockHash], pinned: Sequence[BlockHash] = (),
+               request: RequestId | None = None) -> list[BlockHash]:
+        return self.pool.store(tier, blocks, pinned, request)
+
+    def drop_all_kv(self) -> None:
+        self.pool.drop_all()
+
+    def pinned(self) -> frozenset:
+        return self.pool.pinned()
+
+    def _pin_prefill(self, job: PrefillJob) -> None:
+        """A queued job pins its blocks once it holds KV here (started, or fetched KV landed)."""
+        if job.started or job.fetched:
+            self.pool.pin(("p", job.request), job.blocks)
+        else:
+            self.pool.unpin(("p", job.request))
+
+    def _dequeue(self, job: PrefillJob) -> None:
+        self.pqueue.remove(job)
+        self.pool.unpin(("p", job.request))
+
+    # ------------------------------------------------------------------ 1. prefill enqueue
+    def enqueue_prefill(self, job: PrefillJob) -> None:
+        now = self.host.now
+        job.ready_s = now
+        if self.fetch_mode == "async" and job.fetch_plan:
+            local = self._prefix_len(job.blocks, self._prefix_len(job.blocks, 0, self.l1), self.l2)
+            got = self._collect_fetch(job, local)
+            tokens = sum(len(b) for _, b in got) * self.bt
+            if tokens:
+                start = max(now, self.fetch_link_free_s)
+                dur = self.p.fetch_s(tokens)
+                self.fetch_link_free_s = start + dur
+                job.fetch_start_s, job.fetch_s = now, start + dur - now
+                job.fetch_busy_mark = self._busy_total(now)
+                job.ready_s = start + dur
+                job.fetched = got
+                self.host.schedule(job.ready_s, self._fetch_done, job)
+        self.pqueue.append(job)
+        self._pin_prefill(job)
+        self.kick()
+
+    def _collect_fetch(self, job: PrefillJob, local_blocks: int) -> list:
+        """Validate the router's fetch plan against what the peers hold now: each step is
+        read only while its source holds the blocks (no KV is read from a node that lacks it);
+        the fetched prefix stops at the first gap."""
+        got = []
+        pos = local_blocks
+        for step in sorted(job.fetch_plan, key=lambda s: s.first_block):
+            if step.first_block + step.n_blocks <= pos:
+                continue
+            if step.first_block > pos:
+                break
+            src = self.host.peer(step.src_node)
+            if src is None or src is self or src.status == "down":
+                break
+            store = src.l2 if step.tier == "L2" else src.l1
+            end = step.first_block + step.n_blocks
+            j = pos
+            while j < end and j < len(job.blocks) and job.blocks[j] in store:
+                j += 1
+            if j > pos:
+                got.append((src.id, list(job.blocks[pos:j])))
+            if j < end:
+                break
+            pos = j
+        return got
+
+    def _fetch_done(self, job: PrefillJob) -> None:
+        if job not in self.pqueue or not job.fetched:
+            return  # rerouted away meanwhile; the fetched KV is simply not used here
+        now = self.host.now
+        # hidden: the part of the fetch during which this node was busy anyway
+        hidden = min(job.fetch_s, self._busy_total(now) - job.fetch_busy_mark)
+        job.fetched = self._receive(job, job.fetched, job.fetch_s, hidden)
+        self._pin_prefill(job)
+        self.kick()
+
+    def _receive(self, job: PrefillJob, got: list, duration: float, hidden: float) -> list:
+        """Land fetched blocks in own L2 and L1 (``KvFetched``: the directory records both)."""
+        pins = job.blocks
+        kept = []
+        for src, blocks in got:
+            new2 = self._missing(blocks, self.l2)
+            new1 = self._missing(blocks, self.l1)
+            if not (self._make_room("L2", len(new2), pins) and self._make_room("L1", len(new1), pins)):
+                break  # no room: the rest is recomputed
+            self.pool.add("L2", blocks)
+            self.pool.add("L1", blocks)
+            kept.append((src, blocks))
+            self._emit(KvFetched(ts=self.host.now, src=self.id, request=job.request, src_node=src,
+                                 dst_node=self.id, blocks=list(blocks), duration_s=duration, hidden_s=hidden))
+        return kept
+
+    def _busy_total(self, t: float) -> float:
+        return self.busy_acc + (t - self.busy_start if self.busy else 0.0)
+
+    def remove_queued(self, request: RequestId) -> PrefillJob | None:
+        """Take a queued, not started request off this node (reroute)."""
+        for i, j in enumerate(self.pqueue):
+            if j.request == request and not j.started:
+                del self.pqueue[i]
+                self.pool.unpin(("p", j.request))
+                return j
+        return None
+
+    # ------------------------------------------------------------------ executor
+    def _next(self) -> None:
+        if self.busy or self.status in ("switching", "down"):
+            return
+        if self.status == "draining":
+            self._maybe_finish_drain()  # the phase it leaves is done: switch now, even if the
+            if self.status != "up" and self.status != "draining":  # kept phase has work
+                return
+        # Work of a phase the node no longer serves (a transfer that landed after a switch)
+        # still finishes here: no request is ever stranded.
+        pre_ok = (self.does_prefill() or bool(self.pqueue)) and self._eligible_prefill()
+        dec_ok = False
+        if self.does_decode() or self.running or self.dwaiting:
+            self._admit()
+            dec_ok = bool(self.running)
+        if pre_ok and (not dec_ok or self.last_was_decode or self.role != "collocated"):
+            self._start_prefill_iteration()
+        elif dec_ok:
+            self._start_decode_run()
+        else:
+            self._maybe_finish_drain()
+
+    def _eligible_prefill(self) -> bool:
+        now = self.host.now
+        return any(j.started or j.ready_s <= now for j in self.pqueue)
+
+    # ------------------------------------------------------------------ 2.-4. prefill
+    def _begin_job(self, job: PrefillJob) -> float:
+        """Measure the cached prefix at prefill start; returns fetch time charged now."""
+        now = self.host.now
+        blocks = job.blocks
+        l1n = self._prefix_len(blocks, 0, self.l1)
+        localn = self._prefix_len(blocks, l1n, self.l2)
+        charged = 0.0
+        fetched_tokens = sum(len(b) for _, b in job.fetched) * self.bt
+        if self.fetch_mode == "at_start" and job.fetch_plan:
+            got = self._collect_fetch(job, localn)
+            tokens = sum(len(b) for _, b in got) * self.bt
+            if tokens:
+                charged = self.p.fetch_s(tokens)
+                kept = self._receive(job, got, charged, 0.0)
+                fetched_tokens = sum(len(b) for _, b in kept) * self.bt
+                if kept:
+                    l1n = self._prefix_len(blocks, 0, self.l1)
+                    localn = self._prefix_len(blocks, l1n, self.l2)
+        # restore own host blocks into GPU memory (eq. 1's t_rst)
+        restore = [b for b in blocks[l1n:localn] if b not in self.l1]
+        pins = blocks
+        if restore:
+            self._store("L1", restore, pins, job.request)
+        cached_blocks = max(l1n, localn)
+        t_c = min(cached_blocks * self.bt, max(0, job.prompt_tokens - 1))
+        job.t_c = t_c
+        job.t_uc = max(1, job.prompt_tokens - t_c)
+        job.t_rst = len(restore) * self.bt
+        job.started = True
+        self._pin_prefill(job)
+        job.start_fetch_s = charged
+        self.prefill_wait_s += now - job.enqueued_s
+        self.prefill_started += 1
+        self._emit(RequestStarted(ts=now, src=self.id, request=job.request, node=self.id, phase="prefill",
+                                  cached_tokens=t_c, restored_tokens=job.t_rst,
+                                  fetched_tokens=min(fetched_tokens, t_c)))
+        return charged
+
+    def _start_prefill_iteration(self) -> None:
+        now = self.host.now
+        budget = self.p.prefill_token_budget
+        batch: list[tuple[PrefillJob, int, float]] = []
+        sum_uc = sum_rst = sum_tc = 0
+        sum_A = 0.0
+        extra = 0.0
+        for job in self.pqueue:
+            if budget <= 0:
+                break
+            if not job.started:
+                if job.ready_s > now:
+                    continue
+                extra += self._begin_job(job)
+                sum_rst += job.t_rst
+            remaining = job.t_uc - job.done_uc
+            chunk = min(remaining, budget)
+            before = job.t_c + job.done_uc
+            A = chunk * before + chunk * (chunk + 1) / 2.0
+            batch.append((job, chunk, A))
+            budget -= chunk
+            sum_uc += chunk
+            sum_A += A
+            sum_tc += before
+        assert batch, "a prefill iteration needs an eligible request"
+        dur = self.p.prefill_iteration_s(sum_uc, sum_A, sum_rst) * self._noise(self.p.prefill_noise)
+        total = dur + extra
+        self.busy = True
+        self.busy_start = now
+        self.last_was_decode = False
+        self.busy_prefill_s += total
+        self.gen += 1
+        self.host.schedule(now + total, self._end_prefill_iteration, self.gen, batch,
+                           (dur, sum_uc, sum_A, sum_rst, sum_tc))
+
+    def _end_prefill_iteration(self, gen: int, batch, stats) -> None:
+        now = self.host.now
+        self.busy = False
+        self.busy_acc += now - self.busy_start
+        dur, sum_uc, sum_A, sum_rst, sum_tc = stats
+        self._emit(IterationDone(ts=now, src=self.id, node=self.id, phase="prefill", duration_s=dur,
+                                 batch=len(batch), sum_t_uc=sum_uc, sum_A=sum_A, sum_t_rst=sum_rst,
+                                 sum_t_c=sum_tc, queued=len(self.pqueue) - len(batch)))
+        for job, chunk, _ in batch:
+            job.done_uc += chunk
+            if job.done_uc >= job.t_uc:
+                self._dequeue(job)
+                self._finish_prefill(job)
+        self._next()
+
+    def _finish_prefill(self, job: PrefillJob) -> None:
+        now = self.host.now
+        self._store("L1", job.blocks, job.blocks, job.request)
+        self._store("L2", job.blocks, job.blocks, job.request)
+        self._emit(FirstToken(ts=now, src=self.id, request=job.request, node=self.id))
+        djob = DecodeJob(request=job.request, blocks=job.blocks, prompt_tokens=job.prompt_tokens,
+                         left=float(max(0, job.max_tokens - 1)), total_out=max(1, job.max_tokens),
+                         context=float(job.prompt_tokens + 1), src_node=self.id)
+        dst = self.host.peer(job.decode_node)
+        if dst is None:
+            dst = self
+        if dst is self:
+            self.host.schedule(now, self.kv_arrived, djob)
+        else:
+            self.host.schedule(now + self.p.p2d_transfer_s(job.prompt_tokens), dst.kv_arrived, djob)
+
+    # ------------------------------------------------------------------ 5.-7. decode
+    def kv_arrived(self, job: DecodeJob) -> None:
+        self.dwaiting.append(job)
+        if self.busy and self.run_batch and not self.run_cut:
+            self._cut_run()
+        self.kick()
+
+    def _job_working_tokens(self, job: DecodeJob) -> int:
+        return job.prompt_tokens - len(job.blocks) * self.bt + job.total_out
+
+    def _admit(self) -> None:
+        now = self.host.now
+        while self.dwaiting and len(self.running) < self.p.max_running:
+            job = self.dwaiting[0]
+            work = self._job_working_tokens(job)
+            new = self._missing(job.blocks, self.l1)
+            if not self._make_room("L1", len(new), job.blocks, extra_tokens=work):
+                if not self.running:  # it can never fit: serve it without caching its blocks
+                    self.dwaiting.popleft()
+                    self._start_decode_job(job, [], work)
+                    continue
+                break
+            self.dwaiting.popleft()
+            self._start_decode_job(job, new, work)
+        del now
+
+    def _start_decode_job(self, job: DecodeJob, new: list, work: int) -> None:
+        now = self.host.now
+        if new:
+            self.pool.add("L1", new)
+        if job.src_node != self.id:
+            self._emit(KvMoved(ts=now, src=self.id, src_node=job.src_node, dst_node=self.id, blocks=new,
+                               src_phase="prefill", dst_phase="decode", dst_tier="L1", request=job.request))
+        elif new:
+            self._emit(KvStored(ts=now, src=self.id, node=self.id, tier="L1", blocks=new, request=job.request))
+        self.working_tokens += work
+        self.running[job.request] = job
+        self.pool.pin(("d", job.request), job.blocks)
+        self._emit(RequestStarted(ts=now, src=self.id, request=job.request, node=self.id, phase="decode"))
+        if job.left <= 0:
+            self._finish_decode(job)
+
+    def _start_decode_run(self) -> None:
+        now = self.host.now
+        B = len(self.running)
+        ctx = int(sum(j.context for j in self.running.values()))
+        it = self.p.decode_iteration_s(B, ctx) * self._noise(self.p.decode_noise)
+        k = min(math.ceil(j.left / self.p.t_acc) for j in self.running.values())
+        k = max(1, k)
+        if self.role == "collocated" and any(True for _ in self.pqueue):
+            k = min(k, max(1, int(COLLOCATED_DECODE_SLICE_S / it)))
+        self.busy = True
+        self.busy_start = now
+        self.last_was_decode = True
+        self.run_start_s, self.run_iter_s, self.run_iters, self.run_batch = now, it, k, B
+        self.run_cut = False
+        self.gen += 1
+        self.host.schedule(now + k * it, self._end_decode_run, self.gen)
+
+    def _cut_run(self) -> None:
+        """A request waits for admission: end the run at the next iteration boundary."""
+        now = self.host.now
+        done = int((now - self.run_start_s) / self.run_iter_s) + 1
+        if done < self.run_iters:
+            self.run_iters = done
+            self.gen += 1
+            self.host.schedule(self.run_start_s + done * self.run_iter_s, self._end_decode_run, self.gen)
+        self.run_cut = True
+
+    def _end_decode_run(self, gen: int) -> None:
+        if gen != self.gen:
+            return  # superseded by a cut
+        now = self.host.now
+        self.busy = False
+        self.busy_acc += now - self.busy_start
+        n = self.run_iters
+        acc_total = 0
+        finished = []
+        for job in self.running.values():
+            acc = min(job.left, n * self.p.t_acc)
+            job.left -= acc
+            job.context += acc
+            acc_total += acc
+            if job.left <= 1e-9:
+                finished.append(job)
+        self._emit(IterationDone(ts=now, src=self.id, node=self.id, phase="decode", duration_s=self.run_iter_s,
+                                 batch=self.run_batch, t_fwd=self.p.t_fwd,
+                                 accepted_tokens=round(acc_total / max(1, n)),
+                                 queued=len(self.dwaiting), iterations=n))
+        self.run_batch = 0
+        for job in finished:
+            self._finish_decode(job)
+        self._next()
+
+    def _finish_decode(self, job: DecodeJob) -> None:
+        now = self.host.now
+        del self.running[job.request]
+        self.pool.unpin(("d", job.request))
+        self.working_tokens -= self._job_working_tokens(job)
+        self._store("L2", job.blocks, (), job.request)  # before the request is forgotten
+        self._emit(RequestFinished(ts=now, src=self.id, request=job.request, node=self.id,
+                                   output_tokens=job.total_out))
+        if self.status == "draining":
+            self.drained += 1
+
+    # ------------------------------------------------------------------ role switch
+    def order_switch(self, to_role: Role, mechanism: SwitchMechanism) -> None:
+        if self.status in ("switching", "down"):
+            return
+        if to_role == self.role and self.status == "up":
+            self._emit(RoleSwitched(ts=self.host.now, src=self.id, node=self.id, role=self.role))
+            return
+        self.status = "draining"
+        self.switch_to = to_role
+        self.switch_mech = mechanism
+        self.switch_ordered_s = self.host.now
+        self.drained = 0
+        self.kick()
+
+    def _leaving(self) -> tuple[bool, bool]:
+        """(leaves prefill, leaves decode) for the ordered switch."""
+        to = self.switch_to
+        keeps_p = to in ("prefill", "collocated")
+        keeps_d = to in ("decode", "collocated")
+        return (self.does_prefill() and not keeps_p, self.does_decode() and not keeps_d)
+
+    def _maybe_finish_drain(self) -> None:
+        if self.status != "draining" or self.busy:
+            return
+        lp, ld = self._leaving()
+        if lp and self.pqueue:
+            return
+        if ld and (self.running or self.dwaiting):
+            return
+        self.status = "switching"
+        if self.switch_mech == "restart":
+            self.drop_all_kv()
+            delay = self.p.restart_s
+        elif self.switch_mech == "in_place_drop_kv":
+            self.drop_all_kv()
+            delay = self.p.switch_in_place_s
+        else:
+            delay = self.p.switch_in_place_s
+        self.host.schedule(self.host.now + delay, self._switch_done)
+
+    def _switch_done(self) -> None:
+        now = self.host.now
+        self.role = self.switch_to or self.role
+        self.status = "up"
+        self._emit(RoleSwitched(ts=now, src=self.id, node=self.id, role=self.role, drained=self.drained,
+                                duration_s=now - self.switch_ordered_s,
+                                kv_dropped=self.switch_mech != "in_place"))
+        self.switch_to = None
+        self.kick()

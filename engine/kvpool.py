@@ -1,0 +1,170 @@
+"""One node's KV pool: an L1 (GPU) and an L2 (host) tier of 64-token blocks, shared by every
+engine backend. Pure: no clock, no I/O; time and the eviction order come from its owner.
+
+What it guarantees (tests/unit/engine/test_kvpool.py pins each point)
+1. A tier never holds more than its capacity in blocks. L1 also carries ``reserved_tokens``
+   (decode working memory that is not a cached block: prompt tails and generated tokens),
+   counted in whole blocks (ceil) against L1's capacity.
+2. Eviction order is the policy's, i.e. the directory's (``services.directory.eviction``):
+   the pool asks ``choose(tier, tokens, pinned)`` for victims and drops only those it holds
+   and that are not pinned. One eviction frees at least ``evict_batch`` of the tier (a low
+   watermark, as SGLang's HiCache does), so the policy's sort runs once per batch.
+3. Pinned blocks are never evicted: a block is pinned while any owner (a queued request with
+   KV, a running request) pins it (``pin``/``unpin``, counted per owner), or while a call
+   passes it as ``also_pinned``.
+4. Every change a peer must know about is an event, emitted in the order it happens:
+   ``KvStored`` for blocks added by ``store`` (never a block already held), ``KvEvicted`` for
+   evicted or dropped blocks. ``add`` changes a tier silently: the caller reports the change
+   with its own event (``KvFetched``, ``KvMoved``), which the directory folds the same way.
+5. ``observe_stored`` / ``observe_removed`` mirror a tier an engine manages itself (SGLang's
+   radix cache and HiCache evict on their own): no capacity check, only the events.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from itertools import islice, takewhile
+
+from events.catalog import Event, KvEvicted, KvStored
+from events.ids import BlockHash, NodeId, RequestId, Tier
+
+#: Share of a tier freed by one eviction (low watermark).
+EVICT_BATCH = 0.02
+
+#: ``choose(tier, tokens_to_free, pinned) -> blocks in eviction order`` (the directory's policy).
+Chooser = Callable[[Tier, int, frozenset], list]
+
+
+class KvPool:
+    """The two tiers of one node (see the module docstring)."""
+
+    def __init__(self, node: NodeId, block_tokens: int, l1_capacity_tokens: int, l2_capacity_tokens: int,
+                 *, choose: Chooser, emit: Callable[[Event], None], now: Callable[[], float],
+                 evict_batch: float = EVICT_BATCH) -> None:
+        assert block_tokens > 0, "block_tokens must be positive"
+        self.node = node
+        self.bt = block_tokens
+        self.l1: set[BlockHash] = set()
+        self.l2: set[BlockHash] = set()
+        self.l1_cap_blocks = l1_capacity_tokens // block_tokens
+        self.l2_cap_blocks = l2_capacity_tokens // block_tokens
+        self.reserved_tokens = 0  # L1 tokens held outside cached blocks (decode working memory)
+        self.evict_batch = evict_batch
+        self._choose, self._emit, self._now = choose, emit, now
+        self._pins: dict[Hashable, Sequence[BlockHash]] = {}
+
+    # ------------------------------------------------------------------ reads
+    def tier(self, tier: Tier) -> set[BlockHash]:
+        return self.l1 if tier == "L1" else self.l2
+
+    def capacity_blocks(self, tier: Tier) -> int:
+        return self.l1_cap_blocks if tier == "L1" else self.l2_cap_blocks
+
+    def holds(self, block: BlockHash, tier: Tier) -> bool:
+        return block in self.tier(tier)
+
+    def used_tokens(self, tier: Tier) -> int:
+        return len(self.tier(tier)) * self.bt
+
+    @staticmethod
+    def prefix_len(blocks: Sequence[BlockHash], start: int, store: set) -> int:
+        """End of the run of ``blocks[start:]`` held in ``store`` (C-speed scan)."""
+        return start + len(list(takewhile(store.__contains__, islice(blocks, start, None))))
+
+    def missing(self, blocks: Sequence[BlockHash], store: set) -> list[BlockHash]:
+        """Blocks not in ``store``, in order, without duplicates (the held prefix is skipped
+        at C speed: a prompt is usually a held prefix plus a new suffix)."""
+        k = self.prefix_len(blocks, 0, store)
+        if k == len(blocks):
+            return []
+        return [b for b in dict.fromkeys(islice(blocks, k, None)) if b not in store]
+
+    # ------------------------------------------------------------------ pins
+    def pin(self, owner: Hashable, blocks: Sequence[BlockHash]) -> None:
+        """``owner`` (a request in some phase) uses ``blocks``: none of them is evicted."""
+        self._pins[owner] = blocks
+
+    def unpin(self, owner: Hashable) -> None:
+        self._pins.pop(owner, None)
+
+    def pinned(self) -> frozenset:
+        pins: set[BlockHash] = set()
+        for blocks in self._pins.values():
+            pins.update(blocks)
+        return frozenset(pins)
+
+    # ------------------------------------------------------------------ writes
+    def _reserved_blocks(self, tier: Tier, extra_tokens: int) -> int:
+        return math.ceil((self.reserved_tokens + extra_tokens) / self.bt) if tier == "L1" else 0
+
+    def make_room(self, tier: Tier, need_blocks: int, also_pinned: Sequence[BlockHash] = (),
+                  extra_tokens: int = 0) -> bool:
+        """Evict through the policy until ``need_blocks`` more blocks (and ``extra_tokens`` more
+        reserved L1 tokens) fit; False if that is impossible without touching a pinned block."""
+        store = self.tier(tier)
+        cap = self.capacity_blocks(tier)
+        used_extra = self._reserved_blocks(tier, extra_tokens)
+        over = len(store) + used_extra + need_blocks - cap
+        if over <= 0:
+            return True
+        pinned = self.pinned() | frozenset(also_pinned)
+        want = max(over, int(cap * self.evict_batch))
+        chosen = self._choose(tier, want * self.bt, pinned)
+        victims = [b for b in chosen if b in store and b not in pinned]
+        if victims:
+            store.difference_update(victims)
+            self._emit(KvEvicted(ts=self._now(), src=self.node, node=self.node, tier=tier, blocks=victims))
+        return len(store) + used_extra + need_blocks <= cap
+
+    def store(self, tier: Tier, blocks: Sequence[BlockHash], pinned: Sequence[BlockHash] = (),
+              request: RequestId | None = None) -> list[BlockHash]:
+        """Add the blocks not held yet to ``tier`` (after eviction); returns those added. When
+        not all fit, the prefix that fits is kept (it still helps later lookups)."""
+        store = self.tier(tier)
+        new = self.missing(blocks, store)
+        if not new:
+            return []
+        if not self.make_room(tier, len(new), pinned):
+            room = max(0, self.capacity_blocks(tier) - len(store) - self._reserved_blocks(tier, 0))
+            new = new[:room]
+            if not new:
+                return []
+        store.update(new)
+        self._emit(KvStored(ts=self._now(), src=self.node, node=self.node, tier=tier, blocks=new,
+                            request=request))
+        return new
+
+    def add(self, tier: Tier, blocks: Iterable[BlockHash]) -> None:
+        """Hold ``blocks`` in ``tier`` without an event (the caller emits the fact: a fetch or
+        a P->D move). Room must have been made first."""
+        self.tier(tier).update(blocks)
+
+    def drop_all(self) -> None:
+        """Drop every block of both tiers (a restart): one ``KvEvicted`` per non-empty tier."""
+        for tier, store in (("L1", self.l1), ("L2", self.l2)):
+            if store:
+                blocks = sorted(store)
+                store.clear()
+                self._emit(KvEvicted(ts=self._now(), src=self.node, node=self.node, tier=tier, blocks=blocks))
+
+    # ------------------------------------------------------------------ engine-managed tiers
+    def observe_stored(self, tier: Tier, blocks: Sequence[BlockHash], request: RequestId | None = None
+                       ) -> list[BlockHash]:
+        """The engine stored ``blocks`` in ``tier`` on its own: record and report the new ones."""
+        store = self.tier(tier)
+        new = self.missing(blocks, store)
+        if new:
+            store.update(new)
+            self._emit(KvStored(ts=self._now(), src=self.node, node=self.node, tier=tier, blocks=new,
+                                request=request))
+        return new
+
+    def observe_removed(self, tier: Tier, blocks: Iterable[BlockHash]) -> list[BlockHash]:
+        """The engine evicted ``blocks`` from ``tier`` on its own: record and report those held."""
+        store = self.tier(tier)
+        gone = [b for b in dict.fromkeys(blocks) if b in store]
+        if gone:
+            store.difference_update(gone)
+            self._emit(KvEvicted(ts=self._now(), src=self.node, node=self.node, tier=tier, blocks=gone))
+        return gone
