@@ -162,7 +162,14 @@ async def test_a_core_that_raises_dead_letters_the_message_and_goes_on(nats_url,
         assert runner.core.seen == ["b0/0", "b0/2"]
         letters = await pub.dead_letters()
         assert [(d.consumer, "RuntimeError" in d.reason) for d in letters] == [("boom", True)]
-        anomalies = [d.event for d in await read_all(pub, f"ei.{partition}.anomaly.>")]
+        # the fold of b0/2 is visible before its anomaly is published: wait for both
+        anomalies: list = []
+
+        async def both_published() -> bool:
+            anomalies[:] = [d.event for d in await read_all(pub, f"ei.{partition}.anomaly.>", idle_s=0.2)]
+            return len(anomalies) >= 2
+
+        await wait_until(both_published, 20, what="both anomalies")
         assert [(a.ref, a.src) for a in anomalies] == [("b0/0", "boom"), ("b0/2", "boom")]
     finally:
         await svc.close()
