@@ -93,6 +93,10 @@ def _cmd_import(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    if not res.sessions:  # never "wrote 0 sessions": an empty result is an error
+        _report_skipped(res.skipped)
+        print(f"error: {args.src}: no session imported", file=sys.stderr)
+        return 1
     n = save_sessions(args.out, res.sessions)
     reqs = sum(1 for s in res.sessions for _ in s.requests())
     print(f"wrote {n} session(s), {reqs} request(s) to {args.out}")
@@ -112,6 +116,10 @@ def _cmd_stats(args: argparse.Namespace) -> int:
         sessions, skipped = _load(args.files, args.fmt, args.skip_bad)
     except (TraceFormatError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if not sessions:
+        _report_skipped(skipped)
+        print(f"error: {', '.join(args.files)}: no session", file=sys.stderr)
         return 1
     st = trace_stats(sessions)
     if args.json:

@@ -266,14 +266,29 @@ def _trace_files(path: Path) -> list[Path]:
     return [path]
 
 
+def _sniff(head: bytes) -> str | None:
+    from replay.importers._common import sniff
+
+    return sniff(head, gzip_ok=False)
+
+
 def iter_sessions(
     path: str | os.PathLike[str], errors: list[TraceFormatError] | None = None
 ) -> Iterator[Session]:
     """Sessions of a JSONL file (one per line; blank lines skipped) or of every ``.jsonl`` /
     ``.json`` file in a directory, sorted by name. With ``errors`` given, a bad line is
-    appended there and skipped; without, it raises :class:`TraceFormatError`."""
+    appended there and skipped; without, it raises :class:`TraceFormatError`. An empty, binary
+    or gzip file is one error (line 0, field ``(file)``), not one per line."""
     for f in _trace_files(Path(path)):
         with open(f, "rb") as fh:
+            why = _sniff(fh.read(8192))
+            if why is not None:  # empty, binary or gzip: one line, not a JSON error per line
+                exc = TraceFormatError(str(f), 0, "(file)", why)
+                if errors is None:
+                    raise exc
+                errors.append(exc)
+                continue
+            fh.seek(0)
             for lineno, line in enumerate(fh, start=1):
                 if not line.strip():
                     continue
