@@ -15,7 +15,6 @@ from typing import Union
 import msgspec
 
 from events.ids import (
-    BlockHash,
     BranchId,
     BranchMode,
     NodeId,
@@ -24,6 +23,7 @@ from events.ids import (
     Role,
     SwitchMechanism,
     Tier,
+    WireBlockHash,
 )
 
 
@@ -60,7 +60,7 @@ class RequestSubmitted(Event, frozen=True, kw_only=True, gc=False):
     request: RequestId
     branch: BranchId
     version: int = 0
-    blocks: list[BlockHash] = []
+    blocks: list[WireBlockHash] = []
     prompt_tokens: int = 0
     max_tokens: int = 0
     block_tokens: int = 64
@@ -71,7 +71,7 @@ class ContextCompacted(Event, frozen=True, kw_only=True, gc=False):
 
     branch: BranchId
     version: int
-    blocks: list[BlockHash] = []
+    blocks: list[WireBlockHash] = []
 
 
 class BranchEnded(Event, frozen=True, kw_only=True, gc=False):
@@ -86,7 +86,7 @@ class KvStored(Event, frozen=True, kw_only=True, gc=False):
 
     node: NodeId
     tier: Tier
-    blocks: list[BlockHash] = []
+    blocks: list[WireBlockHash] = []
     request: RequestId | None = None
     branch: BranchId | None = None
 
@@ -96,7 +96,7 @@ class KvEvicted(Event, frozen=True, kw_only=True, gc=False):
 
     node: NodeId
     tier: Tier
-    blocks: list[BlockHash] = []
+    blocks: list[WireBlockHash] = []
 
 
 class KvMoved(Event, frozen=True, kw_only=True, gc=False):
@@ -108,7 +108,7 @@ class KvMoved(Event, frozen=True, kw_only=True, gc=False):
 
     src_node: NodeId
     dst_node: NodeId
-    blocks: list[BlockHash] = []
+    blocks: list[WireBlockHash] = []
     src_phase: Phase = "prefill"
     dst_phase: Phase = "decode"
     dst_tier: Tier = "L1"
@@ -122,7 +122,7 @@ class KvFetched(Event, frozen=True, kw_only=True, gc=False):
     request: RequestId
     src_node: NodeId
     dst_node: NodeId
-    blocks: list[BlockHash] = []
+    blocks: list[WireBlockHash] = []
     duration_s: float = 0.0
     hidden_s: float = 0.0  # part of the fetch that overlapped the queue wait
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 import msgspec
 
 from events.catalog import AnyEvent, Event
+from events.ids import MAX_BLOCK_HASH
 
 SCHEMA_MAJOR = 1
 SCHEMA_MINOR = 0
@@ -86,9 +87,13 @@ def to_json(event: Event) -> bytes:
 
 def from_json(data: bytes | str) -> AnyEvent:
     try:
-        return _JSON_DECODER.decode(data)
+        event = _JSON_DECODER.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise CodecError(f"undecodable JSON event: {exc}") from exc
+    blocks = getattr(event, "blocks", None)
+    if blocks and max(blocks) > MAX_BLOCK_HASH:  # JSON integers have no 64-bit ceiling; msgpack's do
+        raise CodecError(f"undecodable JSON event: block hash {max(blocks)} does not fit in 64 bits - at `$.blocks`")
+    return event
 
 
 def to_builtins(event: Event) -> dict:
