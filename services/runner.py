@@ -55,9 +55,66 @@ from services.metrics import ServiceMetrics
 
 log = get_logger("runner")
 
+#: Layout of a service snapshot; a snapshot of another layout is rebuilt, never guessed at.
+SNAPSHOT_FORMAT = 2
+
+
 class _RunnerSnap(msgspec.Struct, array_like=True):
-    fingerprint: str
+    """A service snapshot that cannot lie: what it was made by (format, event schema, core,
+    configuration fingerprint), the stream position it covers, and a checksum over all of it."""
+
+    format: int
+    schema: str  # events.codec.SCHEMA_VERSION of the events folded into it
+    core: str  # the core's class (a snapshot of another core is not restored into this one)
+    fingerprint: str  # the service configuration (a snapshot of another configuration is ignored)
+    applied_seq: int  # stream position covered (must equal the one inside ``sequenced``)
+    checksum: str  # blake2b-128 over every field above and ``sequenced``
     sequenced: bytes  # services.core.Sequenced snapshot: applied_seq + core bytes
+
+
+class SnapshotRejected(Exception):
+    """A snapshot that does not verify: the service rebuilds from sequence 0."""
+
+
+def _snapshot_checksum(fmt: int, schema: str, core: str, fp: str, seq: int, body: bytes) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    h.update(msgspec.msgpack.encode([fmt, schema, core, fp, seq]))
+    h.update(body)
+    return h.hexdigest()
+
+
+def seal_snapshot(core: str, fp: str, seqd: Sequenced) -> bytes:
+    body = seqd.snapshot()
+    seq = seqd.applied_seq
+    return msgspec.msgpack.encode(_RunnerSnap(
+        SNAPSHOT_FORMAT, codec.SCHEMA_VERSION, core, fp, seq,
+        _snapshot_checksum(SNAPSHOT_FORMAT, codec.SCHEMA_VERSION, core, fp, seq, body), body))
+
+
+def open_snapshot(data: bytes, core: str, fp: str, head: int, restorer) -> Sequenced:
+    """The verified contents of a snapshot, or :class:`SnapshotRejected` saying why not."""
+    try:
+        snap = msgspec.msgpack.decode(data, type=_RunnerSnap)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise SnapshotRejected(f"unreadable ({exc}); an older layout or a damaged object") from exc
+    want = _snapshot_checksum(snap.format, snap.schema, snap.core, snap.fingerprint, snap.applied_seq,
+                              snap.sequenced)
+    if snap.checksum != want:
+        raise SnapshotRejected("checksum mismatch: the snapshot was altered or damaged")
+    if snap.format != SNAPSHOT_FORMAT:
+        raise SnapshotRejected(f"snapshot format {snap.format}, this service writes {SNAPSHOT_FORMAT}")
+    if snap.schema.split(".")[0] != codec.SCHEMA_VERSION.split(".")[0]:
+        raise SnapshotRejected(f"event schema {snap.schema}, this service reads {codec.SCHEMA_VERSION}")
+    if snap.core != core:
+        raise SnapshotRejected(f"made by core {snap.core}, this service runs {core}")
+    if snap.fingerprint != fp:
+        raise SnapshotRejected("configuration changed")
+    if snap.applied_seq > head:
+        raise SnapshotRejected(f"covers sequence {snap.applied_seq} but the stream ends at {head}")
+    seqd = Sequenced.restore(snap.sequenced, restorer)
+    if seqd.applied_seq != snap.applied_seq:
+        raise SnapshotRejected(f"inner position {seqd.applied_seq} != sealed position {snap.applied_seq}")
+    return seqd
 
 
 def fingerprint(config: Mapping[str, Any]) -> str:
@@ -91,6 +148,7 @@ class ServiceRunner:
         self.make_core, self.restore_core = make_core, restore_core
         self.metrics = metrics or ServiceMetrics(cfg.name)
         self.fp = fingerprint(cfg.config)
+        self._core_cls: str | None = None
         self.seqd: Sequenced | None = None
         self.restored_from = 0  # snapshot position the service started from (0: rebuilt)
         self.recover_until = 0
@@ -117,6 +175,12 @@ class ServiceRunner:
     def core(self):
         return self.seqd.core if self.seqd else None
 
+    def _core_name(self) -> str:
+        if self._core_cls is None:
+            core = self.seqd.core if self.seqd is not None else self.make_core()
+            self._core_cls = f"{type(core).__module__}.{type(core).__qualname__}"
+        return self._core_cls
+
     @property
     def applied_seq(self) -> int:
         return self.seqd.applied_seq if self.seqd else 0
@@ -132,21 +196,20 @@ class ServiceRunner:
         fresh at sequence 0."""
         data = await self.bus.get_snapshot(self.cfg.name)
         self.seqd = None
+        self.head = await self.bus.last_seq()
         if data is not None:
             try:
-                snap = msgspec.msgpack.decode(data, type=_RunnerSnap)
-                if snap.fingerprint != self.fp:
-                    log.warning("snapshot_ignored", service=self.cfg.name,
-                                reason="configuration changed; rebuilding from sequence 0")
-                else:
-                    self.seqd = Sequenced.restore(snap.sequenced, _Restorer(self.restore_core))
-            except Exception as exc:  # noqa: BLE001 - any unreadable snapshot: rebuild from sequence 0
+                self.seqd = open_snapshot(data, self._core_name(), self.fp, self.head,
+                                          _Restorer(self.restore_core))
+            except SnapshotRejected as exc:
+                log.warning("snapshot_rejected", service=self.cfg.name, reason=str(exc),
+                            action="rebuilding from sequence 0")
+            except Exception as exc:  # noqa: BLE001 - a verified snapshot the core cannot read: rebuild
                 log.error("snapshot_unreadable", service=self.cfg.name, error=f"{type(exc).__name__}: {exc}",
                           action="rebuilding from sequence 0")
         if self.seqd is None:
             self.seqd = Sequenced(self.make_core(), 0)
         self.restored_from = self.seqd.applied_seq
-        self.head = await self.bus.last_seq()
         self.recover_until = self.head
         self.recovering = self.recover_until > self.applied_seq
         log.info("service_start", service=self.cfg.name, from_snapshot=self.restored_from,
@@ -334,7 +397,7 @@ class ServiceRunner:
             if not wait:
                 return  # still uploading the previous one: try again after the next batch
             await self._upload
-        data = msgspec.msgpack.encode(_RunnerSnap(self.fp, self.seqd.snapshot()))
+        data = seal_snapshot(self._core_name(), self.fp, self.seqd)
         self._since_snap = 0
         self._snap_at = time.monotonic()
         self._upload = asyncio.create_task(self._put(data), name=f"{self.cfg.name}-snapshot")
