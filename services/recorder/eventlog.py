@@ -45,6 +45,10 @@ class EventLogError(RuntimeError):
     """The log file is not usable (wrong schema, not an event log)."""
 
 
+class EventLogLocked(EventLogError):
+    """Another process (the live recorder) holds the file's write lock."""
+
+
 @runtime_checkable
 class EventLog(Protocol):
     """Append-only, seq-idempotent store of the stream."""
@@ -146,25 +150,37 @@ class DuckDbEventLog:
     :mod:`services.recorder.views`). One writer process at a time (DuckDB's file lock);
     ``read_only=True`` opens a finished run for queries and replay."""
 
-    def __init__(self, path: str | os.PathLike, read_only: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike, read_only: bool = False, *, sandbox: bool = False) -> None:
         import duckdb
 
         self.path = os.fspath(path)
-        self.read_only = read_only
-        if read_only and not os.path.exists(self.path):
+        self.read_only = read_only or sandbox
+        if self.read_only and not os.path.exists(self.path):
             raise EventLogError(f"no event log at {self.path}")
-        self.con = duckdb.connect(self.path, read_only=read_only)
+        if sandbox:  # no file system, no extensions, settings locked (services.recorder.sandbox)
+            from services.recorder.sandbox import connect_file
+
+            self.con = _connect_or_explain(connect_file, self.path)
+        elif read_only:
+            self.con = _connect_or_explain(lambda p: duckdb.connect(p, read_only=True), self.path)
+        else:
+            self.con = duckdb.connect(self.path)
         # one connection, used from the event loop and from worker threads (run_recorder
         # appends in one): a transaction must not interleave with another thread's statements
         self._lock = threading.RLock()
-        if read_only:
+        if self.read_only:
             from services.recorder.views import create_views
 
-            self._check_schema()
-            create_views(self.con, temp=True)
+            try:
+                self._check_schema()
+                create_views(self.con, temp=True)
+                self._applied = self._read_applied()
+            except (duckdb.Error, ValueError) as exc:  # a truncated or corrupt file fails on its first read
+                self.con.close()
+                raise EventLogError(f"{self.path} is not a readable event log: {_first_line(exc)}") from exc
         else:
             self._create()
-        self._applied = self._read_applied()
+            self._applied = self._read_applied()
 
     # -- setup
     def _create(self) -> None:
@@ -181,6 +197,7 @@ class DuckDbEventLog:
     def _check_schema(self) -> None:
         tables = {r[0] for r in self.con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
         if not {"events", "log_meta"} <= tables:
+            self.con.close()
             raise EventLogError(f"{self.path} is not an event log (tables: {sorted(tables)})")
 
     def _read_applied(self) -> int:
@@ -273,6 +290,31 @@ class DuckDbEventLog:
         )
         return int(n[0][0])
 
+    def snapshot(self, dest: str | os.PathLike) -> dict[str, Any]:
+        """Write a consistent, self-contained copy of the log to ``dest`` (``evolving sql --live``).
+
+        Under the writer's lock (no append can interleave): ``CHECKPOINT`` folds the WAL into
+        the file, then the file is copied to ``dest.tmp`` and renamed over ``dest``, so a reader
+        holding the previous copy open keeps it and a new reader sees a whole one. A stale
+        ``dest.wal`` is removed first (DuckDB would replay it into the copy)."""
+        import shutil
+        import time
+
+        dest = os.fspath(dest)
+        tmp = dest + ".tmp"
+        t0 = time.perf_counter()
+        with self._lock:
+            if self.read_only:
+                raise EventLogError(f"{self.path} is open read-only: only its writer can snapshot it")
+            self.con.execute("CHECKPOINT")
+            shutil.copyfile(self.path, tmp)
+            applied = self._applied
+        for stale in (dest + ".wal", tmp + ".wal"):
+            if os.path.exists(stale):
+                os.remove(stale)
+        os.replace(tmp, dest)
+        return {"applied_seq": applied, "bytes": os.path.getsize(dest), "took_s": time.perf_counter() - t0}
+
     def close(self) -> None:
         with self._lock:
             self.con.close()
@@ -314,30 +356,56 @@ def batched(rows: Iterable[Row], size: int) -> Iterator[list[Row]]:
 
 
 def open_sources(sources: Sequence[str]):
-    """A read-only query session over several recorded sources: DuckDB event logs (``*.duckdb``)
-    and Parquet files or globs written by :meth:`DuckDbEventLog.export_parquet`. ``events`` is
-    their union (they must not overlap in ``seq``) and every view is defined over it. One DuckDB
-    file alone is opened directly (its own views)."""
-    import duckdb
-
+    """A read-only, sandboxed query session over several recorded sources: DuckDB event logs
+    (``*.duckdb``) and Parquet files or globs written by :meth:`DuckDbEventLog.export_parquet`.
+    ``events`` is their union (they must not overlap in ``seq``) and every view is defined
+    over it. One DuckDB file alone is opened directly (its own views). The session cannot read
+    or write other files, attach databases, load extensions or change its settings
+    (:mod:`services.recorder.sandbox`)."""
+    from services.recorder.sandbox import connect_sources, expand_parquet
     from services.recorder.views import create_views
 
     if len(sources) == 1 and not _is_parquet(sources[0]):
-        return DuckDbEventLog(sources[0], read_only=True).con
-    con = duckdb.connect()
-    parts = []
-    for i, src in enumerate(sources):
-        quoted = src.replace("'", "''")
+        return DuckDbEventLog(sources[0], sandbox=True).con
+    db_files: list[str] = []
+    parquet: list[list[str]] = []
+    for src in sources:
         if _is_parquet(src):
-            parts.append(f"SELECT seq, ts, type, src, subject, payload::JSON AS payload FROM read_parquet('{quoted}')")
+            parquet.append(expand_parquet(src))
         else:
             if not os.path.exists(src):
                 raise EventLogError(f"no event log at {src}")
-            con.execute(f"ATTACH '{quoted}' AS src{i} (READ_ONLY)")
-            parts.append(f"SELECT * FROM src{i}.main.events")
-    con.execute("CREATE VIEW events AS " + " UNION ALL ".join(parts))
-    create_views(con)
+            db_files.append(os.path.abspath(src))
+    con = _connect_or_explain(lambda _: connect_sources(db_files, [f for fs in parquet for f in fs]),
+                              ", ".join(db_files))
+    parts = [f"SELECT * FROM src{i}.main.events" for i in range(len(db_files))]
+    for files in parquet:
+        listed = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
+        parts.append(f"SELECT seq, ts, type, src, subject, payload::JSON AS payload FROM read_parquet([{listed}])")
+    con.execute("CREATE TEMP VIEW events AS " + " UNION ALL ".join(parts))
+    create_views(con, temp=True)
     return con
+
+
+def _connect_or_explain(connect, path: str):
+    """``connect(path)``; DuckDB's lock conflict becomes an :class:`EventLogError` that says
+    what to do (the recorder of a running stack holds the file)."""
+    import duckdb
+
+    try:
+        return connect(path)
+    except duckdb.Error as exc:
+        if isinstance(exc, duckdb.IOException) and "could not set lock" in str(exc).lower():
+            raise EventLogLocked(
+                f"{path} is held by a running writer (the recorder of a live run); "
+                "query it with `evolving sql --live`, or after the run stopped") from exc
+        raise EventLogError(f"{path} is not a readable event log: {_first_line(exc)}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    """DuckDB's message on one line, without the file name it repeats."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return lines[0] if lines else type(exc).__name__
 
 
 def _is_parquet(source: str) -> bool:
