@@ -12,10 +12,13 @@ import asyncio
 import os
 import signal
 import sys
+import tomllib
+from pathlib import Path
 
 from aiohttp import web
 
 from services.gateway.app import Gateway, GatewayConfig
+from services.gateway.auth import ENV_VAR, ApiKeyConfigError, load_api_keys
 from services.logging import configure_logging, get_logger
 
 
@@ -24,9 +27,55 @@ def _env_epoch() -> float | None:
     return float(raw) if raw else None
 
 
+DEFAULT_CONTEXT = GatewayConfig.context_length
+PROFILE_DIR = Path(__file__).resolve().parents[2] / "deploy" / "profiles"
+
+
+def context_from_profile(name_or_path: str) -> tuple[int | None, str]:
+    """``context_length`` from an engine profile's TOML (top level or ``[model]``), and where it came from."""
+    p = Path(name_or_path)
+    if not p.suffix:
+        p = PROFILE_DIR / f"{name_or_path}.toml"
+    try:
+        with open(p, "rb") as fh:
+            d = tomllib.load(fh)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise SystemExit(f"python -m services.gateway: --profile {name_or_path}: {exc}") from None
+    v = d.get("context_length", (d.get("model") if isinstance(d.get("model"), dict) else {}).get("context_length"))
+    if v is None:
+        return None, f"profile {p.name} has no context_length"
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise SystemExit(f"python -m services.gateway: {p}: context_length must be a positive integer, got {v!r}")
+    return v, f"profile {p.name}"
+
+
+def resolve_limits(args: argparse.Namespace) -> tuple[int, int, frozenset[str], str]:
+    """(context length, body limit in bytes, API keys, where the context length came from);
+    a bad value exits with one line."""
+    prog = "python -m services.gateway"
+    if args.context_length is not None:
+        if args.context_length < 1:
+            raise SystemExit(f"{prog}: --context-length must be >= 1, got {args.context_length}")
+        ctx, why = args.context_length, "--context-length"
+    else:
+        ctx, why = None, "default"
+        if args.profile:
+            ctx, why = context_from_profile(args.profile)
+        if ctx is None:
+            ctx, why = DEFAULT_CONTEXT, f"default ({why})" if args.profile else "default"
+    if not args.max_body_mb > 0:
+        raise SystemExit(f"{prog}: --max-body-mb must be > 0, got {args.max_body_mb}")
+    try:
+        keys = load_api_keys(args.api_keys_file, os.environ.get(ENV_VAR))
+    except ApiKeyConfigError as exc:
+        raise SystemExit(f"{prog}: {exc}") from None
+    return ctx, int(args.max_body_mb * 1024 * 1024), keys, why
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m services.gateway", description=__doc__.splitlines()[0])
-    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="interface to listen on (default: loopback only; compose passes 0.0.0.0)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--nats-url", default=None, help="NATS server URL (default: an embedded nats-server)")
     p.add_argument("--partition", default="default")
@@ -42,6 +91,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="event ts = epoch + (wall - epoch) * scale (match the sim engines' --time-scale)")
     p.add_argument("--clock-epoch", type=float, default=_env_epoch(),
                    help="epoch of the scaled clock (default: env EI_CLOCK_EPOCH, else now)")
+    p.add_argument("--context-length", type=int, default=None,
+                   help="prompt + completion tokens a request may use (default: the --profile's "
+                        f"context_length, else {DEFAULT_CONTEXT})")
+    p.add_argument("--profile", default=os.environ.get("EI_PROFILE") or None,
+                   help="engine profile (deploy/profiles/NAME.toml or a path) whose context_length "
+                        "bounds prompts (default: env EI_PROFILE)")
+    p.add_argument("--max-body-mb", type=float, default=8.0,
+                   help="largest request body in MiB; larger ones get 413 before they are read")
+    p.add_argument("--api-keys-file", default=None,
+                   help="file of API keys, one a line; requests to /v1/* then need 'Authorization: "
+                        f"Bearer KEY' (keys may also come from env {ENV_VAR}, comma-separated)")
     p.add_argument("--src", default="gateway", help="publisher id in the events' src field")
     p.add_argument("--log-format", choices=["console", "json"], default=None)
     p.add_argument("--log-level", default=None)
@@ -53,6 +113,11 @@ async def serve(args: argparse.Namespace) -> int:
     from services.gateway.tokens import NatsTokens
 
     log = get_logger("gateway")
+    context_length, max_body, keys, ctx_from = resolve_limits(args)
+    if not keys and args.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("no_api_keys", host=args.host,
+                    hint=f"anyone who reaches {args.host}:{args.port} can submit requests: "
+                         f"set --api-keys-file or {ENV_VAR}")
     embedded = None
     url = args.nats_url
     if url is None:
@@ -65,13 +130,16 @@ async def serve(args: argparse.Namespace) -> int:
     cfg = GatewayConfig(partition=args.partition, model=args.model, block_tokens=args.block_tokens,
                         route_timeout_s=args.route_timeout_s, token_timeout_s=args.token_timeout_s,
                         default_max_tokens=args.default_max_tokens, tokenizer=args.tokenizer, src=args.src,
-                        time_scale=args.time_scale, clock_epoch=args.clock_epoch)
+                        time_scale=args.time_scale, clock_epoch=args.clock_epoch,
+                        context_length=context_length, max_body_bytes=max_body, api_keys=keys)
     gw = Gateway(bus, NatsTokens(bus.nc, args.partition), cfg)
     runner = web.AppRunner(gw.make_app())
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
     await site.start()
-    log.info("gateway_listening", host=args.host, port=args.port, nats=url, partition=args.partition)
+    log.info("gateway_listening", host=args.host, port=args.port, nats=url, partition=args.partition,
+             context_length=context_length, context_from=ctx_from, max_body_bytes=max_body,
+             auth=f"{len(keys)} key(s)" if keys else "off")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -1,8 +1,13 @@
 """OpenAI-compatible HTTP gateway (aiohttp): harness signals in, events out, tokens back.
 
 Request lifecycle (one POST /v1/chat/completions or /v1/completions)
-1. Parse the JSON body (400 naming the field on bad input) and the branch headers
-   (``services.gateway.headers``; 400 on a bad value, 409 on a branch that has ended).
+0. From the headers alone, before the body is read (middleware ``_guard``, and the
+   ``Expect: 100-continue`` handler): the API key on ``/v1/*`` (401) and the declared body
+   size (413); a body without Content-Length is cut at the same limit while it is read.
+1. Decode and validate the JSON body into msgspec Structs (``services.gateway.api``: 400
+   naming the field, 400 for parameters it cannot honour, 404 ``model_not_found``) and parse
+   the branch headers (``services.gateway.headers``; 400 on a bad value, 409 on a branch that
+   has ended). Prompt + completion over ``context_length``: 400 ``context_length_exceeded``.
 2. Render the prompt (chat template, ``services.gateway.tokenizer``), tokenise it and compute
    the chained block hashes (``events.hashing.block_hashes``).
 3. Register the request with the route watcher and subscribe to its token subject
@@ -16,6 +21,9 @@ Request lifecycle (one POST /v1/chat/completions or /v1/completions)
    ``x-dynamo-session-final`` was true, or when the request had no branch headers (it is then
    served as a one-request branch and counted in ``ei_gateway_headerless_requests_total``).
 
+Every error, including aiohttp's own 404/405/413 and an unexpected exception (500), is
+OpenAI-style JSON ``{"error": {"message", "type", "param", "code"}}`` with a string ``code``.
+
 A request with ``max_tokens: 0`` and a branch-end header is a *branch-end request* (Dynamo's
 "dedicated minimal request" when a session ends): it only publishes ``BranchEnded``.
 """
@@ -28,10 +36,8 @@ import itertools
 import json
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
@@ -39,6 +45,17 @@ from events.catalog import Event, RouteDecided
 from events.hashing import block_hashes
 from events.subjects import token
 from events.wire import TokenMsg, sim_text
+from services.gateway.api import (
+    ApiError,
+    ChatRequest,
+    CompletionRequest,
+    context_error,
+    parse_chat,
+    parse_completion,
+    requested_max_tokens,
+    unapplied,
+)
+from services.gateway.auth import ApiKeys
 from services.gateway.headers import (
     BranchSignals,
     BranchStateError,
@@ -46,10 +63,13 @@ from services.gateway.headers import (
     HeaderError,
     parse_branch_headers,
 )
-from services.gateway.tokenizer import TemplateError, Tokenizer, load_tokenizer, render_chat
+from services.gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from services.gateway.tokenizer import TemplateError, load_tokenizer, render_chat
 from services.logging import get_logger
 
 log = get_logger("gateway")
+
+MiB = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -67,6 +87,10 @@ class GatewayConfig:
     # planner's ticker share (engine/worker.py). 1.0 = wall-clock seconds.
     time_scale: float = 1.0
     clock_epoch: float | None = None
+    # Hardening (docs/gateway.md, "Limits and authentication"):
+    context_length: int = 262_144  # prompt + completion tokens a request may ask for
+    max_body_bytes: int = 8 * MiB  # larger bodies: 413 before a byte of them is read
+    api_keys: frozenset[str] = field(default_factory=frozenset)  # empty: no authentication
 
 
 def scaled_clock(time_scale: float, epoch: float | None) -> Callable[[], float]:
@@ -77,56 +101,25 @@ def scaled_clock(time_scale: float, epoch: float | None) -> Callable[[], float]:
     return lambda: e + (time.time() - e) * time_scale
 
 
-class ApiError(Exception):
-    """An error answered as OpenAI-style JSON: ``{"error": {"message", "type", "param", "code"}}``."""
-
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 type_: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.type = status, message, param, type_
-
-    def response(self) -> web.Response:
-        body = {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.status}}
-        return web.json_response(body, status=self.status)
+def error_response(exc: ApiError, headers: dict[str, str] | None = None) -> web.Response:
+    h = dict(headers or {})
+    if exc.status == 401:
+        h["WWW-Authenticate"] = "Bearer"
+    return web.json_response(exc.body(), status=exc.status, headers=h)
 
 
-class Metrics:
-    """Counters rendered in the Prometheus text format."""
-
-    HELP: ClassVar[dict[str, str]] = {
-        "ei_gateway_requests_total": "completion requests received, by endpoint",
-        "ei_gateway_headerless_requests_total": "requests without branch headers (one-request branches)",
-        "ei_gateway_errors_total": "requests answered with an error, by HTTP status",
-        "ei_gateway_compactions_total": "ContextCompacted published, by reason (header|inferred)",
-        "ei_gateway_branches_opened_total": "BranchOpened published",
-        "ei_gateway_branches_ended_total": "BranchEnded published",
-        "ei_gateway_output_tokens_total": "output tokens relayed to clients",
-        "ei_gateway_route_timeouts_total": "requests with no RouteDecided in time",
-    }
-
-    def __init__(self) -> None:
-        self.c: Counter[tuple[str, tuple[tuple[str, str], ...]]] = Counter()
-
-    def inc(self, name: str, n: int = 1, **labels: str) -> None:
-        self.c[(name, tuple(sorted(labels.items())))] += n
-
-    def get(self, name: str, **labels: str) -> int:
-        return self.c[(name, tuple(sorted(labels.items())))]
-
-    def render(self, gauges: dict[str, float]) -> str:
-        lines = []
-        for name, help_ in self.HELP.items():
-            lines += [f"# HELP {name} {help_}", f"# TYPE {name} counter"]
-            rows = sorted((k, v) for k, v in self.c.items() if k[0] == name)
-            if not rows and "{" not in name:
-                lines.append(f"{name} 0")
-            for (_, labels), v in rows:
-                lab = ",".join(f'{k}="{val}"' for k, val in labels)
-                lines.append(f"{name}{{{lab}}} {v}" if lab else f"{name} {v}")
-        for name, v in gauges.items():
-            lines += [f"# TYPE {name} gauge", f"{name} {v}"]
-        return "\n".join(lines) + "\n"
+def _http_error(exc: web.HTTPException, req: web.Request, max_body: int) -> ApiError:
+    """aiohttp's own errors (no route, wrong method, body over client_max_size) as OpenAI JSON."""
+    if exc.status == 404:
+        return ApiError(404, f"no such endpoint: {req.method} {req.path}", None, code="not_found")
+    if exc.status == 405:
+        allowed = exc.headers.get("Allow", "")
+        return ApiError(405, f"method {req.method} is not allowed on {req.path} (allowed: {allowed})", None,
+                        code="method_not_allowed")
+    if exc.status == 413:
+        return ApiError(413, f"the request body is larger than the limit of {max_body} bytes (--max-body-mb)",
+                        "body", code="request_too_large")
+    return ApiError(exc.status, exc.text or exc.reason, None, code=exc.reason.lower().replace(" ", "_"))
 
 
 class RouteWatcher:
@@ -170,55 +163,9 @@ class RouteWatcher:
                 await self._task
 
 
-# --------------------------------------------------------------------------- body parsing
-def _int_field(body: dict, name: str, lo: int, hi: int) -> int | None:
-    v = body.get(name)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise ApiError(400, f"'{name}' must be an integer in [{lo}, {hi}], got {v!r}", name)
-    return v
-
-
-def parse_max_tokens(body: dict, default: int, limit: int) -> int:
-    a = _int_field(body, "max_tokens", 0, limit)
-    b = _int_field(body, "max_completion_tokens", 0, limit)
-    v = b if b is not None else a
-    return default if v is None else v
-
-
-def parse_prompt(body: dict, tok: Tokenizer) -> tuple[list[int], str]:
-    """Token ids of a /v1/completions ``prompt`` (a string, one-string list or token ids)."""
-    p = body.get("prompt")
-    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
-        p = p[0]
-    if isinstance(p, str):
-        return tok.encode(p), p
-    if isinstance(p, list) and p and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in p):
-        return list(p), ""
-    raise ApiError(400, "'prompt' must be a string, a list with one string, or a non-empty list of "
-                   "token ids (batched prompts are not supported)", "prompt")
-
-
-async def read_json(request: web.Request) -> dict:
-    try:
-        body = await request.json(loads=json.loads)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc}", "body") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object", "body")
-    return body
-
-
-def _stream_flag(body: dict) -> bool:
-    s = body.get("stream", False)
-    if not isinstance(s, bool):
-        raise ApiError(400, f"'stream' must be a boolean, got {s!r}", "stream")
-    return s
-
-
 # --------------------------------------------------------------------------- the gateway
 GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway")
+_STREAMING: web.RequestKey[bool] = web.RequestKey("ei_streaming")  # the SSE response is prepared
 
 
 class Gateway:
@@ -232,18 +179,22 @@ class Gateway:
         self.clock = clock or scaled_clock(self.cfg.time_scale, self.cfg.clock_epoch)
         self.tokenizer, self.tokenizer_note = load_tokenizer(self.cfg.tokenizer)
         self.table = BranchTable(src=self.cfg.src)
-        self.metrics = Metrics()
+        self.keys = ApiKeys(self.cfg.api_keys)
+        self.in_flight = 0
+        self.metrics = GatewayMetrics(lambda: len(self.table.open), lambda: self.in_flight)
         self.watcher = RouteWatcher(bus, self.cfg.partition)
         self.instance = uuid.uuid4().hex[:8]
         self._ids = itertools.count(1)
-        self.in_flight = 0
 
     # ---------------------------------------------------------------- app wiring
     def make_app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_post("/v1/chat/completions", self.chat_completions)
-        app.router.add_post("/v1/completions", self.completions)
+        # client_max_size bounds a body without Content-Length (chunked) while it is read;
+        # a declared Content-Length over the limit is refused before reading (_admit).
+        app = web.Application(client_max_size=self.cfg.max_body_bytes, middlewares=[self._guard])
+        app.router.add_post("/v1/chat/completions", self.chat_completions, expect_handler=self._expect)
+        app.router.add_post("/v1/completions", self.completions, expect_handler=self._expect)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models/{model:.+}", self.model_view)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics_view)
         app.on_startup.append(self._on_startup)
@@ -253,53 +204,108 @@ class Gateway:
 
     async def _on_startup(self, _app) -> None:
         await self.watcher.start()
-        log.info("gateway_ready", partition=self.cfg.partition, tokenizer=self.tokenizer_note)
+        log.info("gateway_ready", partition=self.cfg.partition, tokenizer=self.tokenizer_note,
+                 auth=f"{len(self.keys)} API key(s)" if self.keys.enabled else "off",
+                 context_length=self.cfg.context_length, max_body_bytes=self.cfg.max_body_bytes)
 
     async def _on_cleanup(self, _app) -> None:
         await self.watcher.stop()
 
+    def _admit(self, req: web.Request) -> None:
+        """Checks made from the headers alone, before a byte of the body is read: the API key
+        (on ``/v1/*``), then the declared body size."""
+        if req.path.startswith("/v1/"):
+            self.keys.check(req.headers.get("Authorization"))
+        if req.content_length is not None and req.content_length > self.cfg.max_body_bytes:
+            raise ApiError(413, f"the request body ({req.content_length} bytes) is larger than the limit of "
+                                f"{self.cfg.max_body_bytes} bytes (--max-body-mb)", "body",
+                           code="request_too_large")
+
+    async def _expect(self, req: web.Request) -> web.Response | None:
+        """``Expect: 100-continue``: refuse (401/413) before the client sends the body."""
+        try:
+            self._admit(req)
+        except ApiError as exc:
+            return self._error(exc, {"Connection": "close"})
+        if req.headers.get("Expect", "").lower() != "100-continue":
+            return self._error(ApiError(417, f"unknown Expect: {req.headers.get('Expect')}", None,
+                                        code="expectation_failed"))
+        if req.version >= (1, 1):
+            await req.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        return None
+
+    @web.middleware
+    async def _guard(self, req: web.Request, handler) -> web.StreamResponse:
+        """Authentication and the body limit first; every error leaves as OpenAI JSON."""
+        try:
+            self._admit(req)
+            return await handler(req)
+        except ApiError as exc:
+            if req.get(_STREAMING):
+                raise
+            return self._error(exc)
+        except web.HTTPException as exc:
+            if exc.status < 400 or req.get(_STREAMING):
+                raise
+            return self._error(_http_error(exc, req, self.cfg.max_body_bytes))
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            if req.get(_STREAMING):
+                raise
+            log.exception("internal_error", path=req.path, error=str(exc))
+            return self._error(ApiError(500, f"internal error: {type(exc).__name__}", None,
+                                        code="internal_error"))
+
+    def _error(self, exc: ApiError, headers: dict[str, str] | None = None) -> web.Response:
+        self.metrics.inc("ei_gateway_errors_total", status=str(exc.status), code=exc.code)
+        return error_response(exc, headers)
+
     # ---------------------------------------------------------------- small endpoints
+    def _model_card(self) -> dict:
+        return {"id": self.cfg.model, "object": "model", "created": 0, "owned_by": "evolving-infra",
+                "max_model_len": self.cfg.context_length}
+
+    def _model(self, name: str | None) -> str:
+        if not name or name == self.cfg.model:
+            return self.cfg.model
+        raise ApiError(404, f"The model '{name}' does not exist (this gateway serves '{self.cfg.model}')",
+                       "model", code="model_not_found")
+
     async def models(self, _req: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [
-            {"id": self.cfg.model, "object": "model", "created": 0, "owned_by": "evolving-infra"}]})
+        return web.json_response({"object": "list", "data": [self._model_card()]})
+
+    async def model_view(self, req: web.Request) -> web.Response:
+        self._model(req.match_info["model"])
+        return web.json_response(self._model_card())
 
     async def health(self, _req: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "partition": self.cfg.partition,
                                   "bus": type(self.bus).__name__, "tokenizer": self.tokenizer_note,
+                                  "auth": self.keys.enabled, "context_length": self.cfg.context_length,
+                                  "max_body_bytes": self.cfg.max_body_bytes,
                                   "open_branches": len(self.table.open), "in_flight": self.in_flight})
 
     async def metrics_view(self, _req: web.Request) -> web.Response:
-        text = self.metrics.render({"ei_gateway_open_branches": len(self.table.open),
-                                    "ei_gateway_in_flight_requests": self.in_flight})
-        return web.Response(text=text, content_type="text/plain")
+        return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
 
     # ---------------------------------------------------------------- completions
     async def chat_completions(self, req: web.Request) -> web.StreamResponse:
         self.metrics.inc("ei_gateway_requests_total", endpoint="chat")
+        creq, obj = parse_chat(await req.read())
+        model = self._model(creq.model)
         try:
-            body = await read_json(req)
-            if "messages" not in body:
-                raise ApiError(400, "'messages' is required", "messages")
-            try:
-                prompt = render_chat(body["messages"])
-            except TemplateError as exc:
-                raise ApiError(400, exc.message, exc.field) from None
-            return await self._serve(req, body, self.tokenizer.encode(prompt), chat=True)
-        except ApiError as exc:
-            return self._error(exc)
+            prompt = render_chat(obj["messages"])
+        except TemplateError as exc:
+            raise ApiError(400, exc.message, exc.field, code="invalid_value") from None
+        return await self._serve(req, creq, model, self.tokenizer.encode(prompt), chat=True)
 
     async def completions(self, req: web.Request) -> web.StreamResponse:
         self.metrics.inc("ei_gateway_requests_total", endpoint="completions")
-        try:
-            body = await read_json(req)
-            ids, _ = parse_prompt(body, self.tokenizer)
-            return await self._serve(req, body, ids, chat=False)
-        except ApiError as exc:
-            return self._error(exc)
-
-    def _error(self, exc: ApiError) -> web.Response:
-        self.metrics.inc("ei_gateway_errors_total", status=str(exc.status))
-        return exc.response()
+        creq = parse_completion(await req.read())
+        model = self._model(creq.model)
+        ids = self.tokenizer.encode(creq.prompt) if isinstance(creq.prompt, str) else list(creq.prompt)
+        return await self._serve(req, creq, model, ids, chat=False)
 
     async def _publish(self, events: list[Event]) -> None:
         try:
@@ -307,22 +313,44 @@ class Gateway:
                 await self.bus.publish(e)
         except Exception as exc:  # noqa: BLE001 - any bus failure is a 503 to the client
             log.error("publish_failed", error=str(exc))
-            raise ApiError(503, f"the event bus is unavailable: {exc}", None, "service_unavailable") from None
+            raise ApiError(503, f"the event bus is unavailable: {exc}", None, "service_unavailable",
+                           code="bus_unavailable") from None
 
-    async def _serve(self, req: web.Request, body: dict, ids: list[int], chat: bool) -> web.StreamResponse:
+    def _max_tokens(self, r: ChatRequest | CompletionRequest, prompt: int, chat: bool) -> int:
+        """The completion budget: the requested one (checked against the limit and the context),
+        or the default capped to what the context leaves."""
+        param = "messages" if chat else "prompt"
+        ctx = self.cfg.context_length
+        asked = requested_max_tokens(r)
+        if asked is None:
+            if prompt >= ctx:
+                raise context_error(ctx, prompt, 1, param)
+            n = min(self.cfg.default_max_tokens, ctx - prompt)
+        else:
+            name = "max_completion_tokens" if r.max_completion_tokens is not None else "max_tokens"
+            if asked > self.cfg.max_tokens_limit:
+                raise ApiError(400, f"'{name}' must be an integer in [0, {self.cfg.max_tokens_limit}], "
+                                    f"got {asked}", name, code="invalid_value")
+            if asked > 0 and prompt + asked > ctx:
+                raise context_error(ctx, prompt, asked, param)
+            n = asked
+        if r.min_tokens is not None and n > 0 and r.min_tokens > n:
+            raise ApiError(400, f"'min_tokens' ({r.min_tokens}) is larger than the completion budget ({n})",
+                           "min_tokens", code="invalid_value")
+        return n
+
+    async def _serve(self, req: web.Request, r: ChatRequest | CompletionRequest, model: str, ids: list[int],
+                     chat: bool) -> web.StreamResponse:
         try:
             sig = parse_branch_headers(req.headers)
         except HeaderError as exc:
-            raise ApiError(400, exc.message, exc.field) from None
-        stream = _stream_flag(body)
-        max_tokens = parse_max_tokens(body, self.cfg.default_max_tokens, self.cfg.max_tokens_limit)
-        model = body.get("model") or self.cfg.model
-        if not isinstance(model, str):
-            raise ApiError(400, "'model' must be a string", "model")
+            raise ApiError(400, exc.message, exc.field, code="invalid_header") from None
+        max_tokens = self._max_tokens(r, len(ids), chat)
         if max_tokens == 0:
             if sig.branch is None or not sig.end:
                 raise ApiError(400, "'max_tokens' must be >= 1 (0 is only allowed on a branch-end "
-                               "request: x-branch-end or x-dynamo-session-final true)", "max_tokens")
+                               "request: x-branch-end or x-dynamo-session-final true)", "max_tokens",
+                               code="invalid_value")
             return await self._end_only(sig, model, chat)
         if sig.branch is None:
             self.metrics.inc("ei_gateway_headerless_requests_total")
@@ -334,7 +362,7 @@ class Gateway:
             adm = self.table.admit(sig, branch, request_id, blocks, len(ids), max_tokens,
                                    self.cfg.block_tokens, self.clock())
         except BranchStateError as exc:
-            raise ApiError(409, str(exc), "x-branch-id", "conflict") from None
+            raise ApiError(409, str(exc), "x-branch-id", "conflict", code="branch_ended") from None
         if adm.compaction:
             self.metrics.inc("ei_gateway_compactions_total", reason=adm.compaction)
         if adm.opened:
@@ -350,15 +378,17 @@ class Gateway:
                 self.metrics.inc("ei_gateway_route_timeouts_total")
                 raise ApiError(503, f"no RouteDecided for request {request_id!r} within "
                                f"{self.cfg.route_timeout_s:g} s: is the router of partition "
-                               f"{self.cfg.partition!r} running?", None, "service_unavailable") from None
+                               f"{self.cfg.partition!r} running?", None, "service_unavailable",
+                               code="route_timeout") from None
             meta = _Meta(request_id, branch, adm.request.version, route, len(ids), len(blocks), model, chat,
-                         max_tokens, int(self.clock()))
+                         max_tokens, int(self.clock()), unapplied(r))
 
             async def end_branch() -> None:
                 await self._end_after(adm.end_after, branch)
 
-            if stream:
-                return await self._stream(req, tsub, meta, body, end_branch)
+            if r.stream:
+                include_usage = r.stream_options is not None and r.stream_options.include_usage
+                return await self._stream(req, tsub, meta, include_usage, end_branch)
             return await self._collect(tsub, meta, end_branch)
         finally:
             self.in_flight -= 1
@@ -384,7 +414,7 @@ class Gateway:
         if ended is not None:
             self.metrics.inc("ei_gateway_branches_ended_total")
             await self._publish([ended])
-        meta = _Meta("", sig.branch, 0, None, 0, 0, model, chat, 0, int(self.clock()))
+        meta = _Meta("", sig.branch, 0, None, 0, 0, model, chat, 0, int(self.clock()), [])
         return web.json_response(meta.full_body("", 0, "stop", False), headers=meta.headers())
 
     # ---------------------------------------------------------------- token relay
@@ -415,15 +445,15 @@ class Gateway:
                 return web.json_response(meta.full_body("".join(parts), total, m.finish_reason or "length",
                                                         simulated), headers=meta.headers())
 
-    async def _stream(self, req: web.Request, tsub, meta: _Meta, body: dict, before_done) -> web.StreamResponse:
+    async def _stream(self, req: web.Request, tsub, meta: _Meta, include_usage: bool,
+                      before_done) -> web.StreamResponse:
         m = await self._next(tsub, meta)  # errors before the first byte are plain JSON errors
         if m.kind == "error":
             raise ApiError(502, f"the engine failed request {meta.request!r}: {m.error}", None, "engine_error")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            **meta.headers()})
+        req[_STREAMING] = True  # from here on, errors are events inside the stream
         await resp.prepare(req)
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage")) \
-            if isinstance(body.get("stream_options"), dict) else False
         got, first = 0, True
         try:
             while True:
@@ -441,15 +471,16 @@ class Gateway:
                         await resp.write(_sse(meta.usage_chunk(total)))
                     break
                 elif m.kind == "error":
-                    await resp.write(_sse({"error": {"message": m.error, "type": "engine_error", "code": 502}}))
-                    self.metrics.inc("ei_gateway_errors_total", status="502")
+                    err = ApiError(502, f"the engine failed request {meta.request!r}: {m.error}", None,
+                                   "engine_error", code="engine_error")
+                    await resp.write(_sse(err.body()))
+                    self.metrics.inc("ei_gateway_errors_total", status="502", code=err.code)
                     break
                 try:
                     m = await self._next(tsub, meta)
                 except ApiError as exc:
-                    self.metrics.inc("ei_gateway_errors_total", status=str(exc.status))
-                    await resp.write(_sse({"error": {"message": exc.message, "type": exc.type,
-                                                     "code": exc.status}}))
+                    self.metrics.inc("ei_gateway_errors_total", status=str(exc.status), code=exc.code)
+                    await resp.write(_sse(exc.body()))
                     break
             await before_done()
             await resp.write(b"data: [DONE]\n\n")
@@ -479,6 +510,7 @@ class _Meta:
     chat: bool
     max_tokens: int
     created: int
+    unapplied: list[str]
 
     def headers(self) -> dict[str, str]:
         h = {"x-branch-id": self.branch}
@@ -487,6 +519,8 @@ class _Meta:
         if self.route is not None:
             h["x-prefill-node"] = self.route.prefill_node
             h["x-decode-node"] = self.route.decode_node
+        if self.unapplied:
+            h["x-evolving-unapplied"] = ",".join(self.unapplied)
         return h
 
     def _id(self) -> str:
@@ -500,6 +534,8 @@ class _Meta:
                        policy=self.route.policy)
         if simulated:
             ext["note"] = SIM_NOTE
+        if self.unapplied:  # accepted sampling parameters the engine did not apply (services/gateway/api.py)
+            ext["unapplied"] = list(self.unapplied)
         return ext
 
     def usage(self, completion: int) -> dict:

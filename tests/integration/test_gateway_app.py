@@ -87,7 +87,7 @@ def _sse(text: str) -> list:
     return out
 
 
-CHAT = {"model": "m", "messages": [{"role": "user", "content": "x" * 200}], "max_tokens": 8}
+CHAT = {"model": "evolving-sim", "messages": [{"role": "user", "content": "x" * 200}], "max_tokens": 8}
 
 
 async def test_chat_non_streaming_publishes_the_harness_events(partition):
