@@ -92,86 +92,128 @@ def _change(changes: list, ts: float, roles: dict[str, str]) -> None:
         changes.append((ts, dict(roles)))
 
 
-def compute_metrics(log: Iterable[Event], warmup_s: float, end_s: float, stack: str = "") -> RunMetrics:
-    m = RunMetrics(stack=stack, window_s=end_s - warmup_s)
-    seen: set[int] = set()
-    sub: dict[str, tuple[float, int, int, int]] = {}  # req -> (ts, prompt, ideal tokens, measured?)
-    first: dict[str, float] = {}
-    done: set[str] = set()
-    cached: dict[str, int] = {}
-    pstart: dict[str, tuple[float, str]] = {}
-    roles: dict[str, str] = {}
-    split_changes: list[tuple[float, dict[str, str]]] = []
-    switch_durations: list[float] = []
-    prefill_busy = 0.0
-    ttft, e2e, tpot = [], [], []
-    finished_in_window = 0
+@dataclass
+class _Fold:
+    """What one pass over the log keeps: per-request times and the role changes."""
+
+    warmup_s: float
+    end_s: float
+    submitted: int = 0  # submitted inside the measured window
+    finished: int = 0  # of those, finished without error
+    finished_in_window: int = 0  # any request finished between warm-up end and end
+    seen: set[int] = field(default_factory=set)  # every prompt block submitted so far
+    sub: dict[str, tuple[float, int, int, bool]] = field(default_factory=dict)  # ts, prompt, ideal, measured
+    first: dict[str, float] = field(default_factory=dict)
+    done: set[str] = field(default_factory=set)
+    cached: dict[str, int] = field(default_factory=dict)
+    pstart: dict[str, tuple[float, str]] = field(default_factory=dict)
+    roles: dict[str, str] = field(default_factory=dict)
+    split_changes: list[tuple[float, dict[str, str]]] = field(default_factory=list)
+    switch_durations: list[float] = field(default_factory=list)
+    prefill_busy: float = 0.0
+    ttft: list[float] = field(default_factory=list)
+    e2e: list[float] = field(default_factory=list)
+    tpot: list[float] = field(default_factory=list)
+
+    def submitted_ev(self, e: RequestSubmitted) -> None:
+        n = 0
+        for b in e.blocks:
+            if b not in self.seen:
+                break
+            n += 1
+        ideal = min(n * e.block_tokens, max(0, e.prompt_tokens - 1))
+        self.seen.update(e.blocks)
+        measured = e.ts >= self.warmup_s
+        self.sub[e.request] = (e.ts, e.prompt_tokens, ideal, measured)
+        if measured:
+            self.submitted += 1
+
+    def started(self, e: RequestStarted) -> None:
+        if e.phase == "prefill":
+            self.cached[e.request] = e.cached_tokens
+            self.pstart[e.request] = (e.ts, e.node)
+
+    def first_token(self, e: FirstToken) -> None:
+        self.first[e.request] = e.ts
+
+    def finished_ev(self, e: RequestFinished) -> None:
+        self.done.add(e.request)
+        s = self.sub.get(e.request)
+        if s is None or e.error:
+            return
+        if self.warmup_s <= e.ts <= self.end_s:
+            self.finished_in_window += 1
+        if not s[3]:
+            return
+        self.finished += 1
+        self.e2e.append(e.ts - s[0])
+        ft = self.first.get(e.request)
+        if ft is not None:
+            self.ttft.append(ft - s[0])
+            if e.output_tokens > 1:
+                self.tpot.append((e.ts - ft) / (e.output_tokens - 1))
+
+    def iteration(self, e: IterationDone) -> None:
+        if e.phase == "prefill" and e.ts >= self.warmup_s:
+            self.prefill_busy += min(e.duration_s * e.iterations, e.ts - self.warmup_s)
+
+    def registered(self, e: NodeRegistered) -> None:
+        self.roles[e.node] = e.role
+        _change(self.split_changes, e.ts, self.roles)
+
+    def switched(self, e: RoleSwitched) -> None:
+        if self.roles.get(e.node) == e.role:
+            return
+        if e.ts >= self.warmup_s and self.roles.get(e.node) != "collocated":  # not the warm-up's end
+            self.switch_durations.append(e.duration_s)
+        self.roles[e.node] = e.role
+        _change(self.split_changes, e.ts, self.roles)
+
+
+_STEPS = {
+    RequestSubmitted: _Fold.submitted_ev,
+    RequestStarted: _Fold.started,
+    FirstToken: _Fold.first_token,
+    RequestFinished: _Fold.finished_ev,
+    IterationDone: _Fold.iteration,
+    NodeRegistered: _Fold.registered,
+    RoleSwitched: _Fold.switched,
+}
+
+
+def _fold(log: Iterable[Event], warmup_s: float, end_s: float) -> _Fold:
+    f = _Fold(warmup_s, end_s)
     for e in log:
-        t = type(e)
-        if t is RequestSubmitted:
-            bt = e.block_tokens
-            n = 0
-            for b in e.blocks:
-                if b not in seen:
-                    break
-                n += 1
-            ideal = min(n * bt, max(0, e.prompt_tokens - 1))
-            seen.update(e.blocks)
-            measured = e.ts >= warmup_s
-            sub[e.request] = (e.ts, e.prompt_tokens, ideal, measured)
-            if measured:
-                m.submitted += 1
-        elif t is RequestStarted:
-            if e.phase == "prefill":
-                cached[e.request] = e.cached_tokens
-                pstart[e.request] = (e.ts, e.node)
-        elif t is FirstToken:
-            first[e.request] = e.ts
-        elif t is RequestFinished:
-            done.add(e.request)
-            s = sub.get(e.request)
-            if s is None or e.error:
-                continue
-            if warmup_s <= e.ts <= end_s:
-                finished_in_window += 1
-            if not s[3]:
-                continue
-            m.finished += 1
-            e2e.append(e.ts - s[0])
-            ft = first.get(e.request)
-            if ft is not None:
-                ttft.append(ft - s[0])
-                if e.output_tokens > 1:
-                    tpot.append((e.ts - ft) / (e.output_tokens - 1))
-        elif t is IterationDone:
-            if e.phase == "prefill" and e.ts >= warmup_s:
-                prefill_busy += min(e.duration_s * e.iterations, e.ts - warmup_s)
-        elif t is NodeRegistered:
-            roles[e.node] = e.role
-            _change(split_changes, e.ts, roles)
-        elif t is RoleSwitched and roles.get(e.node) != e.role:
-            if e.ts >= warmup_s and roles.get(e.node) != "collocated":  # not the warm-up's end
-                switch_durations.append(e.duration_s)
-            roles[e.node] = e.role
-            _change(split_changes, e.ts, roles)
-    m.unfinished = len(sub) - len(done)
-    m.throughput_rps = finished_in_window / m.window_s if m.window_s > 0 else float("nan")
-    m.ttft_mean_s, m.ttft_p50_s, m.ttft_p95_s = _mean(ttft), _pct(ttft, 50), _pct(ttft, 95)
-    m.e2e_mean_s, m.e2e_p95_s = _mean(e2e), _pct(e2e, 95)
-    m.tpot_mean_ms = _mean(tpot) * 1e3
-    m.ttft_s, m.e2e_s = ttft, e2e
-    # KV reuse over the window's requests that started prefill
+        step = _STEPS.get(type(e))
+        if step is not None:
+            step(f, e)
+    return f
+
+
+def _latencies(m: RunMetrics, f: _Fold) -> None:
+    m.submitted, m.finished = f.submitted, f.finished
+    m.unfinished = len(f.sub) - len(f.done)
+    m.throughput_rps = f.finished_in_window / m.window_s if m.window_s > 0 else float("nan")
+    m.ttft_mean_s, m.ttft_p50_s, m.ttft_p95_s = _mean(f.ttft), _pct(f.ttft, 50), _pct(f.ttft, 95)
+    m.e2e_mean_s, m.e2e_p95_s = _mean(f.e2e), _pct(f.e2e, 95)
+    m.tpot_mean_ms = _mean(f.tpot) * 1e3
+    m.ttft_s, m.e2e_s = f.ttft, f.e2e
+
+
+def _kv_reuse_and_waits(m: RunMetrics, f: _Fold) -> None:
+    """KV hit (actual, ideal, lost reuse) and prefill queue waits over the window's requests
+    that started prefill."""
     tot_prompt = tot_ideal = tot_actual = lost = 0
     waits: dict[str, list[float]] = defaultdict(list)
-    for r, (ts, prompt, ideal, measured) in sub.items():
-        if not measured or r not in cached:
+    for r, (ts, prompt, ideal, measured) in f.sub.items():
+        if not measured or r not in f.cached:
             continue
-        act = cached[r]
+        act = f.cached[r]
         tot_prompt += prompt
         tot_ideal += ideal
         tot_actual += act
         lost += max(0, ideal - act)
-        st, node = pstart[r]
+        st, node = f.pstart[r]
         waits[node].append(st - ts)
     n_started = sum(len(v) for v in waits.values())
     if tot_prompt:
@@ -184,19 +226,23 @@ def compute_metrics(log: Iterable[Event], warmup_s: float, end_s: float, stack: 
     per_node = [float(np.mean(v)) for v in waits.values() if v]
     if per_node and np.mean(per_node) > 0:
         m.prefill_wait_imbalance = float(max(per_node) / np.mean(per_node))
-    m.switches = len(switch_durations)
-    m.switch_mean_s = _mean(switch_durations)
-    # time in each split and prefill-capable node time over the window
+
+
+def _splits(m: RunMetrics, f: _Fold) -> None:
+    """Switch count and time, time in each split and idle prefill-capable node time."""
+    m.switches = len(f.switch_durations)
+    m.switch_mean_s = _mean(f.switch_durations)
     split_time: dict[str, float] = defaultdict(float)
     prefill_node_s = 0.0
     series = []
-    for i, (ts, rl) in enumerate(split_changes):
-        nxt = split_changes[i + 1][0] if i + 1 < len(split_changes) else end_s
+    changes = f.split_changes
+    for i, (ts, rl) in enumerate(changes):
+        nxt = changes[i + 1][0] if i + 1 < len(changes) else f.end_s
         p = sum(1 for r in rl.values() if r == "prefill")
         d = sum(1 for r in rl.values() if r == "decode")
         c = sum(1 for r in rl.values() if r == "collocated")
         series.append((ts, p + c))
-        a, b = max(ts, warmup_s), min(nxt, end_s)
+        a, b = max(ts, f.warmup_s), min(nxt, f.end_s)
         if b > a:
             label = f"{p}P{d}D" + (f"{c}C" if c else "")
             split_time[label] += b - a
@@ -204,5 +250,14 @@ def compute_metrics(log: Iterable[Event], warmup_s: float, end_s: float, stack: 
     m.split_time_s = dict(sorted(split_time.items(), key=lambda kv: -kv[1]))
     m.split_series = series
     if prefill_node_s > 0:
-        m.idle_prefill_frac = max(0.0, 1.0 - prefill_busy / prefill_node_s)
+        m.idle_prefill_frac = max(0.0, 1.0 - f.prefill_busy / prefill_node_s)
+
+
+def compute_metrics(log: Iterable[Event], warmup_s: float, end_s: float, stack: str = "") -> RunMetrics:
+    """One pass over ``log`` (see the module docstring for every definition), then the figures."""
+    m = RunMetrics(stack=stack, window_s=end_s - warmup_s)
+    f = _fold(log, warmup_s, end_s)
+    _latencies(m, f)
+    _kv_reuse_and_waits(m, f)
+    _splits(m, f)
     return m

@@ -149,45 +149,52 @@ class PlannerBase:
 
     # ------------------------------------------------------------------ folding
     def apply(self, event: Event) -> list[Event]:
-        st = self.st
-        if st.started_at is None:
-            st.started_at = event.ts
-        match event:
-            case NodeRegistered():
-                st.nodes[event.node] = NodeInfo(
-                    role=event.role,
-                    token_budget=event.prefill_token_budget,
-                    t_fwd=event.t_fwd,
-                    max_running=event.max_running_requests,
-                    l1_capacity=event.l1_capacity_tokens,
-                )
-            case RoleSwitched():
-                n = st.nodes.get(event.node)
-                if n is not None:
-                    n.role = event.role
-                    n.ordered = ""
-                    if event.kv_dropped:
-                        n.l1_used = 0
-            case NodeRemoved():
-                st.nodes.pop(event.node, None)
-            case NodeHeartbeat():
-                n = st.nodes.get(event.node)
-                if n is not None:
-                    n.running, n.queued = event.running, event.queued
-                    n.l1_used, n.l2_used = event.l1_used_tokens, event.l2_used_tokens
-            case IterationDone():
-                self._on_iteration(event)
-            case RequestSubmitted():
-                self._slice(event.ts).on_submit(event.prompt_tokens, event.max_tokens)
-            case RouteDecided():
-                if not event.shadow and not event.reroute:
-                    self._slice(event.ts).on_route(event.t_uc, event.t_c)
-            case RequestFinished():
-                if not event.error:
-                    self._slice(event.ts).on_finish(event.output_tokens)
-            case Tick():
-                return self._tick(event.ts)
+        """Fold one event into the state; a ``Tick`` may return events to emit."""
+        if self.st.started_at is None:
+            self.st.started_at = event.ts
+        if type(event) is Tick:
+            return self._tick(event.ts)
+        fold = _FOLDS.get(type(event))
+        if fold is not None:
+            getattr(self, fold)(event)
         return []
+
+    def _fold_registered(self, ev: NodeRegistered) -> None:
+        self.st.nodes[ev.node] = NodeInfo(
+            role=ev.role,
+            token_budget=ev.prefill_token_budget,
+            t_fwd=ev.t_fwd,
+            max_running=ev.max_running_requests,
+            l1_capacity=ev.l1_capacity_tokens,
+        )
+
+    def _fold_switched(self, ev: RoleSwitched) -> None:
+        n = self.st.nodes.get(ev.node)
+        if n is not None:
+            n.role = ev.role
+            n.ordered = ""
+            if ev.kv_dropped:
+                n.l1_used = 0
+
+    def _fold_removed(self, ev: NodeRemoved) -> None:
+        self.st.nodes.pop(ev.node, None)
+
+    def _fold_heartbeat(self, ev: NodeHeartbeat) -> None:
+        n = self.st.nodes.get(ev.node)
+        if n is not None:
+            n.running, n.queued = ev.running, ev.queued
+            n.l1_used, n.l2_used = ev.l1_used_tokens, ev.l2_used_tokens
+
+    def _fold_submitted(self, ev: RequestSubmitted) -> None:
+        self._slice(ev.ts).on_submit(ev.prompt_tokens, ev.max_tokens)
+
+    def _fold_routed(self, ev: RouteDecided) -> None:
+        if not ev.shadow and not ev.reroute:
+            self._slice(ev.ts).on_route(ev.t_uc, ev.t_c)
+
+    def _fold_finished(self, ev: RequestFinished) -> None:
+        if not ev.error:
+            self._slice(ev.ts).on_finish(ev.output_tokens)
 
     def _slice(self, ts: float) -> SliceStats:
         k = math.floor(ts / self.cfg.slice_s)
@@ -197,31 +204,37 @@ class PlannerBase:
         return s
 
     def _on_iteration(self, ev: IterationDone) -> None:
-        n = self.st.nodes.get(ev.node)
+        """One iteration report: the slice's workload statistics and, during warm-up, one
+        fitting sample of its node and phase (reports without work of their phase are skipped)."""
         if ev.duration_s <= 0 or not math.isfinite(ev.duration_s):
             return
-        if ev.phase == "prefill":
-            if ev.sum_t_uc <= 0 and ev.sum_A <= 0 and ev.sum_t_rst <= 0:
-                return
-            self._slice(ev.ts).on_prefill(
-                ev.sum_t_uc, ev.sum_t_c, ev.sum_t_rst, ev.queued, ev.duration_s, ev.iterations
-            )
-            row = [float(ev.sum_t_uc), float(ev.sum_A), float(ev.sum_t_rst), ev.duration_s]
-            if n is not None and ev.queued > 0:
-                n.fill_iters += max(1, ev.iterations)
-                n.fill_t_uc += ev.sum_t_uc * max(1, ev.iterations)
-        else:
-            if ev.batch <= 0:
-                return
-            self._slice(ev.ts).on_decode(
-                ev.node, ev.batch, ev.accepted_tokens, ev.t_fwd, ev.queued, ev.duration_s, ev.iterations
-            )
-            row = [float(ev.batch), ev.t_fwd, ev.duration_s]
-        if not self.st.frozen:
-            rows = self.st.samples.setdefault(f"{ev.node}|{ev.phase}", [])
-            rows.append(row)
-            if len(rows) > self.cfg.max_samples:
-                del rows[::2]
+        row = self._prefill_sample(ev) if ev.phase == "prefill" else self._decode_sample(ev)
+        if row is None or self.st.frozen:
+            return
+        rows = self.st.samples.setdefault(f"{ev.node}|{ev.phase}", [])
+        rows.append(row)
+        if len(rows) > self.cfg.max_samples:
+            del rows[::2]
+
+    def _prefill_sample(self, ev: IterationDone) -> list[float] | None:
+        if ev.sum_t_uc <= 0 and ev.sum_A <= 0 and ev.sum_t_rst <= 0:
+            return None
+        self._slice(ev.ts).on_prefill(
+            ev.sum_t_uc, ev.sum_t_c, ev.sum_t_rst, ev.queued, ev.duration_s, ev.iterations
+        )
+        n = self.st.nodes.get(ev.node)
+        if n is not None and ev.queued > 0:
+            n.fill_iters += max(1, ev.iterations)
+            n.fill_t_uc += ev.sum_t_uc * max(1, ev.iterations)
+        return [float(ev.sum_t_uc), float(ev.sum_A), float(ev.sum_t_rst), ev.duration_s]
+
+    def _decode_sample(self, ev: IterationDone) -> list[float] | None:
+        if ev.batch <= 0:
+            return None
+        self._slice(ev.ts).on_decode(
+            ev.node, ev.batch, ev.accepted_tokens, ev.t_fwd, ev.queued, ev.duration_s, ev.iterations
+        )
+        return [float(ev.batch), ev.t_fwd, ev.duration_s]
 
     # ------------------------------------------------------------------ fitting
     def _fit_all(self) -> list[Event]:
@@ -287,27 +300,34 @@ class PlannerBase:
         return not self.st.frozen
 
     def _tick(self, ts: float) -> list[Event]:
+        return self._warmup_tick(ts) if not self.st.frozen else self._window_tick(ts)
+
+    def _warmup_tick(self, ts: float) -> list[Event]:
+        """Refit every ``fit_interval_s``; at the end of warm-up refit once more, freeze the
+        models and let the planner pick its first split."""
         st, cfg = self.st, self.cfg
         out: list[Event] = []
-        if not st.frozen:
-            start = st.started_at if st.started_at is not None else ts
-            ending = ts >= start + cfg.warmup_s
-            if ending or st.last_fit_at is None or ts >= st.last_fit_at + cfg.fit_interval_s:
-                st.last_fit_at = ts
-                out += [msgspec.structs.replace(e, ts=ts) for e in self._fit_all()]
-            if not ending:
-                return out
-            st.frozen = True
-            st.samples = {}
-            k_end = math.floor(ts / cfg.slice_s)
-            out += self._on_warmup_end(ts, k_end)
-            self._close_window(k_end)
+        start = st.started_at if st.started_at is not None else ts
+        ending = ts >= start + cfg.warmup_s
+        if ending or st.last_fit_at is None or ts >= st.last_fit_at + cfg.fit_interval_s:
+            st.last_fit_at = ts
+            out += [msgspec.structs.replace(e, ts=ts) for e in self._fit_all()]
+        if not ending:
             return out
-        k_now = math.floor(ts / cfg.slice_s)
-        if st.next_window_k is None or k_now < st.next_window_k:
-            return out
+        st.frozen = True
+        st.samples = {}
+        k_end = math.floor(ts / cfg.slice_s)
+        out += self._on_warmup_end(ts, k_end)
+        self._close_window(k_end)
+        return out
+
+    def _window_tick(self, ts: float) -> list[Event]:
+        """After warm-up: decide once per window, at the first tick past its end."""
+        k_now = math.floor(ts / self.cfg.slice_s)
+        if self.st.next_window_k is None or k_now < self.st.next_window_k:
+            return []
         k_end = k_now  # a late tick evaluates the latest complete window
-        out += self._on_tick(ts, k_end)
+        out = self._on_tick(ts, k_end)
         self._close_window(k_end)
         return out
 
@@ -408,3 +428,16 @@ class PlannerBase:
         if moves:
             self.st.last_switch_at = ts
         return out
+
+
+# event type -> the name of the PlannerBase step that folds it (a Tick is handled by ``apply``)
+_FOLDS: dict[type, str] = {
+    NodeRegistered: "_fold_registered",
+    RoleSwitched: "_fold_switched",
+    NodeRemoved: "_fold_removed",
+    NodeHeartbeat: "_fold_heartbeat",
+    IterationDone: "_on_iteration",
+    RequestSubmitted: "_fold_submitted",
+    RouteDecided: "_fold_routed",
+    RequestFinished: "_fold_finished",
+}
