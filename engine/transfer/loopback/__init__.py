@@ -1,0 +1,5 @@
+"""In-process fake transfer backend (``LoopbackFabric`` + ``LoopbackTransfer``)."""
+
+from engine.transfer.loopback.backend import LoopbackFabric, LoopbackTransfer
+
+__all__ = ["LoopbackFabric", "LoopbackTransfer"]
