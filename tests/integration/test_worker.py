@@ -156,10 +156,53 @@ async def test_prefill_and_decode_workers_over_nats(nats_url, partition):
             await b.close()
 
 
-def test_sglang_backend_is_refused_clearly():
-    r = subprocess.run([sys.executable, "-m", "engine.worker", "--node", "n1", "--nats-url", "nats://x:1",
-                        "--backend", "sglang"], check=False, capture_output=True, text=True, cwd=ROOT, timeout=60)
-    assert r.returncode == 2 and "not implemented" in r.stderr
+def test_sglang_backend_without_a_server_says_so_in_one_line():
+    base = [sys.executable, "-m", "engine.worker", "--node", "n1", "--nats-url", "nats://x:1", "--backend", "sglang"]
+    r = subprocess.run(base, check=False, capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--sglang-url" in r.stderr
+    # a URL with nothing behind it (port 9 on loopback: discard, closed)
+    r = subprocess.run(base + ["--sglang-url", "http://127.0.0.1:9"], check=False, capture_output=True, text=True,
+                       cwd=ROOT, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and "http://127.0.0.1:9" in r.stderr and "no SGLang server" in r.stderr
+
+
+def test_sglang_help_documents_every_option():
+    r = subprocess.run([sys.executable, "-m", "engine.worker", "--help"], check=True, capture_output=True, text=True,
+                       cwd=ROOT, timeout=60)
+    from engine.worker import build_parser
+
+    for action in build_parser()._actions:
+        for flag in action.option_strings:
+            assert flag in r.stdout
+        assert action.help, f"{action.option_strings} has no help"
+
+
+async def test_restart_resumes_from_its_snapshot_plus_tail(partition):
+    bus, tokens = InMemoryBus(partition), MemoryTokens(partition)
+    w = EngineWorker(bus, tokens, "n1", "collocated", PROFILE, time_scale=20.0, heartbeat_s=0.05, snapshot_every=5)
+    await w.start()
+    await bus.publish(submit("r1", max_tokens=3))
+    await bus.publish(RouteDecided(ts=0.0, request="r1", prefill_node="n1", decode_node="n1", policy="t"))
+    await wait_for_event(bus, lambda e: isinstance(e, RequestFinished))
+    await w.stop()
+    snap_seq = w.applied_seq
+    assert await bus.get_snapshot("engine-n1") is not None and snap_seq > 5
+    # events after the snapshot: a request submitted while the node is down, routed after its restart
+    await bus.publish(submit("r2", max_tokens=2))
+    w2 = EngineWorker(bus, tokens, "n1", "collocated", PROFILE, time_scale=20.0, heartbeat_s=0.05)
+    await w2.start()
+    try:
+        assert w2.restored_from == snap_seq
+        assert "r2" in w2.view.requests and "r1" not in w2.view.requests
+        await bus.publish(RouteDecided(ts=0.0, request="r2", prefill_node="n1", decode_node="n1", policy="t"))
+        fin = await wait_for_event(bus, lambda e: isinstance(e, RequestFinished) and e.request == "r2")
+        assert fin.node == "n1"
+        evs = await all_events(bus)
+        restarted = [e for e in evs if isinstance(e, NodeRemoved) and e.reason == "restarted"]
+        assert restarted == []  # the first run said "shutdown": the directory knew it was gone
+    finally:
+        await w2.stop()
 
 
 async def test_process_registers_and_stops_on_sigterm(nats_url, partition):

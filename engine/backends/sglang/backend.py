@@ -1,0 +1,427 @@
+"""The SGLang backend: one SGLang server (launched or attached by URL) behind the engine port.
+
+A request's life (docs/engines.md has the picture)
+1. ``enqueue_prefill``: the prompt's token ids are made from its block hashes (the bus carries
+   hashes, not text: :func:`prompt_ids`; equal blocks give equal ids, so SGLang's radix cache
+   sees the trace's reuse) and the ids' own block hashes are registered as aliases of the
+   request's blocks in the page map. Collocated (``--disaggregation-mode null``): one streamed
+   ``POST /generate`` to our server. Prefill: the request goes to our server *and* to the decode
+   node's server (``--peer-url``) with the same ``bootstrap_host/port/room`` - what SGLang's
+   router does to pair a prefill and a decode server; the decode server streams the text.
+2. First streamed chunk: ``RequestStarted(prefill, cached_tokens=meta_info.cached_tokens)`` and
+   ``FirstToken`` on this node (and ``RequestStarted(decode)`` on the decode node when split).
+3. Chunks: ``TokenMsg`` with the text delta. End: ``RequestFinished`` (``completion_tokens``)
+   and ``done``. An HTTP error ends the request with an ``error`` token and ``RequestFinished``.
+4. KV: ``BlockStored``/``BlockRemoved``/``AllBlocksCleared`` from the server's ZMQ publisher,
+   translated by :class:`PageMap` into ``KvStored``/``KvEvicted`` through the node's KvPool
+   (mirror mode: SGLang evicts on its own).
+
+Role switch (SGLang's runtime PD role switch, PR #28403): stop taking new work is the
+planner's part (it routes away from a switching node); the backend waits until nothing is in
+flight (``--drain-timeout-s``), then ``POST /pd_role_switch {"new_role": R}``. SGLang refuses
+unless idle, started with ``--enable-pd-role-switch``, in PD mode, and prefill<->decode only;
+it then resets its prefix cache (so the switch is ``in_place_drop_kv`` for us). Where it
+refuses (or the target is ``collocated``), the backend restarts a server it launched with the
+new ``--disaggregation-mode``, or reports the old role in ``RoleSwitched`` when it only
+attached. How it was really done, when that differs from the ordered mechanism, is an
+``AnomalyReported(component="engine.sglang", kind="role_switch_<in_place_drop_kv|restart|refused>")``
+published just before the ``RoleSwitched`` (a new ``RoleSwitched`` field would change every
+recorded payload: the catalog has no ``omit_defaults``, and the pinned simulator log would differ).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import re
+import shlex
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from engine.backend import BackendUnavailable, DecodeJob, NodeLoad, PrefillJob, WorkerHost
+from engine.backends.sglang.kvmap import PageMap
+from engine.backends.sglang.wire import parse_frames
+from engine.kvpool import KvPool
+from engine.profiles import Profile
+from events.catalog import AnomalyReported, FirstToken, RequestFinished, RequestStarted, RoleSwitched
+from events.hashing import block_hashes
+from events.ids import NodeId, RequestId, Role, SwitchMechanism
+from events.wire import TokenMsg
+from services.logging import get_logger
+
+log = get_logger("sglang")
+VOCAB = 32000  # synthetic ids stay below every tokenizer's vocabulary size we serve
+
+
+@dataclass
+class SglangConfig:
+    url: str | None = None
+    launch: str | None = None
+    launch_timeout_s: float = 900.0
+    kv_events_endpoint: str | None = None
+    kv_events_topic: str = ""
+    bootstrap_host: str | None = None
+    bootstrap_port: int = 8998
+    peers: dict[str, str] = field(default_factory=dict)  # node -> http url
+    switch_fallback: str = "restart"
+    drain_timeout_s: float = 120.0
+    request_timeout_s: float = 600.0
+
+
+def config_from_args(args) -> SglangConfig:
+    url = args.sglang_url
+    if url is None and args.sglang_launch:
+        m = re.search(r"--port[ =](\d+)", args.sglang_launch)
+        url = f"http://127.0.0.1:{m.group(1) if m else 30000}"
+    return SglangConfig(url=url, launch=args.sglang_launch, launch_timeout_s=args.sglang_launch_timeout_s,
+                        kv_events_endpoint=args.kv_events_endpoint, kv_events_topic=args.kv_events_topic,
+                        bootstrap_host=args.bootstrap_host, bootstrap_port=args.bootstrap_port,
+                        peers=dict(s.split("=", 1) for s in args.peer_url), switch_fallback=args.switch_fallback,
+                        drain_timeout_s=args.drain_timeout_s, request_timeout_s=args.request_timeout_s)
+
+
+def prompt_ids(blocks, prompt_tokens: int, block_tokens: int, request: str) -> list[int]:
+    """Token ids for a prompt known by its block hashes: ``block_tokens`` ids per block, drawn
+    from SHAKE-256 of the block hash (equal hashes, equal ids), then a tail from the request id."""
+    out: list[int] = []
+    for b in blocks:
+        digest = hashlib.shake_256(int(b).to_bytes(8, "little")).digest(2 * block_tokens)
+        out.extend(1 + int.from_bytes(digest[2 * i:2 * i + 2], "little") % (VOCAB - 1) for i in range(block_tokens))
+    tail = max(1, prompt_tokens - len(out))
+    digest = hashlib.blake2b(request.encode(), digest_size=64).digest()
+    out.extend(1 + digest[i % 64] for i in range(tail))
+    return out
+
+
+def bootstrap_room(request: str) -> int:
+    """A stable 63-bit room id per request (SGLang pairs prefill and decode by it)."""
+    return int.from_bytes(hashlib.blake2b(request.encode(), digest_size=8).digest(), "little") >> 1
+
+
+class SglangBackend:
+    """``EngineBackend`` driving one SGLang server (module docstring)."""
+
+    name = "sglang"
+
+    def __init__(self, host: WorkerHost, node: str, role: Role, profile: Profile, cfg: SglangConfig) -> None:
+        self.host, self.cfg, self.profile = host, cfg, profile
+        self.node_id = NodeId(node)
+        self._role: Role = role
+        self.server_mode = "null"
+        self.bt = profile.block_tokens
+        self.pool = KvPool(self.node_id, self.bt, profile.l1_capacity_tokens, profile.l2_capacity_tokens,
+                           choose=lambda tier, tokens, pinned: [], emit=host.emit, now=self._now)
+        self.pagemap = PageMap(self.bt)
+        self.jobs: dict[str, PrefillJob] = {}
+        self.tasks: dict[str, asyncio.Task] = {}
+        self.started: set[str] = set()
+        self.status = "up"
+        self.kv_seq = -1
+        self.kv_gaps = 0
+        self._proc: asyncio.subprocess.Process | None = None
+        self._http: aiohttp.ClientSession | None = None
+        self._bg: list[asyncio.Task] = []
+
+    # ------------------------------------------------------------------ helpers
+    def _now(self) -> float:
+        catch_up = getattr(self.host, "catch_up", None)
+        return catch_up() if catch_up is not None else self.host.now
+
+    @property
+    def role(self) -> Role:
+        return self._role
+
+    @property
+    def id(self) -> NodeId:
+        return self.node_id
+
+    @staticmethod
+    async def preflight(cfg: SglangConfig) -> None:
+        """Attach mode: is something answering ``/health`` at the URL? One line if not."""
+        if cfg.launch or not cfg.url:
+            return
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s, \
+                    s.get(f"{cfg.url}/health") as r:
+                if r.status != 200:
+                    raise BackendUnavailable(f"SGLang server at {cfg.url} is not healthy: GET /health -> {r.status}")
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            reason = type(exc).__name__ if not str(exc) else str(exc).splitlines()[0]
+            raise BackendUnavailable(f"no SGLang server at {cfg.url} ({reason}); start one or fix --sglang-url") \
+                from None
+
+    async def start(self) -> None:
+        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.cfg.request_timeout_s))
+        if self.cfg.launch:
+            await self._launch(self.cfg.launch)
+        else:
+            await self.preflight(self.cfg)
+        await self._read_server_info()
+        if self.cfg.kv_events_endpoint:
+            self._bg.append(asyncio.create_task(self._kv_events(), name="sglang-kv-events"))
+
+    async def _read_server_info(self) -> None:
+        async with self._http.get(f"{self.cfg.url}/server_info") as r:
+            info = await r.json(content_type=None)
+        self.server_mode = str(info.get("disaggregation_mode") or "null")
+        role = "collocated" if self.server_mode == "null" else self.server_mode
+        if role != self._role:
+            log.warning("role_from_server", node=self.node_id, asked=self._role, server=role)
+            self._role = role
+        page = int(info.get("page_size") or 1)
+        if page % self.bt and self.bt % page:
+            log.warning("page_size_mismatch", page_size=page, block_tokens=self.bt,
+                        note="blocks still map (token chain), but pages straddle blocks")
+        self.role_switch_enabled = bool(info.get("enable_pd_role_switch"))
+
+    async def _launch(self, cmd: str) -> None:
+        log.info("sglang_launch", cmd=cmd)
+        self._proc = await asyncio.create_subprocess_exec(*shlex.split(cmd))
+        deadline = time.monotonic() + self.cfg.launch_timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.returncode is not None:
+                raise BackendUnavailable(f"SGLang launch exited with code {self._proc.returncode}: {cmd}")
+            with contextlib.suppress(BackendUnavailable):
+                await self.preflight(SglangConfig(url=self.cfg.url))
+                return
+            await asyncio.sleep(1.0)
+        raise BackendUnavailable(f"SGLang at {self.cfg.url} not healthy after {self.cfg.launch_timeout_s:.0f} s: {cmd}")
+
+    async def close(self) -> None:
+        for t in [*self.tasks.values(), *self._bg]:
+            t.cancel()
+        for t in [*self.tasks.values(), *self._bg]:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        if self._http is not None:
+            await self._http.close()
+        await self._stop_server()
+
+    async def _stop_server(self) -> None:
+        if self._proc is not None and self._proc.returncode is None:
+            self._proc.terminate()
+            try:
+                await asyncio.wait_for(self._proc.wait(), 60)
+            except TimeoutError:
+                self._proc.kill()
+                await self._proc.wait()
+
+    # ------------------------------------------------------------------ requests
+    def enqueue_prefill(self, job: PrefillJob) -> None:
+        self.jobs[job.request] = job
+        self.tasks[job.request] = asyncio.create_task(self._serve(job), name=f"sglang-{job.request}")
+
+    def remove_queued(self, request: RequestId) -> PrefillJob | None:
+        if request in self.started or request not in self.jobs:
+            return None
+        self.tasks.pop(request).cancel()
+        self._bg.append(asyncio.create_task(self._post("/abort_request", {"rid": request})))
+        return self.jobs.pop(request)
+
+    def kv_arrived(self, job: DecodeJob) -> None:
+        """SGLang moves the KV itself (bootstrap pairing): nothing to do here."""
+
+    def queued(self) -> list[RequestId]:
+        return [r for r in self.jobs if r not in self.started]
+
+    def load(self) -> NodeLoad:
+        return NodeLoad(role=self._role, running=len(self.started), queued=len(self.jobs) - len(self.started),
+                        l1_used_tokens=self.pool.used_tokens("L1"), l2_used_tokens=self.pool.used_tokens("L2"))
+
+    def progress(self) -> None:
+        """Tokens are reported as the server streams them."""
+
+    async def _post(self, path: str, body: dict, url: str | None = None) -> tuple[int, dict]:
+        async with self._http.post(f"{url or self.cfg.url}{path}", json=body) as r:
+            text = await r.text()
+            try:
+                return r.status, json.loads(text) if text else {}
+            except ValueError:
+                return r.status, {"message": text[:200]}
+
+    def _token(self, **kw) -> None:
+        self.host.token(TokenMsg(node=self.node_id, ts=self._now(), **kw))
+
+    async def _serve(self, job: PrefillJob) -> None:
+        try:
+            await self._serve_one(job)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one failed request never stops the node
+            log.error("sglang_request_failed", request=job.request, error=f"{type(exc).__name__}: {exc}")
+            self._finish(job, job.decode_node, 0, f"{type(exc).__name__}: {exc}")
+
+    async def _serve_one(self, job: PrefillJob) -> None:
+        rid = job.request
+        ids = prompt_ids(job.blocks, job.prompt_tokens, self.bt, rid)
+        for sent, ours in zip(block_hashes(ids, self.bt), job.blocks, strict=False):
+            self.pagemap.alias(sent, ours)
+        body = {"input_ids": ids, "rid": rid, "stream": True,
+                "sampling_params": {"max_new_tokens": max(1, job.max_tokens), "ignore_eos": True, "temperature": 0}}
+        decode_node, decode_url = self.node_id, self.cfg.url
+        side = None
+        if self.server_mode != "null":
+            body |= {"bootstrap_host": self.cfg.bootstrap_host or _host_of(self.cfg.url),
+                     "bootstrap_port": self.cfg.bootstrap_port, "bootstrap_room": bootstrap_room(rid)}
+            if job.decode_node != self.node_id and job.decode_node in self.cfg.peers:
+                decode_node, decode_url = job.decode_node, self.cfg.peers[job.decode_node]
+                side = asyncio.create_task(self._post("/generate", body | {"stream": False}))
+        text_len, total, sent = 0, 0, 1
+        try:
+            async with self._http.post(f"{decode_url}/generate", json=body) as r:
+                if r.status != 200:
+                    raise RuntimeError(f"POST {decode_url}/generate -> {r.status}: {(await r.text())[:200]}")
+                async for raw in r.content:
+                    line = raw.strip()
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        break
+                    out = json.loads(data)
+                    meta = out.get("meta_info") or {}
+                    text = out.get("text") or ""
+                    total = int(meta.get("completion_tokens", total))
+                    if rid not in self.started:
+                        self._first(job, decode_node, int(meta.get("cached_tokens") or 0), text)
+                        text_len = len(text)
+                        continue
+                    delta, text_len = text[text_len:], len(text)
+                    if delta or total > sent:
+                        self._token(request=rid, kind="chunk", tokens=max(0, total - sent), total=total, text=delta)
+                        sent = max(sent, total)
+            if side is not None:
+                await side
+            self._finish(job, decode_node, total, None)
+        except asyncio.CancelledError:
+            if side is not None:
+                side.cancel()
+            raise
+        except Exception as exc:  # noqa: BLE001 - one failed request never stops the node
+            log.error("sglang_request_failed", request=rid, error=str(exc))
+            self._finish(job, decode_node, total, str(exc))
+
+    def _first(self, job: PrefillJob, decode_node: NodeId, cached: int, text: str) -> None:
+        rid = job.request
+        self.started.add(rid)
+        now = self._now()
+        self.host.emit(RequestStarted(ts=now, src=self.node_id, request=rid, node=self.node_id, phase="prefill",
+                                      cached_tokens=min(cached, max(0, job.prompt_tokens - 1))))
+        self.host.emit(FirstToken(ts=now, src=self.node_id, request=rid, node=self.node_id))
+        self._token(request=rid, kind="first", tokens=1, total=1, text=text)
+        self.host.emit(RequestStarted(ts=now, src=self.node_id, request=rid, node=decode_node, phase="decode"))
+
+    def _finish(self, job: PrefillJob, decode_node: NodeId, total: int, error: str | None) -> None:
+        rid = job.request
+        self.jobs.pop(rid, None)
+        self.tasks.pop(rid, None)
+        self.started.discard(rid)
+        if error is not None:
+            self._token(request=rid, kind="error", error=error)
+        else:
+            self._token(request=rid, kind="done", tokens=0, total=total, finish_reason="length")
+        self.host.emit(RequestFinished(ts=self._now(), src=self.node_id, request=rid, node=decode_node,
+                                       output_tokens=total))
+
+    # ------------------------------------------------------------------ KV events
+    async def _kv_events(self) -> None:
+        import zmq
+        import zmq.asyncio
+
+        sock = zmq.asyncio.Context.instance().socket(zmq.SUB)
+        sock.connect(self.cfg.kv_events_endpoint)
+        sock.setsockopt(zmq.SUBSCRIBE, self.cfg.kv_events_topic.encode())
+        try:
+            while True:
+                parts = await sock.recv_multipart()
+                try:
+                    _, seq, batch = parse_frames(parts)
+                except Exception as exc:  # noqa: BLE001 - a bad message is counted, not fatal
+                    log.error("kv_event_unreadable", error=str(exc))
+                    continue
+                if self.kv_seq >= 0 and seq != self.kv_seq + 1:
+                    self.kv_gaps += 1
+                    log.warning("kv_event_gap", expected=self.kv_seq + 1, got=seq)
+                self.kv_seq = seq
+                self.apply_kv(batch)
+        finally:
+            sock.close(linger=0)
+
+    def apply_kv(self, batch) -> None:
+        for ch in self.pagemap.apply(batch):
+            if ch.kind == "stored":
+                self.pool.observe_stored(ch.tier, ch.blocks)
+            elif ch.kind == "evicted":
+                self.pool.observe_removed(ch.tier, ch.blocks)
+            else:
+                self.pool.drop_all()
+
+    # ------------------------------------------------------------------ role switch
+    def order_switch(self, to_role: Role, mechanism: SwitchMechanism) -> None:
+        if self.status != "up":
+            return
+        self.status = "draining"
+        self._bg.append(asyncio.create_task(self._switch(to_role, mechanism), name="sglang-switch"))
+
+    async def _switch(self, to_role: Role, mechanism: SwitchMechanism) -> None:
+        t0 = self._now()
+        drained = len(self.tasks)
+        deadline = time.monotonic() + self.cfg.drain_timeout_s
+        while self.tasks and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        how, dropped, detail = "in_place_drop_kv", True, ""
+        try:
+            if to_role == self._role:
+                how, dropped = "in_place", False
+            elif to_role in ("prefill", "decode") and self.server_mode != "null":
+                status, out = await self._post("/pd_role_switch", {"new_role": to_role})
+                if status == 200 and out.get("success"):
+                    self.server_mode = to_role
+                else:
+                    detail = str(out.get("message", status))
+                    how = await self._fallback(to_role, detail)
+            else:
+                detail = "SGLang switches prefill<->decode only"
+                how = await self._fallback(to_role, detail)
+        except Exception as exc:  # noqa: BLE001 - a failed switch is reported, the node stays up
+            detail, how = str(exc), "refused"
+        if how == "refused":
+            dropped = False
+        else:
+            self._role = to_role
+        log.info("sglang_switch", node=self.node_id, to_role=to_role, how=how, detail=detail)
+        self.status = "up"
+        if how != mechanism:  # say how it was really done (RoleSwitched has no field for it: see docs/engines.md)
+            self.host.emit(AnomalyReported(ts=self._now(), src=self.node_id, component="engine.sglang",
+                                           kind=f"role_switch_{how}", ref=self.node_id,
+                                           detail=f"ordered {mechanism} to {to_role}; {how}" + (f": {detail}" if detail
+                                                                                               else "")))
+        self.host.emit(RoleSwitched(ts=self._now(), src=self.node_id, node=self.node_id, role=self._role,
+                                    drained=drained, duration_s=self._now() - t0, kv_dropped=dropped))
+
+    async def _fallback(self, to_role: Role, why: str) -> str:
+        if self.cfg.switch_fallback != "restart" or not self.cfg.launch:
+            log.warning("switch_refused", node=self.node_id, to_role=to_role, why=why)
+            return "refused"
+        mode = "null" if to_role == "collocated" else to_role
+        cmd = re.sub(r"\s--disaggregation-mode[ =]\S+", "", self.cfg.launch) + f" --disaggregation-mode {mode}"
+        await self._stop_server()
+        self.apply_kv_cleared()
+        await self._launch(cmd)
+        self.cfg.launch = cmd
+        await self._read_server_info()
+        return "restart"
+
+    def apply_kv_cleared(self) -> None:
+        self.pagemap.pages.clear()
+        self.pool.drop_all()
+
+
+def _host_of(url: str | None) -> str:
+    from urllib.parse import urlparse
+
+    return urlparse(url or "").hostname or "127.0.0.1"

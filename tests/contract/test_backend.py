@@ -1,0 +1,175 @@
+"""The engine port's contract (engine/backend.py), one class per backend: the simulated node
+and the SGLang backend driving the protocol-faithful fake server (ZMQ KV events included).
+
+Every backend, driven only through the port, must: serve a request (RequestStarted(prefill),
+FirstToken, RequestFinished with the asked output length; tokens first..done adding up to it),
+report the prompt's KV as ``KvStored`` of the request's own block hashes, take a request that
+has not started off its queue, switch role when ordered and acknowledge with ``RoleSwitched``,
+and report its load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+from engine.backend import EngineBackend, NodeLoad, PrefillJob
+from engine.profiles import load_profile
+from engine.worker import RemotePeer, WallClockHost
+from events.catalog import FirstToken, KvStored, RequestFinished, RequestStarted, RoleSwitched
+from services.directory.core import DirectoryCore
+from services.directory.eviction import LruEviction
+
+PROFILE = replace(load_profile("gb300-glm52"), prefill_noise=0.0, decode_noise=0.0)
+BLOCKS = [9000 + i for i in range(6)]
+
+
+class Harness:
+    """The worker's side of the port: a wall-clock host, a directory folding what is emitted."""
+
+    def __init__(self, time_scale: float) -> None:
+        self.events, self.tokens = [], []
+        self.dir = DirectoryCore()
+        self.policy = LruEviction(PROFILE.block_tokens)
+        self.backend: EngineBackend | None = None
+        self.host = WallClockHost(time_scale, self.emit, self.choose, self.peer, token=self.tokens.append)
+
+    def emit(self, e):
+        self.events.append(e)
+        self.dir.apply(e)
+
+    def choose(self, node, tier, tokens, pinned):
+        return self.policy.choose(self.dir, node, tier, tokens, pinned)
+
+    def peer(self, node):
+        return self.backend if node == self.backend.node_id else RemotePeer(node, self.dir)
+
+    async def wait(self, pred, timeout=20.0):
+        async def poll():
+            while True:
+                hit = [e for e in self.events if pred(e)]
+                if hit:
+                    return hit[0]
+                await asyncio.sleep(0.01)
+        return await asyncio.wait_for(poll(), timeout)
+
+
+def job(rid, max_tokens=6, blocks=BLOCKS, prompt=None, decode="n1"):
+    return PrefillJob(request=rid, blocks=list(blocks), prompt_tokens=prompt or len(blocks) * 64 + 20,
+                      max_tokens=max_tokens, decode_node=decode, fetch_plan=[], enqueued_s=0.0)
+
+
+class BackendContract:
+    """Subclasses build a backend in a role through ``make(harness, role)``."""
+
+    time_scale = 1.0
+
+    async def make(self, h: Harness, role: str) -> EngineBackend:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    async def close(self, h: Harness) -> None:
+        await h.backend.close()
+
+    async def start(self, role: str) -> Harness:
+        h = Harness(self.time_scale)
+        h.backend = await self.make(h, role)
+        await h.backend.start()
+        self._runner = asyncio.create_task(h.host.run())
+        return h
+
+    async def stop(self, h: Harness) -> None:
+        self._runner.cancel()
+        await self.close(h)
+
+    async def test_is_an_engine_backend(self):
+        h = await self.start("collocated")
+        try:
+            assert isinstance(h.backend, EngineBackend)
+            assert h.backend.role == "collocated"
+            assert isinstance(h.backend.load(), NodeLoad)
+        finally:
+            await self.stop(h)
+
+    async def test_serves_a_request_and_reports_its_kv(self):
+        h = await self.start("collocated")
+        try:
+            h.host.catch_up()
+            h.backend.enqueue_prefill(job("r1", max_tokens=6))
+            fin = await h.wait(lambda e: isinstance(e, RequestFinished) and e.request == "r1")
+            assert fin.output_tokens == 6
+            kinds = [(type(e).__name__, getattr(e, "phase", None)) for e in h.events
+                     if isinstance(e, (RequestStarted, FirstToken, RequestFinished)) and e.request == "r1"]
+            assert kinds[0] == ("RequestStarted", "prefill") and ("FirstToken", None) in kinds
+            assert kinds[-1] == ("RequestFinished", None)
+            toks = [m for m in h.tokens if m.request == "r1"]
+            assert toks[0].kind == "first" and toks[-1].kind == "done" and toks[-1].total == 6
+            await h.wait(lambda e: isinstance(e, KvStored) and set(BLOCKS) <= set(e.blocks) | stored_l1(h))
+            assert set(BLOCKS) <= stored_l1(h)
+            assert set(BLOCKS) <= set(h.dir.copies(h.backend.node_id, "L1"))
+        finally:
+            await self.stop(h)
+
+    async def test_takes_a_request_that_has_not_started_off_its_queue(self):
+        h = await self.start("collocated")
+        try:
+            h.host.catch_up()
+            h.backend.enqueue_prefill(job("big", max_tokens=2, blocks=range(100, 2100), prompt=2000 * 64))
+            h.backend.enqueue_prefill(job("small", max_tokens=2, blocks=range(5000, 5002)))
+            assert "small" in h.backend.queued()
+            taken = h.backend.remove_queued("small")
+            assert taken is not None and taken.request == "small"
+            assert "small" not in h.backend.queued() and h.backend.remove_queued("small") is None
+            await h.wait(lambda e: isinstance(e, RequestFinished) and e.request == "big", timeout=60)
+            await asyncio.sleep(0.05)
+            assert not [e for e in h.events if getattr(e, "request", None) == "small"]
+        finally:
+            await self.stop(h)
+
+    async def test_switches_role_when_ordered(self):
+        h = await self.start("prefill")
+        try:
+            assert h.backend.role == "prefill"
+            h.host.catch_up()
+            h.backend.order_switch("decode", "in_place")
+            sw = await h.wait(lambda e: isinstance(e, RoleSwitched))
+            assert (sw.node, sw.role) == (h.backend.node_id, "decode") and h.backend.role == "decode"
+        finally:
+            await self.stop(h)
+
+
+def stored_l1(h: Harness) -> set:
+    return {b for e in h.events if isinstance(e, KvStored) and e.tier == "L1" for b in e.blocks}
+
+
+class TestSimBackend(BackendContract):
+    time_scale = 50.0
+
+    async def make(self, h, role):
+        from engine.backends.sim.backend import SimBackend
+
+        return SimBackend(h.host, "n1", role, PROFILE, seed=1)
+
+
+class TestSglangBackendOnTheFake(BackendContract):
+    async def make(self, h, role):
+        from engine.backends.sglang.backend import SglangBackend, SglangConfig
+        from engine.backends.sglang.fake import FakeSglang
+
+        mode = "null" if role == "collocated" else role
+        self.fake = FakeSglang(mode=mode, kv_events_port=0, page_size=16, decode_s_per_token=0.001,
+                               prefill_s_per_token=2e-5)
+        url = await self.fake.start()
+        cfg = SglangConfig(url=url, kv_events_endpoint=f"tcp://127.0.0.1:{self.fake.kv_events_port}")
+        backend = SglangBackend(h.host, "n1", role, PROFILE, cfg)
+        return backend
+
+    async def start(self, role):
+        h = await super().start(role)
+        await asyncio.sleep(0.2)  # ZMQ slow joiner: the SUB socket needs a moment to connect
+        return h
+
+    async def close(self, h):
+        await h.backend.close()
+        await self.fake.stop()
+
+
