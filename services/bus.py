@@ -575,23 +575,30 @@ class _NatsConsumer:
         if seq - self._acked >= self.batch_acks:
             await self.flush()
 
-    async def flush(self) -> None:
-        """Send the pending cumulative ack now."""
+    async def flush(self, confirm: bool = False) -> None:
+        """Send the pending cumulative ack now; ``confirm`` waits until JetStream has applied
+        it (on close, so the next run finds the durable at the position this one reached)."""
         if not self.durable or self._ack_target <= self._acked:
             return
         target = self._ack_target
         msg = self._ack_msgs.get(target)
         if msg is None:
             return
-        await msg.ack()
+        if confirm:
+            try:
+                await msg.ack_sync(timeout=2.0)
+            except Exception as err:  # noqa: BLE001 - unconfirmed: the next run may redeliver (idempotent)
+                log.warning("ack_unconfirmed", consumer=self.name, seq=target, error=str(err))
+        else:
+            await msg.ack()
         self._acked = target
         for s in [s for s in self._ack_msgs if s <= target]:
             del self._ack_msgs[s]
 
     async def __aexit__(self, *exc) -> None:
         try:
-            await self.flush()
             if self.bus.nc.is_connected:
+                await self.flush(confirm=True)
                 await self.bus.nc.flush()
         finally:
             if self._sub is not None:
