@@ -133,7 +133,7 @@ def print_table(cols: list[str], rows: list[tuple], max_rows: int) -> None:
     from rich.text import Text
 
     shown = rows[:max_rows]
-    table = Table(caption=f"{len(rows)} row(s)" + (f", first {max_rows} shown" if len(rows) > max_rows else ""))
+    table = Table()
     for c in cols:
         table.add_column(Text(c), overflow="fold")
     for row in shown:
@@ -142,6 +142,7 @@ def print_table(cols: list[str], rows: list[tuple], max_rows: int) -> None:
     if not console.is_terminal:
         console = Console(width=max(80, Console(width=1 << 20).measure(table).maximum))
     console.print(table)
+    console.print(Text(f"{len(rows)} row(s)" + (f", first {max_rows} shown" if len(rows) > max_rows else "")))
 
 
 def cmd_verify(args) -> int:

@@ -155,8 +155,8 @@ class DuckDbEventLog:
 
         self.path = os.fspath(path)
         self.read_only = read_only or sandbox
-        if self.read_only and not os.path.exists(self.path):
-            raise EventLogError(f"no event log at {self.path}")
+        if self.read_only:
+            _check_file(self.path)
         if sandbox:  # no file system, no extensions, settings locked (services.recorder.sandbox)
             from services.recorder.sandbox import connect_file
 
@@ -400,6 +400,20 @@ def _connect_or_explain(connect, path: str):
                 f"{path} is held by a running writer (the recorder of a live run); "
                 "query it with `evolving sql --live`, or after the run stopped") from exc
         raise EventLogError(f"{path} is not a readable event log: {_first_line(exc)}") from exc
+
+
+def _check_file(path: str) -> None:
+    """The plain reasons a file cannot be an event log, said before DuckDB says them worse."""
+    if not os.path.exists(path):
+        raise EventLogError(f"no event log at {path}")
+    if os.path.isdir(path):
+        raise EventLogError(f"{path} is a directory, not an event log")
+    with open(path, "rb") as fh:
+        head = fh.read(16)
+    if not head:
+        raise EventLogError(f"{path} is empty (0 bytes), not an event log")
+    if head[:2] == b"\x1f\x8b":
+        raise EventLogError(f"{path} is gzip-compressed: gunzip it first")
 
 
 def _first_line(exc: BaseException) -> str:
