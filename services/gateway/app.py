@@ -247,7 +247,8 @@ class Gateway:
         except web.HTTPException as exc:
             if exc.status < 400 or req.get(_STREAMING):
                 raise
-            return self._error(_http_error(exc, req, self.cfg.max_body_bytes))
+            allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+            return self._error(_http_error(exc, req, self.cfg.max_body_bytes), allow)
         except (ConnectionResetError, asyncio.CancelledError):
             raise
         except Exception as exc:

@@ -24,7 +24,7 @@ from services.gateway.tokens import MemoryTokens, NatsTokens, TokenMsg, sim_text
 
 
 async def fake_cluster(bus, tokens, chunk: int = 3, shadow_first: bool = True, fail: set[str] = frozenset(),
-                       silent: set[str] = frozenset()):
+                       silent: set[str] = frozenset(), stall: set[str] = frozenset()):
     """Route every RequestSubmitted to n1/n2 and stream ``max_tokens`` sim tokens back."""
     async with bus.consumer(None, start_seq=1, subjects=f"ei.{bus.partition}.agent.>") as c:
         async for d in c:
@@ -43,6 +43,8 @@ async def fake_cluster(bus, tokens, chunk: int = 3, shadow_first: bool = True, f
                 continue
             await tokens.publish(TokenMsg(request=ev.request, kind="first", tokens=1, total=1,
                                           text=sim_text(1), simulated=True))
+            if ev.branch in stall:  # the engine goes silent after the first token
+                continue
             done = 1
             while ev.max_tokens - done > chunk:
                 done += chunk
@@ -264,3 +266,267 @@ async def test_over_real_nats(nats_url, partition):
             assert names == ["BranchOpened", "RequestSubmitted", "BranchEnded"]
     finally:
         await bus.close()
+
+
+# --------------------------------------------------------------------------- hardening (issue 15 part 5)
+KEY = "sk-test-key-0001"
+
+
+def _assert_error(body: dict, status_code: str, param=...) -> dict:
+    err = body["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert isinstance(err["code"], str) and err["code"] == status_code and err["message"]
+    if param is not ...:
+        assert err["param"] == param
+    return err
+
+
+async def test_api_keys(partition):
+    bus = InMemoryBus(partition)
+    async with gateway(bus, MemoryTokens(partition), api_keys=frozenset({KEY})) as (gw, client):
+        r = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1})
+        assert r.status == 401 and r.headers["WWW-Authenticate"] == "Bearer"
+        _assert_error(await r.json(), "missing_api_key")
+        r = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1},
+                              headers={"Authorization": "Bearer sk-wrong-key-0001"})
+        assert r.status == 401
+        _assert_error(await r.json(), "invalid_api_key")
+        r = await client.get("/v1/models")
+        assert r.status == 401
+        assert await bus.last_seq() == 0  # nothing published without a key
+        ok = {"Authorization": f"Bearer {KEY}"}
+        r = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}, headers=ok)
+        assert r.status == 200 and (await r.json())["choices"][0]["text"] == "tok tok "
+        assert (await client.get("/v1/models", headers=ok)).status == 200
+        assert (await client.get("/health")).status == 200  # probes need no key
+        assert (await (await client.get("/health")).json())["auth"] is True
+        assert (await client.get("/metrics")).status == 200
+        assert gw.metrics.get("ei_gateway_errors_total", status="401") == 3
+
+
+async def _raw_http(port: int, head: bytes, body_part: bytes = b"", timeout: float = 2.0) -> tuple[bytes, float]:
+    """Send the request head and part of a body, then read what the server answers (no more body sent)."""
+    import time
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    t0 = time.monotonic()
+    try:
+        writer.write(head + body_part)
+        await writer.drain()
+        data = b""
+        while b"\r\n\r\n" not in data or not _complete(data):
+            chunk = await asyncio.wait_for(reader.read(65536), timeout)
+            if not chunk:
+                break
+            data += chunk
+        return data, time.monotonic() - t0
+    finally:
+        writer.close()
+
+
+def _complete(data: bytes) -> bool:
+    head, _, rest = data.partition(b"\r\n\r\n")
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            return len(rest) >= int(line.split(b":")[1])
+    return head.startswith(b"HTTP/1.1 100")
+
+
+def _parse(data: bytes) -> tuple[int, dict]:
+    head, _, rest = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), json.loads(rest) if rest else {}
+
+
+async def test_a_60mb_body_is_refused_from_its_content_length_before_it_is_read(partition):
+    bus = InMemoryBus(partition)
+    async with gateway(bus, MemoryTokens(partition)) as (gw, client):
+        size = 60 * 1024 * 1024
+        head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {size}\r\n\r\n").encode()
+        # only 64 KiB of the declared 60 MiB is ever sent: an answer proves nothing waited for the rest
+        data, elapsed = await _raw_http(client.port, head, b'{"messages": "' + b"x" * 65536)
+        status, body = _parse(data)
+        assert status == 413 and elapsed < 1.0, (status, elapsed)
+        _assert_error(body, "request_too_large", "body")
+        assert str(size) in body["error"]["message"]
+        assert gw.metrics.get("ei_gateway_requests_total") == 0  # the handler never ran
+        assert gw.metrics.get("ei_gateway_errors_total", status="413") == 1
+
+
+async def test_expect_100_continue_gets_413_instead_of_continue(partition):
+    bus = InMemoryBus(partition)
+    async with gateway(bus, MemoryTokens(partition)) as (_gw, client):
+        head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 62914560\r\nExpect: 100-continue\r\n\r\n")
+        data, elapsed = await _raw_http(client.port, head)
+        assert not data.startswith(b"HTTP/1.1 100")
+        status, body = _parse(data)
+        assert status == 413 and elapsed < 1.0
+        _assert_error(body, "request_too_large")
+        # a small body with Expect goes on as usual
+        body_ok = json.dumps({"prompt": "x", "max_tokens": 1}).encode()
+        head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body_ok)}\r\nExpect: 100-continue\r\n\r\n").encode()
+        data, _ = await _raw_http(client.port, head)
+        assert data.startswith(b"HTTP/1.1 100 Continue")
+
+
+async def test_a_chunked_body_is_cut_at_the_limit(partition):
+    """A body without Content-Length is read only up to the limit (client_max_size), then 413;
+    the uploads stop long before their 60 MB (tests/integration/test_gateway_process.py measures
+    the memory of a real gateway process under the same attack)."""
+    bus = InMemoryBus(partition)
+    block = b"x" * (1024 * 1024)
+    sent = []
+
+    async def body(n_mb: int):
+        yield b'{"prompt": "'
+        for _ in range(n_mb):
+            sent.append(1)
+            yield block
+
+    async with gateway(bus, MemoryTokens(partition), max_body_bytes=2 * 1024 * 1024) as (gw, client):
+        async def upload():
+            r = await client.post("/v1/completions", data=body(60), headers={"Content-Type": "application/json"})
+            return r.status, await r.json()
+
+        results = await asyncio.wait_for(asyncio.gather(*(upload() for _ in range(3))), 60)
+        for status, out in results:
+            assert status == 413
+            _assert_error(out, "request_too_large", "body")
+        assert len(sent) < 3 * 60, len(sent)
+        assert gw.metrics.get("ei_gateway_errors_total", status="413") == 3
+        assert await bus.last_seq() == 0
+
+
+async def test_context_length_exceeded(partition):
+    bus = InMemoryBus(partition)
+    async with gateway(bus, MemoryTokens(partition), context_length=300) as (_gw, client):
+        r = await client.post("/v1/completions", json={"prompt": "p" * 290, "max_tokens": 20})
+        assert r.status == 400
+        err = _assert_error(await r.json(), "context_length_exceeded", "prompt")
+        assert "maximum context length is 300 tokens" in err["message"] and "310" in err["message"]
+        r = await client.post("/v1/chat/completions",
+                              json={**CHAT, "messages": [{"role": "user", "content": "c" * 400}]})
+        assert r.status == 400
+        _assert_error(await r.json(), "context_length_exceeded", "messages")
+        r = await client.post("/v1/completions", json={"prompt": list(range(300))})  # no room left at all
+        _assert_error(await r.json(), "context_length_exceeded", "prompt")
+        assert await bus.last_seq() == 0
+        # without max_tokens the default (128) is capped to what the context leaves
+        r = await client.post("/v1/completions", json={"prompt": "p" * 290})
+        assert r.status == 200 and (await r.json())["usage"]["completion_tokens"] == 10
+        r = await client.post("/v1/completions", json={"prompt": "p" * 280, "max_tokens": 20})
+        assert r.status == 200
+
+
+async def test_unknown_model_and_the_model_endpoints(partition):
+    bus = InMemoryBus(partition)
+    async with gateway(bus, MemoryTokens(partition), model="org/glm-5") as (_gw, client):
+        r = await client.post("/v1/chat/completions", json={**CHAT, "model": "gpt-4o"})
+        assert r.status == 404
+        _assert_error(await r.json(), "model_not_found", "model")
+        r = await client.get("/v1/models/org/glm-5")
+        card = await r.json()
+        assert r.status == 200 and card["id"] == "org/glm-5" and card["object"] == "model"
+        r = await client.get("/v1/models/gpt-4o")
+        assert r.status == 404
+        _assert_error(await r.json(), "model_not_found")
+        r = await client.post("/v1/completions", json={"model": "org/glm-5", "prompt": "x", "max_tokens": 1})
+        assert r.status == 200 and (await r.json())["model"] == "org/glm-5"
+        assert await bus.last_seq() > 0
+
+
+async def test_unknown_route_and_method_are_json(partition):
+    bus = InMemoryBus(partition)
+    async with gateway(bus, MemoryTokens(partition)) as (gw, client):
+        r = await client.get("/v1/nothing")
+        assert r.status == 404 and r.content_type == "application/json"
+        _assert_error(await r.json(), "not_found")
+        r = await client.get("/v1/chat/completions")
+        assert r.status == 405 and r.content_type == "application/json" and "POST" in r.headers["Allow"]
+        _assert_error(await r.json(), "method_not_allowed")
+        assert gw.metrics.get("ei_gateway_errors_total", status="405", code="method_not_allowed") == 1
+
+
+@pytest.mark.parametrize("raw, param", [
+    (b'{"model": "evolving-sim", "messages": [{"role": "user", "content": "hi \\ud800"}], "max_tokens": 2}',
+     "messages[0].content"),
+    (b'{"messages": [{"role": "user", "content": "\\udc00"}]}', "messages[0].content"),
+])
+async def test_a_lone_surrogate_is_a_json_400(partition, raw, param):
+    bus = InMemoryBus(partition)
+    async with gateway(bus, MemoryTokens(partition)) as (_gw, client):
+        r = await client.post("/v1/chat/completions", data=raw, headers={"Content-Type": "application/json"})
+        assert r.status == 400 and r.content_type == "application/json"
+        _assert_error(await r.json(), "invalid_value", param)
+        assert await bus.last_seq() == 0
+
+
+@pytest.mark.parametrize("path, extra, param", [
+    ("/v1/chat/completions", {"n": 2}, "n"),
+    ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 2}, "logprobs"),
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice"),
+    ("/v1/chat/completions", {"response_format": {"type": "json_schema"}}, "response_format"),
+    ("/v1/chat/completions", {"logit_bias": {"1": 5}}, "logit_bias"),
+    ("/v1/chat/completions", {"frequency_penaltyy": 0.5}, "frequency_penaltyy"),
+    ("/v1/completions", {"best_of": 3}, "best_of"),
+    ("/v1/completions", {"echo": True}, "echo"),
+    ("/v1/completions", {"logprobs": 1}, "logprobs"),
+])
+async def test_parameters_it_cannot_honour_are_a_400_naming_them(partition, path, extra, param):
+    bus = InMemoryBus(partition)
+    async with gateway(bus, MemoryTokens(partition)) as (_gw, client):
+        base = CHAT if "chat" in path else {"prompt": "x", "max_tokens": 1}
+        r = await client.post(path, json={**base, **extra})
+        assert r.status == 400
+        err = _assert_error(await r.json(), "unknown_parameter" if param.endswith("yy") else "unsupported_parameter",
+                            param)
+        assert param in err["message"]
+        assert await bus.last_seq() == 0
+
+
+async def test_sampling_parameters_are_reported_as_unapplied(partition):
+    bus = InMemoryBus(partition)
+    async with gateway(bus, MemoryTokens(partition)) as (_gw, client):
+        r = await client.post("/v1/chat/completions", json={**CHAT, "temperature": 0.7, "seed": 1, "n": 1})
+        assert r.status == 200
+        assert (await r.json())["evolving"]["unapplied"] == ["temperature", "seed"]
+        assert r.headers["x-evolving-unapplied"] == "temperature,seed"
+        r = await client.post("/v1/chat/completions", json=CHAT)
+        assert "unapplied" not in (await r.json())["evolving"] and "x-evolving-unapplied" not in r.headers
+
+
+async def test_errors_inside_a_stream_have_string_codes(partition):
+    bus = InMemoryBus(partition)
+    async with gateway(bus, MemoryTokens(partition), token_timeout_s=0.3,
+                       _fake={"stall": {"st"}}) as (gw, client):
+        r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers={"x-branch-id": "st"})
+        assert r.status == 200
+        events = _sse(await r.text())
+        errs = [e for e in events if isinstance(e, dict) and "error" in e]
+        assert len(errs) == 1 and events[-1] == "[DONE]"
+        _assert_error(errs[0], "timeout")
+        assert gw.metrics.get("ei_gateway_errors_total", status="504", code="timeout") == 1
+
+
+async def test_metrics_are_prometheus_text_per_app(partition):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    bus = InMemoryBus(partition)
+    async with gateway(bus, MemoryTokens(partition)) as (gw1, c1), \
+            gateway(InMemoryBus(partition), MemoryTokens(partition)) as (_gw2, c2):
+        assert (await c1.post("/v1/completions", json={"prompt": "x", "max_tokens": 3})).status == 200
+        assert (await c1.post("/v1/completions", json={"prompt": "x", "n": 5})).status == 400
+        r = await c1.get("/metrics")
+        assert r.headers["Content-Type"].startswith("text/plain")
+        fams = {f.name: f for f in text_string_to_metric_families(await r.text())}
+        val = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in fams.values() for s in f.samples}
+        assert val[("ei_gateway_requests_total", (("endpoint", "completions"),))] == 2
+        assert val[("ei_gateway_output_tokens_total", ())] == 3
+        assert val[("ei_gateway_errors_total", (("code", "unsupported_parameter"), ("status", "400")))] == 1
+        assert fams["ei_gateway_in_flight_requests"].type == "gauge"
+        other = await (await c2.get("/metrics")).text()
+        assert "ei_gateway_output_tokens_total 0.0" in other  # its own registry
+        assert gw1.metrics.get("ei_gateway_output_tokens_total") == 3

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from events.wire import TokenMsg, decode, encode, sim_text, token_key, token_subject
 from services.gateway.tokenizer import (
     GENERATION_PROMPT,
     ByteTokenizer,
@@ -11,7 +12,6 @@ from services.gateway.tokenizer import (
     load_tokenizer,
     render_chat,
 )
-from services.gateway.tokens import TokenMsg, decode, encode, sim_text, token_key, token_subject
 
 
 def test_byte_tokenizer_round_trip():
