@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import uuid
 
@@ -25,6 +26,8 @@ def register_drive(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--wait-s", type=float, default=30.0,
                    help="wait this long for the gateway's /health before starting (0: do not wait)")
     p.add_argument("--no-stream", action="store_true", help="non-streaming requests (no client TTFT)")
+    p.add_argument("--api-key", default=None,
+                   help="API key for a gateway started with keys (default: env EI_API_KEY)")
     p.add_argument("--out", default=None, help="write one JSON line per request here")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=_cmd_drive)
@@ -52,7 +55,7 @@ def _cmd_drive(args: argparse.Namespace) -> int:
     run_id = args.run_id if args.run_id is not None else f"d{uuid.uuid4().hex[:6]}-"
     cfg = DriveConfig(gateway=args.gateway, concurrency=args.concurrency, speedup=args.speedup,
                       model=args.model, timeout_s=args.timeout_s, run_id=run_id, stream=not args.no_stream,
-                      wait_s=args.wait_s)
+                      wait_s=args.wait_s, api_key=args.api_key or os.environ.get("EI_API_KEY") or None)
     try:
         report = asyncio.run(Driver(cfg).run(sessions))
     except TimeoutError as exc:

@@ -138,6 +138,7 @@ class DriveConfig:
     run_id: str = ""
     stream: bool = True
     wait_s: float = 0.0  # poll GET /health this long before the first session (0: do not wait)
+    api_key: str | None = None  # sent as 'Authorization: Bearer KEY' when the gateway wants keys
 
 
 class _SessionRun:
@@ -278,6 +279,8 @@ class Driver:
         res = RequestResult(session, branch, request, 0, len(prompt), end_only=end_only)
         t0 = time.monotonic()
         try:
+            if self.cfg.api_key:
+                headers = {**headers, "Authorization": f"Bearer {self.cfg.api_key}"}
             async with self.http.post(self._url("/v1/completions"), json=body, headers=headers) as r:
                 res.status = r.status
                 if r.status != 200:

@@ -530,3 +530,16 @@ async def test_metrics_are_prometheus_text_per_app(partition):
         other = await (await c2.get("/metrics")).text()
         assert "ei_gateway_output_tokens_total 0.0" in other  # its own registry
         assert gw1.metrics.get("ei_gateway_output_tokens_total") == 3
+
+
+async def test_evolving_drive_sends_its_api_key(partition):
+    from replay.trace import Branch, Request, Session
+    from services.gateway.drive import DriveConfig, Driver
+
+    session = Session(id="s", branches=[Branch(id="root", steps=[Request(blocks=[1], output_tokens=2)])])
+    bus = InMemoryBus(partition)
+    async with gateway(bus, MemoryTokens(partition), api_keys=frozenset({KEY})) as (_gw, client):
+        keyless = await Driver(DriveConfig(gateway="", run_id="a-"), http=client).run([session])
+        keyed = await Driver(DriveConfig(gateway="", run_id="b-", api_key=KEY), http=client).run([session])
+    assert keyless.summary()["requests_failed"] == 1 and "401" in keyless.results[0].error
+    assert keyed.summary()["requests_ok"] == 1 and keyed.summary()["output_tokens"] == 2
