@@ -543,3 +543,17 @@ async def test_evolving_drive_sends_its_api_key(partition):
         keyed = await Driver(DriveConfig(gateway="", run_id="b-", api_key=KEY), http=client).run([session])
     assert keyless.summary()["requests_failed"] == 1 and "401" in keyless.results[0].error
     assert keyed.summary()["requests_ok"] == 1 and keyed.summary()["output_tokens"] == 2
+
+
+async def test_an_unexpected_exception_is_a_json_500(partition):
+    bus = InMemoryBus(partition)
+    async with gateway(bus, MemoryTokens(partition)) as (gw, client):
+        def broken(_text):
+            raise RuntimeError("tokenizer bug")
+
+        gw.tokenizer.encode = broken
+        r = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1})
+        assert r.status == 500 and r.content_type == "application/json"
+        err = _assert_error(await r.json(), "internal_error", None)
+        assert "tokenizer bug" not in err["message"]  # no internals leak to the client
+        assert (await client.get("/health")).status == 200  # and the gateway goes on
