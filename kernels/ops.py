@@ -159,7 +159,9 @@ def copy_blocks(
 ) -> CopyHandle:
     """Copy ``src_slots`` of ``src`` into ``dst_slots`` of ``dst``; see the module docstring.
 
-    Same device: one gather and one scatter (a fused Triton kernel with ``impl='triton'``).
+    Same device: one copy per run of consecutive slots when runs are large
+    (``RUN_COPY_MIN_BYTES``), else one gather and one scatter (a fused Triton kernel with
+    ``impl='triton'``).
     Across devices: one non-blocking copy per run of consecutive slots (``coalesce_runs``), on
     ``stream`` or the side stream of the GPU involved, after the work already queued on that
     GPU's current stream (so a copy never reads a block a kernel is still writing).
@@ -192,9 +194,21 @@ def copy_blocks(
     return CopyHandle(event=event, keep=(src, dst), nbytes=nbytes, runs=runs)
 
 
+#: Average bytes per run of consecutive slots above which two distinct pools on one device copy
+#: run by run (one memcpy each, no staging tensor) instead of through index kernels.
+RUN_COPY_MIN_BYTES = 256 * 1024
+
+
 def _same_device_copy(
     src: BlockPool, src_slots: list[int], dst: BlockPool, dst_slots: list[int], impl: str
 ) -> None:
+    if impl == "torch" and src is not dst:
+        runs = coalesce_runs(src_slots, dst_slots)
+        if len(src_slots) * src.block_bytes >= RUN_COPY_MIN_BYTES * len(runs):
+            sw, dw = src.words(), dst.words()
+            for s, d, n in runs:
+                dw[d : d + n].copy_(sw[s : s + n])
+            return
     src_idx = _index(src_slots, src.device)
     dst_idx = _index(dst_slots, dst.device)
     if _use_triton(impl, src.device):

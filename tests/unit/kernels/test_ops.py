@@ -74,7 +74,12 @@ def test_copy_matches_reference_including_one_pool(case, data):
     dst_fast = src if same_pool else filled(layout, num_slots, seed + 7)
     src_ref = filled(layout, num_slots, seed)
     dst_ref = src_ref if same_pool else filled(layout, num_slots, seed + 7)
-    handle = ops.copy_blocks(src, src_slots, dst_fast, dst_slots)
+    run_path = data.draw(st.booleans())  # copy run by run (large blocks) or through index kernels
+    saved, ops.RUN_COPY_MIN_BYTES = ops.RUN_COPY_MIN_BYTES, 0 if run_path else 1 << 40
+    try:
+        handle = ops.copy_blocks(src, src_slots, dst_fast, dst_slots)
+    finally:
+        ops.RUN_COPY_MIN_BYTES = saved
     assert handle.done()
     handle.wait()
     ref.ref_copy(src_ref, src_slots, dst_ref, dst_slots)
