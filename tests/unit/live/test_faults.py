@@ -8,14 +8,23 @@ from services.live import faults
 
 
 def test_crash_after_publish_fires_at_the_nth_decision(monkeypatch):
-    exits = []
+    exits, logged = [], []
     monkeypatch.setattr(faults.os, "_exit", exits.append)
+
+    class Log:
+        def error(self, event, **kw):
+            logged.append((event, kw))
+
+    import services.logging
+
+    monkeypatch.setattr(services.logging, "get_logger", lambda name: Log())  # pytest swaps stdout
     hook = faults.parse("crash_after_publish:3")
     hook(1)
     hook(2)
     assert exits == []
     hook(3)
     assert exits == [faults.FAULT_EXIT_CODE]
+    assert logged == [("fault_injected", {"fault": "crash_after_publish:3", "published": 3})]
 
 
 @pytest.mark.parametrize("spec", ["", "crash_after_publish", "crash_after_publish:0", "crash_after_publish:x",
