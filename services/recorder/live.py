@@ -86,13 +86,20 @@ async def request_snapshot_async(db: str, *, nats_url: str | None = None, partit
     part = partition or side.get("partition") or os.environ.get("EI_PARTITION") or "default"
     subject = snapshot_subject(part)
     where = f"the recorder of {db} (partition {part!r} on {url})"
+    errors: list[BaseException] = []
+
+    async def on_error(exc: BaseException) -> None:  # instead of nats-py's traceback on stderr
+        errors.append(exc)
+
     try:
         nc = await asyncio.wait_for(
             nats.connect(servers=[url], name="evolving-sql", allow_reconnect=False, max_reconnect_attempts=0,
-                         connect_timeout=min(5.0, timeout_s)),
+                         connect_timeout=min(5.0, timeout_s), error_cb=on_error),
             timeout=timeout_s)
     except (OSError, TimeoutError, NatsError) as exc:
-        raise LiveError(f"cannot reach the bus at {url} to ask {where}: {type(exc).__name__} {exc}".rstrip()) from exc
+        cause = errors[-1] if errors else exc
+        raise LiveError(f"cannot reach the bus at {url} to ask {where}: "
+                        f"{type(cause).__name__} {cause}".rstrip()) from exc
     try:
         msg = await nc.request(subject, json.dumps({"db": os.path.basename(db)}).encode(), timeout=timeout_s)
     except NoRespondersError as exc:
