@@ -499,7 +499,8 @@ async def run(args: argparse.Namespace) -> int:
         cfg = config_from_args(args)
         backend = lambda host, w: SglangBackend(host, w.src, args.role, profile, cfg)
         try:
-            await SglangBackend.preflight(cfg)
+            if not cfg.wait_s:  # fail before touching the bus: one line, exit 2
+                await SglangBackend.preflight(cfg)
         except BackendUnavailable as exc:
             print(f"engine.worker: {exc}", file=sys.stderr)
             return 2

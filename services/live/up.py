@@ -121,7 +121,9 @@ def add_up_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", default=None, help="directory for the DuckDB log, child logs and NATS store "
                                                     "(default: runs/<timestamp>)")
     p.add_argument("--db", default=None, help="DuckDB file (default: RUN_DIR/run.duckdb)")
-    p.add_argument("--engines", type=int, default=4, help="sim engines to start (0: none)")
+    p.add_argument("--engines", type=_engines_spec, default=4,
+                   help="sim engines to start (0: none); 'sglang-fake[:N]' runs N (default 2) SGLang-backend "
+                        "workers, each launching a fake SGLang server (engine/backends/sglang/fake.py)")
     p.add_argument("--prefill", type=int, default=None,
                    help="start this many engines as prefill and the rest as decode (default: all collocated)")
     p.add_argument("--profile", default=None, help="engine profile (engine.worker --profile)")
@@ -146,6 +148,32 @@ def add_up_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop-timeout-s", type=float, default=10.0)
 
 
+class EnginesSpec(int):
+    """``--engines``: a count, with the backend kind as an attribute (``sim`` or ``sglang-fake``)."""
+
+    kind = "sim"
+
+
+def _engines_spec(raw: str) -> int:
+    kind, _, n = raw.partition(":")
+    if kind == "sglang-fake":
+        spec = EnginesSpec(int(n) if n else 2)
+        spec.kind = "sglang-fake"
+        return spec
+    return int(raw)
+
+
+def _sglang_fake_args(i: int, role: str, ports: list[tuple[int, int]]) -> list[str]:
+    """Worker options for engine ``i`` on a fake SGLang server it launches (ports: (http, zmq) per node)."""
+    http, kv = ports[i]
+    mode = "null" if role == "collocated" else role
+    launch = (f"{sys.executable} -m engine.backends.sglang.fake --port {http} --kv-events-port {kv} "
+              f"--disaggregation-mode {mode}")
+    peers = [f"--peer-url=n{j}=http://127.0.0.1:{p}" for j, (p, _) in enumerate(ports) if j != i]
+    return ["--backend", "sglang", "--sglang-launch", launch, "--sglang-url", f"http://127.0.0.1:{http}",
+            "--sglang-launch-timeout-s", "60", "--kv-events-endpoint", f"tcp://127.0.0.1:{kv}", *peers]
+
+
 def run_config(args) -> dict:
     """The ``run_config`` that ``evolving verify`` reads (docs/recorder.md)."""
     return {
@@ -153,7 +181,8 @@ def run_config(args) -> dict:
         "planner": {"plugin": args.planner, "kwargs": parse_kv(args.planner_arg)},
         "router": {"plugin": args.router, "kwargs": parse_kv(args.router_arg)},
         "cores": ["directory", "planner", "router"],
-        "live": {"engines": args.engines, "prefill": args.prefill, "time_scale": args.time_scale,
+        "live": {"engines": int(args.engines), "engine_backend": getattr(args.engines, "kind", "sim"),
+                 "prefill": args.prefill, "time_scale": args.time_scale,
                  "shadows": list(args.shadow), "partition": args.partition},
     }
 
@@ -194,9 +223,13 @@ def plan_children(args, url: str, run_dir: Path, db: Path) -> tuple[list[Child],
     for name in args.shadow:
         children.append(svc(f"shadow-{name}", "services.router", G_SERVICE, "--router", name, "--shadow", name,
                             *mport(f"shadow-{name}")))
+    fake_ports = [(_free_port(), _free_port()) for _ in range(args.engines)] \
+        if getattr(args.engines, "kind", "sim") == "sglang-fake" else []
     for i in range(args.engines):
         role = "collocated" if args.prefill is None else ("prefill" if i < args.prefill else "decode")
         extra = ["--profile", args.profile] if args.profile else []
+        if fake_ports:
+            extra += _sglang_fake_args(i, role, fake_ports)
         children.append(Child(f"engine-n{i}", [py, "-m", "engine.worker", "--node", f"n{i}", "--role", role,
                                                *common, "--time-scale", str(args.time_scale), "--seed", str(i),
                                                *extra, *args.engine_arg], G_ENGINE, logs / f"engine-n{i}.log"))
@@ -405,6 +438,8 @@ def check_args(args) -> str | None:
         return str(exc)
     except Exception as exc:  # noqa: BLE001 - a plug-in's own validation error type
         return f"{type(exc).__name__}: {exc}"
+    if getattr(args.engines, "kind", "sim") == "sglang-fake" and args.time_scale != 1.0:
+        return "--engines sglang-fake runs in real time: --time-scale must be 1"
     if args.engines and importlib.util.find_spec("engine.worker") is None:
         return "engine.worker is not installed: use --engines 0"
     if not args.no_gateway and importlib.util.find_spec("services.gateway") is None:

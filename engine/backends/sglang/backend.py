@@ -62,6 +62,7 @@ class SglangConfig:
     url: str | None = None
     launch: str | None = None
     launch_timeout_s: float = 900.0
+    wait_s: float = 0.0  # attach: wait this long for /health (a server still loading its model)
     kv_events_endpoint: str | None = None
     kv_events_topic: str = ""
     bootstrap_host: str | None = None
@@ -70,6 +71,7 @@ class SglangConfig:
     switch_fallback: str = "restart"
     drain_timeout_s: float = 120.0
     request_timeout_s: float = 600.0
+    retry_s: float = 60.0  # a request that cannot connect (a server restarting) is retried this long
 
 
 def config_from_args(args) -> SglangConfig:
@@ -78,6 +80,7 @@ def config_from_args(args) -> SglangConfig:
         m = re.search(r"--port[ =](\d+)", args.sglang_launch)
         url = f"http://127.0.0.1:{m.group(1) if m else 30000}"
     return SglangConfig(url=url, launch=args.sglang_launch, launch_timeout_s=args.sglang_launch_timeout_s,
+                        wait_s=args.sglang_wait_s,
                         kv_events_endpoint=args.kv_events_endpoint, kv_events_topic=args.kv_events_topic,
                         bootstrap_host=args.bootstrap_host, bootstrap_port=args.bootstrap_port,
                         peers=dict(s.split("=", 1) for s in args.peer_url), switch_fallback=args.switch_fallback,
@@ -120,6 +123,7 @@ class SglangBackend:
         self.tasks: dict[str, asyncio.Task] = {}
         self.started: set[str] = set()
         self.status = "up"
+        self._held: list[PrefillJob] = []
         self.kv_seq = -1
         self.kv_gaps = 0
         self._proc: asyncio.subprocess.Process | None = None
@@ -159,7 +163,15 @@ class SglangBackend:
         if self.cfg.launch:
             await self._launch(self.cfg.launch)
         else:
-            await self.preflight(self.cfg)
+            deadline = time.monotonic() + self.cfg.wait_s
+            while True:
+                try:
+                    await self.preflight(self.cfg)
+                    break
+                except BackendUnavailable:
+                    if time.monotonic() >= deadline:
+                        raise
+                    await asyncio.sleep(1.0)
         await self._read_server_info()
         if self.cfg.kv_events_endpoint:
             self._bg.append(asyncio.create_task(self._kv_events(), name="sglang-kv-events"))
@@ -213,12 +225,25 @@ class SglangBackend:
     # ------------------------------------------------------------------ requests
     def enqueue_prefill(self, job: PrefillJob) -> None:
         self.jobs[job.request] = job
+        if self.status != "up":  # draining or switching: send once the server serves its new role
+            self._held.append(job)
+            return
         self.tasks[job.request] = asyncio.create_task(self._serve(job), name=f"sglang-{job.request}")
+
+    def _release_held(self) -> None:
+        held, self._held = self._held, []
+        for job in held:
+            if job.request in self.jobs:
+                self.enqueue_prefill(job)
 
     def remove_queued(self, request: RequestId) -> PrefillJob | None:
         if request in self.started or request not in self.jobs:
             return None
-        self.tasks.pop(request).cancel()
+        task = self.tasks.pop(request, None)
+        if task is None:  # held during a switch: never sent
+            self._held = [j for j in self._held if j.request != request]
+            return self.jobs.pop(request)
+        task.cancel()
         self._bg.append(asyncio.create_task(self._post("/abort_request", {"rid": request})))
         return self.jobs.pop(request)
 
@@ -248,7 +273,16 @@ class SglangBackend:
 
     async def _serve(self, job: PrefillJob) -> None:
         try:
-            await self._serve_one(job)
+            deadline = time.monotonic() + self.cfg.retry_s
+            while True:
+                try:
+                    await self._serve_one(job)
+                    break
+                except aiohttp.ClientConnectorError:
+                    # a server restarting (a peer's role switch): nothing was sent yet, try again
+                    if job.request in self.started or time.monotonic() >= deadline:
+                        raise
+                    await asyncio.sleep(0.5)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - one failed request never stops the node
@@ -297,7 +331,7 @@ class SglangBackend:
             if side is not None:
                 await side
             self._finish(job, decode_node, total, None)
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, aiohttp.ClientConnectorError):
             if side is not None:
                 side.cancel()
             raise
@@ -343,6 +377,8 @@ class SglangBackend:
                 except Exception as exc:  # noqa: BLE001 - a bad message is counted, not fatal
                     log.error("kv_event_unreadable", error=str(exc))
                     continue
+                if 0 <= seq <= self.kv_seq:  # the publisher restarted (a relaunch): its sequence starts over
+                    self.kv_seq = -1
                 if self.kv_seq >= 0 and seq != self.kv_seq + 1:
                     self.kv_gaps += 1
                     log.warning("kv_event_gap", expected=self.kv_seq + 1, got=seq)
@@ -379,6 +415,10 @@ class SglangBackend:
                 how, dropped = "in_place", False
             elif to_role in ("prefill", "decode") and self.server_mode != "null":
                 status, out = await self._post("/pd_role_switch", {"new_role": to_role})
+                while (status != 200 and "not idle" in str(out.get("message", ""))
+                       and time.monotonic() < deadline):  # requests sent to it by a prefill peer: wait
+                    await asyncio.sleep(0.2)
+                    status, out = await self._post("/pd_role_switch", {"new_role": to_role})
                 if status == 200 and out.get("success"):
                     self.server_mode = to_role
                 else:
@@ -402,6 +442,7 @@ class SglangBackend:
                                                                                                else "")))
         self.host.emit(RoleSwitched(ts=self._now(), src=self.node_id, node=self.node_id, role=self._role,
                                     drained=drained, duration_s=self._now() - t0, kv_dropped=dropped))
+        self._release_held()
 
     async def _fallback(self, to_role: Role, why: str) -> str:
         if self.cfg.switch_fallback != "restart" or not self.cfg.launch:

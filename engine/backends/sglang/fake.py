@@ -55,12 +55,13 @@ class FakeSglang:
     def __init__(self, *, mode: str = "null", enable_role_switch: bool = True, page_size: int = 64,
                  capacity_pages: int = 4096, kv_events_port: int | None = None, topic: str = "",
                  bootstrap_port: int = 8998, prefill_s_per_token: float = 2e-6, decode_s_per_token: float = 0.002,
-                 chunk_tokens: int = 4) -> None:
+                 chunk_tokens: int = 4, pair_wait_s: float = 30.0) -> None:
         assert mode in ("null", "prefill", "decode"), mode
         self.mode, self.enable_role_switch = mode, enable_role_switch
         self.page_size, self.capacity_pages = page_size, capacity_pages
         self.kv_events_port, self.topic, self.bootstrap_port = kv_events_port, topic, bootstrap_port
         self.prefill_s, self.decode_s, self.chunk_tokens = prefill_s_per_token, decode_s_per_token, chunk_tokens
+        self.pair_wait_s = pair_wait_s  # decode: how long to wait for the prefill of the room (in-process)
         self.pages: OrderedDict[int, tuple[int | None, int]] = OrderedDict()  # hash -> (parent, children), LRU
         self.inflight: dict[str, asyncio.Task] = {}
         self.seq = 0
@@ -192,7 +193,7 @@ class FakeSglang:
             cached = 0
             if self.mode == "decode":
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(_room(int(body["bootstrap_room"])).wait(), 30.0)
+                    await asyncio.wait_for(_room(int(body["bootstrap_room"])).wait(), self.pair_wait_s)
                 _ROOMS.pop(int(body["bootstrap_room"]), None)
             else:
                 cached = self._insert(ids)
@@ -261,15 +262,19 @@ def main(argv: list[str] | None = None) -> int:
                                 description="fake SGLang server (HTTP routes + ZMQ KV events) for tests")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=30000, help="HTTP port")
-    p.add_argument("--mode", choices=("null", "prefill", "decode"), default="null",
-                   help="--disaggregation-mode the fake pretends to run with")
+    p.add_argument("--mode", "--disaggregation-mode", dest="mode", choices=("null", "prefill", "decode"),
+                   default="null", help="--disaggregation-mode the fake pretends to run with")
+    p.add_argument("--pair-wait-s", type=float, default=0.0,
+                   help="decode: wait this long for the prefill of the same bootstrap room (same process only)")
+    p.add_argument("--decode-s-per-token", type=float, default=0.002, help="simulated decode time per token")
     p.add_argument("--kv-events-port", type=int, default=None, help="bind the ZMQ KV-event publisher here")
     p.add_argument("--page-size", type=int, default=64, help="tokens per page")
     p.add_argument("--capacity-pages", type=int, default=4096, help="GPU cache size in pages")
     p.add_argument("--no-role-switch", action="store_true", help="behave as without --enable-pd-role-switch")
     args = p.parse_args(argv)
     fake = FakeSglang(mode=args.mode, enable_role_switch=not args.no_role_switch, page_size=args.page_size,
-                      capacity_pages=args.capacity_pages, kv_events_port=args.kv_events_port)
+                      capacity_pages=args.capacity_pages, kv_events_port=args.kv_events_port,
+                      pair_wait_s=args.pair_wait_s, decode_s_per_token=args.decode_s_per_token)
 
     async def serve() -> None:
         url = await fake.start(args.host, args.port)

@@ -17,6 +17,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "--enable-pd-role-switch --kv-events-config ...' (the worker stops it on exit)")
     g.add_argument("--sglang-launch-timeout-s", type=float, default=900.0,
                    help="seconds to wait for a launched server's /health (model load; default 900)")
+    g.add_argument("--sglang-wait-s", type=float, default=0.0,
+                   help="attach: wait this long for the server's /health before giving up (default 0: fail at "
+                        "once with one line)")
     g.add_argument("--kv-events-endpoint", default=None,
                    help="ZMQ endpoint of the server's KV-event publisher to subscribe to, e.g. tcp://127.0.0.1:5557 "
                         "(the 'endpoint' of the server's --kv-events-config, with a connectable host); "
