@@ -263,7 +263,7 @@ def bench_transfer(layout: KvLayout, blocks: int, repeats: int, seed: int) -> di
 
     from engine.transfer.base import PoolDescriptor
 
-    num_slots = 2 * blocks
+    num_slots = blocks + blocks // 2
     env = dict(os.environ, MC_LOG_LEVEL="ERROR")
     peer = subprocess.Popen(
         [
@@ -328,14 +328,9 @@ def bench_transfer(layout: KvLayout, blocks: int, repeats: int, seed: int) -> di
         return {"mooncake_tcp_read": _figure(nbytes, ours_s, base_s, runs=stats.runs, baseline="raw socket")}
     finally:
         backend.close()
-        if peer.poll() is None:
-            peer.stdin.write('{"op": "quit"}\n')
-            peer.stdin.flush()
-            try:
-                peer.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                peer.kill()
-                peer.wait()
+        if peer.poll() is None:  # the peer holds nothing worth a clean Mooncake teardown (~1 s)
+            peer.terminate()
+            peer.wait()
 
 
 def run(
@@ -347,7 +342,7 @@ def run(
     repeats: int = 5,
     seed: int = 0,
     transfer: bool = True,
-    transfer_blocks: int = 32,
+    transfer_blocks: int = 16,
 ) -> dict:
     dev = torch.device(device)
     kv = KvLayout.from_fingerprint(layout)

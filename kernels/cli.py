@@ -20,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=5, help="timed runs per path; the best is kept")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-transfer", action="store_true", help="skip the Mooncake vs raw socket part")
-    p.add_argument("--transfer-blocks", type=int, default=32, help="blocks per Mooncake/socket transfer")
+    p.add_argument("--transfer-blocks", type=int, default=16, help="blocks per Mooncake/socket transfer")
 
 
 def _bench_kv(args: argparse.Namespace) -> int:

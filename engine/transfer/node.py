@@ -38,7 +38,10 @@ from services.logging import configure_logging
 
 def fill(pool: BlockPool, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
-    pool.bytes.copy_(torch.randint(0, 256, pool.bytes.shape, dtype=torch.uint8, generator=gen))
+    if pool.nbytes % 8 == 0:  # int64 draws are several times faster than uint8 ones
+        pool.bytes.view(torch.int64).random_(generator=gen)
+    else:
+        pool.bytes.copy_(torch.randint(0, 256, pool.bytes.shape, dtype=torch.uint8, generator=gen))
 
 
 def serve_socket(pool: BlockPool, slots: list[int]) -> int:
