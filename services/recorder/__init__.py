@@ -3,7 +3,9 @@
 - :mod:`.eventlog` - the ``EventLog`` port, ``DuckDbEventLog`` and ``InMemoryEventLog``;
 - :mod:`.views` - typed per-kind views and the named views (requests, route_decisions, ...);
 - :mod:`.core` / :mod:`.service` - the batching core and the bus adapter ``run_recorder``;
-- :mod:`.verify` - ``evolving verify``: fold the log through fresh cores, compare decisions.
+- :mod:`.verify` - ``evolving verify``: fold the log through fresh cores, compare decisions;
+- :mod:`.sandbox` - the read-only, sandboxed DuckDB sessions of ``evolving sql``;
+- :mod:`.live` - ``evolving sql --live``: ask a running recorder for a consistent snapshot.
 
 See docs/recorder.md.
 

@@ -142,3 +142,48 @@ def test_parquet_glob_must_match_and_other_files_stay_closed(run, capsys):
     assert '{"n": 10}' in capsys.readouterr().out
     assert main(["sql", str(run / "seg.parquet"), f"SELECT * FROM read_csv('{run}/data.csv')"]) == 2
     assert "file system operations are disabled" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- property
+SAFE = ["SELECT count(*) FROM events", "SELECT max(seq) FROM requests", "SHOW TABLES", "DESCRIBE route_decisions",
+        "PRAGMA database_size", "WITH a AS (SELECT 1 AS x) SELECT * FROM a", "EXPLAIN SELECT 1"]
+
+
+def _unsafe(d) -> list[str]:
+    return [sql for sql, _ in attacks(d) if ";" not in sql]
+
+
+@pytest.fixture(scope="module")
+def prop_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("sandbox-prop")
+    make_run(d / "run.duckdb")
+    duckdb.connect(str(d / "other.duckdb")).execute("CREATE TABLE t AS SELECT 1 AS x").close()
+    (d / "data.csv").write_text("a,b\n1,2\n")
+    return d
+
+
+def test_any_script_runs_iff_every_statement_is_a_query_and_never_changes_a_file(prop_run, capsys):
+    """Hypothesis: scripts of 1-4 statements drawn from safe queries and attacks, in any order
+    (an attack after harmless statements included): exit 0 iff all are safe, else exit 2 with one
+    line; the run, the other database and the directory never change."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    d = prop_run
+    before = snapshot_dir(d)
+    pool = [(s, True) for s in SAFE] + [(s, False) for s in _unsafe(d)]
+
+    @settings(max_examples=25, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(st.lists(st.sampled_from(pool), min_size=1, max_size=4))
+    def check(script):
+        query = ";\n".join(s for s, _ in script)
+        rc = main(["sql", str(d / "run.duckdb"), "--format", "csv", query])
+        err = capsys.readouterr().err
+        if all(ok for _, ok in script):
+            assert rc == 0, (query, err)
+        else:
+            assert rc == 2 and err.count("\n") == 1, (query, err)
+        assert snapshot_dir(d) == before
+
+    check()
