@@ -7,7 +7,15 @@ add a ``_register_<group>(sub, bench)`` and one line to ``register``.
 
 ``evolving trace import FORMAT SRC -o OUT [--skip-bad]``  -- convert a real log to sessions
 ``evolving trace stats FILE... [--from FORMAT] [--json]`` -- counts, distributions, ideal hits
+``evolving trace stats --compare A B [--markdown]`` -- two workloads side by side, KS distances
+``evolving trace fit SRC -o PARAMS.json [--from FORMAT]`` -- fit the CC generator to sessions
 ``evolving trace generate WORKLOAD -o OUT [--seed N] [--agents N] [--rate R]`` -- synthetic
+
+A *workload spec* (``--compare``) is a trace path (session JSONL, or kv-cache-tester JSON /
+``.json.gz`` files or a folder of them), ``FORMAT:PATH`` to import with a named importer
+(``mooncake:trace.jsonl``), or ``gen:NAME[:key=value]...`` for a generator, keys ``agents``
+(default: the workload's), ``seed`` (0), ``params`` (a fit file, CC only) and ``pace``
+(``recorded`` default, ``agent[:T[:H]]``, ``scale:X``), e.g. ``gen:cc:agents=126:seed=1``.
 """
 
 from __future__ import annotations
@@ -38,12 +46,25 @@ def _register_trace(sub: argparse._SubParsersAction) -> None:
     imp.set_defaults(func=_cmd_import)
 
     st = tsub.add_parser("stats", help="requests, branches, token/pause distributions, ideal hit rate")
-    st.add_argument("files", nargs="+", help="session JSONL files or directories")
+    st.add_argument("files", nargs="*", help="session JSONL files or directories")
+    st.add_argument("--compare", nargs=2, metavar=("A", "B"), default=None,
+                    help="two workload specs side by side with KS distances: a trace path, FORMAT:PATH, "
+                         "or gen:NAME[:agents=N][:seed=S][:params=FILE][:pace=P]")
+    st.add_argument("--markdown", action="store_true", help="with --compare: a Markdown table")
     st.add_argument("--from", dest="fmt", choices=FORMATS, default=None,
                     help="import FILES from this format on the fly instead of reading sessions")
     st.add_argument("--json", action="store_true", help="print JSON")
     st.add_argument("--skip-bad", action="store_true", help="skip bad records and report them")
     st.set_defaults(func=_cmd_stats)
+
+    fit = tsub.add_parser("fit", help="fit the CC generator's distributions to real sessions (writes a params file)")
+    fit.add_argument("src", help="sessions: a trace path or FORMAT:PATH (as for --compare)")
+    fit.add_argument("-o", "--out", required=True, help="params JSON (the generator loads replay/cc_params.json)")
+    fit.add_argument("--from", dest="fmt", choices=FORMATS, default=None, help="import SRC from this format")
+    fit.add_argument("--check-agents", type=int, default=500,
+                     help="generated sessions compared with the data for the fit quality (default 500)")
+    fit.add_argument("--markdown", action="store_true", help="print the fit-quality table as Markdown")
+    fit.set_defaults(func=_cmd_fit)
 
     from replay.workloads import WORKLOADS
 
@@ -106,12 +127,122 @@ def _cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def load_workload(spec: str, fmt: str | None = None) -> tuple[list, str]:
+    """Sessions of a workload spec (see the module docstring) and a label for it.
+    Raises ``ValueError``/``TraceFormatError``/``OSError`` with a one-line message."""
+    from replay.importers import FORMATS, get_importer
+
+    if spec.startswith("gen:"):
+        from replay.pacing import pace_sessions
+        from replay.workloads import WORKLOADS, generate, load_cc_params
+
+        parts: list[str] = []
+        for item in spec.split(":")[1:]:  # "pace=scale:2": a part without "=" continues the previous
+            if parts and "=" not in item and "=" in parts[-1]:
+                parts[-1] += ":" + item
+            else:
+                parts.append(item)
+        if not parts or parts[0] not in WORKLOADS:
+            raise ValueError(f"bad workload spec {spec!r}: gen:NAME with NAME one of {', '.join(sorted(WORKLOADS))}")
+        name, kv = parts[0], {}
+        for item in parts[1:]:
+            key, eq, val = item.partition("=")
+            if not eq or key not in ("agents", "seed", "params", "pace"):
+                raise ValueError(f"bad workload spec {spec!r}: {item!r} is not agents=N, seed=S, params=FILE or pace=P")
+            kv[key] = val
+        try:
+            agents = int(kv["agents"]) if "agents" in kv else None
+            seed = int(kv.get("seed", 0))
+        except ValueError:
+            raise ValueError(f"bad workload spec {spec!r}: agents and seed are integers") from None
+        params = None
+        if "params" in kv:
+            if name != "cc":
+                raise ValueError(f"bad workload spec {spec!r}: params= is for gen:cc only")
+            if not Path(kv["params"]).is_file():
+                raise ValueError(f"bad workload spec {spec!r}: no params file {kv['params']!r}")
+            params = load_cc_params(kv["params"])
+        sessions = generate(name, seed=seed, agents=agents, params=params)
+        if "pace" in kv:
+            sessions = pace_sessions(sessions, kv["pace"])
+        return sessions, spec
+    head, colon, rest = spec.partition(":")
+    if colon and head in FORMATS and not fmt:
+        fmt, spec = head, rest
+    if fmt:
+        res = get_importer(fmt)(spec)
+        sessions = res.sessions
+    else:
+        from replay.sim_cli import load_trace
+
+        sessions = load_trace(spec)
+    if not sessions:
+        raise ValueError(f"{spec}: no session")
+    return sessions, spec
+
+
+def _cmd_compare_workloads(args: argparse.Namespace) -> int:
+    from replay.fit import compare, format_compare
+    from replay.trace import TraceFormatError
+
+    loaded = []
+    for spec in args.compare:
+        try:
+            loaded.append(load_workload(spec, args.fmt))
+        except (TraceFormatError, OSError, ValueError, KeyError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+    (a, na), (b, nb) = loaded
+    rows, rates = compare(a, b)
+    print(format_compare(rows, rates, f"{na} ({len(a)} sessions)", f"{nb} ({len(b)} sessions)",
+                         markdown=args.markdown))
+    return 0
+
+
+def _cmd_fit(args: argparse.Namespace) -> int:
+    import json
+    import re
+
+    from replay.fit import compare, fit_cc, format_compare
+    from replay.trace import TraceFormatError
+    from replay.workloads import generate
+
+    try:
+        sessions, _ = load_workload(args.src, args.fmt)
+    except (TraceFormatError, OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    params = fit_cc(sessions)
+    gen = generate("cc", seed=0, agents=args.check_agents, params=params)
+    rows, rates = compare(sessions, gen)
+    doc = {"workload": "cc", "source": args.src, "sessions": len(sessions),
+           "command": f"evolving trace fit {args.src} -o {args.out}",
+           "params": params.to_json(),
+           "fit": {"check": f"gen:cc:agents={args.check_agents}:seed=0",
+                   "ks": {r.name: (None if r.ks is None else round(r.ks, 4)) for r in rows},
+                   "rates": {k: [round(a, 5), round(b, 5)] for k, (a, b) in rates.items()}}}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(doc, indent=1)
+    text = re.sub(r"\[[^\[\]{}]*\]", lambda m: json.dumps(json.loads(m.group(0))), text)  # a list on one line
+    out.write_text(text + "\n")
+    print(f"fitted the CC generator to {len(sessions)} session(s); wrote {out}")
+    print(format_compare(rows, rates, f"data: {args.src}", f"generator: {doc['fit']['check']}",
+                         markdown=args.markdown))
+    return 0
+
+
 def _cmd_stats(args: argparse.Namespace) -> int:
     import msgspec
 
     from replay.stats import format_stats, trace_stats
     from replay.trace import TraceFormatError
 
+    if args.compare:
+        return _cmd_compare_workloads(args)
+    if not args.files:
+        print("error: give FILE... or --compare A B", file=sys.stderr)
+        return 2
     try:
         sessions, skipped = _load(args.files, args.fmt, args.skip_bad)
     except (TraceFormatError, OSError) as exc:

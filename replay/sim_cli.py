@@ -36,6 +36,16 @@ def parse_duration(text: str) -> float:
     return sum(float(v) * {"h": 3600, "m": 60, "s": 1}[u] for v, u in parts)
 
 
+def _pace_arg(text: str) -> str:
+    from replay.pacing import parse_pace
+
+    try:
+        parse_pace(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 # --------------------------------------------------------------------------- inputs
 def load_trace(path: str | Path) -> list:
     """Sessions from a session JSONL file/dir, or a folder/file of kv-cache-tester JSON traces."""
@@ -53,7 +63,12 @@ def load_trace(path: str | Path) -> list:
 
 
 def session_source(args) -> tuple[SessionSource, str]:
-    if getattr(args, "workload", None):
+    from replay.pacing import pace_session, parse_pace
+
+    synthetic = bool(getattr(args, "workload", None))
+    # --pace default (docs/traces.md, pacing): a trace as recorded, a generator as autonomous agents
+    pace = parse_pace(getattr(args, "pace", None) or ("agent" if synthetic else "recorded"))
+    if synthetic:
         from replay.workloads import WORKLOADS
 
         w = WORKLOADS[args.workload]
@@ -61,12 +76,13 @@ def session_source(args) -> tuple[SessionSource, str]:
 
         def make(k: int, _w=w, _seed=args.seed, _name=args.workload):
             rng = np.random.Generator(np.random.PCG64([_seed, k]))
-            return _w.make(f"{_name}-s{_seed}-{k:05d}", rng, _w.params)
+            return pace_session(_w.make(f"{_name}-s{_seed}-{k:05d}", rng, _w.params), pace)
 
-        return SessionSource(make=make), f"{args.workload}-like (seed {args.seed})"
+        return SessionSource(make=make), f"{args.workload}-like (seed {args.seed}, pace {pace})"
     path = args.trace or BUNDLED_TRACE
-    sessions = load_trace(path)
-    return SessionSource(sessions), f"{len(sessions)} sessions from {path}"
+    sessions = [pace_session(s, pace) for s in load_trace(path)]
+    return SessionSource(sessions), f"{len(sessions)} sessions from {path}" + (
+        f" (pace {pace})" if pace.mode != "recorded" else "")
 
 
 def sim_config(args) -> SimConfig:
@@ -180,6 +196,9 @@ def _add_common(p: argparse.ArgumentParser, default_duration: str = "1h", defaul
     p.add_argument("--start", default=None, help="baselines' initial split (default 6P3D)")
     p.add_argument("--fast", action="store_true",
                    help="no separate directory core (eviction reads the router's DirectoryCore)")
+    p.add_argument("--pace", type=_pace_arg, default=None,
+                   help="client pauses: recorded, agent[:TOOL_CAP[:HUMAN_CAP]] (tool time kept, human pauses "
+                        "capped) or scale:X (default: recorded for --trace, agent for --workload)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
 

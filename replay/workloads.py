@@ -40,13 +40,15 @@ OSWorld-like (:class:`OsworldParams`): a task is an orchestrator branch that spa
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
 
 import numpy as np
 
 from events.hashing import hash_block_tokens, namespace_root
-from replay.trace import Branch, Compact, End, Request, Session, Spawn, Step
+from replay.trace import Branch, Compact, End, Fork, Request, Session, Spawn, Step
 
 _U32 = 0xFFFFFFFF
 
@@ -78,9 +80,9 @@ class _Ctx:
             self.blocks.append(hash_block_tokens(parent, [self.salt & _U32, self.salt >> 32 & _U32, i]))
         self.tail = total % self.bt
 
-    def request(self, output: int, pause_s: float) -> Request:
+    def request(self, output: float, pause_s: float, pause_kind: str = "tool") -> Request:
         return Request(blocks=list(self.blocks), tail_tokens=self.tail, output_tokens=int(output),
-                       pause_s=round(float(pause_s), 3))
+                       pause_s=round(float(pause_s), 3), pause_kind=pause_kind)  # type: ignore[arg-type]
 
 
 def _salt(*parts: object) -> int:
@@ -93,28 +95,173 @@ def _lognormal(rng: np.random.Generator, median: float, sigma: float, cap: float
 
 
 @dataclass(frozen=True)
+class LogNormal:
+    """A clipped lognormal with an atom at 0: with probability ``zero_p`` the draw is 0, else
+    ``exp(N(log median, sigma))`` clipped to ``[lo, hi]`` (rounded when ``integer``)."""
+
+    median: float
+    sigma: float
+    lo: float = 0.0
+    hi: float = float("inf")
+    zero_p: float = 0.0
+    integer: bool = False
+
+    def draw(self, rng: np.random.Generator) -> float:
+        if self.zero_p and rng.random() < self.zero_p:
+            return 0.0
+        v = min(max(float(rng.lognormal(np.log(self.median), self.sigma)), self.lo), self.hi)
+        return float(round(v)) if self.integer else v
+
+    @classmethod
+    def fit(cls, values: Sequence[float], integer: bool = False) -> LogNormal:
+        """Maximum likelihood on the log of the positive values; ``zero_p`` = share of values <= 0;
+        clipped to the observed positive range."""
+        a = np.asarray(values, dtype=float)
+        pos = a[a > 0]
+        if len(pos) < 2:
+            raise ValueError("a lognormal fit needs at least two positive values")
+        logs = np.log(pos)
+        return cls(median=_sig(float(np.exp(logs.mean()))), sigma=_sig(float(logs.std())),
+                   lo=_sig(float(pos.min())), hi=_sig(float(pos.max())),
+                   zero_p=_sig(float(1 - len(pos) / len(a))), integer=integer)
+
+
+@dataclass(frozen=True)
+class Quantiles:
+    """An empirical distribution: quantiles ``q`` at probabilities ``p`` (increasing from 0 to 1;
+    empty = evenly spaced). A draw takes ``u ~ U(0, 1)`` and interpolates between the two
+    neighbouring quantiles, log-linearly when both are positive (heavy tails), else linearly;
+    rounded when ``integer``. The fit is the sample quantiles (``numpy.quantile``, linear)."""
+
+    q: tuple[float, ...]
+    p: tuple[float, ...] = ()
+    integer: bool = False
+
+    def draw(self, rng: np.random.Generator) -> float:
+        return self.at(float(rng.random()))
+
+    def at(self, u: float) -> float:
+        probs = self.p or tuple(np.linspace(0, 1, len(self.q)))
+        u = min(max(u, 0.0), 1.0)
+        i = min(max(int(np.searchsorted(probs, u, side="right")) - 1, 0), len(self.q) - 2)
+        span = probs[i + 1] - probs[i]
+        f = (u - probs[i]) / span if span > 0 else 0.0
+        a, b = self.q[i], self.q[i + 1]
+        v = float(np.exp(np.log(a) + f * (np.log(b) - np.log(a)))) if a > 0 and b > 0 else a + f * (b - a)
+        return float(round(v)) if self.integer else v
+
+    @property
+    def median(self) -> float:
+        return self.at(0.5)
+
+    @classmethod
+    def fit(cls, values: Sequence[float], points: int = 101, integer: bool = False) -> Quantiles:
+        """Up to 1,000 samples: ``min(points, n)`` evenly spaced quantiles. More: percentiles 1-99
+        plus 0, 0.1, 0.5, 99.5, 99.9 and 100, so a lone outlier (the max) carries 0.1% of the
+        mass, not 1%."""
+        a = np.asarray(values, dtype=float)
+        if len(a) < 2:
+            raise ValueError("a quantile fit needs at least two values")
+        if len(a) >= 1000:
+            probs = np.concatenate([[0, 0.001, 0.005], np.linspace(0.01, 0.99, 99), [0.995, 0.999, 1]])
+        else:
+            probs = np.linspace(0, 1, min(points, len(a)))
+        q = tuple(_sig(float(v)) for v in np.quantile(a, probs))
+        p = () if len(a) < 1000 else tuple(_sig(float(x)) for x in probs)
+        return cls(q=q, p=p, integer=integer)
+
+
+@dataclass(frozen=True)
+class Beta:
+    """A Beta(a, b) on [0, 1]."""
+
+    a: float
+    b: float
+
+    def draw(self, rng: np.random.Generator) -> float:
+        return float(rng.beta(self.a, self.b))
+
+    @classmethod
+    def fit(cls, values: Sequence[float]) -> Beta:
+        """Method of moments (values clipped to [0.001, 0.999])."""
+        x = np.clip(np.asarray(values, dtype=float), 1e-3, 1 - 1e-3)
+        m, v = float(x.mean()), float(x.var())
+        k = m * (1 - m) / v - 1 if v > 0 else 100.0
+        return cls(a=_sig(max(1e-3, m * k)), b=_sig(max(1e-3, (1 - m) * k)))
+
+
+def _sig(v: float, digits: int = 5) -> float:
+    """Round to ``digits`` significant digits (stable JSON, readable docs)."""
+    return float(f"{v:.{digits}g}")
+
+
+Dist = LogNormal | Quantiles | Beta
+
+
+@dataclass(frozen=True)
 class CcParams:
+    """CC-like sessions. The defaults below are priors used only where ``cc_params.json`` (the
+    fitted values, written by ``evolving trace fit``) has no value; ``WORKLOADS["cc"]`` loads
+    the file. Token counts are tokens, pauses seconds; rates are per main-thread request."""
+
     block_tokens: int = 64
-    system_tokens: int = 12_000
-    first_prompt_median: float = 1_500
-    steps: tuple[int, int] = (20, 60)
-    tool_median: float = 600
-    tool_sigma: float = 1.5
-    tool_cap: float = 40_000
-    output_median: float = 200
-    output_sigma: float = 1.0
-    output_cap: float = 8_000
-    pause_median_s: float = 12.0
-    pause_sigma: float = 0.9
-    subagent_p: float = 0.03
-    subagents_parallel: tuple[int, int] = (1, 3)
-    subagent_steps: tuple[int, int] = (4, 10)
-    subagent_system_tokens: int = 11_000
-    subagent_pause_s: float = 3.0
+    system_tokens: int = 12_000  # shared by every agent (kv-cache-tester: tool + system 10.7k-15.5k)
+    subagent_system_tokens: int = 8_000
+    main_requests: Dist = LogNormal(50, 1.0, 1, 1_000, integer=True)
+    first_prompt: Dist = LogNormal(22_000, 0.6, 13_000, 200_000, integer=True)
+    long_first_prompt: Dist = LogNormal(200_000, 0.6, 13_000, 450_000, integer=True)
+    growth: Dist = LogNormal(700, 1.3, 1, 100_000, integer=True)
+    output: Dist = LogNormal(230, 1.1, 1, 16_000, integer=True)
+    tool_pause_s: Dist = LogNormal(10, 1.3, 0.5, 3_600)
+    human_pause_s: Dist = LogNormal(150, 2.0, 1, 70_000)
+    human_p: float = 0.11
+    subagent_p: float = 0.002
+    subagents_per_group: float = 1.5
     subagent_wait_p: float = 0.8
-    subagent_result_median: float = 1_500
-    compact_at_tokens: int = 120_000
-    summary_median: float = 6_000
+    subagent_requests: Dist = LogNormal(15, 0.8, 1, 200, integer=True)
+    subagent_first_prompt: Dist = LogNormal(10_000, 0.3, 5_000, 40_000, integer=True)
+    subagent_growth: Dist = LogNormal(1_000, 1.0, 1, 40_000, integer=True)
+    compact_trigger: Dist = LogNormal(150_000, 0.1, 30_000, 180_000, integer=True)
+    compact_summary: Dist = LogNormal(35_000, 0.3, 12_000, 70_000, integer=True)
+    long_context_p: float = 0.1
+    context_cap: int = 560_000
+    resume_p: float = 0.02
+    resume_kept: Dist = Beta(2.0, 1.0)
+    resume_ratio: Dist = LogNormal(1.0, 0.2, 0.3, 3.0)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> CcParams:
+        """From :meth:`to_json` output; missing fields keep the defaults, unknown ones are an error."""
+        kinds = {f.name: f.type for f in fields(cls)}
+        unknown = set(d) - set(kinds)
+        if unknown:
+            raise ValueError(f"unknown CC parameter(s): {', '.join(sorted(unknown))}")
+        vals: dict[str, object] = {}
+        for k, v in d.items():
+            if isinstance(v, dict):
+                if "q" in v:
+                    vals[k] = Quantiles(q=tuple(v["q"]), p=tuple(v.get("p", ())), integer=bool(v.get("integer", False)))
+                else:
+                    vals[k] = (Beta if set(v) == {"a", "b"} else LogNormal)(**v)
+            else:
+                vals[k] = v
+        return replace(cls(), **vals)
+
+
+#: The fitted CC parameters: written by ``evolving trace fit <calibration sessions> -o <this file>``.
+CC_PARAMS_FILE = Path(__file__).with_name("cc_params.json")
+
+
+def load_cc_params(path: str | Path = CC_PARAMS_FILE) -> CcParams:
+    """``CcParams`` from a fit file (``{"params": {...}, ...}``); the priors if ``path`` is absent."""
+    p = Path(path)
+    if not p.exists():
+        return CcParams()
+    doc = json.loads(p.read_text())
+    return CcParams.from_json(doc.get("params", doc))
 
 
 @dataclass(frozen=True)
@@ -158,49 +305,100 @@ def _system(workload: str, tokens: int, bt: int, who: str = "main") -> _Ctx:
     return ctx
 
 
-def cc_session(sid: str, rng: np.random.Generator, p: CcParams = CcParams()) -> Session:
+def cc_session(sid: str, rng: np.random.Generator, p: CcParams | None = None) -> Session:
+    """One Claude-Code-like session (see ``CcParams`` and docs/traces.md §4 for the model).
+
+    Main thread: ``main_requests`` requests; the first prompt is ``first_prompt`` tokens (the
+    shared system prompt, then the agent's own); each turn the context grows by ``growth``
+    tokens, unless the prompt just served passed the session's compaction trigger (drawn once
+    per session; a ``long_context_p`` session starts from ``long_first_prompt``, never compacts
+    and stops growing at ``context_cap``): then the
+    context is rewritten to a ``compact_summary``-token summary (version + 1). Before each next
+    request: a human pause (probability ``human_p``) or a tool pause; with probability
+    ``subagent_p`` a group of sub-agents (geometric size, mean ``subagents_per_group``) is
+    spawned, each waited for with probability ``subagent_wait_p``; with probability
+    ``resume_p`` the branch is resumed at an older prefix (``resume_kept`` of its blocks; the
+    rest of the context rewritten so the prompt is ``resume_ratio`` times the last one): it
+    forks ``main~k`` which carries on after a human pause, and ends.
+    """
+    p = p or WORKLOADS["cc"].params  # type: ignore[assignment]
+    assert isinstance(p, CcParams)
     bt = p.block_tokens
     system = _system("cc", p.system_tokens, bt)
     sub_system = _system("cc", p.subagent_system_tokens, bt, "subagent")
-    version = 0
-    ctx = system.copy(_salt(sid, "main", version))
-    ctx.append(_lognormal(rng, p.first_prompt_median, 0.8, 20_000))
-    steps: list[Step] = []
+    n_main = max(1, int(p.main_requests.draw(rng)))
+    long_ctx = bool(rng.random() < p.long_context_p)
+    limit = p.compact_trigger.draw(rng)
+    bid, version, resumes = "main", 0, 0
+    ctx = system.copy(_salt(sid, bid, version))
+    # at least one block of its own after the shared system prompt (the user's first message)
+    ctx.append(max(float(bt), (p.long_first_prompt if long_ctx else p.first_prompt).draw(rng) - p.system_tokens))
+    branches: list[Branch] = []
     children: list[Branch] = []
-    n_steps = _randint(rng, p.steps)
-    pause = 0.0
-    for i in range(n_steps):
-        out = _lognormal(rng, p.output_median, p.output_sigma, p.output_cap)
-        steps.append(ctx.request(out, pause))
-        ctx.append(out)
-        pause = _lognormal(rng, p.pause_median_s, p.pause_sigma, 600)
-        if i < n_steps - 1 and rng.random() < p.subagent_p:
-            for _ in range(_randint(rng, p.subagents_parallel)):
+    steps: list[Step] = []
+    pause, kind = 0.0, "human"
+    for i in range(n_main):
+        steps.append(ctx.request(p.output.draw(rng), pause, kind))
+        if i == n_main - 1:
+            break
+        human = bool(rng.random() < p.human_p)
+        pause = (p.human_pause_s if human else p.tool_pause_s).draw(rng)
+        kind = "human" if human else "tool"
+        if rng.random() < p.subagent_p:
+            for _ in range(int(rng.geometric(1.0 / max(1.0, p.subagents_per_group)))):
                 cid = f"agent{len(children) + 1}"
-                sub = sub_system.copy(_salt(sid, cid, 0))
-                sub.append(_lognormal(rng, 800, 0.6, 8_000))
-                sub_steps: list[Step] = []
-                sub_pause = 0.0
-                for _j in range(_randint(rng, p.subagent_steps)):
-                    o = _lognormal(rng, p.output_median, p.output_sigma, p.output_cap)
-                    sub_steps.append(sub.request(o, sub_pause))
-                    sub.append(o + _lognormal(rng, p.tool_median, p.tool_sigma, p.tool_cap))
-                    sub_pause = _lognormal(rng, p.subagent_pause_s, 0.3, 60)
-                sub_steps.append(End())
-                children.append(Branch(id=cid, parent="main", mode="subagent", steps=sub_steps,
-                                       label="Explore"))
+                children.append(_cc_subagent(sid, cid, bid, sub_system, rng, p))
                 steps.append(Spawn(branch=cid, wait=bool(rng.random() < p.subagent_wait_p)))
-                ctx.append(_lognormal(rng, p.subagent_result_median, 0.5, 10_000))
-        else:
-            ctx.append(_lognormal(rng, p.tool_median, p.tool_sigma, p.tool_cap))
-        if ctx.tokens > p.compact_at_tokens and i < n_steps - 1:
+        if rng.random() < p.resume_p:
+            resumes += 1
+            child = f"main~{resumes}"
+            keep = int(len(ctx.blocks) * p.resume_kept.draw(rng))
+            size = min(ctx.tokens * p.resume_ratio.draw(rng), p.context_cap)
+            steps += [Fork(branch=child, wait=False), End()]
+            branches.append(Branch(id=bid, parent=branches[-1].id if branches else None,
+                                   mode="fork" if branches else "root", steps=steps,
+                                   label="resume" if branches else ""))
+            nxt = ctx.copy(_salt(sid, child, version))
+            nxt.blocks, nxt.tail = nxt.blocks[:keep], 0
+            nxt.append(max(0.0, size - nxt.tokens))  # the rewritten rest of the context
+            ctx, bid, steps = nxt, child, []
+            pause, kind = p.human_pause_s.draw(rng), "human"
+        if long_ctx:  # a 1M-token window: no auto-compaction, the context stays under the cap
+            ctx.append(min(p.growth.draw(rng), max(0, p.context_cap - ctx.tokens)))
+        elif ctx.tokens > limit:
             version += 1
-            ctx = system.copy(_salt(sid, "main", version))
-            ctx.append(_lognormal(rng, p.summary_median, 0.4, 20_000))
+            # a summary is at most half the context it replaces (the importer's compaction rule)
+            summary = min(p.compact_summary.draw(rng), 0.5 * ctx.tokens)
+            ctx = system.copy(_salt(sid, bid, version))
+            ctx.append(max(0.0, summary - p.system_tokens))
             steps.append(Compact(blocks=list(ctx.blocks)))
+        else:
+            ctx.append(p.growth.draw(rng))
     steps.append(End())
-    return Session(id=sid, block_tokens=bt, source="synthetic:cc",
-                   branches=[Branch(id="main", steps=steps), *children])
+    branches.append(Branch(id=bid, parent=branches[-1].id if branches else None,
+                           mode="fork" if branches else "root", steps=steps, label="resume" if branches else ""))
+    # sub-agents name the branch that spawned them; list every child after its parent
+    ordered: list[Branch] = []
+    for b in branches:
+        ordered.append(b)
+        ordered += [c for c in children if c.parent == b.id]
+    return Session(id=sid, block_tokens=bt, source="synthetic:cc", branches=ordered)
+
+
+def _cc_subagent(sid: str, cid: str, parent: str, sub_system: _Ctx, rng: np.random.Generator,
+                 p: CcParams) -> Branch:
+    sub = sub_system.copy(_salt(sid, cid, 0))
+    sub.append(max(float(p.block_tokens), p.subagent_first_prompt.draw(rng) - p.subagent_system_tokens))
+    steps: list[Step] = []
+    pause = 0.0
+    n = max(1, int(p.subagent_requests.draw(rng)))
+    for j in range(n):
+        steps.append(sub.request(p.output.draw(rng), pause, "tool"))
+        if j < n - 1:
+            sub.append(p.subagent_growth.draw(rng))
+            pause = p.tool_pause_s.draw(rng)
+    steps.append(End())
+    return Branch(id=cid, parent=parent, mode="subagent", steps=steps, label="Explore")
 
 
 def putnam_session(sid: str, rng: np.random.Generator, p: PutnamParams = PutnamParams()) -> Session:
@@ -256,15 +454,16 @@ class Workload:
 
 
 WORKLOADS: dict[str, Workload] = {
-    "cc": Workload(cc_session, CcParams(), 90, "Claude Code: long growing contexts, sub-agents, compactions"),
+    "cc": Workload(cc_session, load_cc_params(), 90, "Claude Code: long growing contexts, sub-agents, compactions"),
     "putnam": Workload(putnam_session, PutnamParams(), 224, "PutnamBench: one decode-heavy branch per problem"),
     "osworld": Workload(osworld_session, OsworldParams(), 128, "OSWorld: screenshots, prefill-heavy, multi-agent"),
 }
 
 
 def generate(name: str, seed: int = 0, agents: int | None = None, rate_per_min: float | None = None,
-             **overrides: object) -> list[Session]:
-    """``agents`` sessions of workload ``name``; ``overrides`` replace parameter defaults.
+             params: object | None = None, **overrides: object) -> list[Session]:
+    """``agents`` sessions of workload ``name``; ``params`` replaces the workload's parameters
+    (e.g. ``load_cc_params(file)``), ``overrides`` replace single fields.
 
     With ``rate_per_min`` the sessions arrive open-loop (``start_s`` from exponential gaps,
     first at 0); without, ``start_s`` is ``None`` (a fixed-concurrency pool).
@@ -272,7 +471,8 @@ def generate(name: str, seed: int = 0, agents: int | None = None, rate_per_min: 
     if name not in WORKLOADS:
         raise KeyError(f"unknown workload {name!r}; known: {', '.join(sorted(WORKLOADS))}")
     w = WORKLOADS[name]
-    params = replace(w.params, **overrides) if overrides else w.params  # type: ignore[type-var]
+    base = w.params if params is None else params
+    params = replace(base, **overrides) if overrides else base  # type: ignore[type-var]
     n = w.default_agents if agents is None else agents
     out = []
     for k in range(n):

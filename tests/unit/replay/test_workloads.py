@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
 import pytest
 
 from events.catalog import BranchOpened
+from replay.pacing import pace_sessions
 from replay.stats import trace_stats
 from replay.trace import encode_session, session_events, validate_session
-from replay.workloads import AgentPool, generate
+from replay.workloads import CC_PARAMS_FILE, WORKLOADS, AgentPool, CcParams, Quantiles, generate, load_cc_params
 
 
 @pytest.mark.parametrize("name", ["cc", "putnam", "osworld"])
@@ -29,12 +33,42 @@ def test_sessions_are_valid_and_replayable(name):
 
 
 def test_cc_like_ranges():
-    st = trace_stats(generate("cc", seed=1, agents=30))
-    assert 13.0 <= st.pause_s.mean <= 19.0          # METHOD.md §5
-    assert st.subagents > 0 and st.compactions > 0
-    assert st.prompt_tokens.p50 > 20_000             # long contexts
-    assert st.prompt_tokens.max <= 120_000 + 40_000  # compaction threshold + one tool result
+    """The generator loads the parameters fitted to the 100 real sessions (replay/cc_params.json)."""
+    sessions = generate("cc", seed=1, agents=60)
+    st = trace_stats(sessions)
+    # recorded pacing keeps the users' think time (mean pause in minutes, as in the real sessions) ...
+    assert st.pause_s.mean > 60.0
+    # ... and agent pacing replays them as autonomous agents: METHOD.md §5, CC mean pause 13-19 s
+    assert 13.0 <= trace_stats(pace_sessions(sessions, "agent")).pause_s.mean <= 19.0
+    assert st.subagents > 0 and st.compactions > 0 and st.forks > 0
+    assert st.prompt_tokens.mean > 80_000             # real sessions average ~113k tokens
+    assert st.prompt_tokens.max <= WORKLOADS["cc"].params.context_cap + 250_000  # cap + one growth step
     assert st.ideal_hit_rate > 0.8
+    kinds = {r.pause_kind for s in sessions for _b, _i, r in s.requests()}
+    assert kinds == {"tool", "human"}
+
+
+def test_cc_defaults_come_from_the_fit_file():
+    doc = json.loads(CC_PARAMS_FILE.read_text())
+    assert doc["command"].startswith("evolving trace fit ") and doc["sessions"] == 100
+    assert WORKLOADS["cc"].params == load_cc_params() == CcParams.from_json(doc["params"])
+    assert isinstance(WORKLOADS["cc"].params.growth, Quantiles)
+    with pytest.raises(ValueError, match="unknown CC parameter"):
+        CcParams.from_json({"grwoth": 1})
+
+
+def test_quantiles_draws_follow_the_fitted_sample():
+    rng = np.random.default_rng(0)
+    data = rng.lognormal(6.0, 1.5, 5000)
+    q = Quantiles.fit(data)
+    assert q.at(0.0) == pytest.approx(data.min(), rel=1e-4) and q.at(1.0) == pytest.approx(data.max(), rel=1e-4)
+    draws = [q.draw(rng) for _ in range(5000)]
+    from scipy.stats import ks_2samp
+
+    assert ks_2samp(data, draws).statistic < 0.03
+    assert abs(np.mean(draws) / np.mean(data) - 1) < 0.1
+    small = Quantiles.fit([1, 2, 3], integer=True)
+    assert len(small.q) == 3 and small.p == () and small.at(0.5) == 2
 
 
 def test_putnam_like_ranges():
