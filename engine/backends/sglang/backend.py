@@ -71,6 +71,7 @@ class SglangConfig:
     switch_fallback: str = "restart"
     drain_timeout_s: float = 120.0
     request_timeout_s: float = 600.0
+    decode_cuda_graph_memory_gb: float | None = None
     retry_s: float = 60.0  # a request that cannot connect (a server restarting) is retried this long
 
 
@@ -84,7 +85,8 @@ def config_from_args(args) -> SglangConfig:
                         kv_events_endpoint=args.kv_events_endpoint, kv_events_topic=args.kv_events_topic,
                         bootstrap_host=args.bootstrap_host, bootstrap_port=args.bootstrap_port,
                         peers=dict(s.split("=", 1) for s in args.peer_url), switch_fallback=args.switch_fallback,
-                        drain_timeout_s=args.drain_timeout_s, request_timeout_s=args.request_timeout_s)
+                        drain_timeout_s=args.drain_timeout_s, request_timeout_s=args.request_timeout_s,
+                        decode_cuda_graph_memory_gb=args.decode_cuda_graph_memory_gb)
 
 
 def prompt_ids(blocks, prompt_tokens: int, block_tokens: int, request: str) -> list[int]:
@@ -414,11 +416,14 @@ class SglangBackend:
             if to_role == self._role:
                 how, dropped = "in_place", False
             elif to_role in ("prefill", "decode") and self.server_mode != "null":
-                status, out = await self._post("/pd_role_switch", {"new_role": to_role})
+                req = {"new_role": to_role}
+                if to_role == "decode" and self.cfg.decode_cuda_graph_memory_gb is not None:
+                    req["decode_cuda_graph_memory_gb"] = self.cfg.decode_cuda_graph_memory_gb
+                status, out = await self._post("/pd_role_switch", req)
                 while (status != 200 and "not idle" in str(out.get("message", ""))
                        and time.monotonic() < deadline):  # requests sent to it by a prefill peer: wait
                     await asyncio.sleep(0.2)
-                    status, out = await self._post("/pd_role_switch", {"new_role": to_role})
+                    status, out = await self._post("/pd_role_switch", req)
                 if status == 200 and out.get("success"):
                     self.server_mode = to_role
                 else:

@@ -39,6 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="when the server refuses POST /pd_role_switch (no --enable-pd-role-switch, a transfer "
                         "backend without it, collocated): restart it in the new role (needs --sglang-launch) "
                         "or report the switch as refused (default restart)")
+    g.add_argument("--decode-cuda-graph-memory-gb", type=float, default=None,
+                   help="sent with a switch to decode: SGLang refuses to capture decode CUDA graphs on a flip "
+                        "without this measured footprint (take it from a decode peer's log); unset: not sent")
     g.add_argument("--drain-timeout-s", type=float, default=120.0,
                    help="longest wait for in-flight requests before a role switch (default 120)")
     g.add_argument("--request-timeout-s", type=float, default=600.0, help="HTTP timeout of one generate call")
