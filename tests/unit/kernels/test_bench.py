@@ -32,7 +32,11 @@ def test_a_wrong_fast_path_fails_the_bench(monkeypatch):
         bench.run(layout="bf16:2x2x2x8", num_slots=16, blocks=6, repeats=1, transfer=False)
 
 
-def test_cli_json(capsys):
+def test_cli_json(capsys, monkeypatch):
+    import services.logging
+
+    # main() would point structlog at pytest's captured stderr, which is closed after this test.
+    monkeypatch.setattr(services.logging, "configure_logging", lambda **kw: None)
     rc = main(
         [
             "bench",
