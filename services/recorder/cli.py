@@ -96,6 +96,9 @@ def cmd_sql(args) -> int:
     except (EventLogError, duckdb.Error) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if not args.more and not args.db.endswith(".parquet") and _holds_no_events(con):
+        print(f"note: {args.db} holds no events (a copy taken without its .wal while the run was going? "
+              "query the running stack with --live)", file=sys.stderr)
     try:
         rel = con.sql(query)
         if rel is None:  # a statement without a result
@@ -123,6 +126,16 @@ def cmd_sql(args) -> int:
         return 0
     print_table(cols, rows, args.max_rows)
     return 0
+
+
+def _holds_no_events(con) -> bool:
+    import duckdb
+
+    try:
+        row = con.execute("SELECT value FROM log_meta WHERE key = 'applied_seq'").fetchall()
+    except duckdb.Error:
+        return False
+    return bool(row) and row[0][0] == "0"
 
 
 def print_table(cols: list[str], rows: list[tuple], max_rows: int) -> None:

@@ -264,3 +264,13 @@ def test_verify_on_corruption_met_while_reading_exits_2_with_one_line(tmp_path, 
         except EventLogError:
             seen["at_open"] += 1
     assert seen["at_open"] and seen["while_reading"], seen
+
+
+def test_sql_on_a_log_with_no_events_says_why_it_may_be_empty(tmp_path, capsys):
+    DuckDbEventLog(tmp_path / "empty-log.duckdb").close()
+    assert main(["sql", str(tmp_path / "empty-log.duckdb"), "--json", "SELECT count(*) AS n FROM events"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"n": 0} and "holds no events" in err and "--live" in err
+    make_run(tmp_path / "run.duckdb")
+    assert main(["sql", str(tmp_path / "run.duckdb"), "SELECT 1"]) == 0
+    assert capsys.readouterr().err == ""
