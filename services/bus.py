@@ -50,6 +50,7 @@ from events.subjects import (
     token,
 )
 from services.logging import get_logger
+from services.security import Credentials, snapshot_bucket
 
 log = get_logger("bus")
 
@@ -274,7 +275,7 @@ class NatsBus:
         self.nc, self.js, self.partition, self.settings = nc, js, partition, settings
         self.stream = stream_name(partition)
         self.dlq_stream = dlq_stream_name(partition)
-        self._obs = None
+        self._obs: dict = {}
         self.dead_lettered = 0
 
     @classmethod
@@ -294,10 +295,16 @@ class NatsBus:
         name: str = "evolving",
         settings: StreamSettings | None = None,
         ensure: bool = True,
+        credentials: Credentials | None = None,
     ) -> NatsBus:
+        """Connect to ``url`` (a comma-separated list for a cluster: every server is tried and
+        reconnected to) with ``credentials`` (services.security) or the loose options."""
         import nats  # adapter-only dependency
 
-        opts: dict = {"servers": [url], "name": name, "max_reconnect_attempts": -1}
+        servers = [u.strip() for u in url.split(",") if u.strip()]
+        opts: dict = {"servers": servers, "name": name, "max_reconnect_attempts": -1}
+        if credentials is not None:
+            opts.update(credentials.connect_options())
         if user:
             opts.update(user=user, password=password)
         if token_:
@@ -333,10 +340,17 @@ class NatsBus:
                 duplicate_window=s.duplicate_window_s,
             )
             try:
-                await self.js.stream_info(name)
-                await self.js.update_stream(cfg)
+                info = await self.js.stream_info(name)
             except NotFoundError:
-                await self.js.add_stream(cfg)
+                await self.js.add_stream(cfg)  # needs the admin's permission on a secured bus
+                continue
+            have = info.config
+            if (have.num_replicas, have.max_age or None, have.max_bytes, have.duplicate_window) != (
+                    cfg.num_replicas, cfg.max_age, cfg.max_bytes, cfg.duplicate_window):
+                try:
+                    await self.js.update_stream(cfg)
+                except Exception as exc:  # noqa: BLE001 - a service account may not change the stream
+                    log.warning("stream_settings_kept", stream=name, error=str(exc) or type(exc).__name__)
 
     async def publish(self, event: Event, *, msg_id: str | None = None, shadow: str | None = None) -> int:
         return await self.publish_raw(subject_for(event, self.partition, shadow), codec.encode(event),
@@ -371,23 +385,25 @@ class NatsBus:
                  subjects: str | None = None, batch_acks: int = 256) -> _NatsConsumer:
         return _NatsConsumer(self, durable, start_seq, subjects or all_subjects(self.partition), batch_acks)
 
-    async def _objects(self):
-        if self._obs is None:
-            bucket = f"EI_SNAP_{token(self.partition).upper().replace('-', '_')}"
+    async def _objects(self, name: str):
+        """The object store of one service's snapshots: one bucket per service, so a secured
+        bus lets only that service write it (services.security.snapshot_bucket)."""
+        bucket = snapshot_bucket(self.partition, name)
+        if bucket not in self._obs:
             try:
-                self._obs = await self.js.object_store(bucket)
+                self._obs[bucket] = await self.js.object_store(bucket)
             except Exception:  # noqa: BLE001 - nats-py raises several types for "absent"
-                self._obs = await self.js.create_object_store(bucket)
-        return self._obs
+                self._obs[bucket] = await self.js.create_object_store(bucket)
+        return self._obs[bucket]
 
     async def put_snapshot(self, name: str, data: bytes) -> None:
-        obs = await self._objects()
+        obs = await self._objects(name)
         await obs.put(token(name), data)
 
     async def get_snapshot(self, name: str) -> bytes | None:
         from nats.js.errors import NotFoundError, ObjectNotFoundError
 
-        obs = await self._objects()
+        obs = await self._objects(name)
         try:
             res = await obs.get(token(name))
         except (NotFoundError, ObjectNotFoundError):

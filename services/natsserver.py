@@ -16,6 +16,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Self
 
@@ -69,7 +70,13 @@ class EmbeddedNats:
     """
 
     def __init__(self, port: int = 0, store_dir: str | os.PathLike | None = None,
-                 host: str = "127.0.0.1", ready_timeout_s: float = 10.0, own_session: bool = False) -> None:
+                 host: str = "127.0.0.1", ready_timeout_s: float = 10.0, own_session: bool = False,
+                 accounts: Mapping | None = None, cluster: Mapping | None = None,
+                 server_name: str | None = None, tls: Mapping[str, str] | None = None) -> None:
+        """``accounts`` (services.security.generate_accounts) turns on authorization with
+        per-service permissions; ``cluster`` (a nats-server ``cluster`` block as a dict) joins
+        a cluster; without either the server runs open on loopback, from flags."""
+        self.accounts, self.cluster, self.server_name, self.tls = accounts, cluster, server_name, tls
         self.host = host
         self.port = port or free_port(host)
         self._tmp = None if store_dir else tempfile.mkdtemp(prefix="ei-nats-")
@@ -87,7 +94,17 @@ class EmbeddedNats:
     def start(self) -> EmbeddedNats:
         binary = find_nats_server()
         os.makedirs(self.store_dir, exist_ok=True)
-        cmd = [binary, "-a", self.host, "-p", str(self.port), "-js", "-sd", self.store_dir]
+        if self.accounts or self.cluster or self.tls:
+            from services.security import server_config
+
+            conf = Path(self.store_dir) / "nats.conf"
+            fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # holds passwords
+            with os.fdopen(fd, "w") as f:
+                f.write(server_config(self.accounts, host=self.host, port=self.port, store_dir=self.store_dir,
+                                      tls=self.tls, cluster=self.cluster, server_name=self.server_name))
+            cmd = [binary, "-c", str(conf)]
+        else:
+            cmd = [binary, "-a", self.host, "-p", str(self.port), "-js", "-sd", self.store_dir]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      start_new_session=self.own_session)
         deadline = time.monotonic() + self.ready_timeout_s

@@ -43,6 +43,7 @@ LAYER_OF = {
     "services.natsserver": ADAPTERS,
     "services.logging": ADAPTERS,
     "services.plugins": ADAPTERS,
+    "services.security": ADAPTERS,
     "services.recorder": ADAPTERS,
     "services.recorder.cli": DRIVERS,
     "services.recorder.bench": DRIVERS,
