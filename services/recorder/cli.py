@@ -94,7 +94,7 @@ def cmd_sql(args) -> int:
                   f"taken {snap.age_s:.1f} s ago)", file=sys.stderr)
             con = open_sources([snap.path, *args.more])
     except (EventLogError, duckdb.Error) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2
     if not args.more and not args.db.endswith(".parquet") and _holds_no_events(con):
         print(f"note: {args.db} holds no events (a copy taken without its .wal while the run was going? "
@@ -170,7 +170,7 @@ def cmd_verify(args) -> int:
     try:
         log = DuckDbEventLog(args.db, read_only=True, sandbox=True)
     except EventLogError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2
     names = [n.strip() for n in args.cores.split(",") if n.strip()] if args.cores else None
     try:
@@ -180,13 +180,13 @@ def cmd_verify(args) -> int:
             return 2
         report = verify_log(log, names, keep_going=args.keep_going, strict=args.strict)
     except CodecError as exc:
-        print(f"error: unreadable log: {exc}", file=sys.stderr)
+        print(f"error: unreadable log: {_one_line(exc)}", file=sys.stderr)
         return 2
     except (duckdb.Error, msgspec.DecodeError) as exc:  # corrupt blocks met while reading
         print(f"error: {args.db} is not a readable event log: {_one_line(exc)}", file=sys.stderr)
         return 2
     except (KeyError, ImportError, LookupError, ValueError, TypeError) as exc:
-        print(f"error: cannot build the cores: {exc}", file=sys.stderr)
+        print(f"error: cannot build the cores: {_one_line(exc)}", file=sys.stderr)
         return 2
     finally:
         log.close()
