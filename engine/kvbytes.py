@@ -1,0 +1,173 @@
+"""Byte-backed KV tiers: real bytes behind a ``KvPool`` tier's block ids (issue 14, part 2).
+
+``KvBytes`` gives one tier of one node's ``engine.kvpool.KvPool`` storage without changing the
+pool: a ``kernels.pool.BlockPool`` with one slot per block the tier can hold, a map
+``block hash -> slot`` and the BLAKE2b checksum of every block it holds.
+
+Wiring (the pool is untouched; its events drive the bytes):
+1. ``emit = kv_bytes.tap(emit)`` before building the ``KvPool``: every ``KvStored`` of this node
+   and tier takes free slots and writes the blocks' bytes (``content``: the sim synthesizes
+   them from the block hash, a real engine copies them down from its GPU pool); every
+   ``KvEvicted`` frees the slots. The tap runs before the event goes on, so a peer that learns
+   of a block can already read it.
+2. Blocks that come from a peer (the caller does ``KvPool.make_room`` + ``add`` and emits
+   ``KvFetched``/``KvMoved``) come in through ``receive``: local slots are taken, the bytes are
+   read with the node's ``TransferBackend`` from the slots the owner named (``export``), and
+   every block's checksum is compared with the one that travelled with it before it is kept.
+3. ``push`` is the prefill -> decode direction: our slots written into slots the decode named.
+
+Slots never run out while the pool's capacity is respected: ``make_room`` evicts (and so
+frees slots) before the store that needs them, and the ``BlockPool`` has as many slots as the
+tier has blocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from engine.transfer.base import PoolDescriptor, TransferBackend, TransferError
+from events.catalog import Event, KvEvicted, KvStored
+from kernels.checksum import block_checksum
+from kernels.layout import KvLayout
+from kernels.pool import BlockPool, SlotAllocator, host_pool
+
+
+class ChecksumMismatch(TransferError):
+    """A block arrived with bytes whose checksum differs from the one that travelled with it."""
+
+
+def synthesize(pool: BlockPool, slot: int, block: int) -> None:
+    """The sim's bytes for ``block``: a pseudo-random fill seeded by the block hash, so every
+    node that stores the same block writes the same bytes (and computes the same checksum)."""
+    gen = torch.Generator().manual_seed(block & (2**63 - 1))
+    row = pool.bytes[slot]
+    if pool.block_bytes % 8 == 0:
+        row.view(torch.int64).random_(generator=gen)
+    else:
+        row.copy_(torch.randint(0, 256, row.shape, dtype=torch.uint8, generator=gen))
+
+
+class KvBytes:
+    """The bytes of one tier of one node's KV pool (see the module docstring)."""
+
+    def __init__(
+        self,
+        node: str,
+        tier: str,
+        layout: KvLayout,
+        capacity_blocks: int,
+        *,
+        pool: BlockPool | None = None,
+        content: Callable[[BlockPool, int, int], None] = synthesize,
+    ) -> None:
+        self.node = node
+        self.tier = tier
+        self.pool = pool if pool is not None else host_pool(layout, capacity_blocks)
+        assert self.pool.num_slots >= capacity_blocks, "the byte pool must hold the whole tier"
+        self.content = content
+        self.slots = SlotAllocator(self.pool.num_slots)
+        self.slot_of: dict[int, int] = {}
+        self.checksum_of: dict[int, int] = {}
+
+    # -------------------------------------------------------------- events of our own pool
+    def tap(self, emit: Callable[[Event], None]) -> Callable[[Event], None]:
+        def tapped(event: Event) -> None:
+            self.observe(event)
+            emit(event)
+
+        return tapped
+
+    def observe(self, event: Event) -> None:
+        if isinstance(event, KvEvicted) and event.node == self.node and event.tier == self.tier:
+            self._drop(event.blocks)
+        elif isinstance(event, KvStored) and event.node == self.node and event.tier == self.tier:
+            self._store(event.blocks)
+
+    def _store(self, blocks: Sequence[int]) -> None:
+        new = [b for b in dict.fromkeys(blocks) if b not in self.slot_of]
+        for block, slot in zip(new, self.slots.alloc(len(new)), strict=True):
+            self.content(self.pool, slot, block)
+            self.slot_of[block] = slot
+            self.checksum_of[block] = block_checksum(self.pool, slot)
+
+    def _drop(self, blocks: Sequence[int]) -> None:
+        gone = [b for b in dict.fromkeys(blocks) if b in self.slot_of]
+        self.slots.free([self.slot_of.pop(b) for b in gone])
+        for b in gone:
+            del self.checksum_of[b]
+
+    # -------------------------------------------------------------- between nodes
+    def export(self, blocks: Sequence[int]) -> tuple[list[int], list[int]]:
+        """Slots and checksums of ``blocks`` (what the owner answers a fetch request with)."""
+        missing = [b for b in blocks if b not in self.slot_of]
+        if missing:
+            raise TransferError(f"{self.node}/{self.tier} does not hold block {missing[0]:#x}")
+        return [self.slot_of[b] for b in blocks], [self.checksum_of[b] for b in blocks]
+
+    def receive(
+        self,
+        blocks: Sequence[int],
+        *,
+        transfer: TransferBackend,
+        peer: PoolDescriptor,
+        peer_slots: Sequence[int],
+        checksums: Sequence[int],
+    ) -> list[int]:
+        """Read ``blocks`` from the peer's slots into new local slots and verify each checksum.
+        Blocks already held are skipped. On a mismatch nothing is kept and the error names the
+        first bad block."""
+        todo = [
+            (b, s, c) for b, s, c in zip(blocks, peer_slots, checksums, strict=True) if b not in self.slot_of
+        ]
+        if not todo:
+            return []
+        local = self.slots.alloc(len(todo))
+        try:
+            transfer.read_blocks(peer, [s for _, s, _ in todo], self.pool, local)
+            for (block, _, want), slot in zip(todo, local, strict=True):
+                got = block_checksum(self.pool, slot)
+                if got != want:
+                    raise ChecksumMismatch(
+                        f"block {block:#x} from {peer.endpoint}: checksum {got:#x}, expected {want:#x}"
+                    )
+        except BaseException:
+            self.slots.free(local)
+            raise
+        for (block, _, want), slot in zip(todo, local, strict=True):
+            self.slot_of[block] = slot
+            self.checksum_of[block] = want
+        return [b for b, _, _ in todo]
+
+    def push(
+        self,
+        blocks: Sequence[int],
+        *,
+        transfer: TransferBackend,
+        peer: PoolDescriptor,
+        peer_slots: Sequence[int],
+    ) -> list[int]:
+        """Write our ``blocks`` into the peer's ``peer_slots`` (P->D); returns their checksums,
+        which travel with the blocks so the receiver can verify them."""
+        slots, sums = self.export(blocks)
+        transfer.write_blocks(self.pool, slots, peer, peer_slots)
+        return sums
+
+    def adopt(self, blocks: Sequence[int], slots: Sequence[int], checksums: Sequence[int]) -> None:
+        """Take ownership of blocks a peer wrote into ``slots`` (reserved with ``reserve``),
+        after verifying their checksums."""
+        for block, slot, want in zip(blocks, slots, checksums, strict=True):
+            got = block_checksum(self.pool, slot)
+            if got != want:
+                self.slots.free(list(slots))
+                raise ChecksumMismatch(
+                    f"block {block:#x} written by a peer: checksum {got:#x}, expected {want:#x}"
+                )
+        for block, slot, want in zip(blocks, slots, checksums, strict=True):
+            self.slot_of[block] = slot
+            self.checksum_of[block] = want
+
+    def reserve(self, n: int) -> list[int]:
+        """Free slots a peer may write into (the decode side of a P->D transfer)."""
+        return self.slots.alloc(n)
