@@ -76,9 +76,59 @@ def test_profiles_select_the_engines():
     for v in engines.values():
         cmd = v["command"]
         assert cmd[:3] == ["python", "-m", "engine.worker"] and cmd[cmd.index("--backend") + 1] == "sim"
-    gpu = _services("gpu")["engine-g1"]
-    assert gpu["command"][gpu["command"].index("--backend") + 1] == "sglang"
-    assert gpu["restart"] == "no"  # the worker refuses sglang (exit 2) until the backend exists
+    gpu = _services("gpu")
+    assert {k for k in gpu if k.startswith(("engine", "sglang"))} == {"engine-g1", "engine-g2", "sglang-g1",
+                                                                       "sglang-g2"}
+
+
+def _opt(cmd: list[str], flag: str) -> str:
+    return cmd[cmd.index(flag) + 1]
+
+
+@needs_compose
+def test_gpu_profile_runs_sglang_servers_behind_our_workers():
+    """Each worker attaches to an SGLang server of the file, with the server's KV-event port,
+    bootstrap port and the other servers as peers; the servers run TP4 on 4 GPUs in PD mode
+    with the runtime role switch and ZMQ KV events; the worker's options parse."""
+    from urllib.parse import urlparse
+
+    from engine.backends.sglang.options import check_args
+    from engine.worker import build_parser
+
+    gpu = _services("gpu")
+    servers = {k: v for k, v in gpu.items() if k.startswith("sglang-")}
+    modes = set()
+    for name, svc in servers.items():
+        cmd = svc["command"]
+        assert cmd[:3] == ["python3", "-m", "sglang.launch_server"], name
+        assert _opt(cmd, "--tp") == "4" and "--enable-pd-role-switch" in cmd and "--enable-hierarchical-cache" in cmd
+        modes.add(_opt(cmd, "--disaggregation-mode"))
+        kv = json.loads(_opt(cmd, "--kv-events-config"))
+        assert kv["publisher"] == "zmq" and kv["endpoint"].startswith("tcp://*:")
+        assert _opt(cmd, "--page-size") == "64"  # one SGLang page per block of ours
+        dev = svc["deploy"]["resources"]["reservations"]["devices"][0]
+        assert dev["count"] == 4 and "gpu" in dev["capabilities"]
+        assert svc["healthcheck"]["test"][-1].endswith(":30000/health")
+    assert modes == {"prefill", "decode"}
+    workers = {k: v for k, v in gpu.items() if k.startswith("engine-g")}
+    parser = build_parser()
+    for name, svc in workers.items():
+        cmd = svc["command"]
+        assert cmd[:3] == ["python", "-m", "engine.worker"]
+        args = parser.parse_args(cmd[3:])
+        assert args.backend == "sglang" and check_args(args) is None, name
+        server = urlparse(args.sglang_url).hostname
+        assert server in servers and svc["depends_on"][server]["condition"] == "service_healthy"
+        scmd = servers[server]["command"]
+        kv_port = json.loads(_opt(scmd, "--kv-events-config"))["endpoint"].rsplit(":", 1)[1]
+        assert args.kv_events_endpoint == f"tcp://{server}:{kv_port}"
+        assert args.kv_events_topic == json.loads(_opt(scmd, "--kv-events-config"))["topic"]
+        assert str(args.bootstrap_port) == _opt(scmd, "--disaggregation-bootstrap-port")
+        assert args.role == ("collocated" if _opt(scmd, "--disaggregation-mode") == "null"
+                             else _opt(scmd, "--disaggregation-mode"))
+        peers = dict(p.split("=", 1) for p in args.peer_url)
+        assert {urlparse(u).hostname for u in peers.values()} == set(servers) - {server}
+        assert set(peers) == {w.removeprefix("engine-") for w in workers} - {args.node}
 
 
 @needs_compose
