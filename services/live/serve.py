@@ -17,6 +17,10 @@ Each service writes its core configuration to the bus's snapshot store under
 ``config.<service>`` (``{"plugin": ..., "kwargs": ...}``, the shape ``evolving verify``
 reads); the recorder merges those entries into the log's ``run_config`` when it starts and
 when it stops, and ``evolving up`` writes them before the recorder starts.
+
+A service that cannot import or build its plug-in logs ``plugin_load_failed``, prints one line
+(``evolving serve router: cannot load router plug-in 'x': ImportError: ...``) and exits with
+status 3 (:data:`EXIT_PLUGIN`); ``evolving up`` then stops everything and repeats that line.
 """
 
 from __future__ import annotations
@@ -43,6 +47,13 @@ log = get_logger("serve")
 SERVICES = ("directory", "planner", "router", "recorder")
 CONFIG_KEYS = ("directory", "planner", "router")
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+#: Exit status of a service that cannot load or build its plug-in: restarting cannot fix it,
+#: so ``evolving up`` stops everything and says why (services/live/up.py).
+EXIT_PLUGIN = 3
+
+
+class PluginLoadError(RuntimeError):
+    """A service could not import or construct its plug-in; ``str()`` is the one-line reason."""
 
 
 # ---------------------------------------------------------------------------- arguments
@@ -130,21 +141,30 @@ def build_runner(kind: str, args, bus, metrics: ServiceMetrics | None = None) ->
         cfg = RunnerConfig(name=name, config=entry, **common)
         return ServiceRunner(bus, cfg, DirectoryCore, DirectoryCore.from_snapshot, metrics)
     if kind == "router":
-        cls = load_router(args.router)
         kwargs = entry["kwargs"]
-        cls(**kwargs)  # fail fast on bad arguments, before touching the stream
+        cls = _load_plugin("router", load_router, args.router, kwargs)  # fail fast, before the stream
         cfg = RunnerConfig(name=name, config=entry, shadow=args.shadow, **common)
         return ServiceRunner(bus, cfg, lambda: cls(**kwargs), cls.from_snapshot, metrics)
     if kind == "planner":
-        cls = load_planner(args.planner)
         kwargs = entry["kwargs"]
+        cls = _load_plugin("planner", load_planner, args.planner, kwargs)
         timeout = args.heartbeat_timeout_s
-        cls(**kwargs)
         cfg = RunnerConfig(name=name, config={**entry, "heartbeat_timeout_s": timeout}, **common)
         return ServiceRunner(
             bus, cfg, lambda: CoreStack([cls(**kwargs), LivenessWatcher(timeout)]),
             lambda data: CoreStack.restore(data, [cls.from_snapshot, LivenessWatcher.from_snapshot]), metrics)
     raise ValueError(f"no core service named {kind!r}")
+
+
+def _load_plugin(kind: str, load, name: str, kwargs: dict[str, Any]):
+    """The plug-in class ``name``, built once with ``kwargs`` to check them; any failure (not
+    installed, an import error inside the plug-in, bad arguments) is a :class:`PluginLoadError`."""
+    try:
+        cls = load(name)
+        cls(**kwargs)
+    except Exception as exc:  # whatever the plug-in's import or constructor raises (re-raised, named)
+        raise PluginLoadError(f"cannot load {kind} plug-in {name!r}: {type(exc).__name__}: {exc}") from exc
+    return cls
 
 
 # ---------------------------------------------------------------------------- running
@@ -294,6 +314,10 @@ async def serve_async(kind: str, args) -> int:
             await run_recorder_service(args, bus, stop)
         else:
             await run_core_service(kind, args, bus, stop)
+    except PluginLoadError as exc:
+        log.error("plugin_load_failed", service=kind, error=str(exc))
+        print(f"evolving serve {kind}: {exc}", file=sys.stderr)
+        return EXIT_PLUGIN
     finally:
         try:
             await bus.close()

@@ -42,7 +42,7 @@ from events.catalog import (
     RoleSwitchOrdered,
     RouteDecided,
 )
-from services.live.serve import parse_kv
+from services.live.serve import EXIT_PLUGIN, parse_kv
 from services.logging import get_logger
 from services.natsserver import EmbeddedNats
 
@@ -75,6 +75,46 @@ class Child:
             return "not started"
         rc = self.proc.poll()
         return "running" if rc is None else f"exited {rc}"
+
+
+def child_env(environ: dict[str, str] | None = None, path: list[str] | None = None) -> dict[str, str]:
+    """The environment of every child: the parent's, with ``PYTHONPATH`` = the repository root,
+    then the parent's own import path (``sys.path`` entries that the interpreter does not add by
+    itself, then ``PYTHONPATH``), made absolute (children run in the repository root). A plug-in
+    that ``up`` can import is thus importable in the service that runs it."""
+    environ = dict(os.environ if environ is None else environ)
+    path = sys.path if path is None else path
+    own = tuple(os.path.join(os.path.abspath(p), "") for p in {sys.prefix, sys.base_prefix, sys.exec_prefix})
+    entries = [str(REPO)]
+    for raw in [*path, *environ.get("PYTHONPATH", "").split(os.pathsep)]:
+        if not raw:
+            continue
+        entry = os.path.abspath(raw)
+        if os.path.join(entry, "").startswith(own) or entry in entries:
+            continue  # the interpreter's own library and site-packages: every child has them
+        entries.append(entry)
+    return {**environ, "PYTHONPATH": os.pathsep.join(entries), "EI_LOG_FORMAT": "json"}
+
+
+def plugin_failure(log_path: Path) -> str:
+    """The one-line reason a child gave for not loading its plug-in (its ``plugin_load_failed``
+    log line), or its log's last line."""
+    last = ""
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "no log"
+    for line in reversed(lines[-200:]):
+        line = line.strip()
+        if not line:
+            continue
+        last = last or line
+        if '"plugin_load_failed"' in line:
+            try:
+                return str(json.loads(line).get("error") or line)
+            except json.JSONDecodeError:
+                return line
+    return last or "no log"
 
 
 @dataclass
@@ -255,6 +295,7 @@ class Up:
         self.stopping = False
         self.children: list[Child] = []
         self.urls: dict = {}
+        self.failure: str | None = None  # a child could not load its plug-in: stop all, exit EXIT_PLUGIN
         self._console = None
         args.clock_epoch = time.time()  # model time = epoch + (wall - epoch) * time_scale
 
@@ -265,7 +306,7 @@ class Up:
             log.info(msg, **kw)
 
     def env(self) -> dict[str, str]:
-        return {**os.environ, "PYTHONPATH": str(REPO), "EI_LOG_FORMAT": "json"}
+        return child_env()
 
     async def run(self) -> int:
         from services.bus import NatsBus
@@ -291,15 +332,19 @@ class Up:
                         c.start(self.env())
                 if group == G_SERVICE:
                     await self._wait_services(bus)
-            self.say("started", **{k: v for k, v in self.urls.items() if k != "metrics"})
-            watch = asyncio.create_task(self._watch_stream(bus))
-            ready = asyncio.create_task(self._write_ready())
-            try:
-                await self._supervise()
-            finally:
-                for t in (watch, ready):
-                    t.cancel()
-                await asyncio.gather(watch, ready, return_exceptions=True)
+                    if self.failure is not None:
+                        break  # a plug-in did not load: start nothing more
+                    await self._wait_metrics()  # the start line names the ports: they answer
+            if self.failure is None:
+                self.say("started", **start_fields(self.urls))
+                watch = asyncio.create_task(self._watch_stream(bus))
+                ready = asyncio.create_task(self._write_ready())
+                try:
+                    await self._supervise()
+                finally:
+                    for t in (watch, ready):
+                        t.cancel()
+                    await asyncio.gather(watch, ready, return_exceptions=True)
         finally:
             await self._stop_children()
             if bus is not None:
@@ -310,16 +355,46 @@ class Up:
             if nats is not None:
                 nats.stop()
         self.say("stopped", db=str(self.db))
+        if self.failure is not None:
+            print(f"evolving up: {self.failure}", file=sys.stderr)
+            return EXIT_PLUGIN
         return 0
 
     async def _wait_services(self, bus, timeout_s: float = 60.0) -> None:
-        """Wait until each decision service wrote its configuration (it is then consuming)."""
-        keys = ["config.directory", "config.planner", "config.router"]
+        """Wait until each decision service (shadow routers included) wrote its configuration: it
+        loaded its plug-in and is consuming. A child that cannot load its plug-in ends the wait."""
+        keys = ["config.directory", "config.planner", "config.router",
+                *[f"config.shadow.{name}" for name in self.args.shadow]]
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and not self.stop.is_set():
+            self._check_plugins()
+            if self.failure is not None:
+                return
             if all([await bus.get_snapshot(k) is not None for k in keys]):
                 return
             await asyncio.sleep(0.1)
+
+    async def _wait_metrics(self, timeout_s: float = 15.0) -> None:
+        """Wait until every service's metrics port accepts connections (bounded)."""
+        ports = [int(u.rsplit(":", 1)[1].split("/")[0]) for u in self.urls.get("metrics", {}).values()]
+        deadline = time.monotonic() + timeout_s
+        while ports and time.monotonic() < deadline and not self.stop.is_set():
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", ports[0])
+                writer.close()
+                ports.pop(0)
+            except OSError:
+                self._check_plugins()
+                await asyncio.sleep(0.1)
+
+    def _check_plugins(self) -> None:
+        """A child that exited with ``EXIT_PLUGIN`` cannot load its plug-in; restarting will not
+        help: note why and stop everything."""
+        for c in self.children:
+            if self.failure is None and c.proc is not None and c.proc.poll() == EXIT_PLUGIN:
+                self.failure = f"{c.name} stopped: {plugin_failure(c.log_path)} (log: {c.log_path})"
+                log.error("child_plugin_failed", child=c.name, log=str(c.log_path))
+                self.stop.set()
 
     async def _write_ready(self) -> None:
         import aiohttp
@@ -359,6 +434,9 @@ class Up:
         try:
             while not self.stop.is_set():
                 if deadline is not None and time.monotonic() >= deadline:
+                    break
+                self._check_plugins()
+                if self.failure is not None:
                     break
                 self._restart_dead()
                 if live is not None:
@@ -423,21 +501,31 @@ class Up:
                     await asyncio.to_thread(c.proc.wait)
 
 
+def start_fields(urls: dict) -> dict[str, str]:
+    """The start line's fields: the gateway URL first, then every metrics port, NATS, DB, logs."""
+    out = {"gateway": urls.get("gateway", "-")}
+    metrics = urls.get("metrics") or {}
+    out["metrics"] = ",".join(f"{name}:{url.rsplit(':', 1)[1].split('/')[0]}" for name, url in metrics.items()) or "off"
+    out.update({k: str(v) for k, v in urls.items() if k not in ("gateway", "metrics")})
+    return out
+
+
 def check_args(args) -> str | None:
     """A reason to refuse to start, found before anything is started (plug-in names, arguments)."""
     import importlib.util
 
     from services.plugins import PluginNotFound, load_planner, load_router
 
-    try:
-        load_router(args.router)(**parse_kv(args.router_arg))
-        load_planner(args.planner)(**parse_kv(args.planner_arg))
-        for name in args.shadow:
-            load_router(name)(name=name, shadow=True)
-    except (PluginNotFound, TypeError, ValueError) as exc:
-        return str(exc)
-    except Exception as exc:  # noqa: BLE001 - a plug-in's own validation error type
-        return f"{type(exc).__name__}: {exc}"
+    plugins = [("router", load_router, args.router, parse_kv(args.router_arg)),
+               ("planner", load_planner, args.planner, parse_kv(args.planner_arg)),
+               *[("shadow router", load_router, name, {"name": name, "shadow": True}) for name in args.shadow]]
+    for kind, load, name, kwargs in plugins:
+        try:
+            load(name)(**kwargs)
+        except PluginNotFound as exc:
+            return str(exc)
+        except Exception as exc:  # noqa: BLE001 - an import error inside the plug-in, its own validation error
+            return f"cannot load {kind} plug-in {name!r}: {type(exc).__name__}: {exc}"
     if getattr(args.engines, "kind", "sim") == "sglang-fake" and args.time_scale != 1.0:
         return "--engines sglang-fake runs in real time: --time-scale must be 1"
     if args.engines and importlib.util.find_spec("engine.worker") is None:

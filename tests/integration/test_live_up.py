@@ -86,6 +86,8 @@ def test_up_serves_a_real_trace_end_to_end(nats_url, partition, tmp_path):
         out, _ = up.communicate(timeout=90)
     assert up.returncode == 0, out
     assert "stopped" in out
+    start = next(line for line in out.splitlines() if " started " in line)  # what a user sees first
+    assert f"gateway={urls['gateway']}" in start and "metrics=off" in start, start
 
     async def head() -> int:
         bus = await NatsBus.connect(nats_url, partition)
