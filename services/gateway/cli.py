@@ -28,8 +28,10 @@ def register_drive(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-stream", action="store_true", help="non-streaming requests (no client TTFT)")
     p.add_argument("--api-key", default=None,
                    help="API key for a gateway started with keys (default: env EI_API_KEY)")
-    p.add_argument("--out", default=None, help="write one JSON line per request here")
+    p.add_argument("--out", default=None, help="write one JSON line per request here (also after Ctrl-C)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (it is shown only when stderr is a terminal)")
     p.set_defaults(func=_cmd_drive)
 
 
@@ -37,7 +39,7 @@ def _cmd_drive(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from replay.trace import TraceFormatError, load_sessions
-    from services.gateway.drive import DriveConfig, Driver
+    from services.gateway.drive import DriveConfig, DriveProgress, Driver, drive
 
     try:
         sessions = load_sessions(args.trace)
@@ -56,8 +58,16 @@ def _cmd_drive(args: argparse.Namespace) -> int:
     cfg = DriveConfig(gateway=args.gateway, concurrency=args.concurrency, speedup=args.speedup,
                       model=args.model, timeout_s=args.timeout_s, run_id=run_id, stream=not args.no_stream,
                       wait_s=args.wait_s, api_key=args.api_key or os.environ.get("EI_API_KEY") or None)
+    show = not args.no_progress and sys.stderr.isatty()
+
+    async def main():
+        if not show:
+            return await drive(Driver(cfg), sessions)
+        with DriveProgress(len(sessions)) as progress:
+            return await drive(Driver(cfg), sessions, progress)
+
     try:
-        report = asyncio.run(Driver(cfg).run(sessions))
+        report = asyncio.run(main())
     except TimeoutError as exc:
         print(f"evolving drive: {exc}", file=sys.stderr)
         return 3
@@ -70,4 +80,8 @@ def _cmd_drive(args: argparse.Namespace) -> int:
     else:
         for k, v in summary.items():
             print(f"{k:>20}: {v}")
+    if report.interrupted:
+        print(f"evolving drive: interrupted after {report.sessions}/{len(sessions)} sessions"
+              + (f"; {args.out} holds the requests done" if args.out else ""), file=sys.stderr)
+        return 130
     return 0 if not report.failed else 1

@@ -26,6 +26,11 @@ the request id (never shared). Requests go to ``/v1/completions`` (no chat templ
 would add bytes). The gateway's hash values differ from the trace's; the structure (which
 requests share which prefix) is the same, up to BLAKE2b collisions. With a non-byte
 tokenizer configured on the gateway the lengths and prefixes are only approximate.
+
+On a terminal a progress bar (:class:`DriveProgress`, on stderr) shows sessions done/total, the
+requests answered, the errors and the request rate; ``--no-progress`` hides it. Ctrl-C (SIGINT,
+or SIGTERM) cancels the requests in flight and :func:`drive` returns the report so far, marked
+``interrupted``: the command prints that summary, writes ``--out`` and exits 130.
 """
 
 from __future__ import annotations
@@ -34,9 +39,11 @@ import asyncio
 import hashlib
 import json
 import math
+import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Self
 
 from events.catalog import BranchEnded, BranchOpened, ContextCompacted, Event, RequestSubmitted
 from replay.trace import End, Request, Session, SessionCursor
@@ -101,6 +108,7 @@ class DriveReport:
     sessions: int = 0
     results: list[RequestResult] = field(default_factory=list)
     wall_s: float = 0.0
+    interrupted: bool = False  # stopped by Ctrl-C: the figures are those of the requests done by then
 
     @property
     def ok(self) -> list[RequestResult]:
@@ -123,7 +131,7 @@ class DriveReport:
                 "output_tokens": sum(r.output_tokens for r in ok),
                 "ttft_p50_s": pct(ttft, 0.5), "ttft_p95_s": pct(ttft, 0.95),
                 "latency_p50_s": pct(lat, 0.5), "latency_p95_s": pct(lat, 0.95),
-                "wall_s": round(self.wall_s, 3),
+                "wall_s": round(self.wall_s, 3), "interrupted": self.interrupted,
                 "errors": sorted({r.error for r in self.failed})[:5]}
 
 
@@ -220,6 +228,10 @@ class Driver:
     def vnow(self) -> float:
         return (time.monotonic() - self._t0) * self.cfg.speedup
 
+    def elapsed_s(self) -> float:
+        """Wall seconds since the first session started (0 before)."""
+        return time.monotonic() - self._t0 if self._t0 else 0.0
+
     async def sleep_until(self, due_v: float) -> None:
         wait = (due_v - self.vnow()) / self.cfg.speedup
         if wait > 0:
@@ -231,8 +243,13 @@ class Driver:
         own = self.http is None
         if own:
             self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.cfg.timeout_s))
-        if self.cfg.wait_s > 0:
-            await self.wait_ready(self.cfg.wait_s)
+        try:
+            if self.cfg.wait_s > 0:
+                await self.wait_ready(self.cfg.wait_s)
+        except BaseException:
+            if own:
+                await self.http.close()
+            raise
         self._t0 = time.monotonic()
         queue = list(enumerate(sessions))
         queue.reverse()
@@ -245,10 +262,10 @@ class Driver:
 
         try:
             await asyncio.gather(*(worker() for _ in range(min(self.cfg.concurrency, len(sessions)))))
-        finally:
+        finally:  # also when cancelled (Ctrl-C): the report so far stays consistent
+            self.report.wall_s = time.monotonic() - self._t0
             if own:
                 await self.http.close()
-        self.report.wall_s = time.monotonic() - self._t0
         return self.report
 
     async def wait_ready(self, wait_s: float) -> None:
@@ -314,3 +331,63 @@ class Driver:
                     res.ttft_s = time.monotonic() - t0
                 if obj.get("usage"):
                     res.output_tokens = obj["usage"].get("completion_tokens", 0)
+
+
+# --------------------------------------------------------------------------- progress, Ctrl-C
+class DriveProgress:
+    """A rich progress bar: sessions done/total, requests answered, errors, requests/s."""
+
+    def __init__(self, total_sessions: int, console=None) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(
+            TextColumn("drive"), BarColumn(), MofNCompleteColumn(), TextColumn("sessions"),
+            TextColumn("{task.fields[requests]} requests  {task.fields[errors]} errors  "
+                       "{task.fields[rate]:.1f} req/s"),
+            TimeElapsedColumn(), console=console or Console(stderr=True), auto_refresh=False, transient=False)
+        self.task = self.progress.add_task("drive", total=total_sessions, requests=0, errors=0, rate=0.0)
+
+    def update(self, report: DriveReport, elapsed_s: float) -> None:
+        requests = sum(not r.end_only for r in report.results)
+        errors = len(report.failed)
+        rate = requests / elapsed_s if elapsed_s > 0 else 0.0
+        self.progress.update(self.task, completed=report.sessions, requests=requests, errors=errors, rate=rate)
+        self.progress.refresh()
+
+    def __enter__(self) -> Self:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+
+async def drive(driver: Driver, sessions: Sequence[Session], progress: DriveProgress | None = None,
+                period_s: float = 0.25) -> DriveReport:
+    """Run ``driver`` over ``sessions``, updating ``progress`` every ``period_s``. SIGINT or
+    SIGTERM cancels the run: the report so far comes back with ``interrupted`` set."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.create_task(driver.run(sessions))
+
+    def interrupt() -> None:
+        driver.report.interrupted = True
+        task.cancel()
+
+    signals = (signal.SIGINT, signal.SIGTERM)
+    for sig in signals:
+        loop.add_signal_handler(sig, interrupt)
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=period_s)
+            if progress is not None:
+                progress.update(driver.report, driver.elapsed_s())
+        try:
+            return task.result()
+        except asyncio.CancelledError:
+            if not driver.report.interrupted:
+                raise
+            return driver.report
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)

@@ -123,3 +123,76 @@ async def test_wait_ready_times_out_clearly():
         drv = Driver(DriveConfig(gateway=f"http://127.0.0.1:{free_port()}"), http=http)
         with pytest.raises(TimeoutError, match="not ready"):
             await drv.wait_ready(0.3)
+
+
+def test_progress_bar_shows_sessions_requests_errors_and_rate():
+    from rich.console import Console
+
+    from services.gateway.drive import DriveProgress, DriveReport, RequestResult
+
+    report = DriveReport(sessions=3, results=[
+        RequestResult("s", "b", f"r{i}", 200, 10) for i in range(7)] + [
+        RequestResult("s", "b", "bad", 502, 10, error="HTTP 502"),
+        RequestResult("s", "b", "", 200, 0, end_only=True)])  # a branch-end request is not counted
+    console = Console(record=True, force_terminal=True, width=160)
+    with DriveProgress(10, console=console) as progress:
+        progress.update(report, elapsed_s=4.0)
+    text = console.export_text()
+    assert "3/10 sessions" in text, text
+    assert "8 requests  1 errors  2.0 req/s" in text, text
+    parser = argparse.ArgumentParser()
+    register_drive(parser.add_subparsers())
+    assert parser.parse_args(["drive", "t.jsonl", "--no-progress"]).no_progress is True
+    assert parser.parse_args(["drive", "t.jsonl"]).no_progress is False
+
+
+async def test_ctrl_c_prints_the_summary_so_far_and_writes_out(partition, tmp_path):
+    """``evolving drive`` as a subprocess against a gateway serving on a real port: SIGINT while
+    sessions are still running ends it with the summary of the requests done, ``--out`` written
+    (one line per request), exit 130."""
+    import json
+    import os
+    import signal
+    import sys
+    from pathlib import Path
+
+    sessions = [Session(id=f"s{i}", branches=[Branch(id="root", steps=[
+        Request(blocks=[1000 + i, 2000 + k], tail_tokens=3, output_tokens=2, pause_s=0.3) for k in range(4)])])
+        for i in range(20)]  # 20 sessions x 4 requests x 0.3 s pauses, 2 at a time: ~12 s uninterrupted
+    trace, out = tmp_path / "t.jsonl", tmp_path / "out.jsonl"
+    save_sessions(trace, sessions)
+    bus, tokens = InMemoryBus(partition), MemoryTokens(partition)
+    gw = Gateway(bus, tokens, GatewayConfig(partition=partition))
+    cluster = asyncio.create_task(fake_cluster(bus, tokens))
+    repo = Path(__file__).resolve().parents[2]
+    try:
+        async with TestServer(gw.make_app(), host="127.0.0.1") as server:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "services.cli", "drive", str(trace), "--gateway",
+                f"http://127.0.0.1:{server.port}", "--concurrency", "2", "--json", "--out", str(out),
+                "--run-id", "c-", cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)},
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            try:
+                deadline = asyncio.get_running_loop().time() + 40
+                while await bus.last_seq() < 12 and asyncio.get_running_loop().time() < deadline:
+                    await asyncio.sleep(0.1)  # a few requests answered (each: opened/submitted/routed)
+                assert proc.returncode is None, "drive ended before it was interrupted"
+                proc.send_signal(signal.SIGINT)
+                stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout=20)
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+    finally:
+        cluster.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await cluster
+    assert proc.returncode == 130, stderr.decode()
+    summary = json.loads(stdout)
+    assert summary["interrupted"] is True
+    assert 1 <= summary["requests_ok"] < 80 and summary["sessions"] < 20, summary
+    assert "interrupted after" in stderr.decode() and str(out) in stderr.decode()
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(lines) == summary["requests_ok"] + summary["requests_failed"] + summary["branch_end_requests"]
+    assert sum(r["status"] == 200 and not r["end_only"] for r in lines) == summary["requests_ok"]
+    assert all(r["request"].startswith("c-") for r in lines if not r["end_only"])
