@@ -11,7 +11,15 @@ from events.catalog import BranchOpened
 from replay.pacing import pace_sessions
 from replay.stats import trace_stats
 from replay.trace import encode_session, session_events, validate_session
-from replay.workloads import CC_PARAMS_FILE, WORKLOADS, AgentPool, CcParams, Quantiles, generate, load_cc_params
+from replay.workloads import (
+    CC_PARAMS_FILE,
+    WORKLOADS,
+    AgentPool,
+    CcParams,
+    Quantiles,
+    generate,
+    load_cc_params,
+)
 
 
 @pytest.mark.parametrize("name", ["cc", "putnam", "osworld"])
