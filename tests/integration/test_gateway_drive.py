@@ -196,3 +196,56 @@ async def test_ctrl_c_prints_the_summary_so_far_and_writes_out(partition, tmp_pa
     assert len(lines) == summary["requests_ok"] + summary["requests_failed"] + summary["branch_end_requests"]
     assert sum(r["status"] == 200 and not r["end_only"] for r in lines) == summary["requests_ok"]
     assert all(r["request"].startswith("c-") for r in lines if not r["end_only"])
+
+
+async def test_progress_bar_is_drawn_on_a_terminal_and_suppressible(partition, tmp_path):
+    """``evolving drive`` with its stderr on a pseudo-terminal draws the bar (final state: every
+    session done); ``--no-progress`` draws nothing there; stdout keeps the summary either way."""
+    import json
+    import os
+    import pty
+    import sys
+    from pathlib import Path
+
+    trace = tmp_path / "t.jsonl"
+    save_sessions(trace, [SESSION, Session(id="s2", branches=[Branch(id="root", steps=[
+        Request(blocks=[5], output_tokens=2), Request(blocks=[5, 6], output_tokens=2, pause_s=0.1)])])])
+    bus, tokens = InMemoryBus(partition), MemoryTokens(partition)
+    gw = Gateway(bus, tokens, GatewayConfig(partition=partition))
+    cluster = asyncio.create_task(fake_cluster(bus, tokens))
+    repo = Path(__file__).resolve().parents[2]
+    loop = asyncio.get_running_loop()
+    seen: dict[bool, tuple[str, dict]] = {}
+    try:
+        async with TestServer(gw.make_app(), host="127.0.0.1") as server:
+            for quiet in (False, True):
+                master, slave = pty.openpty()
+                chunks: list[bytes] = []
+
+                def read(fd=master, out=chunks) -> None:
+                    try:
+                        out.append(os.read(fd, 65536))
+                    except OSError:
+                        loop.remove_reader(fd)
+
+                loop.add_reader(master, read)
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "services.cli", "drive", str(trace), "--gateway",
+                    f"http://127.0.0.1:{server.port}", "--speedup", "20", "--json", "--run-id", f"p{quiet}-",
+                    *(["--no-progress"] if quiet else []), cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)},
+                    stdout=asyncio.subprocess.PIPE, stderr=slave)
+                os.close(slave)
+                stdout, _ = await asyncio.wait_for(proc.communicate(), timeout=30)
+                await asyncio.sleep(0.2)  # the last bytes from the terminal
+                loop.remove_reader(master)
+                os.close(master)
+                assert proc.returncode == 0, b"".join(chunks)
+                seen[quiet] = (b"".join(chunks).decode(errors="replace"), json.loads(stdout))
+    finally:
+        cluster.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await cluster
+    bar, summary = seen[False]
+    assert "2/2" in bar and "sessions" in bar and "7 requests" in bar and "0 errors" in bar, bar
+    assert summary["requests_ok"] == 7 and summary["interrupted"] is False
+    assert seen[True][0] == "" and seen[True][1]["requests_ok"] == 7
