@@ -52,6 +52,20 @@ from services.planner.window import SliceStats
 
 _ENC = msgspec.msgpack.Encoder(order="sorted")
 
+# The paths a window-end decision takes, each named by the start of ``PlanEvaluated.reason``
+# (and of the orders' reason). Only GATED may move a node that already serves a role without
+# an SE test; INITIAL runs once, at warm-up end. See ``PlannerBase.guard``.
+INITIAL = "initial split"  # warm-up end: every node gets a role (no current split to compare)
+NEWCOMERS = "place newcomers"  # only nodes without a prefill/decode role get one; nothing else moves
+REPAIR = "repair"  # every node on one side (0P or 0D): exactly one node moves to the other
+GATED = "gated"  # the mean-gain > 2 SE switch with its cooldown (any other reason)
+UNGATED_PATHS = (INITIAL, NEWCOMERS, REPAIR)
+
+
+def plan_path(reason: str) -> str:
+    """The path a ``PlanEvaluated`` (or ``RoleSwitchOrdered``) took, read from its reason."""
+    return next((p for p in UNGATED_PATHS if reason.startswith(p)), GATED)
+
 
 class BaseConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     name: str = "planner"
@@ -371,6 +385,68 @@ class PlannerBase:
         roles = [n.target for n in self.st.nodes.values()]
         return Split(prefill=roles.count("prefill"), decode=roles.count("decode"))
 
+    def newcomers(self) -> list[str]:
+        """Nodes without a prefill or decode role (ordered roles count): registered after
+        warm-up, or re-registered as ``collocated`` after an engine restart."""
+        return [n for n in sorted(self.st.nodes) if self.st.nodes[n].target not in ("prefill", "decode")]
+
+    def guard(self) -> str:
+        """The guard state of a window-end decision after warm-up (named after Dynamo's
+        planner state machine, which keeps "scaling in progress" apart from its decisions):
+        ``NEWCOMERS`` when some node has no role, else ``REPAIR`` when one side is empty,
+        else ``GATED``. Never ``INITIAL``: that is the warm-up end's alone."""
+        if self.newcomers():
+            return NEWCOMERS
+        split = self.current_split()
+        if split.prefill == 0 or split.decode == 0:
+            return REPAIR
+        return GATED
+
+    def newcomer_range(self) -> tuple[int, int]:
+        """(lo, hi): the prefill counts reachable by giving roles to the newcomers alone,
+        each phase keeping a node (non-empty for 2 nodes or more)."""
+        split, N = self.current_split(), len(self.st.nodes)
+        return max(1, split.prefill), min(N - 1, N - split.decode)
+
+    def placement(self, target_prefill: int) -> tuple[int, list[tuple[str, str]]]:
+        """(P, moves) that place the newcomers as close to ``target_prefill`` prefill nodes as
+        they can without moving an assigned node."""
+        lo, hi = self.newcomer_range()
+        P = min(max(target_prefill, lo), hi)
+        moves = self.nodes_to_switch(P)
+        assert all(self.st.nodes[n].target not in ("prefill", "decode") for n, _ in moves)
+        return P, moves
+
+    def repair_move(self) -> tuple[str, str, str]:
+        """(node, from_role, to_role): the one node of a 0P or 0D split (no newcomers) that
+        moves to the empty side, the one that loses least by switching."""
+        split = self.current_split()
+        to_role, from_role = ("prefill", "decode") if split.prefill == 0 else ("decode", "prefill")
+        nodes = self.st.nodes
+        side = [n for n in sorted(nodes) if nodes[n].target == from_role]
+        return min(side, key=lambda n: self.switch_loss(n, to_role)), from_role, to_role
+
+    def place_newcomers(self, ts: float, target_prefill: int, why: str) -> tuple[Split, str, list[Event]]:
+        """(chosen split, reason, orders) of the NEWCOMERS path: the nodes without a role get
+        one, as close to ``target_prefill`` prefill nodes as that reaches; no other node moves
+        and no cooldown starts."""
+        names = ",".join(self.newcomers())
+        P, moves = self.placement(target_prefill)
+        reason = f"{NEWCOMERS} {names}: {why}"
+        N = len(self.st.nodes)
+        return Split(prefill=P, decode=N - P), reason, self.order(moves, ts, reason, cooldown=False)
+
+    def repair(self, ts: float) -> tuple[Split, str, list[Event]]:
+        """(chosen split, reason, orders) of the REPAIR path: every node is on one side and the
+        cluster serves nothing, so exactly one node (the least-loss one) moves to the other
+        side, without the SE test or the cooldown; later windows decide the rest."""
+        node, from_role, to_role = self.repair_move()
+        split = self.current_split()
+        d = 1 if to_role == "prefill" else -1
+        chosen = Split(prefill=split.prefill + d, decode=split.decode - d)
+        reason = f"{REPAIR} {split.prefill}P{split.decode}D: {node} {from_role} -> {to_role} (least loss)"
+        return chosen, reason, self.order([(node, to_role)], ts, reason)
+
     def switch_loss(self, node: str, to_role: str) -> tuple:
         """Ordering key of the loss of switching ``node`` to ``to_role``: fewest running
         requests first, then least KV the new role cannot use (a node that becomes a prefill
@@ -406,7 +482,11 @@ class PlannerBase:
             moves += [(n, "decode") for n in pre[:-need]]
         return sorted(moves)
 
-    def order(self, moves: list[tuple[str, str]], ts: float, reason: str) -> list[Event]:
+    def order(
+        self, moves: list[tuple[str, str]], ts: float, reason: str, cooldown: bool = True
+    ) -> list[Event]:
+        """The orders for ``moves``; with ``cooldown`` they start a new cooldown (placing
+        newcomers moves no serving node and does not)."""
         out: list[Event] = []
         for node, to_role in moves:
             n = self.st.nodes[node]
@@ -425,7 +505,7 @@ class PlannerBase:
                 SwitchRole(ts=ts, src=self.name, node=node, to_role=to_role, mechanism=self.cfg.mechanism)
             )
             n.ordered = to_role if to_role != n.role else ""
-        if moves:
+        if moves and cooldown:
             self.st.last_switch_at = ts
         return out
 

@@ -22,7 +22,7 @@ import re
 
 from events.catalog import Event, NodeHeartbeat, PlanEvaluated, Split
 from events.ids import SwitchMechanism
-from services.planner.base import BaseConfig, PlannerBase
+from services.planner.base import NEWCOMERS, REPAIR, BaseConfig, PlannerBase
 from services.planner.window import SliceStats
 
 
@@ -73,9 +73,18 @@ class _Baseline(PlannerBase):
             ts, k_end, scale_split(self.cfg.initial, N), f"initial split {self.cfg.initial}"
         )
 
-    def _unassigned(self) -> bool:
-        cur = self.current_split()
-        return cur.prefill + cur.decode < len(self.st.nodes)
+    def _ungated(self, ts: float, k_end: int, target_prefill: int, why: str) -> list[Event] | None:
+        """The NEWCOMERS placement (toward ``target_prefill`` prefill nodes, moving no assigned
+        node) or the 0P/0D REPAIR (one node) when the guard state asks for one; None when the
+        planner's own rule decides."""
+        path = self.guard()
+        if path == NEWCOMERS:
+            chosen, reason, orders = self.place_newcomers(ts, target_prefill, why)
+        elif path == REPAIR:
+            chosen, reason, orders = self.repair(ts)
+        else:
+            return None
+        return [self._event(ts, k_end, chosen=chosen, reason=reason), *orders]
 
 
 class StaticConfig(BaselineConfig, kw_only=True, forbid_unknown_fields=True):
@@ -88,9 +97,10 @@ class StaticPlanner(_Baseline):
 
     def _on_tick(self, ts: float, k_end: int) -> list[Event]:
         N = len(self.st.nodes)
-        if N >= 2 and self._unassigned():  # a node joined after warm-up: keep the configured ratio
-            return self._switch_to(ts, k_end, scale_split(self.cfg.initial, N), "static: assign new nodes")
-        return [self._event(ts, k_end, reason="static: never switches")]
+        ungated = None
+        if N >= 2:  # a node joined after warm-up: toward the configured ratio
+            ungated = self._ungated(ts, k_end, scale_split(self.cfg.initial, N), f"static {self.cfg.initial}")
+        return ungated or [self._event(ts, k_end, reason="static: never switches")]
 
 
 class DynamoConfig(BaselineConfig, kw_only=True, forbid_unknown_fields=True):
@@ -130,9 +140,10 @@ class DynamoPlanner(_Baseline):
         signals = f"prefill queue {queue:.2f}/node, decode kv {kv:.2f}"
         if N < 2:
             return [self._event(ts, k_end, reason=f"{N} node(s): nothing to split")]
-        if self._unassigned():  # a node joined after warm-up: it serves decode, the split stays
-            P = min(max(1, cur.prefill), N - 1)
-            return self._switch_to(ts, k_end, P, "dynamo: assign new nodes")
+        # a node joined after warm-up: it serves decode, the prefill count stays
+        ungated = self._ungated(ts, k_end, cur.prefill, "dynamo: the prefill count stays")
+        if ungated:
+            return ungated
         if any(n.ordered for n in self.st.nodes.values()):
             return [self._event(ts, k_end, reason=f"switch in progress; {signals}")]
         want_d = 1 if kv > cfg.decode_kv_up else (-1 if kv < cfg.decode_kv_down else 0)
@@ -195,11 +206,15 @@ class ArrowPlanner(_Baseline):
         pre, dec = self.predicted_prefill_s(stats), self.predicted_decode_s(stats)
         cur = self.current_split()
         if pre + dec <= 0:
-            if self._unassigned():
-                return self._switch_to(ts, k_end, scale_split(self.cfg.initial, N), "arrow: assign new nodes")
-            return [self._event(ts, k_end, reason="no load in the interval")]
+            ungated = self._ungated(ts, k_end, scale_split(self.cfg.initial, N), f"arrow {self.cfg.initial}")
+            return ungated or [self._event(ts, k_end, reason="no load in the interval")]
         P = min(max(1, math.floor(N * pre / (pre + dec) + 0.5)), N - 1)
         why = f"predicted prefill {pre:.1f} node-s vs decode {dec:.1f} node-s"
-        if P == cur.prefill and not self._unassigned():
+        # newcomers are placed toward the predicted ratio, an emptied side gets one node; the
+        # next interval's re-plan moves the rest
+        ungated = self._ungated(ts, k_end, P, f"arrow toward {P}P{N - P}D; {why}")
+        if ungated:
+            return ungated
+        if P == cur.prefill:
             return [self._event(ts, k_end, reason=f"balanced; {why}")]
         return self._switch_to(ts, k_end, P, f"re-plan to {P}P{N - P}D; {why}")

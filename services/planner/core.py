@@ -11,6 +11,16 @@ P prefill / N-P decode nodes (P = 1..N-1):
 - a candidate passes when mean gain > 2 SE (and > 0); the largest passing gain wins;
 - no switch within ``cooldown_s`` of the last one.
 
+That is the GATED path. A window end takes it only when every node has a role and both
+sides are staffed; the guard state (``PlannerBase.guard``) sends it elsewhere otherwise, and
+``PlanEvaluated.reason`` starts with the path's name (``base.plan_path`` reads it back):
+
+- ``initial split`` (warm-up end only): every node gets a role at the best predicted split;
+- ``place newcomers``: nodes without a role (joined, or re-registered as ``collocated`` after
+  an engine restart) get one at the best split they can reach; no assigned node moves, no SE
+  test, no cooldown (and it starts none);
+- ``repair``: every node on one side (0P or 0D), none without a role: exactly one node moves.
+
 Beyond the paper (both on by default, both off = the paper exactly):
 
 - ``slo_guard``: a passing candidate is vetoed when its predicted P95 prefill-queue wait or P95
@@ -27,7 +37,7 @@ import math
 import numpy as np
 
 from events.catalog import Candidate, Event, PlanEvaluated, Split
-from services.planner.base import BaseConfig, PlannerBase
+from services.planner.base import INITIAL, NEWCOMERS, REPAIR, BaseConfig, PlannerBase
 from services.planner.evaluate import (
     NodeArrays,
     WorkArrays,
@@ -159,17 +169,49 @@ class EvolvingPlanner(PlannerBase):
         return ""
 
     def decide(
-        self, ev: Evaluation, current_P: int | None, cooling: str
+        self,
+        ev: Evaluation,
+        current_P: int | None,
+        cooling: str,
+        allowed: tuple[int, int] | None = None,
+        label: str = INITIAL,
     ) -> tuple[int | None, list[Candidate], str]:
-        """(chosen P or None, candidates, reason)."""
-        cfg = self.cfg
+        """(chosen P or None, candidates, reason). With no current split (``current_P`` None:
+        the initial split or a newcomers' placement) every candidate passes the SE test and
+        ``label`` starts the reason; ``allowed`` = (lo, hi) limits the choice to those
+        prefill counts (a placement cannot move an assigned node)."""
         cur = current_P - 1 if current_P is not None and 1 <= current_P <= len(ev.P) else None
-        initial = cur is None
+        cands, eligible, passed_any = self._candidates(ev, cur, allowed)
+        if cur is None and not eligible:  # every split breaks the SLO: take the least bad TTFT
+            pool = [i for i in range(len(ev.P)) if _within(int(ev.P[i]), allowed)]
+            i = min(pool, key=lambda i: (ev.ttft95[i], -ev.theta_mean[i], i))
+            return int(ev.P[i]), cands, f"{label}: every split breaks the SLO, lowest predicted ttft p95"
+        if not eligible:
+            why = "vetoed by the SLO guard" if passed_any else "no candidate's mean gain exceeds 2 SE"
+            return None, cands, why
+        if cooling:
+            return None, cands, cooling
+        best = max(eligible, key=lambda i: (ev.gain[i], -abs(i - (cur if cur is not None else i)), -i))
+        reason = (
+            f"{label}: max predicted throughput {ev.theta_mean[best]:.3f} req/s"
+            if cur is None
+            else f"mean gain {ev.gain[best]:.3f} req/s > 2 SE ({2 * ev.se[best]:.3f})"
+        )
+        if not self.cfg.ttft_objective:
+            return int(ev.P[best]), cands, reason
+        return self._ttft_objective(ev, eligible, cur, best, cands, reason)
+
+    def _candidates(
+        self, ev: Evaluation, cur: int | None, allowed: tuple[int, int] | None
+    ) -> tuple[list[Candidate], list[int], bool]:
+        """Every candidate's figures and verdict; the indices of the eligible ones (passed,
+        not vetoed, not the current split); whether any passed before the SLO guard."""
         cands: list[Candidate] = []
         eligible: list[int] = []
         passed_any = False
         for i, P in enumerate(ev.P.tolist()):
-            passed = bool(initial or (ev.gain[i] > 2.0 * ev.se[i] and ev.gain[i] > 0.0))
+            reachable = _within(P, allowed)
+            passed = bool(cur is None or (ev.gain[i] > 2.0 * ev.se[i] and ev.gain[i] > 0.0)) and reachable
             veto = self._veto(ev, i, cur) if passed and i != cur else ""
             passed_any |= passed and i != cur
             if passed and not veto and i != cur:
@@ -182,69 +224,76 @@ class EvolvingPlanner(PlannerBase):
                     throughput=_f(ev.theta_mean[i]),
                     predicted_ttft_p95_s=_f(ev.ttft95[i]),
                     passed=passed and not veto,
-                    veto=veto,
+                    veto=veto if reachable else "would move an assigned node",
                 )
             )
-        if initial and not eligible:  # every split breaks the SLO: take the least bad TTFT
-            i = min(range(len(ev.P)), key=lambda i: (ev.ttft95[i], -ev.theta_mean[i], i))
-            return int(ev.P[i]), cands, "initial split: every split breaks the SLO, lowest predicted ttft p95"
-        if not eligible:
-            why = "vetoed by the SLO guard" if passed_any else "no candidate's mean gain exceeds 2 SE"
-            return None, cands, why
-        if cooling:
-            return None, cands, cooling
-        best = max(eligible, key=lambda i: (ev.gain[i], -abs(i - (cur if cur is not None else i)), -i))
-        reason = (
-            f"initial split: max predicted throughput {ev.theta_mean[best]:.3f} req/s"
-            if initial
-            else f"mean gain {ev.gain[best]:.3f} req/s > 2 SE ({2 * ev.se[best]:.3f})"
+        return cands, eligible, passed_any
+
+    def _ttft_objective(
+        self,
+        ev: Evaluation,
+        eligible: list[int],
+        cur: int | None,
+        best: int,
+        cands: list[Candidate],
+        reason: str,
+    ) -> tuple[int | None, list[Candidate], str]:
+        """Among the eligible candidates and the current split within ``throughput_tolerance``
+        of the best throughput, the lowest predicted P95 TTFT, if it beats ``best`` by at
+        least ``ttft_min_improvement_s``."""
+        cfg = self.cfg
+        pool = eligible + ([cur] if cur is not None else [])
+        top = max(ev.theta_mean[i] for i in eligible)
+        near = [i for i in pool if ev.theta_mean[i] >= (1.0 - cfg.throughput_tolerance) * top]
+        pick = min(near, key=lambda i: (ev.ttft95[i], -ev.gain[i], i))
+        if not (pick != best and ev.ttft95[pick] <= ev.ttft95[best] - cfg.ttft_min_improvement_s):
+            return int(ev.P[best]), cands, reason
+        if pick == cur:
+            return (
+                None,
+                cands,
+                (
+                    f"ttft objective: current split within {cfg.throughput_tolerance:.0%} of "
+                    f"the best throughput with lower predicted ttft p95 "
+                    f"({ev.ttft95[pick]:.2f} s vs {ev.ttft95[best]:.2f} s)"
+                ),
+            )
+        reason += (
+            f"; ttft objective: {ev.P[pick]}P within {cfg.throughput_tolerance:.0%} of the best "
+            f"throughput, predicted ttft p95 {ev.ttft95[pick]:.2f} s vs {ev.ttft95[best]:.2f} s"
         )
-        if cfg.ttft_objective:
-            pool = eligible + ([cur] if cur is not None else [])
-            top = max(ev.theta_mean[i] for i in eligible)
-            near = [i for i in pool if ev.theta_mean[i] >= (1.0 - cfg.throughput_tolerance) * top]
-            pick = min(near, key=lambda i: (ev.ttft95[i], -ev.gain[i], i))
-            if pick != best and ev.ttft95[pick] <= ev.ttft95[best] - cfg.ttft_min_improvement_s:
-                if pick == cur:
-                    return (
-                        None,
-                        cands,
-                        (
-                            f"ttft objective: current split within {cfg.throughput_tolerance:.0%} of "
-                            f"the best throughput with lower predicted ttft p95 "
-                            f"({ev.ttft95[pick]:.2f} s vs {ev.ttft95[best]:.2f} s)"
-                        ),
-                    )
-                reason += (
-                    f"; ttft objective: {ev.P[pick]}P within {cfg.throughput_tolerance:.0%} of the best "
-                    f"throughput, predicted ttft p95 {ev.ttft95[pick]:.2f} s vs {ev.ttft95[best]:.2f} s"
-                )
-                best = pick
-        return int(ev.P[best]), cands, reason
+        return int(ev.P[pick]), cands, reason
 
     # ------------------------------------------------------------------ window ends
-    def _plan(self, ts: float, k_end: int, initial: bool) -> list[Event]:
+    def _plan(self, ts: float, k_end: int, warmup_end: bool) -> list[Event]:
+        """One window-end decision down the path its guard state names (base.py)."""
         cfg = self.cfg
-        st = self.st
-        current = self.current_split()
-        has_colloc = current.prefill + current.decode < len(st.nodes)
-        initial = initial or has_colloc or current.prefill == 0 or current.decode == 0
-        window_start, window_end = (k_end - cfg.slices) * cfg.slice_s, k_end * cfg.slice_s
         base = {
             "ts": ts,
             "src": self.name,
-            "window_start": window_start,
-            "window_end": window_end,
-            "current": current,
+            "window_start": (k_end - cfg.slices) * cfg.slice_s,
+            "window_end": k_end * cfg.slice_s,
+            "current": self.current_split(),
             "planner": self.name,
         }
-        N = len(st.nodes)
+        N = len(self.st.nodes)
         if N < 2:
             return [PlanEvaluated(**base, reason=f"{N} node(s): nothing to split")]
+        path = INITIAL if warmup_end else self.guard()
+        if path == INITIAL:
+            return self._initial(ts, k_end, base)
+        if path == NEWCOMERS:
+            return self._newcomers(ts, k_end, base)
+        if path == REPAIR:
+            return self._repair(ts, base)
+        return self._gated(ts, k_end, base)
+
+    def _initial(self, ts: float, k_end: int, base: dict) -> list[Event]:
+        """INITIAL (warm-up end): there is no current split to compare against, so every node
+        gets a role at the split of largest predicted throughput (no SE test)."""
+        N = len(self.st.nodes)
         works = self.works(k_end)
-        if len(works) < (1 if initial else 2):
-            if not initial:
-                return [PlanEvaluated(**base, reason=f"insufficient data: {len(works)} non-empty slice(s)")]
+        if not works:
             P = max(1, N // 2)
             return [
                 PlanEvaluated(
@@ -254,13 +303,61 @@ class EvolvingPlanner(PlannerBase):
                 ),
                 *self.order(self.nodes_to_switch(P), ts, "initial split without data"),
             ]
-        seq = self.assignment_order()
-        cur_P = None if initial else current.prefill
-        ev = self.evaluate(seq, works, cur_P)
+        ev = self.evaluate(self.assignment_order(), works, None)
+        P, cands, reason = self.decide(ev, None, "")
+        assert P is not None  # with no current split something is always chosen
+        chosen = Split(prefill=P, decode=N - P)
+        return [
+            PlanEvaluated(**base, candidates=cands, chosen=chosen, reason=reason),
+            *self.order(self.nodes_to_switch(P), ts, reason),
+        ]
+
+    def _newcomers(self, ts: float, k_end: int, base: dict) -> list[Event]:
+        """NEWCOMERS: only the nodes without a role get one, at the best split they can reach
+        (a node without a role serves nothing, so no SE test and no cooldown; a placement
+        starts none). Assigned nodes wait for the gated path."""
+        works = self.works(k_end)
+        if not works:
+            chosen, reason, orders = self.place_newcomers(ts, *self._current_share())
+            return [PlanEvaluated(**base, chosen=chosen, reason=reason), *orders]
+        label = f"{NEWCOMERS} {','.join(self.newcomers())} (assigned nodes stay)"
+        ev = self.evaluate(self.assignment_order(), works, None)
+        P, cands, reason = self.decide(ev, None, "", allowed=self.newcomer_range(), label=label)
+        assert P is not None
+        N = len(self.st.nodes)
+        return [
+            PlanEvaluated(**base, candidates=cands, chosen=Split(prefill=P, decode=N - P), reason=reason),
+            *self.order(self.placement(P)[1], ts, reason, cooldown=False),
+        ]
+
+    def _current_share(self) -> tuple[int, str]:
+        """Prefill nodes out of all at the assigned nodes' prefill share (half without any)."""
+        split, N = self.current_split(), len(self.st.nodes)
+        assigned = split.prefill + split.decode
+        if not assigned:
+            return N // 2, "no data in the window, half of the nodes prefill"
+        return math.floor(
+            N * split.prefill / assigned + 0.5
+        ), "no data in the window, the prefill share stays"
+
+    def _repair(self, ts: float, base: dict) -> list[Event]:
+        chosen, reason, orders = self.repair(ts)
+        return [PlanEvaluated(**base, chosen=chosen, reason=reason), *orders]
+
+    def _gated(self, ts: float, k_end: int, base: dict) -> list[Event]:
+        """Switch to the candidate whose mean gain over the current split exceeds 2 SE, not
+        within ``cooldown_s`` of the last switch."""
+        st, cfg = self.st, self.cfg
+        works = self.works(k_end)
+        if len(works) < 2:
+            return [PlanEvaluated(**base, reason=f"insufficient data: {len(works)} non-empty slice(s)")]
+        current = base["current"]
+        ev = self.evaluate(self.assignment_order(), works, current.prefill)
         cooling = ""
-        if not initial and st.last_switch_at is not None and ts - st.last_switch_at < cfg.cooldown_s:
+        if st.last_switch_at is not None and ts - st.last_switch_at < cfg.cooldown_s:
             cooling = f"cooldown: last switch {ts - st.last_switch_at:.0f} s ago < {cfg.cooldown_s:g} s"
-        P, cands, reason = self.decide(ev, cur_P, cooling)
+        P, cands, reason = self.decide(ev, current.prefill, cooling)
+        N = len(st.nodes)
         chosen = Split(prefill=P, decode=N - P) if P is not None else None
         out: list[Event] = [PlanEvaluated(**base, candidates=cands, chosen=chosen, reason=reason)]
         if P is not None:
@@ -268,10 +365,14 @@ class EvolvingPlanner(PlannerBase):
         return out
 
     def _on_warmup_end(self, ts: float, k_end: int) -> list[Event]:
-        return self._plan(ts, k_end, initial=True)
+        return self._plan(ts, k_end, warmup_end=True)
 
     def _on_tick(self, ts: float, k_end: int) -> list[Event]:
-        return self._plan(ts, k_end, initial=False)
+        return self._plan(ts, k_end, warmup_end=False)
+
+
+def _within(P: int, allowed: tuple[int, int] | None) -> bool:
+    return allowed is None or allowed[0] <= P <= allowed[1]
 
 
 def _f(x: float) -> float:

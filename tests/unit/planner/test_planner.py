@@ -216,7 +216,10 @@ def test_no_events_no_crash_and_clear_states():
     assert [type(e).__name__ for e in out] == ["PlanEvaluated"] and out[0].chosen is None
     for i in range(3):
         planner.apply(NodeRegistered(ts=21.0, node=f"n{i}", role="collocated"))
-    assert planner.apply(Tick(ts=700.0))[0].reason.startswith("initial split without data")
+    # nodes that joined after warm-up are newcomers: placed without data, half of them prefill
+    assert planner.apply(Tick(ts=700.0))[0].reason == (
+        "place newcomers n0,n1,n2: no data in the window, half of the nodes prefill"
+    )
     assert planner.current_split().prefill == 1 and planner.current_split().decode == 2
 
 
