@@ -93,7 +93,8 @@ async def request_snapshot_async(db: str, *, nats_url: str | None = None, partit
 
     try:
         nc = await asyncio.wait_for(
-            nats.connect(servers=[url], name="evolving-sql", allow_reconnect=False, max_reconnect_attempts=0,
+            nats.connect(servers=[url], name="evolving-sql", allow_reconnect=False, max_reconnect_attempts=1,
+                         reconnect_time_wait=0.2,  # 0 attempts would retry forever (nats-py 2.x)
                          connect_timeout=min(5.0, timeout_s), error_cb=on_error),
             timeout=timeout_s)
     except (OSError, TimeoutError, NatsError) as exc:
