@@ -44,6 +44,7 @@ ALLOWED_PRAGMAS = frozenset({
     "show_tables", "show_tables_expanded", "table_info", "show", "database_list", "database_size",
     "storage_info", "version", "platform", "functions", "collations", "metadata_info", "user_agent",
 })
+_EXPLAIN = re.compile(r"^\s*explain\s+(analy[sz]e\s+)?", re.IGNORECASE)
 _PRAGMA_NAME = re.compile(r"^\s*pragma\s+([a-z_][a-z0-9_]*)", re.IGNORECASE)
 
 
@@ -75,6 +76,11 @@ def check_query(query: str) -> None:
                 continue
             raise QueryRefused(f"refused: {short!r}: evolving sql allows only the introspection PRAGMAs "
                                f"({', '.join(sorted(ALLOWED_PRAGMAS))}); settings are locked")
+        if kind == "EXPLAIN":  # EXPLAIN ANALYZE runs what it explains: judge that
+            inner = _EXPLAIN.sub("", st.query, count=1)
+            if inner != st.query:
+                check_query(inner)
+                continue
         if kind not in ALLOWED_STATEMENTS:
             raise QueryRefused(f"refused: {short!r} is a {kind} statement; evolving sql runs read-only "
                                "queries only (SELECT/WITH/FROM, SHOW, DESCRIBE, SUMMARIZE, PIVOT, EXPLAIN, CALL)")

@@ -65,6 +65,7 @@ def attacks(d) -> list[tuple[str, str]]:
         ("CREATE TABLE x AS SELECT 1", "CREATE statement"),
         ("CREATE SECRET s (TYPE s3)", "CREATE statement"),
         ("SELECT 1; COPY events TO '/tmp/evolving-leak.csv'", "COPY statement"),
+        (f"EXPLAIN ANALYZE COPY events TO '{d}/out.csv'", "COPY statement"),
     ]
 
 
@@ -116,7 +117,7 @@ def test_a_detached_source_reattached_stays_read_only(run):
 
 def test_queries_still_work(run, capsys):
     for sql in ["SELECT count(*) FROM events", "SHOW TABLES", "DESCRIBE events", "SUMMARIZE events",
-                "EXPLAIN SELECT * FROM requests", "PRAGMA show_tables", "PRAGMA table_info('events')",
+                "EXPLAIN SELECT * FROM requests", "EXPLAIN ANALYZE SELECT count(*) FROM requests", "PRAGMA show_tables", "PRAGMA table_info('events')",
                 "CALL pragma_version()", "WITH x AS (SELECT seq FROM events) SELECT max(seq) FROM x",
                 "FROM route_decisions LIMIT 1", "PIVOT (SELECT type FROM events) ON type USING count(*)",
                 "SELECT json_extract(payload, '$.type') FROM events LIMIT 1"]:
