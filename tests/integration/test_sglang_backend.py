@@ -1,0 +1,163 @@
+"""The SGLang backend against fake SGLang servers in this process (real HTTP, real ZMQ): PD
+pairing through the bootstrap fields, the runtime role switch and what it does to the KV, the
+refusals SGLang answers and the fallbacks, abort on a reroute."""
+
+from __future__ import annotations
+
+import asyncio
+
+from engine.backend import PrefillJob
+from engine.backends.sglang.backend import SglangBackend, SglangConfig, bootstrap_room, prompt_ids
+from engine.backends.sglang.fake import FakeSglang
+from engine.profiles import load_profile
+from engine.worker import WallClockHost
+from events.catalog import AnomalyReported, KvEvicted, KvStored, RequestFinished, RequestStarted, RoleSwitched
+from events.hashing import block_hashes
+
+PROFILE = load_profile("gb300-glm52")
+
+
+class Host:
+    def __init__(self):
+        self.events, self.tokens = [], []
+        self.host = WallClockHost(1.0, self.events.append, lambda *a: [], lambda n: None, token=self.tokens.append)
+
+    async def wait(self, pred, timeout=20.0):
+        async def poll():
+            while True:
+                for e in self.events:
+                    if pred(e):
+                        return e
+                await asyncio.sleep(0.01)
+        return await asyncio.wait_for(poll(), timeout)
+
+
+def job(rid, blocks, decode="d1", max_tokens=5):
+    return PrefillJob(request=rid, blocks=list(blocks), prompt_tokens=len(blocks) * 64 + 7, max_tokens=max_tokens,
+                      decode_node=decode, fetch_plan=[], enqueued_s=0.0)
+
+
+async def backend(h, node, fake, **cfg):
+    url = await fake.start()
+    kv = f"tcp://127.0.0.1:{fake.kv_events_port}" if fake.kv_events_port else None
+    b = SglangBackend(h.host, node, "collocated", PROFILE, SglangConfig(url=url, kv_events_endpoint=kv, **cfg))
+    await b.start()
+    await asyncio.sleep(0.2)  # ZMQ slow joiner
+    return b, url
+
+
+def test_prompt_ids_are_a_function_of_the_blocks():
+    a = prompt_ids([1, 2], 130, 64, "r1")
+    b = prompt_ids([1, 3], 130, 64, "r2")
+    assert len(a) == 130 and a[:64] == b[:64] and a[64:128] != b[64:128]
+    assert all(0 < t < 32000 for t in a)
+    assert block_hashes(a)[0] == block_hashes(b)[0]
+    assert 0 <= bootstrap_room("r1") < 2**63 and bootstrap_room("r1") != bootstrap_room("r2")
+
+
+async def test_prefill_pairs_with_its_decode_peer_through_the_bootstrap_room():
+    h = Host()
+    dfake = FakeSglang(mode="decode", kv_events_port=0, decode_s_per_token=0.001)
+    seen = []
+    orig = dfake._generate
+
+    async def spy(request):  # what the decode server received
+        seen.append(await request.json())
+        return await orig(request)
+
+    dfake._generate = spy
+    durl = await dfake.start()
+    pfake = FakeSglang(mode="prefill", kv_events_port=0)
+    p, _ = await backend(h, "p1", pfake, peers={"d1": durl}, bootstrap_port=8998)
+    try:
+        assert p.role == "prefill"
+        p.enqueue_prefill(job("r1", range(500, 504), max_tokens=5))
+        fin = await h.wait(lambda e: isinstance(e, RequestFinished))
+        assert (fin.node, fin.output_tokens) == ("d1", 5)
+        starts = [(e.node, e.phase) for e in h.events if isinstance(e, RequestStarted)]
+        assert starts == [("p1", "prefill"), ("d1", "decode")]
+        assert seen and seen[0]["bootstrap_room"] == bootstrap_room("r1")
+        assert (seen[0]["bootstrap_host"], seen[0]["bootstrap_port"]) == ("127.0.0.1", 8998)
+        assert seen[0]["rid"] == "r1" and seen[0]["sampling_params"]["max_new_tokens"] == 5
+        # the prefill server's KV events name the request's blocks
+        stored = await h.wait(lambda e: isinstance(e, KvStored))
+        assert stored.node == "p1" and stored.tier == "L1" and set(stored.blocks) <= set(range(500, 504))
+    finally:
+        await p.close()
+        await pfake.stop()
+        await dfake.stop()
+
+
+async def test_in_place_switch_drops_the_kv_and_says_how():
+    h = Host()
+    fake = FakeSglang(mode="prefill", kv_events_port=0)
+    b, _ = await backend(h, "p1", fake, peers={})
+    try:
+        b.enqueue_prefill(job("r1", range(10, 13), decode="p1"))
+        await h.wait(lambda e: isinstance(e, RequestFinished))
+        await h.wait(lambda e: isinstance(e, KvStored))
+        b.order_switch("decode", "in_place")
+        sw = await h.wait(lambda e: isinstance(e, RoleSwitched))
+        assert (sw.role, sw.kv_dropped) == ("decode", True) and b.role == "decode" and fake.mode == "decode"
+        how = [e for e in h.events if isinstance(e, AnomalyReported)]
+        assert [e.kind for e in how] == ["role_switch_in_place_drop_kv"]
+        gone = await h.wait(lambda e: isinstance(e, KvEvicted))
+        assert set(gone.blocks) == {10, 11, 12} and not b.pool.l1
+    finally:
+        await b.close()
+        await fake.stop()
+
+
+async def test_a_refused_switch_keeps_the_role_when_attached():
+    h = Host()
+    fake = FakeSglang(mode="prefill", enable_role_switch=False)
+    b, _ = await backend(h, "p1", fake)
+    try:
+        b.order_switch("decode", "in_place")
+        sw = await h.wait(lambda e: isinstance(e, RoleSwitched))
+        assert (sw.role, sw.kv_dropped) == ("prefill", False) and b.role == "prefill"
+        why = next(e for e in h.events if isinstance(e, AnomalyReported))
+        assert why.kind == "role_switch_refused" and "--enable-pd-role-switch is not set" in why.detail
+        assert fake.switches[-1]["success"] is False
+    finally:
+        await b.close()
+        await fake.stop()
+
+
+async def test_requests_routed_during_a_switch_wait_for_the_new_role():
+    h = Host()
+    fake = FakeSglang(mode="prefill", kv_events_port=None, prefill_s_per_token=5e-4, pair_wait_s=0.1)
+    b, _ = await backend(h, "p1", fake)
+    try:
+        b.enqueue_prefill(job("r1", range(20, 40), decode="p1"))  # ~0.6 s of prefill
+        await asyncio.sleep(0.05)
+        b.order_switch("decode", "in_place")
+        b.enqueue_prefill(job("r2", range(50, 52), decode="p1"))  # held, not sent to a draining server
+        assert "r2" in b.queued() and "r2" not in b.tasks
+        sw = await h.wait(lambda e: isinstance(e, RoleSwitched))
+        assert sw.role == "decode" and sw.drained == 1
+        await h.wait(lambda e: isinstance(e, RequestFinished) and e.request == "r2")
+    finally:
+        await b.close()
+        await fake.stop()
+
+
+async def test_reroute_aborts_a_request_that_has_no_token_yet():
+    h = Host()
+    fake = FakeSglang(mode="null", prefill_s_per_token=1e-3)
+    b, _ = await backend(h, "c1", fake)
+    try:
+        b.enqueue_prefill(job("r1", range(100, 130), decode="c1"))
+        await asyncio.sleep(0.1)
+        assert "r1" in fake.inflight
+        taken = b.remove_queued("r1")
+        assert taken is not None and taken.request == "r1"
+        for _ in range(100):
+            if "r1" not in fake.inflight:
+                break
+            await asyncio.sleep(0.02)
+        assert "r1" not in fake.inflight  # POST /abort_request reached the server
+        assert not [e for e in h.events if getattr(e, "request", None) == "r1"]
+    finally:
+        await b.close()
+        await fake.stop()
