@@ -161,3 +161,30 @@ async def test_reroute_aborts_a_request_that_has_no_token_yet():
     finally:
         await b.close()
         await fake.stop()
+
+
+async def test_a_decode_server_reports_the_requests_its_peers_sent_it():
+    from engine.backends.sglang.backend import prom_sum
+
+    text = ('# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{dp="0"} 3.0\n'
+            'sglang:num_running_reqs{dp="1"} 2.0\nsglang:num_running_reqs_other 9\n')
+    assert prom_sum(text, "sglang:num_running_reqs") == 5.0 and prom_sum(text, "nope") == 0.0
+    h = Host()
+    fake = FakeSglang(mode="decode", pair_wait_s=5.0, decode_s_per_token=0.01)
+    d, url = await backend(h, "d1", fake, metrics_interval_s=0.05)
+    try:
+        assert d.load().running == 0
+        import aiohttp  # a prefill peer's request, sent straight to the decode server
+
+        async with aiohttp.ClientSession() as s:
+            task = asyncio.create_task(s.post(f"{url}/generate", json={
+                "input_ids": [1, 2, 3], "rid": "x", "bootstrap_room": 7, "sampling_params": {"max_new_tokens": 3}}))
+            for _ in range(100):
+                if d.load().running == 1:
+                    break
+                await asyncio.sleep(0.02)
+            assert d.load().running == 1 and d.load().role == "decode"
+            task.cancel()
+    finally:
+        await d.close()
+        await fake.stop()

@@ -72,6 +72,7 @@ class SglangConfig:
     drain_timeout_s: float = 120.0
     request_timeout_s: float = 600.0
     decode_cuda_graph_memory_gb: float | None = None
+    metrics_interval_s: float = 2.0  # poll /metrics (SGLang --enable-metrics) for the server's load; 0: off
     retry_s: float = 60.0  # a request that cannot connect (a server restarting) is retried this long
 
 
@@ -86,7 +87,8 @@ def config_from_args(args) -> SglangConfig:
                         bootstrap_host=args.bootstrap_host, bootstrap_port=args.bootstrap_port,
                         peers=dict(s.split("=", 1) for s in args.peer_url), switch_fallback=args.switch_fallback,
                         drain_timeout_s=args.drain_timeout_s, request_timeout_s=args.request_timeout_s,
-                        decode_cuda_graph_memory_gb=args.decode_cuda_graph_memory_gb)
+                        decode_cuda_graph_memory_gb=args.decode_cuda_graph_memory_gb,
+                        metrics_interval_s=args.metrics_interval_s)
 
 
 def prompt_ids(blocks, prompt_tokens: int, block_tokens: int, request: str) -> list[int]:
@@ -126,6 +128,7 @@ class SglangBackend:
         self.started: set[str] = set()
         self.status = "up"
         self._held: list[PrefillJob] = []
+        self.server_load: tuple[int, int] | None = None  # (running, queued) from /metrics
         self.kv_seq = -1
         self.kv_gaps = 0
         self._proc: asyncio.subprocess.Process | None = None
@@ -177,6 +180,8 @@ class SglangBackend:
         await self._read_server_info()
         if self.cfg.kv_events_endpoint:
             self._bg.append(asyncio.create_task(self._kv_events(), name="sglang-kv-events"))
+        if self.cfg.metrics_interval_s > 0:
+            self._bg.append(asyncio.create_task(self._poll_metrics(), name="sglang-metrics"))
 
     async def _read_server_info(self) -> None:
         async with self._http.get(f"{self.cfg.url}/server_info") as r:
@@ -256,8 +261,30 @@ class SglangBackend:
         return [r for r in self.jobs if r not in self.started]
 
     def load(self) -> NodeLoad:
-        return NodeLoad(role=self._role, running=len(self.started), queued=len(self.jobs) - len(self.started),
+        """Requests this worker sent, or the server's own gauges when larger (a decode server
+        also runs the requests its prefill peers sent it)."""
+        running, queued = len(self.started), len(self.jobs) - len(self.started)
+        if self.server_load is not None:
+            running, queued = max(running, self.server_load[0]), max(queued, self.server_load[1])
+        return NodeLoad(role=self._role, running=running, queued=queued,
                         l1_used_tokens=self.pool.used_tokens("L1"), l2_used_tokens=self.pool.used_tokens("L2"))
+
+    async def _poll_metrics(self) -> None:
+        """``sglang:num_running_reqs`` / ``sglang:num_queue_reqs`` from ``/metrics``, summed over
+        the scheduler's label sets (one per DP rank). A server without ``--enable-metrics``
+        answers 404: polling stops and the load counts only this worker's requests."""
+        while True:
+            await asyncio.sleep(self.cfg.metrics_interval_s)
+            try:
+                async with self._http.get(f"{self.cfg.url}/metrics") as r:
+                    if r.status == 404:
+                        log.warning("sglang_metrics_off", url=self.cfg.url, note="start SGLang with --enable-metrics")
+                        return
+                    text = await r.text()
+            except (aiohttp.ClientError, TimeoutError, OSError):
+                continue  # restarting: keep the last reading
+            self.server_load = (int(prom_sum(text, "sglang:num_running_reqs")),
+                                int(prom_sum(text, "sglang:num_queue_reqs")))
 
     def progress(self) -> None:
         """Tokens are reported as the server streams them."""
@@ -465,6 +492,18 @@ class SglangBackend:
     def apply_kv_cleared(self) -> None:
         self.pagemap.pages.clear()
         self.pool.drop_all()
+
+
+def prom_sum(text: str, metric: str) -> float:
+    """Sum of every sample of ``metric`` in Prometheus text exposition (0 when absent)."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(metric) and line[len(metric):len(metric) + 1] in ("{", " "):
+            try:
+                total += float(line.rsplit(" ", 1)[1])
+            except (IndexError, ValueError):
+                continue
+    return total
 
 
 def _host_of(url: str | None) -> str:

@@ -12,6 +12,7 @@ pinned against SGLang's bytes):
   cumulative ``text`` and ``meta_info`` (``prompt_tokens``, ``completion_tokens``,
   ``cached_tokens``, ``finish_reason``), then ``data: [DONE]``. A prefill server answers once
   the prefill is done (one JSON, no text); the decode server with the same room streams.
+- ``GET /metrics``: ``sglang:num_running_reqs`` and ``sglang:num_queue_reqs`` (Prometheus text).
 - ``POST /abort_request`` (``rid``); ``POST /pd_role_switch`` (``new_role``) with SGLang's
   checks in SGLang's order (not enabled, invalid role, not in PD mode, already in role, not
   idle) and answer shape (``success``, ``message``, ``old_role``, ``new_role``,
@@ -80,6 +81,7 @@ class FakeSglang:
         app.router.add_post("/generate", self._generate)
         app.router.add_post("/abort_request", self._abort)
         app.router.add_post("/pd_role_switch", self._role_switch)
+        app.router.add_get("/metrics", self._metrics)
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
@@ -224,6 +226,17 @@ class FakeSglang:
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        """The two gauges the backend reads, in SGLang's names and Prometheus text format."""
+        labels = '{model_name="fake",engine_type="unified",tp_rank="0",pp_rank="0"}'
+        text = ("# HELP sglang:num_running_reqs The number of running requests.\n"
+                "# TYPE sglang:num_running_reqs gauge\n"
+                f"sglang:num_running_reqs{labels} {float(len(self.inflight))}\n"
+                "# HELP sglang:num_queue_reqs The number of requests in the waiting queue.\n"
+                "# TYPE sglang:num_queue_reqs gauge\n"
+                f"sglang:num_queue_reqs{labels} 0.0\n")
+        return web.Response(text=text, content_type="text/plain")
 
     async def _abort(self, request: web.Request) -> web.Response:
         body = await request.json()
