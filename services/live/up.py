@@ -388,10 +388,11 @@ class Up:
                 await asyncio.sleep(0.1)
 
     def _check_plugins(self) -> None:
-        """A child that exited with ``EXIT_PLUGIN`` cannot load its plug-in; restarting will not
-        help: note why and stop everything."""
+        """A decision service that exited with ``EXIT_PLUGIN`` cannot load its plug-in; restarting
+        will not help: note why and stop everything. (Other children's exit codes mean nothing here.)"""
         for c in self.children:
-            if self.failure is None and c.proc is not None and c.proc.poll() == EXIT_PLUGIN:
+            if (self.failure is None and c.group == G_SERVICE and c.proc is not None
+                    and c.proc.poll() == EXIT_PLUGIN):
                 self.failure = f"{c.name} stopped: {plugin_failure(c.log_path)} (log: {c.log_path})"
                 log.error("child_plugin_failed", child=c.name, log=str(c.log_path))
                 self.stop.set()
