@@ -188,3 +188,26 @@ async def test_a_decode_server_reports_the_requests_its_peers_sent_it():
     finally:
         await d.close()
         await fake.stop()
+
+
+async def test_launched_servers_decode_log_becomes_iteration_done():
+    import sys
+
+    h = Host()
+    fake = FakeSglang(mode="null")  # only to borrow a free port pair
+    url = await fake.start()
+    port = fake.port
+    await fake.stop()
+    cmd = (f"{sys.executable} -m engine.backends.sglang.fake --port {port} --disaggregation-mode null "
+           f"--decode-log-interval 8 --decode-s-per-token 0.001")
+    b = SglangBackend(h.host, "c1", "collocated", PROFILE,
+                      SglangConfig(url=url, launch=cmd, launch_timeout_s=60, decode_log_interval=8))
+    await b.start()
+    try:
+        b.enqueue_prefill(job("r1", range(5), decode="c1", max_tokens=40))
+        await h.wait(lambda e: isinstance(e, RequestFinished))
+        it = await h.wait(lambda e: type(e).__name__ == "IterationDone")
+        assert (it.node, it.phase, it.iterations, it.batch) == ("c1", "decode", 8, 1) and it.duration_s > 0
+    finally:
+        await b.close()
+    assert b._proc.returncode is not None  # the worker stops the server it launched

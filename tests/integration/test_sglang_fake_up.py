@@ -86,12 +86,16 @@ def test_up_with_sglang_fake_engines_end_to_end(nats_url, partition, tmp_path):
             stored |= set(json.loads(bl))
         switched = q("SELECT payload->>'$.node', payload->>'$.role' FROM events WHERE type = 'RoleSwitched'")\
             .fetchall()
+        iters = q("SELECT payload->>'$.phase', (payload->>'$.duration_s')::DOUBLE, (payload->>'$.batch')::INT "
+                  "FROM events WHERE type = 'IterationDone' AND src IN ('n0', 'n1')").fetchall()
         how = [k for (k,) in q("SELECT payload->>'$.kind' FROM events WHERE type = 'AnomalyReported' "
                                "AND payload->>'$.component' = 'engine.sglang'").fetchall()]
     assert len(submitted) == 6 and submitted == finished, (submitted, finished)
     # the fake's KV events, translated page -> block, name the requests' own block hashes
     assert stored and all(stored & b for b in blocks.values() if b), "KV events did not reach the log"
     assert stored <= set().union(*blocks.values())
+    # decode timing from the servers' "Decode batch" log lines
+    assert iters and all(ph == "decode" and d > 0 and b >= 1 for ph, d, b in iters), iters
     assert counts["RoleSwitchOrdered"] >= 1 and {r for _, r in switched} & {"prefill", "decode"}, switched
     assert "role_switch_restart" in how, how  # collocated -> split: SGLang needs a restart
     verify = _cli("verify", str(db), "--json")

@@ -37,6 +37,7 @@ import hashlib
 import json
 import re
 import shlex
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -44,10 +45,18 @@ import aiohttp
 
 from engine.backend import BackendUnavailable, DecodeJob, NodeLoad, PrefillJob, WorkerHost
 from engine.backends.sglang.kvmap import PageMap
+from engine.backends.sglang.logparse import parse_decode_line
 from engine.backends.sglang.wire import parse_frames
 from engine.kvpool import KvPool
 from engine.profiles import Profile
-from events.catalog import AnomalyReported, FirstToken, RequestFinished, RequestStarted, RoleSwitched
+from events.catalog import (
+    AnomalyReported,
+    FirstToken,
+    IterationDone,
+    RequestFinished,
+    RequestStarted,
+    RoleSwitched,
+)
 from events.hashing import block_hashes
 from events.ids import NodeId, RequestId, Role, SwitchMechanism
 from events.wire import TokenMsg
@@ -72,6 +81,7 @@ class SglangConfig:
     drain_timeout_s: float = 120.0
     request_timeout_s: float = 600.0
     decode_cuda_graph_memory_gb: float | None = None
+    decode_log_interval: int = 40  # SGLang --decode-log-interval: iterations per "Decode batch" log line
     metrics_interval_s: float = 2.0  # poll /metrics (SGLang --enable-metrics) for the server's load; 0: off
     retry_s: float = 60.0  # a request that cannot connect (a server restarting) is retried this long
 
@@ -88,7 +98,7 @@ def config_from_args(args) -> SglangConfig:
                         peers=dict(s.split("=", 1) for s in args.peer_url), switch_fallback=args.switch_fallback,
                         drain_timeout_s=args.drain_timeout_s, request_timeout_s=args.request_timeout_s,
                         decode_cuda_graph_memory_gb=args.decode_cuda_graph_memory_gb,
-                        metrics_interval_s=args.metrics_interval_s)
+                        metrics_interval_s=args.metrics_interval_s, decode_log_interval=args.decode_log_interval)
 
 
 def prompt_ids(blocks, prompt_tokens: int, block_tokens: int, request: str) -> list[int]:
@@ -199,7 +209,9 @@ class SglangBackend:
 
     async def _launch(self, cmd: str) -> None:
         log.info("sglang_launch", cmd=cmd)
-        self._proc = await asyncio.create_subprocess_exec(*shlex.split(cmd))
+        self._proc = await asyncio.create_subprocess_exec(*shlex.split(cmd), stdout=asyncio.subprocess.PIPE,
+                                                          stderr=asyncio.subprocess.STDOUT)
+        self._bg.append(asyncio.create_task(self._server_log(self._proc.stdout), name="sglang-log"))
         deadline = time.monotonic() + self.cfg.launch_timeout_s
         while time.monotonic() < deadline:
             if self._proc.returncode is not None:
@@ -389,6 +401,27 @@ class SglangBackend:
             self._token(request=rid, kind="done", tokens=0, total=total, finish_reason="length")
         self.host.emit(RequestFinished(ts=self._now(), src=self.node_id, request=rid, node=decode_node,
                                        output_tokens=total))
+
+    # ------------------------------------------------------------------ iteration timing
+    async def _server_log(self, stream: asyncio.StreamReader) -> None:
+        """Pass the launched server's output through (to our stderr) and turn its decode log
+        lines into ``IterationDone`` (engine/backends/sglang/logparse.py names the source)."""
+        while True:
+            line = await stream.readline()
+            if not line:
+                return
+            sys.stderr.buffer.write(line)
+            self.on_log_line(line.decode(errors="replace"))
+
+    def on_log_line(self, line: str) -> None:
+        stat = parse_decode_line(line)
+        it = stat.iteration_s() if stat is not None else None
+        if it is None:
+            return
+        self.host.emit(IterationDone(ts=self._now(), src=self.node_id, node=self.node_id, phase="decode",
+                                     duration_s=it, batch=stat.running, t_fwd=self.profile.t_fwd,
+                                     accepted_tokens=round(stat.running * stat.accept_len), queued=stat.queued,
+                                     iterations=self.cfg.decode_log_interval))
 
     # ------------------------------------------------------------------ KV events
     async def _kv_events(self) -> None:

@@ -18,6 +18,8 @@ pinned against SGLang's bytes):
   idle) and answer shape (``success``, ``message``, ``old_role``, ``new_role``,
   ``safe_to_restore``; 200 or 400). A successful switch resets the prefix cache
   (``AllBlocksCleared``), as SGLang's ``_release_prefix_cache_for_role_switch`` does.
+- SGLang's "Decode batch" scheduler log line every ``--decode-log-interval`` decode iterations
+  (the source of the SGLang backend's decode ``IterationDone``).
 - A radix cache of ``page_size`` pages with LRU leaf eviction at ``capacity_pages``, publishing
   ``BlockStored`` (one per page, chained by ``parent_block_hash``) and ``BlockRemoved`` on a ZMQ
   PUB socket as three frames (topic, 8-byte sequence, msgpack ``KVEventBatch``).
@@ -56,13 +58,16 @@ class FakeSglang:
     def __init__(self, *, mode: str = "null", enable_role_switch: bool = True, page_size: int = 64,
                  capacity_pages: int = 4096, kv_events_port: int | None = None, topic: str = "",
                  bootstrap_port: int = 8998, prefill_s_per_token: float = 2e-6, decode_s_per_token: float = 0.002,
-                 chunk_tokens: int = 4, pair_wait_s: float = 30.0) -> None:
+                 chunk_tokens: int = 4, pair_wait_s: float = 30.0, log_decode: bool = False,
+                 decode_log_interval: int = 40) -> None:
         assert mode in ("null", "prefill", "decode"), mode
         self.mode, self.enable_role_switch = mode, enable_role_switch
         self.page_size, self.capacity_pages = page_size, capacity_pages
         self.kv_events_port, self.topic, self.bootstrap_port = kv_events_port, topic, bootstrap_port
         self.prefill_s, self.decode_s, self.chunk_tokens = prefill_s_per_token, decode_s_per_token, chunk_tokens
         self.pair_wait_s = pair_wait_s  # decode: how long to wait for the prefill of the room (in-process)
+        self.log_decode, self.decode_log_interval = log_decode, decode_log_interval
+        self._steps, self._gen_tokens, self._log_t = 0, 0, time.monotonic()
         self.pages: OrderedDict[int, tuple[int | None, int]] = OrderedDict()  # hash -> (parent, children), LRU
         self.inflight: dict[str, asyncio.Task] = {}
         self.seq = 0
@@ -220,6 +225,7 @@ class FakeSglang:
             step = min(self.chunk_tokens if done else 1, max_new - done)
             await asyncio.sleep(self.decode_s * step)
             done += step
+            self._decode_log(step)
             out = {"text": "x" * done, "meta_info": self._meta(rid, ids, cached, done,
                                                                 "length" if done >= max_new else None)}
             await resp.write(b"data: " + json.dumps(out).encode() + b"\n\n")
@@ -237,6 +243,21 @@ class FakeSglang:
                 "# TYPE sglang:num_queue_reqs gauge\n"
                 f"sglang:num_queue_reqs{labels} 0.0\n")
         return web.Response(text=text, content_type="text/plain")
+
+    def _decode_log(self, tokens: int) -> None:
+        """SGLang's "Decode batch" line every ``decode_log_interval`` iterations (one token per
+        request and iteration here), in the format of its metrics_reporter.py."""
+        self._steps += tokens
+        self._gen_tokens += tokens
+        if not self.log_decode or self._steps < self.decode_log_interval:
+            return
+        now = time.monotonic()
+        tput = self._gen_tokens / max(1e-9, now - self._log_t)
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        print(f"[{stamp} TP0] Decode batch, #running-req: {max(1, len(self.inflight))}, #token: {len(self.pages) * 64}, "
+              f"token usage: {len(self.pages) / max(1, self.capacity_pages):.2f}, cuda graph: False, "
+              f"gen throughput (token/s): {tput:.2f}, #queue-req: 0", flush=True)
+        self._steps, self._gen_tokens, self._log_t = 0, 0, now
 
     async def _abort(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -283,11 +304,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-events-port", type=int, default=None, help="bind the ZMQ KV-event publisher here")
     p.add_argument("--page-size", type=int, default=64, help="tokens per page")
     p.add_argument("--capacity-pages", type=int, default=4096, help="GPU cache size in pages")
+    p.add_argument("--decode-log-interval", type=int, default=40,
+                   help="print SGLang's 'Decode batch' log line every this many decode iterations")
     p.add_argument("--no-role-switch", action="store_true", help="behave as without --enable-pd-role-switch")
     args = p.parse_args(argv)
     fake = FakeSglang(mode=args.mode, enable_role_switch=not args.no_role_switch, page_size=args.page_size,
                       capacity_pages=args.capacity_pages, kv_events_port=args.kv_events_port,
-                      pair_wait_s=args.pair_wait_s, decode_s_per_token=args.decode_s_per_token)
+                      pair_wait_s=args.pair_wait_s, decode_s_per_token=args.decode_s_per_token, log_decode=True,
+                      decode_log_interval=args.decode_log_interval)
 
     async def serve() -> None:
         url = await fake.start(args.host, args.port)

@@ -45,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--metrics-interval-s", type=float, default=2.0,
                    help="poll the server's /metrics (needs SGLang --enable-metrics) this often for its running and "
                         "queued requests, reported in heartbeats (0: off)")
+    g.add_argument("--decode-log-interval", type=int, default=40,
+                   help="the launched server's --decode-log-interval: iterations per 'Decode batch' log line, "
+                        "the source of the decode IterationDone events (default 40, SGLang's default)")
     g.add_argument("--drain-timeout-s", type=float, default=120.0,
                    help="longest wait for in-flight requests before a role switch (default 120)")
     g.add_argument("--request-timeout-s", type=float, default=600.0, help="HTTP timeout of one generate call")
