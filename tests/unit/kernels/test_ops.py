@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernels import ops, ref
-from kernels.checksum import block_checksum, block_checksums
+from kernels.checksum import block_checksum, block_checksums, fast_checksums
 from kernels.layout import DTYPE_BYTES, KvLayout, KvLayoutError
 from kernels.pool import BlockPool, SlotAllocator, host_pool, word_dtype
 
@@ -193,3 +193,43 @@ def test_device_paths_match_reference(impl):
     ref.ref_copy(host_ref, [1, 2, 3], host_ref, [20, 21, 22])
     ref.ref_copy(host_ref, [20, 21, 22, 9], host_ref, [0, 1, 2, 31])
     assert torch.equal(host.bytes, host_ref.bytes)
+
+
+def ref_fast_checksum(pool: BlockPool, slot: int) -> int:
+    """The fast checksum in plain Python integers over the same signed words."""
+    import struct
+
+    size = pool.words().element_size()
+    fmt = {8: "q", 4: "i", 2: "h", 1: "B"}[size]  # torch.uint8 words are unsigned
+    data = bytes(pool.bytes[slot].tolist())
+    words = struct.unpack(f"<{len(data) // size}{fmt}", data)
+    return sum((2 * i + 1) * w for i, w in enumerate(words)) % 2**64
+
+
+@settings(max_examples=40, deadline=None)
+@given(pool_and_slots(unique=False))
+def test_fast_checksum_matches_its_integer_definition(case):
+    layout, num_slots, slots, seed = case
+    pool = filled(layout, num_slots, seed)
+    assert fast_checksums(pool, slots) == [ref_fast_checksum(pool, s) for s in slots]
+
+
+@settings(max_examples=40, deadline=None)
+@given(pool_and_slots(unique=False), st.data())
+def test_fast_checksum_sees_any_single_byte_change(case, data):
+    layout, num_slots, _, seed = case
+    pool = filled(layout, num_slots, seed)
+    slot = data.draw(st.integers(0, num_slots - 1))
+    pos = data.draw(st.integers(0, layout.block_bytes - 1))
+    flip = data.draw(st.integers(1, 255))
+    before = fast_checksums(pool, [slot])
+    pool.bytes[slot, pos] ^= flip
+    assert fast_checksums(pool, [slot]) != before
+
+
+@pytest.mark.parametrize("head_dim, dtype", [(3, "fp8_e4m3"), (3, "bf16"), (2, "bf16"), (4, "bf16")])
+def test_fast_checksum_on_every_word_width(head_dim, dtype):
+    pool = filled(KvLayout(1, 1, 1, head_dim, dtype), 3, 9)  # 3, 6, 4 and 8-byte blocks
+    pool.bytes[1].fill_(200)
+    assert fast_checksums(pool, [0, 1, 2]) == [ref_fast_checksum(pool, s) for s in (0, 1, 2)]
+    assert fast_checksums(pool, []) == []
