@@ -12,5 +12,10 @@ test *ARGS:
 lint:
     .venv/bin/ruff check .
 
+# property tests with fresh random examples (profile `fuzz`, tests/conftest.py) to find new
+# counterexamples; `just test` and CI replay the same derandomized ones every run
+fuzz *ARGS:
+    HYPOTHESIS_PROFILE=fuzz .venv/bin/python -m pytest -p no:cacheprovider tests/property --hypothesis-show-statistics {{ARGS}}
+
 nats:
     .venv/bin/evolving nats
