@@ -385,25 +385,35 @@ class NatsBus:
                  subjects: str | None = None, batch_acks: int = 256) -> _NatsConsumer:
         return _NatsConsumer(self, durable, start_seq, subjects or all_subjects(self.partition), batch_acks)
 
-    async def _objects(self, name: str):
+    async def _objects(self, name: str, create: bool):
         """The object store of one service's snapshots: one bucket per service, so a secured
-        bus lets only that service write it (services.security.snapshot_bucket)."""
+        bus lets only that service write it (services.security.snapshot_bucket). Only a write
+        creates it; reading an absent one answers None."""
         bucket = snapshot_bucket(self.partition, name)
         if bucket not in self._obs:
+            from nats.js import api
+            from nats.js.errors import BucketNotFoundError, NotFoundError
+
             try:
                 self._obs[bucket] = await self.js.object_store(bucket)
-            except Exception:  # noqa: BLE001 - nats-py raises several types for "absent"
-                self._obs[bucket] = await self.js.create_object_store(bucket)
+            except (BucketNotFoundError, NotFoundError):
+                if not create:
+                    return None
+                # as many replicas as the event stream: a snapshot must survive what the stream does
+                self._obs[bucket] = await self.js.create_object_store(
+                    bucket, config=api.ObjectStoreConfig(bucket=bucket, replicas=self.settings.replicas))
         return self._obs[bucket]
 
     async def put_snapshot(self, name: str, data: bytes) -> None:
-        obs = await self._objects(name)
+        obs = await self._objects(name, create=True)
         await obs.put(token(name), data)
 
     async def get_snapshot(self, name: str) -> bytes | None:
         from nats.js.errors import NotFoundError, ObjectNotFoundError
 
-        obs = await self._objects(name)
+        obs = await self._objects(name, create=False)
+        if obs is None:
+            return None
         try:
             res = await obs.get(token(name))
         except (NotFoundError, ObjectNotFoundError):

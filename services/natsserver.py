@@ -144,3 +144,62 @@ class EmbeddedNats:
 
     async def __aexit__(self, *exc) -> None:
         self.stop()
+
+
+class NatsCluster:
+    """``size`` nats-servers on loopback forming one JetStream cluster (tests, ``evolving
+    chaos``; compose runs the same shape). ``url`` lists every server, comma-separated, which
+    is how services connect (services.bus.NatsBus.connect), so losing one server is a
+    reconnect, not an outage. Streams need ``StreamSettings(replicas=size)`` to survive it."""
+
+    def __init__(self, size: int = 3, accounts: Mapping | None = None, name: str = "ei",
+                 host: str = "127.0.0.1", ready_timeout_s: float = 20.0) -> None:
+        if size < 1:
+            raise ValueError("a cluster needs at least one server")
+        self.host, self.name, self.ready_timeout_s = host, name, ready_timeout_s
+        client_ports = [free_port(host) for _ in range(size)]
+        route_ports = [free_port(host) for _ in range(size)]
+        routes = [f"nats-route://{host}:{p}" for p in route_ports]
+        self.servers = [
+            EmbeddedNats(port=client_ports[i], host=host, accounts=accounts, server_name=f"{name}-{i}",
+                         cluster={"name": name, "listen": f"{host}:{route_ports[i]}",
+                                  "routes": [r for j, r in enumerate(routes) if j != i]},
+                         ready_timeout_s=ready_timeout_s)
+            for i in range(size)
+        ]
+
+    @property
+    def url(self) -> str:
+        return ",".join(s.url for s in self.servers)
+
+    def start(self) -> NatsCluster:
+        try:
+            for s in self.servers:
+                s.start()
+        except Exception:
+            self.stop()
+            raise
+        return self
+
+    def kill(self, i: int) -> None:
+        """SIGKILL server ``i`` (its store stays, as after a machine failure)."""
+        proc = self.servers[i].proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    def restart(self, i: int) -> None:
+        """Start server ``i`` again on the same port and store."""
+        self.kill(i)
+        self.servers[i].proc = None
+        self.servers[i].start()
+
+    def stop(self) -> None:
+        for s in self.servers:
+            s.stop()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
