@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from engine.transfer.base import PoolDescriptor, TransferError
 from kernels.layout import KvLayoutError, check_slots, coalesce_runs
@@ -13,7 +13,7 @@ from kernels.pool import BlockPool
 class Registry:
     """The pools a backend has registered, by id."""
 
-    def __init__(self, endpoint_of) -> None:
+    def __init__(self, endpoint_of: Callable[[], str]) -> None:
         self._endpoint_of = endpoint_of
         self.pools: dict[str, BlockPool] = {}
 
