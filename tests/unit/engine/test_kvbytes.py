@@ -25,7 +25,7 @@ LAYOUT = KvLayout(4, 2, 1, 8, "bf16")  # 128-byte blocks
 class Node:
     """A node's L2 tier: a KvPool (oldest-stored evicted first) with KvBytes tapped in."""
 
-    def __init__(self, name: str, fabric: LoopbackFabric, l2_blocks: int = 6) -> None:
+    def __init__(self, name: str, fabric: LoopbackFabric | None, l2_blocks: int = 6, transfer=None) -> None:
         self.order: list[int] = []
         self.log: list = []
         self.bytes = KvBytes(name, "L2", LAYOUT, l2_blocks)
@@ -39,7 +39,7 @@ class Node:
             now=lambda: 0.0,
             evict_batch=0.0,
         )
-        self.transfer = LoopbackTransfer(fabric, name)
+        self.transfer = transfer if transfer is not None else LoopbackTransfer(fabric, name)
         self.desc = self.transfer.register_pool(self.bytes.pool)
 
     def choose(self, tier, tokens, pinned):
@@ -162,3 +162,26 @@ def test_a_push_with_wrong_checksums_is_not_adopted():
     with pytest.raises(ChecksumMismatch, match="block 0x33 written by a peer"):
         d.bytes.adopt([51], target, [sums[0] ^ 1])
     assert d.bytes.slot_of == {} and d.bytes.slots.num_free == d.bytes.pool.num_slots
+
+
+def test_peer_fetch_through_mooncake_tcp_verifies_every_block():
+    from engine.transfer.mooncake import MooncakeTransfer, mooncake_available
+
+    ok, why = mooncake_available()
+    if not ok:
+        pytest.skip(f"Mooncake unavailable: {why}")
+    a = Node("a", None, transfer=MooncakeTransfer())
+    b = Node("b", None, transfer=MooncakeTransfer())
+    try:
+        a.pool.store("L2", [61, 62, 63, 64])
+        slots, sums = a.bytes.export([64, 62, 61])
+        assert b.pool.make_room("L2", 3)
+        got = b.bytes.receive(
+            [64, 62, 61], transfer=b.transfer, peer=a.desc, peer_slots=slots, checksums=sums
+        )
+        b.pool.add("L2", got)
+        assert {blk: b.bytes.checksum_of[blk] for blk in got} == {blk: expected_checksum(blk) for blk in got}
+        consistent(b)
+    finally:
+        a.transfer.close()
+        b.transfer.close()
