@@ -45,6 +45,7 @@ from events.catalog import Event, RouteDecided
 from events.hashing import block_hashes
 from events.subjects import token
 from events.wire import TokenMsg, sim_text
+from services.bus import Bus
 from services.gateway.api import (
     ApiError,
     ChatRequest,
@@ -126,7 +127,7 @@ class RouteWatcher:
     """One ephemeral consumer of ``ei.<p>.route`` from the head at start; resolves the future
     of each awaited request with its first non-shadow ``RouteDecided``."""
 
-    def __init__(self, bus, partition: str) -> None:
+    def __init__(self, bus: Bus, partition: str) -> None:
         self.bus, self.partition = bus, partition
         self._waiting: dict[str, asyncio.Future] = {}
         self._task: asyncio.Task | None = None
@@ -172,7 +173,7 @@ class Gateway:
     """The HTTP app's state. ``bus``: NatsBus or InMemoryBus; ``tokens``: NatsTokens or
     MemoryTokens; ``clock`` gives event timestamps (seconds)."""
 
-    def __init__(self, bus, tokens, config: GatewayConfig | None = None,
+    def __init__(self, bus: Bus, tokens, config: GatewayConfig | None = None,
                  clock: Callable[[], float] | None = None) -> None:
         self.bus, self.tokens = bus, tokens
         self.cfg = config or GatewayConfig()

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from events.catalog import KvStored, RequestSubmitted
+from services.bus import Bus, NatsBus
 from services.live import workload
 
 REPO = Path(__file__).resolve().parents[2]
@@ -146,7 +147,7 @@ async def _until_applied(runner, task, head: int, timeout_s: float = 300.0) -> N
         await asyncio.sleep(0.002)
 
 
-async def _publish_rtt_ms(bus, rate: float, n: int) -> list[float]:
+async def _publish_rtt_ms(bus: NatsBus, rate: float, n: int) -> list[float]:
     """One JetStream publish round trip (publish until the server's ack), at the same rate:
     the floor of one hop; a routed request makes three (publish, delivery to the router,
     the router's publish reaching the subscriber)."""
@@ -161,7 +162,7 @@ async def _publish_rtt_ms(bus, rate: float, n: int) -> list[float]:
     return out
 
 
-async def _stream_events(bus) -> list:
+async def _stream_events(bus: Bus) -> list:
     from services.live.testing import read_all
 
     return [d.event for d in await read_all(bus)]

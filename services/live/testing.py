@@ -12,12 +12,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from events.catalog import RouteDecided
-from services.bus import Delivery
+from services.bus import Bus, Delivery
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-async def read_all(bus, subjects: str | None = None, idle_s: float = 0.5) -> list[Delivery]:
+async def read_all(bus: Bus, subjects: str | None = None, idle_s: float = 0.5) -> list[Delivery]:
     """Every decodable event of the partition up to the head seen now (an ephemeral consumer)."""
     head = await bus.last_seq()
     out: list[Delivery] = []

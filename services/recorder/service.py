@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from services.bus import NatsBus
 from services.logging import get_logger
 from services.recorder.core import Recorder
 from services.recorder.eventlog import EventLog
@@ -126,7 +127,7 @@ class LiveSnapshots:
     removes both files on exit. One snapshot at a time; the last one is reused while the log has
     not moved or is younger than ``min_interval_s``."""
 
-    def __init__(self, bus, event_log, *, min_interval_s: float = 1.0) -> None:
+    def __init__(self, bus: NatsBus, event_log, *, min_interval_s: float = 1.0) -> None:
         from services.recorder.live import sidecar_path, snapshot_path, snapshot_subject
 
         self.bus, self.event_log, self.min_interval_s = bus, event_log, min_interval_s
