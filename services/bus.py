@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -345,6 +346,12 @@ class NatsBus:
                 await self.js.add_stream(cfg)  # needs the admin's permission on a secured bus
                 continue
             have = info.config
+            if (have.num_replicas or 1) > cfg.num_replicas:
+                # A client started with default settings (a service given only a URL) must not
+                # scale an R3 stream down to R1: adopt the stream's replicas (snapshot buckets too).
+                cfg.num_replicas = have.num_replicas
+                if name == self.stream:
+                    self.settings = dataclasses.replace(self.settings, replicas=have.num_replicas)
             if (have.num_replicas, have.max_age or None, have.max_bytes, have.duplicate_window) != (
                     cfg.num_replicas, cfg.max_age, cfg.max_bytes, cfg.duplicate_window):
                 try:
