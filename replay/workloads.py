@@ -12,26 +12,18 @@ Two ways to run a workload (METHOD.md §5):
   running and starts the next one when one finishes (:class:`AgentPool` does the bookkeeping);
 - **open arrivals**: ``rate_per_min`` sets ``start_s`` by a Poisson process (exponential gaps).
 
-Defaults, and where each comes from (W = the three kv-cache-tester Claude Code traces in
-``tests/fixtures/traces``, M = METHOD.md):
+Defaults, and where each comes from (docs/traces.md §4 has the tables; M = METHOD.md):
 
-CC-like (:class:`CcParams`)
-  system_tokens 12,000 -- W: ``tool_tokens + system_tokens`` = 10.7k-15.5k.
-  first prompt 1,500 tokens (lognormal, sigma 0.8) -- W: first request minus system, 1-4k.
-  steps 20-60 main-thread requests -- W: 20 (0291), 55 (0202).
-  tool result median 600 tokens, sigma 1.5 (heavy tail, cap 40k) -- W: median growth 300-500
-  tokens per step, with file reads of 4k-58k.
-  output median 200, sigma 1.0, cap 8k -- W: p50 155-269, p90 600-2,100.
-  main-thread pause median 12 s, sigma 0.9 (mean ~18 s; with the sub-agents' 3 s pauses the
-  mean over all requests lands at ~13-16 s) -- M §5: CC mean pause about 13-19 s.
-  sub-agents: 3% chance per step, 1-3 in parallel, 4-10 requests each, 3 s pauses, 80% waited
-  -- W: trace 0291 (2 Explore agents in 20 steps, 5 and 7 requests, think 3 s).
-  compaction when the context passes 120k tokens, summary median 6k -- W: 0202 rewrote 71k to
-  19k (12k of it system prompt); Claude Code compacts near its context limit.
+CC-like (:class:`CcParams`, :func:`cc_session`): **fitted** to 100 real Claude Code sessions by
+  ``evolving trace fit ../shared/traces/weka-claude-code-calibration -o replay/cc_params.json``
+  (``replay.fit``); ``WORKLOADS["cc"]`` loads that file. Distributions are quantile functions
+  (:class:`Quantiles`); the dataclass defaults are priors used only where the file is silent.
+  Requests carry ``pause_kind`` (tool / human) so ``replay.pacing`` can replay them as agents.
 Putnam-like (:class:`PutnamParams`): one long-reasoning branch per problem.
-  system 2,000, problem 400 tokens; 6-16 requests; output median 6,000 (sigma 0.5, cap 32k),
-  30% of it kept in context (reasoning dropped), Lean checker feedback median 800 tokens;
-  pause median 9 s, sigma 0.4 (mean ~10 s) -- M §5: Putnam decode-heavy, pauses about 10 s.
+  system 2,000, problem 400 tokens; 6-16 requests; output median 4,000 (sigma 0.5, cap 32k),
+  the whole response kept in context, Lean checker feedback median 800 tokens; pause median
+  9 s, sigma 0.4 (mean ~10 s) -- M §5: Putnam decode-heavy, pauses about 10 s, best static
+  split 2P7D (output median and kept share calibrated to it in the simulator).
 OSWorld-like (:class:`OsworldParams`): a task is an orchestrator branch that spawns 2-4
   waited agents in parallel; each agent appends one screenshot (2,500 tokens) plus ~100 tokens
   of text per step for 10-30 steps, outputs median 120 tokens, pause median 1.1 s sigma 0.25
@@ -266,14 +258,19 @@ def load_cc_params(path: str | Path = CC_PARAMS_FILE) -> CcParams:
 
 @dataclass(frozen=True)
 class PutnamParams:
+    """Putnam-like sessions (docs/traces.md §4 names the source of each value). Output median and
+    kept fraction are calibrated so the best static split on 9 nodes at 224 agents is 2P7D
+    (METHOD.md §5): with 6,000-token outputs of which 30% stayed in context, prefill work was so
+    small that 1P8D won every comparison (issue 12)."""
+
     block_tokens: int = 64
     system_tokens: int = 2_000
     problem_tokens: float = 400
     steps: tuple[int, int] = (6, 16)
-    output_median: float = 6_000
+    output_median: float = 4_000
     output_sigma: float = 0.5
     output_cap: float = 32_000
-    kept_output_fraction: float = 0.3
+    kept_output_fraction: float = 1.0  # the whole response stays in context, reasoning included
     feedback_median: float = 800
     pause_median_s: float = 9.0
     pause_sigma: float = 0.4
