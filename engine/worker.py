@@ -55,6 +55,7 @@ import os
 import signal
 import sys
 import time
+import uuid
 from collections.abc import Callable
 
 from engine.backend import DecodeJob, EngineBackend, PrefillJob
@@ -217,6 +218,9 @@ class EngineWorker:
         self._tasks: list[asyncio.Task] = []
         self.live = asyncio.Event()
         self.published = 0
+        self.publish_retries = 0  # publications that failed at least once and were tried again
+        self._boot = uuid.uuid4().hex[:12]  # message ids of this run: a restart never reuses one
+        self._msg_seq = 0
 
     # ------------------------------------------------------------------ view
     @property
@@ -346,16 +350,49 @@ class EngineWorker:
             item = await self._out.get()
             try:
                 if isinstance(item, TokenMsg):
-                    await self.tokens.publish(item)
+                    await self.tokens.publish(item)  # core NATS: buffered by the client while it reconnects
                 else:
-                    await self.bus.publish(item)
-                    self.published += 1
+                    await self._publish_event(item)
             except Exception as exc:  # noqa: BLE001 - a lost publication is logged, the node goes on
                 if not isinstance(item, TokenMsg):
                     self._unechoed = max(0, self._unechoed - 1)  # its echo will never come
-                log.error("publish_failed", node=self.node_id, item=type(item).__name__, error=str(exc))
+                log.error("publish_failed", node=self.node_id, item=type(item).__name__,
+                          error=str(exc) or type(exc).__name__)
             finally:
                 self._out.task_done()
+
+    async def _publish_event(self, event: Event) -> None:
+        """Publish ``event`` with a message id of its own (``node:run:n``) and, while the bus
+        cannot take it (server down, a cluster electing a leader), try again with the same id,
+        in order (the queue waits): the stream's duplicate window drops a retry whose first try
+        was stored after all. Retries stop inside that window (beyond it a retry could store
+        the event twice); an error that a retry cannot fix (a refused event) is raised at once."""
+        self._msg_seq += 1
+        msg_id = f"{self.src}:{self._boot}:{self._msg_seq}"
+        settings = getattr(self.bus, "settings", None)
+        window = getattr(settings, "duplicate_window_s", 120.0) or 120.0
+        deadline = time.monotonic() + 0.8 * window
+        delay, failures = 0.05, 0
+        while True:
+            try:
+                await self.bus.publish(event, msg_id=msg_id)
+            except Exception as exc:
+                if not _retryable(exc) or time.monotonic() + delay > deadline:
+                    raise
+                failures += 1
+                if failures == 1:
+                    self.publish_retries += 1
+                if failures == 1 or failures % 20 == 0:
+                    log.warning("publish_retrying", node=self.node_id, item=type(event).__name__, msg_id=msg_id,
+                                attempt=failures, error=str(exc) or type(exc).__name__)
+                await asyncio.sleep(delay)
+                delay = min(2.0, delay * 2)
+                continue
+            self.published += 1
+            if failures:
+                log.info("publish_recovered", node=self.node_id, item=type(event).__name__, msg_id=msg_id,
+                         attempts=failures + 1)
+            return
 
     async def _consume(self, caught_up: asyncio.Event) -> None:
         if self._head <= self.applied_seq:
@@ -442,6 +479,21 @@ class EngineWorker:
         log.info("worker_stopped", node=self.node_id, reason=reason)
 
 
+def _retryable(exc: BaseException) -> bool:
+    """A publication error that may pass on a retry: the bus unreachable or JetStream not
+    answering (yet). A JetStream API error other than 503 (a refused message) will not."""
+    try:
+        from nats.errors import Error as NatsError
+        from nats.js.errors import APIError, ServiceUnavailableError
+    except ImportError:  # pragma: no cover - nats-py is installed with the services
+        return isinstance(exc, TimeoutError | OSError)
+    if isinstance(exc, ServiceUnavailableError):
+        return True
+    if isinstance(exc, APIError):
+        return False
+    return isinstance(exc, NatsError | TimeoutError | OSError | ConnectionError)
+
+
 # ---------------------------------------------------------------------- command line
 def _env_epoch() -> float | None:
     raw = os.environ.get("EI_CLOCK_EPOCH", "").strip()
@@ -457,7 +509,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default="gb300-glm52",
                    help="deploy/profiles/<name>.toml or a path: capacities and block size the node registers "
                         "with (and the sim's ground-truth timings)")
-    p.add_argument("--nats-url", required=True, help="NATS server, e.g. nats://127.0.0.1:4222")
+    p.add_argument("--nats-url", default=os.environ.get("EI_NATS_URL") or None,
+                   required=not os.environ.get("EI_NATS_URL"),
+                   help="NATS server, e.g. nats://127.0.0.1:4222, or a comma-separated list of a cluster's "
+                        "servers (default: env EI_NATS_URL)")
+    p.add_argument("--stream-replicas", type=int, default=int(os.environ.get("EI_STREAM_REPLICAS") or 1),
+                   help="replicas of the stream and of this node's snapshot bucket (env EI_STREAM_REPLICAS)")
     p.add_argument("--partition", default="default", help="bus partition (default: default)")
     p.add_argument("--backend", choices=BACKENDS, default="sim",
                    help="sim: simulated node; sglang: drive one SGLang server (options below)")
@@ -481,8 +538,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="log lines as console text or JSON (default: the services' setting)")
     p.add_argument("--log-level", default=None, help="debug, info, warning or error (default info)")
     from engine.backends.sglang.options import add_arguments
+    from services.security import add_cli_options
 
     add_arguments(p)
+    add_cli_options(p)
     return p
 
 
@@ -504,7 +563,17 @@ async def run(args: argparse.Namespace) -> int:
         except BackendUnavailable as exc:
             print(f"engine.worker: {exc}", file=sys.stderr)
             return 2
-    bus = await NatsBus.connect(args.nats_url, partition=args.partition, name=f"engine-{args.node}")
+    from services.bus import StreamSettings
+    from services.security import CredentialsError, credentials_from_args
+
+    try:
+        creds = credentials_from_args(args)
+    except CredentialsError as exc:
+        print(f"engine.worker: {exc}", file=sys.stderr)
+        return 2
+    bus = await NatsBus.connect(args.nats_url, partition=args.partition, name=f"engine-{args.node}",
+                                credentials=None if creds.empty else creds,
+                                settings=StreamSettings(replicas=args.stream_replicas))
     worker = EngineWorker(bus, NatsTokens(bus.nc, args.partition), args.node, args.role, profile,
                           seed=args.seed, time_scale=args.time_scale, fetch_mode=args.fetch_mode,
                           eviction=args.eviction, heartbeat_s=args.heartbeat_s,

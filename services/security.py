@@ -138,13 +138,13 @@ def add_cli_options(parser) -> None:
     """``--nats-user``, ``--nats-password-file``, ``--nats-credentials``, ``--nats-creds``,
     ``--nats-tls-ca/-cert/-key`` (each falls back to its ``EI_NATS_*`` variable)."""
     g = parser.add_argument_group("NATS credentials (default: the EI_NATS_* environment variables)")
-    g.add_argument("--nats-user", default=None)
+    g.add_argument("--nats-user", default=None, help="NATS user name (env EI_NATS_USER)")
     g.add_argument("--nats-password-file", default=None, help="file holding the password (e.g. a Docker secret)")
     g.add_argument("--nats-credentials", default=None, help="JSON credentials file (evolving up writes these)")
     g.add_argument("--nats-creds", default=None, help="NATS .creds file (JWT + nkey)")
-    g.add_argument("--nats-tls-ca", default=None)
-    g.add_argument("--nats-tls-cert", default=None)
-    g.add_argument("--nats-tls-key", default=None)
+    g.add_argument("--nats-tls-ca", default=None, help="CA bundle that signed the servers' certificates (TLS)")
+    g.add_argument("--nats-tls-cert", default=None, help="client certificate, for servers that verify clients")
+    g.add_argument("--nats-tls-key", default=None, help="private key of --nats-tls-cert")
 
 
 def credentials_from_args(args, env: Mapping[str, str] | None = None) -> Credentials:
