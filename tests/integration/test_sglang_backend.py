@@ -211,3 +211,27 @@ async def test_launched_servers_decode_log_becomes_iteration_done():
     finally:
         await b.close()
     assert b._proc.returncode is not None  # the worker stops the server it launched
+
+
+async def test_kv_event_endpoint_is_discovered_from_server_info():
+    h = Host()
+    fake = FakeSglang(mode="null", kv_events_port=0, page_size=16)
+    url = await fake.start()
+    b = SglangBackend(h.host, "c1", "collocated", PROFILE, SglangConfig(url=url))  # no --kv-events-endpoint
+    await b.start()
+    try:
+        assert b.kv_endpoints() == ([f"tcp://127.0.0.1:{fake.kv_events_port}"], "")
+        await asyncio.sleep(0.2)
+        b.enqueue_prefill(job("r1", range(70, 73), decode="c1"))
+        stored = await h.wait(lambda e: isinstance(e, KvStored))
+        assert set(stored.blocks) <= {70, 71, 72} and stored.tier == "L1"
+        assert b.kv_seq == {0: 0}
+    finally:
+        await b.close()
+        await fake.stop()
+    off = SglangBackend(h.host, "c2", "collocated", PROFILE, SglangConfig(url=url, kv_events_endpoint="none"))
+    assert off.kv_endpoints() == ([], "")
+    off.kv_descriptor = {"publisher": "zmq", "endpoint_host": "10.0.0.5", "endpoint_port_base": 6000, "topic": "kv",
+                         "dp_size": 2}
+    off.cfg.kv_events_endpoint = None
+    assert off.kv_endpoints() == (["tcp://10.0.0.5:6000", "tcp://10.0.0.5:6001"], "kv")

@@ -139,7 +139,8 @@ class SglangBackend:
         self.status = "up"
         self._held: list[PrefillJob] = []
         self.server_load: tuple[int, int] | None = None  # (running, queued) from /metrics
-        self.kv_seq = -1
+        self.kv_seq: dict[int, int] = {}  # DP rank -> last sequence seen
+        self.kv_descriptor: dict | None = None
         self.kv_gaps = 0
         self._proc: asyncio.subprocess.Process | None = None
         self._http: aiohttp.ClientSession | None = None
@@ -188,8 +189,14 @@ class SglangBackend:
                         raise
                     await asyncio.sleep(1.0)
         await self._read_server_info()
-        if self.cfg.kv_events_endpoint:
-            self._bg.append(asyncio.create_task(self._kv_events(), name="sglang-kv-events"))
+        endpoints, topic = self.kv_endpoints()
+        if endpoints:
+            log.info("sglang_kv_events", endpoints=endpoints, topic=topic)
+            self._bg.append(asyncio.create_task(self._kv_events(endpoints, topic), name="sglang-kv-events"))
+        else:
+            log.warning("sglang_kv_events_off", url=self.cfg.url,
+                        note="no --kv-events-endpoint and no kv_events in /server_info: the directory will not "
+                             "learn this node's cache")
         if self.cfg.metrics_interval_s > 0:
             self._bg.append(asyncio.create_task(self._poll_metrics(), name="sglang-metrics"))
 
@@ -206,6 +213,24 @@ class SglangBackend:
             log.warning("page_size_mismatch", page_size=page, block_tokens=self.bt,
                         note="blocks still map (token chain), but pages straddle blocks")
         self.role_switch_enabled = bool(info.get("enable_pd_role_switch"))
+        self.kv_descriptor = info.get("kv_events") if isinstance(info.get("kv_events"), dict) else None
+
+    def kv_endpoints(self) -> tuple[list[str], str]:
+        """ZMQ endpoints and topic to subscribe to: ``--kv-events-endpoint`` when given ("none":
+        off), else the ``kv_events`` descriptor of ``/server_info`` as SGLang's own gateway reads
+        it - one publisher per DP rank at ``endpoint_port_base + rank``, on the worker URL's host
+        when the publisher binds a wildcard."""
+        ep = self.cfg.kv_events_endpoint
+        if ep:
+            return ([] if ep == "none" else [ep]), self.cfg.kv_events_topic
+        d = self.kv_descriptor
+        if not d or d.get("publisher") != "zmq" or not d.get("endpoint_port_base"):
+            return [], ""
+        host = str(d.get("endpoint_host") or "*")
+        if host in ("*", "0.0.0.0", "::", ""):
+            host = _host_of(self.cfg.url)
+        base, n = int(d["endpoint_port_base"]), max(1, int(d.get("dp_size") or 1))
+        return [f"tcp://{host}:{base + r}" for r in range(n)], str(d.get("topic") or "")
 
     async def _launch(self, cmd: str) -> None:
         log.info("sglang_launch", cmd=cmd)
@@ -424,13 +449,14 @@ class SglangBackend:
                                      iterations=self.cfg.decode_log_interval))
 
     # ------------------------------------------------------------------ KV events
-    async def _kv_events(self) -> None:
+    async def _kv_events(self, endpoints: list[str], topic: str) -> None:
         import zmq
         import zmq.asyncio
 
         sock = zmq.asyncio.Context.instance().socket(zmq.SUB)
-        sock.connect(self.cfg.kv_events_endpoint)
-        sock.setsockopt(zmq.SUBSCRIBE, self.cfg.kv_events_topic.encode())
+        for ep in endpoints:
+            sock.connect(ep)
+        sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
         try:
             while True:
                 parts = await sock.recv_multipart()
@@ -439,12 +465,14 @@ class SglangBackend:
                 except Exception as exc:  # noqa: BLE001 - a bad message is counted, not fatal
                     log.error("kv_event_unreadable", error=str(exc))
                     continue
-                if 0 <= seq <= self.kv_seq:  # the publisher restarted (a relaunch): its sequence starts over
-                    self.kv_seq = -1
-                if self.kv_seq >= 0 and seq != self.kv_seq + 1:
+                rank = batch.attn_dp_rank or 0  # one publisher, one sequence per DP rank
+                last = self.kv_seq.get(rank, -1)
+                if 0 <= seq <= last:  # the publisher restarted (a relaunch): its sequence starts over
+                    last = -1
+                if last >= 0 and seq != last + 1:
                     self.kv_gaps += 1
-                    log.warning("kv_event_gap", expected=self.kv_seq + 1, got=seq)
-                self.kv_seq = seq
+                    log.warning("kv_event_gap", rank=rank, expected=last + 1, got=seq)
+                self.kv_seq[rank] = seq
                 self.apply_kv(batch)
         finally:
             sock.close(linger=0)

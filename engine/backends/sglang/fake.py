@@ -5,7 +5,8 @@ for what the backend uses, and the same ZMQ KV-event wire format (engine/backend
 pinned against SGLang's bytes):
 
 - ``GET /health`` -> 200; ``GET /server_info`` -> ``disaggregation_mode``, ``page_size``,
-  ``enable_pd_role_switch``, ``kv_events_config``, ``disaggregation_bootstrap_port``.
+  ``enable_pd_role_switch``, ``kv_events_config``, ``disaggregation_bootstrap_port`` and the
+  ``kv_events`` descriptor (publisher, endpoint host and port base, topic, block size, DP size).
 - ``POST /generate`` with ``input_ids``, ``sampling_params.max_new_tokens``, ``rid``,
   ``stream`` and, in PD mode, ``bootstrap_host/port/room`` (400 without a room, as SGLang's
   prefill refuses an unpaired request). Streaming: ``data: {json}\\n\\n`` chunks with the
@@ -168,13 +169,17 @@ class FakeSglang:
         return web.Response(text="")
 
     async def _server_info(self, request: web.Request) -> web.Response:
-        kv = None
+        kv, desc = None, None
         if self.kv_events_port is not None:
             kv = json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{self.kv_events_port}", "topic": self.topic})
+            # the descriptor SGLang's describe_kv_events_publisher puts under "kv_events"
+            desc = {"publisher": "zmq", "endpoint_host": "*", "endpoint_port_base": self.kv_events_port,
+                    "topic": self.topic, "block_size": self.page_size, "dp_size": 1}
         return web.json_response({
             "version": "fake-0.5.23", "disaggregation_mode": self.mode, "page_size": self.page_size,
             "enable_pd_role_switch": self.enable_role_switch, "kv_events_config": kv,
-            "disaggregation_bootstrap_port": self.bootstrap_port, "internal_states": [{"fake": True}]})
+            "disaggregation_bootstrap_port": self.bootstrap_port, "kv_events": desc,
+            "internal_states": [{"fake": True}]})
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         try:

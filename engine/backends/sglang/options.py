@@ -21,10 +21,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="attach: wait this long for the server's /health before giving up (default 0: fail at "
                         "once with one line)")
     g.add_argument("--kv-events-endpoint", default=None,
-                   help="ZMQ endpoint of the server's KV-event publisher to subscribe to, e.g. tcp://127.0.0.1:5557 "
-                        "(the 'endpoint' of the server's --kv-events-config, with a connectable host); "
-                        "none: no KV events (the directory learns nothing of this node's cache)")
-    g.add_argument("--kv-events-topic", default="", help="topic of the KV-event publisher (default: all)")
+                   help="ZMQ endpoint of the server's KV-event publisher, e.g. tcp://127.0.0.1:5557 (default: "
+                        "discovered from the kv_events block of the server's /server_info, one per DP rank); "
+                        "'none': no KV events (the directory learns nothing of this node's cache)")
+    g.add_argument("--kv-events-topic", default="",
+                   help="topic of the KV-event publisher with --kv-events-endpoint (default: all)")
     g.add_argument("--bootstrap-host", default=None,
                    help="host a decode server reaches this node's prefill bootstrap server at "
                         "(default: the host of --sglang-url)")
