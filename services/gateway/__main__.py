@@ -20,6 +20,7 @@ from aiohttp import web
 from services.gateway.app import Gateway, GatewayConfig
 from services.gateway.auth import ENV_VAR, ApiKeyConfigError, load_api_keys
 from services.logging import configure_logging, get_logger
+from services.security import CredentialsError, add_cli_options, credentials_from_args
 
 
 def _env_epoch() -> float | None:
@@ -77,8 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1",
                    help="interface to listen on (default: loopback only; compose passes 0.0.0.0)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--nats-url", default=None, help="NATS server URL (default: an embedded nats-server)")
-    p.add_argument("--partition", default="default")
+    p.add_argument("--nats-url", default=os.environ.get("EI_NATS_URL") or None,
+                   help="NATS server URL or a comma-separated list of a cluster's servers "
+                        "(default: env EI_NATS_URL, else an embedded nats-server)")
+    p.add_argument("--partition", default=os.environ.get("EI_PARTITION") or "default")
+    p.add_argument("--stream-replicas", type=int, default=None,
+                   help="replicas of the partition's stream (default: env EI_STREAM_REPLICAS, else 1)")
     p.add_argument("--model", default="evolving-sim", help="model name served by /v1/models")
     p.add_argument("--block-tokens", type=int, default=64)
     p.add_argument("--tokenizer", default=None,
@@ -105,11 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--src", default="gateway", help="publisher id in the events' src field")
     p.add_argument("--log-format", choices=["console", "json"], default=None)
     p.add_argument("--log-level", default=None)
+    add_cli_options(p)
     return p
 
 
 async def serve(args: argparse.Namespace) -> int:
-    from services.bus import NatsBus
+    from services.bus import NatsBus, StreamSettings
     from services.gateway.tokens import NatsTokens
 
     log = get_logger("gateway")
@@ -126,7 +132,14 @@ async def serve(args: argparse.Namespace) -> int:
         embedded = EmbeddedNats().start()
         url = embedded.url
         log.warning("embedded_nats", url=url)
-    bus = await NatsBus.connect(url, partition=args.partition, name=f"gateway-{args.src}")
+    try:
+        creds = credentials_from_args(args)
+    except CredentialsError as exc:
+        raise SystemExit(f"python -m services.gateway: {exc}") from None
+    replicas = args.stream_replicas or int(os.environ.get("EI_STREAM_REPLICAS") or 1)
+    bus = await NatsBus.connect(url, partition=args.partition, name=f"gateway-{args.src}",
+                                credentials=None if creds.empty else creds,
+                                settings=StreamSettings(replicas=replicas))
     cfg = GatewayConfig(partition=args.partition, model=args.model, block_tokens=args.block_tokens,
                         route_timeout_s=args.route_timeout_s, token_timeout_s=args.token_timeout_s,
                         default_max_tokens=args.default_max_tokens, tokenizer=args.tokenizer, src=args.src,

@@ -281,12 +281,28 @@ class Gateway:
         self._model(req.match_info["model"])
         return web.json_response(self._model_card())
 
+    def bus_state(self) -> dict:
+        """Whether the gateway can reach the bus: a NATS connection that is down (the server
+        died, a reconnect in progress) is not; the in-process bus always is."""
+        nc = getattr(self.bus, "nc", None)
+        if nc is None:
+            return {"kind": type(self.bus).__name__, "connected": True}
+        url = getattr(nc, "connected_url", None)
+        return {"kind": type(self.bus).__name__, "connected": bool(nc.is_connected),
+                "reconnecting": bool(getattr(nc, "is_reconnecting", False)),
+                "server": f"{url.hostname}:{url.port}" if url is not None and nc.is_connected else None}
+
     async def health(self, _req: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "partition": self.cfg.partition,
-                                  "bus": type(self.bus).__name__, "tokenizer": self.tokenizer_note,
+        """200 while the bus is connected, 503 (``status: "bus_unavailable"``) while it is not:
+        a load balancer then stops sending requests that could only time out."""
+        bus = self.bus_state()
+        return web.json_response({"status": "ok" if bus["connected"] else "bus_unavailable",
+                                  "partition": self.cfg.partition,
+                                  "bus": bus, "tokenizer": self.tokenizer_note,
                                   "auth": self.keys.enabled, "context_length": self.cfg.context_length,
                                   "max_body_bytes": self.cfg.max_body_bytes,
-                                  "open_branches": len(self.table.open), "in_flight": self.in_flight})
+                                  "open_branches": len(self.table.open), "in_flight": self.in_flight},
+                                 status=200 if bus["connected"] else 503)
 
     async def metrics_view(self, _req: web.Request) -> web.Response:
         return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})

@@ -72,9 +72,44 @@ def parse_kv(items: Sequence[str] | None) -> dict[str, Any]:
     return out
 
 
-def add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nats-url", default=os.environ.get("EI_NATS_URL", DEFAULT_NATS_URL))
+def add_bus_args(p: argparse.ArgumentParser) -> None:
+    """``--nats-url`` (a comma-separated server list for a cluster), ``--partition``,
+    ``--stream-replicas`` and the credentials options (services.security.add_cli_options)."""
+    from services.security import add_cli_options
+
+    p.add_argument("--nats-url", default=os.environ.get("EI_NATS_URL", DEFAULT_NATS_URL),
+                   help="NATS server URL, or a comma-separated list of a cluster's servers (env EI_NATS_URL)")
     p.add_argument("--partition", default=os.environ.get("EI_PARTITION", "default"))
+    p.add_argument("--stream-replicas", type=int, default=env_int("EI_STREAM_REPLICAS", 1),
+                   help="replicas of the partition's stream and of this service's snapshot bucket "
+                        "(3 on a 3-server cluster; env EI_STREAM_REPLICAS; default 1)")
+    add_cli_options(p)
+
+
+def env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise SystemExit(f"{name} must be an integer, got {raw!r}") from None
+
+
+async def connect_bus(args, name: str):
+    """The service's :class:`NatsBus`: ``args.nats_url`` (one server or a list), its credentials
+    (flags, then ``--nats-credentials`` file, then ``EI_NATS_*``), ``--stream-replicas``."""
+    from services.bus import NatsBus, StreamSettings
+    from services.security import credentials_from_args
+
+    creds = credentials_from_args(args)
+    settings = StreamSettings(replicas=getattr(args, "stream_replicas", 1) or 1)
+    return await NatsBus.connect(args.nats_url, args.partition, name=name, settings=settings,
+                                 credentials=None if creds.empty else creds)
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    add_bus_args(p)
     p.add_argument("--metrics-port", type=int, default=None,
                    help="serve /metrics and /healthz on this port (0: a free port; default: off)")
     p.add_argument("--metrics-host", default="127.0.0.1")
@@ -302,13 +337,17 @@ async def run_recorder_service(args, bus, stop: asyncio.Event, started: asyncio.
 
 
 async def serve_async(kind: str, args) -> int:
-    from services.bus import NatsBus
+    from services.security import CredentialsError
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    bus = await NatsBus.connect(args.nats_url, args.partition, name=f"evolving-{kind}")
+    try:
+        bus = await connect_bus(args, f"evolving-{kind}")
+    except CredentialsError as exc:
+        print(f"evolving serve {kind}: {exc}", file=sys.stderr)
+        return 2
     try:
         if kind == "recorder":
             await run_recorder_service(args, bus, stop)

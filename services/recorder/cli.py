@@ -26,6 +26,9 @@ def register(sub, bench) -> None:
                    help="--live: the bus (default: what the recorder wrote in DB.live.json, else $EI_NATS_URL)")
     p.add_argument("--partition", default=None, help="--live: the partition (default: from DB.live.json)")
     p.add_argument("--timeout-s", type=float, default=30.0, help="--live: wait this long for the snapshot")
+    from services.security import add_cli_options
+
+    add_cli_options(p)  # --live on a secured bus (default: RUN_DIR/credentials/operator.json of `evolving up`)
     p.set_defaults(func=cmd_sql)
 
     p = sub.add_parser("verify", help="replay a recorded run through fresh cores; check every decision")
@@ -83,10 +86,15 @@ def cmd_sql(args) -> int:
             if not args.live:
                 raise
             from services.recorder.live import LiveError, request_snapshot
+            from services.security import CredentialsError, credentials_from_args
 
             try:
+                try:
+                    creds = credentials_from_args(args)
+                except CredentialsError as exc:
+                    raise LiveError(str(exc)) from exc
                 snap = request_snapshot(args.db, nats_url=args.nats_url, partition=args.partition,
-                                        timeout_s=args.timeout_s)
+                                        timeout_s=args.timeout_s, credentials=creds)
             except LiveError as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2

@@ -69,20 +69,45 @@ def read_sidecar(db: str | os.PathLike) -> dict:
     return data if isinstance(data, dict) else {}
 
 
+def operator_credentials(db: str | os.PathLike, given=None):
+    """The credentials ``sql --live`` uses: ``given`` (flags, env) when they say anything, else
+    the operator account that ``evolving up`` wrote next to its run's log
+    (``RUN_DIR/credentials/operator.json``), else none (an open bus)."""
+    from services.security import Credentials
+
+    if given is not None and not given.empty:
+        return given
+    env = Credentials.from_env()
+    if not env.empty:
+        return env
+    path = os.path.join(os.path.dirname(os.path.abspath(db)), "credentials", "operator.json")
+    return Credentials.from_file(path) if os.path.isfile(path) else None
+
+
 def request_snapshot(db: str, *, nats_url: str | None = None, partition: str | None = None,
-                     timeout_s: float = 30.0) -> Snapshot:
+                     timeout_s: float = 30.0, credentials=None) -> Snapshot:
     """Ask the recorder writing ``db`` for a snapshot; the path this process can open."""
-    return asyncio.run(request_snapshot_async(db, nats_url=nats_url, partition=partition, timeout_s=timeout_s))
+    return asyncio.run(request_snapshot_async(db, nats_url=nats_url, partition=partition, timeout_s=timeout_s,
+                                              credentials=credentials))
 
 
 async def request_snapshot_async(db: str, *, nats_url: str | None = None, partition: str | None = None,
-                                 timeout_s: float = 30.0) -> Snapshot:
+                                 timeout_s: float = 30.0, credentials=None) -> Snapshot:
+    """``credentials``: services.security.Credentials (default: :func:`operator_credentials`);
+    ``nats_url`` may list a cluster's servers, comma-separated."""
     import nats
     from nats.errors import Error as NatsError
     from nats.errors import NoRespondersError
 
+    from services.security import CredentialsError
+
     side = read_sidecar(db)
     url = nats_url or side.get("nats_url") or os.environ.get("EI_NATS_URL") or DEFAULT_NATS_URL
+    try:
+        creds = operator_credentials(db, credentials)
+    except CredentialsError as exc:
+        raise LiveError(str(exc)) from exc
+    auth = creds.connect_options() if creds is not None else {}
     part = partition or side.get("partition") or os.environ.get("EI_PARTITION") or "default"
     subject = snapshot_subject(part)
     where = f"the recorder of {db} (partition {part!r} on {url})"
@@ -93,9 +118,10 @@ async def request_snapshot_async(db: str, *, nats_url: str | None = None, partit
 
     try:
         nc = await asyncio.wait_for(
-            nats.connect(servers=[url], name="evolving-sql", allow_reconnect=False, max_reconnect_attempts=1,
+            nats.connect(servers=[u.strip() for u in url.split(",") if u.strip()], name="evolving-sql",
+                         allow_reconnect=False, max_reconnect_attempts=1,
                          reconnect_time_wait=0.2,  # 0 attempts would retry forever (nats-py 2.x)
-                         connect_timeout=min(5.0, timeout_s), error_cb=on_error),
+                         connect_timeout=min(5.0, timeout_s), error_cb=on_error, **auth),
             timeout=timeout_s)
     except (OSError, TimeoutError, NatsError) as exc:
         cause = errors[-1] if errors else exc
