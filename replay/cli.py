@@ -91,8 +91,11 @@ def _load(files: list[str], fmt: str | None, skip_bad: bool):
 
     sessions, skipped = [], []
     for f in files:
-        if fmt:
-            res = get_importer(fmt)(f, skip_bad=skip_bad)
+        p = Path(f)
+        gz_only = p.name.endswith(".json.gz") or (
+            p.is_dir() and any(p.glob("*.json.gz")) and not any(p.glob("*.jsonl")) and not any(p.glob("*.json")))
+        if fmt or gz_only:  # gzipped kv-cache-tester sessions need no --from
+            res = get_importer(fmt or "weka")(f, skip_bad=skip_bad)
             sessions += res.sessions
             skipped += res.skipped
         else:

@@ -117,6 +117,13 @@ def test_stats_compare_cli(tmp_path, capsys):
     assert main(["trace", "stats"]) == 2
 
 
+def test_stats_reads_gzipped_kv_cache_tester_sessions_without_from(tmp_path, capsys):
+    (tmp_path / "t.json.gz").write_bytes(gzip.compress((WEKA / "trace_0291.json").read_bytes()))
+    assert main(["trace", "stats", str(tmp_path)]) == 0
+    assert "requests 32 " in capsys.readouterr().out
+    assert main(["trace", "stats", str(tmp_path / "t.json.gz")]) == 0
+
+
 def test_bundled_fit_file_is_consistent():
     """replay/cc_params.json holds what its recorded command wrote: the parameters the generator
     loads and the rates it measured on the data agree (a re-fit takes ~20 s: see docs/traces.md)."""
