@@ -278,6 +278,10 @@ class NatsBus:
         self.dlq_stream = dlq_stream_name(partition)
         self._obs: dict = {}
         self.dead_lettered = 0
+        #: an ack not back within this long is a lost publish; with message ids it is retried for
+        #: up to ``retry_for_s`` (a cluster electing a new stream leader), else it raises
+        self.publish_timeout_s = 5.0
+        self.retry_for_s = 60.0
 
     @classmethod
     async def connect(
@@ -369,12 +373,33 @@ class NatsBus:
         ``msg_ids`` entry answers with the original's sequence."""
         futs = []
         base = codec.headers()
-        for i, ev in enumerate(events):
-            hdrs = base if msg_ids is None else {**base, MSG_ID: msg_ids[i]}
-            futs.append(await self.js.publish_async(subject_for(ev, self.partition, shadow), codec.encode(ev),
-                                                    headers=hdrs))
-        acks = await asyncio.gather(*futs)
-        return [a.seq for a in acks]
+        try:
+            for i, ev in enumerate(events):
+                hdrs = base if msg_ids is None else {**base, MSG_ID: msg_ids[i]}
+                futs.append(await self.js.publish_async(subject_for(ev, self.partition, shadow), codec.encode(ev),
+                                                        headers=hdrs))
+            # nats-py never times an async publish out: an ack lost with a server would hang here
+            acks = await asyncio.wait_for(asyncio.gather(*futs), self.publish_timeout_s)
+            return [a.seq for a in acks]
+        except Exception as exc:
+            for f in futs:
+                f.cancel()
+            if msg_ids is None:
+                raise
+            # With message ids a retry is safe (the duplicate window drops what did land): publish
+            # one by one, in order, until the cluster answers (a leader election takes seconds).
+            log.warning("publish_retry", events=len(events), error=f"{type(exc).__name__}: {exc}")
+            return [await self._publish_retrying(ev, mid, shadow) for ev, mid in zip(events, msg_ids, strict=True)]
+
+    async def _publish_retrying(self, ev: Event, msg_id: str, shadow: str | None) -> int:
+        deadline = asyncio.get_running_loop().time() + self.retry_for_s
+        while True:
+            try:
+                return await self.publish(ev, msg_id=msg_id, shadow=shadow)
+            except Exception:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(0.25)
 
     async def publish_raw(self, subject: str, data: bytes, headers: Mapping[str, str] | None = None,
                           msg_id: str | None = None) -> int:

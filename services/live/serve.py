@@ -212,7 +212,10 @@ async def ticker(bus, period_s: float, stop: asyncio.Event, src: str = "planner"
     next_at = loop.time()
     epoch = time.time() if epoch is None else epoch
     while not stop.is_set():
-        await bus.publish(Tick(ts=epoch + (time.time() - epoch) * time_scale, src=src))
+        try:
+            await bus.publish(Tick(ts=epoch + (time.time() - epoch) * time_scale, src=src))
+        except Exception as exc:  # noqa: BLE001 - a cluster electing a leader: skip this pulse, not the service
+            log.warning("tick_publish_failed", error=f"{type(exc).__name__}: {exc}", action="next period")
         next_at = max(next_at + period_s, loop.time() - period_s)  # after a stall: no burst of ticks
         try:
             await asyncio.wait_for(stop.wait(), timeout=max(0.0, next_at - loop.time()))
