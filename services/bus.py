@@ -323,6 +323,7 @@ class NatsBus:
             if tls_cert:
                 ctx.load_cert_chain(tls_cert, tls_key)
             opts["tls"] = ctx
+        _quiet_callbacks(opts, name)
         nc = await nats.connect(**opts)
         bus = cls(nc, nc.jetstream(), partition, settings or StreamSettings())
         if ensure:
@@ -481,6 +482,31 @@ class NatsBus:
         await self.close()
 
 
+def _quiet_callbacks(opts: dict, name: str) -> None:
+    """One log line per connection event instead of nats-py's default error callback, which logs
+    a traceback for every failed reconnect attempt (a console flood while a server is down)."""
+    state = {"down": False, "errors": 0}
+
+    async def on_error(exc: BaseException) -> None:
+        state["errors"] += 1
+        if not state["down"] or state["errors"] % 30 == 1:  # while down: one line a minute or so
+            log.warning("nats_error", client=name, error=f"{type(exc).__name__}: {exc}".rstrip(": "),
+                        errors=state["errors"])
+
+    async def on_disconnected() -> None:
+        if not state["down"]:
+            state["down"], state["errors"] = True, 0
+            log.warning("nats_disconnected", client=name)
+
+    async def on_reconnected() -> None:
+        state["down"] = False
+        log.info("nats_reconnected", client=name)
+
+    opts.setdefault("error_cb", on_error)
+    opts.setdefault("disconnected_cb", on_disconnected)
+    opts.setdefault("reconnected_cb", on_reconnected)
+
+
 #: JetStream status codes on a pull consumer's inbox (they carry no stream message).
 _STATUS_HEARTBEAT = "100"
 _STATUS_DONE = {"404", "408", "409"}  # no messages / request expired / request closed (e.g. limits)
@@ -512,6 +538,7 @@ class _NatsConsumer:
         self._acked = 0
         self._ack_msgs: dict[int, object] = {}
         self.reused = False  # the durable was kept from an earlier run (tests, logs)
+        self._gone = False  # the ephemeral consumer no longer exists on the server (see _recreate)
 
     async def _open_durable(self) -> int:
         """Keep or (re)create the durable; return the start sequence of a new one (0 = kept)."""
@@ -547,11 +574,7 @@ class _NatsConsumer:
                     ack_wait=30.0, deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
                     opt_start_seq=start, filter_subject=self.subjects, max_waiting=16))
         else:
-            info = await js.add_consumer(stream, config=api.ConsumerConfig(
-                ack_policy=api.AckPolicy.NONE, deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
-                opt_start_seq=max(self.start_seq or 1, 1), filter_subject=self.subjects,
-                inactive_threshold=30.0, mem_storage=True))
-            self._consumer = info.name
+            self._consumer = await self._add_ephemeral(max(self.start_seq or 1, 1))
         nc = self.bus.nc
         self._inbox = nc.new_inbox()
         self._sub = await nc.subscribe(self._inbox, cb=self._on_msg, pending_msgs_limit=-1,
@@ -568,7 +591,33 @@ class _NatsConsumer:
             self._buf.append(msg)
         elif status in _STATUS_DONE and self._owed:
             self._owed.popleft()
+        elif status == "503" and not self.durable:
+            self._gone = True  # no consumer answers its pull requests any more
         self._wake.set()
+
+    async def _add_ephemeral(self, start: int) -> str:
+        from nats.js import api
+
+        info = await self.bus.js.add_consumer(self.bus.stream, config=api.ConsumerConfig(
+            ack_policy=api.AckPolicy.NONE, deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=start, filter_subject=self.subjects, inactive_threshold=30.0, mem_storage=True))
+        return info.name
+
+    async def _recreate(self) -> None:
+        """An ephemeral consumer vanished: its server restarted (memory-stored consumers are not
+        kept) or this client was away past the inactivity threshold. Make a new one that starts
+        after the last message handed out, so the reader neither stalls nor reads twice."""
+        self._gone = False
+        start = self._last_seen + 1 if self._last_seen else max(self.start_seq or 1, 1)
+        try:
+            self._consumer = await self._add_ephemeral(start)
+        except Exception as exc:  # noqa: BLE001 - JetStream not back yet: try again on the next wake-up
+            self._gone = True
+            log.debug("consumer_recreate_failed", consumer=self.name, error=str(exc) or type(exc).__name__)
+            await asyncio.sleep(0.5)
+            return
+        self._owed.clear()
+        log.info("consumer_recreated", consumer=self.name, start_seq=start, reason="ephemeral consumer lost")
 
     async def fetch(self, batch: int | None = None) -> None:
         """Ask JetStream for the next ``batch`` messages (they arrive on the inbox)."""
@@ -594,6 +643,8 @@ class _NatsConsumer:
     async def _iter(self) -> AsyncIterator[Delivery]:
         buf = self._buf
         while True:
+            if self._gone and not buf:
+                await self._recreate()
             if len(buf) < self.batch // 2:
                 await self._top_up()
             if not buf:
