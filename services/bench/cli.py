@@ -75,7 +75,9 @@ def _register_router(bench) -> None:
     p = bench.add_parser("router", help="router decision time (decisions/s, p50/p99) vs baseline routers")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("--router", default="evolving", help="router plug-in to measure (entry-point name)")
-    p.add_argument("--baselines", default="round_robin,cache_aware", help="comma-separated plug-in names")
+    p.add_argument("--baselines", default="evolving-full,round_robin,cache_aware",
+                   help="comma-separated plug-in names (or name:key=value,...; evolving-full = our "
+                        "router scoring every node, the path before candidate pruning)")
     p.add_argument("--sizes", default="9,64", help="comma-separated prefill node counts")
     p.add_argument("--requests", type=int, default=1500, help="decisions per run")
     p.add_argument("--agents", type=int, default=48, help="branches whose contexts share the pool")

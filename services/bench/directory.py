@@ -22,6 +22,7 @@ fold of the request's events); the baseline does, per request, a longest-prefix 
 from __future__ import annotations
 
 import gc
+import gzip
 import json
 import math
 import time
@@ -48,10 +49,13 @@ from events.hashing import namespaced_hash
 from services.directory.core import DirectoryCore
 
 _REPO = Path(__file__).resolve().parents[2]
-#: The real sessions: ../shared/traces beside the checkout, else the copy bundled with the tests.
-DEFAULT_TRACES = next((p for p in (_REPO / ".." / "shared" / "traces" / "weka-claude-code",
-                                   _REPO / "tests" / "fixtures" / "traces" / "weka-claude-code") if p.is_dir()),
-                      _REPO / "tests" / "fixtures" / "traces" / "weka-claude-code")
+#: The real sessions bundled with the tests (a few, replicated by the bench to its minimums).
+FIXTURE_TRACES = _REPO / "tests" / "fixtures" / "traces" / "weka-claude-code"
+#: The default: the calibration sessions beside the checkout (../shared/traces, .json.gz, more
+#: than 3,000 requests, so nothing is replicated), else the plain sessions, else the fixtures.
+DEFAULT_TRACES = next((p for p in (_REPO / ".." / "shared" / "traces" / "weka-claude-code-calibration",
+                                   _REPO / ".." / "shared" / "traces" / "weka-claude-code") if p.is_dir()),
+                      FIXTURE_TRACES)
 PREFILL_NODES = [f"p{i}" for i in range(4)]
 DECODE_NODES = [f"d{i}" for i in range(5)]
 
@@ -89,13 +93,23 @@ def _flatten(items: list[dict], branch: str, parent: str | None, mode: str, t0: 
 
 def load_workload(trace_dir: Path, min_requests: int, min_blocks: int, stagger_s: float = 30.0) -> Workload:
     sessions: list[tuple[str, list[_Req]]] = []
-    for path in sorted(Path(trace_dir).glob("*.json")):
-        data = json.loads(path.read_text())
-        reqs: list[_Req] = []
-        _flatten(data["requests"], "main", None, "root", 0.0, reqs)
-        sessions.append((path.stem, reqs))
+    have_reqs = have_blocks = 0
+    paths = sorted([*Path(trace_dir).glob("*.json"), *Path(trace_dir).glob("*.json.gz")])
+    for path in paths:  # sessions in name order until both minimums are met (else replicate)
+        if have_reqs >= min_requests and have_blocks >= min_blocks:
+            break
+        try:
+            raw = gzip.decompress(path.read_bytes()) if path.name.endswith(".gz") else path.read_bytes()
+            data = json.loads(raw)
+            reqs: list[_Req] = []
+            _flatten(data["requests"], "main", None, "root", 0.0, reqs)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}: not a weka Claude Code trace ({type(exc).__name__}: {exc})") from None
+        sessions.append((path.name.removesuffix(".gz").removesuffix(".json"), reqs))
+        have_reqs += len(reqs)
+        have_blocks += sum(len(q.ids) for q in reqs)
     if not sessions:
-        raise FileNotFoundError(f"no trace JSON files in {trace_dir}")
+        raise FileNotFoundError(f"no trace files (*.json, *.json.gz) in {trace_dir}")
     base_reqs = sum(len(r) for _, r in sessions)
     base_blocks = sum(len(q.ids) for _, r in sessions for q in r)
     reps = max(1, math.ceil(min_requests / base_reqs), math.ceil(min_blocks / base_blocks))
@@ -113,7 +127,7 @@ def load_workload(trace_dir: Path, min_requests: int, min_blocks: int, stagger_s
     return Workload(rows)
 
 
-def build_stream(w: Workload) -> tuple[list[Event], list[tuple[list[int], list[Event]]]]:
+def build_stream(w: Workload) -> tuple[list[Event], list[tuple[list[int], list[Event], str]]]:
     """Decide placements with a first (untimed) fold; return setup events and, per request,
     its block list and the events to fold after its lookup."""
     d = DirectoryCore()
@@ -126,7 +140,7 @@ def build_stream(w: Workload) -> tuple[list[Event], list[tuple[list[int], list[E
     version: dict[str, int] = {}
     per_branch: dict[str, int] = {}
     rr = 0
-    steps: list[tuple[list[int], list[Event]]] = []
+    steps: list[tuple[list[int], list[Event], str]] = []
     for i, (t, branch, parent, mode, blocks, out) in enumerate(w.requests):
         evs: list[Event] = []
         rid = f"r{i}"
@@ -167,7 +181,7 @@ def build_stream(w: Workload) -> tuple[list[Event], list[tuple[list[int], list[E
             after.append(BranchEnded(ts=t + 5.0, branch=branch))
         for e in after:
             d.apply(e)
-        steps.append((blocks, evs + after))
+        steps.append((blocks, evs + after, branch))
     return setup, steps
 
 
@@ -177,8 +191,8 @@ def _fold_directory(setup: list[Event], steps) -> tuple[DirectoryCore, float]:
         d.apply(e)
     apply, lookup = d.apply, d.lookup
     t0 = time.perf_counter()
-    for blocks, evs in steps:
-        lookup(blocks)  # the router's lookup of the prompt, then the request's events
+    for blocks, evs, branch in steps:
+        lookup(blocks, branch)  # the router's lookup of the prompt, then the request's events
         for e in evs:
             apply(e)
     return d, time.perf_counter() - t0
@@ -193,7 +207,7 @@ def _fold_bare(steps, insert_all: bool = True) -> tuple[dict, float]:
     without it only the blocks missing from the table are inserted."""
     table: dict[int, int] = {}
     t0 = time.perf_counter()
-    for i, (blocks, _) in enumerate(steps):
+    for i, (blocks, _, _) in enumerate(steps):
         get = table.get
         k = 0
         for b in blocks:
@@ -214,7 +228,7 @@ def _lookup_latency(d: DirectoryCore, steps, n: int = 1000, trials: int = 3) -> 
     """Lookup time of every prompt of >= ``n`` blocks cut to ``n`` blocks: percentiles of the
     single timings, and of each prompt's best of ``trials`` (which filters out the moments the
     process was descheduled on a busy machine)."""
-    prompts = [blocks[:n] for blocks, _ in steps if len(blocks) >= n]
+    prompts = [blocks[:n] for blocks, _, _ in steps if len(blocks) >= n]
     single, best = [], []
     for p in prompts:
         runs = []
@@ -282,7 +296,7 @@ def run(trace_dir: Path = DEFAULT_TRACES, min_requests: int = 3000, min_blocks: 
         "prompt_blocks": n_blocks,
         "unique_blocks": unique,
         "block_copies": copies,
-        "events": sum(len(e) for _, e in steps),
+        "events": sum(len(e) for _, e, _ in steps),
         "directory_blocks_per_s": n_blocks / best_dir,
         "bare_dict_blocks_per_s": n_blocks / best_bare,
         "ratio": best_bare / best_dir,

@@ -55,9 +55,33 @@ def _setup(prefill: int, agents: int, context_blocks: int) -> tuple[list[Event],
     return evs, contexts
 
 
+#: Named configurations usable as baselines: ``evolving-full`` is our router scoring every
+#: prefill node (no candidate pruning), i.e. the decision path before issue 16.
+ALIASES = {"evolving-full": "evolving:full_scoring_max_nodes=1000000000"}
+
+
+def make_router(spec: str):
+    """A router from ``name`` or ``name:key=value+key=value`` (numbers parsed as such)."""
+    spec = ALIASES.get(spec, spec)
+    name, _, rest = spec.partition(":")
+    kw: dict = {}
+    for item in filter(None, rest.split("+")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"bench router: bad parameter {item!r} in {spec!r} (want key=value)")
+        try:
+            kw[key] = int(value)
+        except ValueError:
+            try:
+                kw[key] = float(value)
+            except ValueError:
+                kw[key] = value
+    return load_router(name)(block_tokens=BLOCK_TOKENS, **kw)
+
+
 def _run_one(name: str, prefill: int, requests: int, agents: int, prompt_blocks: int, new_blocks: int,
              inflight: int) -> tuple[list[float], list[float], list[float]]:
-    router = load_router(name)(block_tokens=BLOCK_TOKENS)
+    router = make_router(name)
     decide_cpu: list[float] = []
     inner = router.decide
 
@@ -131,7 +155,7 @@ def _figures(wall: list[float], cpu: list[float], decide: list[float]) -> dict[s
     }
 
 
-def run(router: str = "evolving", baselines: tuple[str, ...] = ("round_robin", "cache_aware"),
+def run(router: str = "evolving", baselines: tuple[str, ...] = ("evolving-full", "round_robin", "cache_aware"),
         sizes: tuple[int, ...] = (9, 64), requests: int = 1500, agents: int = 48, prompt_blocks: int = 1000,
         new_blocks: int = 100, inflight: int = 3, repeats: int = 3) -> dict:
     names = (router, *baselines)
@@ -170,5 +194,5 @@ def format_report(result: dict) -> str:
                          f"{fig['decide_p99_ms']:>11.3f}{fig['wall_p50_ms']:>9.3f}{fig['wall_p99_ms']:>9.3f}")
         for b, ratio in entry["ratios"].items():
             lines.append(f"  {result['router']} / {b}: p50 x{ratio['p50']:.2f}, p99 x{ratio['p99']:.2f}, "
-                         f"decisions/s x{ratio['decisions_per_s']:.2f}")
+                         f"decisions/s x{ratio['decisions_per_s']:.2f}, decide p99 x{ratio['decide_p99']:.2f}")
     return "\n".join(lines)

@@ -55,7 +55,7 @@ from events.catalog import (
     RouteDecided,
 )
 from events.ids import BlockHash, BranchId, NodeId, Tier
-from services.directory.lookup import Lookup
+from services.directory.lookup import LiveNodes, Lookup
 from services.directory.table import TIER_INDEX, BlockTable
 
 PREFILL, DECODE = 0, 1
@@ -74,7 +74,8 @@ class _Node:
 
 
 class _Branch:
-    __slots__ = ("counted", "cslots", "ctx", "excluded", "holders", "id", "mode", "parent", "version")
+    __slots__ = ("counted", "cslots", "ctx", "excluded", "holders", "id", "last_req", "mode", "parent",
+                 "version")
 
     def __init__(self, branch_id: str, parent: str | None, mode: str) -> None:
         self.id = branch_id
@@ -86,6 +87,7 @@ class _Branch:
         self.excluded: frozenset[int] = frozenset()  # sub-agent: parent's context at spawn
         self.holders = [-1, -1]  # node index holding the count, per phase
         self.cslots: tuple[np.ndarray, int] | None = None  # table slots of counted, table gen
+        self.last_req: _Request | None = None  # its latest request (its slots seed the next lookup)
 
 
 class _Request:
@@ -151,6 +153,8 @@ class DirectoryCore:
         # the same list object reuses its slots instead of probing the table again
         self._scanned: tuple[Sequence[int], np.ndarray, int] | None = None
         self._nodes: list[_Node] = []
+        self._node_state = 0  # bumped whenever a node is added, removed or revived
+        self._live: tuple[int, LiveNodes] | None = None
         self._node_idx: dict[str, int] = {}
         self._branches: dict[str, _Branch] = {}
         self._ended: set[str] = set()
@@ -189,12 +193,26 @@ class DirectoryCore:
         return out
 
     # ------------------------------------------------------------------------- queries
-    def lookup(self, blocks: Sequence[BlockHash]) -> Lookup:
-        """Longest cached prefixes of ``blocks`` per live node and tier and in the pool (one pass)."""
-        pool, held, slots = self._t.scan(blocks)
+    def lookup(self, blocks: Sequence[BlockHash], branch: BranchId | None = None) -> Lookup:
+        """Longest cached prefixes of ``blocks`` per live node and tier and in the pool (one pass).
+
+        ``branch``: the request's branch, if known. When the branch's previous request is a
+        prefix of ``blocks`` (an agent's next turn), its resolved slots are reused and only the
+        appended blocks are probed; the answer is the same either way."""
+        prefix = None
+        if branch is not None:
+            b = self._branches.get(branch)
+            r = b.last_req if b is not None else None
+            if r is not None and r.slots is not None and r.slots[1] == self._t.gen:
+                k = len(r.blocks)
+                if k <= len(blocks) and blocks[:k] == r.blocks:
+                    prefix = r.slots[0]
+        pool, held, slots = self._t.scan(blocks, prefix)
         self._scanned = (blocks, slots, self._t.gen)
-        live = [(n.id, n.idx) for n in self._nodes if n.alive]
-        return Lookup(len(blocks), pool, held, live)
+        live = self._live
+        if live is None or live[0] != self._node_state:
+            live = self._live = (self._node_state, LiveNodes([(n.id, n.idx) for n in self._nodes if n.alive]))
+        return Lookup(len(blocks), pool, held, live[1])
 
     def holders(self, block: BlockHash) -> list[tuple[NodeId, Tier]]:
         """Copies of ``block`` as sorted ``(node, tier)`` pairs."""
@@ -298,6 +316,7 @@ class DirectoryCore:
         for ns in snap.nodes:
             n = core._add_node(ns.id, ns.role)
             n.alive = ns.alive
+            core._node_state += 1  # invalidates the cached live-node view
             for tier, copies in (("L1", ns.l1), ("L2", ns.l2)):
                 if copies:
                     blocks, ts = zip(*copies)
@@ -338,11 +357,13 @@ class DirectoryCore:
         elif not n.alive:
             self._anomaly(event, "removed_node", node, "KV of a removed node; node revived")
             n.alive = True
+            self._node_state += 1  # invalidates the cached live-node view
         return n
 
     def _add_node(self, node: str, role: str | None) -> _Node:
         n = _Node(node, self._t.add_node(), role)
         self._nodes.append(n)
+        self._node_state += 1  # invalidates the cached live-node view
         self._node_idx[node] = n.idx
         return n
 
@@ -352,6 +373,7 @@ class DirectoryCore:
             self._add_node(ev.node, ev.role)
             return
         n.alive = True
+        self._node_state += 1  # invalidates the cached live-node view
         if n.role is not None and n.role != ev.role:
             self._switch(n, ev.role)
         n.role = ev.role
@@ -364,6 +386,7 @@ class DirectoryCore:
         self._detach_all(n, phases=(PREFILL, DECODE))
         self._drop_kv(n)
         n.alive = False
+        self._node_state += 1  # invalidates the cached live-node view
         for r in self._requests.values():
             r.pins.discard(n.idx)
 
@@ -515,6 +538,7 @@ class DirectoryCore:
         b = self._branch(ev, ev.branch, create=True)
         if b is None:
             return
+        b.last_req = r
         if ev.version < b.version:
             self._anomaly(ev, "stale_version", ev.branch, f"version {ev.version} < {b.version}; context kept")
             return

@@ -28,31 +28,44 @@ class NodeMatch(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     l2_blocks: int = 0
 
 
-_EVEN = 0x5555555555555555
+_ZERO = NodeMatch(l1_blocks=0, local_blocks=0, l2_blocks=0)
+_EVEN_BITS: dict[int, int] = {}  # words -> the even bits of that many 64-bit words
 
 
-def _prefix_ends(col: np.ndarray) -> tuple[dict[int, int], dict[int, int]]:
-    """For one holder word along the blocks: ``bit -> prefix length`` of every copy bit set on
-    the first block (tier prefixes), and of every node's "L1 or L2" bit (local prefixes, keyed
-    by the node's L1 bit). Works on the runs of equal masks: a running AND over them keeps the
-    bits whose prefix is unbroken, so a bit's prefix ends where it leaves the AND."""
-    if not len(col):
+def _prefix_ends(masks: np.ndarray) -> tuple[dict[int, int], dict[int, int]]:
+    """For the ``[blocks, W]`` holder words along the blocks: ``bit -> prefix length`` of every
+    copy bit set on the first block (tier prefixes), and of every node's "L1 or L2" bit (local
+    prefixes, keyed by the node's L1 bit); bit ``j`` is bit ``j % 64`` of word ``j // 64``.
+    Works on the runs of equal rows, all words at once (one Python int per run): a running
+    AND over them keeps the bits whose prefix is unbroken, so a bit's prefix ends where it
+    leaves the AND."""
+    n, words = masks.shape
+    if not n:
         return {}, {}
-    starts = [0, *(np.flatnonzero(col[1:] != col[:-1]) + 1).tolist()]
-    masks = col[starts].tolist()
+    if words == 1:
+        col = masks[:, 0]
+        starts = [0, *(np.flatnonzero(col[1:] != col[:-1]) + 1).tolist()]
+        rows = col[starts].tolist()
+    else:
+        change = (masks[1:] != masks[:-1]).any(axis=1)
+        starts = [0, *(np.flatnonzero(change) + 1).tolist()]
+        rows = [sum(x << (64 * w) for w, x in enumerate(row)) for row in masks[starts].tolist()]
+    even = _EVEN_BITS.get(words)
+    if even is None:
+        even = _EVEN_BITS[words] = int("01" * 32 * words, 2)
     tiers: dict[int, int] = {}
     local: dict[int, int] = {}
-    acc_t = masks[0]
-    acc_l = (acc_t | acc_t >> 1) & _EVEN
-    for start, m in zip(starts[1:], masks[1:]):
-        nt, nl = acc_t & m, acc_l & (m | m >> 1) & _EVEN
+    acc_t = rows[0]
+    acc_l = (acc_t | acc_t >> 1) & even
+    for start, m in zip(starts[1:], rows[1:]):
+        nt, nl = acc_t & m, acc_l & (m | m >> 1) & even
         _assign(tiers, acc_t & ~nt, start)
         _assign(local, acc_l & ~nl, start)
         acc_t, acc_l = nt, nl
         if not acc_t and not acc_l:
             break
-    _assign(tiers, acc_t, len(col))
-    _assign(local, acc_l, len(col))
+    _assign(tiers, acc_t, n)
+    _assign(local, acc_l, n)
     return tiers, local
 
 
@@ -61,6 +74,19 @@ def _assign(out: dict[int, int], bits: int, length: int) -> None:
         low = bits & -bits
         out[low.bit_length() - 1] = length
         bits ^= low
+
+
+class LiveNodes:
+    """The live nodes as a lookup needs them, built once per change of the node set (the
+    directory caches it) instead of once per lookup."""
+
+    __slots__ = ("by_col", "cols", "ids", "zeros")
+
+    def __init__(self, live: list[tuple[NodeId, int]]) -> None:
+        self.cols = {node: col for node, col in live}
+        self.by_col = {col: node for node, col in live}
+        self.ids = sorted(live)
+        self.zeros = dict.fromkeys(self.cols, _ZERO)
 
 
 class Lookup:
@@ -73,25 +99,28 @@ class Lookup:
 
     __slots__ = ("_cols", "_ids", "_masks", "n_blocks", "per_node", "pool_blocks")
 
-    def __init__(self, n_blocks: int, pool_blocks: int, masks: np.ndarray, live: list[tuple[NodeId, int]]) -> None:
-        """``masks``: ``[pool_blocks, W]`` uint64 holder words (bit ``2n + tier``, 64 per word)."""
+    def __init__(self, n_blocks: int, pool_blocks: int, masks: np.ndarray,
+                 live: list[tuple[NodeId, int]] | LiveNodes) -> None:
+        """``masks``: ``[pool_blocks, W]`` uint64 holder words (bit ``2n + tier``, 64 per word);
+        ``live``: ``(node id, column)`` of the live nodes, or a :class:`LiveNodes` of them."""
+        if not isinstance(live, LiveNodes):
+            live = LiveNodes(live)
         self.n_blocks = n_blocks
         self.pool_blocks = pool_blocks
         self._masks = masks
-        self._cols = {node: col for node, col in live}
-        self._ids = sorted(live)  # (node id, column): ties go to the smallest id
-        tiers: list[dict[int, int]] = []
-        local: list[dict[int, int]] = []
-        for w in range(masks.shape[1]):
-            t, loc = _prefix_ends(masks[:, w])
-            tiers.append(t)
-            local.append(loc)
-        per_node = {}
-        for node, n in live:
-            w, b = (2 * n) >> 6, (2 * n) & 63
-            per_node[node] = NodeMatch(l1_blocks=tiers[w].get(b, 0) if tiers else 0,
-                                       local_blocks=local[w].get(b, 0) if local else 0,
-                                       l2_blocks=tiers[w].get(b + 1, 0) if tiers else 0)
+        self._cols = live.cols
+        self._ids = live.ids  # (node id, column) sorted: ties go to the smallest id
+        # every node starts at the shared zero match; only the copy bits set on the first block
+        # (read off the running AND of the holder words) get a match of their own, so the cost
+        # is O(words + holders + runs), not a pass per node
+        by_col = live.by_col
+        per_node = live.zeros.copy()
+        tiers, local = _prefix_ends(masks)
+        for bit, length in local.items():
+            node = by_col.get(bit >> 1)
+            if node is not None:
+                per_node[node] = NodeMatch(l1_blocks=tiers.get(bit, 0), local_blocks=length,
+                                           l2_blocks=tiers.get(bit + 1, 0))
         self.per_node = per_node
 
     def best(self) -> tuple[NodeId | None, int]:
@@ -126,11 +155,18 @@ class Lookup:
         m = self.per_node.get(node)
         start = m.local_blocks if m else 0
         n = self.pool_blocks - start
-        peers = [(nid, col) for nid, col in self._ids if col != own]
-        if n <= 0 or not peers:
+        if n <= 0:
+            return []
+        words = self._masks[start:self.pool_blocks]
+        # only peers holding some block of the range can be a source: read them off the OR of
+        # the holder words (a peer holding nothing there never has the longest run)
+        held = 0
+        for w, x in enumerate(np.bitwise_or.reduce(words, axis=0).tolist()):
+            held |= x << (64 * w)
+        peers = [(nid, col) for nid, col in self._ids if col != own and (held >> (2 * col)) & 3]
+        if not peers:
             return []
         cols = np.array([c for _, c in peers], dtype=np.int64)
-        words = self._masks[start:self.pool_blocks]
         rows = np.arange(n)
 
         def holds(tier_bit: int) -> np.ndarray:  # [n, peers] bool

@@ -226,11 +226,23 @@ class BlockTable:
         tiers = (0, 1) if tier is None else (tier,)
         return any(int(self.held[s, (2 * n + t) >> 6]) >> ((2 * n + t) & 63) & 1 for t in tiers)
 
-    def scan(self, blocks: Sequence[int]) -> tuple[int, np.ndarray, np.ndarray]:
+    def scan(self, blocks: Sequence[int], prefix: np.ndarray | None = None) -> tuple[int, np.ndarray, np.ndarray]:
         """One pass: pool prefix length, the ``[pool, W]`` holder masks of it, and the slots
-        of ``blocks`` (for reuse by the request's later events)."""
+        of ``blocks`` (for reuse by the request's later events). ``prefix``: slots of the first
+        ``len(prefix)`` blocks resolved at the current ``gen`` (0 where unknown then; those are
+        probed again), so only the rest is probed."""
         try:
-            s = self.slots(blocks, len(blocks))
+            if prefix is not None:
+                k = len(prefix)
+                s = np.empty(len(blocks), dtype=np.intp)
+                s[:k] = prefix
+                z = np.flatnonzero(prefix == 0)
+                if len(z):
+                    s[z] = self.slots([blocks[i] for i in z.tolist()], len(z))
+                if len(blocks) > k:
+                    s[k:] = self.slots(blocks[k:], len(blocks) - k)
+            else:
+                s = self.slots(blocks, len(blocks))
         except OverflowError:  # a hash outside 64 bits: nothing holds it, the prefix ends there
             k = next(i for i, b in enumerate(blocks) if not 0 <= b < 2**64)
             s = np.zeros(len(blocks), dtype=np.intp)

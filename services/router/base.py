@@ -218,7 +218,7 @@ class RouterBase:
         candidates = self.state.eligible("prefill")
         if not candidates:
             return None
-        lookup = self.directory.lookup(r.blocks) if r.blocks else None
+        lookup = self.directory.lookup(r.blocks, r.branch or None) if r.blocks else None
         choice = self.choose_prefill(r, candidates, lookup, now)
         decode = self._decode_for(r, choice.node, now, keep=r.decode_node if reroute else None)
         return RouteDecided(

@@ -28,12 +28,14 @@ fewest outstanding output tokens, then the node id.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from events.catalog import NodeScore
-from services.directory.lookup import Lookup
+from services.costmodel import PrefillModel
+from services.directory.lookup import Lookup, NodeMatch
 from services.router.base import Choice, RouterBase
-from services.router.state import RequestState
+from services.router.state import NodeState, RequestState
 
 #: Fixed cost of one asynchronous fetch (RDMA setup and the GPU broadcast), seconds.
 FETCH_LATENCY_S = 0.002
@@ -45,6 +47,11 @@ FETCH_S_PER_TOKEN = 4.0e-7
 #: equally loaded nodes, far too little to pile requests on it. A project choice: Appendix E.3
 #: gives the term, not its weight.
 DUP_COST_S_PER_TOKEN = 2.0e-7
+#: Up to this many prefill candidates every one is scored (and listed in ``RouteDecided.scores``);
+#: above it only the holders of a prefix of the request and the least-loaded others that can
+#: still win (:func:`_score_pruned`): the decision is the same, the cost stops growing with
+#: the cluster. 16 keeps the full explanation for small clusters (and the pinned 9-node logs).
+FULL_SCORING_MAX_NODES = 16
 
 
 class LeastTtftRouter(RouterBase):
@@ -55,6 +62,7 @@ class LeastTtftRouter(RouterBase):
         "fetch_latency_s": FETCH_LATENCY_S,
         "fetch_s_per_token": FETCH_S_PER_TOKEN,
         "dup_cost_s_per_token": DUP_COST_S_PER_TOKEN,
+        "full_scoring_max_nodes": FULL_SCORING_MAX_NODES,
     }
 
     def choose_prefill(self, r: RequestState, candidates: list[str], lookup: Lookup | None,
@@ -66,42 +74,121 @@ class LeastTtftRouter(RouterBase):
         t_c = min(pool * bt, prompt)
         t_uc = prompt - t_c
         state = self.state
-        scores: list[NodeScore] = []
-        best_key: tuple[float, str] | None = None
-        best_ttft = 0.0
-        best_fetch = 0
-        for n in candidates:
-            m = per_node.get(n)
+        nodes = state.nodes
+        lat, fst, dup = self.fetch_latency_s, self.fetch_s_per_token, self.dup_cost_s_per_token
+        # eq. 1 depends on the node only through its model, token budget and own prefix: one
+        # evaluation per distinct (model, budget, local, l1) in a decision, not one per node
+        services: dict[tuple, float] = {}
+
+        def service(n: str, local: int, l1: int) -> float:
+            budget = nodes[n].token_budget
+            model = state.prefill_model(n)
+            key = (id(model), budget, local, l1)
+            s = services.get(key)
+            if s is None:
+                t_rst = min((local - l1) * bt, t_c) if local > l1 else 0
+                s = services[key] = model.request_s(t_uc, t_c, t_rst, budget)
+            return s
+
+        def score(n: str, wait: float, m: NodeMatch | None) -> _Scored:
             local, l1 = (m.local_blocks, m.l1_blocks) if m is not None else (0, 0)
             fetched = (pool - local) * bt if pool > local else 0
-            t_rst = min((local - l1) * bt, t_c) if local > l1 else 0
-            ns = state.nodes[n]
-            service = state.prefill_model(n).request_s(t_uc, t_c, t_rst, ns.token_budget)
-            wait = state.wait_s(n, now)
             excess = 0.0
             if fetched:
-                excess = max(0.0, self.fetch_latency_s + fetched * self.fetch_s_per_token - wait)
-            ttft = wait + service + excess
-            score = ttft + self.dup_cost_s_per_token * fetched
-            scores.append(NodeScore(node=n, score=score, t_c=t_c, queue_s=wait, fetch_excess_s=excess))
-            key = (score, n)
+                excess = max(0.0, lat + fetched * fst - wait)
+            ttft = wait + service(n, local, l1) + excess
+            return ttft + dup * fetched, ttft, fetched, excess, wait
+
+        scored: dict[str, _Scored] = {}
+        if len(candidates) <= self.full_scoring_max_nodes or dup < 0.0:
+            for n in candidates:
+                scored[n] = score(n, _wait(nodes[n], now), per_node.get(n))
+        else:
+            _score_pruned(candidates, nodes, per_node, now, score, service, state.prefill_model, scored)
+        best_key: tuple[float, str] | None = None
+        scores: list[NodeScore] = []
+        for n in candidates:
+            s = scored.get(n)
+            if s is None:
+                continue
+            scores.append(NodeScore(node=n, score=s[0], t_c=t_c, queue_s=s[4], fetch_excess_s=s[3]))
+            key = (s[0], n)
             if best_key is None or key < best_key:
-                best_key, best_ttft, best_fetch = key, ttft, fetched
+                best_key = key
         assert best_key is not None, "invariant: choose_prefill is called with at least one candidate"
         node = best_key[1]
+        _, best_ttft, best_fetch, _, _ = scored[node]
         plan = lookup.fetch_plan(node) if best_fetch and lookup is not None else []
         return Choice(node=node, t_c=t_c, t_uc=t_uc, predicted_ttft_s=best_ttft, scores=scores,
                       fetch_plan=plan)
 
     def choose_decode(self, r: RequestState, candidates: list[str], now: float) -> str:
         state = self.state
+        nodes, model_of = state.nodes, state.decode_model
+        iters: dict[tuple, float] = {}  # eq. 2 once per distinct (model, batch, t_fwd)
         best: tuple[float, int, str] | None = None
         for d in candidates:
-            ns = state.nodes[d]
+            ns = nodes[d]
             batch = len(ns.decode_assigned) + 1
-            tpot = state.decode_model(d).iteration_s(batch, ns.t_fwd) / ns.t_acc()
+            model = model_of(d)
+            ik = (id(model), batch, ns.t_fwd)
+            it = iters.get(ik)
+            if it is None:
+                it = iters[ik] = model.iteration_s(batch, ns.t_fwd)
+            tpot = it / ns.t_acc()
             key = (tpot, ns.decode_tokens, d)
             if best is None or key < best:
                 best = key
         assert best is not None, "invariant: choose_decode is called with at least one candidate"
         return best[2]
+
+
+#: (score, ttft, fetched tokens, fetch excess, wait) of one scored node.
+_Scored = tuple[float, float, int, float, float]
+
+
+def _wait(ns: NodeState, now: float) -> float:
+    """``ClusterState.wait_s`` inlined (same arithmetic, so the same float)."""
+    rem = max(0.0, ns.busy_until - now) if ns.prefill_running else 0.0
+    return rem + ns.queue_s
+
+
+def _score_pruned(candidates: list[str], nodes: dict[str, NodeState], per_node, now: float,
+                  score: Callable[[str, float, NodeMatch | None], _Scored],
+                  service: Callable[[str, int, int], float], model_of: Callable[[str], PrefillModel],
+                  scored: dict[str, _Scored]) -> None:
+    """Score every holder of a prefix of the request, then the other candidates in increasing
+    order of expected wait, only while one of them can still win or tie.
+
+    Soundness: a candidate ``n`` holding nothing of the request scores
+    ``fl(fl(fl(wait_n + S_n) + excess_n) + dup * fetched)`` with ``S_n`` its eq. 1 time for no own
+    prefix, ``excess_n >= 0`` and ``dup * fetched >= 0`` (pruning is off for a negative
+    ``dup_cost_s_per_token``). Rounding is monotone, so with ``S_min`` the least ``S`` over the
+    (model, token budget) groups of these candidates, ``LB_n = fl(wait_n + S_min) <= score_n``,
+    and ``LB`` never decreases along increasing ``wait``. Once ``LB_n`` exceeds the best score
+    found, neither ``n`` nor any later candidate can win or tie (ties go to the smaller id, so
+    an equal bound is still scored). The winner is the one full scoring picks.
+    """
+    rest: list[tuple[float, str]] = []
+    best = float("inf")
+    for n in candidates:
+        wait = _wait(nodes[n], now)
+        m = per_node.get(n)
+        if m is not None and m.local_blocks > 0:
+            s = scored[n] = score(n, wait, m)
+            best = min(best, s[0])
+        else:
+            rest.append((wait, n))
+    if not rest:
+        return
+    rest.sort()
+    groups: dict[tuple, str] = {}  # one node per (prefill model, token budget) among the rest
+    for _, n in rest:
+        groups.setdefault((id(model_of(n)), nodes[n].token_budget), n)
+    s_min = min(service(n, 0, 0) for n in groups.values())
+    for wait, n in rest:
+        if wait + s_min > best:
+            break
+        s = scored[n] = score(n, wait, None)
+        best = min(best, s[0])
+

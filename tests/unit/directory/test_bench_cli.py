@@ -3,18 +3,35 @@
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
+import shutil
+
+import pytest
 
 from services.bench import cli
 from services.bench import directory as bench
 
 
 def test_the_real_sessions_are_found_in_a_bare_clone_too():
-    assert bench.DEFAULT_TRACES.is_dir() and sorted(p.name for p in bench.DEFAULT_TRACES.glob("*.json"))
+    assert bench.DEFAULT_TRACES.is_dir() and sorted(p.name for p in bench.DEFAULT_TRACES.glob("*.json*"))
+    assert bench.FIXTURE_TRACES.is_dir()
+
+
+def test_gzipped_sessions_read_like_plain_ones(tmp_path):
+    for p in sorted(bench.FIXTURE_TRACES.glob("*.json")):
+        shutil.copy(p, tmp_path / p.name)
+        (tmp_path / (p.name + ".gz")).write_bytes(gzip.compress(p.read_bytes()))
+        break
+    (tmp_path / "zz_broken.json.gz").write_bytes(b"not gzip")
+    plain = bench.load_workload(tmp_path, min_requests=1, min_blocks=1)  # stops before broken.json.gz
+    assert plain.requests
+    with pytest.raises(ValueError, match="zz_broken.json.gz: not a weka Claude Code trace"):
+        bench.load_workload(tmp_path, min_requests=10**9, min_blocks=10**12)
 
 
 def test_workload_replicates_with_distinct_namespaces_and_keeps_subagents():
-    w = bench.load_workload(bench.DEFAULT_TRACES, min_requests=200, min_blocks=10_000)
+    w = bench.load_workload(bench.FIXTURE_TRACES, min_requests=200, min_blocks=10_000)
     assert len(w.requests) >= 200
     branches = {r[1] for r in w.requests}
     assert any("/sa" in b for b in branches)  # sub-agents became their own branches
@@ -33,7 +50,7 @@ def test_bench_cli_prints_json_figures(capsys):
     b = sub.add_parser("bench").add_subparsers()
     cli.register(sub, b)
     args = p.parse_args(["bench", "directory", "--json", "--min-requests", "100", "--min-blocks", "5000",
-                         "--repeats", "1"])
+                         "--repeats", "1", "--traces", str(bench.FIXTURE_TRACES)])
     assert args.func(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["requests"] >= 100 and out["prompt_blocks"] >= 5000
