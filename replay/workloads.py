@@ -252,8 +252,11 @@ def load_cc_params(path: str | Path = CC_PARAMS_FILE) -> CcParams:
     p = Path(path)
     if not p.exists():
         return CcParams()
-    doc = json.loads(p.read_text())
-    return CcParams.from_json(doc.get("params", doc))
+    try:
+        doc = json.loads(p.read_text())
+        return CcParams.from_json(doc.get("params", doc))
+    except (ValueError, TypeError, AttributeError) as exc:  # one line naming the file
+        raise ValueError(f"{p}: not a CC parameter file ({exc}); rewrite it with `evolving trace fit`") from None
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,17 @@ def test_cc_defaults_come_from_the_fit_file():
         CcParams.from_json({"grwoth": 1})
 
 
+def test_a_bad_params_file_is_one_line_naming_it(tmp_path):
+    bad = tmp_path / "p.json"
+    bad.write_text('{"params": {"grwoth": 1}}')
+    with pytest.raises(ValueError, match=f"{bad}: not a CC parameter file .*unknown CC parameter"):
+        load_cc_params(bad)
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="not a CC parameter file"):
+        load_cc_params(bad)
+    assert load_cc_params(tmp_path / "absent.json") == CcParams()
+
+
 def test_quantiles_draws_follow_the_fitted_sample():
     rng = np.random.default_rng(0)
     data = rng.lognormal(6.0, 1.5, 5000)
