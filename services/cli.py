@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "replay.cli",
     "services.recorder.cli",
     "services.live.cli",
+    "services.live.chaos",
     "kernels.cli",
 )
 

@@ -1,0 +1,179 @@
+"""``evolving chaos`` (issue 15 part 9): the short suite runs over a real 3-server NATS cluster,
+real service processes and a real DuckDB log, and must print an all-zero table; the accounting
+that fills the table is checked on a stream with known losses and duplicates; and the two bus
+faults the suite found stay fixed (an R1 client scaling an R3 stream down; an async publish
+whose ack was lost with its server hanging the publisher)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from events.catalog import NodeHeartbeat, RequestSubmitted, RouteDecided
+from services.bus import MSG_ID, Delivery, NatsBus
+from services.live.chaos import (
+    SERVICES,
+    Published,
+    ScenarioResult,
+    account,
+    connect_when_ready,
+    scenarios,
+)
+from services.natsserver import NatsCluster
+
+REPO = Path(__file__).resolve().parents[2]
+QUICK = {"steady-load", "kill-planner", "kill-router", "kill-nats-leader", "corrupt-planner-snapshot",
+         "partition-engine", "duplicate-publish", "malformed-events"}
+
+
+def _procs_mentioning(text: str) -> list[str]:
+    """Command lines of live processes that mention ``text`` (a leftover child)."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmd:
+            out.append(f"{pid}: {cmd}")
+    return out
+
+
+def test_quick_suite_prints_an_all_zero_table_and_leaves_nothing_running(tmp_path):
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "services.cli", "chaos", "--quick", "--json",
+                           "--workdir", str(tmp_path)], check=False, cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    elapsed = time.monotonic() - t0
+    assert proc.stdout.strip(), proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    rows = {r["name"]: r for r in report["scenarios"]}
+    assert set(rows) == QUICK
+    bad = {n: r for n, r in rows.items()
+           if not r["survived"] or r["lost"] or r["duplicated"] or r["diverged"] or r["recover_s"] is None}
+    assert not bad, json.dumps(bad, indent=1)
+    assert report["verify"]["ok"] and report["verify"]["divergences"] == 0, report["verify"]
+    assert report["verify"]["reproduced"]["RouteDecided"] >= report["requests"] > 100
+    assert report["unplanned_exits"] == []
+    assert report["ok"] and proc.returncode == 0
+    assert "rebuilt from 0" in rows["corrupt-planner-snapshot"]["detail"]
+    assert "12/12 dead letters" in rows["malformed-events"]["detail"]
+    assert "1 NodeRemoved" in rows["partition-engine"]["detail"]
+    assert "stream still R3" in rows["kill-nats-leader"]["detail"]
+    assert not _procs_mentioning(str(tmp_path)), "a service of the chaos stack outlived the command"
+    print(f"chaos --quick: {elapsed:.0f} s")
+
+
+def test_unknown_scenario_is_one_line_and_exit_2():
+    proc = subprocess.run([sys.executable, "-m", "services.cli", "chaos", "--only", "kill-everything"], check=False,
+                          cwd=REPO,
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 2
+    assert "unknown scenario(s) kill-everything" in proc.stderr and "kill-router" in proc.stderr
+
+
+def test_every_service_and_snapshot_kind_has_a_scenario():
+    names = {s.name for s in scenarios()}
+    assert {f"kill-{k}" for k in SERVICES} <= names
+    assert {"corrupt-directory-snapshot", "corrupt-planner-snapshot", "corrupt-router-snapshot"} <= names
+    assert {"kill-nats-leader", "partition-engine", "duplicate-publish", "rewind-consumer",
+            "malformed-events"} <= names
+    assert {s.name for s in scenarios() if s.quick} | {"steady-load"} == QUICK
+
+
+def _req(name: str) -> RequestSubmitted:
+    return RequestSubmitted(ts=1.0, src="harness", request=name, branch="b", blocks=[1], prompt_tokens=74)
+
+
+def _route(name: str, **kw) -> RouteDecided:
+    return RouteDecided(ts=1.0, src="router", request=name, prefill_node="p0", decode_node="d0", **kw)
+
+
+class _Load:
+    def __init__(self, published):
+        self.published = published
+
+
+def test_accounting_counts_losses_duplicates_and_divergences_per_window():
+    pubs = [Published(f"load:{i}", _req(f"r{i}"), i + 1, 0.0) for i in range(4)]
+    pubs.append(Published("load:4", NodeHeartbeat(ts=1.0, src="harness", node="p0", role="prefill"), 0, 0.0))
+    stream = [
+        Delivery(1, "s", pubs[0].event, {MSG_ID: "load:0"}),
+        Delivery(2, "s", pubs[1].event, {MSG_ID: "load:1"}),
+        Delivery(3, "s", pubs[1].event, {MSG_ID: "load:1"}),  # stored twice
+        Delivery(4, "s", pubs[2].event, {MSG_ID: "load:2"}),
+        # load:3 (r3) and load:4 never reached the stream
+        Delivery(5, "r", _route("r0"), {}),
+        Delivery(6, "r", _route("r0"), {}),  # decided twice
+        Delivery(7, "r", _route("r1", reroute=True), {}),  # a reroute is not a second decision
+        Delivery(8, "r", _route("r1"), {}),
+        Delivery(9, "r", _route("r2", shadow=True), {}),  # a shadow decision does not count: r2 undecided
+    ]
+    first = ScenarioResult("a", "x", survived=True, window=(0, 4), published=(0, 2))
+    second = ScenarioResult("b", "y", survived=True, window=(4, 9), published=(2, 5))
+    account([first, second], _Load(pubs), stream, recorded_seqs={1, 2, 3, 4, 5, 6, 7, 8}, divergence_seqs=[6, 9])
+    assert first.counts == {"ids_missing": 0, "requests_undecided": 0, "not_recorded": 0, "ids_twice": 1,
+                            "requests_decided_twice": 1}
+    assert (first.lost, first.duplicated, first.diverged, first.all_zero) == (0, 2, 0, False)
+    assert second.counts == {"ids_missing": 2, "requests_undecided": 2, "not_recorded": 1, "ids_twice": 0,
+                             "requests_decided_twice": 0}
+    assert (second.lost, second.duplicated, second.diverged) == (5, 0, 2)
+
+
+@pytest.mark.asyncio
+async def test_a_client_with_default_settings_keeps_an_r3_stream_r3():
+    with NatsCluster(3, name="r3keep") as cluster:
+        admin = await connect_when_ready(cluster.url, "keep")
+        plain = await NatsBus.connect(cluster.url, "keep")  # a service given only a URL
+        try:
+            info = await admin.js.stream_info(admin.stream)
+            assert info.config.num_replicas == 3
+            assert plain.settings.replicas == 3  # its snapshot buckets follow the stream
+            await plain.put_snapshot("svc", b"x")
+            assert (await plain.js.object_store("EI_SNAP_KEEP_SVC")).__class__  # exists
+            obs = await plain.js.stream_info("OBJ_EI_SNAP_KEEP_SVC")
+            assert obs.config.num_replicas == 3
+        finally:
+            await plain.close()
+            await admin.close()
+
+
+class _StuckJs:
+    """publish_async whose acks never come back (the server holding them died); publish works."""
+
+    def __init__(self) -> None:
+        self.sync_published: list[str] = []
+
+    async def publish_async(self, subject, data, headers=None):
+        return asyncio.get_running_loop().create_future()
+
+    async def publish(self, subject, data, headers=None):
+        self.sync_published.append(headers["Nats-Msg-Id"])
+
+        class Ack:
+            seq = len(self.sync_published)
+
+        return Ack()
+
+
+@pytest.mark.asyncio
+async def test_publish_many_with_ids_retries_a_lost_ack_instead_of_hanging():
+    from services.bus import StreamSettings
+
+    js = _StuckJs()
+    bus = NatsBus(nc=None, js=js, partition="p", settings=StreamSettings())
+    bus.publish_timeout_s = 0.2
+    events = [_req("a"), _req("b")]
+    seqs = await asyncio.wait_for(bus.publish_many(events, msg_ids=["i1", "i2"]), 5)
+    assert seqs == [1, 2] and js.sync_published == ["i1", "i2"]  # in order, with their ids
+    with pytest.raises(TimeoutError):  # without ids a retry could store twice: the error surfaces
+        await asyncio.wait_for(bus.publish_many(events), 5)
