@@ -72,10 +72,14 @@ class EmbeddedNats:
     def __init__(self, port: int = 0, store_dir: str | os.PathLike | None = None,
                  host: str = "127.0.0.1", ready_timeout_s: float = 10.0, own_session: bool = False,
                  accounts: Mapping | None = None, cluster: Mapping | None = None,
-                 server_name: str | None = None, tls: Mapping[str, str] | None = None) -> None:
+                 server_name: str | None = None, tls: Mapping[str, str] | None = None,
+                 log_file: str | os.PathLike | None = None) -> None:
         """``accounts`` (services.security.generate_accounts) turns on authorization with
         per-service permissions; ``cluster`` (a nats-server ``cluster`` block as a dict) joins
-        a cluster; without either the server runs open on loopback, from flags."""
+        a cluster; without either the server runs open on loopback, from flags. ``log_file``:
+        the server's log goes there (``-l``) instead of a pipe nobody reads, which a long run
+        (permission violations, reconnects) would fill until the server blocks."""
+        self.log_file = str(log_file) if log_file else None
         self.accounts, self.cluster, self.server_name, self.tls = accounts, cluster, server_name, tls
         self.host = host
         self.port = port or free_port(host)
@@ -105,6 +109,8 @@ class EmbeddedNats:
             cmd = [binary, "-c", str(conf)]
         else:
             cmd = [binary, "-a", self.host, "-p", str(self.port), "-js", "-sd", self.store_dir]
+        if self.log_file:
+            cmd += ["-l", self.log_file]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      start_new_session=self.own_session)
         deadline = time.monotonic() + self.ready_timeout_s

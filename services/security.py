@@ -188,6 +188,9 @@ class ServiceSpec:
     name: str
     node: str | None = None
     shadow: str | None = None
+    #: further ``AnomalyReported.component`` values it reports, e.g. ``router.<policy name>``
+    #: for a router (its plug-in's ``name``, which only the one who starts it knows)
+    components: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -228,23 +231,47 @@ def _snapshots(bucket: str) -> list[str]:
             f"{api}.CONSUMER.DELETE.{obj}.*", f"$JS.FC.{obj}.>", f"$JS.ACK.{obj}.>"]
 
 
+def _snapshots_read(bucket: str) -> list[str]:
+    """Reading another service's bucket (no ``$O.<bucket>.>`` publish: it cannot write it)."""
+    obj, api = f"OBJ_{bucket}", "$JS.API"
+    return [f"{api}.STREAM.INFO.{obj}", f"{api}.STREAM.MSG.GET.{obj}", f"{api}.DIRECT.GET.{obj}",
+            f"{api}.DIRECT.GET.{obj}.>", f"{api}.CONSUMER.CREATE.{obj}", f"{api}.CONSUMER.CREATE.{obj}.>",
+            f"{api}.CONSUMER.DELETE.{obj}.*", f"$JS.FC.{obj}.>"]
+
+
+#: The core configuration each decision service writes (services/live/serve.py: ``config.<key>``,
+#: its own bucket) and the recorder reads into the log's run_config.
+RECORDED_CONFIGS = ("config.directory", "config.planner", "config.router")
+
+
+def config_key(spec: ServiceSpec) -> str | None:
+    """The ``config.<key>`` snapshot a decision service writes (None for the other roles)."""
+    if spec.role in ("directory", "planner"):
+        return f"config.{spec.role}"
+    if spec.role == "router":
+        return f"config.shadow.{spec.shadow}" if spec.shadow else "config.router"
+    return None
+
+
 def _role_events(spec: ServiceSpec, p: str) -> list[str]:
     name = token(spec.name)
     anomaly = f"ei.{p}.anomaly.{name}"
+    own = [f"ei.{p}.anomaly.{token(c)}" for c in spec.components]
     if spec.role == "directory":
-        return [anomaly, f"ei.{p}.anomaly.directory"]
+        return [anomaly, f"ei.{p}.anomaly.directory", *own]
     if spec.role == "planner":
         return [f"ei.{p}.plan", f"ei.{p}.cmd.*", f"ei.{p}.clock", f"ei.{p}.node.*", anomaly,
-                f"ei.{p}.anomaly.planner", f"ei.{p}.anomaly.liveness"]
-    if spec.role == "router":
+                f"ei.{p}.anomaly.planner", f"ei.{p}.anomaly.liveness", *own]
+    if spec.role == "router":  # services/router/base.py reports as component "router.<policy name>"
         if spec.shadow:
-            return [f"ei.{p}.shadow.{token(spec.shadow)}.>", anomaly]
-        return [f"ei.{p}.route", anomaly, f"ei.{p}.anomaly.router"]
+            return [f"ei.{p}.shadow.{token(spec.shadow)}.>", anomaly, f"ei.{p}.anomaly.router_{token(spec.shadow)}",
+                    *own]
+        return [f"ei.{p}.route", anomaly, f"ei.{p}.anomaly.router", *own]
     if spec.role == "gateway":
         return [f"ei.{p}.agent.>"]
-    if spec.role == "engine":
+    if spec.role == "engine":  # the SGLang backend reports as component "engine.sglang"
         n = token(spec.node or "")
-        return [f"ei.{p}.kv.{n}", f"ei.{p}.node.{n}", f"eitok.{p}.>"]
+        return [f"ei.{p}.kv.{n}", f"ei.{p}.node.{n}", f"eitok.{p}.>", f"ei.{p}.anomaly.engine_sglang", *own]
     if spec.role == "operator":
         return [f"eictl.{p}.>"]
     return []
@@ -260,6 +287,10 @@ def service_permissions(spec: ServiceSpec, partition: str, other_durables: Itera
     pub = ["$JS.API.INFO", f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.STREAM.INFO.{dlq}",
            "$JS.API.STREAM.NAMES", f"eidlq.{p}.{user}"]
     pub += _js_own(stream, user) + _js_ephemeral(stream) + _snapshots(snapshot_bucket(partition, spec.name))
+    if config_key(spec):
+        pub += _snapshots(snapshot_bucket(partition, config_key(spec)))
+    if spec.role == "recorder":
+        pub += [a for key in RECORDED_CONFIGS for a in _snapshots_read(snapshot_bucket(partition, key))]
     pub += _role_events(spec, p)
     sub = [f"{inbox_prefix(spec.name)}.>"]
     if spec.role == "gateway":

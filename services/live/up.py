@@ -3,7 +3,13 @@
 Processes (each a child process, as in production; logs in ``--log-dir``, one JSON-lines file
 per child):
 
-1. ``nats-server -js`` (embedded, unless ``--nats-url``); stopped last.
+1. ``nats-server -js`` (embedded, unless ``--nats-url``); stopped last. It runs secured:
+   ``up`` generates throwaway accounts (services.security: one per child, with the subject
+   permissions of its role, an ``operator`` account for ``evolving sql --live`` and ``admin``
+   for ``up`` itself), writes them to ``RUN_DIR/credentials/<account>.json`` (mode 0600) and
+   passes each child only its own file (``--nats-credentials``). ``--insecure`` keeps an open
+   server. ``up`` supervises it: if it dies, it is restarted on the same port, store and
+   accounts (the children reconnect); if it cannot be, everything stops with one line.
 2. The recorder (``python -m services.recorder --db DB``), then the directory, the planner,
    the router and any ``--shadow`` routers (``python -m services.<name>``). ``up`` writes the
    run configuration (plug-in names and arguments) into the DuckDB file before the recorder
@@ -44,7 +50,8 @@ from events.catalog import (
 )
 from services.live.serve import EXIT_PLUGIN, parse_kv
 from services.logging import get_logger
-from services.natsserver import EmbeddedNats
+from services.natsserver import EmbeddedNats, NatsServerError
+from services.security import ServiceSpec
 
 log = get_logger("up")
 REPO = Path(__file__).resolve().parents[2]
@@ -156,7 +163,12 @@ class Status:
 
 
 def add_up_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nats-url", default=None, help="use this NATS server (default: start an embedded one)")
+    p.add_argument("--nats-url", default=None,
+                   help="use this NATS server or cluster (comma-separated; default: start an embedded one). "
+                        "The children inherit the EI_NATS_* credentials of the environment")
+    p.add_argument("--insecure", action="store_true",
+                   help="embedded NATS without accounts: any local process may publish anything (the default "
+                        "generates one account per service with its subject permissions)")
     p.add_argument("--partition", default="default")
     p.add_argument("--run-dir", default=None, help="directory for the DuckDB log, child logs and NATS store "
                                                     "(default: runs/<timestamp>)")
@@ -186,6 +198,11 @@ def add_up_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ready-file", default=None, help="write the URLs here as JSON once everything answers")
     p.add_argument("--run-seconds", type=float, default=0.0, help="stop after this long (0: until Ctrl-C)")
     p.add_argument("--stop-timeout-s", type=float, default=10.0)
+    p.add_argument("--nats-restarts", type=int, default=5,
+                   help="restarts of the embedded nats-server allowed within a minute before up gives up")
+    from services.security import add_cli_options
+
+    add_cli_options(p)  # up's own connection to --nats-url (default: EI_NATS_*)
 
 
 class EnginesSpec(int):
@@ -233,7 +250,34 @@ def _free_port() -> int:
     return free_port()
 
 
-def plan_children(args, url: str, run_dir: Path, db: Path) -> tuple[list[Child], dict]:
+def router_policy_name(args) -> str:
+    """The in-charge router's policy name (its anomalies' component is ``router.<name>``)."""
+    from services.plugins import load_router
+
+    kwargs = parse_kv(args.router_arg)
+    try:
+        return str(load_router(args.router)(**kwargs).name)
+    except Exception:  # noqa: BLE001 - check_args already refused a plug-in that does not load
+        return str(kwargs.get("name") or args.router)
+
+
+def account_specs(args) -> list[ServiceSpec]:
+    """The accounts of the children ``plan_children`` starts (same names), plus the operator's."""
+    specs = [ServiceSpec("recorder", "recorder"), ServiceSpec("directory", "directory"),
+             ServiceSpec("planner", "planner"),
+             ServiceSpec("router", "router", components=(f"router.{router_policy_name(args)}",)),
+             *[ServiceSpec("router", f"shadow-{name}", shadow=name) for name in args.shadow],
+             *[ServiceSpec("engine", f"engine-n{i}", node=f"n{i}") for i in range(args.engines)],
+             ServiceSpec("operator", "operator")]
+    if not args.no_gateway:
+        specs.append(ServiceSpec("gateway", "gateway"))
+    return specs
+
+
+def plan_children(args, url: str, run_dir: Path, db: Path,
+                  credentials: dict[str, Path] | None = None) -> tuple[list[Child], dict]:
+    """The children and the URLs to print; ``credentials`` (account -> file): each child gets
+    ``--nats-credentials`` of the account named like it, and nothing else."""
     py, logs = sys.executable, run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     common = ["--nats-url", url, "--partition", args.partition]
@@ -280,6 +324,13 @@ def plan_children(args, url: str, run_dir: Path, db: Path) -> tuple[list[Child],
         children.append(Child("gateway", [py, "-m", "services.gateway", "--host", "127.0.0.1", "--port", str(port),
                                           *common], G_GATEWAY, logs / "gateway.log"))
         urls["gateway"] = f"http://127.0.0.1:{port}"
+    if credentials is not None:
+        for c in children:
+            path = credentials.get(c.name)
+            if path is None:
+                raise ValueError(f"no NATS account for child {c.name}")
+            c.cmd += ["--nats-credentials", str(path)]
+        urls["credentials"] = str(next(iter(credentials.values())).parent)
     return children, urls
 
 
@@ -296,6 +347,9 @@ class Up:
         self.children: list[Child] = []
         self.urls: dict = {}
         self.failure: str | None = None  # a child could not load its plug-in: stop all, exit EXIT_PLUGIN
+        self.exit_code = EXIT_PLUGIN  # of a failure (1: the bus could not be kept up)
+        self.nats: EmbeddedNats | None = None
+        self.nats_deaths: list[float] = []  # monotonic times the embedded server was found dead
         self._console = None
         args.clock_epoch = time.time()  # model time = epoch + (wall - epoch) * time_scale
 
@@ -314,15 +368,26 @@ class Up:
 
         nats = None
         url = self.args.nats_url
+        creds, files = self._own_credentials(), None
         if url is None:
-            nats = EmbeddedNats(store_dir=self.run_dir / "nats", own_session=True).start()
+            accounts = None
+            if not self.args.insecure:
+                from services.security import generate_accounts, write_credentials
+
+                accounts = generate_accounts(self.args.partition, account_specs(self.args))
+                files = write_credentials(accounts, self.run_dir / "credentials")
+                creds = accounts["admin"].credentials()
+            (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+            nats = self.nats = EmbeddedNats(store_dir=self.run_dir / "nats", own_session=True, accounts=accounts,
+                                            log_file=self.run_dir / "logs" / "nats.log").start()
             url = nats.url
         bus = None
         try:
-            bus = await NatsBus.connect(url, self.args.partition, name="evolving-up")  # creates the streams
+            # creates the streams (the admin's right on a secured bus)
+            bus = await NatsBus.connect(url, self.args.partition, name="evolving-up", credentials=creds)
             with DuckDbEventLog(self.db) as event_log:
                 event_log.set_run_config(run_config(self.args))
-            self.children, self.urls = plan_children(self.args, url, self.run_dir, self.db)
+            self.children, self.urls = plan_children(self.args, url, self.run_dir, self.db, files)
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, self.stop.set)
@@ -349,16 +414,57 @@ class Up:
             await self._stop_children()
             if bus is not None:
                 try:
-                    await bus.close()
+                    await asyncio.wait_for(bus.close(), 5.0)
                 except Exception as exc:  # noqa: BLE001 - NATS may be gone already; stop anyway
-                    log.warning("bus_close_failed", error=str(exc))
+                    log.warning("bus_close_failed", error=str(exc) or type(exc).__name__)
             if nats is not None:
                 nats.stop()
         self.say("stopped", db=str(self.db))
         if self.failure is not None:
             print(f"evolving up: {self.failure}", file=sys.stderr)
-            return EXIT_PLUGIN
+            return self.exit_code
         return 0
+
+    def _own_credentials(self):
+        """``up``'s own credentials on a ``--nats-url`` bus (flags, then ``EI_NATS_*``)."""
+        from services.security import credentials_from_args
+
+        creds = credentials_from_args(self.args)
+        return None if creds.empty else creds
+
+    async def _check_bus(self) -> None:
+        """The embedded nats-server died: reap it, say so in one line, and start it again on the
+        same port, store and accounts (the children's clients reconnect by themselves). If it
+        will not start, or dies ``--nats-restarts`` times within a minute, stop everything."""
+        nats = self.nats
+        if nats is None or nats.proc is None or nats.proc.poll() is None:
+            return
+        rc = nats.proc.returncode  # poll() reaped it: no zombie
+        if nats.proc.stderr:
+            nats.proc.stderr.close()
+        nats.proc = None
+        now = time.monotonic()
+        self.nats_deaths = [t for t in self.nats_deaths if now - t < 60.0] + [now]
+        if len(self.nats_deaths) > self.args.nats_restarts:
+            self._bus_failed(f"the embedded nats-server exited ({rc}), {len(self.nats_deaths)} time(s) within a "
+                             f"minute, more than --nats-restarts {self.args.nats_restarts}: stopping everything "
+                             f"(its log: {nats.log_file})")
+            return
+        self.say("nats_exited", rc=rc, restarting=nats.url, log=str(nats.log_file))
+        try:
+            await asyncio.to_thread(nats.start)
+        except (NatsServerError, OSError) as exc:
+            nats.proc = None
+            self._bus_failed(f"the embedded nats-server exited ({rc}) and could not be restarted: "
+                             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+            return
+        self.say("nats_restarted", url=nats.url, restarts=len(self.nats_deaths))
+
+    def _bus_failed(self, reason: str) -> None:
+        log.error("nats_failed", reason=reason)
+        if self.failure is None:
+            self.failure, self.exit_code = reason, 1
+        self.stop.set()
 
     async def _wait_services(self, bus, timeout_s: float = 60.0) -> None:
         """Wait until each decision service (shadow routers included) wrote its configuration: it
@@ -419,9 +525,17 @@ class Up:
             tmp.replace(self.args.ready_file)
 
     async def _watch_stream(self, bus) -> None:
-        async with bus.consumer(None, start_seq=1) as c:
-            async for d in c:
-                self.status.fold(d.seq, d.event)
+        """Fold the stream into the status line; after a bus failure, resume where it stopped."""
+        while True:
+            try:
+                async with bus.consumer(None, start_seq=self.status.last_seq + 1) as c:
+                    async for d in c:
+                        self.status.fold(d.seq, d.event)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the bus went away: wait, then read on
+                log.debug("status_watch_interrupted", error=str(exc) or type(exc).__name__)
+                await asyncio.sleep(1.0)
 
     async def _supervise(self) -> None:
         deadline = time.monotonic() + self.args.run_seconds if self.args.run_seconds > 0 else None
@@ -437,6 +551,7 @@ class Up:
                 if deadline is not None and time.monotonic() >= deadline:
                     break
                 self._check_plugins()
+                await self._check_bus()
                 if self.failure is not None:
                     break
                 self._restart_dead()
