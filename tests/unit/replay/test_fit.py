@@ -63,7 +63,7 @@ def test_fit_reproduces_the_data_it_was_fitted_on():
     sessions = import_weka(CAL / FEW[0]).sessions + [s for f in FEW[1:] for s in import_weka(CAL / f).sessions]
     p = fit_cc(sessions)
     assert isinstance(p, CcParams) and p != CcParams()
-    gen = generate("cc", seed=3, agents=120, params=p)
+    gen = generate("cc", seed=3, agents=60, params=p)
     rows, rates = compare(sessions, gen)
     ks = {r.name: r.ks for r in rows}
     # marginals the generator draws directly reproduce the fitted samples
