@@ -37,6 +37,7 @@ LAYER_OF = {
     "services.directory": CORES,
     "services.planner": CORES,
     "services.router": CORES,
+    "services.partitions": CORES,  # the partition map: pure, events + stdlib (issue 16)
     "services.bus": ADAPTERS,
     "services.runner": ADAPTERS,
     "services.metrics": ADAPTERS,
@@ -66,7 +67,7 @@ CORE_THIRD_PARTY = {"numpy", "scipy", "msgspec"}
 CORE_FORBIDDEN_LOADED = ("nats", "aiohttp", "duckdb", "services.live", "services.gateway", "replay",
                          "services.bus", "services.runner", "structlog", "rich")
 CORE_PACKAGES = ["services.core", "services.costmodel", "services.directory", "services.planner",
-                 "services.router"]
+                 "services.router", "services.partitions"]
 
 
 def layer_of(module: str) -> int | None:
