@@ -17,8 +17,7 @@ from services.cli import main
 
 ROOT = Path(__file__).resolve().parents[3]
 WEKA = ROOT / "tests" / "fixtures" / "traces" / "weka-claude-code"
-CAL = ROOT.parent / "shared" / "traces" / "weka-claude-code-calibration"
-needs_cal = pytest.mark.skipif(not CAL.is_dir(), reason="calibration traces not present")
+CAL = ROOT / "tests" / "fixtures" / "traces" / "weka-claude-code-calibration"
 # calibration sessions with sub-agents (0003), compactions and resumes
 FEW = ["trace_0003.json.gz", "trace_0013.json.gz", "trace_0016.json.gz", "trace_0021.json.gz",
        "trace_0028.json.gz", "trace_0042.json.gz"]
@@ -58,7 +57,6 @@ def test_compare_a_workload_with_itself_is_zero_and_with_another_is_not():
     assert md.count("\n|") > len(SAMPLE_DOC)
 
 
-@needs_cal
 def test_fit_reproduces_the_data_it_was_fitted_on():
     sessions = import_weka(CAL / FEW[0]).sessions + [s for f in FEW[1:] for s in import_weka(CAL / f).sessions]
     p = fit_cc(sessions)

@@ -17,11 +17,10 @@ from replay.trace import Request, Spawn, TraceFormatError, validate_session
 from services.cli import main
 
 ROOT = Path(__file__).resolve().parents[3]
-CAL = ROOT.parent / "shared" / "traces" / "weka-claude-code-calibration"
+CAL = ROOT / "tests" / "fixtures" / "traces" / "weka-claude-code-calibration"
 WEKA = ROOT / "tests" / "fixtures" / "traces" / "weka-claude-code"
 # a few calibration sessions: sub-agents (0003), requests without think_time (0058, 0214)
 FEW = ["trace_0003.json.gz", "trace_0058.json.gz", "trace_0214.json.gz"]
-needs_cal = pytest.mark.skipif(not CAL.is_dir(), reason="calibration traces not present")
 
 
 def _doc(requests):
@@ -54,7 +53,6 @@ def test_gz_file_imports_exactly_like_its_plain_text(tmp_path):
     assert import_weka(odd).sessions[0].branches == a[0].branches
 
 
-@needs_cal
 def test_a_directory_of_real_gz_sessions(tmp_path):
     for f in FEW:
         shutil.copy(CAL / f, tmp_path / f)
@@ -71,7 +69,6 @@ def test_a_directory_of_real_gz_sessions(tmp_path):
     assert sum(isinstance(st, Spawn) for b in res.sessions[0].branches for st in b.steps) == 2
 
 
-@needs_cal
 def test_missing_think_time_is_the_gap_since_the_previous_response():
     doc = json.loads(gzip.decompress((CAL / "trace_0214.json.gz").read_bytes()))
     s = import_weka(CAL / "trace_0214.json.gz").sessions[0]
