@@ -88,6 +88,8 @@ class SimConfig:
     # eviction policy reads the DirectoryCore embedded in the router: same class, same events,
     # half the directory work (the directory dominates the simulator's cost).
     directory_core: bool = True
+    # the nodes' ids (default n00, n01, ...): a partition of a larger cluster keeps the global ids
+    node_ids: tuple[str, ...] | None = None
 
     @property
     def end_s(self) -> float:
@@ -122,7 +124,8 @@ class Simulation:
         self.keep_log = keep_log
         self.seq = 0
         self.record = record
-        ids = [NodeId(f"n{i:02d}") for i in range(config.nodes)]
+        ids = ([NodeId(x) for x in config.node_ids] if config.node_ids
+               else [NodeId(f"n{i:02d}") for i in range(config.nodes)])
         roles = stack.initial_roles(config.nodes)
         seeds = np.random.SeedSequence(config.seed).spawn(config.nodes)
         self.nodes: dict[NodeId, SimNode] = {
@@ -246,7 +249,7 @@ class Simulation:
         k = self._next_session
         self._next_session += 1
         s = reblock(self.source.get(k), self.p.block_tokens)  # charge the trace's own block size
-        cur = SessionCursor(s, prefix=f"a{k}:")
+        cur = SessionCursor(s, prefix=f"{self.source.label(k)}:")
         self.active_sessions += 1
         self._take(cur, cur.start(self.now))
 
@@ -329,6 +332,10 @@ class SessionSource:
         self.sessions = list(sessions or [])
         self.make = make
         self.make_s = 0.0  # wall time spent generating sessions (reported apart by the bench)
+
+    def label(self, k: int) -> str:
+        """The agent id of the ``k``-th start (every id of its session starts with it)."""
+        return f"a{k}"
 
     def get(self, k: int) -> Session:
         if self.make is not None:
