@@ -30,6 +30,7 @@ answered with :class:`events.AnomalyReported`; it never raises and never makes a
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Self
 
 import msgspec
@@ -254,6 +255,18 @@ class DirectoryCore:
         if n is None:
             return np.zeros(0, np.uint64), np.zeros(0, np.float64), np.zeros(0, np.int32)
         return self._t.tier_arrays(n.idx, tier)
+
+    def eviction_order(self, node: NodeId, tier: Tier, count_aware: bool, limit: int | None = None,
+                       pinned: AbstractSet[BlockHash] = frozenset()) -> np.ndarray:
+        """``node``'s blocks in ``tier`` in eviction order (uint64), ``pinned`` left out, the
+        first ``limit``: by ``(count > 0, last_access, block)`` if ``count_aware``, else by
+        ``(last_access, block)``. Kept incrementally per copy column from its first call (see
+        :class:`~services.directory.eviction.CopyOrder`)."""
+        n = self._node(node)
+        if n is None:
+            return np.zeros(0, dtype=np.uint64)
+        pins = np.fromiter(pinned, dtype=np.uint64, count=len(pinned)) if pinned else None
+        return self._t.eviction_order(n.idx, tier, count_aware, limit, pins)
 
     def counts_on(self, node: NodeId) -> Mapping[BlockHash, int]:
         """Raw active-branch references on ``node`` (includes blocks with no copy there)."""

@@ -24,13 +24,14 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from services.directory.eviction import CopyOrder
 from services.directory.index import SMALL_BATCH, HashIndex
 
 TIER_INDEX = {"L1": 0, "L2": 1}
 
 
 class BlockTable:
-    __slots__ = ("block", "free", "gen", "held", "index", "last", "n_nodes", "refs", "size")
+    __slots__ = ("block", "free", "gen", "held", "index", "last", "n_nodes", "orders", "refs", "size")
 
     def __init__(self, capacity: int = 1024, node_capacity: int = 4) -> None:
         self.index = HashIndex(2 * capacity)
@@ -42,6 +43,8 @@ class BlockTable:
         self.size = 1  # slot 0 is the sentinel
         self.n_nodes = 0
         self.gen = 0
+        # eviction order per copy column 2n + t, kept from the first time it is asked for
+        self.orders: dict[int, CopyOrder] = {}
 
     # ------------------------------------------------------------------------- growth
     def add_node(self) -> int:
@@ -147,6 +150,8 @@ class BlockTable:
         j = 2 * n + TIER_INDEX[tier]
         self.held[s, j >> 6] |= _BIT[j & 63]
         self.last[s, j] = ts
+        if j in self.orders:
+            self._track(j, s, ts if isinstance(ts, float) else None)
         return s
 
     def evict(self, n: int, tier: str, blocks: Sequence[int]) -> int:
@@ -183,6 +188,8 @@ class BlockTable:
             k = len(c) if c.all() else int(c.argmin())
             if k:
                 self.last[s[:k], j] = ts
+                if j in self.orders:
+                    self._track(j, s[:k], float(ts))
 
     def read(self, n: int, blocks: Sequence[int], ts: float, s: np.ndarray | None = None) -> int:
         """Blocks read from node ``n``: refresh every copy there; returns how many it lacked."""
@@ -196,6 +203,8 @@ class BlockTable:
             c = self.column(s, j) & known
             self.last[s[c], j] = ts
             hit |= c
+            if j in self.orders:
+                self._track(j, s[c], float(ts))
         return int(len(s) - hit.sum())
 
     # ------------------------------------------------------------------------- counts
@@ -205,11 +214,95 @@ class BlockTable:
             return
         if delta > 0:
             self.refs[s, n] += 1
+            self._count_class_moved(n, s, 1)
             return
         assert (s > 0).all() and (self.refs[s, n] > 0).all(), (
             f"invariant: counts on node column {n} are never negative")
         self.refs[s, n] -= 1
+        self._count_class_moved(n, s, 0)
         self.release(s)
+
+    def _count_class_moved(self, n: int, s: np.ndarray, now: int) -> None:
+        """Tracked columns of node ``n``: copies whose count just became ``now`` (1 after +1,
+        0 after -1) changed count class, so they move bucket."""
+        if not self.orders or (2 * n not in self.orders and 2 * n + 1 not in self.orders):
+            return
+        moved = s[self.refs[s, n] == now]
+        for j in (2 * n, 2 * n + 1):
+            if j in self.orders:
+                self._track(j, moved)
+
+    # ------------------------------------------------------------------------- eviction order
+    def _track(self, j: int, s: np.ndarray, ts: float | None = None) -> None:
+        """Append the held copies among slots ``s`` of column ``j`` to their current bucket
+        (``ts``: their common last access, if known)."""
+        o = self.orders.get(j)
+        if o is None or not len(s):
+            return
+        s = s[(self.held[s, j >> 6] & _BIT[j & 63]).astype(bool)]
+        if not len(s):
+            return
+        c = self.refs[s, j >> 1] > 0
+        if ts is not None:
+            if c.all():
+                o.add(1, ts, s)
+            elif not c.any():
+                o.add(0, ts, s)
+            else:
+                o.add(1, ts, s[c])
+                o.add(0, ts, s[~c])
+            return
+        _add_grouped(o, s, c, self.last[s, j])
+
+    def _order(self, j: int) -> CopyOrder:
+        """Column ``j``'s order, built from a scan the first time and when stale entries
+        outnumber live ones 4 to 1."""
+        o = self.orders.get(j)
+        if o is not None and o.entries <= 4 * o.live + 4096:
+            return o
+        o = self.orders[j] = CopyOrder()
+        s = np.flatnonzero(self.held[: self.size, j >> 6] & _BIT[j & 63])
+        _add_grouped(o, s, self.refs[s, j >> 1] > 0, self.last[s, j])
+        o.live = len(s)
+        return o
+
+    def eviction_order(self, n: int, tier: str, count_aware: bool, limit: int | None,
+                       pinned: np.ndarray | None) -> np.ndarray:
+        """Blocks of node ``n``'s copies in ``tier`` in eviction order, ``pinned`` left out:
+        ``(count > 0, last, block)`` if ``count_aware`` else ``(last, block)``; the first
+        ``limit`` (all if ``None``)."""
+        j = 2 * n + TIER_INDEX[tier]
+        o = self._order(j)
+        w, bit = j >> 6, _BIT[j & 63]
+        out: list[np.ndarray] = []
+        got = 0
+        for group in o.groups(count_aware):
+            parts = []
+            for c, last in group:
+                arrays = o.buckets[(c, last)]
+                arr = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+                ok = (self.held[arr, w] & bit).astype(bool)
+                ok &= (self.refs[arr, n] > 0) == bool(c)
+                ok &= self.last[arr, j] == last
+                valid = np.unique(arr[ok])  # a copy appended twice with the same key: once
+                if not len(valid):
+                    o.drop(c, last)
+                    continue
+                if len(valid) != len(arr):  # compact the bucket
+                    o.entries -= len(arr) - len(valid)
+                    o.buckets[(c, last)] = [valid]
+                parts.append(valid)
+            if not parts:
+                continue
+            blocks = np.sort(self.block[parts[0] if len(parts) == 1 else np.concatenate(parts)])
+            if pinned is not None and len(pinned):
+                blocks = blocks[~np.isin(blocks, pinned)]
+            out.append(blocks)
+            got += len(blocks)
+            if limit is not None and got >= limit:
+                break
+        res = np.concatenate(out) if out else np.zeros(0, dtype=np.uint64)
+        return res if limit is None else res[:limit]
 
     def refs_on(self, n: int) -> dict[int, int]:
         s = np.flatnonzero(self.refs[: self.size, n])
@@ -264,3 +357,14 @@ def _distinct(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     pos: dict[int, int] = {}
     inverse = [pos.setdefault(k, len(pos)) for k in keys.tolist()]
     return np.fromiter(pos, dtype=np.uint64, count=len(pos)), np.asarray(inverse, dtype=np.intp)
+
+
+def _add_grouped(o: CopyOrder, s: np.ndarray, c: np.ndarray, last: np.ndarray) -> None:
+    """Append slots ``s`` (count class ``c``, last access ``last``) bucket by bucket."""
+    if not len(s):
+        return
+    order = np.lexsort((last, c))
+    s, c, last = s[order], c[order], last[order]
+    cuts = (np.flatnonzero((c[1:] != c[:-1]) | (last[1:] != last[:-1])) + 1).tolist()
+    for a, b in zip([0, *cuts], [*cuts, len(s)]):
+        o.add(int(c[a]), float(last[a]), s[a:b])
