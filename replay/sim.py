@@ -119,6 +119,7 @@ class Simulation:
         self.stack = stack
         self.cfg = config
         self.q = EventQueue()
+        self.bind_source_clock()
         self.rng = np.random.default_rng(config.seed)
         self.log: list[Event] = []
         self.keep_log = keep_log
@@ -150,6 +151,12 @@ class Simulation:
         self.finished_ids: set[str] = set()
         self.stopped = False
         self.progress: Callable[[float, Simulation], None] | None = None
+
+    def bind_source_clock(self) -> None:
+        """A session source whose sessions depend on when they start (a shifting composition,
+        replay/experiments.py) reads the simulated clock; other sources are untouched."""
+        if hasattr(self.source, "bind_clock"):
+            self.source.bind_clock(lambda: self.q.now)
 
     # ------------------------------------------------------------------ NodeHost
     @property

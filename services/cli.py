@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "services.buscli",
     "services.bench.cli",
     "replay.cli",
+    "replay.experiments",
     "services.recorder.cli",
     "services.live.cli",
     "services.live.chaos",
