@@ -57,6 +57,12 @@ block_tokens)``, ``ContextCompacted(branch, version, blocks)``, ``BranchEnded(br
 Ids are deterministic: branch ``f"{prefix}{session.id}/{branch.id}"``, request
 ``f"{branch}/{step_index}"``. ``session_events(session, response_s)`` runs a whole session with
 a fixed service-time function (tests, dry runs).
+
+Block size
+----------
+A session keeps its source's block size; ``reblock(session, block_tokens)`` re-cuts it to the
+serving side's (the simulator does, per started session), so every token is charged as the
+trace says (Mooncake's 512-token blocks on 64-token engines).
 """
 
 from __future__ import annotations
