@@ -16,7 +16,9 @@ The accounts are those of deploy/docker-compose.yml: the control plane, the gate
 engines ``n1..n3`` and the GPU engines ``g1, g2``, an ``operator`` (``evolving sql --live``)
 and ``admin`` (``bus-init`` creates the stream with it). Existing files are kept unless
 ``--force`` (rotating the passwords means restarting every container). Files are mode 0600 in
-a 0700 folder; give them to the container user if it is not root (docs/security.md).
+a 0700 folder. Compose bind-mounts a file secret with its host owner and mode, so the services'
+files must belong to the image's user (uid 10001, deploy/Dockerfile): run as root, this gives
+them to ``--uid``; otherwise it prints the ``chown`` to run (docs/security.md).
 """
 
 from __future__ import annotations
@@ -43,6 +45,18 @@ COMPOSE_SPECS = (
 )
 NATS_SERVERS = ("nats-1", "nats-2", "nats-3")
 ROUTE_PORT = 6222
+CONTAINER_UID = 10001  # the image's user (deploy/Dockerfile); the NATS image runs as root
+
+
+def give_to(paths: list[Path], uid: int) -> list[Path]:
+    """chown ``paths`` to ``uid`` where allowed; returns those left to the caller."""
+    left = []
+    for path in paths:
+        try:
+            os.chown(path, uid, -1)
+        except PermissionError:
+            left.append(path)
+    return left
 
 
 def _write(path: Path, text: str) -> None:
@@ -90,12 +104,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--router", default=os.environ.get("EI_ROUTER", "evolving"),
                    help="the router plug-in's policy name (its anomalies' subject; compose: EI_ROUTER)")
     p.add_argument("--force", action="store_true", help="replace existing secrets (new passwords)")
+    p.add_argument("--uid", type=int, default=CONTAINER_UID,
+                   help=f"owner of the services' secret files: the image's user (default {CONTAINER_UID})")
     args = p.parse_args(argv)
     written = generate(Path(args.folder), args.partition, args.router, args.force)
     if not written:
         print(f"{args.folder}: secrets exist (--force to replace them)", file=sys.stderr)
         return 0
     print(f"wrote {len(written)} secrets to {args.folder} (partition {args.partition!r})")
+    services = [f for f in written if f.name != "nats-auth.conf"]
+    left = give_to(services, args.uid) if os.geteuid() != args.uid else []
+    if left:
+        print(f"the containers run as uid {args.uid}: sudo chown {args.uid} "
+              + " ".join(str(f) for f in left), file=sys.stderr)
     return 0
 
 
