@@ -36,6 +36,16 @@ def parse_duration(text: str) -> float:
     return sum(float(v) * {"h": 3600, "m": 60, "s": 1}[u] for v, u in parts)
 
 
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return n
+
+
 def _pace_arg(text: str) -> str:
     from replay.pacing import parse_pace
 
@@ -135,6 +145,10 @@ class _Recorder:
 
 def run_one(stack_name: str, args, source: SessionSource, out: Path | None, progress: bool = True,
             keep_log: bool = True) -> tuple[RunMetrics, object]:
+    if getattr(args, "partitions", 1) > 1:  # one process per partition, merged log (replay/partitioned.py)
+        from replay.partitioned import run_partitioned
+
+        return run_partitioned(stack_name, args, out, progress=progress)
     prof = load_profile(profile_name(args))
     cfg = sim_config(args)
     stack = get_stack(stack_name, start=getattr(args, "start", None))
@@ -199,6 +213,11 @@ def _add_common(p: argparse.ArgumentParser, default_duration: str = "1h", defaul
     p.add_argument("--pace", type=_pace_arg, default=None,
                    help="client pauses: recorded, agent[:TOOL_CAP[:HUMAN_CAP]] (tool time kept, human pauses "
                         "capped) or scale:X (default: recorded for --trace, agent for --workload)")
+    p.add_argument("--partitions", type=_positive_int, default=1,
+                   help="split the nodes into N partitions simulated in parallel processes, logs merged "
+                        "(docs/partitions.md)")
+    p.add_argument("--jobs", type=_positive_int, default=None,
+                   help="with --partitions: at most this many processes (default: one per core available)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
 
