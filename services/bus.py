@@ -282,6 +282,7 @@ class NatsBus:
         #: up to ``retry_for_s`` (a cluster electing a new stream leader), else it raises
         self.publish_timeout_s = 5.0
         self.retry_for_s = 60.0
+        self.snapshot_timeout_s = 10.0  # one read of a snapshot (get_snapshot)
 
     @classmethod
     async def connect(
@@ -447,11 +448,18 @@ class NatsBus:
         obs = await self._objects(name, create=False)
         if obs is None:
             return None
-        try:
-            res = await obs.get(token(name))
-        except (NotFoundError, ObjectNotFoundError):
-            return None
-        return res.data
+        for attempt in range(3):
+            try:
+                # nats-py reads an object through an ordered consumer with no deadline: one lost
+                # with its server (a cluster member killed) would hang the read, and a service
+                # starting then, for good. Bounded, and asked again on a fresh consumer.
+                res = await asyncio.wait_for(obs.get(token(name)), self.snapshot_timeout_s)
+                return res.data
+            except (NotFoundError, ObjectNotFoundError):
+                return None
+            except TimeoutError:
+                log.warning("snapshot_read_timeout", name=name, attempt=attempt + 1)
+        raise TimeoutError(f"snapshot {name!r}: no answer from the object store in 3 x {self.snapshot_timeout_s:g} s")
 
     async def dead_letters(self) -> list[DeadLetter]:
         info = await self.js.stream_info(self.dlq_stream)

@@ -154,7 +154,7 @@ class Tail:
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
-                await self.poll()
+                await asyncio.wait_for(self.poll(), 30)
             except Exception as exc:  # noqa: BLE001 - a server lost mid-read: read again
                 self.errors += 1
                 log.debug("tail_retry", error=f"{type(exc).__name__}: {exc}")
@@ -375,7 +375,11 @@ class Stack:
             self.supervise()
             if self._tasks and self._tasks[0].done():
                 self._tasks[0].result()  # the load generator failed: say why
-            if await pred():
+            try:  # a check that hangs (a reply lost with a killed server) is a "not yet"
+                ok = await asyncio.wait_for(pred(), 15)
+            except TimeoutError:
+                ok = False
+            if ok:
                 return time.monotonic()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"timed out after {timeout_s:g} s waiting for {what}")
@@ -463,7 +467,7 @@ def corrupt_snapshot(kind: str) -> Callable[[Stack, ScenarioResult], Awaitable[N
         stack.kill(kind)
         data = bytearray(await stack.bus.get_snapshot(kind))
         data[len(data) // 2] ^= 0x04  # one bit, in the middle of the sealed body
-        await stack.bus.put_snapshot(kind, bytes(data))
+        await asyncio.wait_for(stack.bus.put_snapshot(kind, bytes(data)), 30)
         offset = stack.log_size(kind)
         stack.spawn(kind)
         res.recover_s = await _recover(stack, t, head)
@@ -731,13 +735,14 @@ async def run_chaos(*, quick: bool = False, only: list[str] | None = None, workd
         wanted = set(stack.load.requests())
 
         async def settled() -> bool:
+            if stack.tail.cursor < head:
+                return False  # the harness's copy of the stream is not complete yet
             decided = acting_route_counts(stack.tail.deliveries)
             return await stack.caught_up(head) and all(decided[r] for r in wanted)
 
         with contextlib.suppress(TimeoutError):
             await stack.wait(settled, 30, "every request decided")
         results[-1].window = (results[-1].window[0], head)
-        await stack.tail.poll()
         rcs = await stack.stop_services()
         stack.procs.clear()
         stream = [d for d in stack.tail.deliveries if d.seq <= head]
