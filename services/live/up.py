@@ -360,7 +360,12 @@ class Up:
             log.info(msg, **kw)
 
     def env(self) -> dict[str, str]:
-        return child_env()
+        env = child_env()
+        if self.nats is not None and self.nats.accounts:
+            # each child's account comes from its --nats-credentials file, nothing else: an
+            # EI_NATS_* of the user's shell (a token, another user) must not ride along
+            env = {k: v for k, v in env.items() if not k.startswith("EI_NATS_")}
+        return env
 
     async def run(self) -> int:
         from services.bus import NatsBus

@@ -85,6 +85,8 @@ def test_every_child_gets_exactly_its_own_account(tmp_path):
         i = c.cmd.index("--nats-credentials")
         assert c.cmd[i + 1] == str(files[c.name]) and c.cmd.count("--nats-credentials") == 1
     assert urls["credentials"] == str(tmp_path)
+    insecure, urls = plan_children(args, "nats://x:1", tmp_path, tmp_path / "run.duckdb", None)  # --insecure
+    assert not any("--nats-credentials" in c.cmd for c in insecure) and "credentials" not in urls
     router = next(s for s in account_specs(args) if s.name == "router")
     assert router.components == ("router.evolving",)  # its anomalies' component, from the plug-in
 
