@@ -129,7 +129,8 @@ class KvFetched(Event, frozen=True, kw_only=True, gc=False):
 
 # --------------------------------------------------------------------------- engine facts
 class NodeRegistered(Event, frozen=True, kw_only=True, gc=False):
-    """An engine joined the partition with its role and capacities."""
+    """An engine joined the partition with its role and capacities. ``transfer_endpoint`` is
+    where peers read and write its KV bytes (empty: the node moves no bytes)."""
 
     node: NodeId
     role: Role
@@ -140,6 +141,9 @@ class NodeRegistered(Event, frozen=True, kw_only=True, gc=False):
     max_running_requests: int = 256
     t_fwd: float = 1.0  # tokens each request feeds per decode iteration (>1 with speculation)
     profile: str = ""
+    # Where peers reach this node's KV bytes (``--kv-bytes``: engine/kvplane.py), e.g.
+    # ``"mooncake://127.0.0.1:15578;ctl=127.0.0.1:40123"``; empty when the node moves no bytes.
+    transfer_endpoint: str = ""
 
 
 class NodeHeartbeat(Event, frozen=True, kw_only=True, gc=False):

@@ -16,7 +16,7 @@ import duckdb
 from services.cli import main
 
 PINNED_EVENTS = 22185
-PINNED_DIGEST = "5618c9f1d2d82227b6a41627cabdf0bc0691ede11d8dbd849ca6922a49399a4c"
+PINNED_DIGEST = "a2f23bdbdb859baee929ab2707f7ef13bc956d83023f21d79f29c7e8e6748e3e"
 
 
 def log_digest(path: str) -> tuple[int, str]:
