@@ -70,6 +70,9 @@ class KvBytes:
         self.slots = SlotAllocator(self.pool.num_slots)
         self.slot_of: dict[int, int] = {}
         self.checksum_of: dict[int, int] = {}
+        self.pending: dict[int, int] = {}  # block -> slot whose bytes are still on their way
+        self._holds: dict[int, int] = {}  # slot -> holders (a peer's lease, a transfer in flight)
+        self._free_later: set[int] = set()  # dropped slots still held: freed on the last release
 
     # -------------------------------------------------------------- events of our own pool
     def tap(self, emit: Callable[[Event], None]) -> Callable[[Event], None]:
@@ -94,14 +97,82 @@ class KvBytes:
 
     def _drop(self, blocks: Sequence[int]) -> None:
         gone = [b for b in dict.fromkeys(blocks) if b in self.slot_of]
-        self.slots.free([self.slot_of.pop(b) for b in gone])
+        self._free([self.slot_of.pop(b) for b in gone])
         for b in gone:
-            del self.checksum_of[b]
+            self.checksum_of.pop(b, None)
+            self.pending.pop(b, None)
+
+    # -------------------------------------------------------------- holds and pending blocks
+    def _free(self, slots: Sequence[int]) -> None:
+        """Free ``slots`` now, or on their last release while something holds them (a peer
+        reading them, a transfer writing them): a held slot is never handed out again."""
+        now = [s for s in slots if s not in self._holds]
+        self._free_later.update(s for s in slots if s in self._holds)
+        self.slots.free(now)
+
+    def hold(self, slots: Sequence[int]) -> None:
+        for s in slots:
+            self._holds[s] = self._holds.get(s, 0) + 1
+
+    def release(self, slots: Sequence[int]) -> None:
+        for s in slots:
+            n = self._holds[s] - 1
+            if n:
+                self._holds[s] = n
+                continue
+            del self._holds[s]
+            if s in self._free_later:
+                self._free_later.discard(s)
+                self.slots.free([s])
+
+    @property
+    def held_slots(self) -> int:
+        return len(self._holds)
+
+    def has_bytes(self, block: int) -> bool:
+        """Whether ``block``'s bytes are here and verified (held and not still arriving)."""
+        return block in self.checksum_of
+
+    def expect(self, blocks: Sequence[int]) -> list[tuple[int, int]]:
+        """The pool now holds ``blocks`` whose bytes come later (a fetch or a P->D move in
+        flight): a held slot for each one not held yet, as ``(block, slot)``. ``land`` or
+        ``abandon`` each pair exactly once."""
+        new = [b for b in dict.fromkeys(blocks) if b not in self.slot_of]
+        pairs = list(zip(new, self.slots.alloc(len(new)), strict=True))
+        for block, slot in pairs:
+            self.slot_of[block] = slot
+            self.pending[block] = slot
+        self.hold([s for _, s in pairs])
+        return pairs
+
+    def land(self, block: int, slot: int, want: int, got: int) -> bool:
+        """The bytes of a pending block are in ``slot``: keep them if ``got`` (their checksum,
+        computed after the transfer) is ``want`` (the one that travelled with them). A block
+        evicted meanwhile just lets its slot go. Returns whether the checksum matched."""
+        ok = got == want
+        if self.pending.get(block) == slot:
+            del self.pending[block]
+            if ok:
+                self.checksum_of[block] = want
+            else:
+                del self.slot_of[block]
+                self._free([slot])
+        self.release([slot])
+        return ok
+
+    def abandon(self, block: int, slot: int) -> None:
+        """The bytes of a pending block will not come (the peer lost it): the block stays in
+        the pool without bytes (``has_bytes`` is False; a peer asking for it is told so)."""
+        if self.pending.get(block) == slot:
+            del self.pending[block]
+            del self.slot_of[block]
+            self._free([slot])
+        self.release([slot])
 
     # -------------------------------------------------------------- between nodes
     def export(self, blocks: Sequence[int]) -> tuple[list[int], list[int]]:
         """Slots and checksums of ``blocks`` (what the owner answers a fetch request with)."""
-        missing = [b for b in blocks if b not in self.slot_of]
+        missing = [b for b in blocks if b not in self.checksum_of]
         if missing:
             raise TransferError(f"{self.node}/{self.tier} does not hold block {missing[0]:#x}")
         return [self.slot_of[b] for b in blocks], [self.checksum_of[b] for b in blocks]

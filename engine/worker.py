@@ -34,6 +34,12 @@ the order of a request's life on this node)
    SGLang's are the streamed text. ``backend.progress()`` runs every ``--token-interval-s``.
 6. ``NodeHeartbeat`` every ``--heartbeat-s`` (1 s). SIGTERM/SIGINT: ``NodeRemoved(reason=
    "shutdown")``, flush, exit 0.
+7. ``--kv-bytes`` (sim backend): real bytes behind the node's KV pool (engine/kvplane.py). Every
+   KV fact the node emits goes through the data plane before it is published: stores write
+   bytes, a ``KvFetched`` reads the blocks from the peer's host pool, a ``KvMoved`` has the
+   prefill node write them into this node's slots (Mooncake over TCP between processes), every
+   checksum verified. ``NodeRegistered.transfer_endpoint`` tells peers where; the counts are
+   logged (``kv_bytes`` every 10 heartbeats, ``kv_bytes_summary`` at stop).
 
 Time: the node model's clock is ``epoch + (wall - epoch) * time_scale`` (seconds), the clock
 the planner's ticker and the gateway use with the same ``--clock-epoch`` (default: the
@@ -57,6 +63,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from engine.backend import DecodeJob, EngineBackend, PrefillJob
 from engine.profiles import Profile, load_profile
@@ -76,6 +83,9 @@ from services.core import Sequenced
 from services.directory.core import DirectoryCore
 from services.directory.eviction import POLICIES
 from services.logging import get_logger
+
+if TYPE_CHECKING:  # torch is imported only with --kv-bytes
+    from engine.kvplane import KvBytesConfig
 
 log = get_logger("worker")
 ROLES = ("collocated", "prefill", "decode")
@@ -183,7 +193,8 @@ class EngineWorker:
     def __init__(self, bus, tokens, node: str, role: Role, profile: Profile, *, seed: int = 0,
                  time_scale: float = 1.0, fetch_mode: str = "async", eviction: str = "count_aware",
                  heartbeat_s: float = 1.0, token_interval_s: float = 0.2, clock_epoch: float | None = None,
-                 epoch: float | None = None, backend: str | Callable = "sim", snapshot_every: int = 2000) -> None:
+                 epoch: float | None = None, backend: str | Callable = "sim", snapshot_every: int = 2000,
+                 kv_bytes: KvBytesConfig | None = None) -> None:
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         self.bus, self.tokens = bus, tokens
@@ -221,6 +232,16 @@ class EngineWorker:
         self.publish_retries = 0  # publications that failed at least once and were tried again
         self._boot = uuid.uuid4().hex[:12]  # message ids of this run: a restart never reuses one
         self._msg_seq = 0
+        self.kv = None  # engine.kvplane.KvDataPlane with --kv-bytes
+        if kv_bytes is not None:
+            if self.backend.name != "sim":
+                raise ValueError("--kv-bytes runs with the sim backend (SGLang moves its own KV)")
+            from engine.kvplane import KvDataPlane
+            from engine.transfer import make_transfer
+
+            transfer = make_transfer(kv_bytes.transfer, node=node, host=kv_bytes.host, fabric=kv_bytes.fabric)
+            self.kv = KvDataPlane(node, profile.block_tokens, profile.l1_capacity_tokens // profile.block_tokens,
+                                  profile.l2_capacity_tokens // profile.block_tokens, kv_bytes, transfer)
 
     # ------------------------------------------------------------------ view
     @property
@@ -234,6 +255,8 @@ class EngineWorker:
 
     # ------------------------------------------------------------------ WorkerHost callbacks
     def _on_emit(self, event: Event) -> None:
+        if self.kv is not None:
+            self.kv.observe(event)  # bytes follow the fact before peers learn of it
         self.view.apply(event)
         self._unechoed += 1
         self._out.put_nowait(event)
@@ -260,6 +283,7 @@ class EngineWorker:
     def fold(self, seq: int, event: Event) -> None:
         """One delivery from the stream (in order). Up to the start head: the view only."""
         own_echo = seq > self._head and getattr(event, "src", None) == self.src
+        self._peers_of(seq, event)
         if own_echo:
             self._unechoed = max(0, self._unechoed - 1)
         else:
@@ -277,6 +301,15 @@ class EngineWorker:
             self.backend.order_switch(event.to_role, event.mechanism)
         elif t is FirstToken and event.node != self.node_id and event.request in self._decode_for:
             self._admit_decode(event.request)
+
+    def _peers_of(self, seq: int, event: Event) -> None:
+        if self.kv is None:
+            return
+        t = type(event)
+        if t is NodeRegistered:
+            self.kv.peer_registered(event.node, event.transfer_endpoint)
+        elif t is NodeRemoved:
+            self.kv.peer_removed(event.node)
 
     def _on_route(self, e: RouteDecided) -> None:
         rid = e.request
@@ -410,9 +443,13 @@ class EngineWorker:
                     await self.snapshot()
 
     async def _heartbeats(self) -> None:
+        beats = 0
         while True:
             await asyncio.sleep(self.heartbeat_s)
             self._publish_own(self.heartbeat())
+            beats += 1
+            if self.kv is not None and beats % 10 == 0:
+                log.info("kv_bytes", node=self.node_id, **self.kv.summary())
 
     async def _progress(self) -> None:
         while True:
@@ -432,11 +469,14 @@ class EngineWorker:
                               gpus=p.gpus_per_node, l1_capacity_tokens=p.l1_capacity_tokens,
                               l2_capacity_tokens=p.l2_capacity_tokens,
                               prefill_token_budget=p.prefill_token_budget, max_running_requests=p.max_running,
-                              t_fwd=p.t_fwd, profile=p.name)
+                              t_fwd=p.t_fwd, profile=p.name,
+                              transfer_endpoint=self.kv.endpoint if self.kv is not None else "")
 
     async def start(self) -> None:
         """Start the backend, restore snapshot + tail, register, and start serving."""
         await self.backend.start()
+        if self.kv is not None:
+            await self.kv.start()
         await self.load_snapshot()
         self._head = await self.bus.last_seq()
         caught_up = asyncio.Event()
@@ -468,6 +508,11 @@ class EngineWorker:
                 break
             await asyncio.sleep(0.02)
         await self.snapshot()
+        if self.kv is not None:
+            await self.kv.drain()
+            summary = self.kv.summary()
+            (log.error if summary["failed"] else log.info)("kv_bytes_summary", node=self.node_id, **summary)
+            await self.kv.close()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -534,6 +579,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between token progress reports to the gateway")
     p.add_argument("--snapshot-every", type=int, default=2000,
                    help="folded events between snapshots of the worker's view (engine-<node>)")
+    p.add_argument("--kv-bytes", action="store_true",
+                   help="sim: real bytes behind the KV pool, moved between workers with Mooncake over TCP and "
+                        "checksum-verified (engine/kvplane.py, docs/kernels.md)")
+    p.add_argument("--kv-block-bytes", type=int, default=1024,
+                   help="--kv-bytes: bytes per KV block (a multiple of 2 x block_tokens; default 1024)")
+    p.add_argument("--transfer", choices=("mooncake",), default="mooncake",
+                   help="--kv-bytes: transfer backend between worker processes (loopback is in-process only)")
+    p.add_argument("--transfer-host", default="127.0.0.1",
+                   help="--kv-bytes: address the transfer engine and the KV control channel listen on")
     p.add_argument("--log-format", choices=["console", "json"], default=None,
                    help="log lines as console text or JSON (default: the services' setting)")
     p.add_argument("--log-level", default=None, help="debug, info, warning or error (default info)")
@@ -547,6 +601,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def run(args: argparse.Namespace) -> int:
     from engine.backend import BackendUnavailable
+    from engine.transfer import TransferError
+    from kernels.layout import KvLayoutError
     from services.bus import NatsBus
     from services.gateway.tokens import NatsTokens
 
@@ -574,11 +630,21 @@ async def run(args: argparse.Namespace) -> int:
     bus = await NatsBus.connect(args.nats_url, partition=args.partition, name=f"engine-{args.node}",
                                 credentials=None if creds.empty else creds,
                                 settings=StreamSettings(replicas=args.stream_replicas))
-    worker = EngineWorker(bus, NatsTokens(bus.nc, args.partition), args.node, args.role, profile,
-                          seed=args.seed, time_scale=args.time_scale, fetch_mode=args.fetch_mode,
-                          eviction=args.eviction, heartbeat_s=args.heartbeat_s,
-                          token_interval_s=args.token_interval_s, clock_epoch=args.clock_epoch,
-                          backend=backend, snapshot_every=args.snapshot_every)
+    kv = None
+    if args.kv_bytes:
+        from engine.kvplane import KvBytesConfig
+
+        kv = KvBytesConfig(block_bytes=args.kv_block_bytes, transfer=args.transfer, host=args.transfer_host)
+    try:
+        worker = EngineWorker(bus, NatsTokens(bus.nc, args.partition), args.node, args.role, profile,
+                              seed=args.seed, time_scale=args.time_scale, fetch_mode=args.fetch_mode,
+                              eviction=args.eviction, heartbeat_s=args.heartbeat_s,
+                              token_interval_s=args.token_interval_s, clock_epoch=args.clock_epoch,
+                              backend=backend, snapshot_every=args.snapshot_every, kv_bytes=kv)
+    except (TransferError, KvLayoutError) as exc:
+        print(f"engine.worker: --kv-bytes: {exc}", file=sys.stderr)
+        await bus.close()
+        return 2
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -595,6 +661,23 @@ async def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _kv_bytes_preflight(args: argparse.Namespace) -> str:
+    """Why ``--kv-bytes`` cannot run here (one line), before touching the bus; "" when it can."""
+    if args.backend != "sim":
+        return "--kv-bytes runs with --backend sim (SGLang moves its own KV)"
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return "--kv-bytes needs torch (pip install -e '.[kv]')"
+    if args.transfer == "mooncake":
+        from engine.transfer.mooncake import mooncake_available
+
+        ok, why = mooncake_available()
+        if not ok:
+            return f"--kv-bytes moves bytes between worker processes with Mooncake, which is missing: {why}"
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     from services.logging import configure_logging
 
@@ -605,6 +688,11 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, KeyError) as exc:
         print(f"engine.worker: bad --profile: {exc}", file=sys.stderr)
         return 2
+    if args.kv_bytes:
+        err = _kv_bytes_preflight(args)
+        if err:
+            print(f"engine.worker: {err}", file=sys.stderr)
+            return 2
     if args.backend == "sglang":
         from engine.backends.sglang.options import check_args
 
