@@ -45,6 +45,11 @@ def stable_hash(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "big")
 
 
+def session_index(root_branch: str, partitions: int) -> int:
+    """The partition index of a session among ``partitions``, by its root branch id."""
+    return stable_hash(root_branch) % partitions
+
+
 def block_sizes(total: int, parts: int) -> list[int]:
     """``total`` items in ``parts`` contiguous blocks, sizes differing by at most one (the first
     ``total % parts`` blocks take one more)."""
@@ -152,7 +157,7 @@ class PartitionMap:
 
     def session_index(self, root_branch: str) -> int:
         """The partition index of a session, by its root branch id (stable hash)."""
-        return stable_hash(root_branch) % len(self.names)
+        return session_index(root_branch, len(self.names))
 
     def session_partition(self, root_branch: str) -> str:
         return self.names[self.session_index(root_branch)]

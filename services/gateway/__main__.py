@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="NATS server URL or a comma-separated list of a cluster's servers "
                         "(default: env EI_NATS_URL, else an embedded nats-server)")
     p.add_argument("--partition", default=os.environ.get("EI_PARTITION") or "default")
+    p.add_argument("--partitions", default=None, metavar="P0,P1,...",
+                   help="serve several partitions: each session goes to one by a stable hash of its root "
+                        "branch id, on that partition's stream (docs/partitions.md; default: --partition alone)")
     p.add_argument("--stream-replicas", type=int, default=None,
                    help="replicas of the partition's stream (default: env EI_STREAM_REPLICAS, else 1)")
     p.add_argument("--model", default="evolving-sim", help="model name served by /v1/models")
@@ -145,7 +148,20 @@ async def serve(args: argparse.Namespace) -> int:
                         default_max_tokens=args.default_max_tokens, tokenizer=args.tokenizer, src=args.src,
                         time_scale=args.time_scale, clock_epoch=args.clock_epoch,
                         context_length=context_length, max_body_bytes=max_body, api_keys=keys)
-    gw = Gateway(bus, NatsTokens(bus.nc, args.partition), cfg)
+    lanes, extra = None, []
+    names = [n.strip() for n in (args.partitions or "").split(",") if n.strip()]
+    if len(names) > 1:
+        if len(set(names)) != len(names):
+            raise SystemExit(f"python -m services.gateway: --partitions repeats a name: {args.partitions}")
+        lanes = {}
+        for name in names:
+            b = bus if name == args.partition else await NatsBus.connect(
+                url, partition=name, name=f"gateway-{args.src}-{name}", credentials=None if creds.empty else creds,
+                settings=StreamSettings(replicas=replicas))
+            if b is not bus:
+                extra.append(b)
+            lanes[name] = (b, NatsTokens(b.nc, name))
+    gw = Gateway(bus, NatsTokens(bus.nc, args.partition), cfg, lanes=lanes)
     runner = web.AppRunner(gw.make_app())
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
@@ -160,6 +176,8 @@ async def serve(args: argparse.Namespace) -> int:
     await stop.wait()
     log.info("gateway_stopping")
     await runner.cleanup()
+    for b in extra:
+        await b.close()
     await bus.close()
     if embedded is not None:
         embedded.stop()

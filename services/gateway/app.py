@@ -67,6 +67,7 @@ from services.gateway.headers import (
 from services.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from services.gateway.tokenizer import TemplateError, load_tokenizer, render_chat
 from services.logging import get_logger
+from services.partitions import session_index
 
 log = get_logger("gateway")
 
@@ -174,16 +175,21 @@ class Gateway:
     MemoryTokens; ``clock`` gives event timestamps (seconds)."""
 
     def __init__(self, bus: Bus, tokens, config: GatewayConfig | None = None,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, lanes: dict[str, tuple[Bus, object]] | None = None) -> None:
         self.bus, self.tokens = bus, tokens
         self.cfg = config or GatewayConfig()
+        # partition -> (bus, tokens) of that partition (docs/partitions.md); one partition by default.
+        # A session goes to partition session_index(root branch, N) of the lanes, in order.
+        self.lanes: dict[str, tuple[Bus, object]] = dict(lanes) if lanes else {self.cfg.partition: (bus, tokens)}
+        self.partitions = tuple(self.lanes)
         self.clock = clock or scaled_clock(self.cfg.time_scale, self.cfg.clock_epoch)
         self.tokenizer, self.tokenizer_note = load_tokenizer(self.cfg.tokenizer)
         self.table = BranchTable(src=self.cfg.src)
         self.keys = ApiKeys(self.cfg.api_keys)
         self.in_flight = 0
         self.metrics = GatewayMetrics(lambda: len(self.table.open), lambda: self.in_flight)
-        self.watcher = RouteWatcher(bus, self.cfg.partition)
+        self.watchers = {p: RouteWatcher(b, p) for p, (b, _) in self.lanes.items()}
+        self.watcher = self.watchers[self.partitions[0]]
         self.instance = uuid.uuid4().hex[:8]
         self._ids = itertools.count(1)
 
@@ -204,13 +210,24 @@ class Gateway:
         return app
 
     async def _on_startup(self, _app) -> None:
-        await self.watcher.start()
-        log.info("gateway_ready", partition=self.cfg.partition, tokenizer=self.tokenizer_note,
+        for w in self.watchers.values():
+            await w.start()
+        log.info("gateway_ready", partition=",".join(self.partitions), tokenizer=self.tokenizer_note,
                  auth=f"{len(self.keys)} API key(s)" if self.keys.enabled else "off",
                  context_length=self.cfg.context_length, max_body_bytes=self.cfg.max_body_bytes)
 
     async def _on_cleanup(self, _app) -> None:
-        await self.watcher.stop()
+        for w in self.watchers.values():
+            await w.stop()
+
+    def partition_of(self, branch: str) -> str:
+        """The partition of ``branch``'s session: by its root branch id (the session the branch
+        table gave it; a branch it does not know is its own root), one partition: that one."""
+        if len(self.partitions) == 1:
+            return self.partitions[0]
+        st = self.table.open.get(branch)
+        root = st.session if st is not None else branch
+        return self.partitions[session_index(root, len(self.partitions))]
 
     def _admit(self, req: web.Request) -> None:
         """Checks made from the headers alone, before a byte of the body is read: the API key
@@ -297,7 +314,7 @@ class Gateway:
         a load balancer then stops sending requests that could only time out."""
         bus = self.bus_state()
         return web.json_response({"status": "ok" if bus["connected"] else "bus_unavailable",
-                                  "partition": self.cfg.partition,
+                                  "partition": self.cfg.partition, "partitions": list(self.partitions),
                                   "bus": bus, "tokenizer": self.tokenizer_note,
                                   "auth": self.keys.enabled, "context_length": self.cfg.context_length,
                                   "max_body_bytes": self.cfg.max_body_bytes,
@@ -325,10 +342,11 @@ class Gateway:
         ids = self.tokenizer.encode(creq.prompt) if isinstance(creq.prompt, str) else list(creq.prompt)
         return await self._serve(req, creq, model, ids, chat=False)
 
-    async def _publish(self, events: list[Event]) -> None:
+    async def _publish(self, events: list[Event], partition: str | None = None) -> None:
+        bus = self.bus if partition is None else self.lanes[partition][0]
         try:
             for e in events:
-                await self.bus.publish(e)
+                await bus.publish(e)
         except Exception as exc:  # noqa: BLE001 - any bus failure is a 503 to the client
             log.error("publish_failed", error=str(exc))
             raise ApiError(503, f"the event bus is unavailable: {exc}", None, "service_unavailable",
@@ -385,18 +403,20 @@ class Gateway:
             self.metrics.inc("ei_gateway_compactions_total", reason=adm.compaction)
         if adm.opened:
             self.metrics.inc("ei_gateway_branches_opened_total")
-        fut = self.watcher.expect(request_id)
-        tsub = await self.tokens.subscribe(request_id)
+        part = self.partition_of(branch)
+        watcher, tokens = self.watchers[part], self.lanes[part][1]
+        fut = watcher.expect(request_id)
+        tsub = await tokens.subscribe(request_id)
         self.in_flight += 1
         try:
-            await self._publish([*adm.before, adm.request])
+            await self._publish([*adm.before, adm.request], part)
             try:
                 route: RouteDecided = await asyncio.wait_for(fut, self.cfg.route_timeout_s)
             except TimeoutError:
                 self.metrics.inc("ei_gateway_route_timeouts_total")
                 raise ApiError(503, f"no RouteDecided for request {request_id!r} within "
                                f"{self.cfg.route_timeout_s:g} s: is the router of partition "
-                               f"{self.cfg.partition!r} running?", None, "service_unavailable",
+                               f"{part!r} running?", None, "service_unavailable",
                                code="route_timeout") from None
             meta = _Meta(request_id, branch, adm.request.version, route, len(ids), len(blocks), model, chat,
                          max_tokens, int(self.clock()), unapplied(r))
@@ -410,7 +430,7 @@ class Gateway:
             return await self._collect(tsub, meta, end_branch)
         finally:
             self.in_flight -= 1
-            self.watcher.forget(request_id)
+            watcher.forget(request_id)
             await tsub.close()
             await self._end_after(adm.end_after, branch)  # also after a failure; no-op if done
 
@@ -419,19 +439,21 @@ class Gateway:
         harness that reacts to the response never races the branch's end on the stream."""
         if not end_after:
             return
+        part = self.partition_of(branch)
         ended = self.table.end(branch, self.clock())
         if ended is not None:
             self.metrics.inc("ei_gateway_branches_ended_total")
             try:
-                await self._publish([ended])
+                await self._publish([ended], part)
             except ApiError:
                 pass  # already logged; the response is on its way
 
     async def _end_only(self, sig: BranchSignals, model: str, chat: bool) -> web.Response:
+        part = self.partition_of(sig.branch)
         ended = self.table.end(sig.branch, self.clock())
         if ended is not None:
             self.metrics.inc("ei_gateway_branches_ended_total")
-            await self._publish([ended])
+            await self._publish([ended], part)
         meta = _Meta("", sig.branch, 0, None, 0, 0, model, chat, 0, int(self.clock()), [])
         return web.json_response(meta.full_body("", 0, "stop", False), headers=meta.headers())
 
