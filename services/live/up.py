@@ -181,6 +181,9 @@ def add_up_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default=None, help="engine profile (engine.worker --profile)")
     p.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for every engine worker, e.g. --engine-arg=--fetch-mode=none")
+    p.add_argument("--kv-bytes", action="store_true",
+                   help="sim engines move real KV bytes (Mooncake over TCP, checksums verified; docs/kernels.md)")
+    p.add_argument("--kv-block-bytes", type=int, default=1024, help="with --kv-bytes: bytes per KV block")
     p.add_argument("--time-scale", type=float, default=1.0, help="engines' model seconds per wall second")
     p.add_argument("--gateway-port", type=int, default=8000, help="gateway HTTP port (0: a free port)")
     p.add_argument("--no-gateway", action="store_true")
@@ -314,6 +317,8 @@ def plan_children(args, url: str, run_dir: Path, db: Path,
         extra = ["--profile", args.profile] if args.profile else []
         if fake_ports:
             extra += _sglang_fake_args(i, role, fake_ports)
+        if args.kv_bytes:
+            extra += ["--kv-bytes", "--kv-block-bytes", str(args.kv_block_bytes)]
         children.append(Child(f"engine-n{i}", [py, "-m", "engine.worker", "--node", f"n{i}", "--role", role,
                                                *common, "--time-scale", str(args.time_scale), "--seed", str(i),
                                                *extra, *args.engine_arg], G_ENGINE, logs / f"engine-n{i}.log"))
