@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 
@@ -19,6 +20,7 @@ def _bench_directory(args: argparse.Namespace) -> int:
         min_requests=args.min_requests,
         min_blocks=args.min_blocks,
         repeats=args.repeats,
+        sglang_python=args.sglang_python,
     )
     print(json.dumps(result, indent=2, sort_keys=True) if args.json else format_report(result))
     return 0
@@ -31,6 +33,9 @@ def _register_directory(bench) -> None:
     p.add_argument("--min-requests", type=int, default=3000)
     p.add_argument("--min-blocks", type=int, default=5_000_000)
     p.add_argument("--repeats", type=int, default=3, help="alternating runs; the best of each is kept")
+    p.add_argument("--sglang-python", default=os.environ.get("EI_SGLANG_PYTHON"),
+                   help="interpreter where SGLang's modules import (../shared/tools/sglang-cpu): adds SGLang's "
+                        "RadixCache match+insert of the same requests as a baseline (env EI_SGLANG_PYTHON)")
     p.set_defaults(func=_bench_directory)
 
 

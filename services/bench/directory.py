@@ -25,6 +25,9 @@ import gc
 import gzip
 import json
 import math
+import os
+import subprocess
+import tempfile
 import time
 import tracemalloc
 from dataclasses import dataclass, field
@@ -56,6 +59,8 @@ FIXTURE_TRACES = _REPO / "tests" / "fixtures" / "traces" / "weka-claude-code"
 DEFAULT_TRACES = next((p for p in (_REPO / ".." / "shared" / "traces" / "weka-claude-code-calibration",
                                    _REPO / ".." / "shared" / "traces" / "weka-claude-code") if p.is_dir()),
                       FIXTURE_TRACES)
+#: What makes SGLang's modules import on a CPU-only machine (../shared/tools/sglang-cpu/README.md).
+SGLANG_CPU_TOOLS = _REPO / ".." / "shared" / "tools" / "sglang-cpu"
 PREFILL_NODES = [f"p{i}" for i in range(4)]
 DECODE_NODES = [f"d{i}" for i in range(5)]
 
@@ -185,20 +190,21 @@ def build_stream(w: Workload) -> tuple[list[Event], list[tuple[list[int], list[E
     return setup, steps
 
 
-def _fold_directory(setup: list[Event], steps) -> tuple[DirectoryCore, float]:
+def _fold_directory(setup: list[Event], steps) -> tuple[DirectoryCore, float, float]:
+    """The timed fold: ``(directory, wall s, CPU s of the thread)``."""
     d = DirectoryCore()
     for e in setup:
         d.apply(e)
     apply, lookup = d.apply, d.lookup
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     for blocks, evs, branch in steps:
         lookup(blocks, branch)  # the router's lookup of the prompt, then the request's events
         for e in evs:
             apply(e)
-    return d, time.perf_counter() - t0
+    return d, time.perf_counter() - t0, time.thread_time() - c0
 
 
-def _fold_bare(steps, insert_all: bool = True) -> tuple[dict, float]:
+def _fold_bare(steps, insert_all: bool = True) -> tuple[dict, float, float]:
     """Baseline: one dict ``block -> holder-node bit mask``, no tiers, no counts, no branches.
 
     Per request: longest-prefix match (probe until the first block no node holds), then
@@ -206,7 +212,7 @@ def _fold_bare(steps, insert_all: bool = True) -> tuple[dict, float]:
     a radix-tree insert of the sequence does, and what the directory learns from the stores);
     without it only the blocks missing from the table are inserted."""
     table: dict[int, int] = {}
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     for i, (blocks, _, _) in enumerate(steps):
         get = table.get
         k = 0
@@ -221,7 +227,7 @@ def _fold_bare(steps, insert_all: bool = True) -> tuple[dict, float]:
         else:
             for b in blocks[k:]:
                 table[b] = bit
-    return table, time.perf_counter() - t0
+    return table, time.perf_counter() - t0, time.thread_time() - c0
 
 
 def _lookup_latency(d: DirectoryCore, steps, n: int = 1000, trials: int = 3) -> dict:
@@ -252,23 +258,50 @@ def _lookup_latency(d: DirectoryCore, steps, n: int = 1000, trials: int = 3) -> 
 def _memory(setup, steps) -> tuple[int, int, int, int]:
     gc.collect()
     tracemalloc.start()
-    d, _ = _fold_directory(setup, steps)
+    d, _, _ = _fold_directory(setup, steps)
     dir_bytes = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
     copies = int(np.bitwise_count(d._t.held[: d._t.size]).sum())
     del d
     gc.collect()
     tracemalloc.start()
-    table, _ = _fold_bare(steps)
+    table, _, _ = _fold_bare(steps)
     bare_bytes = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
     return dir_bytes, bare_bytes, copies, len(table)
 
 
+def _sglang_input(steps, path: Path) -> None:
+    """The requests' block lists for :mod:`services.bench.sglang_radix`, renumbered densely."""
+    dense: dict[int, int] = {}
+    ids = np.fromiter((dense.setdefault(b, len(dense)) for blocks, _, _ in steps for b in blocks), dtype=np.int64)
+    offsets = np.cumsum([0] + [len(blocks) for blocks, _, _ in steps])
+    np.savez(path, ids=ids, offsets=offsets)
+
+
+def _fold_sglang(python: str, path: Path) -> tuple[float, float]:
+    """SGLang's RadixCache (match + insert per request) under its own interpreter: (wall s, CPU s)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SGLANG_CPU_TOOLS),
+                                                                      os.environ.get("PYTHONPATH", "")]))}
+    proc = subprocess.run([python, str(Path(__file__).with_name("sglang_radix.py")), str(path)],
+                          capture_output=True, text=True, env=env, check=False)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"SGLang radix baseline failed under {python}: {tail}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out["wall_s"], out["cpu_s"]
+
+
 def run(trace_dir: Path = DEFAULT_TRACES, min_requests: int = 3000, min_blocks: int = 5_000_000,
-        repeats: int = 3) -> dict:
+        repeats: int = 3, sglang_python: str | None = None) -> dict:
     w = load_workload(trace_dir, min_requests, min_blocks)
     setup, steps = build_stream(w)
+    tmp = None
+    if sglang_python:
+        tmp = tempfile.TemporaryDirectory(prefix="bench-directory-")
+        sgl_input = Path(tmp.name) / "requests.npz"
+        _sglang_input(steps, sgl_input)
+    best_sgl = cpu_sgl = float("inf")
     # the bench holds the whole stream (~60 k events, millions of ints) in memory; a live
     # consumer does not. Freeze it out of the cyclic GC so collections do not scan it inside
     # the timed folds and lookups (both the directory and the baselines benefit alike).
@@ -276,18 +309,26 @@ def run(trace_dir: Path = DEFAULT_TRACES, min_requests: int = 3000, min_blocks: 
     gc.freeze()
     n_blocks = w.n_blocks
     best_dir = best_bare = best_missing = float("inf")
-    ratios = []
+    cpu_dir = cpu_bare = float("inf")
+    ratios, cpu_ratios = [], []
     d = None
     for _ in range(repeats):  # alternate; keep the best of each and the median paired ratio
         gc.collect()
-        d, t_dir = _fold_directory(setup, steps)
+        d, t_dir, c_dir = _fold_directory(setup, steps)
         gc.collect()
-        _, t_bare = _fold_bare(steps)
+        _, t_bare, c_bare = _fold_bare(steps)
         gc.collect()
-        _, t_missing = _fold_bare(steps, insert_all=False)
+        _, t_missing, _ = _fold_bare(steps, insert_all=False)
         best_dir, best_bare = min(best_dir, t_dir), min(best_bare, t_bare)
+        cpu_dir, cpu_bare = min(cpu_dir, c_dir), min(cpu_bare, c_bare)
         best_missing = min(best_missing, t_missing)
         ratios.append(t_bare / t_dir)
+        cpu_ratios.append(c_bare / c_dir)
+        if sglang_python:
+            t_sgl, c_sgl = _fold_sglang(sglang_python, sgl_input)
+            best_sgl, cpu_sgl = min(best_sgl, t_sgl), min(cpu_sgl, c_sgl)
+    if tmp is not None:
+        tmp.cleanup()
     lat = _lookup_latency(d, steps)
     gc.unfreeze()
     dir_bytes, bare_bytes, copies, unique = _memory(setup, steps)
@@ -301,6 +342,10 @@ def run(trace_dir: Path = DEFAULT_TRACES, min_requests: int = 3000, min_blocks: 
         "bare_dict_blocks_per_s": n_blocks / best_bare,
         "ratio": best_bare / best_dir,
         "ratio_median_paired": sorted(ratios)[len(ratios) // 2],
+        "directory_blocks_per_cpu_s": n_blocks / cpu_dir,
+        "bare_dict_blocks_per_cpu_s": n_blocks / cpu_bare,
+        "ratio_cpu": cpu_bare / cpu_dir,
+        "ratio_cpu_median_paired": sorted(cpu_ratios)[len(cpu_ratios) // 2],
         "bare_dict_missing_only_blocks_per_s": n_blocks / best_missing,
         "ratio_missing_only": best_missing / best_dir,
         "lookup_1000_p50_ms": lat["p50_ms"],
@@ -311,6 +356,8 @@ def run(trace_dir: Path = DEFAULT_TRACES, min_requests: int = 3000, min_blocks: 
         "directory_bytes_per_million_unique_blocks": dir_bytes / max(1, unique) * 1e6,
         "bare_dict_bytes_per_million_blocks": bare_bytes / max(1, unique) * 1e6,
         "anomalies": d.anomalies() if d else {},
+        "sglang_radix_blocks_per_s": n_blocks / best_sgl if sglang_python else None,
+        "sglang_radix_blocks_per_cpu_s": n_blocks / cpu_sgl if sglang_python else None,
         "repeats": repeats,
     }
 
@@ -322,6 +369,15 @@ def format_report(r: dict) -> str:
     speed = (f"{'lookup+update [M prompt blocks/s]':40}{r['directory_blocks_per_s'] / 1e6:12.2f}"
              f"{r['bare_dict_blocks_per_s'] / 1e6:12.2f}{r['ratio']:8.2f}"
              f"   (median paired ratio {r['ratio_median_paired']:.2f})")
+    cpu = (f"{'  same, CPU time of the thread':40}{r['directory_blocks_per_cpu_s'] / 1e6:12.2f}"
+           f"{r['bare_dict_blocks_per_cpu_s'] / 1e6:12.2f}{r['ratio_cpu']:8.2f}"
+           f"   (median paired ratio {r['ratio_cpu_median_paired']:.2f})")
+    sgl = ""
+    if r.get("sglang_radix_blocks_per_s"):
+        sgl = (f"{'  vs SGLang RadixCache match+insert':40}{'':12}{r['sglang_radix_blocks_per_s'] / 1e6:12.2f}"
+               f"{r['directory_blocks_per_s'] / r['sglang_radix_blocks_per_s']:8.2f}"
+               f"   (CPU: {r['sglang_radix_blocks_per_cpu_s'] / 1e6:.2f} M/s, directory x"
+               f"{r['directory_blocks_per_cpu_s'] / r['sglang_radix_blocks_per_cpu_s']:.2f})")
     missing = (f"{'  vs bare dict inserting missing only':40}{'':12}"
                f"{r['bare_dict_missing_only_blocks_per_s'] / 1e6:12.2f}{r['ratio_missing_only']:8.2f}")
     latency = (f"{'lookup 1,000 blocks p50 / p99 [ms]':40}{r['lookup_1000_p50_ms']:6.3f} / "
@@ -335,6 +391,8 @@ def format_report(r: dict) -> str:
         head,
         f"{'':40}{'directory':>12}{'bare dict':>12}{'ratio':>8}",
         speed,
+        cpu,
+        *([sgl] if sgl else []),
         missing,
         latency,
         memory,

@@ -58,3 +58,18 @@ def test_bench_cli_prints_json_figures(capsys):
         assert out[key] > 0
     assert out["anomalies"] == {}
     assert "ratio" in bench.format_report(out)
+
+
+def test_sglang_input_renumbers_blocks_densely_per_request(tmp_path):
+    import numpy as np
+
+    steps = [([2**63 + 5, 7, 9], [], "a"), ([2**63 + 5, 7, 11, 13], [], "a")]
+    bench._sglang_input(steps, tmp_path / "r.npz")
+    data = np.load(tmp_path / "r.npz")
+    assert data["ids"].tolist() == [0, 1, 2, 0, 1, 3, 4] and data["offsets"].tolist() == [0, 3, 7]
+
+
+def test_a_broken_sglang_interpreter_is_one_clear_error(tmp_path):
+    bench._sglang_input([([1, 2], [], "a")], tmp_path / "r.npz")
+    with pytest.raises(RuntimeError, match="SGLang radix baseline failed under /bin/false"):
+        bench._fold_sglang("/bin/false", tmp_path / "r.npz")

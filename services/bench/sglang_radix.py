@@ -1,0 +1,42 @@
+"""SGLang's Python radix tree on the directory bench's requests (run by ``evolving bench
+directory --sglang-python``, under SGLang's own interpreter; never imported by the project or
+its tests).
+
+Input: an ``.npz`` with ``ids`` (every request's block ids, densely renumbered to int64 so they
+fit SGLang's token tensors) and ``offsets`` (request boundaries). Per request, as the bare-dict
+baseline does: ``match_prefix`` of the block list, then ``insert`` of it (page size 1: one tree
+token per block). Prints ``{"wall_s": ..., "cpu_s": ..., "requests": ...}`` as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from array import array
+
+
+def main(path: str) -> int:
+    import numpy as np
+    import torch
+    from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
+
+    data = np.load(path)
+    ids, offsets = data["ids"], data["offsets"]
+    values = torch.arange(len(ids), dtype=torch.int64)  # stand-in KV indices, sliced per request
+    keys = [array("q", ids[a:b].tolist()) for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
+    tree = RadixCache(CacheInitParams(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=None,
+                                      page_size=1))
+    t0, c0 = time.perf_counter(), time.thread_time()
+    for key, a in zip(keys, offsets[:-1].tolist()):
+        tree.match_prefix(MatchPrefixParams(key=RadixKey(key)))
+        tree.insert(InsertParams(key=RadixKey(key), value=values[a:a + len(key)]))
+    wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+    print(json.dumps({"wall_s": wall, "cpu_s": cpu, "requests": len(keys)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
