@@ -807,6 +807,8 @@ def _cmd(args) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     err = Console(stderr=True)
+    # SIGTERM stops the run like Ctrl-C: the finally blocks stop every child (nothing left behind)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     # nats-py logs every refused reconnect with a traceback: expected while a server is down
     logging.getLogger("nats").setLevel(logging.CRITICAL)
     only = [s.strip() for s in args.only.split(",")] if args.only else None
@@ -824,6 +826,9 @@ def _cmd(args) -> int:
     except ValueError as exc:
         err.print(f"evolving chaos: {exc}")
         return 2
+    except KeyboardInterrupt:  # the stack was stopped by run_chaos's finally
+        err.print("evolving chaos: interrupted; the stack is stopped")
+        return 130
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -33,29 +34,78 @@ QUICK = {"steady-load", "kill-planner", "kill-router", "kill-nats-leader", "corr
          "partition-engine", "duplicate-publish", "malformed-events"}
 
 
-def _procs_mentioning(text: str) -> list[str]:
-    """Command lines of live processes that mention ``text`` (a leftover child)."""
-    out = []
+def _descendants(root: int) -> dict[int, str]:
+    """pid -> command line of every live process under ``root`` (nats-servers, services)."""
+    parent: dict[int, int] = {}
     for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
+        if pid.isdigit():
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                continue
+            parent[int(pid)] = int(stat.rsplit(")", 1)[1].split()[1])
+    out, frontier = {}, [root]
+    while frontier:
+        p = frontier.pop()
+        for child, ppid in parent.items():
+            if ppid == p and child not in out:
+                try:
+                    out[child] = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                except OSError:
+                    continue
+                frontier.append(child)
+    return out
+
+
+def _still_alive(seen: dict[int, str]) -> list[str]:
+    alive = []
+    for pid, cmd in seen.items():
         try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            now = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if text in cmd:
-            out.append(f"{pid}: {cmd}")
-    return out
+        if now == cmd:  # the same process, not a reused pid
+            alive.append(f"{pid}: {cmd}")
+    return alive
+
+
+class _Watch:
+    """Collect the descendants of ``pid`` every 0.5 s while it runs."""
+
+    def __init__(self, pid: int) -> None:
+        import threading
+
+        self.pid, self.seen, self._stop = pid, {}, threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            self.seen.update(_descendants(self.pid))
+
+    def stop(self) -> dict[int, str]:
+        self._stop.set()
+        self._t.join()
+        return self.seen
 
 
 def test_quick_suite_prints_an_all_zero_table_and_leaves_nothing_running(tmp_path):
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "services.cli", "chaos", "--quick", "--json",
-                           "--workdir", str(tmp_path)], check=False, cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    # a session of its own: if it has to be killed, its nats-servers and services go with it
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "chaos", "--quick", "--json",
+                             "--workdir", str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True)
+    watch = _Watch(proc.pid)
+    try:
+        stdout, stderr = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("evolving chaos --quick ran past 300 s")
     elapsed = time.monotonic() - t0
-    assert proc.stdout.strip(), proc.stderr[-3000:]
-    report = json.loads(proc.stdout)
+    children = watch.stop()
+    assert stdout.strip(), stderr[-3000:]
+    report = json.loads(stdout)
     rows = {r["name"]: r for r in report["scenarios"]}
     assert set(rows) == QUICK
     bad = {n: r for n, r in rows.items()
@@ -69,8 +119,33 @@ def test_quick_suite_prints_an_all_zero_table_and_leaves_nothing_running(tmp_pat
     assert "12/12 dead letters" in rows["malformed-events"]["detail"]
     assert "1 NodeRemoved" in rows["partition-engine"]["detail"]
     assert "stream still R3" in rows["kill-nats-leader"]["detail"]
-    assert not _procs_mentioning(str(tmp_path)), "a service of the chaos stack outlived the command"
+    assert sum("nats-server" in c for c in children.values()) >= 3  # the watch saw the stack
+    assert sum("services." in c for c in children.values()) >= 4
+    assert not _still_alive(children), "a process of the chaos stack outlived the command"
     print(f"chaos --quick: {elapsed:.0f} s")
+
+
+def test_sigterm_mid_run_stops_the_whole_stack(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "chaos", "--only", "rewind-consumer",
+                             "--workdir", str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "router.log").exists() or "service_caught_up" not in (tmp_path / "router.log").read_text():
+            assert time.monotonic() < deadline and proc.poll() is None, "the stack did not come up"
+            time.sleep(0.2)
+        children = _descendants(proc.pid)
+        assert sum("nats-server" in c for c in children.values()) == 3, children
+        assert sum("services." in c for c in children.values()) == 4, children
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted; the stack is stopped" in err
+    assert not _still_alive(children)
 
 
 def test_unknown_scenario_is_one_line_and_exit_2():
@@ -139,7 +214,7 @@ async def test_a_client_with_default_settings_keeps_an_r3_stream_r3():
             assert info.config.num_replicas == 3
             assert plain.settings.replicas == 3  # its snapshot buckets follow the stream
             await plain.put_snapshot("svc", b"x")
-            assert (await plain.js.object_store("EI_SNAP_KEEP_SVC")).__class__  # exists
+            assert await plain.get_snapshot("svc") == b"x"
             obs = await plain.js.stream_info("OBJ_EI_SNAP_KEEP_SVC")
             assert obs.config.num_replicas == 3
         finally:
