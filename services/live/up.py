@@ -170,6 +170,9 @@ def add_up_args(p: argparse.ArgumentParser) -> None:
                    help="embedded NATS without accounts: any local process may publish anything (the default "
                         "generates one account per service with its subject permissions)")
     p.add_argument("--partition", default="default")
+    p.add_argument("--partitions", type=int, default=1,
+                   help="N partitions, each with its own stream, recorder, directory, planner and router; the "
+                        "engines split between them, one gateway for all (docs/partitions.md)")
     p.add_argument("--run-dir", default=None, help="directory for the DuckDB log, child logs and NATS store "
                                                     "(default: runs/<timestamp>)")
     p.add_argument("--db", default=None, help="DuckDB file (default: RUN_DIR/run.duckdb)")
@@ -281,6 +284,10 @@ def plan_children(args, url: str, run_dir: Path, db: Path,
                   credentials: dict[str, Path] | None = None) -> tuple[list[Child], dict]:
     """The children and the URLs to print; ``credentials`` (account -> file): each child gets
     ``--nats-credentials`` of the account named like it, and nothing else."""
+    if getattr(args, "partitions", 1) > 1:  # one set of children per partition (services/live/partitions.py)
+        from services.live.partitions import plan_partitioned
+
+        return plan_partitioned(args, url, run_dir, db, plan_children)
     py, logs = sys.executable, run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     common = ["--nats-url", url, "--partition", args.partition]
@@ -479,6 +486,10 @@ class Up:
     async def _wait_services(self, bus, timeout_s: float = 60.0) -> None:
         """Wait until each decision service (shadow routers included) wrote its configuration: it
         loaded its plug-in and is consuming. A child that cannot load its plug-in ends the wait."""
+        if getattr(self.args, "partitions", 1) > 1:
+            from services.live.partitions import wait_partitions
+
+            return await wait_partitions(self, bus, timeout_s)
         keys = ["config.directory", "config.planner", "config.router",
                 *[f"config.shadow.{name}" for name in self.args.shadow]]
         deadline = time.monotonic() + timeout_s
@@ -652,6 +663,10 @@ def check_args(args) -> str | None:
             return str(exc)
         except Exception as exc:  # noqa: BLE001 - an import error inside the plug-in, its own validation error
             return f"cannot load {kind} plug-in {name!r}: {type(exc).__name__}: {exc}"
+    from services.live.partitions import check_partitions
+
+    if (problem := check_partitions(args)) is not None:
+        return problem
     if getattr(args.engines, "kind", "sim") == "sglang-fake" and args.time_scale != 1.0:
         return "--engines sglang-fake runs in real time: --time-scale must be 1"
     if args.engines and importlib.util.find_spec("engine.worker") is None:
