@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -58,7 +59,7 @@ from events import codec
 from events.catalog import BranchOpened, Event, NodeHeartbeat, NodeRegistered, NodeRemoved, RequestSubmitted
 from events.subjects import subject_for
 from services.bus import MSG_ID, Delivery, NatsBus, StreamSettings
-from services.live.testing import acting_route_counts, spawn_service
+from services.live.testing import REPO, acting_route_counts, spawn_service
 from services.logging import get_logger
 from services.natsserver import NatsCluster, free_port
 
@@ -187,6 +188,7 @@ class Load:
         self.branch_len, self.bpr, self.retry_for_s = branch_len, blocks_per_request, retry_for_s
         self.published: list[Published] = []
         self.silent: set[str] = set()
+        self.nodes = NODES  # () when sim engine workers register and heartbeat themselves
         self.retries = 0
         self._n = 0
         self._branch = -1
@@ -227,14 +229,14 @@ class Load:
         self._k += 1
 
     async def run(self, stop: asyncio.Event) -> None:
-        for node, role in NODES:
+        for node, role in self.nodes:
             await self.register(node, role)
         loop = asyncio.get_running_loop()
         next_req = next_hb = loop.time()
         while not stop.is_set():
             now = loop.time()
             if now >= next_hb:
-                for node, role in NODES:
+                for node, role in self.nodes:
                     if node not in self.silent:
                         await self.publish(NodeHeartbeat(ts=time.time(), src=LOAD_SRC, node=node, role=role))
                 next_hb = max(next_hb + self.heartbeat_s, now)
@@ -266,8 +268,10 @@ class Stack:
     """The cluster, the four services as child processes, the load and the tail."""
 
     def __init__(self, workdir: Path, *, partition: str = "chaos", rate: float = 20.0,
-                 heartbeat_s: float = 0.5, heartbeat_timeout_s: float = 2.0, tick_s: float = 0.5) -> None:
-        self.workdir, self.partition = workdir, partition
+                 heartbeat_s: float = 0.5, heartbeat_timeout_s: float = 2.0, tick_s: float = 0.5,
+                 engines: bool = False) -> None:
+        self.workdir, self.partition, self.engines = workdir, partition, engines
+        self.engine_procs: dict[str, subprocess.Popen] = {}
         self.rate, self.heartbeat_s = rate, heartbeat_s
         self.heartbeat_timeout_s, self.tick_s = heartbeat_timeout_s, tick_s
         self.db = workdir / "chaos.duckdb"
@@ -300,6 +304,17 @@ class Stack:
         self.procs[kind] = proc
         return proc
 
+    def spawn_engine(self, node: str, role: str) -> subprocess.Popen:
+        """A sim engine worker for ``node`` (``python -m engine.worker``)."""
+        cmd = [sys.executable, "-m", "engine.worker", "--node", node, "--role", role, "--nats-url", self.cluster.url,
+               "--partition", self.partition, "--stream-replicas", "3", "--heartbeat-s", str(self.heartbeat_s),
+               "--seed", str(len(self.engine_procs)), "--log-format", "json"]
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        with open(self.workdir / f"engine-{node}.log", "ab") as out:
+            proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+        self.engine_procs[node] = proc
+        return proc
+
     def kill(self, kind: str) -> None:
         proc = self.procs.get(kind)
         if proc is not None and proc.poll() is None:
@@ -315,6 +330,12 @@ class Stack:
                 self.unplanned.append(f"{kind} exited {rc}")
                 log.warning("service_exited", service=kind, rc=rc)
                 self.spawn(kind)
+        for node, proc in list(self.engine_procs.items()):
+            rc = proc.poll()
+            if rc is not None:
+                self.unplanned.append(f"engine {node} exited {rc}")
+                log.warning("engine_exited", node=node, rc=rc)
+                self.spawn_engine(node, dict(NODES)[node])
 
     def log_events(self, kind: str, offset: int = 0) -> list[dict]:
         """The JSON log records a service wrote after byte ``offset`` of its log."""
@@ -358,6 +379,10 @@ class Stack:
             self.spawn(kind)
         await self.wait(lambda: self.caught_up(0), 60, "the services to start")
         self.load = Load(self.bus, rate=self.rate, heartbeat_s=self.heartbeat_s)
+        if self.engines:
+            self.load.nodes = ()
+            for node, role in NODES:
+                self.spawn_engine(node, role)
         self.tail_bus = await connect_when_ready(self.cluster.url, self.partition)
         self.tail = Tail(self.tail_bus)
         self._tasks = [asyncio.create_task(self.load.run(self._stop_load), name="chaos-load"),
@@ -393,6 +418,14 @@ class Stack:
     async def stop_services(self) -> dict[str, int | None]:
         """SIGTERM every service (the recorder drains to the head) and wait."""
         rcs: dict[str, int | None] = {}
+        for node, proc in self.engine_procs.items():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            try:
+                rcs[f"engine-{node}"] = await asyncio.wait_for(asyncio.to_thread(proc.wait), 30)
+            except TimeoutError:
+                proc.kill()
+                rcs[f"engine-{node}"] = None
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -415,6 +448,11 @@ class Stack:
                 await asyncio.wait_for(t, 5)
         for kind in list(self.procs):
             self.kill(kind)
+        for proc in self.engine_procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)  # a stopped worker cannot die of SIGKILL's cleanup
+                proc.kill()
+                proc.wait()
         if self._http is not None:
             await self._http.close()
         for bus in (self.tail_bus, self.bus):
@@ -508,7 +546,11 @@ async def kill_nats_leader(stack: Stack, res: ScenarioResult) -> None:
 
 
 async def partition_engine(stack: Stack, res: ScenarioResult) -> None:
-    stack.load.silent.add(PARTITIONED)
+    worker = stack.engine_procs.get(PARTITIONED)
+    if worker is not None:
+        worker.send_signal(signal.SIGSTOP)  # the whole process stops: no heartbeat, no work
+    else:
+        stack.load.silent.add(PARTITIONED)
     t = time.monotonic()
     start = len(stack.tail.deliveries)
 
@@ -521,13 +563,31 @@ async def partition_engine(stack: Stack, res: ScenarioResult) -> None:
         res.recover_s = t_seen - t
         await asyncio.sleep(0.5)  # a few more ticks: removed once, not once per tick
     finally:
-        stack.load.silent.discard(PARTITIONED)
-        await stack.load.register(PARTITIONED, "decode")
+        if worker is not None:
+            worker.send_signal(signal.SIGCONT)
+        else:
+            stack.load.silent.discard(PARTITIONED)
+            await stack.load.register(PARTITIONED, "decode")
     removals = [d for d in stack.tail.deliveries[start:]
                 if isinstance(d.event, NodeRemoved) and d.event.node == PARTITIONED]
     res.survived = len(removals) == 1
     res.detail = (f"{PARTITIONED} removed after {res.recover_s:.1f} s of silence "
-                  f"(timeout {stack.heartbeat_timeout_s:g} s), {len(removals)} NodeRemoved; re-registered")
+                  f"(timeout {stack.heartbeat_timeout_s:g} s), {len(removals)} NodeRemoved")
+    if worker is None:
+        res.detail += "; re-registered"
+        return
+    after = len(stack.tail.deliveries)
+
+    async def rejoined() -> bool:
+        return any(isinstance(d.event, NodeRegistered) and d.event.node == PARTITIONED
+                   for d in stack.tail.deliveries[after:])
+
+    try:
+        await stack.wait(rejoined, 10, f"{PARTITIONED} to register again")
+        res.detail += "; the worker registered again after SIGCONT"
+    except TimeoutError:
+        res.detail += "; after SIGCONT the worker did not register again within 10 s (left out of routing)"
+
 
 
 async def duplicate_publish(stack: Stack, res: ScenarioResult, window: int = 50) -> None:
@@ -674,7 +734,7 @@ class ChaosReport:
 
 
 async def run_chaos(*, quick: bool = False, only: list[str] | None = None, workdir: Path | None = None,
-                    rate: float = 20.0, dwell_s: float | None = None,
+                    rate: float = 20.0, dwell_s: float | None = None, engines: bool = False,
                     on_progress: Callable[[str], None] | None = None) -> ChaosReport:
     """Start the stack, run the scenarios one after the other under load, stop everything, and
     account for every event. ``on_progress(name)`` is called as each scenario starts."""
@@ -693,7 +753,9 @@ async def run_chaos(*, quick: bool = False, only: list[str] | None = None, workd
     if workdir is None:
         tmp = tempfile.TemporaryDirectory(prefix="ei-chaos-")
         workdir = Path(tmp.name)
-    stack = Stack(Path(workdir), rate=rate)
+    # real workers on a loaded 2-core machine miss a 2 s heartbeat deadline (all four were removed
+    # within 20 s in a trial run): give them 6 s
+    stack = Stack(Path(workdir), rate=rate, engines=engines, heartbeat_timeout_s=6.0 if engines else 2.0)
     results: list[ScenarioResult] = []
     try:
         if on_progress:
@@ -821,7 +883,7 @@ def _cmd(args) -> int:
             def step(name: str) -> None:
                 progress.update(task, description=f"chaos: {name}", advance=0 if name == "starting the stack" else 1)
 
-            report = asyncio.run(run_chaos(quick=args.quick, only=only, rate=args.rate,
+            report = asyncio.run(run_chaos(quick=args.quick, only=only, rate=args.rate, engines=args.engines,
                                            workdir=Path(args.workdir) if args.workdir else None, on_progress=step))
     except ValueError as exc:
         err.print(f"evolving chaos: {exc}")
@@ -841,6 +903,9 @@ def register(sub, bench) -> None:
     p.add_argument("--quick", action="store_true", help="the short suite CI runs (about a minute)")
     p.add_argument("--only", default=None, metavar="NAME[,NAME]", help="run only these scenarios")
     p.add_argument("--rate", type=float, default=20.0, help="harness requests/s during the run")
+    p.add_argument("--engines", action="store_true",
+                   help="run a sim engine worker per node (engine.worker) instead of the load generator's nodes; "
+                        "partition-engine then SIGSTOPs the worker")
     p.add_argument("--workdir", default=None, help="keep the services' logs and the DuckDB log here")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_cmd)
