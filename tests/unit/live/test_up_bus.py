@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from services.live.up import Up, account_specs, plan_children
+from services.live.up import Up, account_specs, add_up_args, plan_children
 from services.natsserver import NatsServerError
 from services.security import ServiceSpec, service_permissions, snapshot_bucket
 
@@ -68,11 +68,14 @@ async def test_a_dead_server_is_restarted_until_it_dies_too_often():
 
 
 def _args(**kw) -> argparse.Namespace:
-    base = {"shadow": ["cache_aware"], "engines": 2, "no_gateway": False, "router": "evolving", "router_arg": [],
-            "planner": "evolving", "planner_arg": [], "tick_s": 1.0, "heartbeat_timeout_s": 10.0,
-            "time_scale": 1.0, "clock_epoch": 0.0, "metrics_port": -1, "prefill": None, "profile": None,
-            "engine_arg": [], "gateway_port": 0, "partition": "default"}
-    return argparse.Namespace(**{**base, **kw})
+    """up's own parser (so a new option of up has its default here), then ``kw``."""
+    p = argparse.ArgumentParser()
+    add_up_args(p)
+    args = p.parse_args(["--shadow", "cache_aware", "--engines", "2", "--metrics-port", "-1", "--gateway-port", "0"])
+    args.clock_epoch = 0.0
+    for k, v in kw.items():
+        setattr(args, k, v)
+    return args
 
 
 def test_every_child_gets_exactly_its_own_account(tmp_path):
