@@ -61,7 +61,7 @@ from events.subjects import subject_for
 from services.bus import MSG_ID, Delivery, NatsBus, StreamSettings
 from services.live.testing import REPO, acting_route_counts, spawn_service
 from services.logging import get_logger
-from services.natsserver import NatsCluster, free_port
+from services.natsserver import NatsCluster
 
 log = get_logger("chaos")
 
@@ -279,7 +279,10 @@ class Stack:
         self.bus: NatsBus | None = None
         self.tail_bus: NatsBus | None = None
         self.procs: dict[str, subprocess.Popen] = {}
-        self.ports = {k: free_port() for k in SERVICES}
+        #: each service's /metrics port, read from its ``metrics_listening`` log line (it binds
+        #: port 0: a port picked here and bound later could be taken meanwhile)
+        self.ports: dict[str, int | None] = dict.fromkeys(SERVICES)
+        self._spawned_at: dict[str, int] = {}
         self.logs = {k: workdir / f"{k}.log" for k in SERVICES}
         self.unplanned: list[str] = []  # "router exited 1" for every exit no scenario asked for
         self.load: Load | None = None
@@ -291,7 +294,9 @@ class Stack:
 
     # ------------------------------------------------------------------ processes
     def spawn(self, kind: str) -> subprocess.Popen:
-        extra = ["--metrics-port", str(self.ports[kind]), "--snapshot-every", "50", "--snapshot-interval-s", "1",
+        self.ports[kind] = None
+        self._spawned_at[kind] = self.log_size(kind)
+        extra = ["--metrics-port", "0", "--snapshot-every", "50", "--snapshot-interval-s", "1",
                  "--stream-replicas", "3"]
         if kind == "planner":
             extra += ["--tick-s", str(self.tick_s), "--heartbeat-timeout-s", str(self.heartbeat_timeout_s)]
@@ -357,6 +362,12 @@ class Stack:
 
         if self._http is None:
             self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.0))
+        if self.ports[kind] is None:
+            for rec in self.log_events(kind, self._spawned_at.get(kind, 0)):
+                if rec.get("event") == "metrics_listening":
+                    self.ports[kind] = int(rec["url"].rsplit(":", 1)[1].split("/", 1)[0])
+            if self.ports[kind] is None:
+                return None  # not listening yet
         try:
             async with self._http.get(f"http://127.0.0.1:{self.ports[kind]}/healthz") as r:
                 return await r.json()
