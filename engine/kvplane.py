@@ -150,7 +150,7 @@ class TcpExchange:
         self._server: asyncio.Server | None = None
         self._conns: dict[str, tuple[asyncio.StreamReader, asyncio.StreamWriter, asyncio.Lock]] = {}
         self._handler: Handler | None = None
-        self._serving: set[asyncio.Task] = set()
+        self._peers: set[asyncio.StreamWriter] = set()  # connections peers opened to us
 
     async def start(self, handler: Handler) -> None:
         self._handler = handler
@@ -158,9 +158,7 @@ class TcpExchange:
         self.address = f"{self.host}:{self._server.sockets[0].getsockname()[1]}"
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._serving.add(task)
+        self._peers.add(writer)
         try:
             while True:
                 head = await reader.readexactly(_LEN.size)
@@ -177,8 +175,7 @@ class TcpExchange:
             pass
         finally:
             writer.close()
-            if task is not None:
-                self._serving.discard(task)
+            self._peers.discard(writer)
 
     async def request(self, address: str, msg: Message, timeout: float) -> Reply:
         conn = self._conns.get(address)
@@ -208,8 +205,8 @@ class TcpExchange:
         self._conns.clear()
         if self._server is not None:
             self._server.close()
-        for task in list(self._serving):
-            task.cancel()
+        for writer in list(self._peers):  # their readers end: the serving tasks return
+            writer.close()
 
 
 # ---------------------------------------------------------------------------- the plane
