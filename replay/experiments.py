@@ -460,9 +460,9 @@ def _curve_plot(exp: Experiment, ok: list[Result], d: Path) -> Path:
     planner.sort(key=lambda r: r.run.x if r.run.x is not None else -1)
     ax.plot([r.metrics.throughput_rps for r in planner], [r.metrics.ttft_p95_s for r in planner], marker="o",
             label="Evolving Infra planner")
-    for r in planner:
+    for i, r in enumerate(planner):  # stacked: settings that gave the same run share a point
         ax.annotate(r.run.label, (r.metrics.throughput_rps, r.metrics.ttft_p95_s), fontsize=7,
-                    xytext=(4, 4), textcoords="offset points")
+                    xytext=(4, 4 + 9 * i), textcoords="offset points")
     for r in ok:
         if not r.run.planner_args:
             ax.scatter([r.metrics.throughput_rps], [r.metrics.ttft_p95_s], marker="s", label=r.run.label)
