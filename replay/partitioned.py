@@ -139,8 +139,23 @@ class _PartRecorder:
         self.log.close()
 
 
+@dataclass
+class PartitionRun:
+    result: RunResult
+    events: int  # the partition's log length (kept in memory only with keep_log)
+    make_s: float  # wall time spent generating sessions
+
+    @property
+    def log(self) -> list:
+        return self.result.log
+
+    @property
+    def finished(self) -> int:
+        return self.result.finished
+
+
 def simulate_partition(stack_name: str, args, partitions: int, index: int, out: Path | None = None,
-                       keep_log: bool = False) -> RunResult:
+                       keep_log: bool = False) -> PartitionRun:
     """Simulate partition ``index`` of ``partitions`` alone (in this process)."""
     from replay.sim_cli import session_source, sim_config
     from replay.stacks import get_stack
@@ -159,16 +174,15 @@ def simulate_partition(stack_name: str, args, partitions: int, index: int, out: 
         if rec is not None:
             rec.close()
     res.wall_s = time.perf_counter() - t0
-    res.anomalies = dict(res.anomalies, events=sim.seq, make_s=base.make_s)  # type: ignore[assignment]
-    return res
+    return PartitionRun(res, sim.seq, base.make_s)
 
 
 def _worker(task: tuple) -> dict:
     stack_name, args, partitions, index, out = task
-    res = simulate_partition(stack_name, args, partitions, index, Path(out))
-    return {"index": index, "wall_s": res.wall_s, "events": res.anomalies["events"],
-            "submitted": res.submitted, "finished": res.finished, "unfinished": len(res.unfinished),
-            "make_s": res.anomalies["make_s"]}
+    run = simulate_partition(stack_name, args, partitions, index, Path(out))
+    res = run.result
+    return {"index": index, "wall_s": res.wall_s, "events": run.events, "submitted": res.submitted,
+            "finished": res.finished, "unfinished": len(res.unfinished), "make_s": run.make_s}
 
 
 def merge_logs(parts: Sequence[Path], out: Path, config: dict) -> int:
