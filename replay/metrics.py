@@ -14,7 +14,13 @@ window length.
 - Prefill queue wait = prefill start - submission; the imbalance is the most-loaded prefill
   node's mean wait over the mean of the nodes' mean waits.
 - Idle prefill GPU time = 1 - (prefill iteration time) / (time nodes spent in a prefill or
-  collocated role), over the window.
+  collocated role), over the window; idle decode GPU time likewise for decode runs (weighed by
+  their ``iterations``) over decode or collocated node time.
+- KV demand (issue 12 part 3) = the distinct blocks the active branches' contexts reference
+  (a branch is active from ``BranchOpened`` to ``BranchEnded``; its context is its latest
+  prompt, or its compacted context after ``ContextCompacted``; forks share their parent's
+  blocks, so they count once), in tokens. Peak and time-weighted mean over the window, each
+  as a share of the cluster's GPU (L1) and host (L2) KV capacity (``NodeRegistered``).
 - Splits: a node's role changes at its ``RoleSwitched``; a switch is a ``RoleSwitched`` that
   changed the role, leaving out the end of the warm-up (collocated -> first split); its time is
   ``duration_s`` (order to ack, drain included).
@@ -29,6 +35,9 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from events.catalog import (
+    BranchEnded,
+    BranchOpened,
+    ContextCompacted,
     Event,
     FirstToken,
     IterationDone,
@@ -63,6 +72,14 @@ class RunMetrics:
     prefill_wait_mean_s: float = float("nan")
     prefill_wait_imbalance: float = float("nan")
     idle_prefill_frac: float = float("nan")
+    idle_decode_frac: float = float("nan")
+    kv_demand_peak_tokens: float = float("nan")
+    kv_demand_mean_tokens: float = float("nan")
+    kv_gpu_capacity_tokens: int = 0
+    kv_host_capacity_tokens: int = 0
+    kv_demand_peak_gpu: float = float("nan")  # peak demand / GPU (L1) capacity of the cluster
+    kv_demand_mean_gpu: float = float("nan")
+    kv_demand_peak_host: float = float("nan")  # peak demand / host (L2) capacity of the cluster
     unfinished: int = 0
     # series for plots (not printed in the table)
     ttft_s: list[float] = field(default_factory=list, repr=False)
@@ -111,6 +128,10 @@ class _Fold:
     split_changes: list[tuple[float, dict[str, str]]] = field(default_factory=list)
     switch_durations: list[float] = field(default_factory=list)
     prefill_busy: float = 0.0
+    decode_busy: float = 0.0
+    l1_cap: dict[str, int] = field(default_factory=dict)
+    l2_cap: dict[str, int] = field(default_factory=dict)
+    demand: _Demand = field(default_factory=lambda: _Demand())
     ttft: list[float] = field(default_factory=list)
     e2e: list[float] = field(default_factory=list)
     tpot: list[float] = field(default_factory=list)
@@ -154,10 +175,15 @@ class _Fold:
                 self.tpot.append((e.ts - ft) / (e.output_tokens - 1))
 
     def iteration(self, e: IterationDone) -> None:
-        if e.phase == "prefill" and e.ts >= self.warmup_s:
-            self.prefill_busy += min(e.duration_s * e.iterations, e.ts - self.warmup_s)
+        if e.ts >= self.warmup_s:
+            busy = min(e.duration_s * e.iterations, e.ts - self.warmup_s)
+            if e.phase == "prefill":
+                self.prefill_busy += busy
+            else:
+                self.decode_busy += busy
 
     def registered(self, e: NodeRegistered) -> None:
+        self.l1_cap[e.node], self.l2_cap[e.node] = e.l1_capacity_tokens, e.l2_capacity_tokens
         self.roles[e.node] = e.role
         _change(self.split_changes, e.ts, self.roles)
 
@@ -170,8 +196,79 @@ class _Fold:
         _change(self.split_changes, e.ts, self.roles)
 
 
+class _Demand:
+    """Distinct blocks referenced by the active branches, over time (module docstring)."""
+
+    def __init__(self) -> None:
+        self.branch: dict[str, set[int]] = {}
+        self.refs: dict[int, int] = {}
+        self.block_tokens = 64
+        self.last_ts = 0.0
+        self.area = 0.0  # token-seconds inside the window
+        self.peak = 0
+
+    def tokens(self) -> int:
+        return len(self.refs) * self.block_tokens
+
+    def _advance(self, ts: float, warmup_s: float, end_s: float) -> None:
+        a, b = max(self.last_ts, warmup_s), min(ts, end_s)
+        if b > a:
+            self.area += self.tokens() * (b - a)
+        if max(self.last_ts, warmup_s) <= min(ts, end_s):  # the value held inside the window
+            self.peak = max(self.peak, self.tokens())
+        self.last_ts = max(self.last_ts, ts)
+
+    def set_context(self, branch: str, blocks, ts: float, warmup_s: float, end_s: float) -> None:
+        self._advance(ts, warmup_s, end_s)
+        new = set(blocks)
+        old = self.branch.get(branch)
+        refs = self.refs
+        if old is None:
+            added, removed = new, ()
+        else:
+            added, removed = new - old, old - new
+        for b in added:
+            refs[b] = refs.get(b, 0) + 1
+        for b in removed:
+            n = refs[b] - 1
+            if n:
+                refs[b] = n
+            else:
+                del refs[b]
+        self.branch[branch] = new
+        self._advance(ts, warmup_s, end_s)
+
+    def end(self, branch: str, ts: float, warmup_s: float, end_s: float) -> None:
+        if branch in self.branch:
+            self.set_context(branch, (), ts, warmup_s, end_s)
+            del self.branch[branch]
+
+
+def _branch_context(f: _Fold, e) -> None:
+    if type(e) is RequestSubmitted:
+        f.demand.block_tokens = e.block_tokens
+    f.demand.set_context(e.branch, e.blocks, e.ts, f.warmup_s, f.end_s)
+
+
+def _submitted_and_context(f: _Fold, e: RequestSubmitted) -> None:
+    f.submitted_ev(e)
+    _branch_context(f, e)
+
+
+def _branch_opened(f: _Fold, e: BranchOpened) -> None:
+    if e.branch not in f.demand.branch:
+        f.demand.set_context(e.branch, (), e.ts, f.warmup_s, f.end_s)
+
+
+def _branch_ended(f: _Fold, e: BranchEnded) -> None:
+    f.demand.end(e.branch, e.ts, f.warmup_s, f.end_s)
+
+
 _STEPS = {
-    RequestSubmitted: _Fold.submitted_ev,
+    RequestSubmitted: _submitted_and_context,
+    ContextCompacted: _branch_context,
+    BranchOpened: _branch_opened,
+    BranchEnded: _branch_ended,
     RequestStarted: _Fold.started,
     FirstToken: _Fold.first_token,
     RequestFinished: _Fold.finished_ev,
@@ -233,7 +330,7 @@ def _splits(m: RunMetrics, f: _Fold) -> None:
     m.switches = len(f.switch_durations)
     m.switch_mean_s = _mean(f.switch_durations)
     split_time: dict[str, float] = defaultdict(float)
-    prefill_node_s = 0.0
+    prefill_node_s = decode_node_s = 0.0
     series = []
     changes = f.split_changes
     for i, (ts, rl) in enumerate(changes):
@@ -247,10 +344,30 @@ def _splits(m: RunMetrics, f: _Fold) -> None:
             label = f"{p}P{d}D" + (f"{c}C" if c else "")
             split_time[label] += b - a
             prefill_node_s += (p + c) * (b - a)
+            decode_node_s += (d + c) * (b - a)
     m.split_time_s = dict(sorted(split_time.items(), key=lambda kv: -kv[1]))
     m.split_series = series
     if prefill_node_s > 0:
         m.idle_prefill_frac = max(0.0, 1.0 - f.prefill_busy / prefill_node_s)
+    if decode_node_s > 0:
+        m.idle_decode_frac = max(0.0, 1.0 - f.decode_busy / decode_node_s)
+
+
+def _kv_demand(m: RunMetrics, f: _Fold) -> None:
+    """Peak and mean KV demand of the active branches against the cluster's KV capacity."""
+    d = f.demand
+    d._advance(f.end_s, f.warmup_s, f.end_s)  # the demand holds until the end of the window
+    if m.window_s <= 0:
+        return
+    m.kv_demand_peak_tokens = float(d.peak)
+    m.kv_demand_mean_tokens = d.area / m.window_s
+    m.kv_gpu_capacity_tokens = sum(f.l1_cap.values())
+    m.kv_host_capacity_tokens = sum(f.l2_cap.values())
+    if m.kv_gpu_capacity_tokens:
+        m.kv_demand_peak_gpu = d.peak / m.kv_gpu_capacity_tokens
+        m.kv_demand_mean_gpu = m.kv_demand_mean_tokens / m.kv_gpu_capacity_tokens
+    if m.kv_host_capacity_tokens:
+        m.kv_demand_peak_host = d.peak / m.kv_host_capacity_tokens
 
 
 def compute_metrics(log: Iterable[Event], warmup_s: float, end_s: float, stack: str = "") -> RunMetrics:
@@ -260,4 +377,5 @@ def compute_metrics(log: Iterable[Event], warmup_s: float, end_s: float, stack: 
     _latencies(m, f)
     _kv_reuse_and_waits(m, f)
     _splits(m, f)
+    _kv_demand(m, f)
     return m

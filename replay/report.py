@@ -31,6 +31,10 @@ ROWS: list[tuple[str, str, str, bool | None]] = [
     ("prefill queue wait (s)", "prefill_wait_mean_s", "{:.2f}", True),
     ("queue wait max/avg node", "prefill_wait_imbalance", "{:.2f}", True),
     ("idle prefill GPU time", "idle_prefill_frac", "{:.1%}", True),
+    ("idle decode GPU time", "idle_decode_frac", "{:.1%}", True),
+    ("KV demand peak / GPU KV", "kv_demand_peak_gpu", "{:.1%}", None),
+    ("KV demand mean / GPU KV", "kv_demand_mean_gpu", "{:.1%}", None),
+    ("KV demand peak / host KV", "kv_demand_peak_host", "{:.1%}", None),
     ("unfinished at end", "unfinished", "{:d}", None),
 ]
 

@@ -141,6 +141,8 @@ class Simulation:
             self.cores = [planner, router]
             self.directory = router.directory
         self.policy = stack.make_eviction(profile)
+        # the data plane plans peer fetches when the router does not (every baseline router)
+        self.plan_fetch = stack.fetch_mode != "none" and not stack.plans_fetch
         self.requests: dict[str, RequestSubmitted] = {}
         self.where: dict[str, NodeId] = {}  # queued request -> prefill node
         self.cursors: dict[str, SessionCursor] = {}  # request -> its session's cursor
@@ -215,12 +217,15 @@ class Simulation:
         node = self.nodes.get(e.prefill_node)
         if node is None:
             return
+        plan = e.fetch_plan
+        if self.plan_fetch and not plan:  # the data plane's own plan: the directory's lookup
+            plan = self.directory.lookup(req.blocks).fetch_plan(e.prefill_node)
         if job is None:
             job = PrefillJob(request=e.request, blocks=req.blocks, prompt_tokens=req.prompt_tokens,
                              max_tokens=req.max_tokens, decode_node=e.decode_node,
-                             fetch_plan=e.fetch_plan, enqueued_s=self.now)
+                             fetch_plan=plan, enqueued_s=self.now)
         else:
-            job.decode_node, job.fetch_plan, job.fetched, job.fetch_s = e.decode_node, e.fetch_plan, [], 0.0
+            job.decode_node, job.fetch_plan, job.fetched, job.fetch_s = e.decode_node, plan, [], 0.0
         self.where[e.request] = e.prefill_node
         node.enqueue_prefill(job)
 

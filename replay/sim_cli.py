@@ -36,6 +36,42 @@ def parse_duration(text: str) -> float:
     return sum(float(v) * {"h": 3600, "m": 60, "s": 1}[u] for v, u in parts)
 
 
+def parse_tokens(text: str) -> int:
+    """A token count: ``5000000``, ``5M``, ``800K``, ``1.5M`` (K = 1e3, M = 1e6, G = 1e9)."""
+    t = str(text).strip().upper().replace("_", "")
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([KMG]?)", t)
+    if not m:
+        raise argparse.ArgumentTypeError(f"bad token count {text!r}: use like 5000000, 800K, 1.5M")
+    n = round(float(m.group(1)) * {"": 1, "K": 1e3, "M": 1e6, "G": 1e9}[m.group(2)])
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"bad token count {text!r}: must be positive")
+    return n
+
+
+def run_profile(args):
+    """The run's profile: ``--profile`` (or the workload's) with ``--kv-gpu-tokens`` /
+    ``--kv-host-tokens`` replacing its per-node KV capacities."""
+    from dataclasses import replace
+
+    prof = load_profile(profile_name(args))
+    gpu, host = getattr(args, "kv_gpu_tokens", None), getattr(args, "kv_host_tokens", None)
+    if gpu is not None:
+        prof = replace(prof, l1_capacity_tokens=int(gpu))
+    if host is not None:
+        prof = replace(prof, l2_capacity_tokens=int(host))
+    return prof
+
+
+def _split_arg(text: str) -> str:
+    from replay.stacks import parse_split
+
+    try:
+        parse_split(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _positive_int(text: str) -> int:
     try:
         n = int(text)
@@ -149,12 +185,13 @@ def run_one(stack_name: str, args, source: SessionSource, out: Path | None, prog
         from replay.partitioned import run_partitioned
 
         return run_partitioned(stack_name, args, out, progress=progress)
-    prof = load_profile(profile_name(args))
+    prof = run_profile(args)
     cfg = sim_config(args)
     stack = get_stack(stack_name, start=getattr(args, "start", None))
     rec = None
     if out is not None:
         rec = _Recorder(out, {"driver": "simulator", "stack": stack.describe(), "profile": prof.name,
+                              "kv_gpu_tokens": prof.l1_capacity_tokens, "kv_host_tokens": prof.l2_capacity_tokens,
                               "nodes": cfg.nodes, "seed": cfg.seed, "warmup_s": cfg.warmup_s,
                               "duration_s": cfg.duration_s, "agents": cfg.agents,
                               "arrivals_per_min": cfg.arrivals_per_min, **stack.core_config(prof, cfg)})
@@ -207,7 +244,13 @@ def _add_common(p: argparse.ArgumentParser, default_duration: str = "1h", defaul
                    help="measured time after the warm-up (e.g. 1h, 20m)")
     p.add_argument("--warmup", type=parse_duration, default=parse_duration(default_warmup))
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--start", default=None, help="baselines' initial split (default 6P3D)")
+    p.add_argument("--start", type=_split_arg, default=None,
+                   help="the split every node serves from t=0, for every stack (default: 6P3D for the "
+                        "baselines, a collocated warm-up for evolving, the static split for static:)")
+    p.add_argument("--kv-gpu-tokens", type=parse_tokens, default=None,
+                   help="per-node GPU (L1) KV capacity in tokens, e.g. 5M (default: the profile's)")
+    p.add_argument("--kv-host-tokens", type=parse_tokens, default=None,
+                   help="per-node host (L2) KV capacity in tokens, e.g. 20M (default: the profile's)")
     p.add_argument("--fast", action="store_true",
                    help="no separate directory core (eviction reads the router's DirectoryCore)")
     p.add_argument("--pace", type=_pace_arg, default=None,
@@ -377,13 +420,15 @@ def register_sim(sub, bench) -> None:
 
     rp = sub.add_parser("replay", help="simulate one stack serving agent sessions on a simulated cluster")
     _add_common(rp)
-    rp.add_argument("--stack", default="evolving", help="evolving, dynamo, arrow, static:4P5D, ablations")
+    rp.add_argument("--stack", default="evolving", help="evolving, dynamo, arrow, static:4P5D, ablations, "
+                                                         "BASE+PART... (e.g. static:4P5D+round_robin+async)")
     rp.add_argument("--out", default=None, help="DuckDB file for the full event log")
     rp.set_defaults(func=_cmd_replay)
 
     cp = sub.add_parser("compare", help="several stacks on the identical trace: one table, plots, event logs")
     _add_common(cp, default_duration="20m", default_warmup="10m")
-    cp.add_argument("--stacks", default="evolving,dynamo,arrow,static:4P5D")
+    cp.add_argument("--stacks", default="evolving,dynamo,arrow,static:4P5D",
+                    help="comma-separated stacks (see replay --stack)")
     cp.add_argument("--out-dir", default="runs/compare", help="event logs (DuckDB) and PNG plots go here")
     cp.set_defaults(func=_cmd_compare)
 

@@ -15,6 +15,25 @@ Ablations swap one part of ``evolving`` back to the baseline's: ``evolving-lru``
 memory-pool variant), ``evolving-localcache`` (no shared pool), ``evolving-restart`` and
 ``evolving-dropkv`` (switch mechanism), ``evolving-static:<P>P<D>D`` (no planner).
 
+Composed stacks (issue 12 part 5): ``BASE+PART+PART...`` swaps parts of any base stack, each
+part named by its value (the kinds never share a name)::
+
+    router      least_ttft (= evolving's), cache_aware, sticky, round_robin, least_loaded, dynamo_kv
+    data plane  async (fetch from peers while queued), at_start (fetch when prefill starts), local
+    eviction    lru, count_aware
+    switch      in_place, restart, drop_kv
+
+e.g. ``static:4P5D+round_robin+async`` (a fixed split, round-robin routing, the shared pool
+with asynchronous fetch) or ``dynamo+count_aware``. A spec that starts with a part applies it
+to ``evolving`` (``cache_aware+async`` = ``evolving-cacheaware``). A router that plans no fetch
+(every baseline router) gets its fetch plan from the data plane: the node's driver looks the
+request up in the directory (``replay/sim.py``), so the data plane is independent of routing.
+
+``start`` (``--start``) is the split every node serves from t = 0, for every stack: baselines
+start there instead of 6P3D; ``evolving`` skips the collocated warm-up and its warm-up-end
+decision is SE-gated against that split; a static stack starts there and orders its own split
+at the warm-up end.
+
 The baselines' routers are SGLang Model Gateway cache-aware for prefill; their decode routing
 is the router base's round robin (METHOD.md §5). Baselines start at 6P3D on 9 nodes (two
 thirds prefill on other sizes) unless ``start`` is given.
@@ -60,14 +79,21 @@ class Stack:
     fetch_mode: str = "async"  # async | at_start | none
     mechanism: str = "in_place"  # in_place | restart | in_place_drop_kv
     split: tuple[int, int] | None = None  # None: collocated warm-up, the planner orders the split
+    start: tuple[int, int] | None = None  # --start: the roles at t = 0 (overrides the warm-up/split)
     planner_args: dict[str, Any] = field(default_factory=dict)
     router_args: dict[str, Any] = field(default_factory=dict)
     shared_directory: bool = False  # eviction reads the router's embedded directory (speed)
 
+    @property
+    def plans_fetch(self) -> bool:
+        """Whether the router itself plans peer fetches (else the data plane does)."""
+        return self.router in ROUTERS_PLANNING_FETCH
+
     def initial_roles(self, nodes: int) -> list[Role]:
-        if self.split is None:
+        split = self.start if self.start is not None else self.split
+        if split is None:
             return ["collocated"] * nodes
-        p, d = self.split
+        p, d = split
         if p + d != nodes:
             p = max(1, min(nodes - 1, round(nodes * p / (p + d))))
             d = nodes - p
@@ -78,8 +104,11 @@ class Stack:
         rebuilds them from (class path + JSON kwargs per core): one source for both."""
         pargs: dict[str, Any] = {"name": self.planner, "warmup_s": float(cfg.warmup_s), "mechanism": self.mechanism,
                                  "k": profile.experts_per_token, "E": profile.experts}
-        if self.split is not None:  # baselines order their configured split at warm-up end
-            roles = self.initial_roles(cfg.nodes)
+        if self.split is not None or self.start is not None:
+            # baselines order their configured split at warm-up end; evolving's warm-up-end
+            # decision is SE-gated against its start split
+            roles = replace(self, start=None).initial_roles(cfg.nodes) if self.split is not None else \
+                self.initial_roles(cfg.nodes)
             pargs["initial"] = f"{roles.count('prefill')}P{roles.count('decode')}D"
         pargs.update(self.planner_args)
         rargs = {"name": self.router, "shadow": False, "block_tokens": profile.block_tokens, **self.router_args}
@@ -99,7 +128,8 @@ class Stack:
         return POLICIES[self.eviction](block_tokens=profile.block_tokens)
 
     def describe(self) -> str:
-        start = "collocated warm-up" if self.split is None else f"{self.split[0]}P{self.split[1]}D"
+        first = self.start if self.start is not None else self.split
+        start = "collocated warm-up" if first is None else f"{first[0]}P{first[1]}D"
         return (f"{self.name}: planner={self.planner} router={self.router} eviction={self.eviction} "
                 f"pool={self.fetch_mode} switch={self.mechanism} start={start}")
 
@@ -144,20 +174,59 @@ def parse_split(text: str) -> tuple[int, int]:
     return p, d
 
 
-def get_stack(name: str, start: str | None = None) -> Stack:
-    """A preset by name, ``static:<P>P<D>D`` or ``evolving-static:<P>P<D>D``; ``start``
-    overrides a baseline's initial split."""
-    key = name.strip()
+#: Routers that plan peer fetches themselves; for every other router the data plane does.
+ROUTERS_PLANNING_FETCH = frozenset({"evolving"})
+
+#: Parts of a composed stack (``BASE+PART+...``): part name -> (Stack field, value).
+PARTS: dict[str, tuple[str, str]] = {
+    **{name: ("router", name) for name in ROUTERS if name != "evolving"},
+    "least_ttft": ("router", "evolving"),
+    "async": ("fetch_mode", "async"),
+    "at_start": ("fetch_mode", "at_start"),
+    "local": ("fetch_mode", "none"),
+    "lru": ("eviction", "lru"),
+    "count_aware": ("eviction", "count_aware"),
+    "in_place": ("mechanism", "in_place"),
+    "restart": ("mechanism", "restart"),
+    "drop_kv": ("mechanism", "in_place_drop_kv"),
+}
+
+
+def _base_stack(key: str, spec: str) -> Stack:
     if key.startswith("static:"):
-        st = Stack(key, planner="static", router="cache_aware", eviction="lru", fetch_mode="none",
-                   mechanism="in_place", split=parse_split(key.split(":", 1)[1]))
-    elif key.startswith("evolving-static:"):
-        st = replace(EVOLVING, name=key, planner="static", split=parse_split(key.split(":", 1)[1]))
-    elif key in PRESETS:
-        st = PRESETS[key]
-    else:
-        raise KeyError(f"unknown stack {name!r}; known: {', '.join(sorted(PRESETS))}, static:<P>P<D>D, "
-                       f"evolving-static:<P>P<D>D")
-    if start is not None and st.split is not None and not key.startswith(("static:", "evolving-static:")):
-        st = replace(st, split=parse_split(start))
+        return Stack(key, planner="static", router="cache_aware", eviction="lru", fetch_mode="none",
+                     mechanism="in_place", split=parse_split(key.split(":", 1)[1]))
+    if key.startswith("evolving-static:"):
+        return replace(EVOLVING, name=key, planner="static", split=parse_split(key.split(":", 1)[1]))
+    if key in PRESETS:
+        return PRESETS[key]
+    raise KeyError(f"unknown stack {spec!r}; known: {', '.join(sorted(PRESETS))}, static:<P>P<D>D, "
+                   f"evolving-static:<P>P<D>D, each optionally +PART (parts: {', '.join(PARTS)})")
+
+
+def get_stack(name: str, start: str | None = None) -> Stack:
+    """A preset by name, ``static:<P>P<D>D`` or ``evolving-static:<P>P<D>D``, optionally with
+    ``+PART`` swaps (module docstring); ``start`` is the split every node serves from t = 0."""
+    spec = name.strip()
+    head, *parts = [x.strip() for x in spec.split("+")]
+    if head in PARTS and head not in PRESETS:  # "cache_aware+async": parts of evolving
+        head, parts = "evolving", [head, *parts]
+    st = _base_stack(head, spec)
+    seen: dict[str, str] = {}
+    for part in parts:
+        if part not in PARTS:
+            raise KeyError(f"stack {spec!r}: unknown part {part!r}; parts: {', '.join(PARTS)}")
+        fld, value = PARTS[part]
+        if fld in seen:
+            raise KeyError(f"stack {spec!r}: two {fld.replace('_', ' ')} parts ({seen[fld]}, {part})")
+        seen[fld] = part
+        st = replace(st, **{fld: value})
+    if parts:
+        st = replace(st, name=spec)
+    if start is not None:
+        split = parse_split(start)
+        if st.planner in ("dynamo", "arrow"):  # their configured split is where they start
+            st = replace(st, split=split)
+        else:
+            st = replace(st, start=split)
     return st

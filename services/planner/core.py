@@ -15,7 +15,10 @@ That is the GATED path. A window end takes it only when every node has a role an
 sides are staffed; the guard state (``PlannerBase.guard``) sends it elsewhere otherwise, and
 ``PlanEvaluated.reason`` starts with the path's name (``base.plan_path`` reads it back):
 
-- ``initial split`` (warm-up end only): every node gets a role at the best predicted split;
+- ``initial split`` (warm-up end only): the same 2-SE test against a reference split (the
+  current one when the nodes started at a split, ``--start``; else ``initial``, else half of
+  the nodes prefill): the reference is kept unless a candidate's mean gain over it exceeds
+  2 SE; every node without a role gets one;
 - ``place newcomers``: nodes without a role (joined, or re-registered as ``collocated`` after
   an engine restart) get one at the best split they can reach; no assigned node moves, no SE
   test, no cooldown (and it starts none);
@@ -33,6 +36,7 @@ Beyond the paper (both on by default, both off = the paper exactly):
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 
@@ -56,6 +60,8 @@ class EvolvingConfig(BaseConfig, kw_only=True, forbid_unknown_fields=True):
     ttft_objective: bool = True
     throughput_tolerance: float = 0.05
     ttft_min_improvement_s: float = 1.0  # trade throughput only for at least this much P95 TTFT
+    # the warm-up-end reference split when the nodes warm up collocated ("" = half prefill)
+    initial: str = ""
 
 
 class Evaluation:
@@ -288,24 +294,44 @@ class EvolvingPlanner(PlannerBase):
             return self._repair(ts, base)
         return self._gated(ts, k_end, base)
 
-    def _initial(self, ts: float, k_end: int, base: dict) -> list[Event]:
-        """INITIAL (warm-up end): there is no current split to compare against, so every node
-        gets a role at the split of largest predicted throughput (no SE test)."""
+    def reference_split(self) -> int:
+        """Prefill nodes of the split the warm-up-end decision is SE-gated against: the current
+        split when every node already serves a role and both sides are staffed (the nodes
+        started at a split), else the configured ``initial`` split scaled to the node count,
+        else half of the nodes (at least one of each)."""
         N = len(self.st.nodes)
+        split = self.current_split()
+        if not self.newcomers() and split.prefill >= 1 and split.decode >= 1:
+            return split.prefill
+        if self.cfg.initial:
+            m = re.fullmatch(r"\s*(\d+)\s*P\s*(\d+)\s*D\s*", self.cfg.initial, flags=re.IGNORECASE)
+            assert m, f"initial split is written like '4P5D', got {self.cfg.initial!r}"
+            p, d = int(m.group(1)), int(m.group(2))
+            return min(max(1, math.floor(N * p / max(1, p + d) + 0.5)), N - 1)
+        return min(max(1, N // 2), N - 1)
+
+    def _initial(self, ts: float, k_end: int, base: dict) -> list[Event]:
+        """INITIAL (warm-up end): the 2-SE test of METHOD.md §4.3 against the reference split
+        (``reference_split``): a candidate replaces it only when its mean gain over it exceeds
+        twice its standard error (largest passing gain; SLO guard and TTFT objective as on the
+        gated path; no cooldown yet). Every node without a role gets one; with fewer than two
+        non-empty slices (no SE) the reference is taken."""
+        N = len(self.st.nodes)
+        ref = self.reference_split()
+        ref_name = f"{ref}P{N - ref}D"
         works = self.works(k_end)
-        if not works:
-            P = max(1, N // 2)
+        if len(works) < 2:
+            reason = f"{INITIAL} without data: reference {ref_name} ({len(works)} non-empty slice(s), the SE needs 2)"
             return [
-                PlanEvaluated(
-                    **base,
-                    chosen=Split(prefill=P, decode=N - P),
-                    reason="initial split without data: half of the nodes prefill",
-                ),
-                *self.order(self.nodes_to_switch(P), ts, "initial split without data"),
+                PlanEvaluated(**base, chosen=Split(prefill=ref, decode=N - ref), reason=reason),
+                *self.order(self.nodes_to_switch(ref), ts, reason),
             ]
-        ev = self.evaluate(self.assignment_order(), works, None)
-        P, cands, reason = self.decide(ev, None, "")
-        assert P is not None  # with no current split something is always chosen
+        ev = self.evaluate(self.assignment_order(), works, ref)
+        P, cands, why = self.decide(ev, ref, "")
+        if P is None:
+            P, reason = ref, f"{INITIAL}: reference {ref_name} kept: {why}"
+        else:
+            reason = f"{INITIAL}: {why} over reference {ref_name}"
         chosen = Split(prefill=P, decode=N - P)
         return [
             PlanEvaluated(**base, candidates=cands, chosen=chosen, reason=reason),

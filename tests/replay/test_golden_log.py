@@ -5,6 +5,10 @@ sessions writes a DuckDB event log; the digest of every recorded event (sequence
 source, subject, payload), in stream order, must equal the one recorded before the layering
 refactor (issue 11). A change that alters any event, decision or order fails here. If a change
 is *meant* to change decisions, re-pin the digest in the same commit and say why.
+
+Re-pinned (issue 12 part 6): the warm-up-end decision is SE-gated against a reference split
+(4P5D here); 3P6D's mean gain over it (0.146 req/s) does not exceed 2 SE (0.167), so the run
+keeps 4P5D where the ungated choice took 3P6D. Every event before t = 1800 s is unchanged.
 """
 
 from __future__ import annotations

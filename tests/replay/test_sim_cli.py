@@ -71,3 +71,30 @@ def test_sim_report_recomputes_the_table_from_the_logs(tmp_path, capsys):
     assert main(["sim-report", *logs, "--json"]) == 0
     again = json.loads(capsys.readouterr().out)
     assert again == live
+
+
+def test_kv_capacity_flags_and_kv_demand_in_the_json(tmp_path, capsys):
+    rc = main(["replay", "--duration", "2m", "--warmup", "2m", "--agents", "4", "--no-progress", "--json",
+               "--stack", "static:3P6D+round_robin+async", "--kv-gpu-tokens", "1M", "--kv-host-tokens", "2.5M",
+               "--out", str(tmp_path / "run.duckdb")])
+    assert rc == 0
+    fig = json.loads(capsys.readouterr().out)["static:3P6D+round_robin+async"]
+    assert fig["kv_gpu_capacity_tokens"] == 9_000_000 and fig["kv_host_capacity_tokens"] == 22_500_000
+    assert fig["kv_demand_peak_tokens"] > 0
+    assert fig["kv_demand_peak_gpu"] == fig["kv_demand_peak_tokens"] / 9_000_000
+    assert 0 < fig["kv_demand_mean_gpu"] <= fig["kv_demand_peak_gpu"]
+    log = DuckDbEventLog(str(tmp_path / "run.duckdb"), read_only=True)
+    try:
+        cfg = log.run_config()
+    finally:
+        log.close()
+    assert cfg["kv_gpu_tokens"] == 1_000_000 and cfg["kv_host_tokens"] == 2_500_000
+
+
+def test_bad_start_and_token_counts_are_one_line_errors(capsys):
+    for argv in (["replay", "--start", "4P"], ["replay", "--kv-gpu-tokens", "lots"]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert "bad split '4P'" in err or "bad token count 'lots'" in err
