@@ -18,7 +18,14 @@ Wiring (the pool is untouched; its events drive the bytes):
 
 Slots never run out while the pool's capacity is respected: ``make_room`` evicts (and so
 frees slots) before the store that needs them, and the ``BlockPool`` has as many slots as the
-tier has blocks.
+tier has blocks (plus headroom for held slots, below).
+
+For a worker whose transfers run while the node goes on (engine/kvplane.py):
+- ``hold``/``release``: a slot a peer reads or a transfer writes is held; a block dropped
+  meanwhile gives its slot back on the last release, never earlier.
+- ``expect`` -> ``land``/``abandon``: the pool holds blocks whose bytes are still on their
+  way (``pending``); ``land`` keeps them if their checksum matches the one that travelled with
+  them, else the block stays without bytes (``has_bytes`` False), as after ``abandon``.
 """
 
 from __future__ import annotations

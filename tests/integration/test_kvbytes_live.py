@@ -3,7 +3,12 @@ over TCP between the worker processes) serves a bundled trace (the three weka Cl
 sessions, cut to their first requests and short outputs so the run stays short) and every block
 the log says was moved (``KvMoved``, prefill -> decode) or fetched (``KvFetched``, from a
 peer's host memory) arrived as bytes whose checksum was verified; ``evolving verify`` still
-reproduces every decision (bytes never change one)."""
+reproduces every decision (bytes never change one).
+
+Two prefill engines and one decode engine; the router is told that a fetched block's duplicate
+copy is a gain rather than a cost (``dup_cost_s_per_token`` < 0), so a session's next request
+goes to the prefill node that does *not* hold its history and fetches it from the one that
+does: both paths (P->D writes and peer-fetch reads) run on every run, whatever the timing."""
 
 from __future__ import annotations
 
@@ -89,7 +94,8 @@ def test_live_run_with_kv_bytes_verifies_every_moved_and_fetched_block(nats_url,
     up = subprocess.Popen(
         [sys.executable, "-m", "services.cli", "up", "--nats-url", nats_url, "--partition", partition,
          "--run-dir", str(run_dir), "--engines", "3", "--prefill", "2", "--kv-bytes",
-         "--kv-block-bytes", str(BLOCK_BYTES), "--gateway-port", "0", "--ready-file", str(ready),
+         "--kv-block-bytes", str(BLOCK_BYTES), "--router-arg", "dup_cost_s_per_token=-0.001",
+         "--gateway-port", "0", "--ready-file", str(ready),
          "--no-status", "--metrics-port", "-1", "--stop-timeout-s", "15"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
