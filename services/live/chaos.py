@@ -189,6 +189,10 @@ class Load:
         self.published: list[Published] = []
         self.silent: set[str] = set()
         self.nodes = NODES  # () when sim engine workers register and heartbeat themselves
+        self.tail: Tail | None = None  # set by the stack: where the generator sees NodeRemoved
+        self.rejoins: list[str] = []  # nodes registered again after an unintended removal
+        self._registered_at: dict[str, int] = {}  # node -> stream seq of its last NodeRegistered
+        self._scan = 0
         self.retries = 0
         self._n = 0
         self._branch = -1
@@ -212,8 +216,24 @@ class Load:
         return p
 
     async def register(self, node: str, role: str) -> None:
-        await self.publish(NodeRegistered(ts=time.time(), src=LOAD_SRC, node=node, role=role,
-                                          l1_capacity_tokens=1 << 22, l2_capacity_tokens=1 << 24))
+        p = await self.publish(NodeRegistered(ts=time.time(), src=LOAD_SRC, node=node, role=role,
+                                              l1_capacity_tokens=1 << 22, l2_capacity_tokens=1 << 24))
+        self._registered_at[node] = p.seq
+
+    async def rejoin_removed(self) -> None:
+        """A node removed while it was not silenced (a stall of the harness itself, or a bus
+        outage longer than the heartbeat timeout) registers again, as an engine that learns of
+        its own removal should (docs/chaos.md: the sim worker does not yet)."""
+        if self.tail is None:
+            return
+        new, self._scan = self.tail.deliveries[self._scan:], len(self.tail.deliveries)
+        roles = dict(self.nodes)
+        for d in new:
+            ev = d.event
+            if (isinstance(ev, NodeRemoved) and ev.node in roles and ev.node not in self.silent
+                    and d.seq > self._registered_at.get(ev.node, 0)):
+                self.rejoins.append(ev.node)
+                await self.register(ev.node, roles[ev.node])
 
     async def next_request(self) -> None:
         if self._k >= self.branch_len:
@@ -236,6 +256,7 @@ class Load:
         while not stop.is_set():
             now = loop.time()
             if now >= next_hb:
+                await self.rejoin_removed()
                 for node, role in self.nodes:
                     if node not in self.silent:
                         await self.publish(NodeHeartbeat(ts=time.time(), src=LOAD_SRC, node=node, role=role))
@@ -396,6 +417,7 @@ class Stack:
                 self.spawn_engine(node, role)
         self.tail_bus = await connect_when_ready(self.cluster.url, self.partition)
         self.tail = Tail(self.tail_bus)
+        self.load.tail = self.tail
         self._tasks = [asyncio.create_task(self.load.run(self._stop_load), name="chaos-load"),
                        asyncio.create_task(self.tail.run(self._stop_tail), name="chaos-tail")]
         await self.wait(lambda: self._decided_since(0.0), 30, "a first decision")
@@ -730,6 +752,7 @@ class ChaosReport:
     verify: dict[str, Any] = field(default_factory=dict)
     publish_retries: int = 0
     unplanned_exits: list[str] = field(default_factory=list)
+    rejoins: list[str] = field(default_factory=list)  # nodes removed for silence, registered again
     elapsed_s: float = 0.0
     quick: bool = False
 
@@ -740,7 +763,7 @@ class ChaosReport:
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "quick": self.quick, "elapsed_s": round(self.elapsed_s, 1), "events": self.events,
                 "requests": self.requests, "publish_retries": self.publish_retries,
-                "unplanned_exits": self.unplanned_exits, "verify": self.verify,
+                "unplanned_exits": self.unplanned_exits, "rejoins": self.rejoins, "verify": self.verify,
                 "scenarios": [r.to_dict() for r in self.results]}
 
 
@@ -781,6 +804,7 @@ async def run_chaos(*, quick: bool = False, only: list[str] | None = None, workd
             s0 = await stack.bus.last_seq()
             p0 = len(stack.load.published)
             n_unplanned = len(stack.unplanned)
+            n_rejoins = len(stack.load.rejoins)
             try:
                 if sc is None:
                     await asyncio.sleep(dwell_s)
@@ -794,6 +818,10 @@ async def run_chaos(*, quick: bool = False, only: list[str] | None = None, workd
                 res.survived = False
                 res.detail = f"{type(exc).__name__}: {exc}"
                 log.error("scenario_failed", scenario=res.name, error=res.detail)
+            rejoined = stack.load.rejoins[n_rejoins:]
+            if rejoined:
+                again = "removed for silence and registered again: " + ", ".join(rejoined)
+                res.detail = "; ".join(filter(None, [res.detail, again]))
             exits = stack.unplanned[n_unplanned:]
             if exits:
                 res.survived = False
@@ -836,6 +864,7 @@ async def run_chaos(*, quick: bool = False, only: list[str] | None = None, workd
         account(results, stack.load, stream, recorded, div_seqs)
         return ChaosReport(results, events=len(stream), requests=len(wanted), verify=verify,
                            publish_retries=stack.load.retries, unplanned_exits=list(stack.unplanned),
+                           rejoins=list(stack.load.rejoins),
                            elapsed_s=time.monotonic() - t_start, quick=quick)
     finally:
         await stack.close()
@@ -863,7 +892,8 @@ def render(report: ChaosReport, console=None) -> None:
                   f"{v.get('events', 0)} events, reproduced {v.get('reproduced', {})}, "
                   f"divergences {v.get('divergences', v.get('error', '?'))}")
     console.print(f"publish retries: {report.publish_retries}; unplanned exits: "
-                  f"{', '.join(report.unplanned_exits) or 'none'}")
+                  f"{', '.join(report.unplanned_exits) or 'none'}; nodes removed for silence and registered "
+                  f"again: {', '.join(report.rejoins) or 'none'}")
     for r in report.results:
         nonzero = ", ".join(f"{k}={v}" for k, v in r.counts.items() if v)
         console.print(f"  {r.name}: {r.fault}" + (f" - {r.detail}" if r.detail else "")

@@ -252,3 +252,34 @@ async def test_publish_many_with_ids_retries_a_lost_ack_instead_of_hanging():
     assert seqs == [1, 2] and js.sync_published == ["i1", "i2"]  # in order, with their ids
     with pytest.raises(TimeoutError):  # without ids a retry could store twice: the error surfaces
         await asyncio.wait_for(bus.publish_many(events), 5)
+
+
+@pytest.mark.asyncio
+async def test_load_registers_again_a_node_removed_while_it_was_not_silenced():
+    from events.catalog import NodeRegistered, NodeRemoved
+    from services.bus import InMemoryBus
+    from services.live.chaos import Load
+
+    bus = InMemoryBus("p")
+    load = Load(bus)
+    for node, role in (("p0", "prefill"), ("d1", "decode")):
+        await load.register(node, role)
+
+    class _Tail:
+        def __init__(self) -> None:
+            self.deliveries: list = []
+
+    load.tail = _Tail()
+    removed = [NodeRemoved(ts=2.0, src="liveness", node=n, reason="heartbeat timeout") for n in ("p0", "d1")]
+    seqs = [await bus.publish(ev) for ev in removed]
+    load.silent.add("d1")  # d1's silence is the scenario's: it stays removed
+    load.tail.deliveries = [Delivery(s, "x", ev, {}) for s, ev in zip(seqs, removed, strict=True)]
+    await load.rejoin_removed()
+    assert load.rejoins == ["p0"]
+    again = [p.event for p in load.published[2:]]
+    assert [(type(e), e.node) for e in again] == [(NodeRegistered, "p0")]
+    await load.rejoin_removed()  # the same removal seen again: nothing more
+    stale = Delivery(seqs[0] - 1, "x", removed[0], {})  # a removal older than the new registration
+    load.tail.deliveries.append(stale)
+    await load.rejoin_removed()
+    assert load.rejoins == ["p0"] and len(load.published) == 3
