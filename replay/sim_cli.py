@@ -308,7 +308,9 @@ def _cmd_compare(args) -> int:
     if args.json:
         print(json.dumps(to_json(runs), indent=2))
         return 0
-    print_table(runs, title=f"{what}, {args.nodes} nodes x {profile_name(args)}, "
+    prof = run_profile(args)
+    kv = f"KV/node {prof.l1_capacity_tokens / 1e6:g}M GPU, {prof.l2_capacity_tokens / 1e6:g}M host"
+    print_table(runs, title=f"{what}, {args.nodes} nodes x {profile_name(args)} ({kv}), "
                             f"{args.duration / 60:.0f} min after {args.warmup / 60:.0f} min warm-up, seed {args.seed}",
                 console=c)
     c.print("event logs: " + ", ".join(str(out_dir / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', n)}.duckdb")
