@@ -30,13 +30,14 @@ For a worker whose transfers run while the node goes on (engine/kvplane.py):
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 
 import torch
 
 from engine.transfer.base import PoolDescriptor, TransferBackend, TransferError
 from events.catalog import Event, KvEvicted, KvStored
-from kernels.checksum import block_checksum
+from kernels.checksum import block_checksum, block_checksums
 from kernels.layout import KvLayout
 from kernels.pool import BlockPool, SlotAllocator, host_pool
 
@@ -45,15 +46,44 @@ class ChecksumMismatch(TransferError):
     """A block arrived with bytes whose checksum differs from the one that travelled with it."""
 
 
+_GOLDEN = 0x9E3779B97F4A7C15 - 2**64  # splitmix64's constants as signed int64
+_MIX1 = 0xBF58476D1CE4E5B9 - 2**64
+_MIX2 = 0x94D049BB133111EB - 2**64
+
+
+def _shr(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 words (torch's ``>>`` is arithmetic)."""
+    return (x >> k) & ((1 << (64 - k)) - 1)
+
+
+def synthesize_many(pool: BlockPool, slots: Sequence[int], blocks: Sequence[int]) -> None:
+    """The sim's bytes for ``blocks`` into ``slots``: word ``i`` of block ``h`` is
+    splitmix64(h + i * golden), in one batched op (int64 arithmetic wraps), so every node that
+    stores block ``h`` writes the same bytes and computes the same checksum."""
+    if not slots:
+        return
+    words = -(-pool.block_bytes // 8)
+    h = torch.tensor([b - 2**64 if b >= 2**63 else b for b in blocks], dtype=torch.int64)
+    z = h[:, None] + torch.arange(1, words + 1, dtype=torch.int64)[None, :] * _GOLDEN
+    z = (z ^ _shr(z, 30)) * _MIX1
+    z = (z ^ _shr(z, 27)) * _MIX2
+    z = z ^ _shr(z, 31)
+    idx = torch.tensor(list(slots), dtype=torch.int64)
+    pool.bytes[idx] = z.view(torch.uint8)[:, : pool.block_bytes].to(pool.device)
+
+
 def synthesize(pool: BlockPool, slot: int, block: int) -> None:
-    """The sim's bytes for ``block``: a pseudo-random fill seeded by the block hash, so every
-    node that stores the same block writes the same bytes (and computes the same checksum)."""
-    gen = torch.Generator().manual_seed(block & (2**63 - 1))
-    row = pool.bytes[slot]
-    if pool.block_bytes % 8 == 0:
-        row.view(torch.int64).random_(generator=gen)
-    else:
-        row.copy_(torch.randint(0, 256, row.shape, dtype=torch.uint8, generator=gen))
+    """The sim's bytes for one block (``synthesize_many``)."""
+    synthesize_many(pool, [slot], [block])
+
+
+def checksums(pool: BlockPool, slots: Sequence[int]) -> list[int]:
+    """``kernels.checksum.block_checksums`` (BLAKE2b, 8 bytes, the same values), hashing rows
+    of one host view instead of building a tensor per block (about 10x faster on small blocks)."""
+    if pool.device.type != "cpu":
+        return block_checksums(pool, list(slots))
+    rows = pool.bytes.numpy()
+    return [int.from_bytes(hashlib.blake2b(rows[s], digest_size=8).digest(), "little") for s in slots]
 
 
 class KvBytes:
@@ -97,10 +127,15 @@ class KvBytes:
 
     def _store(self, blocks: Sequence[int]) -> None:
         new = [b for b in dict.fromkeys(blocks) if b not in self.slot_of]
-        for block, slot in zip(new, self.slots.alloc(len(new)), strict=True):
-            self.content(self.pool, slot, block)
+        slots = self.slots.alloc(len(new))
+        if self.content is synthesize:
+            synthesize_many(self.pool, slots, new)
+        else:
+            for block, slot in zip(new, slots, strict=True):
+                self.content(self.pool, slot, block)
+        for block, slot, sum_ in zip(new, slots, checksums(self.pool, slots), strict=True):
             self.slot_of[block] = slot
-            self.checksum_of[block] = block_checksum(self.pool, slot)
+            self.checksum_of[block] = sum_
 
     def _drop(self, blocks: Sequence[int]) -> None:
         gone = [b for b in dict.fromkeys(blocks) if b in self.slot_of]

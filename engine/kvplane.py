@@ -38,10 +38,9 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from engine.kvbytes import KvBytes
+from engine.kvbytes import KvBytes, checksums
 from engine.transfer.base import PoolDescriptor, TransferBackend, TransferError
 from events.catalog import Event, KvEvicted, KvFetched, KvMoved, KvStored
-from kernels.checksum import block_checksums
 from kernels.layout import KvLayout, KvLayoutError
 from kernels.ops import copy_blocks
 from services.logging import get_logger
@@ -438,7 +437,7 @@ class KvDataPlane:
     async def _land(self, tier: str, pairs: list[tuple[int, int]], want: dict[int, int]) -> None:
         kb = self.tiers[tier]
         have = [(b, s) for b, s in pairs if b in want]
-        sums = await asyncio.to_thread(block_checksums, kb.pool, [s for _, s in have]) if have else []
+        sums = await asyncio.to_thread(checksums, kb.pool, [s for _, s in have]) if have else []
         for (b, s), got in zip(have, sums, strict=True):
             self._verdict(kb.land(b, s, want[b], got), tier, b, want[b], got)
         for b, s in pairs:
@@ -455,7 +454,7 @@ class KvDataPlane:
             try:
                 def copy_and_sum() -> list[int]:
                     copy_blocks(src.pool, held, kb.pool, [s for _, s in have]).wait()
-                    return block_checksums(kb.pool, [s for _, s in have])
+                    return checksums(kb.pool, [s for _, s in have])
 
                 sums = await asyncio.to_thread(copy_and_sum)
             finally:

@@ -632,8 +632,13 @@ async def run(args: argparse.Namespace) -> int:
                                 settings=StreamSettings(replicas=args.stream_replicas))
     kv = None
     if args.kv_bytes:
+        import torch
+
         from engine.kvplane import KvBytesConfig
 
+        # small batched ops on a node that shares its cores: intra-op threads only spin (a 2000-block
+        # store took 120-480 ms with torch's default threads on a loaded 2-core box, 7-25 ms with one)
+        torch.set_num_threads(1)
         kv = KvBytesConfig(block_bytes=args.kv_block_bytes, transfer=args.transfer, host=args.transfer_host)
     try:
         worker = EngineWorker(bus, NatsTokens(bus.nc, args.partition), args.node, args.role, profile,
