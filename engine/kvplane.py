@@ -304,9 +304,6 @@ class KvDataPlane:
         else:
             self.peers.pop(node, None)
 
-    def peer_removed(self, node: str) -> None:
-        self.peers.pop(node, None)
-
     # ------------------------------------------------------------------ own events
     def observe(self, event: Event) -> None:
         """One KV fact of this node, before it is published (the worker's emit path)."""

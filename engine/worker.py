@@ -305,11 +305,10 @@ class EngineWorker:
     def _peers_of(self, seq: int, event: Event) -> None:
         if self.kv is None:
             return
-        t = type(event)
-        if t is NodeRegistered:
+        # a NodeRemoved keeps the endpoint: liveness may remove a node that is only late (its
+        # next heartbeat revives it without a new registration); a dead peer fails the transfer
+        if type(event) is NodeRegistered:
             self.kv.peer_registered(event.node, event.transfer_endpoint)
-        elif t is NodeRemoved:
-            self.kv.peer_removed(event.node)
 
     def _on_route(self, e: RouteDecided) -> None:
         rid = e.request
