@@ -19,8 +19,8 @@ import duckdb
 
 from services.cli import main
 
-PINNED_EVENTS = 22185
-PINNED_DIGEST = "a2f23bdbdb859baee929ab2707f7ef13bc956d83023f21d79f29c7e8e6748e3e"
+PINNED_EVENTS = 22182
+PINNED_DIGEST = "2441fd059616a9c32414d995621c909a0bc4cbb34504475a95b0f5457198e296"
 
 
 def log_digest(path: str) -> tuple[int, str]:
