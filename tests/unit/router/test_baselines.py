@@ -107,3 +107,23 @@ def test_baselines_never_fetch(cls):
               + [s.submit(f"r{i}", "b", s.blocks(1, 8) + s.blocks(100 * i, 2), 1.0) for i in range(4)])
     assert all(d.fetch_plan == [] for d in out)
     assert all(d.t_c == (8 * BT if d.prefill_node == "p01" else 0) for d in out)
+
+
+def test_cache_aware_first_event_at_wall_clock_time_does_not_spin():
+    """Under `evolving up` event times are wall-clock seconds (~1.8e9): the eviction clock jumps
+    there in one step (it used to count 3e7 intervals of 60 s one by one, deciding nothing)."""
+    from events.catalog import Tick
+    from services.router.baselines import CacheAwareRouter
+
+    class Interval(float):
+        reads = 0
+
+        def __float__(self):
+            Interval.reads += 1
+            return float.__float__(self)
+
+    r = CacheAwareRouter()
+    r.eviction_interval_s = Interval(60.0)
+    r.apply(Tick(ts=1.8e9))
+    assert Interval.reads <= 2  # one step, not one per interval
+    assert 1.8e9 < r.next_eviction <= 1.8e9 + 60.0
