@@ -124,6 +124,7 @@ async def test_only_the_gateway_reads_tokens_and_nobody_pulls_another_services_c
         await nc.subscribe(f"eitok.{P}.>", cb=on_token)
         sub = await gateway.nc.subscribe(f"eitok.{P}.>")
         await nc.flush()
+        await gateway.nc.flush()  # both subscriptions are known to the server before the publish
         await engine.nc.publish(f"eitok.{P}.r1", b"secret tokens")
         await engine.nc.flush()
         msg = await sub.next_msg(timeout=2)
