@@ -11,6 +11,24 @@ import structlog
 _configured = False
 
 
+class _CurrentStderr:
+    """Writes each line to whatever ``sys.stderr`` is *now*: a stream captured at configure time
+    may be closed later (pytest swaps the standard streams per test; a daemonised child closes
+    them), and a log line must never raise."""
+
+    def msg(self, message: str) -> None:
+        try:
+            print(message, file=sys.stderr, flush=True)
+        except (ValueError, OSError):  # the stream is closed: drop the line, not the caller
+            pass
+
+    log = debug = info = warn = warning = error = critical = exception = fatal = msg
+
+
+def _current_stderr_factory(*_args) -> _CurrentStderr:
+    return _CurrentStderr()
+
+
 def configure_logging(level: str | None = None, fmt: str | None = None, stream=None) -> None:
     """Configure structlog once. ``fmt`` is ``console`` or ``json`` (env ``EI_LOG_FORMAT``);
     ``level`` defaults to env ``EI_LOG_LEVEL`` or ``info``. Logs go to stderr."""
@@ -32,7 +50,7 @@ def configure_logging(level: str | None = None, fmt: str | None = None, stream=N
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level, logging.INFO)),
-        logger_factory=structlog.PrintLoggerFactory(file=stream or sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=stream) if stream else _current_stderr_factory,
         cache_logger_on_first_use=False,
     )
     _configured = True
