@@ -343,6 +343,9 @@ class RoleSwitched(Event, frozen=True, kw_only=True, gc=False):
     drained: int = 0
     duration_s: float = 0.0
     kv_dropped: bool = False
+    #: How the switch was really carried out when it differs from the order (an engine that
+    #: cannot switch in place: ``restart``, ``in_place_drop_kv``; ``refused``); "" = as ordered.
+    mechanism: str = ""
 
 
 # --------------------------------------------------------------------------- clock

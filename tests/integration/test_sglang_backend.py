@@ -99,6 +99,7 @@ async def test_in_place_switch_drops_the_kv_and_says_how():
         b.order_switch("decode", "in_place")
         sw = await h.wait(lambda e: isinstance(e, RoleSwitched))
         assert (sw.role, sw.kv_dropped) == ("decode", True) and b.role == "decode" and fake.mode == "decode"
+        assert sw.mechanism == "in_place_drop_kv"  # the event itself says how it was done
         how = [e for e in h.events if isinstance(e, AnomalyReported)]
         assert [e.kind for e in how] == ["role_switch_in_place_drop_kv"]
         gone = await h.wait(lambda e: isinstance(e, KvEvicted))
@@ -115,7 +116,7 @@ async def test_a_refused_switch_keeps_the_role_when_attached():
     try:
         b.order_switch("decode", "in_place")
         sw = await h.wait(lambda e: isinstance(e, RoleSwitched))
-        assert (sw.role, sw.kv_dropped) == ("prefill", False) and b.role == "prefill"
+        assert (sw.role, sw.kv_dropped, sw.mechanism) == ("prefill", False, "refused") and b.role == "prefill"
         why = next(e for e in h.events if isinstance(e, AnomalyReported))
         assert why.kind == "role_switch_refused" and "--enable-pd-role-switch is not set" in why.detail
         assert fake.switches[-1]["success"] is False

@@ -20,7 +20,7 @@ import duckdb
 from services.cli import main
 
 PINNED_EVENTS = 22182
-PINNED_DIGEST = "2441fd059616a9c32414d995621c909a0bc4cbb34504475a95b0f5457198e296"
+PINNED_DIGEST = "5f9e9b7e4cb8bb8664d523678f83159c5637b5070a23b39c1eb3ba73d668e4f4"
 
 
 def log_digest(path: str) -> tuple[int, str]:

@@ -23,10 +23,10 @@ unless idle, started with ``--enable-pd-role-switch``, in PD mode, and prefill<-
 it then resets its prefix cache (so the switch is ``in_place_drop_kv`` for us). Where it
 refuses (or the target is ``collocated``), the backend restarts a server it launched with the
 new ``--disaggregation-mode``, or reports the old role in ``RoleSwitched`` when it only
-attached. How it was really done, when that differs from the ordered mechanism, is an
-``AnomalyReported(component="engine.sglang", kind="role_switch_<in_place_drop_kv|restart|refused>")``
-published just before the ``RoleSwitched`` (a new ``RoleSwitched`` field would change every
-recorded payload: the catalog has no ``omit_defaults``, and the pinned simulator log would differ).
+attached. How it was really done, when that differs from the ordered mechanism, is in the
+``RoleSwitched`` event itself (``mechanism``: ``in_place_drop_kv``, ``restart`` or ``refused``),
+and also an ``AnomalyReported(component="engine.sglang", kind="role_switch_<...>")`` published
+just before it, so SQL over anomalies lists every fallback.
 """
 
 from __future__ import annotations
@@ -528,13 +528,14 @@ class SglangBackend:
             self._role = to_role
         log.info("sglang_switch", node=self.node_id, to_role=to_role, how=how, detail=detail)
         self.status = "up"
-        if how != mechanism:  # say how it was really done (RoleSwitched has no field for it: see docs/engines.md)
+        if how != mechanism:  # also an anomaly, so SQL over anomalies sees every fallback
             self.host.emit(AnomalyReported(ts=self._now(), src=self.node_id, component="engine.sglang",
                                            kind=f"role_switch_{how}", ref=self.node_id,
                                            detail=f"ordered {mechanism} to {to_role}; {how}" + (f": {detail}" if detail
                                                                                                else "")))
         self.host.emit(RoleSwitched(ts=self._now(), src=self.node_id, node=self.node_id, role=self._role,
-                                    drained=drained, duration_s=self._now() - t0, kv_dropped=dropped))
+                                    drained=drained, duration_s=self._now() - t0, kv_dropped=dropped,
+                                    mechanism="" if how == mechanism else how))
         self._release_held()
 
     async def _fallback(self, to_role: Role, why: str) -> str:
