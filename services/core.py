@@ -58,6 +58,6 @@ class Sequenced(Generic[C]):
         return msgspec.msgpack.encode(_Envelope(self.applied_seq, self.core.snapshot()))
 
     @classmethod
-    def restore(cls, data: bytes, core_type: type) -> "Sequenced":
+    def restore(cls, data: bytes, core_type: type) -> Sequenced:
         env = msgspec.msgpack.decode(data, type=_Envelope)
         return cls(core_type.from_snapshot(env.core), env.applied_seq)
