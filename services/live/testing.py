@@ -4,9 +4,11 @@ wait for a condition with a bounded timeout, start a service as a child process.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -70,3 +72,17 @@ def spawn_service(kind: str, nats_url: str, partition: str, *extra: str, env: di
         return subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     with open(log_path, "ab") as out:
         return subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def wait_ready_file(path: Path, proc: subprocess.Popen, timeout_s: float) -> dict:
+    """The JSON ``evolving up --ready-file`` writes, once it is there; an ``up`` that exits first
+    fails with its exit code (and its output when it was piped)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists():
+            return json.loads(path.read_text())
+        if proc.poll() is not None:
+            out = proc.stdout.read() if proc.stdout else ""
+            raise AssertionError(f"evolving up exited early with {proc.returncode}: {out}")
+        time.sleep(0.2)
+    raise TimeoutError(f"{path} not written within {timeout_s} s")

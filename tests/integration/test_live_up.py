@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from services.bus import NatsBus
+from services.live.testing import wait_ready_file
 from services.recorder.eventlog import DuckDbEventLog
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,15 +44,6 @@ def _wait_text(path: Path, text: str, times: int, timeout_s: float) -> None:
     raise TimeoutError(f"{text!r} not {times} times in {path} within {timeout_s} s")
 
 
-def _wait_file(path: Path, proc: subprocess.Popen, timeout_s: float) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if path.exists():
-            return json.loads(path.read_text())
-        if proc.poll() is not None:
-            raise AssertionError(f"evolving up exited early with {proc.returncode}")
-        time.sleep(0.2)
-    raise TimeoutError(f"{path} not written within {timeout_s} s")
 
 
 @pytest.mark.skipif(bool(MISSING), reason=f"needs the engine worker and gateway: missing {MISSING}")
@@ -70,7 +62,7 @@ def test_up_serves_a_real_trace_end_to_end(nats_url, partition, tmp_path):
          "--planner-arg", "cooldown_s=2"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        urls = _wait_file(ready, up, 120)
+        urls = wait_ready_file(ready, up, 120)
         for run in ("first", "after-restart"):
             drive = _cli("drive", str(trace), "--gateway", urls["gateway"], "--speedup", "1000", "--json",
                          "--timeout-s", "60", "--run-id", f"{run}-")

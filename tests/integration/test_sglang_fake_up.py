@@ -13,11 +13,11 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from services.live.testing import wait_ready_file
 from services.recorder.eventlog import DuckDbEventLog
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,15 +31,6 @@ def _cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout)
 
 
-def _wait_file(path: Path, proc: subprocess.Popen, timeout_s: float) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if path.exists():
-            return json.loads(path.read_text())
-        if proc.poll() is not None:
-            raise AssertionError(f"evolving up exited early with {proc.returncode}: {proc.stdout.read()}")
-        time.sleep(0.2)
-    raise TimeoutError(f"{path} not written within {timeout_s} s")
 
 
 @pytest.mark.skipif(bool(MISSING), reason=f"missing {MISSING}")
@@ -57,7 +48,7 @@ def test_up_with_sglang_fake_engines_end_to_end(nats_url, partition, tmp_path):
          "--planner-arg", "cooldown_s=2"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        urls = _wait_file(ready, up, 120)
+        urls = wait_ready_file(ready, up, 120)
         for run in ("first", "second"):
             drive = _cli("drive", str(trace), "--gateway", urls["gateway"], "--speedup", "1000", "--json",
                          "--timeout-s", "90", "--run-id", f"{run}-")

@@ -10,27 +10,18 @@ import json
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 from services.bus import NatsBus
+from services.live.testing import wait_ready_file
 from services.partitions import partition_names, session_index
 from services.recorder.eventlog import DuckDbEventLog
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _wait_file(path: Path, proc: subprocess.Popen, timeout_s: float) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if path.exists():
-            return json.loads(path.read_text())
-        if proc.poll() is not None:
-            raise AssertionError(f"evolving up exited early with {proc.returncode}: {proc.stdout.read()}")
-        time.sleep(0.2)
-    raise TimeoutError(f"{path} not written within {timeout_s} s")
 
 
 def _post(url: str, body: dict, headers: dict) -> dict:
@@ -53,7 +44,7 @@ def test_up_two_partitions_keeps_every_session_in_its_partition(nats_url, partit
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     roots = [f"s{i}-{partition}" for i in range(8)]
     try:
-        urls = _wait_file(ready, up, 120)
+        urls = wait_ready_file(ready, up, 120)
         assert urls["partitions"] == {names[0]: ["n0", "n1"], names[1]: ["n2", "n3"]}
         gw = urls["gateway"]
         for root in roots:
