@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from engine.transfer.base import PoolDescriptor, TransferError
+from engine.transfer.base import PoolDescriptor, TransferError, TransferStats
 from kernels.layout import KvLayoutError, check_slots, coalesce_runs
 from kernels.ops import as_slots
 from kernels.pool import BlockPool
@@ -69,3 +69,22 @@ def plan(
     check_slots(remote, peer.num_slots, f"{what} remote {peer.endpoint}/{peer.pool_id}", unique=not read)
     check_slots(loc, local.num_slots, f"{what} local", unique=read)
     return coalesce_runs(remote, loc)
+
+
+class ReadWriteByTransfer:
+    """``read_blocks`` / ``write_blocks`` of the port, for a backend whose one
+    ``_transfer(peer, remote_slots, local, local_slots, *, read)`` moves either way."""
+
+    def _transfer(self, peer: PoolDescriptor, remote_slots: Sequence[int], local: BlockPool,
+                  local_slots: Sequence[int], *, read: bool) -> TransferStats:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def read_blocks(
+        self, peer: PoolDescriptor, remote_slots: Sequence[int], local: BlockPool, local_slots: Sequence[int]
+    ) -> TransferStats:
+        return self._transfer(peer, remote_slots, local, local_slots, read=True)
+
+    def write_blocks(
+        self, local: BlockPool, local_slots: Sequence[int], peer: PoolDescriptor, remote_slots: Sequence[int]
+    ) -> TransferStats:
+        return self._transfer(peer, remote_slots, local, local_slots, read=False)

@@ -8,10 +8,8 @@ next N transfers fail as a broken link would.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from engine.transfer.base import PeerUnreachable, PoolDescriptor, TransferFailed, TransferStats
-from engine.transfer.common import Registry, plan
+from engine.transfer.common import ReadWriteByTransfer, Registry, plan
 from kernels.ops import copy_blocks
 from kernels.pool import BlockPool
 
@@ -23,7 +21,7 @@ class LoopbackFabric:
         self.nodes: dict[str, LoopbackTransfer] = {}
 
 
-class LoopbackTransfer:
+class LoopbackTransfer(ReadWriteByTransfer):
     name = "loopback"
 
     def __init__(self, fabric: LoopbackFabric, node: str) -> None:
@@ -75,16 +73,6 @@ class LoopbackTransfer:
         else:
             copy_blocks(local, ls, remote, rs).wait()
         return TransferStats(nbytes=len(rs) * local.block_bytes, blocks=len(rs), runs=len(runs))
-
-    def read_blocks(
-        self, peer: PoolDescriptor, remote_slots: Sequence[int], local: BlockPool, local_slots: Sequence[int]
-    ) -> TransferStats:
-        return self._transfer(peer, remote_slots, local, local_slots, read=True)
-
-    def write_blocks(
-        self, local: BlockPool, local_slots: Sequence[int], peer: PoolDescriptor, remote_slots: Sequence[int]
-    ) -> TransferStats:
-        return self._transfer(peer, remote_slots, local, local_slots, read=False)
 
     def close(self) -> None:
         self.registry.pools.clear()

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Sequence
 
 import structlog
 
@@ -28,7 +27,7 @@ from engine.transfer.base import (
     TransferStats,
     TransferUnavailable,
 )
-from engine.transfer.common import Registry, plan
+from engine.transfer.common import ReadWriteByTransfer, Registry, plan
 from kernels.pool import BlockPool
 
 log = structlog.get_logger("engine.transfer.mooncake")
@@ -58,7 +57,7 @@ def mooncake_available() -> tuple[bool, str]:
     return True, ""
 
 
-class MooncakeTransfer:
+class MooncakeTransfer(ReadWriteByTransfer):
     name = "mooncake"
 
     def __init__(self, host: str = "127.0.0.1", *, protocol: str = "tcp", device: str = "") -> None:
@@ -129,16 +128,6 @@ class MooncakeTransfer:
             )
         blocks = sum(lengths) // size
         return TransferStats(nbytes=sum(lengths), blocks=blocks, runs=len(runs))
-
-    def read_blocks(
-        self, peer: PoolDescriptor, remote_slots: Sequence[int], local: BlockPool, local_slots: Sequence[int]
-    ) -> TransferStats:
-        return self._transfer(peer, remote_slots, local, local_slots, read=True)
-
-    def write_blocks(
-        self, local: BlockPool, local_slots: Sequence[int], peer: PoolDescriptor, remote_slots: Sequence[int]
-    ) -> TransferStats:
-        return self._transfer(peer, remote_slots, local, local_slots, read=False)
 
     def close(self) -> None:
         if self._closed:
