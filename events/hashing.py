@@ -12,6 +12,7 @@ the same hashes on every machine, which replays and a multi-process directory de
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections.abc import Sequence
 
 import numpy as np
@@ -31,6 +32,34 @@ def hash_block_tokens(parent: int, tokens: Sequence[int] | np.ndarray) -> BlockH
     h.update((parent & _MASK).to_bytes(8, "little"))
     h.update(arr.tobytes())
     return BlockHash(int.from_bytes(h.digest(), "little"))
+
+
+_SALTED = struct.Struct("<Q3I")  # parent u64 LE || three u32 LE tokens
+_U64 = struct.Struct("<Q")
+_EMPTY8 = hashlib.blake2b(digest_size=8)
+
+
+def salted_chain(parent: int, salt: int, start: int, count: int) -> list[BlockHash]:
+    """``count`` chained hashes of synthetic blocks ``start .. start + count - 1``: block ``i`` has
+    the three tokens ``[salt & 0xFFFFFFFF, salt >> 32 & 0xFFFFFFFF, i]`` and hashes exactly as
+    ``hash_block_tokens(parent, those tokens)`` (the same BLAKE2b bytes, packed directly: ~5x
+    faster than going through numpy per block). The first block's parent is ``parent``."""
+    if count <= 0:
+        return []
+    if start < 0 or start + count - 1 > 0xFFFFFFFF:
+        raise ValueError(f"block indices {start}..{start + count - 1} do not fit in a u32 token")
+    lo, hi = salt & 0xFFFFFFFF, salt >> 32 & 0xFFFFFFFF
+    # copying an empty 8-byte BLAKE2b state is cheaper than constructing one per block
+    pack, fresh, unpack = _SALTED.pack, _EMPTY8.copy, _U64.unpack
+    out: list[BlockHash] = []
+    append = out.append
+    parent &= _MASK
+    for i in range(start, start + count):
+        h = fresh()
+        h.update(pack(parent, lo, hi, i))
+        (parent,) = unpack(h.digest())
+        append(parent)
+    return out
 
 
 def block_hashes(

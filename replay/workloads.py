@@ -33,16 +33,16 @@ OSWorld-like (:class:`OsworldParams`): a task is an orchestrator branch that spa
 from __future__ import annotations
 
 import json
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 import numpy as np
 
-from events.hashing import hash_block_tokens, namespace_root
+from events.hashing import namespace_root, salted_chain
 from replay.trace import Branch, Compact, End, Fork, Request, Session, Spawn, Step
-
-_U32 = 0xFFFFFFFF
 
 
 class _Ctx:
@@ -65,11 +65,11 @@ class _Ctx:
         return len(self.blocks) * self.bt + self.tail
 
     def append(self, n: int) -> None:
+        # block i's tokens are [salt & U32, salt >> 32 & U32, i], chained from the last block
+        # (events.hashing.salted_chain hashes exactly as hash_block_tokens would, ~5x faster)
         total = self.tail + int(n)
-        for _ in range(total // self.bt):
-            parent = self.blocks[-1] if self.blocks else self.root
-            i = len(self.blocks)
-            self.blocks.append(hash_block_tokens(parent, [self.salt & _U32, self.salt >> 32 & _U32, i]))
+        blocks = self.blocks
+        blocks += salted_chain(blocks[-1] if blocks else self.root, self.salt, len(blocks), total // self.bt)
         self.tail = total % self.bt
 
     def request(self, output: float, pause_s: float, pause_kind: str = "tool") -> Request:
@@ -101,8 +101,12 @@ class LogNormal:
     def draw(self, rng: np.random.Generator) -> float:
         if self.zero_p and rng.random() < self.zero_p:
             return 0.0
-        v = min(max(float(rng.lognormal(np.log(self.median), self.sigma)), self.lo), self.hi)
+        v = min(max(float(rng.lognormal(self._log_median, self.sigma)), self.lo), self.hi)
         return float(round(v)) if self.integer else v
+
+    @cached_property
+    def _log_median(self) -> np.float64:  # computed once (the same np.log value as per draw)
+        return np.log(self.median)
 
     @classmethod
     def fit(cls, values: Sequence[float], integer: bool = False) -> LogNormal:
@@ -133,14 +137,30 @@ class Quantiles:
         return self.at(float(rng.random()))
 
     def at(self, u: float) -> float:
-        probs = self.p or tuple(np.linspace(0, 1, len(self.q)))
+        # The probabilities and the quantiles' logs are computed once (_table); bisect_right on
+        # the sorted probabilities is np.searchsorted(side="right"), and the arithmetic is the
+        # same float64 operations in the same order, so every draw is bit-identical to the
+        # per-draw numpy version (tests/unit/replay/test_workloads.py pins it).
+        probs, logs = self._table
+        q = self.q
         u = min(max(u, 0.0), 1.0)
-        i = min(max(int(np.searchsorted(probs, u, side="right")) - 1, 0), len(self.q) - 2)
+        i = min(max(bisect_right(probs, u) - 1, 0), len(q) - 2)
         span = probs[i + 1] - probs[i]
         f = (u - probs[i]) / span if span > 0 else 0.0
-        a, b = self.q[i], self.q[i + 1]
-        v = float(np.exp(np.log(a) + f * (np.log(b) - np.log(a)))) if a > 0 and b > 0 else a + f * (b - a)
+        a, b = q[i], q[i + 1]
+        if a > 0 and b > 0:
+            la = logs[i]
+            v = float(np.exp(la + f * (logs[i + 1] - la)))
+        else:
+            v = a + f * (b - a)
         return float(round(v)) if self.integer else v
+
+    @cached_property
+    def _table(self) -> tuple[list[float], list]:
+        """The probabilities (``p``, or evenly spaced) and ``np.log`` of each positive quantile."""
+        probs = [float(x) for x in (self.p or np.linspace(0, 1, len(self.q)))]
+        logs = [np.log(x) if x > 0 else None for x in self.q]
+        return probs, logs
 
     @property
     def median(self) -> float:
@@ -300,9 +320,18 @@ def _randint(rng: np.random.Generator, lo_hi: tuple[int, int]) -> int:
 
 
 def _system(workload: str, tokens: int, bt: int, who: str = "main") -> _Ctx:
+    """The shared system prompt's context (a fresh object; its blocks are hashed once per process)."""
+    root, salt, blocks, tail = _system_blocks(workload, tokens, bt, who)
+    ctx = _Ctx(bt, root, salt)
+    ctx.blocks, ctx.tail = list(blocks), tail
+    return ctx
+
+
+@lru_cache(maxsize=64)
+def _system_blocks(workload: str, tokens: int, bt: int, who: str) -> tuple[int, int, tuple[int, ...], int]:
     ctx = _Ctx(bt, namespace_root(f"{workload}/{who}-system"), _salt(workload, who, "system"))
     ctx.append(tokens)
-    return ctx
+    return ctx.root, ctx.salt, tuple(ctx.blocks), ctx.tail
 
 
 def cc_session(sid: str, rng: np.random.Generator, p: CcParams | None = None) -> Session:
