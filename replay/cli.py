@@ -11,8 +11,10 @@ add a ``_register_<group>(sub, bench)`` and one line to ``register``.
 ``evolving trace fit SRC -o PARAMS.json [--from FORMAT]`` -- fit the CC generator to sessions
 ``evolving trace generate WORKLOAD -o OUT [--seed N] [--agents N] [--rate R]`` -- synthetic
 
-A *workload spec* (``--compare``) is a trace path (session JSONL, or kv-cache-tester JSON /
-``.json.gz`` files or a folder of them), ``FORMAT:PATH`` to import with a named importer
+A *workload spec* (``--compare``, ``fit``, ``stats FILE...``, the simulator's ``--trace``,
+``evolving drive``: one parser, ``replay/importers/spec.py``) is a trace path (session JSONL,
+kv-cache-tester JSON / ``.json.gz``, Mooncake JSONL, Claude Code transcripts, a file or a folder:
+the format told by content), ``FORMAT:PATH`` to import with a named importer
 (``mooncake:trace.jsonl``), or ``gen:NAME[:key=value]...`` for a generator, keys ``agents``
 (default: the workload's), ``seed`` (0), ``params`` (a fit file, CC only) and ``pace``
 (``recorded`` default, ``agent[:T[:H]]``, ``scale:X``), e.g. ``gen:cc:agents=126:seed=1``.
@@ -86,22 +88,13 @@ def _report_skipped(skipped: list) -> None:
 
 
 def _load(files: list[str], fmt: str | None, skip_bad: bool):
-    from replay.importers import get_importer
-    from replay.trace import TraceFormatError, load_sessions
+    from replay.importers.spec import load_workload
 
     sessions, skipped = [], []
-    for f in files:
-        p = Path(f)
-        gz_only = p.name.endswith(".json.gz") or (
-            p.is_dir() and any(p.glob("*.json.gz")) and not any(p.glob("*.jsonl")) and not any(p.glob("*.json")))
-        if fmt or gz_only:  # gzipped kv-cache-tester sessions need no --from
-            res = get_importer(fmt or "weka")(f, skip_bad=skip_bad)
-            sessions += res.sessions
-            skipped += res.skipped
-        else:
-            errs: list[TraceFormatError] = []
-            sessions += load_sessions(f, errs if skip_bad else None)
-            skipped += errs
+    for f in files:  # each a workload spec (replay.importers.spec), --from forcing the format
+        w = load_workload(f, fmt, skip_bad=skip_bad, require_sessions=False)  # the caller says "no session"
+        sessions += w.sessions
+        skipped += w.skipped
     return sessions, skipped
 
 
@@ -131,57 +124,13 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
 
 def load_workload(spec: str, fmt: str | None = None) -> tuple[list, str]:
-    """Sessions of a workload spec (see the module docstring) and a label for it.
-    Raises ``ValueError``/``TraceFormatError``/``OSError`` with a one-line message."""
-    from replay.importers import FORMATS, get_importer
+    """Sessions of a workload spec (see the module docstring) and a label for it: the shared
+    parser ``replay.importers.spec.load_workload``. Raises ``ValueError``
+    (``WorkloadSpecError``) / ``TraceFormatError`` / ``OSError`` with a one-line message."""
+    from replay.importers.spec import load_workload as load
 
-    if spec.startswith("gen:"):
-        from replay.pacing import pace_sessions
-        from replay.workloads import WORKLOADS, generate, load_cc_params
-
-        parts: list[str] = []
-        for item in spec.split(":")[1:]:  # "pace=scale:2": a part without "=" continues the previous
-            if parts and "=" not in item and "=" in parts[-1]:
-                parts[-1] += ":" + item
-            else:
-                parts.append(item)
-        if not parts or parts[0] not in WORKLOADS:
-            raise ValueError(f"bad workload spec {spec!r}: gen:NAME with NAME one of {', '.join(sorted(WORKLOADS))}")
-        name, kv = parts[0], {}
-        for item in parts[1:]:
-            key, eq, val = item.partition("=")
-            if not eq or key not in ("agents", "seed", "params", "pace"):
-                raise ValueError(f"bad workload spec {spec!r}: {item!r} is not agents=N, seed=S, params=FILE or pace=P")
-            kv[key] = val
-        try:
-            agents = int(kv["agents"]) if "agents" in kv else None
-            seed = int(kv.get("seed", 0))
-        except ValueError:
-            raise ValueError(f"bad workload spec {spec!r}: agents and seed are integers") from None
-        params = None
-        if "params" in kv:
-            if name != "cc":
-                raise ValueError(f"bad workload spec {spec!r}: params= is for gen:cc only")
-            if not Path(kv["params"]).is_file():
-                raise ValueError(f"bad workload spec {spec!r}: no params file {kv['params']!r}")
-            params = load_cc_params(kv["params"])
-        sessions = generate(name, seed=seed, agents=agents, params=params)
-        if "pace" in kv:
-            sessions = pace_sessions(sessions, kv["pace"])
-        return sessions, spec
-    head, colon, rest = spec.partition(":")
-    if colon and head in FORMATS and not fmt:
-        fmt, spec = head, rest
-    if fmt:
-        res = get_importer(fmt)(spec)
-        sessions = res.sessions
-    else:
-        from replay.sim_cli import load_trace
-
-        sessions = load_trace(spec)
-    if not sessions:
-        raise ValueError(f"{spec}: no session")
-    return sessions, spec
+    w = load(spec, fmt)
+    return w.sessions, w.label
 
 
 def _cmd_compare_workloads(args: argparse.Namespace) -> int:
@@ -248,7 +197,7 @@ def _cmd_stats(args: argparse.Namespace) -> int:
         return 2
     try:
         sessions, skipped = _load(args.files, args.fmt, args.skip_bad)
-    except (TraceFormatError, OSError) as exc:
+    except (TraceFormatError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     if not sessions:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -93,19 +94,25 @@ def _pace_arg(text: str) -> str:
 
 
 # --------------------------------------------------------------------------- inputs
-def load_trace(path: str | Path) -> list:
-    """Sessions from a session JSONL file/dir, or a folder/file of kv-cache-tester JSON traces."""
-    from replay.trace import TraceFormatError, load_sessions
+def load_trace(spec: str | Path) -> list:
+    """Sessions of a workload spec, read by the parser every trace-taking command shares
+    (``replay.importers.spec``): a trace path (format told by content), ``FORMAT:PATH`` (e.g.
+    ``mooncake:trace.jsonl``) or ``gen:NAME[:key=value]...``. Raises ``WorkloadSpecError`` /
+    ``TraceFormatError`` with a one-line message (file and line for a broken record)."""
+    from replay.importers.spec import load_workload
+
+    return load_workload(str(spec)).sessions
+
+
+def _trace_arg(text: str) -> str:
+    """``--trace``: the spec's syntax checked at parse time (an unknown format is a usage error)."""
+    from replay.importers.spec import WorkloadSpecError, parse_spec
 
     try:
-        sessions = load_sessions(path)
-        if sessions:
-            return sessions
-    except TraceFormatError:
-        pass
-    from replay.importers.weka import import_weka
-
-    return import_weka(path).sessions
+        parse_spec(text)
+    except WorkloadSpecError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def session_source(args) -> tuple[SessionSource, str]:
@@ -126,7 +133,13 @@ def session_source(args) -> tuple[SessionSource, str]:
 
         return SessionSource(make=make), f"{args.workload}-like (seed {args.seed}, pace {pace})"
     path = args.trace or BUNDLED_TRACE
-    sessions = [pace_session(s, pace) for s in load_trace(path)]
+    from replay.importers.spec import WorkloadSpecError
+    from replay.trace import TraceFormatError
+
+    try:
+        sessions = [pace_session(s, pace) for s in load_trace(path)]
+    except (WorkloadSpecError, TraceFormatError, OSError) as exc:  # one line, not a traceback
+        raise SystemExit(f"error: {exc}") from None  # each names the spec, or the file and line
     return SessionSource(sessions), f"{len(sessions)} sessions from {path}" + (
         f" (pace {pace})" if pace.mode != "recorded" else "")
 
@@ -231,8 +244,10 @@ def run_one(stack_name: str, args, source: SessionSource, out: Path | None, prog
 # --------------------------------------------------------------------------- commands
 def _add_common(p: argparse.ArgumentParser, default_duration: str = "1h", default_warmup: str = "30m") -> None:
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--trace", help="session JSONL file/dir or kv-cache-tester JSON traces "
-                                     "(default: the bundled real Claude Code sessions)")
+    src.add_argument("--trace", type=_trace_arg,
+                     help="a workload spec: trace path (session JSONL, kv-cache-tester JSON[.gz], Mooncake "
+                          "JSONL, Claude Code transcripts; told by content), FORMAT:PATH (e.g. mooncake:t.jsonl) "
+                          "or gen:NAME[:key=value]... (default: the bundled real Claude Code sessions)")
     src.add_argument("--workload", choices=["cc", "putnam", "osworld"], help="synthetic workload")
     load = p.add_mutually_exclusive_group()
     load.add_argument("--agents", type=int, default=None,
@@ -348,6 +363,8 @@ def _cmd_bench(args) -> int:
 
     rows = []
     cases = [(9, args.agents), (args.big_nodes, args.agents * args.big_nodes // 9)]
+    if getattr(args, "only_partitions", False):  # just the partition rows below
+        cases = []
     for nodes, agents in cases:
         base = argparse.Namespace(**vars(args))
         base.nodes, base.agents, base.arrivals, base.trace = nodes, agents, None, None
@@ -365,7 +382,23 @@ def _cmd_bench(args) -> int:
                          source.make_s))
             print(f"{nodes} nodes, {agents} agents, {label}: {speed:.1f}x real time "
                   f"({res.config.end_s:.0f} s simulated in {sim_wall:.1f} s + {source.make_s:.1f} s generating "
-                  f"sessions, {len(res.log)} events)", flush=True)
+                  f"sessions, {len(res.log)} events)", flush=True, file=sys.stderr if args.json else sys.stdout)
+    extra: dict[int, dict] = {}
+    if getattr(args, "partitions", 1) > 1:  # issue 16: one cluster as 1 vs N partitions (replay/partitioned.py)
+        from replay.partitioned import bench_rows
+
+        for r in bench_rows(args, args.partition_nodes, args.partitions, args.partition_agents_per_node, args.jobs):
+            extra[len(rows)] = r
+            rows.append((r["nodes"], r["agents"], r["run"], r["simulated_s"], r["wall_s"], r["x_real_time"],
+                         r["events"], r["finished"], r["gen_s"]))
+            print(f"{r['nodes']} nodes, {r['agents']} agents, {r['run']}: {r['x_real_time']:.2f}x real time "
+                  f"({r['wall_s']:.1f} s wall end to end, {r['cpu_s']:.1f} s CPU, {r['events']} events)",
+                  flush=True, file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        keys = ("nodes", "agents", "run", "simulated_s", "wall_s", "x_real_time", "events", "finished", "gen_s")
+        print(json.dumps([{**dict(zip(keys, r, strict=True)), "events_per_s": r[6] / max(1e-9, r[4]),
+                           **extra.get(i, {})} for i, r in enumerate(rows)], indent=2))
+        return 0
     t = Table(title="evolving bench sim: CC-like agents, simulated seconds per wall second")
     for col in ("nodes", "agents", "run", "simulated s", "wall s (sim)", "x real time", "events", "finished",
                 "gen s", "vs evolving"):
@@ -444,5 +477,14 @@ def register_sim(sub, bench) -> None:
     bp.add_argument("--warmup", type=parse_duration, default=parse_duration("3m"))
     bp.add_argument("--big-nodes", type=int, default=64, help="the large cluster (agents scaled)")
     bp.add_argument("--seed", type=int, default=0)
+    bp.add_argument("--partitions", type=_positive_int, default=1,
+                    help="add the partition rows: --partition-nodes nodes as 1 partition and as N partitions")
+    bp.add_argument("--partition-nodes", type=_positive_int, default=96, help="the partitioned cluster's nodes")
+    bp.add_argument("--partition-agents-per-node", type=float, default=2.0,
+                    help="CC-like agents per node in the partition rows (2: the 768-node run's 1,536)")
+    bp.add_argument("--jobs", type=_positive_int, default=None,
+                    help="processes for the partition rows (default: one per core available)")
+    bp.add_argument("--only-partitions", action="store_true", help="only the partition rows")
+    bp.add_argument("--json", action="store_true", help="the rows as JSON on stdout (progress on stderr)")
     bp.set_defaults(func=_cmd_bench, profile=None, start=None, fast=False, json=False, no_progress=True,
                     trace=None, arrivals=None)

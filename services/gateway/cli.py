@@ -15,7 +15,8 @@ import uuid
 
 def register_drive(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("drive", help="replay agent sessions through a running gateway over HTTP (closed loop)")
-    p.add_argument("trace", help="session JSONL file or directory (replay/trace.py format)")
+    p.add_argument("trace", help="a workload spec: session JSONL file or directory, another trace format "
+                                 "(told by content, or FORMAT:PATH such as mooncake:t.jsonl) or gen:NAME[:k=v]...")
     p.add_argument("--gateway", default="http://127.0.0.1:8000", help="gateway base URL")
     p.add_argument("--concurrency", type=int, default=8, help="sessions running at once")
     p.add_argument("--speedup", type=float, default=1.0, help="divide every pause by this factor")
@@ -38,12 +39,13 @@ def register_drive(sub: argparse._SubParsersAction) -> None:
 def _cmd_drive(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from replay.trace import TraceFormatError, load_sessions
+    from replay.importers.spec import WorkloadSpecError, load_workload
+    from replay.trace import TraceFormatError
     from services.gateway.drive import DriveConfig, DriveProgress, Driver, drive
 
-    try:
-        sessions = load_sessions(args.trace)
-    except (OSError, TraceFormatError) as exc:
+    try:  # the workload-spec parser every trace-taking command shares (replay/importers/spec.py)
+        sessions = load_workload(args.trace, require_sessions=False).sessions
+    except (OSError, TraceFormatError, WorkloadSpecError) as exc:
         print(f"evolving drive: {exc}", file=sys.stderr)
         return 2
     if args.limit is not None:
