@@ -182,7 +182,21 @@ def _worker(task: tuple) -> dict:
     run = simulate_partition(stack_name, args, partitions, index, Path(out))
     res = run.result
     return {"index": index, "wall_s": res.wall_s, "events": run.events, "submitted": res.submitted,
-            "finished": res.finished, "unfinished": len(res.unfinished), "make_s": run.make_s}
+            "finished": res.finished, "unfinished": len(res.unfinished), "make_s": run.make_s,
+            "peak_rss_mb": peak_rss_mb()}
+
+
+def peak_rss_mb() -> float | None:
+    """This process's peak resident memory (``VmHWM``, MB; None where /proc is absent). Not
+    ``ru_maxrss``: a spawned child's counts its parent's memory at the fork before the exec."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
 
 
 def merge_logs(parts: Sequence[Path], out: Path, config: dict) -> int:
@@ -317,3 +331,34 @@ def run_partitioned(stack_name: str, args, out: Path | None, progress: bool = Tr
                             finished=sum(r["finished"] for r in results), events=events, wall_s=wall,
                             parts=results, out=out)
     return m, res
+
+
+def bench_rows(args, nodes: int, partitions: int, agents_per_node: float, jobs: int | None = None) -> list[dict]:
+    """``evolving bench sim --partitions N``: the CC-like workload on ``nodes`` nodes (``agents_per_node``
+    agents each, the bench's ``--warmup``/``--duration``/``--seed``), simulated as one partition (the
+    baseline: one process) and as ``partitions`` partitions on ``jobs`` processes, both end to end
+    through :func:`run_partitioned` (spawning, generating sessions, simulating, recording each
+    partition's DuckDB log, merging, computing the figures), the evolving stack. ``cpu_s`` counts this
+    process and its finished children; ``peak_rss_mb`` is the largest partition process's peak
+    (``VmHWM``; for one partition: this process, which also ran the bench's earlier rows)."""
+    import argparse
+
+    rows: list[dict] = []
+    for n in (1, partitions) if partitions > 1 else (1,):
+        a = argparse.Namespace(**vars(args))
+        a.nodes, a.agents, a.partitions, a.jobs = nodes, max(1, round(agents_per_node * nodes)), n, jobs
+        a.workload, a.trace, a.arrivals, a.fast = "cc", None, None, False
+        c0 = os.times()
+        _, res = run_partitioned("evolving", a, None, progress=False)
+        c1 = os.times()
+        cpu = sum(getattr(c1, f) - getattr(c0, f) for f in ("user", "system", "children_user", "children_system"))
+        rss = [p["peak_rss_mb"] for p in res.parts if p.get("peak_rss_mb") is not None]
+        used = max(1, min(n, int(jobs or default_jobs())))
+        rows.append({"nodes": nodes, "agents": a.agents, "run": f"evolving, {n} partition{'s' if n > 1 else ''}"
+                     + (f" ({used} processes)" if n > 1 else ""), "partitions": n, "processes": used,
+                     "simulated_s": res.config.end_s, "wall_s": res.wall_s,
+                     "x_real_time": res.config.end_s / max(1e-9, res.wall_s), "events": res.events,
+                     "events_per_s": res.events / max(1e-9, res.wall_s), "finished": res.finished,
+                     "gen_s": sum(p["make_s"] for p in res.parts), "cpu_s": cpu,
+                     "peak_rss_mb": max(rss) if rss else None})
+    return rows
