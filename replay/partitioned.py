@@ -333,18 +333,20 @@ def run_partitioned(stack_name: str, args, out: Path | None, progress: bool = Tr
     return m, res
 
 
-def bench_rows(args, nodes: int, partitions: int, agents_per_node: float, jobs: int | None = None) -> list[dict]:
+def bench_rows(args, nodes: int, partitions: int, agents_per_node: float, jobs: int | None = None,
+               baseline: bool = True) -> list[dict]:
     """``evolving bench sim --partitions N``: the CC-like workload on ``nodes`` nodes (``agents_per_node``
     agents each, the bench's ``--warmup``/``--duration``/``--seed``), simulated as one partition (the
     baseline: one process) and as ``partitions`` partitions on ``jobs`` processes, both end to end
     through :func:`run_partitioned` (spawning, generating sessions, simulating, recording each
-    partition's DuckDB log, merging, computing the figures), the evolving stack. ``cpu_s`` counts this
+    partition's DuckDB log, merging, computing the figures), the evolving stack; ``baseline=False``
+    skips the one-partition row. ``cpu_s`` counts this
     process and its finished children; ``peak_rss_mb`` is the largest partition process's peak
     (``VmHWM``; for one partition: this process, which also ran the bench's earlier rows)."""
     import argparse
 
     rows: list[dict] = []
-    for n in (1, partitions) if partitions > 1 else (1,):
+    for n in ((1,) if baseline else ()) + ((partitions,) if partitions > 1 else ()):
         a = argparse.Namespace(**vars(args))
         a.nodes, a.agents, a.partitions, a.jobs = nodes, max(1, round(agents_per_node * nodes)), n, jobs
         a.workload, a.trace, a.arrivals, a.fast = "cc", None, None, False

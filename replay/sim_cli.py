@@ -387,7 +387,8 @@ def _cmd_bench(args) -> int:
     if getattr(args, "partitions", 1) > 1:  # issue 16: one cluster as 1 vs N partitions (replay/partitioned.py)
         from replay.partitioned import bench_rows
 
-        for r in bench_rows(args, args.partition_nodes, args.partitions, args.partition_agents_per_node, args.jobs):
+        for r in bench_rows(args, args.partition_nodes, args.partitions, args.partition_agents_per_node, args.jobs,
+                            baseline=not args.no_partition_baseline):
             extra[len(rows)] = r
             rows.append((r["nodes"], r["agents"], r["run"], r["simulated_s"], r["wall_s"], r["x_real_time"],
                          r["events"], r["finished"], r["gen_s"]))
@@ -485,6 +486,8 @@ def register_sim(sub, bench) -> None:
     bp.add_argument("--jobs", type=_positive_int, default=None,
                     help="processes for the partition rows (default: one per core available)")
     bp.add_argument("--only-partitions", action="store_true", help="only the partition rows")
+    bp.add_argument("--no-partition-baseline", action="store_true",
+                    help="skip the 1-partition baseline row (a 768-node single process does not fit here)")
     bp.add_argument("--json", action="store_true", help="the rows as JSON on stdout (progress on stderr)")
     bp.set_defaults(func=_cmd_bench, profile=None, start=None, fast=False, json=False, no_progress=True,
                     trace=None, arrivals=None)
