@@ -140,7 +140,7 @@ def matrix(quick: bool, tiny: bool = False) -> list[Experiment]:
     sh_stacks = ["evolving", "static:6P3D"] if quick else ["evolving", "dynamo", "arrow", "static:6P3D",
                                                           "static:2P7D"]
     exps.append(Experiment(
-        "shifting", f"shifting composition: Putnam -> mixed -> OSWorld, {phase / 60:.0f} min each",
+        "shifting", f"shifting composition: Putnam -> mixed -> OSWorld, {phase / 60:g} min each",
         "M §5: under a shifting composition 2.1x Dynamo and +28% over the best static split",
         [Run(s, s, ["--warmup", f"{warm:.0f}", "--duration", f"{3 * phase:.0f}", "--fast", "--no-progress",
                     "--workload", "putnam", "--agents", str(A(96) if quick else 160), "--profile", "gb300-kimi-k26"],
@@ -154,7 +154,10 @@ def matrix(quick: bool, tiny: bool = False) -> list[Experiment]:
         [Run(f"{s} @ {r:g}/min", s, _flags("cc", None, W, D, "--arrivals", f"{r:g}"), x=r)
          for r in rates for s in oa_stacks], kind="sweep", x_label="agents/min"))
 
-    caps = [500_000, 5_000_000] if quick else [250_000, 500_000, 1_000_000, 2_000_000, 5_000_000]
+    from engine.profiles import load_profile
+
+    pressure = load_profile("gb300-glm52-pressure").l1_capacity_tokens  # 86% KV demand for CC at 126 agents
+    caps = [pressure, 5_000_000] if quick else sorted({250_000, 500_000, 1_000_000, pressure, 2_000_000, 5_000_000})
     kv_stacks = ["evolving", "evolving+lru"] if quick else ["evolving", "evolving+lru", "dynamo"]
     exps.append(Experiment(
         "kv-capacity", "CC-like, 126 agents: GPU KV capacity per node",
@@ -277,51 +280,129 @@ class Result:
     wall_s: float = 0.0
     log: str = ""
     sessions: dict[str, int] = field(default_factory=dict)  # shifting: sessions per workload per phase
+    same_as: str = ""  # "exp / label" of the identical row whose run this reuses
+    cpu_s: float = 0.0  # CPU seconds of the process that ran it
 
 
 def safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_")
 
 
-def run_experiment(exp: Experiment, out_dir: Path, console, progress: bool, seed: int = 0,
-                   counter: list[int] | None = None, total: int = 0) -> list[Result]:
+def execute(run: Run, log: str, seed: int = 0, progress: bool = False) -> Result:
+    """Run one row (in this process or a worker of the pool): ``run_one`` with the row's flags,
+    its event log written to ``log``. An exception is the row's status (``failed: ...``), never
+    the end of the matrix."""
     from replay.sim_cli import run_one, session_source
 
     parser = _parser()
-    results: list[Result] = []
-    d = out_dir / exp.name
-    d.mkdir(parents=True, exist_ok=True)
-    for run in exp.runs:
-        if counter is not None:
-            counter[0] += 1
-        tag = f"[{counter[0]}/{total}] " if counter is not None else ""
-        why = missing_piece(run, parser)
-        if why:
-            console.print(f"{tag}{exp.name} / {run.label}: [yellow]not available: {why}")
-            results.append(Result(run, None, f"not available: {why}"))
-            continue
+    t0, c0 = time.perf_counter(), time.process_time()
+    try:
         args = parser.parse_args([*run.argv, "--seed", str(seed)])
         source: SessionSource
         if run.schedule is not None:
             source = ScheduleSource(run.schedule, seed)
         else:
             source, _ = session_source(args)
-        log = d / f"{safe(run.label)}.duckdb"
-        console.print(f"{tag}{exp.name} / {run.label} ({run.stack}) ...")
-        t0 = time.perf_counter()
         with _registered(run) as spec:
-            m, _ = run_one(spec, args, source, log, progress=progress)
-        m.stack = run.label
-        wall = time.perf_counter() - t0
-        r = Result(run, m, "ok", wall, str(log))
-        if isinstance(source, ScheduleSource):
-            for t, name in source.started:
-                key = f"{source.mix_at(t)}: {name}"
-                r.sessions[key] = r.sessions.get(key, 0) + 1
-        console.print(f"    {m.throughput_rps:.2f} req/s, TTFT P95 {m.ttft_p95_s:.2f} s, "
-                      f"{wall:.0f} s wall -> {log}")
-        results.append(r)
-    return results
+            m, _ = run_one(spec, args, source, Path(log), progress=progress)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the row's status (a bad --trace exits), the matrix goes on
+        msg = " ".join(str(exc).split())[:300]
+        return Result(run, None, f"failed: {type(exc).__name__}: {msg}", time.perf_counter() - t0, "",
+                      cpu_s=time.process_time() - c0)
+    m.stack = run.label
+    r = Result(run, m, "ok", time.perf_counter() - t0, log, cpu_s=time.process_time() - c0)
+    if isinstance(source, ScheduleSource):
+        for t, name in source.started:
+            key = f"{source.mix_at(t)}: {name}"
+            r.sessions[key] = r.sessions.get(key, 0) + 1
+    return r
+
+
+def run_key(run: Run, parser: argparse.ArgumentParser) -> str:
+    """What makes two rows the same simulation: the stack, planner overrides, schedule and every
+    parsed flag, with the KV flags resolved into the profile's capacities (``--kv-gpu-tokens 5M``
+    on a 5M profile is the default run). Equal keys run once; the later row reuses the result."""
+    from replay.sim_cli import run_profile
+
+    a = parser.parse_args(run.argv)
+    prof = run_profile(a)
+    flags = {k: v for k, v in sorted(vars(a).items())
+             if k not in ("kv_gpu_tokens", "kv_host_tokens", "profile", "no_progress", "json")}
+    return json.dumps([run.stack, sorted(run.planner_args.items()), run.schedule, flags, prof.name,
+                       prof.l1_capacity_tokens, prof.l2_capacity_tokens], default=str)
+
+
+def _row_line(tag: str, exp: Experiment, r: Result) -> str:
+    head = f"{tag}{exp.name} / {r.run.label} ({r.run.stack})"
+    if r.metrics is None:
+        return f"{head}: [yellow]{r.status}"
+    m = r.metrics
+    return (f"{head}: {m.throughput_rps:.2f} req/s, TTFT P95 {m.ttft_p95_s:.2f} s, "
+            f"{r.wall_s:.0f} s wall, {r.cpu_s:.0f} s CPU" + (f" (same run as {r.same_as})" if r.same_as else "")
+            + f" -> {r.log}")
+
+
+def run_matrix(exps: list[Experiment], out_dir: Path, console, *, jobs: int = 1, progress: bool = False,
+               seed: int = 0, quick: bool = False) -> list[dict]:
+    """Every row of ``exps``: available rows run once each (identical rows once in all, see
+    :func:`run_key`), ``jobs`` at a time in worker processes (1: here, in order); each experiment's
+    table is printed as soon as its rows are done. Returns the experiments' JSON summaries."""
+    parser = _parser()
+    total = sum(len(e.runs) for e in exps)
+    plan: list[tuple[Experiment, Run, str, str]] = []  # (exp, run, log, status or key)
+    first: dict[str, tuple[str, str]] = {}  # key -> (log, "exp / label") of the row that runs it
+    for exp in exps:
+        (out_dir / exp.name).mkdir(parents=True, exist_ok=True)
+        for run in exp.runs:
+            why = missing_piece(run, parser)
+            log = str(out_dir / exp.name / f"{safe(run.label)}.duckdb")
+            if why:
+                plan.append((exp, run, log, f"not available: {why}"))
+                continue
+            key = run_key(run, parser)
+            first.setdefault(key, (log, f"{exp.name} / {run.label}"))
+            plan.append((exp, run, log, key))
+    pool = None
+    futures: dict[str, object] = {}
+    if jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+        from multiprocessing import get_context
+
+        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"))
+        for _exp, _run, log, key in plan:
+            if key in first and first[key][0] == log and key not in futures:
+                futures[key] = pool.submit(execute, _run, log, seed, False)
+    done: dict[str, Result] = {}
+    summaries: list[dict] = []
+    n = 0
+    try:
+        for exp in exps:
+            results: list[Result] = []
+            for e, run, log, key in plan:
+                if e is not exp:
+                    continue
+                n += 1
+                if key.startswith("not available"):
+                    r = Result(run, None, key)
+                elif key in done:  # the same simulation as an earlier row
+                    src = done[key]
+                    m = replace(src.metrics, stack=run.label) if src.metrics is not None else None
+                    r = Result(run, m, src.status, 0.0, src.log, dict(src.sessions), same_as=first[key][1])
+                else:
+                    if pool is None:
+                        console.print(f"[{n}/{total}] {exp.name} / {run.label} ({run.stack}) ...")
+                        r = execute(run, log, seed, progress)
+                    else:
+                        r = futures[key].result()
+                        r.run = run
+                    done[key] = r
+                console.print(_row_line(f"[{n}/{total}] ", exp, r))
+                results.append(r)
+            summaries.append(report(exp, results, out_dir, console, quick))
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+    return summaries
 
 
 # --------------------------------------------------------------------------- reporting
@@ -349,7 +430,7 @@ def report(exp: Experiment, results: list[Result], out_dir: Path, console, quick
     elif exp.kind == "sweep" and ok:
         t = Table(title=title)
         for col in (exp.x_label, "stack", "throughput (req/s)", "TTFT P95 (s)", "E2E mean (s)", "lost KV reuse",
-                    "KV demand peak/GPU", "switches", "vs evolving (thr, TTFT P95)"):
+                    "KV demand peak/GPU", "idle GPU prefill/decode", "switches", "vs evolving (thr, TTFT P95)"):
             t.add_column(col, justify="right")
         base = {r.run.x: r.metrics for r in ok if r.run.stack == "evolving"}
         for r in ok:
@@ -358,7 +439,7 @@ def report(exp: Experiment, results: list[Result], out_dir: Path, console, quick
                 f"{_div(m.throughput_rps, b.throughput_rps)}, {_div(m.ttft_p95_s, b.ttft_p95_s)}")
             t.add_row(f"{r.run.x:g}", r.run.stack, f"{m.throughput_rps:.2f}", f"{m.ttft_p95_s:.2f}",
                       f"{m.e2e_mean_s:.1f}", _pct(m.lost_kv_reuse), _pct(getattr(m, "kv_demand_peak_gpu", math.nan)),
-                      str(m.switches), ratio)
+                      f"{_pct(m.idle_prefill_frac)} / {_pct(m.idle_decode_frac)}", str(m.switches), ratio)
         console.print(t)
         plots = [_sweep_plot(exp, ok, d)]
         if exp.name == "open-arrivals":
@@ -378,7 +459,8 @@ def report(exp: Experiment, results: list[Result], out_dir: Path, console, quick
         console.print("plots: " + ", ".join(str(p) for p in plots))
     return {"name": exp.name, "title": title, "claim": exp.claim,
             "runs": [{"label": r.run.label, "stack": r.run.stack, "x": r.run.x, "status": r.status,
-                      "log": r.log, "wall_s": round(r.wall_s, 1),
+                      "log": r.log, "wall_s": round(r.wall_s, 1), "cpu_s": round(r.cpu_s, 1),
+                      "same_as": r.same_as,
                       "metrics": _clean(r.metrics.summary()) if r.metrics else None} for r in results],
             "plots": [str(p) for p in plots]}
 
@@ -494,8 +576,15 @@ def _cmd(args) -> int:
         by_name = {e.name: e for e in exps}
         exps = [by_name[n] for n in dict.fromkeys(names)]  # in the order asked
     if args.list:
+        parser = _parser()
+        seen: set[str] = set()
         for e in exps:
-            print(f"{e.name:14s} {len(e.runs):2d} runs  {e.title}")
+            keys = [run_key(r, parser) for r in e.runs if not missing_piece(r, parser)]
+            new = [k for k in keys if k not in seen]
+            seen.update(keys)
+            extra = f" ({len(e.runs) - len(new)} reused or not available)" if len(new) < len(e.runs) else ""
+            print(f"{e.name:14s} {len(e.runs):2d} runs{extra}  {e.title}")
+        print(f"{sum(len(e.runs) for e in exps)} rows, {len(seen)} simulations")
         return 0
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -503,21 +592,37 @@ def _cmd(args) -> int:
     total = sum(len(e.runs) for e in exps)
     label = ("TINY matrix (test size)" if args.tiny else "QUICK matrix (short runs, subset of rows)"
              if args.quick else "full matrix")
-    console.print(f"[bold]evolving experiments: {label}, {len(exps)} experiment(s), {total} run(s) -> {out_dir}")
-    counter = [0]
+    jobs = args.jobs or default_jobs()
+    console.print(f"[bold]evolving experiments: {label}, {len(exps)} experiment(s), {total} run(s), "
+                  f"{jobs} at a time -> {out_dir}")
     t0 = time.perf_counter()
-    summary = []
-    for exp in exps:
-        results = run_experiment(exp, out_dir, console, progress=not args.no_progress, seed=args.seed,
-                                 counter=counter, total=total)
-        summary.append(report(exp, results, out_dir, console, args.quick))
+    summary = run_matrix(exps, out_dir, console, jobs=jobs, progress=not args.no_progress and jobs == 1,
+                         seed=args.seed, quick=args.quick or args.tiny)
     wall = time.perf_counter() - t0
-    (out_dir / "summary.json").write_text(json.dumps({"quick": args.quick, "wall_s": wall, "experiments": summary},
-                                                     indent=2))
-    console.print(f"done in {wall / 60:.1f} min; summary: {out_dir / 'summary.json'}")
+    rows = [r for e in summary for r in e["runs"]]
+    cpu = sum(r["cpu_s"] for r in rows)
+    failed = [f"{e['name']} / {r['label']}" for e in summary for r in e["runs"] if r["status"].startswith("failed")]
+    doc = {"quick": args.quick, "tiny": args.tiny, "jobs": jobs, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
+           "experiments": summary}
+    (out_dir / "summary.json").write_text(json.dumps(doc, indent=2))
+    console.print(f"done in {wall / 60:.1f} min wall ({cpu / 60:.1f} CPU-min in the runs, {jobs} at a time); "
+                  f"summary: {out_dir / 'summary.json'}")
+    if failed:
+        console.print(f"[red]{len(failed)} row(s) failed: {', '.join(failed)}")
     if args.json:
-        print(json.dumps({"quick": args.quick, "wall_s": wall, "experiments": summary}, indent=2))
-    return 0
+        print(json.dumps(doc, indent=2))
+    return 1 if failed else 0
+
+
+def default_jobs() -> int:
+    """Rows at a time: the cores this process may use, at most 2 (each row is one process)."""
+    import os
+
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:
+        n = os.cpu_count() or 1
+    return max(1, min(2, n))
 
 
 def register(sub, bench) -> None:
@@ -529,5 +634,8 @@ def register(sub, bench) -> None:
     p.add_argument("--list", action="store_true", help="list the experiments and their run counts, run nothing")
     p.add_argument("--no-progress", action="store_true", help="no per-run progress bar")
     p.add_argument("--json", action="store_true", help="also print the summary as JSON")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="rows simulated at a time, each in its own process (default: the cores available, at "
+                        "most 2; 1: in this process, in order, with a progress bar)")
     p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # tests: seconds, not minutes
     p.set_defaults(func=_cmd)

@@ -5,6 +5,8 @@ and a row whose piece is missing says so instead of running something else."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import duckdb
 import pytest
@@ -15,13 +17,13 @@ from services.cli import main
 
 def test_a_tiny_matrix_writes_logs_tables_plots_and_a_summary(tmp_path, capsys):
     out = tmp_path / "exp"
-    rc = main(["experiments", "--tiny", "--only", "cc-126,open-arrivals,shifting", "--out-dir", str(out),
-               "--no-progress"])
+    rc = main(["experiments", "--tiny", "--only", "shifting,open-arrivals", "--out-dir", str(out),
+               "--no-progress", "--jobs", "1"])
     text = capsys.readouterr().out
     assert rc == 0
     summary = json.loads((out / "summary.json").read_text())
     names = [e["name"] for e in summary["experiments"]]
-    assert names == ["cc-126", "open-arrivals", "shifting"]  # in the order asked
+    assert names == ["shifting", "open-arrivals"]  # in the order asked, not the matrix's
     runs = [r for e in summary["experiments"] for r in e["runs"]]
     assert runs and all(r["status"] == "ok" for r in runs)
     for r in runs:  # one real event log per run, with the run's stack in its config
@@ -32,12 +34,51 @@ def test_a_tiny_matrix_writes_logs_tables_plots_and_a_summary(tmp_path, capsys):
             con.close()
         assert n > 0, r["label"]
         assert r["metrics"]["throughput_rps"] > 0
-    cc = summary["experiments"][0]
-    assert [r["label"] for r in cc["runs"]] == ["evolving", "dynamo", "arrow", "static:4P5D"]
     assert "(ratio vs first)" in text and "TINY" in text and "paper: M §5" in text
     for e in summary["experiments"]:
         assert e["plots"] and all((out / p).exists() or __import__("pathlib").Path(p).exists() for p in e["plots"])
     assert "highest swept rate with P95 TTFT" in text
+    assert "sessions started per phase" in text
+
+
+def test_every_kind_of_experiment_runs_in_worker_processes_and_identical_rows_run_once(tmp_path, capsys):
+    """``--jobs 2``: rows simulated in two worker processes; a table (cc-126), a sweep
+    (kv-capacity: its 5M evolving row is cc-126's evolving run, reused, not simulated again) and
+    the objective curve, each with its ratios, KV demand and idle GPU columns, and plots."""
+    out = tmp_path / "exp"
+    rc = main(["experiments", "--tiny", "--only", "cc-126,kv-capacity,objective", "--out-dir", str(out),
+               "--jobs", "2", "--no-progress"])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["jobs"] == 2 and summary["cpu_s"] > 0
+    cc, kv, obj = summary["experiments"]
+    assert [r["label"] for r in cc["runs"]] == ["evolving", "dynamo", "arrow", "static:4P5D"]
+    assert [r["status"] for e in summary["experiments"] for r in e["runs"]] == ["ok"] * 13
+    assert [Path(p).name for p in obj["plots"]] == ["objective.png"]
+    reused = [r for r in kv["runs"] if r["same_as"]]
+    assert [(r["label"], r["same_as"]) for r in reused] == [("evolving @ 5M", "cc-126 / evolving")]
+    assert reused[0]["log"] == cc["runs"][0]["log"] and reused[0]["metrics"] == {**cc["runs"][0]["metrics"],
+                                                                                  "stack": "evolving @ 5M"}
+    assert [r["x"] for r in kv["runs"]] == [1.735, 1.735, 5.0, 5.0]  # the calibrated 86%-demand capacity
+    for col in ("KV demand peak / GPU KV", "idle prefill GPU time", "(ratio vs first)", "vs evolving"):
+        assert col in text, col  # tables: ratios against ours, KV demand and idle GPU beside them
+    sweep_rows = re.findall(r"│ +(?:1\.735|5) │ +evolving(?:\+lru)? │.*", text)
+    assert len(sweep_rows) == 4 and all(re.search(r"\d+\.\d% / \d+\.\d%", row) for row in sweep_rows)  # idle P / D
+    assert all(Path(p).exists() for e in summary["experiments"] for p in e["plots"])
+    assert "(same run as cc-126 / evolving)" in text
+
+
+def test_every_row_of_the_matrix_is_available_and_a_failing_row_does_not_stop_it(tmp_path):
+    parser = experiments._parser()
+    for quick in (True, False):
+        missing = [(e.name, r.label, experiments.missing_piece(r, parser))
+                   for e in experiments.matrix(quick) for r in e.runs]
+        assert [m for m in missing if m[2]] == []
+    bad = experiments.Run("bad trace", "evolving", ["--trace", f"mooncake:{tmp_path / 'none.jsonl'}",
+                                                    "--warmup", "10", "--duration", "10"])
+    r = experiments.execute(bad, str(tmp_path / "bad.duckdb"))
+    assert r.metrics is None and r.status.startswith("failed: SystemExit: error: ") and "none.jsonl" in r.status
 
 
 def test_the_shifting_source_follows_its_schedule():
