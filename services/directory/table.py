@@ -37,8 +37,10 @@ class BlockTable:
         self.index = HashIndex(2 * capacity)
         self.block = np.zeros(capacity, dtype=np.uint64)
         self.held = np.zeros((capacity, -(-node_capacity // 32)), dtype=np.uint64)
-        self.last = np.zeros((capacity, 2 * node_capacity), dtype=np.float64)
-        self.refs = np.zeros((capacity, node_capacity), dtype=np.int32)
+        # column-major: the fold reads and writes one copy column (node, tier) at a time, and a
+        # request's slots come in runs, so a column view's 1-D gather/scatter is near-sequential
+        self.last = np.zeros((capacity, 2 * node_capacity), dtype=np.float64, order="F")
+        self.refs = np.zeros((capacity, node_capacity), dtype=np.int32, order="F")
         self.free: list[int] = []
         self.size = 1  # slot 0 is the sentinel
         self.n_nodes = 0
@@ -55,8 +57,8 @@ class BlockTable:
             words = -(-(ncap + extra) // 32) - self.held.shape[1]
             if words > 0:
                 self.held = np.concatenate([self.held, np.zeros((cap, words), np.uint64)], axis=1)
-            self.last = np.concatenate([self.last, np.zeros((cap, 2 * extra), np.float64)], axis=1)
-            self.refs = np.concatenate([self.refs, np.zeros((cap, extra), np.int32)], axis=1)
+            self.last = np.asfortranarray(np.concatenate([self.last, np.zeros((cap, 2 * extra), np.float64)], axis=1))
+            self.refs = np.asfortranarray(np.concatenate([self.refs, np.zeros((cap, extra), np.int32)], axis=1))
         self.n_nodes += 1
         return idx
 
@@ -66,7 +68,7 @@ class BlockTable:
         self.block = np.resize(self.block, new)
         for name in ("held", "last", "refs"):
             old = getattr(self, name)
-            arr = np.zeros((new, old.shape[1]), dtype=old.dtype)
+            arr = np.zeros((new, old.shape[1]), dtype=old.dtype, order="C" if name == "held" else "F")
             arr[:cap] = old
             setattr(self, name, arr)
 
@@ -148,8 +150,9 @@ class BlockTable:
             return np.zeros(0, dtype=np.intp)
         s = self.ensure(blocks, s)
         j = 2 * n + TIER_INDEX[tier]
-        self.held[s, j >> 6] |= _BIT[j & 63]
-        self.last[s, j] = ts
+        h = self.held[:, j >> 6]  # 1-D column views: numpy's fast fancy-index path
+        h[s] = h.take(s) | _BIT[j & 63]
+        self.last[:, j][s] = ts
         if j in self.orders:
             self._track(j, s, ts if isinstance(ts, float) else None)
         return s
@@ -175,7 +178,7 @@ class BlockTable:
 
     def column(self, s: np.ndarray, j: int) -> np.ndarray:
         """bool: do the slots ``s`` hold copy bit ``j`` (node ``j // 2``, tier ``j % 2``)?"""
-        return (self.held[s, j >> 6] & _BIT[j & 63]).astype(bool)
+        return (self.held[:, j >> 6].take(s) & _BIT[j & 63]).astype(bool)
 
     def touch(self, n: int, s: np.ndarray, ts: float) -> None:
         """Refresh the last access of the longest L1 prefix's GPU copies and the longest L2
@@ -187,7 +190,7 @@ class BlockTable:
             c = (word & _BIT[j & 63]).astype(bool)
             k = len(c) if c.all() else int(c.argmin())
             if k:
-                self.last[s[:k], j] = ts
+                self.last[:, j][s[:k]] = ts
                 if j in self.orders:
                     self._track(j, s[:k], float(ts))
 
@@ -201,7 +204,7 @@ class BlockTable:
         hit = np.zeros(len(s), dtype=bool)
         for j in (2 * n, 2 * n + 1):
             c = self.column(s, j) & known
-            self.last[s[c], j] = ts
+            self.last[:, j][s[c]] = ts
             hit |= c
             if j in self.orders:
                 self._track(j, s[c], float(ts))
@@ -212,13 +215,14 @@ class BlockTable:
         """``delta`` (+1/-1) on node ``n`` for the distinct, allocated slots ``s``."""
         if not len(s):
             return
+        col = self.refs[:, n]
         if delta > 0:
-            self.refs[s, n] += 1
+            col[s] = col.take(s) + 1
             self._count_class_moved(n, s, 1)
             return
-        assert (s > 0).all() and (self.refs[s, n] > 0).all(), (
-            f"invariant: counts on node column {n} are never negative")
-        self.refs[s, n] -= 1
+        now = col.take(s)
+        assert (s > 0).all() and (now > 0).all(), f"invariant: counts on node column {n} are never negative"
+        col[s] = now - 1
         self._count_class_moved(n, s, 0)
         self.release(s)
 
