@@ -5,7 +5,8 @@
 partition rows, ``--partitions N``) and draws one line per kind of run: the in-memory
 single-process rows by their ``run`` label (``evolving``, ``evolving --fast``; static splits are
 left out), the partition rows as "1 process (DuckDB log)" and "N partitions". Each point is
-labelled with its agents (and processes). Rows of several files are drawn together, so points
+labelled with its agents. A middle panel divides by the CPU seconds of all processes
+(``cpu_s``, partition rows only), which a loaded machine changes less than wall time. Rows of several files are drawn together, so points
 measured at different times (and loads) can share one plot; the docs say when they were taken.
 """
 
@@ -57,19 +58,24 @@ def plot(rows: list[dict], out: str | Path, title: str = "") -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
-    for name, pts in series(rows).items():
-        xs = [r["nodes"] for r in pts]
-        for ax, key in ((ax1, "x_real_time"), (ax2, "events_per_s")):
-            ys = [r[key] for r in pts]
-            ax.plot(xs, ys, marker="o", label=name)
-            for r, y in zip(pts, ys, strict=True):
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.8))
+    for i, (name, pts) in enumerate(series(rows).items()):
+        color = f"C{i}"
+        for ax, key in ((ax1, "x_real_time"), (ax2, "x_cpu"), (ax3, "events_per_s")):
+            have = [r for r in pts if key != "x_cpu" or r.get("cpu_s")]
+            if not have:
+                continue
+            ys = [r["simulated_s"] / r["cpu_s"] if key == "x_cpu" else r[key] for r in have]
+            ax.plot([r["nodes"] for r in have], ys, marker="o", color=color, label=name)
+            for r, y in zip(have, ys, strict=True):
                 ax.annotate(f"{r['agents']} ag.", (r["nodes"], y), textcoords="offset points", xytext=(4, 4),
                             fontsize=7)
-    ax1.axhline(1.0, color="grey", lw=0.8, ls="--")
-    ax1.set_ylabel("simulated s per wall s (x real time)")
-    ax2.set_ylabel("events per wall second")
     for ax in (ax1, ax2):
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax1.set_ylabel("simulated s per wall s (x real time)")
+    ax2.set_ylabel("simulated s per CPU s (all processes; load-independent)")
+    ax3.set_ylabel("events per wall second")
+    for ax in (ax1, ax2, ax3):
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("nodes (4 GPUs each)")
