@@ -1,4 +1,5 @@
-"""Iteration-time cost models (METHOD.md §4.2, eq. 1 and eq. 2) and their NNLS fitting.
+"""Iteration-time cost models (METHOD.md §4.2, eq. 1 and eq. 2) and their NNLS fitting; the
+router's fetch-time model, learned online from measured fetches (:class:`FetchCostLearner`).
 
 Pure: no I/O, no clock, no randomness; imports only the standard library, numpy and scipy.
 All times are seconds, all sizes tokens (or query-key pairs for ``A``).
@@ -235,3 +236,172 @@ def fit_decode(
     """NNLS fit of eq. 2 from rows ``(batch, t_fwd, duration_s)``."""
     X, y = decode_design(samples, k, E)
     return _fit(X, y, prior.coefficients, min_train)
+
+
+# --------------------------------------------------------------------------- fetch cost (router)
+@dataclass(frozen=True, slots=True)
+class FetchModel:
+    """Time of one asynchronous fetch from a peer's host memory (METHOD.md §4.1): peer L2 ->
+    own L2 -> GPU, ``latency_s + s_per_token * tokens`` (seconds)."""
+
+    latency_s: float
+    s_per_token: float
+
+    def fetch_s(self, tokens: float) -> float:
+        return self.latency_s + self.s_per_token * tokens if tokens > 0 else 0.0
+
+
+#: The router's assumption until it has measured fetches: 2 ms setup, 16K tokens in ~8.5 ms.
+PRIOR_FETCH = FetchModel(latency_s=0.002, s_per_token=4.0e-7)
+#: Fewest measured fetches before the learned model replaces the prior.
+FETCH_MIN_SAMPLES = 8
+#: Measured fetches kept (the most recent; older ones are overwritten in a ring).
+FETCH_MAX_SAMPLES = 256
+#: Refit after this many new fetches (and at the first ``FETCH_MIN_SAMPLES``).
+FETCH_REFIT_EVERY = 8
+
+
+def theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float] | None:
+    """Median of pairwise slopes and median intercept (robust to ~29 % outliers); ``None`` if
+    ``x`` has fewer than two distinct values."""
+    dx = x[None, :] - x[:, None]
+    dy = y[None, :] - y[:, None]
+    upper = np.triu(np.ones(dx.shape, dtype=bool), k=1) & (dx != 0)
+    if not upper.any():
+        return None
+    slope = float(np.median(dy[upper] / dx[upper]))
+    return slope, float(np.median(y - slope * x))
+
+
+class FetchCostLearner:
+    """Online fit of :class:`FetchModel` from measured fetches (``KvFetched``), like the
+    iteration-time models: the prior until ``min_samples`` fetches were measured, then a robust
+    fit refitted every ``refit_every`` new ones. Pure and deterministic; ``to_state`` /
+    ``from_state`` round-trip it.
+
+    **From events to samples** (:meth:`observe`). A ``KvFetched`` names one source of one
+    request's fetch and carries the fetch's whole ``duration_s`` (queued on the destination's
+    link + transfer): the events of one ``(dst, request, ts)`` are one fetch, their blocks
+    summed. A node's fetches share its link, first in first out, so a fetch that was queued
+    behind the previous one into the same node began its transfer when that one landed: its
+    transfer time is ``ts - max(ts - duration_s, previous landing on dst)`` (the classic
+    departure-interval estimate of a FIFO server's service time). A fetch becomes a sample once
+    a later event (:meth:`advance`) or the next fetch into the same node closes it. A fetch
+    reported at the same time as the previous one into that node is taken as not queued (fetch
+    at prefill start reports several at once, each with its own duration).
+
+    **Fit.** Theil-Sen (median of pairwise slopes, median intercept) over the last
+    ``max_samples`` samples: a fetch slowed by something the link model does not see (a
+    fetch never reported, contention) moves neither median while such fetches are a minority.
+    Both coefficients are clamped at 0. With a single fetch size seen, the latency stays the
+    prior's and the slope is the median of ``(seconds - latency) / tokens``.
+    """
+
+    def __init__(self, prior: FetchModel = PRIOR_FETCH, min_samples: int = FETCH_MIN_SAMPLES,
+                 max_samples: int = FETCH_MAX_SAMPLES, refit_every: int = FETCH_REFIT_EVERY) -> None:
+        if not (math.isfinite(prior.latency_s) and math.isfinite(prior.s_per_token)):
+            raise ValueError(f"fetch prior must be finite, got {prior}")
+        if min_samples < 2 or max_samples < min_samples or refit_every < 1:
+            raise ValueError(f"fetch learner: need 2 <= min_samples ({min_samples}) <= max_samples "
+                             f"({max_samples}) and refit_every ({refit_every}) >= 1")
+        self.prior = prior
+        self.min_samples, self.max_samples, self.refit_every = min_samples, max_samples, refit_every
+        self.samples: list[tuple[float, float]] = []  # (tokens, transfer seconds), a ring
+        self.next_slot = 0
+        self.seen = 0  # samples accepted since the start
+        self.rejected = 0
+        self.since_fit = 0
+        self.fitted: FetchModel | None = None
+        self.pending: dict[str, list] = {}  # dst -> [request, ts, duration_s, tokens]
+        self.landed: dict[str, float] = {}  # dst -> ts the last closed fetch into it landed
+
+    @property
+    def model(self) -> FetchModel:
+        """The learned model, or the prior until ``min_samples`` fetches were measured."""
+        return self.fitted if self.fitted is not None else self.prior
+
+    # ------------------------------------------------------------------ events -> samples
+    def observe(self, dst: str, request: str, ts: float, duration_s: float, tokens: int) -> None:
+        """One ``KvFetched`` into ``dst`` (``tokens`` = its blocks x block size)."""
+        if self.pending:
+            self.advance(ts)
+        p = self.pending.get(dst)
+        if p is not None and p[0] == request and p[1] == ts:
+            p[3] += tokens  # another source of the same fetch
+            return
+        if p is not None:
+            self._close(dst, p)
+        self.pending[dst] = [request, ts, duration_s, tokens]
+
+    def advance(self, ts: float) -> None:
+        """Close every fetch that landed before ``ts`` (its events are all in)."""
+        for dst in [d for d, p in self.pending.items() if p[1] < ts]:
+            self._close(dst, self.pending[dst])
+
+    def _close(self, dst: str, p: list) -> None:
+        del self.pending[dst]
+        _, ts, dur, tokens = p
+        if not (math.isfinite(ts) and math.isfinite(dur)) or dur <= 0.0 or tokens <= 0:
+            self.rejected += 1
+            return
+        began = ts - dur
+        prev = self.landed.get(dst)
+        if prev is not None and began < prev < ts:
+            began = prev  # queued behind the previous fetch on this link
+        self.landed[dst] = ts if prev is None else max(ts, prev)
+        self.add(tokens, ts - began)
+
+    # ------------------------------------------------------------------ samples -> model
+    def add(self, tokens: float, seconds: float) -> bool:
+        """One measured fetch; ``False`` (and counted in ``rejected``) if it is not one."""
+        if not (math.isfinite(tokens) and math.isfinite(seconds)) or tokens <= 0 or seconds <= 0.0:
+            self.rejected += 1
+            return False
+        row = (float(tokens), float(seconds))
+        if len(self.samples) < self.max_samples:
+            self.samples.append(row)
+        else:
+            self.samples[self.next_slot] = row
+        self.next_slot = (self.next_slot + 1) % self.max_samples
+        self.seen += 1
+        self.since_fit += 1
+        if len(self.samples) >= self.min_samples and (self.fitted is None or self.since_fit >= self.refit_every):
+            self.refit()
+        return True
+
+    def refit(self) -> FetchModel | None:
+        if len(self.samples) < self.min_samples:
+            return None
+        arr = np.asarray(self.samples, dtype=float)
+        x, y = arr[:, 0], arr[:, 1]
+        ts = theil_sen(x, y)
+        if ts is None:
+            lat = max(0.0, self.prior.latency_s)
+            slope, intercept = float(np.median((y - lat) / x)), lat
+        else:
+            slope, intercept = ts
+        self.fitted = FetchModel(latency_s=max(0.0, intercept), s_per_token=max(0.0, slope))
+        self.since_fit = 0
+        return self.fitted
+
+    # ------------------------------------------------------------------ snapshot
+    def to_state(self) -> dict:
+        return {
+            "prior": [self.prior.latency_s, self.prior.s_per_token],
+            "limits": [self.min_samples, self.max_samples, self.refit_every],
+            "samples": [list(r) for r in self.samples], "next_slot": self.next_slot,
+            "seen": self.seen, "rejected": self.rejected, "since_fit": self.since_fit,
+            "fitted": None if self.fitted is None else [self.fitted.latency_s, self.fitted.s_per_token],
+            "pending": {d: list(p) for d, p in sorted(self.pending.items())},
+            "landed": dict(sorted(self.landed.items())),
+        }
+
+    @classmethod
+    def from_state(cls, st: dict) -> FetchCostLearner:
+        f = cls(FetchModel(*st["prior"]), *st["limits"])
+        f.samples = [(float(a), float(b)) for a, b in st["samples"]]
+        f.next_slot, f.seen, f.rejected, f.since_fit = st["next_slot"], st["seen"], st["rejected"], st["since_fit"]
+        f.fitted = None if st["fitted"] is None else FetchModel(*st["fitted"])
+        f.pending = {d: list(p) for d, p in st["pending"].items()}
+        f.landed = {d: float(v) for d, v in st["landed"].items()}
+        return f

@@ -13,8 +13,10 @@ For a request ``w`` and every prefill node ``n`` that takes prefill work now::
 - ``T_req^{P,n}`` is eq. 1 at ``n``'s model (``PRIOR_PREFILL`` until a ``ModelFitted``),
   chunked at ``n``'s token budget; ``T_rem_n`` and the queue are described in
   :mod:`services.router.state`.
-- ``T_fetch_n = fetch_latency_s + fetched_tokens * fetch_s_per_token`` for the blocks
-  ``[local_blocks(n), pool_blocks)``; only the part beyond the expected queue wait delays the
+- ``T_fetch_n = latency + fetched_tokens * s_per_token`` for the blocks
+  ``[local_blocks(n), pool_blocks)``, the :class:`~services.costmodel.FetchModel` learned online
+  from ``KvFetched`` (:class:`~services.costmodel.FetchCostLearner`; ``fetch_latency_s`` and
+  ``fetch_s_per_token`` are its prior); only the part beyond the expected queue wait delays the
   prefill. The duplicate term charges the extra copy the fetch leaves in the pool.
 - The least score wins, ties to the smallest node id. The decision carries ``t_c``, ``t_uc``,
   the fetch plan (which blocks from which peer, from the directory), the predicted TTFT
@@ -31,16 +33,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from events.catalog import NodeScore
-from services.costmodel import PrefillModel
+import msgspec
+
+from events.catalog import Event, KvFetched, NodeScore
+from services.costmodel import FETCH_MIN_SAMPLES, FetchCostLearner, FetchModel, PrefillModel
 from services.directory.lookup import Lookup, NodeMatch
 from services.router.base import Choice, RouterBase
 from services.router.state import NodeState, RequestState
 
-#: Fixed cost of one asynchronous fetch (RDMA setup and the GPU broadcast), seconds.
+#: Prior fixed cost of one asynchronous fetch (RDMA setup and the GPU broadcast), seconds,
+#: used until ``fetch_min_samples`` fetches were measured (``KvFetched``), then learned.
 FETCH_LATENCY_S = 0.002
-#: Peer L2 -> own L2 -> GPU per token: 16K tokens in ~8.5 ms with the latency, in line with
-#: METHOD.md §4.1 (92 % of fetches under 16K tokens, median 7 ms).
+#: Prior peer L2 -> own L2 -> GPU per token: 16K tokens in ~8.5 ms with the latency, in line
+#: with METHOD.md §4.1 (92 % of fetches under 16K tokens, median 7 ms); learned likewise.
 FETCH_S_PER_TOKEN = 4.0e-7
 #: Cost of the duplicate copy a fetch leaves, per fetched token (seconds-equivalent). About
 #: 0.7 % of recomputing the token (``c1`` of the prior): enough to prefer the holder between
@@ -63,7 +68,36 @@ class LeastTtftRouter(RouterBase):
         "fetch_s_per_token": FETCH_S_PER_TOKEN,
         "dup_cost_s_per_token": DUP_COST_S_PER_TOKEN,
         "full_scoring_max_nodes": FULL_SCORING_MAX_NODES,
+        "learn_fetch": True,
+        "fetch_min_samples": FETCH_MIN_SAMPLES,
     }
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.fetch = FetchCostLearner(FetchModel(float(self.fetch_latency_s), float(self.fetch_s_per_token)),
+                                      min_samples=int(self.fetch_min_samples))
+
+    @property
+    def fetch_model(self) -> FetchModel:
+        """The fetch cost the router charges now: learned from ``KvFetched``, the prior
+        (``fetch_latency_s``, ``fetch_s_per_token``) until enough fetches were measured or
+        with ``learn_fetch=False``."""
+        return self.fetch.model if self.learn_fetch else self.fetch.prior
+
+    def on_event(self, event: Event) -> None:
+        f = self.fetch
+        if type(event) is KvFetched:
+            f.observe(event.dst_node, event.request, event.ts, event.duration_s,
+                      len(event.blocks) * self.block_tokens)
+        elif f.pending:
+            f.advance(event.ts)
+
+    def extra_snapshot(self) -> bytes:
+        return _ENC.encode(self.fetch.to_state())
+
+    def restore_extra(self, data: bytes) -> None:
+        if data:
+            self.fetch = FetchCostLearner.from_state(msgspec.msgpack.decode(data))
 
     def choose_prefill(self, r: RequestState, candidates: list[str], lookup: Lookup | None,
                        now: float) -> Choice:
@@ -75,7 +109,8 @@ class LeastTtftRouter(RouterBase):
         t_uc = prompt - t_c
         state = self.state
         nodes = state.nodes
-        lat, fst, dup = self.fetch_latency_s, self.fetch_s_per_token, self.dup_cost_s_per_token
+        fm = self.fetch_model
+        lat, fst, dup = fm.latency_s, fm.s_per_token, self.dup_cost_s_per_token
         # eq. 1 depends on the node only through its model, token budget and own prefix: one
         # evaluation per distinct (model, budget, local, l1) in a decision, not one per node
         services: dict[tuple, float] = {}
@@ -142,6 +177,8 @@ class LeastTtftRouter(RouterBase):
         assert best is not None, "invariant: choose_decode is called with at least one candidate"
         return best[2]
 
+
+_ENC = msgspec.msgpack.Encoder(order="deterministic")
 
 #: (score, ttft, fetched tokens, fetch excess, wait) of one scored node.
 _Scored = tuple[float, float, int, float, float]
