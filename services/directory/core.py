@@ -17,9 +17,12 @@ Rules (the full table is in docs/directory.md): a fork inherits its parent's con
 holders (+1 on the reused blocks at the parent's copies); a sub-agent starts empty and never
 counts the blocks of its parent's context at spawn; a request of the same version adds only
 the blocks not yet counted; a new version (compaction) counts the new context and un-counts
-the dropped blocks; a branch end un-counts everything. Holders are set by non-shadow
-``RouteDecided`` (prefill and decode node), ``KvStored(request/branch)`` and ``KvMoved``
-(within a phase the count moves to the destination; across phases both ends keep it). A
+the dropped blocks; a branch end un-counts everything. A count moves with the KV, not with
+the routing decision: holders are set by ``KvStored(request/branch)``, ``KvFetched`` (P2P: the
+prefill count moves to the destination), ``KvMoved`` (within a phase the count moves to the
+destination; across phases both ends keep it) and ``RequestStarted`` (the phase's count moves
+to the node whose copies the request uses); a non-shadow ``RouteDecided`` only attaches a phase
+that has no holder yet (a branch's first request). A
 switch decode -> prefill (or a removal, or a switch that drops KV) detaches every count on
 the node; prefill -> decode keeps them.
 
@@ -605,8 +608,14 @@ class DirectoryCore:
             r.pins = {pn.idx, dn.idx}
         b = self._branch(ev, branch) if branch is not None else None
         if b is not None:
-            self._set_holder(b, PREFILL, pn.idx)
-            self._set_holder(b, DECODE, dn.idx)
+            # A route moves no KV, so it moves no count: a branch already counted on some copy
+            # keeps it there until its KV reaches the routed node (KvFetched, KvMoved, KvStored
+            # or RequestStarted there). Moving it now would leave the only copies of a queued
+            # branch's context uncounted, i.e. first in line for eviction (issue 12). A phase
+            # with no holder yet attaches to the routed node.
+            for ph, idx in ((PREFILL, pn.idx), (DECODE, dn.idx)):
+                if b.holders[ph] < 0:
+                    self._set_holder(b, ph, idx)
 
     def _on_request_started(self, ev: RequestStarted) -> None:
         r = self._request(ev, ev.request)
@@ -619,6 +628,11 @@ class DirectoryCore:
             s = self._t.resolve(r.blocks, r.slots)
             r.slots = (s, self._t.gen)
             self._t.touch(n.idx, s, float(ev.ts))
+            # the request now uses this node's copies in this phase: the branch's count for the
+            # phase moves here (within a phase the count moves to the copy in use)
+            b = self._branches.get(r.branch)
+            if b is not None:
+                self._set_holder(b, _PHASE_INDEX[ev.phase], n.idx)
 
     def _on_first_token(self, ev: FirstToken) -> None:
         r = self._request(ev, ev.request)
@@ -720,3 +734,8 @@ class DirectoryCore:
         self._read(ev, src, ev.blocks)
         self._store(dst, "L2", ev.blocks, ev.ts)
         self._store(dst, "L1", ev.blocks, ev.ts)
+        # a P2P move for the request's prefill: the branch's prefill count moves to dst
+        r = self._requests.get(ev.request)
+        b = self._branches.get(r.branch) if r is not None else None
+        if b is not None:
+            self._set_holder(b, PREFILL, dst.idx)
