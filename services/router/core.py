@@ -161,6 +161,12 @@ class LeastTtftRouter(RouterBase):
         state = self.state
         nodes, model_of = state.nodes, state.decode_model
         iters: dict[tuple, float] = {}  # eq. 2 once per distinct (model, batch, t_fwd)
+        # t_acc of a node that has not decoded yet: the candidates' pooled measurement (1.0
+        # until any is measured). With 1.0 for it and ~2.6 measured elsewhere, an unmeasured
+        # node looked 2.6x slower per token and never got a request, so never measured.
+        acc = sum(nodes[d].accepted_tokens for d in candidates)
+        req_it = sum(nodes[d].request_iterations for d in candidates)
+        pooled = acc / req_it if acc > 0 and req_it > 0 else 1.0
         best: tuple[float, int, str] | None = None
         for d in candidates:
             ns = nodes[d]
@@ -170,7 +176,8 @@ class LeastTtftRouter(RouterBase):
             it = iters.get(ik)
             if it is None:
                 it = iters[ik] = model.iteration_s(batch, ns.t_fwd)
-            tpot = it / ns.t_acc()
+            t_acc = ns.t_acc() if ns.accepted_tokens > 0 and ns.request_iterations > 0 else pooled
+            tpot = it / t_acc
             key = (tpot, ns.decode_tokens, d)
             if best is None or key < best:
                 best = key
