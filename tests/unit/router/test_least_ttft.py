@@ -154,10 +154,12 @@ def test_decode_goes_to_least_predicted_load_ties_on_id():
     feed(r, s.register(1, 3) + [s.branch("b", 0.0)])
     out = decisions(feed(r, [s.submit(f"r{i}", "b", s.blocks(100 * i, 2), 1.0) for i in range(4)]))
     assert [d.decode_node for d in out] == ["d00", "d01", "d02", "d00"]
-    # a node whose iterations accept 3 tokens per request serves output faster: preferred
+    # a node whose iterations accept 3 tokens per request serves output faster than one measured
+    # at 1: preferred (an unmeasured node would take the pooled figure: test_decode_placement.py)
     r2 = LeastTtftRouter()
     feed(r2, s.register(1, 2) + [s.branch("b", 0.0)])
-    feed(r2, [IterationDone(ts=0.5, node="d01", phase="decode", duration_s=0.02, batch=4, accepted_tokens=12)])
+    feed(r2, [IterationDone(ts=0.5, node="d00", phase="decode", duration_s=0.02, batch=4, accepted_tokens=4),
+              IterationDone(ts=0.5, node="d01", phase="decode", duration_s=0.02, batch=4, accepted_tokens=12)])
     out = decisions(feed(r2, [s.submit(f"r{i}", "b", s.blocks(100 * i, 2), 1.0) for i in range(3)]))
     assert [d.decode_node for d in out] == ["d01", "d01", "d01"]
     tpot1 = PRIOR_DECODE.iteration_s(1) / 1.0
