@@ -126,7 +126,9 @@ def drive(planner, sc: Scenario) -> Trace:
                 req += 1
                 feed(
                     RequestSubmitted(
-                        ts=ts, src="gw", request=rid, branch="b", prompt_tokens=t_uc + t_c, max_tokens=t_out
+                        # open arrivals: each request its own branch (no agent cycles back: the
+                        # planner's queueing prediction is the open M/G/c one)
+                        ts=ts, src="gw", request=rid, branch=rid, prompt_tokens=t_uc + t_c, max_tokens=t_out
                     )
                 )
                 if pre and dec:

@@ -22,6 +22,7 @@ from typing import ClassVar
 import msgspec
 
 from events.catalog import (
+    BranchEnded,
     Event,
     IterationDone,
     ModelFitted,
@@ -125,6 +126,8 @@ class PlannerState(msgspec.Struct, kw_only=True):
     fits: dict[str, FitState] = {}  # "node|phase" and "*|phase" (pool)
     slices: dict[int, SliceStats] = {}
     extra: dict[str, float] = {}  # planner-specific scalars
+    # branch -> ts of its last RequestSubmitted (the agents' cycle time; pruned at window ends)
+    last_submit: dict[str, float] = {}
 
 
 class _Snapshot(msgspec.Struct):
@@ -200,7 +203,16 @@ class PlannerBase:
             n.l1_used, n.l2_used = ev.l1_used_tokens, ev.l2_used_tokens
 
     def _fold_submitted(self, ev: RequestSubmitted) -> None:
-        self._slice(ev.ts).on_submit(ev.prompt_tokens, ev.max_tokens)
+        s = self._slice(ev.ts)
+        s.on_submit(ev.prompt_tokens, ev.max_tokens)
+        if ev.branch:
+            prev = self.st.last_submit.get(ev.branch)
+            if prev is not None and ev.ts >= prev:
+                s.on_cycle(ev.ts - prev)
+            self.st.last_submit[ev.branch] = ev.ts
+
+    def _fold_branch_ended(self, ev: BranchEnded) -> None:
+        self.st.last_submit.pop(ev.branch, None)
 
     def _fold_routed(self, ev: RouteDecided) -> None:
         if not ev.shadow and not ev.reroute:
@@ -353,6 +365,9 @@ class PlannerBase:
         self.st.next_window_k = k_end + self.cfg.slices
         for old in [i for i in self.st.slices if i < k_end]:
             del self.st.slices[old]
+        horizon = (k_end - self.cfg.slices) * self.cfg.slice_s  # a branch silent for a window
+        for b in [b for b, t in self.st.last_submit.items() if t < horizon]:
+            del self.st.last_submit[b]
         for n in self.st.nodes.values():
             n.fill_iters, n.fill_t_uc = 0, 0.0
 
@@ -520,4 +535,5 @@ _FOLDS: dict[type, str] = {
     RequestSubmitted: "_fold_submitted",
     RouteDecided: "_fold_routed",
     RequestFinished: "_fold_finished",
+    BranchEnded: "_fold_branch_ended",
 }

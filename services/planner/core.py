@@ -42,13 +42,7 @@ import numpy as np
 
 from events.catalog import Candidate, Event, PlanEvaluated, Split
 from services.planner.base import INITIAL, NEWCOMERS, REPAIR, BaseConfig, PlannerBase
-from services.planner.evaluate import (
-    NodeArrays,
-    WorkArrays,
-    erlang_c_wait_p95,
-    prefill_latency_s,
-    theta,
-)
+from services.planner.evaluate import NodeArrays, WorkArrays, queue_prediction, theta
 from services.planner.window import SliceStats, Work, work_of
 
 
@@ -132,10 +126,24 @@ class EvolvingPlanner(PlannerBase):
         return [work_of(s, window, self.cfg.slice_s, default_t_fwd) for s in slices if not s.empty()]
 
     # ------------------------------------------------------------------ evaluation
-    def evaluate(self, seq: list[str], works: list[Work], current_P: int | None) -> Evaluation:
+    def serving_split(self, window_start: float) -> int | None:
+        """Prefill nodes of the split every node served throughout the window (no node without
+        a role, none ordered to switch, no switch since the window started), else ``None``: the
+        split whose measured prefill queue calibrates the queueing prediction."""
+        st = self.st
+        if st.last_switch_at is not None and st.last_switch_at >= window_start:
+            return None
+        if any(n.ordered or n.role not in ("prefill", "decode") for n in st.nodes.values()):
+            return None
+        P = sum(n.role == "prefill" for n in st.nodes.values())
+        return P if 1 <= P < len(st.nodes) else None
+
+    def evaluate(
+        self, seq: list[str], works: list[Work], current_P: int | None, serving_P: int | None = None
+    ) -> Evaluation:
         arrays = self.node_arrays(seq)
         w = WorkArrays.of(works)
-        th, sumP, _ = theta(arrays, w)
+        th, _, _ = theta(arrays, w)
         N = len(seq)
         P_values = np.arange(1, N)
         n = th.shape[1]
@@ -147,16 +155,9 @@ class EvolvingPlanner(PlannerBase):
         else:
             gain = theta_mean.copy()
             se = np.zeros(N - 1)
-        # queueing prediction at the window's mean work and arrival rate
-        lam = float(w.arrivals_rps.mean())
-        mu_node = sumP.mean(axis=1) / P_values
-        wait95 = erlang_c_wait_p95(lam, mu_node, P_values, self.cfg.window_s)
-        cum_coef = np.cumsum(arrays.coef_p, axis=0)[: N - 1] / P_values[:, None]
-        cum_fill = np.cumsum(arrays.fill)[: N - 1] / P_values
-        service = prefill_latency_s(
-            cum_coef, cum_fill, float(w.t_uc.mean()), float(w.A.mean()), float(w.t_rst.mean())
-        )
-        return Evaluation(P_values, theta_mean, gain, se, wait95, wait95 + service, n)
+        # queueing prediction at the window's request-weighted work and mean arrival rate
+        wait95, ttft95 = queue_prediction(arrays, w, self.cfg.window_s, serving_P)
+        return Evaluation(P_values, theta_mean, gain, se, wait95, ttft95, n)
 
     def _veto(self, ev: Evaluation, i: int, cur: int | None) -> str:
         cfg = self.cfg
@@ -326,7 +327,7 @@ class EvolvingPlanner(PlannerBase):
                 PlanEvaluated(**base, chosen=Split(prefill=ref, decode=N - ref), reason=reason),
                 *self.order(self.nodes_to_switch(ref), ts, reason),
             ]
-        ev = self.evaluate(self.assignment_order(), works, ref)
+        ev = self.evaluate(self.assignment_order(), works, ref, self.serving_split(base["window_start"]))
         P, cands, why = self.decide(ev, ref, "")
         if P is None:
             P, reason = ref, f"{INITIAL}: reference {ref_name} kept: {why}"
@@ -378,7 +379,9 @@ class EvolvingPlanner(PlannerBase):
         if len(works) < 2:
             return [PlanEvaluated(**base, reason=f"insufficient data: {len(works)} non-empty slice(s)")]
         current = base["current"]
-        ev = self.evaluate(self.assignment_order(), works, current.prefill)
+        ev = self.evaluate(
+            self.assignment_order(), works, current.prefill, self.serving_split(base["window_start"])
+        )
         cooling = ""
         if st.last_switch_at is not None and ts - st.last_switch_at < cfg.cooldown_s:
             cooling = f"cooldown: last switch {ts - st.last_switch_at:.0f} s ago < {cfg.cooldown_s:g} s"

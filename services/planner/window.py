@@ -22,11 +22,22 @@ class SliceStats(msgspec.Struct, kw_only=True):
     sum_t_uc: float = 0.0
     sum_t_c: float = 0.0
     sum_A: float = 0.0
+    # second moments of the routed requests' work (the spread of prefill service times: the
+    # P95 TTFT prediction, docs/planner.md "Queueing prediction")
+    sum_t_uc2: float = 0.0
+    sum_t_c2: float = 0.0
+    sum_A2: float = 0.0
+    sum_uc_A: float = 0.0
+    sum_uc_c: float = 0.0
+    sum_A_c: float = 0.0
     # arrivals (RequestSubmitted)
     submitted: int = 0
     sum_prompt: float = 0.0
     sum_prompt_A: float = 0.0  # query-key pairs if the whole prompt were computed (Arrow's view)
     sum_max_tokens: float = 0.0
+    # a branch's time from one request's submission to its next (the agents' closed-loop cycle)
+    cycles: int = 0
+    sum_cycle_s: float = 0.0
     # completions (RequestFinished without error)
     finished: int = 0
     sum_t_out: float = 0.0
@@ -72,13 +83,24 @@ class SliceStats(msgspec.Struct, kw_only=True):
         self.routed += 1
         self.sum_t_uc += t_uc
         self.sum_t_c += t_c
-        self.sum_A += prefill_A(t_uc, t_c)
+        A = prefill_A(t_uc, t_c)
+        self.sum_A += A
+        self.sum_t_uc2 += float(t_uc) * t_uc
+        self.sum_t_c2 += float(t_c) * t_c
+        self.sum_A2 += A * A
+        self.sum_uc_A += t_uc * A
+        self.sum_uc_c += float(t_uc) * t_c
+        self.sum_A_c += A * t_c
 
     def on_submit(self, prompt_tokens: int, max_tokens: int) -> None:
         self.submitted += 1
         self.sum_prompt += prompt_tokens
         self.sum_prompt_A += prefill_A(prompt_tokens, 0)
         self.sum_max_tokens += max_tokens
+
+    def on_cycle(self, seconds: float) -> None:
+        self.cycles += 1
+        self.sum_cycle_s += seconds
 
     def on_finish(self, output_tokens: int) -> None:
         self.finished += 1
@@ -138,6 +160,13 @@ class Work:
     q: float
     arrivals_rps: float
     prompt: float
+    # per-request means of the products of (t_uc, t_c, A): E[t_uc^2], E[t_c^2], E[A^2],
+    # E[t_uc A], E[t_uc t_c], E[A t_c]; ``None`` = no spread known (every request is the mean)
+    moments: tuple[float, float, float, float, float, float] | None = None
+    # mean time between a branch's consecutive submissions (0: none seen), and the mean number
+    # of requests waiting for prefill in the whole cluster (time average)
+    cycle_s: float = 0.0
+    prefill_queue: float = 0.0
 
     @property
     def context(self) -> float:
@@ -152,10 +181,16 @@ def _ratio(num: float, den: float, fallback: float) -> float:
 def work_of(s: SliceStats, window: SliceStats, slice_s: float, default_t_fwd: float) -> Work:
     """``w_bar`` of slice ``s``; a mean the slice cannot give (no request routed, none finished,
     no decode iteration) falls back to the whole window's, then to a neutral default."""
+    moments = None
     if window.routed > 0:
         t_uc = _ratio(s.sum_t_uc, s.routed, window.sum_t_uc / window.routed)
         t_c = _ratio(s.sum_t_c, s.routed, window.sum_t_c / window.routed)
         A = _ratio(s.sum_A, s.routed, window.sum_A / window.routed)
+        src = s if s.routed > 0 else window
+        moments = tuple(
+            getattr(src, f) / src.routed
+            for f in ("sum_t_uc2", "sum_t_c2", "sum_A2", "sum_uc_A", "sum_uc_c", "sum_A_c")
+        )
     else:  # no router view: split the prompt by the cached share the prefill engines saw
         prompt = _ratio(s.sum_prompt, s.submitted, _ratio(window.sum_prompt, window.submitted, 0.0))
         cached = _ratio(window.pre_t_c, window.pre_t_c + window.pre_t_uc, 0.0)
@@ -179,4 +214,7 @@ def work_of(s: SliceStats, window: SliceStats, slice_s: float, default_t_fwd: fl
         q=s.decode_population(),
         arrivals_rps=s.submitted / slice_s,
         prompt=prompt,
+        moments=moments,
+        cycle_s=_ratio(s.sum_cycle_s, s.cycles, _ratio(window.sum_cycle_s, window.cycles, 0.0)),
+        prefill_queue=s.pre_queue / slice_s,
     )

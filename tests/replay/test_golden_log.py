@@ -15,6 +15,11 @@ Re-pinned (issue 12 part 10): the router charges the fetch cost it learns from `
 (``learn_fetch=False``) the log is byte-identical to the previous pin; with it on, the first
 changed event is the decision at t = 22.7 s (a 17,856-token fetch now charged 22 ms instead of
 9 ms: the request goes to the holder with a 17 ms queue). 22182 -> 21980 events.
+
+Re-pinned (issue 12 part 9): the planner's queueing prediction (request-weighted work, the
+agents' closed loop, service-time spread; docs/planner.md). One event differs, the
+``PlanEvaluated`` at t = 1800 s: its candidates' ``predicted_ttft_p95_s`` (1P8D 1.58 -> 5.38 s,
+the others 0.86 -> 1.74 s); every decision, order and other event is unchanged (21980 events).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import duckdb
 from services.cli import main
 
 PINNED_EVENTS = 21980
-PINNED_DIGEST = "a3915293ba0c1bf5e58d5019c260bd911616ce08c3a5dcb7e9cb0d19d64fde15"
+PINNED_DIGEST = "e66527a3ee9fdbc9f27d4872f38eb892247c9161086b8df18577f7d7e30b0771"
 
 
 def log_digest(path: str) -> tuple[int, str]:
