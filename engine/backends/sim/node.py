@@ -29,6 +29,15 @@ Request lifecycle on a node (numbers match the docstring of replay/sim.py and do
 Role switch (``SwitchRole``): stop nothing, drain the work of the phase the node leaves
 (queued and running), then ``in_place`` (0.7 s, KV kept), ``restart`` (down ``restart_s``,
 all KV dropped) or ``in_place_drop_kv`` (0.7 s, all KV dropped); then ``RoleSwitched``.
+An ``in_place`` switch to prefill (METHOD.md §4.1: a role change only changes which requests
+the router sends; §4.4: running requests finish in place) serves prefill from the order on:
+while decodes it already runs remain, each prefill iteration carries them along as one decode
+step (a mixed batch, as a symmetric engine's single scheduling loop runs them: SGLang's mixed
+chunked prefill), costing their per-request share of eq. 2 (``d2 * B + d_ctx * context``; the
+fixed cost and the expert reads are the prefill pass's), and the node decodes alone only when
+no prefill is eligible. Before, such a node alternated 0.25 s decode runs with prefill
+iterations until its decodes (thousands of tokens on Putnam) were done, halving the only
+prefill node's capacity for minutes after a warm-up ending at 1P8D.
 """
 
 from __future__ import annotations
@@ -226,6 +235,8 @@ class SimNode:
                 self.host.schedule(job.ready_s, self._fetch_done, job)
         self.pqueue.append(job)
         self._pin_prefill(job)
+        if self._mixes_decode_into_prefill():
+            self._cut_decode_run()  # the prefill need not wait for the decode run to end
         self.kick()
 
     def _collect_fetch(self, job: PrefillJob, local_blocks: int) -> list:
@@ -262,6 +273,8 @@ class SimNode:
         hidden = min(job.fetch_s, self._busy_total(now) - job.fetch_busy_mark)
         job.fetched = self._receive(job, job.fetched, job.fetch_s, hidden)
         self._pin_prefill(job)
+        if self._mixes_decode_into_prefill():
+            self._cut_decode_run()
         self.kick()
 
     def _receive(self, job: PrefillJob, got: list, duration: float, hidden: float) -> list:
@@ -307,7 +320,9 @@ class SimNode:
         if self.does_decode() or self.running or self.dwaiting:
             self._admit()
             dec_ok = bool(self.running)
-        if pre_ok and (not dec_ok or self.last_was_decode or self.role != "collocated"):
+        if pre_ok and dec_ok and self._mixes_decode_into_prefill():
+            self._start_prefill_iteration(carry_decode=True)
+        elif pre_ok and (not dec_ok or self.last_was_decode or self.role != "collocated"):
             self._start_prefill_iteration()
         elif dec_ok:
             self._start_decode_run()
@@ -357,7 +372,11 @@ class SimNode:
                                   fetched_tokens=min(fetched_tokens, t_c)))
         return charged
 
-    def _start_prefill_iteration(self) -> None:
+    def _mixes_decode_into_prefill(self) -> bool:
+        """Switching in place to prefill: its running decodes ride along prefill iterations."""
+        return self.status == "draining" and self.switch_mech == "in_place" and self.switch_to == "prefill"
+
+    def _start_prefill_iteration(self, carry_decode: bool = False) -> None:
         now = self.host.now
         budget = self.p.prefill_token_budget
         batch: list[tuple[PrefillJob, int, float]] = []
@@ -382,17 +401,23 @@ class SimNode:
             sum_A += A
             sum_tc += before
         assert batch, "a prefill iteration needs an eligible request"
-        dur = self.p.prefill_iteration_s(sum_uc, sum_A, sum_rst) * self._noise(self.p.prefill_noise)
-        total = dur + extra
+        noise = self._noise(self.p.prefill_noise)
+        dur = self.p.prefill_iteration_s(sum_uc, sum_A, sum_rst) * noise
+        carried = list(self.running.values()) if carry_decode else []
+        dec_s = 0.0
+        if carried:  # the per-request part of eq. 2; the fixed cost and expert reads are shared
+            ctx = sum(j.context for j in carried)
+            dec_s = (self.p.d2 * len(carried) + self.p.d_ctx * ctx) * noise
+        total = dur + extra + dec_s
         self.busy = True
         self.busy_start = now
         self.last_was_decode = False
         self.busy_prefill_s += total
         self.gen += 1
         self.host.schedule(now + total, self._end_prefill_iteration, self.gen, batch,
-                           (dur, sum_uc, sum_A, sum_rst, sum_tc))
+                           (dur, sum_uc, sum_A, sum_rst, sum_tc), carried, dec_s)
 
-    def _end_prefill_iteration(self, gen: int, batch, stats) -> None:
+    def _end_prefill_iteration(self, gen: int, batch, stats, carried=(), dec_s: float = 0.0) -> None:
         now = self.host.now
         self.busy = False
         self.busy_acc += now - self.busy_start
@@ -400,12 +425,32 @@ class SimNode:
         self._emit(IterationDone(ts=now, src=self.id, node=self.id, phase="prefill", duration_s=dur,
                                  batch=len(batch), sum_t_uc=sum_uc, sum_A=sum_A, sum_t_rst=sum_rst,
                                  sum_t_c=sum_tc, queued=len(self.pqueue) - len(batch)))
+        if carried:
+            self._carried_decode_step(carried, dec_s)
         for job, chunk, _ in batch:
             job.done_uc += chunk
             if job.done_uc >= job.t_uc:
                 self._dequeue(job)
                 self._finish_prefill(job)
         self._next()
+
+    def _carried_decode_step(self, carried: list[DecodeJob], dec_s: float) -> None:
+        """One decode iteration of the running requests that rode along a prefill iteration
+        (``IterationDone(phase=decode)`` timing only their share of the mixed iteration)."""
+        acc_total = 0.0
+        finished = []
+        for job in carried:
+            acc = min(job.left, self.p.t_acc)
+            job.left -= acc
+            job.context += acc
+            acc_total += acc
+            if job.left <= 1e-9:
+                finished.append(job)
+        self._emit(IterationDone(ts=self.host.now, src=self.id, node=self.id, phase="decode", duration_s=dec_s,
+                                 batch=len(carried), t_fwd=self.p.t_fwd, accepted_tokens=round(acc_total),
+                                 queued=len(self.dwaiting), iterations=1))
+        for job in finished:
+            self._finish_decode(job)
 
     def _finish_prefill(self, job: PrefillJob) -> None:
         now = self.host.now
@@ -426,9 +471,12 @@ class SimNode:
     # ------------------------------------------------------------------ 5.-7. decode
     def kv_arrived(self, job: DecodeJob) -> None:
         self.dwaiting.append(job)
+        self._cut_decode_run()
+        self.kick()
+
+    def _cut_decode_run(self) -> None:
         if self.busy and self.run_batch and not self.run_cut:
             self._cut_run()
-        self.kick()
 
     def _job_working_tokens(self, job: DecodeJob) -> int:
         return job.prompt_tokens - len(job.blocks) * self.bt + job.total_out
@@ -540,6 +588,8 @@ class SimNode:
         self.switch_mech = mechanism
         self.switch_ordered_s = self.host.now
         self.drained = 0
+        if self._mixes_decode_into_prefill() and any(j.ready_s <= self.host.now for j in self.pqueue):
+            self._cut_decode_run()
         self.kick()
 
     def _leaving(self) -> tuple[bool, bool]:

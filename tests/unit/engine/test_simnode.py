@@ -200,3 +200,60 @@ def test_collocated_to_decode_switches_once_prefill_is_drained_while_decoding_co
     # the prefill iteration was the only work of the phase it leaves: the switch follows it
     assert ack.ts == pytest.approx(prefill_s(1000) + P.switch_in_place_s)
     assert h.at(RequestFinished)[0].ts > ack.ts  # decoding went on after the switch
+
+
+def test_in_place_switch_to_prefill_serves_prefill_at_once_and_carries_running_decodes():
+    """METHOD.md §4.1/§4.4 (issue 12 part 6): a collocated node ordered to prefill takes
+    prefill work from the order on, and the decodes it runs finish in place, one decode step
+    per prefill iteration (a mixed batch costing their per-request share of eq. 2)."""
+    h = Host()
+    n = h.add("a", "collocated")
+    h.add("d", "decode")
+    n.enqueue_prefill(job("long", list(range(1, 16)), 1000, 4000))  # decodes ~2000 iterations here
+    h.q.schedule(1.0, n.order_switch, "prefill", "in_place")
+    news = [job(f"p{i}", list(range(100 * (i + 1), 100 * (i + 1) + 15)), 1000, 10, decode="d") for i in range(3)]
+    for j in news:
+        h.q.schedule(1.0, n.enqueue_prefill, j)
+    h.run()
+    first = {e.request: e.ts for e in h.at(FirstToken)}
+    t_long = prefill_s(1000)  # the first request's prefill (alone on the node)
+    it_d = decode_s(1, 1001)
+    done_iters = math.floor((1.0 - t_long) / it_d) + 1  # the decode run is cut at its next boundary
+    start = t_long + done_iters * it_d
+    carried = P.d2 * 1  # one running decode rides along; its context is charged by d_ctx
+    ctx = 1001 + done_iters * P.t_acc
+    sum_A = 3 * (1000 * 1001 / 2)  # three 1000-token prompts in one iteration (no shared prefix)
+    mixed = P.c0 + P.c1 * 3000 + P.c2 * sum_A + carried + P.d_ctx * ctx
+    assert first["p0"] == first["p1"] == first["p2"] == pytest.approx(start + mixed)
+    # the running decode advanced during that prefill iteration, reported as a decode step
+    carried_steps = [e for e in h.log if getattr(e, "phase", None) == "decode" and e.ts == pytest.approx(start + mixed)]
+    assert carried_steps and carried_steps[0].batch == 1 and carried_steps[0].iterations == 1
+    # the switch completes once the running decode finished in place; nothing was dropped
+    ack = h.at(RoleSwitched)[-1]
+    fin = {e.request: e.ts for e in h.at(RequestFinished)}
+    assert ack.role == "prefill" and ack.ts == pytest.approx(fin["long"] + P.switch_in_place_s)
+    assert not ack.kv_dropped and ack.drained == 1
+
+
+def test_a_collocated_node_not_switching_makes_the_same_prefills_wait_for_its_decode_run():
+    """The contrast: a collocated node that is not switching lets its decode run end first (the
+    warm-up scheduling, unchanged), so the same prefills get their first token later."""
+    h = Host()
+    n = h.add("a", "collocated")
+    h.add("d", "decode")
+    n.enqueue_prefill(job("long", list(range(1, 16)), 1000, 4000))
+    news = [job(f"p{i}", list(range(100 * (i + 1), 100 * (i + 1) + 15)), 1000, 10, decode="d") for i in range(3)]
+    for j in news:
+        h.q.schedule(1.0, n.enqueue_prefill, j)
+    h.run()
+    switched = Host()
+    m = switched.add("a", "collocated")
+    switched.add("d", "decode")
+    m.enqueue_prefill(job("long", list(range(1, 16)), 1000, 4000))
+    switched.q.schedule(1.0, m.order_switch, "prefill", "in_place")
+    for j in [job(f"p{i}", list(range(100 * (i + 1), 100 * (i + 1) + 15)), 1000, 10, decode="d") for i in range(3)]:
+        switched.q.schedule(1.0, m.enqueue_prefill, j)
+    switched.run()
+    ttft = max(e.ts for e in h.at(FirstToken) if e.request != "long")
+    ttft_switched = max(e.ts for e in switched.at(FirstToken) if e.request != "long")
+    assert ttft_switched < ttft
