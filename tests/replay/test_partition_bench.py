@@ -33,3 +33,11 @@ def test_partition_rows_measure_the_partitioned_run(tmp_path, capsys):
     finally:
         con.close()
     assert rows[1]["events"] == n
+
+
+def test_no_partition_baseline_leaves_only_the_partitioned_row(capsys):
+    assert main(["bench", "sim", "--only-partitions", "--partitions", "2", "--partition-nodes", "4",
+                 "--no-partition-baseline", "--jobs", "1", "--json", "--duration", "10s", "--warmup", "5s"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["partitions"], r["nodes"], r["agents"]) for r in rows] == [(2, 4, 8)]
+    assert rows[0]["simulated_s"] == 15.0 and rows[0]["events"] > 0
