@@ -127,3 +127,16 @@ def test_the_matrix_has_every_experiment_of_the_paper(quick):
     for e in experiments.matrix(quick):
         tables = [r for r in e.runs if not r.planner_args and r.stack != "evolving"]
         assert e.runs[0].stack.startswith("evolving") or tables == e.runs  # ratios are against ours
+
+
+def test_quick_rows_on_a_third_of_the_cluster_keep_the_split_and_say_so():
+    assert experiments._third_split("static:6P3D") == "static:2P1D"
+    assert experiments._third_split("evolving") == "evolving"
+    with pytest.raises(ValueError, match="not a split of 9 nodes"):
+        experiments._third_split("static:4P5D")
+    for e in experiments.matrix(True):
+        nodes = {r.argv[r.argv.index("--nodes") + 1] if "--nodes" in r.argv else "9" for r in e.runs}
+        assert (nodes == {"3"}) == bool(e.quick_note), e.name  # every 3-node quick row says it in its title
+        assert "same load per node" in e.quick_note or not e.quick_note
+    for e in experiments.matrix(False):  # the full matrix runs the paper's 9 nodes
+        assert not e.quick_note and all("--nodes" not in r.argv or "9" in r.argv for r in e.runs)
