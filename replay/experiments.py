@@ -100,11 +100,13 @@ def _flags(workload: str | None, agents: int | None, warmup: str, duration: str,
     return out + list(extra)
 
 
-def matrix(quick: bool, tiny: bool = False) -> list[Experiment]:
+def matrix(quick: bool, tiny: bool = False, window: tuple[float, float] | None = None) -> list[Experiment]:
     """The evaluation matrix. Quick: short runs, fewer rows (each experiment still runs).
     Tiny (tests only): the quick rows at 1 min + 1 min with a sixteenth of the agents."""
     quick = quick or tiny
     W, D = ("60", "60") if tiny else ("4m", "4m") if quick else ("30m", "1h")
+    if window is not None:  # --window: every run's warm-up and measured time (shifting: 3 phases of D/3)
+        W, D = f"{window[0]:g}", f"{window[1]:g}"
 
     def A(n: int) -> int:
         return max(4, n // 16) if tiny else n
@@ -163,6 +165,8 @@ def matrix(quick: bool, tiny: bool = False) -> list[Experiment]:
     # shifting composition: Putnam -> mixed -> OSWorld (Kimi K2.6 profile, M §5)
     phase = 20.0 if tiny else 180.0 if quick else 3600.0
     warm = 60.0 if tiny else 240.0 if quick else 1800.0
+    if window is not None:
+        warm, phase = window[0], window[1] / 3
     sched = [(0.0, "putnam"), (warm + phase, "mixed"), (warm + 2 * phase, "osworld")]
     sh_stacks = ["evolving", "static:2P1D"] if quick else ["evolving", "dynamo", "arrow", "static:6P3D",
                                                           "static:2P7D"]
@@ -607,7 +611,7 @@ def _curve_plot(exp: Experiment, ok: list[Result], d: Path) -> Path:
 def _cmd(args) -> int:
     from rich.console import Console
 
-    exps = matrix(args.quick, tiny=args.tiny)
+    exps = matrix(args.quick, tiny=args.tiny, window=args.window)
     if args.only:
         names = [n.strip() for n in args.only.split(",") if n.strip()]
         known = {e.name for e in exps}
@@ -677,6 +681,18 @@ def _cmd(args) -> int:
     return 1 if failed else 0
 
 
+def _window_arg(text: str) -> tuple[float, float]:
+    from replay.sim_cli import parse_duration
+
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError(f"bad window {text!r}: WARMUP,DURATION such as 2m,2m")
+    w, d = (parse_duration(x) for x in parts)
+    if w < 0 or d <= 0:
+        raise argparse.ArgumentTypeError(f"bad window {text!r}: a warm-up >= 0 and a duration > 0")
+    return w, d
+
+
 def default_jobs() -> int:
     """Rows at a time: the cores this process may use, at most 2 (each row is one process)."""
     import os
@@ -700,5 +716,8 @@ def register(sub, bench) -> None:
     p.add_argument("--jobs", type=int, default=None,
                    help="rows simulated at a time, each in its own process (default: the cores available, at "
                         "most 2; 1: in this process, in order, with a progress bar)")
+    p.add_argument("--window", type=_window_arg, default=None, metavar="WARMUP,DURATION",
+                   help="every run's warm-up and measured time, e.g. 1m,1m for a smoke test of the matrix "
+                        "(default: 4m,4m with --quick, 30m,1h otherwise)")
     p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # tests: seconds, not minutes
     p.set_defaults(func=_cmd)

@@ -140,3 +140,17 @@ def test_quick_rows_on_a_third_of_the_cluster_keep_the_split_and_say_so():
         assert "same load per node" in e.quick_note or not e.quick_note
     for e in experiments.matrix(False):  # the full matrix runs the paper's 9 nodes
         assert not e.quick_note and all("--nodes" not in r.argv or "9" in r.argv for r in e.runs)
+
+
+def test_window_overrides_every_run_and_the_shifting_phases():
+    import argparse
+
+    assert experiments._window_arg("1m,90s") == (60.0, 90.0)
+    for bad in ("1m", "1m,0", "x,1m"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            experiments._window_arg(bad)
+    for e in experiments.matrix(True, window=(60.0, 90.0)):
+        for r in e.runs:
+            assert r.argv[r.argv.index("--warmup") + 1] == "60" and r.argv[r.argv.index("--duration") + 1] == "90"
+        if e.name == "shifting":
+            assert e.runs[0].schedule == [(0.0, "putnam"), (90.0, "mixed"), (120.0, "osworld")]
