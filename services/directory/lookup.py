@@ -9,6 +9,8 @@ its bit leaves the running AND. The pool prefix ends at the first block no node 
 
 from __future__ import annotations
 
+from bisect import bisect_right
+
 import msgspec
 import numpy as np
 
@@ -32,24 +34,33 @@ _ZERO = NodeMatch(l1_blocks=0, local_blocks=0, l2_blocks=0)
 _EVEN_BITS: dict[int, int] = {}  # words -> the even bits of that many 64-bit words
 
 
-def _prefix_ends(masks: np.ndarray) -> tuple[dict[int, int], dict[int, int]]:
-    """For the ``[blocks, W]`` holder words along the blocks: ``bit -> prefix length`` of every
-    copy bit set on the first block (tier prefixes), and of every node's "L1 or L2" bit (local
-    prefixes, keyed by the node's L1 bit); bit ``j`` is bit ``j % 64`` of word ``j // 64``.
-    Works on the runs of equal rows, all words at once (one Python int per run): a running
-    AND over them keeps the bits whose prefix is unbroken, so a bit's prefix ends where it
-    leaves the AND."""
+def _runs(masks: np.ndarray) -> tuple[list[int], list[int]]:
+    """The ``[blocks, W]`` holder words as runs of equal rows: ``(starts, rows)``, each row one
+    Python int of ``64 W`` bits (bit ``j`` of the int = bit ``j % 64`` of word ``j // 64``)."""
     n, words = masks.shape
     if not n:
-        return {}, {}
+        return [], []
     if words == 1:
         col = masks[:, 0]
         starts = [0, *(np.flatnonzero(col[1:] != col[:-1]) + 1).tolist()]
-        rows = col[starts].tolist()
-    else:
-        change = (masks[1:] != masks[:-1]).any(axis=1)
-        starts = [0, *(np.flatnonzero(change) + 1).tolist()]
-        rows = [sum(x << (64 * w) for w, x in enumerate(row)) for row in masks[starts].tolist()]
+        return starts, col[starts].tolist()
+    change = (masks[1:] != masks[:-1]).any(axis=1)
+    starts = [0, *(np.flatnonzero(change) + 1).tolist()]
+    return starts, [sum(x << (64 * w) for w, x in enumerate(row)) for row in masks[starts].tolist()]
+
+
+def _prefix_ends(masks: np.ndarray, runs: tuple[list[int], list[int]] | None = None
+                 ) -> tuple[dict[int, int], dict[int, int]]:
+    """For the ``[blocks, W]`` holder words along the blocks: ``bit -> prefix length`` of every
+    copy bit set on the first block (tier prefixes), and of every node's "L1 or L2" bit (local
+    prefixes, keyed by the node's L1 bit); bit ``j`` is bit ``j % 64`` of word ``j // 64``.
+    Works on the runs of equal rows (:func:`_runs`, all words at once): a running AND over
+    them keeps the bits whose prefix is unbroken, so a bit's prefix ends where it leaves the
+    AND."""
+    n, words = masks.shape
+    if not n:
+        return {}, {}
+    starts, rows = runs if runs is not None else _runs(masks)
     even = _EVEN_BITS.get(words)
     if even is None:
         even = _EVEN_BITS[words] = int("01" * 32 * words, 2)
@@ -80,13 +91,14 @@ class LiveNodes:
     """The live nodes as a lookup needs them, built once per change of the node set (the
     directory caches it) instead of once per lookup."""
 
-    __slots__ = ("by_col", "cols", "ids", "zeros")
+    __slots__ = ("by_col", "cols", "ids", "live_bits", "zeros")
 
     def __init__(self, live: list[tuple[NodeId, int]]) -> None:
         self.cols = {node: col for node, col in live}
         self.by_col = {col: node for node, col in live}
         self.ids = sorted(live)
         self.zeros = dict.fromkeys(self.cols, _ZERO)
+        self.live_bits = sum(3 << (2 * col) for col in self.by_col)  # both tier bits of each
 
 
 class Lookup:
@@ -97,7 +109,8 @@ class Lookup:
     prefix to the pool prefix.
     """
 
-    __slots__ = ("_cols", "_ids", "_masks", "n_blocks", "per_node", "pool_blocks")
+    __slots__ = ("_by_col", "_cols", "_ids", "_live_bits", "_masks", "_runs", "n_blocks", "per_node",
+                 "pool_blocks")
 
     def __init__(self, n_blocks: int, pool_blocks: int, masks: np.ndarray,
                  live: list[tuple[NodeId, int]] | LiveNodes) -> None:
@@ -110,12 +123,15 @@ class Lookup:
         self._masks = masks
         self._cols = live.cols
         self._ids = live.ids  # (node id, column) sorted: ties go to the smallest id
+        self._by_col = live.by_col
+        self._live_bits = live.live_bits
         # every node starts at the shared zero match; only the copy bits set on the first block
         # (read off the running AND of the holder words) get a match of their own, so the cost
         # is O(words + holders + runs), not a pass per node
         by_col = live.by_col
         per_node = live.zeros.copy()
-        tiers, local = _prefix_ends(masks)
+        self._runs = runs = _runs(masks)  # shared with fetch_plan
+        tiers, local = _prefix_ends(masks, runs)
         for bit, length in local.items():
             node = by_col.get(bit >> 1)
             if node is not None:
@@ -148,49 +164,57 @@ class Lookup:
         longest run, ties to the smallest node id; one step per maximal run. Blocks inside the
         range that only ``node`` itself holds are skipped.
 
-        Cost: one pass of numpy over the ``[range, peers]`` holder bits computes, for every
-        position and peer, where that peer's run ends; the loop then runs once per step.
+        Cost: no numpy at all. It walks the runs of equal holder rows the lookup already
+        computed (one Python int of copy bits per run, usually a handful per request): from
+        each position, a running AND of the candidate bits along the runs leaves the copies
+        whose run is longest; the loop turns once per step and per run crossed.
         """
         own = self._cols.get(node)
         m = self.per_node.get(node)
         start = m.local_blocks if m else 0
-        n = self.pool_blocks - start
-        if n <= 0:
+        end_all = self.pool_blocks
+        if end_all - start <= 0:
             return []
-        words = self._masks[start:self.pool_blocks]
-        # only peers holding some block of the range can be a source: read them off the OR of
-        # the holder words (a peer holding nothing there never has the longest run)
-        held = 0
-        for w, x in enumerate(np.bitwise_or.reduce(words, axis=0).tolist()):
-            held |= x << (64 * w)
-        peers = [(nid, col) for nid, col in self._ids if col != own and (held >> (2 * col)) & 3]
-        if not peers:
-            return []
-        cols = np.array([c for _, c in peers], dtype=np.int64)
-        rows = np.arange(n)
-
-        def holds(tier_bit: int) -> np.ndarray:  # [n, peers] bool
-            j = 2 * cols + tier_bit
-            return ((words[:, j >> 6] >> (j & 63).astype(np.uint64)) & np.uint64(1)).astype(bool)
-
-        def run_end(h: np.ndarray) -> np.ndarray:  # first row >= r where h is False (n if none)
-            gaps = np.where(h, n, rows[:, None] if h.ndim == 2 else rows)
-            return np.minimum.accumulate(gaps[::-1], axis=0)[::-1]
-
-        h2, h1 = holds(1), holds(0)
-        end2, end1 = run_end(h2), run_end(h1)
-        any2 = h2.any(axis=1)
-        any_peer = any2 | h1.any(axis=1)
-        next_held = run_end(~any_peer)  # first row >= r that some peer holds
+        starts, rows = self._runs
+        peers = self._live_bits & ~(3 << (2 * own)) if own is not None else self._live_bits
+        l2_bits = _ODD_BITS.get(self._masks.shape[1])
+        if l2_bits is None:
+            l2_bits = _ODD_BITS[self._masks.shape[1]] = int("10" * 32 * self._masks.shape[1], 2)
+        nr = len(starts)
+        by_col = self._by_col
         steps: list[FetchStep] = []
-        pos = 0
-        while pos < n:
-            if not any_peer[pos]:
-                pos = int(next_held[pos])
+        ri = bisect_right(starts, start) - 1  # the run holding the first block to fetch
+        pos = start
+        while pos < end_all:
+            row = rows[ri] & peers
+            if not row:  # no peer holds this run: skip to the next run
+                ri += 1
+                if ri >= nr:
+                    break
+                pos = starts[ri]
                 continue
-            ends, tier = (end2[pos], "L2") if any2[pos] else (end1[pos], "L1")
-            k = int(np.argmax(ends))  # first maximum: peers are sorted by node id
-            end = int(ends[k])
-            steps.append(FetchStep(src_node=peers[k][0], first_block=start + pos, n_blocks=end - pos, tier=tier))
-            pos = end
+            cand = row & l2_bits
+            tier = "L2"
+            if not cand:
+                cand, tier = row, "L1"  # no L2 here: the L1 copies
+            k = ri + 1
+            while k < nr:  # a copy's run ends at the first run without its bit
+                nxt = cand & rows[k]
+                if not nxt:
+                    break
+                cand, k = nxt, k + 1
+            end = starts[k] if k < nr else end_all
+            # the copies still in ``cand`` all end at ``end``: the smallest node id among them
+            src = None
+            while cand:
+                low = cand & -cand
+                nid = by_col[(low.bit_length() - 1) >> 1]
+                if src is None or nid < src:
+                    src = nid
+                cand ^= low
+            steps.append(FetchStep(src_node=src, first_block=pos, n_blocks=end - pos, tier=tier))
+            pos, ri = end, k
         return steps
+
+
+_ODD_BITS: dict[int, int] = {}  # words -> the odd (L2) bits of that many 64-bit words

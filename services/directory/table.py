@@ -3,8 +3,9 @@
 Layout (``S`` slots; node ``n``'s copy in tier ``t`` (0 = L1, 1 = L2) is bit ``j = 2n + t``,
 stored in word ``j // 64`` at bit ``j % 64``; ``W`` words cover ``32 W`` nodes):
 
-- ``index: HashIndex`` (block hash -> slot) — a numpy open-addressing hash table, so a whole
-  block list is resolved in a few vectorised probe rounds, with no per-block Python object.
+- ``index: dict`` (block hash -> slot): a request's block list is resolved by one
+  ``np.fromiter(map(index.get, ...))`` (issue 16: cheaper than the vectorised open-addressing
+  table it replaced for the tens of appended blocks a lookup or store resolves).
   Slot 0 is a sentinel that holds nothing, so an unknown block maps to 0 and numpy code needs
   no special case.
 - ``held[S, W]`` uint64 — bit set: the node holds the block in that tier. A request's holder
@@ -21,11 +22,11 @@ Slot numbers never leak into outputs: everything returned is keyed or sorted by 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import repeat
 
 import numpy as np
 
 from services.directory.eviction import CopyOrder
-from services.directory.index import SMALL_BATCH, HashIndex
 
 TIER_INDEX = {"L1": 0, "L2": 1}
 
@@ -34,7 +35,7 @@ class BlockTable:
     __slots__ = ("block", "free", "gen", "held", "index", "last", "n_nodes", "orders", "refs", "size")
 
     def __init__(self, capacity: int = 1024, node_capacity: int = 4) -> None:
-        self.index = HashIndex(2 * capacity)
+        self.index: dict[int, int] = {}  # block hash -> slot
         self.block = np.zeros(capacity, dtype=np.uint64)
         self.held = np.zeros((capacity, -(-node_capacity // 32)), dtype=np.uint64)
         # column-major: the fold reads and writes one copy column (node, tier) at a time, and a
@@ -75,9 +76,7 @@ class BlockTable:
     # ------------------------------------------------------------------------- slots
     def slots(self, blocks: Iterable[int], n: int) -> np.ndarray:
         """Slots of ``n`` blocks (0 for an unknown block)."""
-        if n <= SMALL_BATCH:
-            return np.array(self.index.find_few(list(blocks)), dtype=np.intp)
-        return self.index.find(np.fromiter(blocks, dtype=np.uint64, count=n))
+        return np.fromiter(map(self.index.get, blocks, repeat(0)), dtype=np.intp, count=n)
 
     def find(self, block: int) -> int | None:
         """Slot of one block, ``None`` if unknown."""
@@ -98,20 +97,14 @@ class BlockTable:
     def ensure(self, blocks: Sequence[int], s: np.ndarray | None = None) -> np.ndarray:
         """Slots of ``blocks`` (``s``: already probed), allocating the unknown ones in bulk."""
         if s is None:
-            keys = np.fromiter(blocks, dtype=np.uint64, count=len(blocks))
-            s = self.index.find(keys)
-            missing = np.flatnonzero(s == 0)
-            if not len(missing):
-                return s
-            mk = keys[missing]
+            s = self.slots(blocks, len(blocks))
+        missing = np.flatnonzero(s == 0)
+        if not len(missing):
+            return s
+        if 4 * len(missing) > len(s):
+            mk = np.fromiter(blocks, dtype=np.uint64, count=len(blocks))[missing]
         else:
-            missing = np.flatnonzero(s == 0)
-            if not len(missing):
-                return s
-            if 4 * len(missing) > len(s):
-                mk = np.fromiter(blocks, dtype=np.uint64, count=len(blocks))[missing]
-            else:
-                mk = np.fromiter(map(blocks.__getitem__, missing.tolist()), dtype=np.uint64, count=len(missing))
+            mk = np.fromiter(map(blocks.__getitem__, missing.tolist()), dtype=np.uint64, count=len(missing))
         new, inverse = _distinct(mk)  # a block may repeat inside one list
         k = len(new)
         take = min(k, len(self.free))
@@ -123,7 +116,7 @@ class BlockTable:
             ks.extend(range(self.size, self.size + k - take))
             self.size += k - take
         ks_arr = np.asarray(ks, dtype=np.intp)
-        self.index.insert(new, ks_arr)
+        self.index.update(zip(new.tolist(), ks))
         self.block[ks_arr] = new
         s[missing] = ks_arr[inverse]
         return s
@@ -133,13 +126,19 @@ class BlockTable:
         s = s[s > 0]
         if not len(s):
             return
-        dead = s[~self.held[s].any(axis=1) & ~self.refs[s].any(axis=1)]
+        h = self.held.take(s, axis=0)
+        dead = s[~(h.any(axis=1) if h.shape[1] > 1 else h[:, 0].astype(bool))]
+        if len(dead):  # the references of the unheld ones only (a row gather of N columns)
+            dead = dead[~self.refs[dead].any(axis=1)]
         if not len(dead):
             return
         dead = np.unique(dead)
         self.gen += 1
-        self.index.delete(self.block[dead])
-        self.last[dead] = 0.0
+        pop = self.index.pop
+        for k in self.block[dead].tolist():
+            pop(k, None)
+        # ``last`` of a freed slot is left as it is: every read of ``last`` is guarded by the
+        # copy's held bit, and a store sets it (zeroing 2N columns per slot cost ms at 96 nodes)
         self.free.extend(dead.tolist())
 
     # ------------------------------------------------------------------------- copies
@@ -328,22 +327,18 @@ class BlockTable:
         of ``blocks`` (for reuse by the request's later events). ``prefix``: slots of the first
         ``len(prefix)`` blocks resolved at the current ``gen`` (0 where unknown then; those are
         probed again), so only the rest is probed."""
-        try:
-            if prefix is not None:
-                k = len(prefix)
-                s = np.empty(len(blocks), dtype=np.intp)
-                s[:k] = prefix
-                z = np.flatnonzero(prefix == 0)
-                if len(z):
-                    s[z] = self.slots([blocks[i] for i in z.tolist()], len(z))
-                if len(blocks) > k:
-                    s[k:] = self.slots(blocks[k:], len(blocks) - k)
-            else:
-                s = self.slots(blocks, len(blocks))
-        except OverflowError:  # a hash outside 64 bits: nothing holds it, the prefix ends there
-            k = next(i for i, b in enumerate(blocks) if not 0 <= b < 2**64)
-            s = np.zeros(len(blocks), dtype=np.intp)
-            s[:k] = self.slots(blocks[:k], k)
+        # a hash outside 64 bits is in no table: slot 0, nothing holds it, the prefix ends there
+        if prefix is not None:
+            k = len(prefix)
+            s = np.empty(len(blocks), dtype=np.intp)
+            s[:k] = prefix
+            z = np.flatnonzero(prefix == 0)
+            if len(z):
+                s[z] = self.slots([blocks[i] for i in z.tolist()], len(z))
+            if len(blocks) > k:
+                s[k:] = self.slots(blocks[k:], len(blocks) - k)
+        else:
+            s = self.slots(blocks, len(blocks))
         h = self.held.take(s, axis=0)
         anyh = h.any(axis=1) if h.shape[1] > 1 else h[:, 0].astype(bool)
         pool = len(s) if anyh.all() else int(anyh.argmin())
