@@ -17,6 +17,19 @@ The event loop (docs/simulator.md has the full picture)
    replaced by the next of the pool (cycled, with fresh ids). ``arrivals_per_min`` instead
    starts sessions at Poisson times (open arrivals).
 5. The profile's coefficients reach only the nodes; cores learn from ``IterationDone``.
+6. One directory, not two (``SimConfig.share_directory``, on by default). The directory core
+   and the router's embedded ``DirectoryCore`` fold the same events; the router only ever asks
+   its copy ``lookup``, whose answer depends only on which node holds which block in which tier
+   (``KvStored``/``KvEvicted``/``KvMoved``/``KvFetched``, a dropping switch, node
+   (de)registration). Those facts reach both copies at the same place of the log; the copies
+   differ only in *when* they fold ``RequestSubmitted`` (the router: after its lookup) and the
+   router's own ``RouteDecided`` (the router: at decision time, not at the echo), and neither
+   event changes where blocks are held. So the router's lookups are answered by the directory
+   core itself (:class:`_RouterDirectory`): every decision, every event and every anomaly is
+   the one the two-copy run makes (tests/replay/test_golden_log.py, tests/unit/sim), for half
+   the directory work. The directory core folds a submission inside the router's fold, right
+   after the router's lookup (as the router's copy did), so it reuses that lookup's scan; its
+   outputs keep their place (before the planner's and the router's).
 """
 
 from __future__ import annotations
@@ -42,6 +55,7 @@ from events.catalog import (
 )
 from events.ids import NodeId, Role
 from replay.trace import Session, SessionCursor, reblock
+from services.directory.core import DirectoryCore
 
 # kinds: only a tie-break after (time, seq); documented for the heap order.
 K_CALL = 0
@@ -90,6 +104,10 @@ class SimConfig:
     directory_core: bool = True
     # the nodes' ids (default n00, n01, ...): a partition of a larger cluster keeps the global ids
     node_ids: tuple[str, ...] | None = None
+    # With ``directory_core``: the router's lookups are answered by the directory core instead of
+    # a second DirectoryCore folding the same events (module docstring, point 6). Same log; off
+    # is the previous two-copy path, kept as the speed baseline (`evolving bench sim`).
+    share_directory: bool = True
 
     @property
     def end_s(self) -> float:
@@ -107,6 +125,7 @@ class RunResult:
     nodes: list[SimNode]
     anomalies: dict[str, int] = field(default_factory=dict)
     wall_s: float = 0.0
+    cpu_s: float = 0.0  # this process's CPU time for the run (set by the driver, like wall_s)
 
 
 class Simulation:
@@ -134,9 +153,13 @@ class Simulation:
             for i, nid in enumerate(ids)
         }
         directory, planner, router = stack.make_cores(profile, config)
+        self._shared: _RouterDirectory | None = None
         if config.directory_core:
             self.cores = [directory, planner, router]
             self.directory = directory
+            if config.share_directory and type(getattr(router, "directory", None)) is DirectoryCore \
+                    and type(directory) is DirectoryCore:
+                self._shared = router.directory = _RouterDirectory(directory)
         else:  # eviction reads the router's embedded DirectoryCore (same class, same events)
             self.cores = [planner, router]
             self.directory = router.directory
@@ -180,12 +203,33 @@ class Simulation:
             self.log.append(e)
         if self.record is not None:
             self.record(self.seq, e)
-        outs: list[Event] = []
-        for core in self.cores:
-            outs.extend(core.apply(e))
+        if self._shared is not None and type(e) is RequestSubmitted:
+            outs = self._apply_submission(e)
+        else:
+            outs = []
+            for core in self.cores:
+                outs.extend(core.apply(e))
         self._react(e)
         for o in outs:
             self.emit(o)
+
+    def _apply_submission(self, e: RequestSubmitted) -> list[Event]:
+        """A submission with one shared directory (module docstring, point 6): the directory
+        core folds it where the router's copy did, inside the router's fold after its lookup;
+        its outputs stay first, as if it had folded it before the planner and the router."""
+        shared = self._shared
+        shared.pending, shared.outs = e, []
+        rest: list[Event] = []
+        try:
+            for core in self.cores[1:]:
+                rest.extend(core.apply(e))
+        finally:
+            if shared.pending is e:  # the router did not fold it: fold it now
+                shared.pending = None
+                shared.outs = self.directory.apply(e)
+        outs, shared.outs = shared.outs, []
+        outs.extend(rest)
+        return outs
 
     # ------------------------------------------------------------------ reactions
     def _react(self, e: Event) -> None:
@@ -318,6 +362,34 @@ class Simulation:
                          anomalies=anomalies)
 
 
+class _RouterDirectory:
+    """The router's directory when the simulator shares its directory core (module docstring,
+    point 6): lookups go to the directory core; folds are the simulator's, except the
+    submission being emitted, which the directory core folds when the router does."""
+
+    __slots__ = ("core", "outs", "pending")
+
+    def __init__(self, core: DirectoryCore) -> None:
+        self.core = core
+        self.pending: RequestSubmitted | None = None
+        self.outs: list[Event] = []
+
+    def lookup(self, blocks, branch=None):
+        return self.core.lookup(blocks, branch)
+
+    def apply(self, event: Event) -> list[Event]:
+        if event is self.pending:
+            self.pending = None
+            self.outs = self.core.apply(event)
+        return []  # the router drops its directory's anomalies; the core's are emitted
+
+    def anomalies(self) -> dict[str, int]:
+        return self.core.anomalies()
+
+    def snapshot(self) -> bytes:
+        return self.core.snapshot()
+
+
 _MASK = (1 << 64) - 1
 
 
@@ -344,6 +416,15 @@ class SessionSource:
         self.sessions = list(sessions or [])
         self.make = make
         self.make_s = 0.0  # wall time spent generating sessions (reported apart by the bench)
+        self.make_cpu_s = 0.0  # the same in CPU time
+        self._memo: dict[int, Session] | None = None
+
+    def memoize(self) -> SessionSource:
+        """Keep generated sessions: a later run on this source gets the same ones without
+        generating them again (the bench's runs side by side). Returns ``self``."""
+        if self.make is not None and self._memo is None:
+            self._memo = {}
+        return self
 
     def label(self, k: int) -> str:
         """The agent id of the ``k``-th start (every id of its session starts with it)."""
@@ -351,11 +432,16 @@ class SessionSource:
 
     def get(self, k: int) -> Session:
         if self.make is not None:
+            if self._memo is not None and k in self._memo:
+                return self._memo[k]
             import time
 
-            t0 = time.perf_counter()  # measurement only: never influences the simulation
+            t0, c0 = time.perf_counter(), time.process_time()  # measurement only: never influences the simulation
             s = self.make(k)
             self.make_s += time.perf_counter() - t0
+            self.make_cpu_s += time.process_time() - c0
+            if self._memo is not None:
+                self._memo[k] = s
             return s
         n = len(self.sessions)
         s = self.sessions[k % n]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -152,7 +153,8 @@ def sim_config(args) -> SimConfig:
         agents = WORKLOADS[args.workload].default_agents if getattr(args, "workload", None) else 126
     return SimConfig(nodes=args.nodes, duration_s=args.duration, warmup_s=args.warmup, seed=args.seed,
                      agents=None if args.arrivals else agents, arrivals_per_min=args.arrivals,
-                     directory_core=not args.fast)
+                     directory_core=not args.fast,
+                     share_directory=not getattr(args, "two_directories", False))  # bench sim's baseline
 
 
 def profile_name(args) -> str:
@@ -209,7 +211,7 @@ def run_one(stack_name: str, args, source: SessionSource, out: Path | None, prog
                               "duration_s": cfg.duration_s, "agents": cfg.agents,
                               "arrivals_per_min": cfg.arrivals_per_min, **stack.core_config(prof, cfg)})
     sim = Simulation(prof, stack, source, cfg, record=rec, keep_log=True)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     bar = None
     if progress:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -236,6 +238,7 @@ def run_one(stack_name: str, args, source: SessionSource, out: Path | None, prog
         if rec is not None:
             rec.close()
     res.wall_s = time.perf_counter() - t0
+    res.cpu_s = time.process_time() - c0
     m = compute_metrics(res.log, cfg.warmup_s, cfg.end_s, stack.name)
     m.unfinished = len(res.unfinished)
     return m, res
@@ -356,60 +359,117 @@ def _cmd_sweep(args) -> int:
     return 0
 
 
+#: ``bench sim`` runs per cluster size: label, stack, --fast, two directories (today's path before
+#: the shared directory, the baseline every other row of its size is compared with)
+BENCH_RUNS = {
+    "evolving": ("evolving", "evolving", False, False),
+    "baseline": ("evolving, two directories (before)", "evolving", False, True),
+    "fast": ("evolving --fast", "evolving", True, False),
+}
+
+
+def _log_digest(log) -> str:
+    """sha256 of the log's events (type + msgpack): equal digests = the same run, decision for decision."""
+    import hashlib
+
+    import msgspec
+
+    enc, h = msgspec.msgpack.Encoder(order="deterministic"), hashlib.sha256()
+    for e in log:
+        h.update(type(e).__name__.encode())
+        h.update(enc.encode(e))
+    return h.hexdigest()
+
+
+def _bench_runs(spec: str, nodes: int) -> list[tuple[str, str, bool, bool]]:
+    out = []
+    for name in (x.strip() for x in spec.split(",") if x.strip()):
+        if name == "static":
+            split = f"static:{nodes * 2 // 3}P{nodes - nodes * 2 // 3}D"
+            out.append((split, split, False, False))
+        elif name in BENCH_RUNS:
+            out.append(BENCH_RUNS[name])
+        else:
+            raise SystemExit(f"error: bench sim --runs: unknown run {name!r}; known: {', '.join(BENCH_RUNS)}, static")
+    return out
+
+
 def _cmd_bench(args) -> int:
-    """Simulated seconds per wall second, side by side with a baseline run."""
+    """Simulated seconds per second, each cluster size's runs side by side with today's baseline.
+
+    Every row is a dict (``--json`` prints the list; replay/scaling_plot.py reads it). Sessions are
+    generated once per cluster size and shared by its runs (timed apart: ``gen_s``); ``cpu_s`` is
+    this process's CPU time for the run without generation, which a loaded machine moves much less
+    than wall time; ``same_log_as_baseline``: the run's event log digest equals the baseline's."""
     from rich.console import Console
     from rich.table import Table
 
-    rows = []
-    cases = [(9, args.agents), (args.big_nodes, args.agents * args.big_nodes // 9)]
+    out = sys.stderr if args.json else sys.stdout
+    rows: list[dict] = []
+    big_agents = args.big_agents if args.big_agents is not None else 2 * args.big_nodes
+    cases = [(9, args.agents), (args.big_nodes, big_agents)]
     if getattr(args, "only_partitions", False):  # just the partition rows below
         cases = []
     for nodes, agents in cases:
         base = argparse.Namespace(**vars(args))
         base.nodes, base.agents, base.arrivals, base.trace = nodes, agents, None, None
         base.workload = "cc"
-        for label, stack, fast in (("evolving", "evolving", False), ("evolving --fast", "evolving", True),
-                                   (f"static:{nodes * 2 // 3}P{nodes - nodes * 2 // 3}D",
-                                    f"static:{nodes * 2 // 3}P{nodes - nodes * 2 // 3}D", False)):
+        source, _ = session_source(base)
+        source.memoize()  # generated once, shared by this size's runs
+        case: list[dict] = []
+        for label, stack, fast, two in _bench_runs(args.runs, nodes):
             a = argparse.Namespace(**vars(base))
-            a.fast = fast
-            source, _ = session_source(a)
+            a.fast, a.two_directories = fast, two
+            gen0, gcpu0 = source.make_s, source.make_cpu_s
             _, res = run_one(stack, a, source, None, progress=False)
-            sim_wall = max(1e-9, res.wall_s - source.make_s)  # session generation reported apart
-            speed = res.config.end_s / sim_wall
-            rows.append((nodes, agents, label, res.config.end_s, sim_wall, speed, len(res.log), res.finished,
-                         source.make_s))
-            print(f"{nodes} nodes, {agents} agents, {label}: {speed:.1f}x real time "
-                  f"({res.config.end_s:.0f} s simulated in {sim_wall:.1f} s + {source.make_s:.1f} s generating "
-                  f"sessions, {len(res.log)} events)", flush=True, file=sys.stderr if args.json else sys.stdout)
-    extra: dict[int, dict] = {}
+            gen, gen_cpu = source.make_s - gen0, source.make_cpu_s - gcpu0
+            wall = max(1e-9, res.wall_s - gen)  # session generation reported apart
+            cpu = max(1e-9, res.cpu_s - gen_cpu)
+            r = {"nodes": nodes, "agents": agents, "run": label, "stack": stack, "simulated_s": res.config.end_s,
+                 "wall_s": wall, "x_real_time": res.config.end_s / wall, "cpu_s": cpu,
+                 "x_real_time_cpu": res.config.end_s / cpu, "events": len(res.log),
+                 "events_per_s": len(res.log) / wall, "events_per_cpu_s": len(res.log) / cpu,
+                 "finished": res.finished, "gen_s": gen, "gen_cpu_s": gen_cpu, "baseline": two,
+                 "digest": _log_digest(res.log), "load_avg_1m": os.getloadavg()[0]}
+            case.append(r)
+            print(f"{nodes} nodes, {agents} agents, {label}: {r['x_real_time']:.1f}x real time, "
+                  f"{r['x_real_time_cpu']:.1f}x per CPU s ({res.config.end_s:.0f} s simulated in {wall:.1f} s wall, "
+                  f"{cpu:.1f} s CPU, + {gen:.1f} s generating sessions; {len(res.log)} events; "
+                  f"load {r['load_avg_1m']:.1f})", flush=True, file=out)
+            del res
+        ref = next((r for r in case if r["baseline"]), None)
+        for r in case if ref is not None else ():
+            r["vs_baseline_wall"] = r["x_real_time"] / ref["x_real_time"]
+            r["vs_baseline_cpu"] = r["x_real_time_cpu"] / ref["x_real_time_cpu"]
+            if r["stack"] == ref["stack"] and not r["run"].endswith("--fast"):  # same run, other code path
+                r["same_log_as_baseline"] = r["digest"] == ref["digest"]
+        rows += case
     if getattr(args, "partitions", 1) > 1:  # issue 16: one cluster as 1 vs N partitions (replay/partitioned.py)
         from replay.partitioned import bench_rows
 
         for r in bench_rows(args, args.partition_nodes, args.partitions, args.partition_agents_per_node, args.jobs,
                             baseline=not args.no_partition_baseline):
-            extra[len(rows)] = r
-            rows.append((r["nodes"], r["agents"], r["run"], r["simulated_s"], r["wall_s"], r["x_real_time"],
-                         r["events"], r["finished"], r["gen_s"]))
+            rows.append(r)
             print(f"{r['nodes']} nodes, {r['agents']} agents, {r['run']}: {r['x_real_time']:.2f}x real time "
                   f"({r['wall_s']:.1f} s wall end to end, {r['cpu_s']:.1f} s CPU, {r['events']} events)",
-                  flush=True, file=sys.stderr if args.json else sys.stdout)
+                  flush=True, file=out)
     if args.json:
-        keys = ("nodes", "agents", "run", "simulated_s", "wall_s", "x_real_time", "events", "finished", "gen_s")
-        print(json.dumps([{**dict(zip(keys, r, strict=True)), "events_per_s": r[6] / max(1e-9, r[4]),
-                           **extra.get(i, {})} for i, r in enumerate(rows)], indent=2))
+        print(json.dumps(rows, indent=2))
         return 0
-    t = Table(title="evolving bench sim: CC-like agents, simulated seconds per wall second")
-    for col in ("nodes", "agents", "run", "simulated s", "wall s (sim)", "x real time", "events", "finished",
-                "gen s", "vs evolving"):
+    t = Table(title=f"evolving bench sim: CC-like agents, simulated seconds per second (load {os.getloadavg()[0]:.1f})")
+    for col in ("nodes", "agents", "run", "simulated s", "wall s", "x real time", "CPU s", "x per CPU s",
+                "events/s", "events", "finished", "gen s", "vs baseline (CPU)", "same log"):
         t.add_column(col, justify="right")
-    ref = {}
     for r in rows:
-        ref.setdefault(r[0], r[5])
-        t.add_row(str(r[0]), str(r[1]), r[2], f"{r[3]:.0f}", f"{r[4]:.1f}", f"{r[5]:.1f}", str(r[6]), str(r[7]),
-                  f"{r[8]:.1f}", f"{r[5] / ref[r[0]]:.2f}x")
-    Console(width=150).print(t)
+        cpu = r.get("cpu_s")
+        same = r.get("same_log_as_baseline")
+        t.add_row(str(r["nodes"]), str(r["agents"]), r["run"], f"{r['simulated_s']:.0f}", f"{r['wall_s']:.1f}",
+                  f"{r['x_real_time']:.1f}", f"{cpu:.1f}" if cpu else "-",
+                  f"{r['simulated_s'] / cpu:.1f}" if cpu else "-", f"{r['events_per_s']:.0f}", str(r["events"]),
+                  str(r["finished"]), f"{r['gen_s']:.1f}",
+                  f"{r['vs_baseline_cpu']:.2f}x" if "vs_baseline_cpu" in r else "-",
+                  "-" if same is None else ("yes" if same else "NO"))
+    Console(width=170).print(t)
     return 0
 
 
@@ -472,11 +532,19 @@ def register_sim(sub, bench) -> None:
     _add_common(sp)
     sp.set_defaults(func=_cmd_sweep)
 
-    bp = bench.add_parser("sim", help="simulator speed: simulated seconds per wall second, 9 and 64 nodes")
-    bp.add_argument("--agents", type=int, default=126, help="CC-like agents on 9 nodes (scaled for 64)")
+    bp = bench.add_parser("sim", help="simulator speed: simulated seconds per second, 9 and 96 nodes, beside "
+                                      "today's path (two directories)")
+    bp.add_argument("--agents", type=int, default=126, help="CC-like agents on 9 nodes")
     bp.add_argument("--duration", type=parse_duration, default=parse_duration("3m"))
     bp.add_argument("--warmup", type=parse_duration, default=parse_duration("3m"))
-    bp.add_argument("--big-nodes", type=int, default=64, help="the large cluster (agents scaled)")
+    bp.add_argument("--big-nodes", type=int, default=96,
+                    help="the large cluster (default 96: one partition of the paper's 768 nodes)")
+    bp.add_argument("--big-agents", type=int, default=None,
+                    help="CC-like agents on the large cluster (default 2 per node: the paper-scale run's "
+                         "1,536 agents on 768 nodes)")
+    bp.add_argument("--runs", default="evolving,baseline",
+                    help="runs per size, comma-separated: evolving, baseline (two directories: the path before "
+                         "the shared directory), fast (--fast), static (a 2/3 prefill static split)")
     bp.add_argument("--seed", type=int, default=0)
     bp.add_argument("--partitions", type=_positive_int, default=1,
                     help="add the partition rows: --partition-nodes nodes as 1 partition and as N partitions")
