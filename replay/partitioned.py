@@ -270,8 +270,10 @@ def run_partitioned(stack_name: str, args, out: Path | None, progress: bool = Tr
     from replay.metrics import compute_metrics
     from replay.sim_cli import sim_config
     from replay.stacks import get_stack
+    from services.logging import get_logger
     from services.recorder.eventlog import DuckDbEventLog
 
+    log = get_logger("partitions")
     n = int(args.partitions)
     if n > args.nodes:
         raise SystemExit(f"evolving: --partitions {n} needs at least {n} nodes (one per partition), "
@@ -294,18 +296,24 @@ def run_partitioned(stack_name: str, args, out: Path | None, progress: bool = Tr
                            TimeElapsedColumn(), transient=True)
             task = bar.add_task("partitions", total=n, info=f"{n} partitions on {jobs} processes")
             bar.start()
+        def done(r: dict) -> None:
+            results.append(r)
+            log.info("partition simulated", partition=pmap.names[r["index"]], done=f"{len(results)}/{n}",
+                     wall_s=round(r["wall_s"], 1), events=r["events"], finished=r["finished"],
+                     gen_s=round(r["make_s"], 1), peak_rss_mb=r.get("peak_rss_mb") and round(r["peak_rss_mb"]),
+                     elapsed_s=round(time.perf_counter() - t0, 1))
+            if bar is not None:
+                bar.advance(task)
+
         if jobs == 1:
             for t in tasks:
-                results.append(_worker(t))
-                if bar is not None:
-                    bar.advance(task)
+                done(_worker(t))
         else:
             with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
                 for fut in as_completed([pool.submit(_worker, t) for t in tasks]):
-                    results.append(fut.result())
-                    if bar is not None:
-                        bar.advance(task)
+                    done(fut.result())
         results.sort(key=lambda r: r["index"])
+        t_merge = time.perf_counter()
         prof = _profile(args)
         stack = get_stack(stack_name, start=getattr(args, "start", None))
         config = {"driver": "simulator", "stack": stack.describe(), "profile": prof.name,
@@ -316,6 +324,7 @@ def run_partitioned(stack_name: str, args, out: Path | None, progress: bool = Tr
                                                                                     strict=True)},
                   "merge_order": MERGE_ORDER, **stack.core_config(prof, cfg)}
         events = merge_logs(parts, final, config)
+        log.info("partition logs merged", events=events, merge_s=round(time.perf_counter() - t_merge, 1))
         wall = time.perf_counter() - t0
         log = DuckDbEventLog(str(final), read_only=True)
         try:
