@@ -408,6 +408,13 @@ def _cmd_bench(args) -> int:
     rows: list[dict] = []
     big_agents = args.big_agents if args.big_agents is not None else 2 * args.big_nodes
     cases = [(9, args.agents), (args.big_nodes, big_agents)]
+    if args.sizes:  # NODES[:AGENTS],... instead (agents default: 2 per node)
+        cases = []
+        for part in (x.strip() for x in args.sizes.split(",") if x.strip()):
+            n, _, ag = part.partition(":")
+            if not n.isdigit() or int(n) < 1 or (ag and not ag.isdigit()):
+                raise SystemExit(f"error: bench sim --sizes: bad size {part!r}; expected NODES or NODES:AGENTS")
+            cases.append((int(n), int(ag) if ag else 2 * int(n)))
     if getattr(args, "only_partitions", False):  # just the partition rows below
         cases = []
     for nodes, agents in cases:
@@ -542,6 +549,8 @@ def register_sim(sub, bench) -> None:
     bp.add_argument("--big-agents", type=int, default=None,
                     help="CC-like agents on the large cluster (default 2 per node: the paper-scale run's "
                          "1,536 agents on 768 nodes)")
+    bp.add_argument("--sizes", default=None,
+                    help="cluster sizes instead of 9 and --big-nodes: NODES[:AGENTS],... (e.g. 9:126,96:192)")
     bp.add_argument("--runs", default="evolving,baseline",
                     help="runs per size, comma-separated: evolving, baseline (two directories: the path before "
                          "the shared directory), fast (--fast), static (a 2/3 prefill static split)")

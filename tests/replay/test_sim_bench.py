@@ -34,3 +34,13 @@ def test_bench_rows_beside_the_two_directory_baseline(capsys):
 def test_unknown_run_is_one_line(capsys):
     with pytest.raises(SystemExit, match="unknown run 'nope'"):
         main(["bench", "sim", "--runs", "evolving,nope", "--warmup", "5s", "--duration", "5s"])
+
+
+def test_sizes_replace_the_default_sizes(capsys):
+    assert main(["bench", "sim", "--sizes", "3:4,4", "--runs", "evolving", "--warmup", "10s", "--duration", "10s",
+                 "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["nodes"], r["agents"], r["run"]) for r in rows] == [(3, 4, "evolving"), (4, 8, "evolving")]
+    assert all("vs_baseline_cpu" not in r for r in rows)  # no baseline run: no ratio
+    with pytest.raises(SystemExit, match="bad size '3x'"):
+        main(["bench", "sim", "--sizes", "3x", "--warmup", "5s", "--duration", "5s"])
