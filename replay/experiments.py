@@ -123,7 +123,7 @@ def matrix(quick: bool, tiny: bool = False, window: tuple[float, float] | None =
         if quick and third:
             stacks = [_third_split(s) for s in stacks]
             n, extra = -(-agents // 3), ("--nodes", "3")
-            note = f"{n} agents on 3 nodes, a third of {agents} on 9: {QUICK_THIRD}"
+            note = f"{A(n)} agents on 3 nodes, a third of {A(agents)} on 9: {QUICK_THIRD}"
         exps.append(Experiment(
             name, f"{workload}-like, {agents} agents, stationary", claim,
             [Run(s, s, _flags(workload, A(n), W, D, *extra)) for s in stacks], quick_note=note))
@@ -172,13 +172,13 @@ def matrix(quick: bool, tiny: bool = False, window: tuple[float, float] | None =
                                                           "static:2P7D"]
     sh_agents, sh_nodes = (-(-160 // 3), "3") if quick else (160, "9")
     exps.append(Experiment(
-        "shifting", f"shifting composition: Putnam -> mixed -> OSWorld, {phase / 60:g} min each",
+        "shifting", f"shifting composition: Putnam -> mixed -> OSWorld, {phase / 60:.3g} min each",
         "M §5: under a shifting composition 2.1x Dynamo and +28% over the best static split",
         [Run(s, s, ["--warmup", f"{warm:.0f}", "--duration", f"{3 * phase:.0f}", "--fast", "--no-progress",
                     "--workload", "putnam", "--agents", str(A(sh_agents)), "--nodes", sh_nodes,
                     "--profile", "gb300-kimi-k26"],
              schedule=sched) for s in sh_stacks],
-        quick_note=f"{sh_agents} agents on 3 nodes, a third of 160 on 9: {QUICK_THIRD}" if quick else ""))
+        quick_note=f"{A(sh_agents)} agents on 3 nodes, a third of {A(160)} on 9: {QUICK_THIRD}" if quick else ""))
 
     rates = [2.0, 6.0] if quick else [1.0, 2.0, 3.0, 4.0, 6.0, 8.0]
     oa_stacks = ["evolving", "static:4P5D"] if quick else ["evolving", "dynamo", "arrow", "static:4P5D"]
@@ -200,11 +200,15 @@ def matrix(quick: bool, tiny: bool = False, window: tuple[float, float] | None =
                                                  str(4 * c)), x=c / 1e6)
          for c in caps for s in kv_stacks], kind="sweep", x_label="GPU KV tokens per node (M)"))
 
-    tols = [0.05, 0.15] if quick else [0.0, 0.02, 0.05, 0.10, 0.15, 0.25]
-    obj = [Run("throughput only", "evolving", _flags("putnam", A(256), W, D), x=-1.0,
-               planner_args={"ttft_objective": False})]
-    obj += [Run(f"tolerance {t:.0%}", "evolving", _flags("putnam", A(256), W, D), x=t,
-                planner_args={"ttft_objective": True, "throughput_tolerance": t}) for t in tols]
+    from services.planner.core import EvolvingConfig
+
+    default = EvolvingConfig().throughput_tolerance  # first: the table's ratios are against the default
+    tols = [default] + [t for t in ([0.15] if quick else [0.0, 0.02, 0.10, 0.15, 0.25]) if t != default]
+    obj = [Run(f"tolerance {t:.0%}" + (" (default)" if t == default else ""), "evolving",
+               _flags("putnam", A(256), W, D), x=t, planner_args={"ttft_objective": True, "throughput_tolerance": t})
+           for t in tols]
+    obj.insert(1, Run("throughput only", "evolving", _flags("putnam", A(256), W, D), x=-1.0,
+                      planner_args={"ttft_objective": False}))
     statics = ["static:1P8D", "static:2P7D"] if quick else ["static:1P8D", "static:2P7D", "static:3P6D"]
     obj += [Run(s, s, _flags("putnam", A(256), W, D)) for s in statics]
     exps.append(Experiment(
