@@ -44,7 +44,9 @@ def _runs(masks: np.ndarray) -> tuple[list[int], list[int]]:
         col = masks[:, 0]
         starts = [0, *(np.flatnonzero(col[1:] != col[:-1]) + 1).tolist()]
         return starts, col[starts].tolist()
-    change = (masks[1:] != masks[:-1]).any(axis=1)
+    change = masks[1:, 0] != masks[:-1, 0]
+    for w in range(1, words):  # OR of per-word compares: cheaper than a 2-D any(axis=1)
+        change |= masks[1:, w] != masks[:-1, w]
     starts = [0, *(np.flatnonzero(change) + 1).tolist()]
     return starts, [sum(x << (64 * w) for w, x in enumerate(row)) for row in masks[starts].tolist()]
 

@@ -126,8 +126,7 @@ class BlockTable:
         s = s[s > 0]
         if not len(s):
             return
-        h = self.held.take(s, axis=0)
-        dead = s[~(h.any(axis=1) if h.shape[1] > 1 else h[:, 0].astype(bool))]
+        dead = s[~_any_word(self.held.take(s, axis=0))]
         if len(dead):  # the references of the unheld ones only (a row gather of N columns)
             dead = dead[~self.refs[dead].any(axis=1)]
         if not len(dead):
@@ -340,12 +339,28 @@ class BlockTable:
         else:
             s = self.slots(blocks, len(blocks))
         h = self.held.take(s, axis=0)
-        anyh = h.any(axis=1) if h.shape[1] > 1 else h[:, 0].astype(bool)
-        pool = len(s) if anyh.all() else int(anyh.argmin())
+        pool = _held_prefix(h)
         return pool, h[:pool], s
 
 
 _BIT = [np.uint64(1 << i) for i in range(64)]
+
+
+def _any_word(h: np.ndarray) -> np.ndarray:
+    """bool per row of ``[k, W]`` holder words: any bit set (an OR of the W columns is ~3x
+    cheaper than ``any(axis=1)`` on few rows of a few words)."""
+    a = h[:, 0]
+    if h.shape[1] > 1:
+        a = a.copy()
+        for w in range(1, h.shape[1]):
+            a |= h[:, w]
+    return a.astype(bool)
+
+
+def _held_prefix(h: np.ndarray) -> int:
+    """Rows of ``[k, W]`` holder words before the first row no copy bit is set in."""
+    a = _any_word(h)
+    return len(a) if a.all() else int(a.argmin())
 
 
 def _distinct(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
