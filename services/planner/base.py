@@ -60,7 +60,10 @@ INITIAL = "initial split"  # warm-up end: every node gets a role (no current spl
 NEWCOMERS = "place newcomers"  # only nodes without a prefill/decode role get one; nothing else moves
 REPAIR = "repair"  # every node on one side (0P or 0D): exactly one node moves to the other
 GATED = "gated"  # the mean-gain > 2 SE switch with its cooldown (any other reason)
-UNGATED_PATHS = (INITIAL, NEWCOMERS, REPAIR)
+# out of a split that breaks the TTFT SLO, at no predicted throughput loss beyond the tolerance
+# (EvolvingPlanner with the TTFT objective; cooldown applies, no 2-SE test)
+SLO_ESCAPE = "slo escape"
+UNGATED_PATHS = (INITIAL, NEWCOMERS, REPAIR, SLO_ESCAPE)
 
 
 def plan_path(reason: str) -> str:

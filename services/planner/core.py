@@ -41,7 +41,7 @@ import re
 import numpy as np
 
 from events.catalog import Candidate, Event, PlanEvaluated, Split
-from services.planner.base import INITIAL, NEWCOMERS, REPAIR, BaseConfig, PlannerBase
+from services.planner.base import INITIAL, NEWCOMERS, REPAIR, SLO_ESCAPE, BaseConfig, PlannerBase
 from services.planner.evaluate import NodeArrays, WorkArrays, queue_prediction, theta
 from services.planner.window import SliceStats, Work, work_of
 
@@ -195,6 +195,9 @@ class EvolvingPlanner(PlannerBase):
             return int(ev.P[i]), cands, f"{label}: every split breaks the SLO, lowest predicted ttft p95"
         if not eligible:
             why = "vetoed by the SLO guard" if passed_any else "no candidate's mean gain exceeds 2 SE"
+            escape = self._slo_escape(ev, cur, allowed)
+            if escape is not None and not cooling:
+                return int(ev.P[escape]), cands, f"{SLO_ESCAPE}: {self._escape_why(ev, cur, escape)} ({why})"
             return None, cands, why
         if cooling:
             return None, cands, cooling
@@ -207,6 +210,35 @@ class EvolvingPlanner(PlannerBase):
         if not self.cfg.ttft_objective:
             return int(ev.P[best]), cands, reason
         return self._ttft_objective(ev, eligible, cur, best, cands, reason)
+
+    def _slo_escape(self, ev: Evaluation, cur: int | None, allowed: tuple[int, int] | None) -> int | None:
+        """With the TTFT objective on and the current split's predicted P95 TTFT above
+        ``slo_ttft_p95_s``: the candidate whose predicted throughput is within
+        ``throughput_tolerance`` of the current split's and whose predicted P95 TTFT meets the
+        SLO (the highest throughput among them), else the one with the lowest predicted P95
+        TTFT, if it beats the current split's by ``ttft_min_improvement_s``; ``None`` otherwise.
+        The 2-SE test asks for certainty of a throughput gain; a split breaking the SLO needs
+        none to be left for one that meets it at the same throughput (issue 12 part 9)."""
+        cfg = self.cfg
+        if not cfg.ttft_objective or cur is None or ev.ttft95[cur] <= cfg.slo_ttft_p95_s:
+            return None
+        floor = (1.0 - cfg.throughput_tolerance) * ev.theta_mean[cur]
+        pool = [
+            i for i in range(len(ev.P))
+            if i != cur and _within(int(ev.P[i]), allowed) and ev.theta_mean[i] >= floor
+            and ev.ttft95[i] <= ev.ttft95[cur] - cfg.ttft_min_improvement_s
+        ]
+        meets = [i for i in pool if ev.ttft95[i] <= cfg.slo_ttft_p95_s]
+        if meets:
+            return max(meets, key=lambda i: (ev.theta_mean[i], -ev.ttft95[i], -abs(i - cur)))
+        return min(pool, key=lambda i: (ev.ttft95[i], -ev.theta_mean[i])) if pool else None
+
+    def _escape_why(self, ev: Evaluation, cur: int, i: int) -> str:
+        return (
+            f"current split's predicted ttft p95 {ev.ttft95[cur]:.1f} s > {self.cfg.slo_ttft_p95_s:g} s; "
+            f"{ev.P[i]}P predicts {ev.ttft95[i]:.1f} s at {ev.theta_mean[i]:.3f} req/s "
+            f"(current {ev.theta_mean[cur]:.3f}, tolerance {self.cfg.throughput_tolerance:.0%})"
+        )
 
     def _candidates(
         self, ev: Evaluation, cur: int | None, allowed: tuple[int, int] | None

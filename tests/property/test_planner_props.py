@@ -26,7 +26,7 @@ from events.catalog import (
     Tick,
 )
 from services.costmodel import fit_decode, fit_prefill
-from services.planner.base import GATED, INITIAL, NEWCOMERS, REPAIR, plan_path
+from services.planner.base import GATED, INITIAL, NEWCOMERS, REPAIR, SLO_ESCAPE, plan_path
 from services.planner.baselines import ArrowPlanner, DynamoPlanner, StaticPlanner
 from services.planner.core import EvolvingPlanner
 from services.planner.evaluate import NodeArrays, WorkArrays, theta, theta_reference
@@ -181,7 +181,7 @@ def check_paths(planner, before: dict[str, str], was_frozen: bool, out: list, ts
         assert had_role == set(before)
         assert len({r for r in before.values()}) == 1
         assert len(orders) == 1 and orders[0].from_role != orders[0].to_role
-    elif path == GATED and orders:  # only with a split in place and no newcomer
+    elif path in (GATED, SLO_ESCAPE) and orders:  # only with a split in place and no newcomer
         assert had_role == set(before) and len(set(before.values())) == 2
     if orders:
         assert plan.chosen is not None
@@ -197,6 +197,14 @@ def check_paths(planner, before: dict[str, str], was_frozen: bool, out: list, ts
         assert last_switch is None or ts - last_switch >= cfg.cooldown_s
         c = next(c for c in plan.candidates if c.split == plan.chosen)
         assert c.mean_gain > 2 * c.se and c.passed
+    if path == SLO_ESCAPE and orders:  # out of a split breaking the TTFT SLO, no 2-SE test
+        cfg = planner.cfg
+        assert last_switch is None or ts - last_switch >= cfg.cooldown_s
+        now = next(c for c in plan.candidates if c.split == plan.current)
+        c = next(c for c in plan.candidates if c.split == plan.chosen)
+        assert now.predicted_ttft_p95_s > cfg.slo_ttft_p95_s
+        assert c.predicted_ttft_p95_s <= now.predicted_ttft_p95_s - cfg.ttft_min_improvement_s
+        assert c.throughput >= (1 - cfg.throughput_tolerance) * now.throughput - 1e-9
     if orders and path != NEWCOMERS:  # placing a newcomer starts no cooldown
         return ts
     return last_switch
