@@ -96,6 +96,8 @@ class BlockTable:
 
     def ensure(self, blocks: Sequence[int], s: np.ndarray | None = None) -> np.ndarray:
         """Slots of ``blocks`` (``s``: already probed), allocating the unknown ones in bulk."""
+        if len(blocks) <= _SMALL:
+            return self._ensure_few(blocks, s)
         if s is None:
             s = self.slots(blocks, len(blocks))
         missing = np.flatnonzero(s == 0)
@@ -120,6 +122,35 @@ class BlockTable:
         self.block[ks_arr] = new
         s[missing] = ks_arr[inverse]
         return s
+
+    def _ensure_few(self, blocks: Sequence[int], s: np.ndarray | None) -> np.ndarray:
+        """:meth:`ensure` of a short list in plain Python (a live event's handful of blocks):
+        a dozen numpy calls cost more than the loop. Same slots in the same order (new blocks
+        in first-occurrence order, as ``_distinct`` orders short lists)."""
+        if s is None:
+            get = self.index.get
+            sl = [get(b, 0) for b in blocks]
+        else:
+            sl = s.tolist()
+        if 0 not in sl:
+            return np.array(sl, dtype=np.intp)
+        pos: dict[int, int] = {}
+        for b, v in zip(blocks, sl):
+            if not v:
+                pos.setdefault(b, len(pos))
+        new = np.fromiter(pos, dtype=np.uint64, count=len(pos))  # refuses a hash outside 64 bits first
+        k = len(new)
+        take = min(k, len(self.free))
+        ks = self.free[len(self.free) - take:]
+        del self.free[len(self.free) - take:]
+        if k > take:
+            if self.size + k - take > len(self.block):
+                self._grow(self.size + k - take)
+            ks.extend(range(self.size, self.size + k - take))
+            self.size += k - take
+        self.index.update(zip(pos, ks))
+        self.block[ks] = new
+        return np.array([v or ks[pos[b]] for b, v in zip(blocks, sl)], dtype=np.intp)
 
     def release(self, s: np.ndarray) -> None:
         """Free the slots among ``s`` that no node holds and no branch references."""
@@ -344,6 +375,7 @@ class BlockTable:
 
 
 _BIT = [np.uint64(1 << i) for i in range(64)]
+_SMALL = 64  # lists up to this many blocks are resolved and allocated in plain Python
 
 
 def _any_word(h: np.ndarray) -> np.ndarray:
