@@ -72,10 +72,14 @@ def test_the_whole_tiny_matrix_runs_in_worker_processes_and_identical_rows_run_o
     assert [(r["label"], r["same_as"]) for r in reused] == [("evolving @ 5M", "cc-126 / evolving")]
     assert reused[0]["log"] == cc["runs"][0]["log"] and reused[0]["metrics"] == {**cc["runs"][0]["metrics"],
                                                                                   "stack": "evolving @ 5M"}
-    assert [r["x"] for r in kv["runs"]] == [1.735, 1.735, 5.0, 5.0]  # the calibrated 86%-demand capacity
+    from engine.profiles import load_profile
+
+    pressure = load_profile(experiments.PRESSURE_PROFILE).l1_capacity_tokens / 1e6  # the calibrated 86% demand
+    assert [r["x"] for r in kv["runs"]] == [pressure, pressure, 5.0, 5.0]
+    assert kv["runs"][0]["metrics"]["kv_gpu_capacity_tokens"] == round(9 * pressure * 1e6)  # the profile's, 9 nodes
     for col in ("KV demand peak / GPU KV", "idle prefill GPU time", "(ratio vs first)", "vs evolving"):
         assert col in text, col  # tables: ratios against ours, KV demand and idle GPU beside them
-    sweep_rows = re.findall(r"│ +(?:1\.735|5) │ +evolving(?:\+lru)? │.*", text)
+    sweep_rows = re.findall(rf"│ +(?:{pressure:g}|5) │ +evolving(?:\+lru)? │.*", text)
     assert len(sweep_rows) == 4 and all(re.search(r"\d+\.\d% / \d+\.\d%", row) for row in sweep_rows)  # idle P / D
     assert all(Path(p).exists() for e in summary["experiments"] for p in e["plots"])
     assert "(same run as cc-126 / evolving)" in text
