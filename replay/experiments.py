@@ -204,7 +204,8 @@ def matrix(quick: bool, tiny: bool = False, window: tuple[float, float] | None =
                        f"is {PRESSURE_PROFILE}, host {pp.l2_capacity_tokens / 1e6:g}M)",
         "M §5: at 86% KV demand the gains come from which KV is kept; lost KV reuse down 81-95%",
         [Run(f"{s} @ {c / 1e6:g}M", s, _flags("cc", A(126), W, D, *kv), x=c / 1e6)
-         for c, kv in points for s in kv_stacks], kind="sweep", x_label="GPU KV tokens per node (M)"))
+         for c, kv in points for s in kv_stacks + (["dynamo"] if quick and kv[0] == "--profile" else [])],
+        kind="sweep", x_label="GPU KV tokens per node (M)"))  # quick: Dynamo at the calibrated point only
 
     from services.planner.core import EvolvingConfig
 

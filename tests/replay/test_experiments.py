@@ -55,7 +55,7 @@ def test_the_whole_tiny_matrix_runs_in_worker_processes_and_identical_rows_run_o
     cc, kv, obj = by["cc-126"], by["kv-capacity"], by["objective"]
     assert [r["label"] for r in cc["runs"]] == ["evolving", "dynamo", "arrow", "static:4P5D"]
     runs = [r for e in summary["experiments"] for r in e["runs"]]
-    assert [r["status"] for r in runs] == ["ok"] * 29
+    assert [r["status"] for r in runs] == ["ok"] * 30
     for r in runs:  # one real event log per simulation
         con = duckdb.connect(r["log"], read_only=True)
         try:
@@ -75,7 +75,8 @@ def test_the_whole_tiny_matrix_runs_in_worker_processes_and_identical_rows_run_o
     from engine.profiles import load_profile
 
     pressure = load_profile(experiments.PRESSURE_PROFILE).l1_capacity_tokens / 1e6  # the calibrated 86% demand
-    assert [r["x"] for r in kv["runs"]] == [pressure, pressure, 5.0, 5.0]
+    assert [r["x"] for r in kv["runs"]] == [pressure, pressure, pressure, 5.0, 5.0]
+    assert [r["stack"] for r in kv["runs"]][:3] == ["evolving", "evolving+lru", "dynamo"]
     assert kv["runs"][0]["metrics"]["kv_gpu_capacity_tokens"] == round(9 * pressure * 1e6)  # the profile's, 9 nodes
     for col in ("KV demand peak / GPU KV", "idle prefill GPU time", "(ratio vs first)", "vs evolving"):
         assert col in text, col  # tables: ratios against ours, KV demand and idle GPU beside them
