@@ -30,6 +30,7 @@ fewest outstanding output tokens, then the node id.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -68,12 +69,17 @@ class LeastTtftRouter(RouterBase):
         "fetch_s_per_token": FETCH_S_PER_TOKEN,
         "dup_cost_s_per_token": DUP_COST_S_PER_TOKEN,
         "full_scoring_max_nodes": FULL_SCORING_MAX_NODES,
+        "pack_slack": 0.0,
         "learn_fetch": True,
         "fetch_min_samples": FETCH_MIN_SAMPLES,
     }
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
+        slack = float(self.pack_slack)
+        if not (math.isfinite(slack) and slack >= 0.0):
+            raise ValueError(f"LeastTtftRouter: pack_slack must be a finite number >= 0, got {self.pack_slack!r}")
+        self.pack_slack = slack
         self.fetch = FetchCostLearner(FetchModel(float(self.fetch_latency_s), float(self.fetch_s_per_token)),
                                       min_samples=int(self.fetch_min_samples))
 
@@ -139,7 +145,8 @@ class LeastTtftRouter(RouterBase):
             for n in candidates:
                 scored[n] = score(n, _wait(nodes[n], now), per_node.get(n))
         else:
-            _score_pruned(candidates, nodes, per_node, now, score, service, state.prefill_model, scored)
+            _score_pruned(candidates, nodes, per_node, now, score, service, state.prefill_model, scored,
+                          self.pack_slack)
         best_key: tuple[float, str] | None = None
         scores: list[NodeScore] = []
         for n in candidates:
@@ -152,6 +159,9 @@ class LeastTtftRouter(RouterBase):
                 best_key = key
         assert best_key is not None, "invariant: choose_prefill is called with at least one candidate"
         node = best_key[1]
+        slack = self.pack_slack
+        if slack > 0.0:
+            node = _pack(scored, best_key, slack)
         _, best_ttft, best_fetch, _, _ = scored[node]
         plan = lookup.fetch_plan(node) if best_fetch and lookup is not None else []
         return Choice(node=node, t_c=t_c, t_uc=t_uc, predicted_ttft_s=best_ttft, scores=scores,
@@ -191,6 +201,22 @@ _ENC = msgspec.msgpack.Encoder(order="deterministic")
 _Scored = tuple[float, float, int, float, float]
 
 
+def _pack(scored: dict[str, _Scored], best_key: tuple[float, str], slack: float) -> str:
+    """Among the nodes whose score is within ``slack`` x the request's own prefill time (at the
+    best node) of the best score, the one with the longest expected wait (then the lower score,
+    then the id): a long request joins other long work instead of blocking the short queue that
+    later short requests would use. A short request's tolerance is a fraction of a short time,
+    so it still takes (nearly) the least predicted TTFT."""
+    best_score, best = best_key
+    _, ttft, _, excess, wait = scored[best]
+    bound = best_score + slack * (ttft - wait - excess)
+    pick = (-wait, best_score, best)
+    for n, sc in scored.items():
+        if sc[0] <= bound:
+            pick = min(pick, (-sc[4], sc[0], n))
+    return pick[2]
+
+
 def _wait(ns: NodeState, now: float) -> float:
     """``ClusterState.wait_s`` inlined (same arithmetic, so the same float)."""
     rem = max(0.0, ns.busy_until - now) if ns.prefill_running else 0.0
@@ -200,7 +226,7 @@ def _wait(ns: NodeState, now: float) -> float:
 def _score_pruned(candidates: list[str], nodes: dict[str, NodeState], per_node, now: float,
                   score: Callable[[str, float, NodeMatch | None], _Scored],
                   service: Callable[[str, int, int], float], model_of: Callable[[str], PrefillModel],
-                  scored: dict[str, _Scored]) -> None:
+                  scored: dict[str, _Scored], slack: float = 0.0) -> None:
     """Score every holder of a prefix of the request, then the other candidates in increasing
     order of expected wait, only while one of them can still win or tie.
 
@@ -212,6 +238,11 @@ def _score_pruned(candidates: list[str], nodes: dict[str, NodeState], per_node, 
     and ``LB`` never decreases along increasing ``wait``. Once ``LB_n`` exceeds the best score
     found, neither ``n`` nor any later candidate can win or tie (ties go to the smaller id, so
     an equal bound is still scored). The winner is the one full scoring picks.
+
+    With ``pack_slack`` (:func:`_pack`) every node within ``best + slack * S_best`` must be
+    scored. ``S_best <= score_best`` and the final best score is at most the best found so far,
+    so stopping once ``LB_n > best * (1 + slack)`` (with a relative margin of 1e-9 against
+    rounding) still scores every node the packing rule may pick.
     """
     rest: list[tuple[float, str]] = []
     best = float("inf")
@@ -230,8 +261,9 @@ def _score_pruned(candidates: list[str], nodes: dict[str, NodeState], per_node, 
     for _, n in rest:
         groups.setdefault((id(model_of(n)), nodes[n].token_budget), n)
     s_min = min(service(n, 0, 0) for n in groups.values())
+    factor = (1.0 + slack) * (1.0 + 1e-9) if slack > 0.0 else 1.0
     for wait, n in rest:
-        if wait + s_min > best:
+        if wait + s_min > best * factor:
             break
         s = scored[n] = score(n, wait, None)
         best = min(best, s[0])

@@ -60,6 +60,7 @@ def cluster(draw):
         "fetch_latency_s": draw(st.sampled_from([0.0, 0.002, 0.5])),
         "fetch_s_per_token": draw(st.sampled_from([0.0, 4e-7, 1e-4])),
         "dup_cost_s_per_token": draw(st.sampled_from([0.0, 2e-7, 1e-3])),
+        "pack_slack": draw(st.sampled_from([0.0, 0.0, 0.5, 3.0])),
     }
     return evs, f"a{probe_agent}", probe, now, params
 
