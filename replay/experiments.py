@@ -133,6 +133,25 @@ def matrix(quick: bool, tiny: bool = False, window: tuple[float, float] | None =
                 "split; lost KV reuse down 81-95%")
     for agents in ((126,) if quick else (90, 108, 126)):
         stationary(f"cc-{agents}", "cc", agents, "static:4P5D", cc_claim)
+    # kv-capacity right after the CC rows: the issue's 'Done when' asks for it first
+    from engine.profiles import load_profile
+
+    # the calibrated point is the named profile itself (its own GPU and host KV: CC at 126 agents
+    # puts the paper's 86% demand on it); the other points keep METHOD's host = 4 x GPU
+    pp = load_profile(PRESSURE_PROFILE)
+    caps = [5_000_000] if quick else [250_000, 500_000, 1_000_000, 2_000_000, 5_000_000]
+    kv_stacks = ["evolving", "evolving+lru"] if quick else ["evolving", "evolving+lru", "dynamo"]
+    points = sorted([(pp.l1_capacity_tokens, ["--profile", PRESSURE_PROFILE])]
+                    + [(c, ["--kv-gpu-tokens", str(c), "--kv-host-tokens", str(4 * c)]) for c in caps],
+                    key=lambda p: p[0])
+    exps.append(Experiment(
+        "kv-capacity", f"CC-like, 126 agents: GPU KV capacity per node (host 4x GPU; {pp.l1_capacity_tokens / 1e6:g}M "
+                       f"is {PRESSURE_PROFILE}, host {pp.l2_capacity_tokens / 1e6:g}M)",
+        "M §5: at 86% KV demand the gains come from which KV is kept; lost KV reuse down 81-95%",
+        [Run(f"{s} @ {c / 1e6:g}M", s, _flags("cc", A(126), W, D, *kv), x=c / 1e6)
+         for c, kv in points for s in kv_stacks + (["dynamo"] if quick and kv[0] == "--profile" else [])],
+        kind="sweep", x_label="GPU KV tokens per node (M)"))  # quick: Dynamo at the calibrated point only
+
     stationary("putnam-224", "putnam", 224, "static:2P7D",
                "M §5/§6.1: decode-heavy; best static 2P7D; the planner keeps 1-2 prefill nodes",
                quick_stacks=["evolving", "static:2P7D"])
@@ -188,24 +207,6 @@ def matrix(quick: bool, tiny: bool = False, window: tuple[float, float] | None =
         "M §6.2: at 0.75 agents/min one bad switch sent prefill queue P95 to 120-275 s",
         [Run(f"{s} @ {r:g}/min", s, _flags("cc", None, W, D, "--arrivals", f"{r:g}"), x=r)
          for r in rates for s in oa_stacks], kind="sweep", x_label="agents/min"))
-
-    from engine.profiles import load_profile
-
-    # the calibrated point is the named profile itself (its own GPU and host KV: CC at 126 agents
-    # puts the paper's 86% demand on it); the other points keep METHOD's host = 4 x GPU
-    pp = load_profile(PRESSURE_PROFILE)
-    caps = [5_000_000] if quick else [250_000, 500_000, 1_000_000, 2_000_000, 5_000_000]
-    kv_stacks = ["evolving", "evolving+lru"] if quick else ["evolving", "evolving+lru", "dynamo"]
-    points = sorted([(pp.l1_capacity_tokens, ["--profile", PRESSURE_PROFILE])]
-                    + [(c, ["--kv-gpu-tokens", str(c), "--kv-host-tokens", str(4 * c)]) for c in caps],
-                    key=lambda p: p[0])
-    exps.append(Experiment(
-        "kv-capacity", f"CC-like, 126 agents: GPU KV capacity per node (host 4x GPU; {pp.l1_capacity_tokens / 1e6:g}M "
-                       f"is {PRESSURE_PROFILE}, host {pp.l2_capacity_tokens / 1e6:g}M)",
-        "M §5: at 86% KV demand the gains come from which KV is kept; lost KV reuse down 81-95%",
-        [Run(f"{s} @ {c / 1e6:g}M", s, _flags("cc", A(126), W, D, *kv), x=c / 1e6)
-         for c, kv in points for s in kv_stacks + (["dynamo"] if quick and kv[0] == "--profile" else [])],
-        kind="sweep", x_label="GPU KV tokens per node (M)"))  # quick: Dynamo at the calibrated point only
 
     from services.planner.core import EvolvingConfig
 
@@ -392,7 +393,8 @@ def run_matrix(exps: list[Experiment], out_dir: Path, console, *, jobs: int = 1,
                on_experiment: Callable[[list[dict]], None] | None = None) -> list[dict]:
     """Every row of ``exps``: available rows run once each (identical rows once in all, see
     :func:`run_key`), ``jobs`` at a time in worker processes (1: here, in order); each experiment's
-    table is printed as soon as its rows are done (then ``on_experiment(summaries so far)``).
+    table is printed as soon as its rows are done, the first in the matrix's order among those
+    done (then ``on_experiment(summaries so far)``); rows are submitted in the matrix's order.
     Returns the experiments' JSON summaries. Interrupted (Ctrl-C, SIGTERM), the workers are
     stopped and the experiments done so far stay reported."""
     parser = _parser()
@@ -422,31 +424,45 @@ def run_matrix(exps: list[Experiment], out_dir: Path, console, *, jobs: int = 1,
                 futures[key] = pool.submit(execute, _run, log, seed, False)
     done: dict[str, Result] = {}
     summaries: list[dict] = []
-    n = 0
+    index = {id(run): k for k, (_e, run, _l, _k) in enumerate(plan, start=1)}
+
+    def row(exp: Experiment, run: Run, log: str, key: str) -> Result:
+        if key.startswith("not available"):
+            r = Result(run, None, key)
+        elif first[key][0] != log:  # the same simulation as another row (reported or not yet)
+            src = done[key] if key in done else futures[key].result()
+            m = replace(src.metrics, stack=run.label) if src.metrics is not None else None
+            r = Result(run, m, src.status, 0.0, src.log, dict(src.sessions), same_as=first[key][1])
+        elif key in done:
+            r = done[key]
+        else:
+            if pool is None:
+                console.print(f"[{index[id(run)]}/{total}] {exp.name} / {run.label} ({run.stack}) ...")
+                r = execute(run, log, seed, progress)
+            else:
+                r = futures[key].result()
+                r.run = run
+            done[key] = r
+        console.print(_row_line(f"[{index[id(run)]}/{total}] ", exp, r))
+        return r
+
+    def ready(exp: Experiment) -> bool:
+        return pool is None or all(k not in futures or futures[k].done() for e, _r, _l, k in plan if e is exp)
+
+    pending = list(exps)
+    order = {e.name: k for k, e in enumerate(exps)}
     try:
-        for exp in exps:
-            results: list[Result] = []
-            for e, run, log, key in plan:
-                if e is not exp:
-                    continue
-                n += 1
-                if key.startswith("not available"):
-                    r = Result(run, None, key)
-                elif key in done:  # the same simulation as an earlier row
-                    src = done[key]
-                    m = replace(src.metrics, stack=run.label) if src.metrics is not None else None
-                    r = Result(run, m, src.status, 0.0, src.log, dict(src.sessions), same_as=first[key][1])
-                else:
-                    if pool is None:
-                        console.print(f"[{n}/{total}] {exp.name} / {run.label} ({run.stack}) ...")
-                        r = execute(run, log, seed, progress)
-                    else:
-                        r = futures[key].result()
-                        r.run = run
-                    done[key] = r
-                console.print(_row_line(f"[{n}/{total}] ", exp, r))
-                results.append(r)
+        while pending:  # with workers: each experiment reported as soon as its rows are done
+            exp = next((e for e in pending if ready(e)), None)
+            if exp is None:
+                from concurrent.futures import FIRST_COMPLETED, wait
+
+                wait([f for f in futures.values() if not f.done()], return_when=FIRST_COMPLETED)
+                continue
+            pending.remove(exp)
+            results = [row(e, run, log, key) for e, run, log, key in plan if e is exp]
             summaries.append(report(exp, results, out_dir, console, quick))
+            summaries.sort(key=lambda d: order[d["name"]])  # summary.json in the matrix's order
             if on_experiment is not None:
                 on_experiment(summaries)
     finally:
