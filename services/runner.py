@@ -296,20 +296,26 @@ class ServiceRunner:
         and how many deliveries were folded. While recovering, decisions are held instead."""
         out: list[tuple[str, Event]] = []
         folded = 0
+        seqd = self.seqd
         for d in batch:
-            if self.recovering:
+            if self.recovering and self._held:
                 self._release_republished(d)
-            if d.seq <= self.seqd.applied_seq:
-                self.seqd.skipped += 1
+            if d.seq <= seqd.applied_seq:
+                seqd.skipped += 1
                 self._m_redelivered.inc()
                 continue
-            emitted = await self._fold_one(d)
+            # the fold itself is synchronous: no coroutine per event unless the core raises
+            try:
+                emitted = seqd.fold(d.seq, d.event)
+            except Exception as exc:  # noqa: BLE001 - a core bug must not stop the service
+                emitted = await self._core_failed(d, exc)
             folded += 1
-            for mid, ev in self._outgoing(d.seq, emitted):
-                if self.recovering:
-                    self._held[mid] = ev
-                else:
-                    out.append((mid, ev))
+            if emitted:
+                for mid, ev in self._outgoing(d.seq, emitted):
+                    if self.recovering:
+                        self._held[mid] = ev
+                    else:
+                        out.append((mid, ev))
             if self.recovering and d.seq >= self.recover_until:
                 out = self._end_recovery() + out
         return out, folded
@@ -321,13 +327,11 @@ class ServiceRunner:
         if mid is not None and self._held.pop(mid, None) is not None:
             self.metrics.republish_skipped.labels(self.cfg.name).inc()
 
-    async def _fold_one(self, d: Delivery) -> list[Event]:
-        try:
-            return self.seqd.fold(d.seq, d.event)
-        except Exception as exc:  # noqa: BLE001 - a core bug must not stop the service
-            self.seqd.applied_seq = d.seq
-            await self._dead_letter(d, f"core {type(exc).__name__}: {exc}")
-            return []
+    async def _core_failed(self, d: Delivery, exc: Exception) -> list[Event]:
+        """The core raised on ``d``: dead-letter it and move past it (rule 7)."""
+        self.seqd.applied_seq = d.seq
+        await self._dead_letter(d, f"core {type(exc).__name__}: {exc}")
+        return []
 
     def _outgoing(self, seq: int, emitted: list[Event]) -> list[tuple[str, Event]]:
         """The emitted events this service publishes, stamped with its name as ``src`` and a
