@@ -155,7 +155,8 @@ class DirectoryCore:
         self._t = BlockTable()
         # the last lookup's (blocks list, slots, table gen): the RequestSubmitted that carries
         # the same list object reuses its slots instead of probing the table again
-        self._scanned: tuple[Sequence[int], np.ndarray, int] | None = None
+        # (and the context list it verified to be a prefix of them, so the fold skips that compare)
+        self._scanned: tuple[Sequence[int], np.ndarray, int, list[int] | None] | None = None
         self._nodes: list[_Node] = []
         self._node_state = 0  # bumped whenever a node is added, removed or revived
         self._live: tuple[int, LiveNodes] | None = None
@@ -203,16 +204,16 @@ class DirectoryCore:
         ``branch``: the request's branch, if known. When the branch's previous request is a
         prefix of ``blocks`` (an agent's next turn), its resolved slots are reused and only the
         appended blocks are probed; the answer is the same either way."""
-        prefix = None
+        prefix = verified = None
         if branch is not None:
             b = self._branches.get(branch)
             r = b.last_req if b is not None else None
             if r is not None and r.slots is not None and r.slots[1] == self._t.gen:
                 k = len(r.blocks)
                 if k <= len(blocks) and blocks[:k] == r.blocks:
-                    prefix = r.slots[0]
+                    prefix, verified = r.slots[0], r.blocks
         pool, held, slots = self._t.scan(blocks, prefix)
-        self._scanned = (blocks, slots, self._t.gen)
+        self._scanned = (blocks, slots, self._t.gen, verified)
         live = self._live
         if live is None or live[0] != self._node_state:
             live = self._live = (self._node_state, LiveNodes([(n.id, n.idx) for n in self._nodes if n.alive]))
@@ -461,12 +462,16 @@ class DirectoryCore:
         if old >= 0 and old != other:
             self._t.add_refs(old, self._branch_slots(b), -1)
 
-    def _set_context(self, b: _Branch, blocks: list[int], r: _Request | None = None) -> bool:
+    def _set_context(self, b: _Branch, blocks: list[int], r: _Request | None = None,
+                     known_prefix: list[int] | None = None) -> bool:
         """Make ``blocks`` the branch's context: +1 on blocks newly counted, -1 on dropped ones.
         Returns whether it was a pure continuation (the old context is a prefix of the new).
         ``r``: the request carrying ``blocks``, whose cached slots spare probing the tail."""
         old = b.ctx
-        append = len(blocks) >= len(old) and blocks[: len(old)] == old
+        # ``known_prefix``: a list the lookup of this very list already compared (the same
+        # object as the old context: the compare of up to thousands of blocks is not redone)
+        append = (known_prefix is not None and known_prefix is old) or (
+            len(blocks) >= len(old) and blocks[: len(old)] == old)
         tail_slots = None
         if append:  # continuation: only the appended blocks can be new
             tail = blocks[len(old):]
@@ -548,8 +553,10 @@ class DirectoryCore:
     def _on_request_submitted(self, ev: RequestSubmitted) -> None:
         r = _Request(ev.request, ev.branch, ev.blocks)
         self._requests[ev.request] = r
+        known_prefix = None
         if self._scanned is not None and self._scanned[0] is ev.blocks:
-            r.slots = self._scanned[1:]
+            r.slots = self._scanned[1:3]
+            known_prefix = self._scanned[3]
         self._scanned = None
         b = self._branch(ev, ev.branch, create=True)
         if b is None:
@@ -560,7 +567,7 @@ class DirectoryCore:
             return
         rewrite = ev.version == b.version and b.ctx
         b.version = ev.version
-        if not self._set_context(b, ev.blocks, r) and rewrite:
+        if not self._set_context(b, ev.blocks, r, known_prefix) and rewrite:
             self._anomaly(ev, "unversioned_rewrite", ev.branch, "context rewritten without a version bump")
 
     def _on_context_compacted(self, ev: ContextCompacted) -> None:
