@@ -50,7 +50,7 @@ class EvolvingConfig(BaseConfig, kw_only=True, forbid_unknown_fields=True):
     name: str = "evolving"
     slo_guard: bool = True
     slo_prefill_queue_p95_s: float = 30.0
-    slo_ttft_p95_s: float = 60.0
+    slo_ttft_p95_s: float = 15.0  # issue 12 part 9: the trade-off curve (docs/planner.md)
     ttft_objective: bool = True
     throughput_tolerance: float = 0.05
     ttft_min_improvement_s: float = 1.0  # trade throughput only for at least this much P95 TTFT
