@@ -309,6 +309,9 @@ class BlockTable:
         w, bit = j >> 6, _BIT[j & 63]
         out: list[np.ndarray] = []
         got = 0
+        # sorted once per call: a membership test per group is then a binary search, where
+        # np.isin re-sorted the (often tens of thousands of) pinned blocks for every group
+        spin = np.sort(pinned) if pinned is not None and len(pinned) else None
         for group in o.groups(count_aware):
             parts = []
             for c, last in group:
@@ -328,8 +331,9 @@ class BlockTable:
             if not parts:
                 continue
             blocks = np.sort(self.block[parts[0] if len(parts) == 1 else np.concatenate(parts)])
-            if pinned is not None and len(pinned):
-                blocks = blocks[~np.isin(blocks, pinned)]
+            if spin is not None:
+                at = np.minimum(np.searchsorted(spin, blocks), len(spin) - 1)
+                blocks = blocks[spin[at] != blocks]
             out.append(blocks)
             got += len(blocks)
             if limit is not None and got >= limit:
