@@ -27,15 +27,21 @@ from itertools import repeat
 import numpy as np
 
 from services.directory.eviction import CopyOrder
+from services.directory.index import HashIndex
 
 TIER_INDEX = {"L1": 0, "L2": 1}
 
 
 class BlockTable:
-    __slots__ = ("block", "free", "gen", "held", "index", "last", "n_nodes", "orders", "refs", "size")
+    __slots__ = ("_vindex", "_vpend", "block", "free", "gen", "held", "index", "last", "n_nodes", "orders",
+                 "refs", "size")
 
     def __init__(self, capacity: int = 1024, node_capacity: int = 4) -> None:
         self.index: dict[int, int] = {}  # block hash -> slot
+        # a vectorised copy of ``index`` for long lists (a cold lookup's thousand blocks), built
+        # at the first one and brought up to date in bulk: ``_vpend`` = keys changed since
+        self._vindex: HashIndex | None = None
+        self._vpend: set[int] = set()
         self.block = np.zeros(capacity, dtype=np.uint64)
         self.held = np.zeros((capacity, -(-node_capacity // 32)), dtype=np.uint64)
         # column-major: the fold reads and writes one copy column (node, tier) at a time, and a
@@ -76,7 +82,45 @@ class BlockTable:
     # ------------------------------------------------------------------------- slots
     def slots(self, blocks: Iterable[int], n: int) -> np.ndarray:
         """Slots of ``n`` blocks (0 for an unknown block)."""
+        if n >= _VECTOR:
+            try:
+                keys = np.fromiter(blocks, dtype=np.uint64, count=n)
+            except OverflowError:  # a hash outside 64 bits: in no table (slot 0)
+                pass
+            else:
+                return self._vslots(keys)
         return np.fromiter(map(self.index.get, blocks, repeat(0)), dtype=np.intp, count=n)
+
+    def _vslots(self, keys: np.ndarray) -> np.ndarray:
+        """Slots of many blocks from the vectorised copy of the index (its probe rounds overlap
+        the cache misses a dict takes one at a time); keys changed since its last update are
+        read from the dict."""
+        if self._vindex is None or len(self._vpend) > _VSYNC:
+            self._vsync()
+        s = self._vindex.find(keys)
+        pend = self._vpend
+        if pend:
+            hit = np.flatnonzero(np.isin(keys, np.fromiter(pend, dtype=np.uint64, count=len(pend))))
+            if len(hit):
+                get = self.index.get
+                s[hit] = [get(b, 0) for b in keys[hit].tolist()]
+        return s
+
+    def _vsync(self) -> None:
+        """Bring the vectorised copy up to date (built from the dict the first time)."""
+        if self._vindex is None:
+            self._vindex = HashIndex(4 * max(1024, len(self.index)))
+            keys = np.fromiter(self.index.keys(), dtype=np.uint64, count=len(self.index))
+            vals = np.fromiter(self.index.values(), dtype=np.intp, count=len(self.index))
+        else:
+            pend = np.fromiter(self._vpend, dtype=np.uint64, count=len(self._vpend))
+            self._vindex.delete(pend)
+            get = self.index.get
+            live = [(k, v) for k in self._vpend if (v := get(k))]
+            keys = np.array([k for k, _ in live], dtype=np.uint64)
+            vals = np.array([v for _, v in live], dtype=np.intp)
+        self._vindex.insert(keys, vals)
+        self._vpend.clear()
 
     def find(self, block: int) -> int | None:
         """Slot of one block, ``None`` if unknown."""
@@ -118,7 +162,10 @@ class BlockTable:
             ks.extend(range(self.size, self.size + k - take))
             self.size += k - take
         ks_arr = np.asarray(ks, dtype=np.intp)
-        self.index.update(zip(new.tolist(), ks))
+        nl = new.tolist()
+        self.index.update(zip(nl, ks))
+        if self._vindex is not None:
+            self._vpend.update(nl)
         self.block[ks_arr] = new
         s[missing] = ks_arr[inverse]
         return s
@@ -149,6 +196,8 @@ class BlockTable:
             ks.extend(range(self.size, self.size + k - take))
             self.size += k - take
         self.index.update(zip(pos, ks))
+        if self._vindex is not None:
+            self._vpend.update(pos)
         self.block[ks] = new
         return np.array([v or ks[pos[b]] for b, v in zip(blocks, sl)], dtype=np.intp)
 
@@ -165,8 +214,11 @@ class BlockTable:
         dead = np.unique(dead)
         self.gen += 1
         pop = self.index.pop
-        for k in self.block[dead].tolist():
+        dk = self.block[dead].tolist()
+        for k in dk:
             pop(k, None)
+        if self._vindex is not None:
+            self._vpend.update(dk)
         # ``last`` of a freed slot is left as it is: every read of ``last`` is guarded by the
         # copy's held bit, and a store sets it (zeroing 2N columns per slot cost ms at 96 nodes)
         self.free.extend(dead.tolist())
@@ -380,6 +432,8 @@ class BlockTable:
 
 _BIT = [np.uint64(1 << i) for i in range(64)]
 _SMALL = 64  # lists up to this many blocks are resolved and allocated in plain Python
+_VECTOR = 256  # lists of at least this many blocks are probed in the vectorised copy of the index
+_VSYNC = 512  # changed keys folded into the vectorised copy in bulk
 
 
 def _any_word(h: np.ndarray) -> np.ndarray:

@@ -123,12 +123,12 @@ def test_snapshot_refuses_another_version():
 
 
 PKG = Path(__file__).resolve().parents[3] / "services" / "directory"
-PURE = ["core.py", "lookup.py", "eviction.py", "table.py"]
+PURE = ["core.py", "lookup.py", "eviction.py", "table.py", "index.py"]
 FORBIDDEN = {"asyncio", "nats", "duckdb", "time", "random", "uuid", "structlog", "socket", "os"}
 ALLOWED_THIRD_PARTY = {"numpy", "msgspec", "events"}
 ALLOWED_SERVICES = {"services.core", "services.directory", "services.directory.core",
                     "services.directory.lookup", "services.directory.eviction",
-                    "services.directory.table"}
+                    "services.directory.table", "services.directory.index"}
 
 
 @pytest.mark.parametrize("module", PURE)
