@@ -93,18 +93,24 @@ class BlockTable:
 
     def _vslots(self, keys: np.ndarray) -> np.ndarray:
         """Slots of many blocks from the vectorised copy of the index (its probe rounds overlap
-        the cache misses a dict takes one at a time); keys changed since its last update are
-        read from the dict."""
-        if self._vindex is None or len(self._vpend) > _VSYNC:
+        the cache misses a dict takes one at a time). The copy holds a subset of the dict with
+        the same slots: a freed key leaves it at once, an added one joins it in bulk later."""
+        if self._vindex is None:
             self._vsync()
         s = self._vindex.find(keys)
-        pend = self._vpend
-        if pend:
-            hit = np.flatnonzero(np.isin(keys, np.fromiter(pend, dtype=np.uint64, count=len(pend))))
-            if len(hit):
+        if self._vpend:  # the copy lacks only keys added since its update: read misses in the dict
+            miss = np.flatnonzero(s == 0)
+            if len(miss):
                 get = self.index.get
-                s[hit] = [get(b, 0) for b in keys[hit].tolist()]
+                s[miss] = [get(b, 0) for b in keys[miss].tolist()]
         return s
+
+    def _vmark(self, keys: Iterable[int]) -> None:
+        """Keys added to the dict; folded into the vectorised copy in bulk past ``_VSYNC``, here
+        in the fold rather than inside a lookup (a router's decision stays flat)."""
+        self._vpend.update(keys)
+        if len(self._vpend) > _VSYNC:
+            self._vsync()
 
     def _vsync(self) -> None:
         """Bring the vectorised copy up to date (built from the dict the first time)."""
@@ -165,7 +171,7 @@ class BlockTable:
         nl = new.tolist()
         self.index.update(zip(nl, ks))
         if self._vindex is not None:
-            self._vpend.update(nl)
+            self._vmark(nl)
         self.block[ks_arr] = new
         s[missing] = ks_arr[inverse]
         return s
@@ -197,7 +203,7 @@ class BlockTable:
             self.size += k - take
         self.index.update(zip(pos, ks))
         if self._vindex is not None:
-            self._vpend.update(pos)
+            self._vmark(pos)
         self.block[ks] = new
         return np.array([v or ks[pos[b]] for b, v in zip(blocks, sl)], dtype=np.intp)
 
@@ -218,7 +224,8 @@ class BlockTable:
         for k in dk:
             pop(k, None)
         if self._vindex is not None:
-            self._vpend.update(dk)
+            self._vindex.delete(self.block[dead])
+            self._vpend.difference_update(dk)
         # ``last`` of a freed slot is left as it is: every read of ``last`` is guarded by the
         # copy's held bit, and a store sets it (zeroing 2N columns per slot cost ms at 96 nodes)
         self.free.extend(dead.tolist())
