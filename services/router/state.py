@@ -11,7 +11,8 @@ event                       effect
 NodeRegistered              node joins (or re-joins) with its role, token budget and ``t_fwd``
 NodeRemoved                 node leaves; its queued requests are *displaced* (to re-route)
 RoleSwitchOrdered           node is *switching*: it keeps serving only the phases its old and
-                            new role share; queued work of the phases it drops is displaced
+                            new role share (an ``in_place`` switch to prefill takes prefills
+                            at once); queued work of the phases it drops is displaced
 RoleSwitched                the new role is active
 ModelFitted                 that node's eq. 1 / eq. 2 coefficients replace the priors
 RequestSubmitted            request known (blocks kept until its prefill starts)
@@ -64,6 +65,8 @@ ROLE_PHASES: dict[str, frozenset[str]] = {
     "collocated": frozenset({"prefill", "decode"}),
 }
 
+_PREFILL_ONLY = ROLE_PHASES["prefill"]
+
 # Request lifecycle as the router tracks it.
 PENDING = "pending"  # submitted, not routed (no decision yet, or no node could take it)
 QUEUED = "queued"  # routed, prefill not started
@@ -75,6 +78,7 @@ class NodeState(msgspec.Struct, kw_only=True):
     node: str
     role: str
     switching_to: str | None = None
+    switch_mechanism: str = "in_place"  # of the switch in progress (meaningless when not switching)
     token_budget: int = 16384
     t_fwd: float = 1.0
     prefill_coef: list[float] | None = None  # None: PRIOR_PREFILL
@@ -89,11 +93,17 @@ class NodeState(msgspec.Struct, kw_only=True):
     request_iterations: int = 0  # sum of batch sizes over decode iterations
 
     def phases(self) -> frozenset[str]:
-        """Phases the node takes new work for now (a switching node only those it keeps)."""
+        """Phases the node takes new work for now: a switching node only those it keeps, except
+        that an in-place switch *to prefill* takes prefills from the order on (METHOD §4.1: a
+        role change only changes which requests the router sends; its running decodes finish in
+        place, carried along its prefill iterations by the engine)."""
         own = ROLE_PHASES.get(self.role, frozenset())
         if self.switching_to is None:
             return own
-        return own & ROLE_PHASES.get(self.switching_to, frozenset())
+        kept = own & ROLE_PHASES.get(self.switching_to, frozenset())
+        if self.switching_to == "prefill" and self.switch_mechanism == "in_place":
+            return kept | _PREFILL_ONLY
+        return kept
 
     def t_acc(self) -> float:
         """Tokens accepted per request per decode iteration (1.0 until measured)."""
@@ -389,6 +399,7 @@ class ClusterState:
             return []
         before = ns.phases()
         ns.switching_to = ev.to_role
+        ns.switch_mechanism = ev.mechanism
         self._eligible = None
         return self._displaced(ns, before - ns.phases())
 

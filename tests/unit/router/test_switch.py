@@ -109,3 +109,23 @@ def test_restart_in_another_role_reroutes_like_an_ordered_switch():
     out = feed(r, [RoleSwitched(ts=3.0, node="p00", role="decode")])
     assert routes(out) == [] and [o.kind for o in out] == ["no_prefill_node"] * 4
     assert r.state.unrouted == queue
+
+
+@pytest.mark.parametrize("mechanism, takes_prefill", [("in_place", True), ("restart", False),
+                                                      ("in_place_drop_kv", False)])
+def test_in_place_switch_to_prefill_takes_prefills_at_once(mechanism, takes_prefill):
+    """METHOD §4.1: an in-place switch only changes which requests the router sends, so a decode
+    node switching in place to prefill is a prefill candidate from the order on (its running
+    decodes finish there); a restart takes nothing new until it is back."""
+    r = LeastTtftRouter()
+    feed(r, s.register(1, 2) + [s.branch("b", 0.0)])
+    # load the only prefill node, so an eligible idle d00 is the least-TTFT choice
+    feed(r, [s.submit(f"r{i}", "b", s.blocks(10_000 * (i + 1), 200), 1.0) for i in range(3)])
+    feed(r, [RoleSwitchOrdered(ts=2.0, node="d00", from_role="decode", to_role="prefill", mechanism=mechanism)])
+    assert ("prefill" in r.state.nodes["d00"].phases()) is takes_prefill
+    assert "decode" not in r.state.nodes["d00"].phases()
+    nxt = routes(feed(r, [s.submit("late", "b", s.blocks(99_000, 5), 2.5)]))[0]
+    assert (nxt.prefill_node == "d00") is takes_prefill
+    assert nxt.decode_node == "d01"
+    feed(r, [RoleSwitched(ts=3.0, node="d00", role="prefill")])
+    assert r.state.nodes["d00"].phases() == frozenset({"prefill"})
