@@ -278,7 +278,9 @@ def _add_common(p: argparse.ArgumentParser, default_duration: str = "1h", defaul
                    help="split the nodes into N partitions simulated in parallel processes, logs merged "
                         "(docs/partitions.md)")
     p.add_argument("--jobs", type=_positive_int, default=None,
-                   help="with --partitions: at most this many processes (default: one per core available)")
+                   help="with --partitions: at most this many processes (default: one per core available); "
+                        "compare without --partitions: stacks simulated at a time, each in its own process "
+                        "(default: the cores available, at most 2)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
 
@@ -313,15 +315,23 @@ def _cmd_compare(args) -> int:
     source, what = session_source(args)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    runs = []
     c = Console(stderr=args.json, width=max(100, 28 * (len(stacks) + 1)) if not args.json else None)
-    for name in stacks:
-        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
-        m, res = run_one(name, args, source, out_dir / f"{safe}.duckdb", progress=not args.no_progress)
-        c.print(f"[dim]{name}: {res.submitted} submitted, {res.finished} finished, "
-                f"{res.wall_s:.1f} s wall ({res.config.end_s / max(res.wall_s, 1e-9):.0f}x real time)")
-        runs.append(m)
     cfg = sim_config(args)
+    logs = {name: out_dir / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)}.duckdb" for name in stacks}
+
+    def line(name: str, submitted: int, finished: int, wall_s: float) -> None:
+        c.print(f"[dim]{name}: {submitted} submitted, {finished} finished, "
+                f"{wall_s:.1f} s wall ({cfg.end_s / max(wall_s, 1e-9):.0f}x real time)")
+
+    jobs = _compare_jobs(args, len(stacks))
+    if jobs > 1:
+        runs = _compare_parallel(stacks, args, logs, jobs, line, progress=not args.no_progress and not args.json)
+    else:
+        runs = []
+        for name in stacks:
+            m, res = run_one(name, args, source, logs[name], progress=not args.no_progress)
+            line(name, res.submitted, res.finished, res.wall_s)
+            runs.append(m)
     plots = write_plots(runs, out_dir, cfg.warmup_s, cfg.end_s, cfg.nodes)
     if args.json:
         print(json.dumps(to_json(runs), indent=2))
@@ -331,10 +341,52 @@ def _cmd_compare(args) -> int:
     print_table(runs, title=f"{what}, {args.nodes} nodes x {profile_name(args)} ({kv}), "
                             f"{args.duration / 60:.0f} min after {args.warmup / 60:.0f} min warm-up, seed {args.seed}",
                 console=c)
-    c.print("event logs: " + ", ".join(str(out_dir / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', n)}.duckdb")
-                                       for n in stacks))
+    c.print("event logs: " + ", ".join(str(logs[n]) for n in stacks))
     c.print("plots: " + ", ".join(str(p) for p in plots))
     return 0
+
+
+def _compare_jobs(args, n_stacks: int) -> int:
+    """Stacks simulated at a time: ``--jobs``, default the cores available (at most 2); 1 with
+    ``--partitions`` (each run already spreads over processes)."""
+    from replay.experiments import default_jobs
+
+    if getattr(args, "partitions", 1) > 1:
+        return 1
+    jobs = args.jobs if args.jobs else default_jobs()
+    return max(1, min(jobs, n_stacks))
+
+
+def _compare_worker(name: str, args, log: str) -> tuple[RunMetrics, int, int, float]:
+    """One stack of ``compare`` in a worker process: the same session source, rebuilt there
+    from the same flags (sources are pure functions of them), the same ``run_one``."""
+    source, _ = session_source(args)
+    m, res = run_one(name, args, source, Path(log), progress=False)
+    return m, res.submitted, res.finished, res.wall_s
+
+
+def _compare_parallel(stacks: list[str], args, logs: dict[str, Path], jobs: int, line, progress: bool) -> list:
+    """Each stack in its own spawned process, ``jobs`` at a time; results in the given order.
+    Each run is the same deterministic simulation as in one process (tested)."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from multiprocessing import get_context
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    wargs = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "func"})
+    results: dict[str, RunMetrics] = {}
+    bar = Progress(TextColumn("[bold]compare"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                   TimeElapsedColumn(), transient=True, disable=not progress)
+    with bar, ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+        task = bar.add_task("stacks", total=len(stacks), info=f"{jobs} at a time")
+        futs = {pool.submit(_compare_worker, name, wargs, str(logs[name])): name for name in stacks}
+        for f in as_completed(futs):
+            name = futs[f]
+            m, submitted, finished, wall_s = f.result()
+            results[name] = m
+            line(name, submitted, finished, wall_s)
+            bar.update(task, advance=1, info=f"{name} done")
+    return [results[n] for n in stacks]
 
 
 def _cmd_sweep(args) -> int:

@@ -98,3 +98,24 @@ def test_bad_start_and_token_counts_are_one_line_errors(capsys):
         assert exc.value.code == 2
         err = capsys.readouterr().err
         assert "bad split '4P'" in err or "bad token count 'lots'" in err
+
+
+def test_compare_in_worker_processes_gives_the_same_runs_as_one_process(tmp_path, capsys):
+    """`compare --jobs 2` runs each stack in a spawned process: the same simulations, so the same
+    figures and byte-identical event logs as one after another here."""
+    figs = {}
+    for jobs in ("1", "2"):
+        assert main(["compare", "--duration", "2m", "--warmup", "2m", "--agents", "4", "--no-progress",
+                     "--stacks", "evolving,static:3P6D", "--out-dir", str(tmp_path / jobs), "--json",
+                     "--jobs", jobs]) == 0
+        figs[jobs] = json.loads(capsys.readouterr().out)
+    assert list(figs["2"]) == ["evolving", "static:3P6D"]
+    assert figs["1"] == figs["2"]
+    for stack in ("evolving", "static_3P6D"):
+        logs = [DuckDbEventLog(str(tmp_path / j / f"{stack}.duckdb"), read_only=True) for j in ("1", "2")]
+        try:
+            a, b = (list(log.read()) for log in logs)
+        finally:
+            for log in logs:
+                log.close()
+        assert a == b and len(a) > 100
