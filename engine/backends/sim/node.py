@@ -206,9 +206,18 @@ class SimNode:
         return self.pool.pinned()
 
     def _pin_prefill(self, job: PrefillJob) -> None:
-        """A queued job pins its blocks once it holds KV here (started, or fetched KV landed)."""
+        """A queued job pins its blocks once it holds KV here (started, or fetched KV landed);
+        before that, the prefix this node already holds (own GPU, then own host), the KV the
+        job will reuse here. Unpinned, that prefix was evicted during long queue waits (issue
+        12: under count-aware eviction first of all, since the branch's count stays on the
+        node that last held its KV until the KV moves here)."""
         if job.started or job.fetched:
             self.pool.pin(("p", job.request), job.blocks)
+            return
+        blocks = job.blocks
+        k = self._prefix_len(blocks, self._prefix_len(blocks, 0, self.l1), self.l2)
+        if k:
+            self.pool.pin(("p", job.request), blocks[:k])
         else:
             self.pool.unpin(("p", job.request))
 
