@@ -158,15 +158,7 @@ class BlockTable:
         else:
             mk = np.fromiter(map(blocks.__getitem__, missing.tolist()), dtype=np.uint64, count=len(missing))
         new, inverse = _distinct(mk)  # a block may repeat inside one list
-        k = len(new)
-        take = min(k, len(self.free))
-        ks = self.free[len(self.free) - take:]
-        del self.free[len(self.free) - take:]
-        if k > take:
-            if self.size + k - take > len(self.block):
-                self._grow(self.size + k - take)
-            ks.extend(range(self.size, self.size + k - take))
-            self.size += k - take
+        ks = self._alloc(len(new))
         ks_arr = np.asarray(ks, dtype=np.intp)
         nl = new.tolist()
         self.index.update(zip(nl, ks))
@@ -175,6 +167,18 @@ class BlockTable:
         self.block[ks_arr] = new
         s[missing] = ks_arr[inverse]
         return s
+
+    def _alloc(self, k: int) -> list[int]:
+        """``k`` free slots: reused ones first (the free list's tail), then new ones."""
+        take = min(k, len(self.free))
+        ks = self.free[len(self.free) - take:]
+        del self.free[len(self.free) - take:]
+        if k > take:
+            if self.size + k - take > len(self.block):
+                self._grow(self.size + k - take)
+            ks.extend(range(self.size, self.size + k - take))
+            self.size += k - take
+        return ks
 
     def _ensure_few(self, blocks: Sequence[int], s: np.ndarray | None) -> np.ndarray:
         """:meth:`ensure` of a short list in plain Python (a live event's handful of blocks):
@@ -192,15 +196,7 @@ class BlockTable:
             if not v:
                 pos.setdefault(b, len(pos))
         new = np.fromiter(pos, dtype=np.uint64, count=len(pos))  # refuses a hash outside 64 bits first
-        k = len(new)
-        take = min(k, len(self.free))
-        ks = self.free[len(self.free) - take:]
-        del self.free[len(self.free) - take:]
-        if k > take:
-            if self.size + k - take > len(self.block):
-                self._grow(self.size + k - take)
-            ks.extend(range(self.size, self.size + k - take))
-            self.size += k - take
+        ks = self._alloc(len(new))
         self.index.update(zip(pos, ks))
         if self._vindex is not None:
             self._vmark(pos)
