@@ -64,14 +64,24 @@ def run_profile(args):
     return prof
 
 
+def _checked(check, *errors: type[Exception]):
+    """An argparse ``type=`` that runs ``check(text)`` (a lazy import's validator) and turns its
+    ``errors`` into a usage error naming what was wrong; the value stays the text."""
+
+    def arg(text: str) -> str:
+        try:
+            check(text)
+        except errors as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return text
+
+    return arg
+
+
 def _split_arg(text: str) -> str:
     from replay.stacks import parse_split
 
-    try:
-        parse_split(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
+    return _checked(parse_split, ValueError)(text)
 
 
 def _positive_int(text: str) -> int:
@@ -87,11 +97,7 @@ def _positive_int(text: str) -> int:
 def _pace_arg(text: str) -> str:
     from replay.pacing import parse_pace
 
-    try:
-        parse_pace(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
+    return _checked(parse_pace, ValueError)(text)
 
 
 # --------------------------------------------------------------------------- inputs
@@ -109,11 +115,7 @@ def _trace_arg(text: str) -> str:
     """``--trace``: the spec's syntax checked at parse time (an unknown format is a usage error)."""
     from replay.importers.spec import WorkloadSpecError, parse_spec
 
-    try:
-        parse_spec(text)
-    except WorkloadSpecError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
+    return _checked(parse_spec, WorkloadSpecError)(text)
 
 
 def session_source(args) -> tuple[SessionSource, str]:
