@@ -30,6 +30,7 @@ from events.catalog import (
     NodeRegistered,
     NodeRemoved,
     RequestFinished,
+    RequestStarted,
     RequestSubmitted,
     RoleSwitched,
     RoleSwitchOrdered,
@@ -131,6 +132,9 @@ class PlannerState(msgspec.Struct, kw_only=True):
     extra: dict[str, float] = {}  # planner-specific scalars
     # branch -> ts of its last RequestSubmitted (the agents' cycle time; pruned at window ends)
     last_submit: dict[str, float] = {}
+    # request -> [slice index, t_uc, t_c] of its acting route, until its prefill starts: the
+    # slice's work is then corrected to what the engine found cached (SliceStats.on_started)
+    routed_work: dict[str, list[int]] = {}
 
 
 class _Snapshot(msgspec.Struct):
@@ -219,9 +223,25 @@ class PlannerBase:
 
     def _fold_routed(self, ev: RouteDecided) -> None:
         if not ev.shadow and not ev.reroute:
+            k = math.floor(ev.ts / self.cfg.slice_s)
             self._slice(ev.ts).on_route(ev.t_uc, ev.t_c)
+            self.st.routed_work[ev.request] = [k, int(ev.t_uc), int(ev.t_c)]
+
+    def _fold_started(self, ev: RequestStarted) -> None:
+        if ev.phase != "prefill":
+            return
+        w = self.st.routed_work.pop(ev.request, None)
+        if w is None:
+            return
+        k, t_uc, t_c = w
+        s = self.st.slices.get(k)  # gone once its window closed: the route's figures were used
+        if s is not None:
+            prompt = t_uc + t_c
+            found = min(max(0, int(ev.cached_tokens)), prompt)
+            s.on_started((t_uc, t_c), (prompt - found, found))
 
     def _fold_finished(self, ev: RequestFinished) -> None:
+        self.st.routed_work.pop(ev.request, None)
         if not ev.error:
             self._slice(ev.ts).on_finish(ev.output_tokens)
 
@@ -371,6 +391,8 @@ class PlannerBase:
         horizon = (k_end - self.cfg.slices) * self.cfg.slice_s  # a branch silent for a window
         for b in [b for b, t in self.st.last_submit.items() if t < horizon]:
             del self.st.last_submit[b]
+        for r in [r for r, w in self.st.routed_work.items() if w[0] < k_end]:  # its slice is gone
+            del self.st.routed_work[r]
         for n in self.st.nodes.values():
             n.fill_iters, n.fill_t_uc = 0, 0.0
 
@@ -537,6 +559,7 @@ _FOLDS: dict[type, str] = {
     IterationDone: "_on_iteration",
     RequestSubmitted: "_fold_submitted",
     RouteDecided: "_fold_routed",
+    RequestStarted: "_fold_started",
     RequestFinished: "_fold_finished",
     BranchEnded: "_fold_branch_ended",
 }

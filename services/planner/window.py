@@ -81,16 +81,28 @@ class SliceStats(msgspec.Struct, kw_only=True):
     # ---------------------------------------------------------------- folding events
     def on_route(self, t_uc: int, t_c: int) -> None:
         self.routed += 1
-        self.sum_t_uc += t_uc
-        self.sum_t_c += t_c
+        self._work(t_uc, t_c, 1.0)
+
+    def on_started(self, routed: tuple[int, int], found: tuple[int, int]) -> None:
+        """A request counted here at its route with ``routed = (t_uc, t_c)`` (the router's plan)
+        started its prefill with ``found`` (what the engine really had cached): its work is
+        corrected to the measured one, so reuse lost while it queued (evicted, a fetch that
+        found no room) shows in the window's per-request work."""
+        if routed != found:
+            self._work(*routed, -1.0)
+            self._work(*found, 1.0)
+
+    def _work(self, t_uc: int, t_c: int, sign: float) -> None:
+        self.sum_t_uc += sign * t_uc
+        self.sum_t_c += sign * t_c
         A = prefill_A(t_uc, t_c)
-        self.sum_A += A
-        self.sum_t_uc2 += float(t_uc) * t_uc
-        self.sum_t_c2 += float(t_c) * t_c
-        self.sum_A2 += A * A
-        self.sum_uc_A += t_uc * A
-        self.sum_uc_c += float(t_uc) * t_c
-        self.sum_A_c += A * t_c
+        self.sum_A += sign * A
+        self.sum_t_uc2 += sign * float(t_uc) * t_uc
+        self.sum_t_c2 += sign * float(t_c) * t_c
+        self.sum_A2 += sign * A * A
+        self.sum_uc_A += sign * t_uc * A
+        self.sum_uc_c += sign * float(t_uc) * t_c
+        self.sum_A_c += sign * A * t_c
 
     def on_submit(self, prompt_tokens: int, max_tokens: int) -> None:
         self.submitted += 1
