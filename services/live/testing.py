@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -86,3 +87,18 @@ def wait_ready_file(path: Path, proc: subprocess.Popen, timeout_s: float) -> dic
             raise AssertionError(f"evolving up exited early with {proc.returncode}: {out}")
         time.sleep(0.2)
     raise TimeoutError(f"{path} not written within {timeout_s} s")
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``evolving ARGS...`` as a child process from the repository root, output captured."""
+    return subprocess.run([sys.executable, "-m", "services.cli", *args], check=False, cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def stop_up(proc: subprocess.Popen, timeout_s: float = 90) -> str:
+    """Ctrl-C an ``evolving up`` still running and return its output; it must exit cleanly."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=timeout_s)
+    assert proc.returncode == 0, out
+    return out

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from services.live.testing import run_cli, stop_up
 from services.recorder.eventlog import DuckDbEventLog
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,11 +45,6 @@ def _why_skip() -> str:
 WHY = _why_skip()
 if WHY:
     print(f"test_kvbytes_live skipped: {WHY}", file=sys.stderr)
-
-
-def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], check=False, cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout)
 
 
 def _small_trace(src: Path, dst: Path) -> int:
@@ -86,7 +81,7 @@ def _summaries(logs: Path) -> dict[str, dict]:
 @pytest.mark.skipif(bool(WHY), reason=WHY or "-")
 def test_live_run_with_kv_bytes_verifies_every_moved_and_fetched_block(nats_url, partition, tmp_path):
     full, trace = tmp_path / "full.jsonl", tmp_path / "trace.jsonl"
-    imported = _cli("trace", "import", "weka", str(TRACES), "-o", str(full))
+    imported = run_cli("trace", "import", "weka", str(TRACES), "-o", str(full))
     assert imported.returncode == 0, imported.stderr
     requests = _small_trace(full, trace)
     run_dir, ready = tmp_path / "run", tmp_path / "ready.json"
@@ -112,16 +107,13 @@ def test_live_run_with_kv_bytes_verifies_every_moved_and_fetched_block(nats_url,
             while not (log_file.exists() and "worker_up" in log_file.read_text()):
                 assert time.monotonic() < deadline + 60, f"{log_file.name}: no worker_up"
                 time.sleep(0.2)
-        drive = _cli("drive", str(trace), "--gateway", urls["gateway"], "--speedup", "10000", "--concurrency", "3",
+        drive = run_cli("drive", str(trace), "--gateway", urls["gateway"], "--speedup", "10000", "--concurrency", "3",
                      "--json", "--timeout-s", "60", "--run-id", "kv-", "--no-progress", timeout=180)
         assert drive.returncode == 0, drive.stdout + drive.stderr
         summary = json.loads(drive.stdout)
         assert summary["requests_failed"] == 0 and summary["requests_ok"] == requests, summary
     finally:
-        if up.poll() is None:
-            up.send_signal(signal.SIGINT)
-        out, _ = up.communicate(timeout=90)
-    assert up.returncode == 0, out
+        stop_up(up, 90)
 
     with DuckDbEventLog(db, read_only=True) as log:
         q = log.con.execute
@@ -149,7 +141,7 @@ def test_live_run_with_kv_bytes_verifies_every_moved_and_fetched_block(nats_url,
         assert s["bytes_in"] == (s["moved_blocks"] + s["fetched_blocks"]) * BLOCK_BYTES, (node, s)
     assert sum(s["bytes_out"] for s in stats.values()) == sum(s["bytes_in"] for s in stats.values())
 
-    verify = _cli("verify", str(db), "--json")
+    verify = run_cli("verify", str(db), "--json")
     assert verify.returncode == 0, verify.stdout + verify.stderr
     report = json.loads(verify.stdout)
     assert report["ok"] and report["reproduced"].get("RouteDecided") == routes >= requests, report

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from services.bus import NatsBus
-from services.live.testing import wait_ready_file
+from services.live.testing import run_cli, stop_up, wait_ready_file
 from services.recorder.eventlog import DuckDbEventLog
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,11 +28,6 @@ TRACE = REPO / "tests" / "fixtures" / "traces" / "weka-claude-code" / "trace_050
 
 MISSING = [m for m in ("engine.worker", "services.gateway.drive", "services.gateway.app")
            if importlib.util.find_spec(m) is None]
-
-
-def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], check=False, cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout)
 
 
 def _wait_text(path: Path, text: str, times: int, timeout_s: float) -> None:
@@ -49,7 +44,7 @@ def _wait_text(path: Path, text: str, times: int, timeout_s: float) -> None:
 @pytest.mark.skipif(bool(MISSING), reason=f"needs the engine worker and gateway: missing {MISSING}")
 def test_up_serves_a_real_trace_end_to_end(nats_url, partition, tmp_path):
     trace = tmp_path / "trace.jsonl"
-    imported = _cli("trace", "import", "weka", str(TRACE), "-o", str(trace))
+    imported = run_cli("trace", "import", "weka", str(TRACE), "-o", str(trace))
     assert imported.returncode == 0, imported.stderr
     run_dir, ready = tmp_path / "run", tmp_path / "ready.json"
     db = run_dir / "run.duckdb"
@@ -64,7 +59,7 @@ def test_up_serves_a_real_trace_end_to_end(nats_url, partition, tmp_path):
     try:
         urls = wait_ready_file(ready, up, 120)
         for run in ("first", "after-restart"):
-            drive = _cli("drive", str(trace), "--gateway", urls["gateway"], "--speedup", "1000", "--json",
+            drive = run_cli("drive", str(trace), "--gateway", urls["gateway"], "--speedup", "1000", "--json",
                          "--timeout-s", "60", "--run-id", f"{run}-")
             assert drive.returncode == 0, drive.stdout + drive.stderr
             summary = json.loads(drive.stdout)
@@ -73,10 +68,7 @@ def test_up_serves_a_real_trace_end_to_end(nats_url, partition, tmp_path):
                 os.kill(urls["pids"]["router"], signal.SIGKILL)
                 _wait_text(run_dir / "logs" / "router.log", "service_caught_up", 2, 60)
     finally:
-        if up.poll() is None:
-            up.send_signal(signal.SIGINT)  # Ctrl-C
-        out, _ = up.communicate(timeout=90)
-    assert up.returncode == 0, out
+        out = stop_up(up, 90)
     assert "stopped" in out
     start = next(line for line in out.splitlines() if " started " in line)  # what a user sees first
     assert f"gateway={urls['gateway']}" in start and "metrics=off" in start, start
@@ -112,7 +104,7 @@ def test_up_serves_a_real_trace_end_to_end(nats_url, partition, tmp_path):
     assert shadowed == submitted  # the shadow router decided every request, under its own subject
     assert counts["NodeRegistered"] == 2 and counts["Tick"] >= 1
     assert counts["RoleSwitchOrdered"] >= 2 and counts["RoleSwitched"] >= 2  # planner -> engines -> acks
-    verify = _cli("verify", str(db), "--json")
+    verify = run_cli("verify", str(db), "--json")
     assert verify.returncode == 0, verify.stdout + verify.stderr
     report = json.loads(verify.stdout)
     assert report["ok"] and report["reproduced"].get("RouteDecided") == 6, report

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from services.live.testing import wait_ready_file
+from services.live.testing import run_cli, stop_up, wait_ready_file
 from services.recorder.eventlog import DuckDbEventLog
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,17 +25,12 @@ MISSING = [m for m in ("engine.worker", "services.gateway.drive", "services.gate
            if importlib.util.find_spec(m) is None]
 
 
-def _cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], check=False, cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout)
-
-
 
 
 @pytest.mark.skipif(bool(MISSING), reason=f"missing {MISSING}")
 def test_up_with_sglang_fake_engines_end_to_end(nats_url, partition, tmp_path):
     trace = tmp_path / "trace.jsonl"
-    imported = _cli("trace", "import", "weka", str(TRACE), "-o", str(trace))
+    imported = run_cli("trace", "import", "weka", str(TRACE), "-o", str(trace), timeout=180)
     assert imported.returncode == 0, imported.stderr
     run_dir, ready = tmp_path / "run", tmp_path / "ready.json"
     db = run_dir / "run.duckdb"
@@ -50,16 +44,13 @@ def test_up_with_sglang_fake_engines_end_to_end(nats_url, partition, tmp_path):
     try:
         urls = wait_ready_file(ready, up, 120)
         for run in ("first", "second"):
-            drive = _cli("drive", str(trace), "--gateway", urls["gateway"], "--speedup", "1000", "--json",
-                         "--timeout-s", "90", "--run-id", f"{run}-")
+            drive = run_cli("drive", str(trace), "--gateway", urls["gateway"], "--speedup", "1000", "--json",
+                         "--timeout-s", "90", "--run-id", f"{run}-", timeout=180)
             assert drive.returncode == 0, drive.stdout + drive.stderr
             summary = json.loads(drive.stdout)
             assert summary["requests_failed"] == 0 and summary["requests_ok"] == 3, summary
     finally:
-        if up.poll() is None:
-            up.send_signal(signal.SIGINT)
-        out, _ = up.communicate(timeout=120)
-    assert up.returncode == 0, out
+        stop_up(up, 120)
     with DuckDbEventLog(db, read_only=True) as log:
         counts = log.count_by_type()
         q = log.con.execute
@@ -89,7 +80,7 @@ def test_up_with_sglang_fake_engines_end_to_end(nats_url, partition, tmp_path):
     assert iters and all(ph == "decode" and d > 0 and b >= 1 for ph, d, b in iters), iters
     assert counts["RoleSwitchOrdered"] >= 1 and {r for _, r in switched} & {"prefill", "decode"}, switched
     assert "role_switch_restart" in how, how  # collocated -> split: SGLang needs a restart
-    verify = _cli("verify", str(db), "--json")
+    verify = run_cli("verify", str(db), "--json", timeout=180)
     assert verify.returncode == 0, verify.stdout + verify.stderr
     report = json.loads(verify.stdout)
     routes = counts["RouteDecided"]  # 6 first routes, plus any reroute away from a switching node

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import subprocess
 import sys
 import urllib.error
@@ -15,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 from services.bus import NatsBus
-from services.live.testing import wait_ready_file
+from services.live.testing import stop_up, wait_ready_file
 from services.partitions import partition_names, session_index
 from services.recorder.eventlog import DuckDbEventLog
 
@@ -60,10 +59,7 @@ def test_up_two_partitions_keeps_every_session_in_its_partition(nats_url, partit
             for branch in (f"{root}.fork", root):
                 _post(gw, {"prompt": "x", "max_tokens": 0}, {"x-branch-id": branch, "x-branch-end": "true"})
     finally:
-        if up.poll() is None:
-            up.send_signal(signal.SIGINT)
-        out, _ = up.communicate(timeout=90)
-    assert up.returncode == 0, out
+        stop_up(up, 90)
 
     async def heads() -> list[int]:
         out = []
