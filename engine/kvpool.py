@@ -34,6 +34,9 @@ EVICT_BATCH = 0.02
 #: Blocks per ``set.issuperset`` test in :meth:`KvPool.prefix_len`.
 _PREFIX_CHUNK = 64
 
+#: Lists remembered per tier by :meth:`KvPool.held_run` before the memo starts afresh.
+_RUN_MEMO = 4096
+
 #: ``choose(tier, tokens_to_free, pinned) -> blocks in eviction order`` (the directory's policy).
 Chooser = Callable[[Tier, int, frozenset], list]
 
@@ -55,6 +58,9 @@ class KvPool:
         self.evict_batch = evict_batch
         self._choose, self._emit, self._now = choose, emit, now
         self._pins: dict[Hashable, Sequence[BlockHash]] = {}
+        # held_run's memo per tier set: id(list) -> (list, start, end), blocks[start:end] held.
+        # A tier only loses blocks in _removed(), which forgets its memo.
+        self._runs: dict[int, dict[int, tuple[Sequence[BlockHash], int, int]]] = {id(self.l1): {}, id(self.l2): {}}
 
     # ------------------------------------------------------------------ reads
     def tier(self, tier: Tier) -> set[BlockHash]:
@@ -88,10 +94,39 @@ class KvPool:
             i = j
         return n
 
+    def held_run(self, blocks: Sequence[BlockHash], start: int, store: set) -> int:
+        """:meth:`prefix_len` of one of this pool's tiers, remembering the run it found per list.
+
+        A request's prompt is measured against the same tier several times (enqueue, pin,
+        prefill start, store, decode admission); a tier only loses blocks by eviction or a
+        drop, which forget the tier's memo, so a run found earlier still holds and the scan
+        resumes at its end (blocks added since can only lengthen it). Same answer as
+        ``prefix_len``: tests/unit/engine/test_kvpool_prefix.py checks it against the walk."""
+        memo = self._runs.get(id(store))
+        if memo is None:  # not one of this pool's tiers
+            return self.prefix_len(blocks, start, store)
+        m = memo.get(id(blocks))
+        if m is not None and m[0] is blocks and m[1] <= start <= m[2]:
+            s0 = m[1]
+            end = self.prefix_len(blocks, m[2], store)
+        else:
+            s0 = start
+            end = self.prefix_len(blocks, start, store)
+            if m is None and len(memo) >= _RUN_MEMO:
+                memo.clear()
+        memo[id(blocks)] = (blocks, s0, end)
+        return end
+
+    def _removed(self, store: set) -> None:
+        """``store`` lost blocks: every run remembered on it may be broken."""
+        memo = self._runs.get(id(store))
+        if memo:
+            memo.clear()
+
     def missing(self, blocks: Sequence[BlockHash], store: set) -> list[BlockHash]:
         """Blocks not in ``store``, in order, without duplicates (the held prefix is skipped
         at C speed: a prompt is usually a held prefix plus a new suffix)."""
-        k = self.prefix_len(blocks, 0, store)
+        k = self.held_run(blocks, 0, store)
         if k == len(blocks):
             return []
         return [b for b in dict.fromkeys(islice(blocks, k, None)) if b not in store]
@@ -130,6 +165,7 @@ class KvPool:
         victims = [b for b in chosen if b in store and b not in pinned]
         if victims:
             store.difference_update(victims)
+            self._removed(store)
             self._emit(KvEvicted(ts=self._now(), src=self.node, node=self.node, tier=tier, blocks=victims))
         return len(store) + used_extra + need_blocks <= cap
 
@@ -162,6 +198,7 @@ class KvPool:
             if store:
                 blocks = sorted(store)
                 store.clear()
+                self._removed(store)
                 self._emit(KvEvicted(ts=self._now(), src=self.node, node=self.node, tier=tier, blocks=blocks))
 
     # ------------------------------------------------------------------ engine-managed tiers
@@ -182,5 +219,6 @@ class KvPool:
         gone = [b for b in dict.fromkeys(blocks) if b in store]
         if gone:
             store.difference_update(gone)
+            self._removed(store)
             self._emit(KvEvicted(ts=self._now(), src=self.node, node=self.node, tier=tier, blocks=gone))
         return gone

@@ -186,7 +186,8 @@ class SimNode:
     def holds(self, block: BlockHash, tier: Tier) -> bool:
         return self.pool.holds(block, tier)
 
-    _prefix_len = staticmethod(KvPool.prefix_len)
+    def _prefix_len(self, blocks: Sequence[BlockHash], start: int, store: set) -> int:
+        return self.pool.held_run(blocks, start, store)
 
     def _missing(self, blocks: Sequence[BlockHash], store: set) -> list[BlockHash]:
         return self.pool.missing(blocks, store)

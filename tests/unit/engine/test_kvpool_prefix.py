@@ -34,3 +34,42 @@ def test_prefix_len_at_chunk_boundaries():
             assert KvPool.prefix_len(blocks, start, store) == _walk(blocks, start, store), (k, start)
     assert KvPool.prefix_len(blocks, 0, set(blocks)) == 3 * c
     assert KvPool.prefix_len((5, 6, 7), 1, {6}) == 2  # any sequence, not only lists
+
+
+_OPS = st.lists(st.tuples(st.sampled_from(["scan", "store", "add", "evict", "observe_removed", "drop_all"]),
+                          st.integers(0, 2), st.sampled_from(["L1", "L2"]), st.integers(0, 12), st.integers(0, 40)),
+                max_size=40)
+
+
+@given(ops=_OPS, cap=st.integers(4, 60))
+def test_held_run_equals_the_walk_across_stores_and_evictions(ops, cap):
+    """The memo of ``held_run`` never answers from a run that a removal broke: after any mix of
+    stores, silent adds, evictions (make_room through the policy), engine-side removals and
+    drops, every scan of every list equals the block-by-block walk."""
+    lists = [list(range(30)), list(range(20)) + [99, 98], list(range(5, 45))]  # shared prefixes
+    order = list(range(200))
+
+    def choose(tier, tokens, pinned):
+        return [b for b in order if b not in pinned]
+
+    pool = KvPool("n", 1, cap, cap, choose=choose, emit=lambda ev: None, now=lambda: 0.0)
+    for op, li, tier, start, k in ops:
+        blocks, store = lists[li], pool.tier(tier)
+        if op == "scan":
+            assert pool.held_run(blocks, start, store) == _walk(blocks, start, store)
+        elif op == "store":
+            pool.store(tier, blocks[:k])
+        elif op == "add":
+            room = pool.capacity_blocks(tier) - len(store)
+            pool.add(tier, pool.missing(blocks[:k], store)[:max(0, room)])
+        elif op == "evict":
+            pool.make_room(tier, k)
+        elif op == "observe_removed":
+            pool.observe_removed(tier, blocks[start:start + 3])
+        else:
+            pool.drop_all()
+        for other in lists:  # every list against both tiers, from every start that matters
+            for t in ("L1", "L2"):
+                s = pool.tier(t)
+                for st_ in (0, start, len(other)):
+                    assert pool.held_run(other, st_, s) == _walk(other, st_, s)
