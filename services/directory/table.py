@@ -119,12 +119,12 @@ class BlockTable:
             keys = np.fromiter(self.index.keys(), dtype=np.uint64, count=len(self.index))
             vals = np.fromiter(self.index.values(), dtype=np.intp, count=len(self.index))
         else:
-            pend = np.fromiter(self._vpend, dtype=np.uint64, count=len(self._vpend))
-            self._vindex.delete(pend)
-            get = self.index.get
-            live = [(k, v) for k in self._vpend if (v := get(k))]
-            keys = np.array([k for k, _ in live], dtype=np.uint64)
-            vals = np.array([v for _, v in live], dtype=np.intp)
+            # A pending key is in the dict and not in the copy: it joined the dict unknown (no
+            # slot, so not in the copy either), and a free removes a key from both the copy and
+            # the pending set. Read twice, the unchanged set yields its keys in the same order.
+            n = len(self._vpend)
+            keys = np.fromiter(self._vpend, dtype=np.uint64, count=n)
+            vals = np.fromiter(map(self.index.__getitem__, self._vpend), dtype=np.intp, count=n)
         self._vindex.insert(keys, vals)
         self._vpend.clear()
 
