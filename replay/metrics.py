@@ -29,11 +29,13 @@ window length.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from itertools import islice
 
 import numpy as np
 
+from engine.kvpool import KvPool
 from events.catalog import (
     BranchEnded,
     BranchOpened,
@@ -137,13 +139,9 @@ class _Fold:
     tpot: list[float] = field(default_factory=list)
 
     def submitted_ev(self, e: RequestSubmitted) -> None:
-        n = 0
-        for b in e.blocks:
-            if b not in self.seen:
-                break
-            n += 1
+        n = KvPool.prefix_len(e.blocks, 0, self.seen)  # the run seen before: chunked set tests
         ideal = min(n * e.block_tokens, max(0, e.prompt_tokens - 1))
-        self.seen.update(e.blocks)
+        self.seen.update(islice(e.blocks, n, None))
         measured = e.ts >= self.warmup_s
         self.sub[e.request] = (e.ts, e.prompt_tokens, ideal, measured)
         if measured:
@@ -201,6 +199,7 @@ class _Demand:
 
     def __init__(self) -> None:
         self.branch: dict[str, set[int]] = {}
+        self.ctx: dict[str, Sequence[int]] = {}  # the branch's last context, in order
         self.refs: dict[int, int] = {}
         self.block_tokens = 64
         self.last_ts = 0.0
@@ -220,13 +219,20 @@ class _Demand:
 
     def set_context(self, branch: str, blocks, ts: float, warmup_s: float, end_s: float) -> None:
         self._advance(ts, warmup_s, end_s)
-        new = set(blocks)
         old = self.branch.get(branch)
         refs = self.refs
-        if old is None:
-            added, removed = new, ()
+        prev = self.ctx.get(branch)
+        if old is not None and prev is not None and len(blocks) >= len(prev) and blocks[:len(prev)] == prev:
+            # a continuation (the usual next request): only the appended blocks can be new
+            added, removed = set(blocks[len(prev):]) - old, ()
+            new = old
+            new |= added
         else:
-            added, removed = new - old, old - new
+            new = set(blocks)
+            if old is None:
+                added, removed = new, ()
+            else:
+                added, removed = new - old, old - new
         for b in added:
             refs[b] = refs.get(b, 0) + 1
         for b in removed:
@@ -236,12 +242,14 @@ class _Demand:
             else:
                 del refs[b]
         self.branch[branch] = new
+        self.ctx[branch] = blocks
         self._advance(ts, warmup_s, end_s)
 
     def end(self, branch: str, ts: float, warmup_s: float, end_s: float) -> None:
         if branch in self.branch:
             self.set_context(branch, (), ts, warmup_s, end_s)
             del self.branch[branch]
+            del self.ctx[branch]
 
 
 def _branch_context(f: _Fold, e) -> None:
@@ -276,6 +284,11 @@ _STEPS = {
     NodeRegistered: _Fold.registered,
     RoleSwitched: _Fold.switched,
 }
+
+
+#: The event types the figures fold: a log may be read with ``read(types=METRIC_TYPES)``
+#: (the KV and routing events, most of a log's bytes, are then not decoded).
+METRIC_TYPES = frozenset(t.__name__ for t in _STEPS)
 
 
 def _fold(log: Iterable[Event], warmup_s: float, end_s: float) -> _Fold:

@@ -267,7 +267,7 @@ def run_partitioned(stack_name: str, args, out: Path | None, progress: bool = Tr
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from multiprocessing import get_context
 
-    from replay.metrics import compute_metrics
+    from replay.metrics import METRIC_TYPES, compute_metrics
     from replay.sim_cli import sim_config
     from replay.stacks import get_stack
     from services.logging import get_logger
@@ -328,7 +328,7 @@ def run_partitioned(stack_name: str, args, out: Path | None, progress: bool = Tr
         wall = time.perf_counter() - t0
         log = DuckDbEventLog(str(final), read_only=True)
         try:
-            m = compute_metrics((ev for _, _, ev in log.read()), cfg.warmup_s, cfg.end_s, stack.name)
+            m = compute_metrics((ev for _, _, ev in log.read(types=METRIC_TYPES)), cfg.warmup_s, cfg.end_s, stack.name)
         finally:
             log.close()
     finally:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from engine.profiles import load_profile
-from replay.metrics import RunMetrics, compute_metrics
+from replay.metrics import METRIC_TYPES, RunMetrics, compute_metrics
 from replay.sim import SessionSource, SimConfig, Simulation
 from replay.stacks import get_stack
 
@@ -549,7 +549,7 @@ def _cmd_report(args) -> int:
             cfg = log.run_config()
             warm, dur = float(cfg["warmup_s"]), float(cfg["duration_s"])
             name = str(cfg.get("stack", f.stem)).split(": planner=")[0]
-            m = compute_metrics((ev for _, _, ev in log.read()), warm, warm + dur, name)
+            m = compute_metrics((ev for _, _, ev in log.read(types=METRIC_TYPES)), warm, warm + dur, name)
         finally:
             log.close()
         runs.append(m)

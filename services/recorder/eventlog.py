@@ -26,7 +26,7 @@ import itertools
 import os
 import threading
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, Self, runtime_checkable
 
 import msgspec
@@ -61,7 +61,10 @@ class EventLog(Protocol):
         """The applied position (0 for an empty log)."""
         ...
 
-    def read(self, from_seq: int = 1) -> Iterator[Row]: ...
+    def read(self, from_seq: int = 1, types: Collection[str] | None = None) -> Iterator[Row]:
+        """Rows from ``from_seq`` on, in seq order; ``types``: only events of these type names
+        (the others are not decoded: a figure that folds a few types skips the bulky ones)."""
+        ...
 
     def count_by_type(self) -> dict[str, int]: ...
 
@@ -111,11 +114,13 @@ class InMemoryEventLog:
     def last_seq(self) -> int:
         return self._applied
 
-    def read(self, from_seq: int = 1) -> Iterator[Row]:
+    def read(self, from_seq: int = 1, types: Collection[str] | None = None) -> Iterator[Row]:
         start = int(np.searchsorted(np.asarray(self._seqs, dtype=np.int64), from_seq)) if self._seqs else 0
         for i in range(start, len(self._seqs)):
             subject, data = self._rows[i]
-            yield self._seqs[i], subject, from_json(data)
+            ev = from_json(data)
+            if types is None or type(ev).__name__ in types:
+                yield self._seqs[i], subject, ev
 
     def count_by_type(self) -> dict[str, int]:
         return dict(Counter(msgspec.json.decode(d)["type"] for _, d in self._rows))
@@ -234,11 +239,15 @@ class DuckDbEventLog:
     def last_seq(self) -> int:
         return self._applied
 
-    def read(self, from_seq: int = 1) -> Iterator[Row]:
+    def read(self, from_seq: int = 1, types: Collection[str] | None = None) -> Iterator[Row]:
         with self._lock:
             cur = self.con.cursor()  # its own connection: reading does not hold the lock
         try:
-            cur.execute("SELECT seq, subject, payload FROM events WHERE seq >= ? ORDER BY seq", [from_seq])
+            if types is None:
+                cur.execute("SELECT seq, subject, payload FROM events WHERE seq >= ? ORDER BY seq", [from_seq])
+            else:
+                cur.execute("SELECT seq, subject, payload FROM events WHERE seq >= ? AND list_contains(?, type) "
+                            "ORDER BY seq", [from_seq, sorted(types)])
             while chunk := cur.fetchmany(_READ_CHUNK):
                 for seq, subject, payload in chunk:
                     yield int(seq), subject, _decode_row(int(seq), payload)

@@ -148,6 +148,18 @@ class EventLogContract(abc.ABC):
         log.append(rows([Tick(ts=1.0), FirstToken(ts=2.0, request="r", node="n"), Tick(ts=3.0)]))
         assert log.count_by_type() == {"FirstToken": 1, "Tick": 2}
 
+    def test_read_filters_by_type_in_seq_order(self, tmp_path):
+        log = self.make(tmp_path)
+        log.append(rows(ONE_OF_EACH))
+        want = {"RequestSubmitted", "Tick", "KvStored"}
+        got = list(log.read(types=want))
+        assert [type(ev).__name__ for _, _, ev in got] == [type(e).__name__ for e in ONE_OF_EACH
+                                                            if type(e).__name__ in want]
+        assert [seq for seq, _, _ in got] == [i + 1 for i, e in enumerate(ONE_OF_EACH) if type(e).__name__ in want]
+        assert [ev for _, _, ev in log.read(from_seq=3, types={"Tick"})] == [ONE_OF_EACH[-1]]
+        assert list(log.read(types=())) == []
+        assert [r[0] for r in log.read(types=None)] == [r[0] for r in log.read()]
+
     def test_state_survives_reopen(self, tmp_path):
         log = self.make(tmp_path)
         log.append(ticks([1, 2]))

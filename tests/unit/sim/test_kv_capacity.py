@@ -8,6 +8,8 @@ import argparse
 from dataclasses import replace
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from engine.profiles import available_profiles, load_profile
 from events.catalog import (
@@ -19,7 +21,7 @@ from events.catalog import (
     RequestSubmitted,
     RoleSwitched,
 )
-from replay.metrics import compute_metrics
+from replay.metrics import _fold, compute_metrics
 from replay.sim import SimConfig, Simulation
 from replay.sim_cli import parse_tokens, run_profile
 from replay.stacks import get_stack
@@ -91,3 +93,53 @@ def test_evolving_with_start_serves_that_split_from_t0_and_gates_the_warmup_end(
         assert not [e for e in res.log if type(e) is RoleSwitched and e.ts <= plan.ts + 5 and e.duration_s > 0]
     # no node ever ran collocated
     assert all(e.role != "collocated" for e in res.log if type(e) is RoleSwitched)
+
+
+_CTX_OPS = st.lists(st.tuples(st.sampled_from(["submit", "extend", "compact", "end", "open"]), st.integers(0, 3),
+                              st.lists(st.integers(0, 25), max_size=6)), max_size=30)
+
+
+@settings(max_examples=150)
+@given(ops=_CTX_OPS)
+@example(ops=[("submit", 0, [1, 2]), ("extend", 0, [1, 3]), ("end", 0, []), ("submit", 1, [5])])  # a repeat in a tail
+@example(ops=[("submit", 0, [1, 2]), ("submit", 0, [2]), ("extend", 0, [4]), ("submit", 1, [2, 9])])
+def test_kv_demand_and_ideal_reuse_equal_their_definitions(ops):
+    """The figures' fast paths (a continuation adds only its tail; the seen run is found in
+    chunks) give what the definitions give: demand = distinct blocks of the live branches'
+    contexts at each instant, ideal reuse = the prompt's longest prefix submitted before."""
+    bt, log, ctx, seen, ts = 64, [], {}, set(), 0.0
+    peak = area = 0
+    ideal = []
+    for op, k, blocks in ops:
+        ts += 1.0
+        b = f"b{k}"
+        if op == "open":
+            if b not in ctx:
+                log.append(BranchOpened(ts=ts, branch=b))
+                ctx[b] = []
+        elif op == "end":
+            if b in ctx:
+                log.append(BranchEnded(ts=ts, branch=b))
+                del ctx[b]
+        elif op == "compact":
+            log.append(ContextCompacted(ts=ts, branch=b, version=1, blocks=list(blocks)))
+            ctx[b] = list(blocks)
+        else:
+            new = (ctx.get(b, []) + list(blocks)) if op == "extend" else list(blocks)
+            n = 0
+            while n < len(new) and new[n] in seen:
+                n += 1
+            ideal.append(min(n * bt, max(0, len(new) * bt - 1)))
+            seen.update(new)
+            log.append(RequestSubmitted(ts=ts, request=f"r{len(ideal)}", branch=b, blocks=new,
+                                        prompt_tokens=len(new) * bt))
+            ctx[b] = new
+        now = len({x for c in ctx.values() for x in c}) * bt
+        peak, area = max(peak, now), area + now  # held for 1 s, until the next op
+    m = compute_metrics(log, warmup_s=0.0, end_s=ts + 1.0)
+    assert m.kv_demand_peak_tokens == peak
+    assert m.kv_demand_mean_tokens * (ts + 1.0) == pytest.approx(area)
+    prompts = sum(len(e.blocks) * bt for e in log if isinstance(e, RequestSubmitted))
+    if prompts:
+        f = _fold(log, 0.0, ts + 1.0)
+        assert [s[2] for s in f.sub.values()] == ideal

@@ -22,10 +22,12 @@ from events.catalog import (
     RequestSubmitted,
     RoleSwitched,
 )
-from replay.metrics import compute_metrics
+from events.subjects import subject_for
+from replay.metrics import METRIC_TYPES, compute_metrics
 from replay.sim import SessionSource, SimConfig, Simulation, _salt_blocks
 from replay.stacks import get_stack
 from replay.workloads import generate
+from services.recorder.eventlog import DuckDbEventLog
 
 PROFILE = load_profile("gb300-glm52")
 # Small capacities so eviction, fetches and the pool all happen in a short run.
@@ -150,6 +152,20 @@ def test_metrics_of_a_run(evolving_run):
     assert 0 <= m.lost_kv_reuse <= 1
     assert m.ttft_p50_s <= m.ttft_p95_s and m.ttft_mean_s <= m.e2e_mean_s
     assert abs(sum(m.split_time_s.values()) - cfg.duration_s) < 1e-6
+
+
+def test_metrics_need_only_the_metric_types(evolving_run, tmp_path):
+    """Reading a stored log with ``types=METRIC_TYPES`` (what compare and partitioned runs do)
+    gives the same figures as folding every event."""
+    cfg = evolving_run.config
+    log = DuckDbEventLog(str(tmp_path / "run.duckdb"))
+    log.append([(i + 1, subject_for(ev), ev) for i, ev in enumerate(evolving_run.log)])
+    every = compute_metrics((ev for _, _, ev in log.read()), cfg.warmup_s, cfg.end_s, "evolving")
+    some = compute_metrics((ev for _, _, ev in log.read(types=METRIC_TYPES)), cfg.warmup_s, cfg.end_s, "evolving")
+    log.close()
+    assert msgspec.json.encode(some.summary()) == msgspec.json.encode(every.summary())
+    assert some.ttft_s == every.ttft_s and some.finished > 0
+    assert {type(ev).__name__ for ev in evolving_run.log} - METRIC_TYPES  # the filter does drop events
 
 
 def test_session_pool_cycles_with_fresh_block_hashes():
