@@ -75,6 +75,8 @@ class RunMetrics:
     prefill_wait_imbalance: float = float("nan")
     idle_prefill_frac: float = float("nan")
     idle_decode_frac: float = float("nan")
+    prefill_nodes_mean: float = float("nan")  # prefill-capable nodes (prefill + collocated), time-weighted
+    decode_nodes_mean: float = float("nan")  # decode-capable nodes (decode + collocated), time-weighted
     kv_demand_peak_tokens: float = float("nan")
     kv_demand_mean_tokens: float = float("nan")
     kv_gpu_capacity_tokens: int = 0
@@ -83,6 +85,8 @@ class RunMetrics:
     kv_demand_mean_gpu: float = float("nan")
     kv_demand_peak_host: float = float("nan")  # peak demand / host (L2) capacity of the cluster
     unfinished: int = 0
+    # a partitioned run: per partition, split_figures() of its nodes (replay/partitioned.py)
+    partitions: dict[str, dict] = field(default_factory=dict)
     # series for plots (not printed in the table)
     ttft_s: list[float] = field(default_factory=list, repr=False)
     e2e_s: list[float] = field(default_factory=list, repr=False)
@@ -360,6 +364,9 @@ def _splits(m: RunMetrics, f: _Fold) -> None:
             decode_node_s += (d + c) * (b - a)
     m.split_time_s = dict(sorted(split_time.items(), key=lambda kv: -kv[1]))
     m.split_series = series
+    window = max(0.0, f.end_s - f.warmup_s)
+    m.prefill_nodes_mean = prefill_node_s / window if window else float("nan")
+    m.decode_nodes_mean = decode_node_s / window if window else float("nan")
     if prefill_node_s > 0:
         m.idle_prefill_frac = max(0.0, 1.0 - f.prefill_busy / prefill_node_s)
     if decode_node_s > 0:
@@ -381,6 +388,30 @@ def _kv_demand(m: RunMetrics, f: _Fold) -> None:
         m.kv_demand_mean_gpu = m.kv_demand_mean_tokens / m.kv_gpu_capacity_tokens
     if m.kv_host_capacity_tokens:
         m.kv_demand_peak_host = d.peak / m.kv_host_capacity_tokens
+
+
+#: What :func:`split_figures` reads: no block lists, so a merged log's share of a partition is cheap.
+SPLIT_TYPES = frozenset({"NodeRegistered", "RoleSwitched", "IterationDone", "RequestFinished"})
+
+
+def split_figures(log: Iterable[Event], warmup_s: float, end_s: float) -> dict:
+    """The split side of the figures from the nodes' events alone (``SPLIT_TYPES``; others are
+    ignored): time in each split, mean prefill- and decode-capable nodes, idle GPU time, and
+    requests finished without error inside the window per second. A partition's nodes' events
+    give that partition's figures (per-partition splits drift apart: METHOD.md, deployment)."""
+    f = _Fold(warmup_s, end_s)
+    done = 0
+    for e in log:
+        if type(e) is RequestFinished:
+            done += not e.error and warmup_s <= e.ts <= end_s
+        elif type(e).__name__ in SPLIT_TYPES:
+            _STEPS[type(e)](f, e)
+    m = RunMetrics(window_s=end_s - warmup_s)
+    _splits(m, f)
+    return {"throughput_rps": done / m.window_s if m.window_s > 0 else float("nan"),
+            "prefill_nodes_mean": m.prefill_nodes_mean, "decode_nodes_mean": m.decode_nodes_mean,
+            "idle_prefill_frac": m.idle_prefill_frac, "idle_decode_frac": m.idle_decode_frac,
+            "switches": m.switches, "split_time_s": m.split_time_s}
 
 
 def compute_metrics(log: Iterable[Event], warmup_s: float, end_s: float, stack: str = "") -> RunMetrics:

@@ -199,6 +199,17 @@ def peak_rss_mb() -> float | None:
     return None
 
 
+def partition_figures(log, pmap: PartitionMap, warmup_s: float, end_s: float) -> dict[str, dict]:
+    """Per partition, ``split_figures`` of its nodes' events in a merged log (read without the
+    block-carrying events: a few seconds for the 768-node log)."""
+    from replay.metrics import SPLIT_TYPES, split_figures
+
+    by_part: dict[str, list] = {name: [] for name in pmap.names}
+    for _, _, ev in log.read(types=SPLIT_TYPES):
+        by_part[pmap.partition_of_node(ev.node)].append(ev)
+    return {name: split_figures(evs, warmup_s, end_s) for name, evs in by_part.items()}
+
+
 def merge_logs(parts: Sequence[Path], out: Path, config: dict) -> int:
     """One DuckDB log from the partitions' logs, ordered by ``(ts, partition index, seq)`` and
     renumbered 1..n; returns n."""
@@ -329,6 +340,7 @@ def run_partitioned(stack_name: str, args, out: Path | None, progress: bool = Tr
         log = DuckDbEventLog(str(final), read_only=True)
         try:
             m = compute_metrics((ev for _, _, ev in log.read(types=METRIC_TYPES)), cfg.warmup_s, cfg.end_s, stack.name)
+            m.partitions = partition_figures(log, pmap, cfg.warmup_s, cfg.end_s)
         finally:
             log.close()
     finally:

@@ -72,7 +72,25 @@ def table_rows(runs: Sequence[RunMetrics]) -> list[list[str]]:
             row.append(cell)
         out.append(row)
     out.append(["time in split"] + [_splits(m) for m in runs])
+    if any(m.partitions for m in runs):
+        out.append(["prefill share by partition"] + [_spread(m, _prefill_share, "{:.0%}") for m in runs])
+        out.append(["req/s by partition"] + [_spread(m, lambda f: f["throughput_rps"], "{:.1f}") for m in runs])
     return out
+
+
+def _prefill_share(f: dict) -> float:
+    p, d = f["prefill_nodes_mean"], f["decode_nodes_mean"]
+    return p / (p + d) if p + d > 0 else float("nan")
+
+
+def _spread(m: RunMetrics, value, fmt: str) -> str:
+    """``min-max`` of a per-partition figure, with the swing (max - min) / mean."""
+    xs = [v for v in (value(f) for f in m.partitions.values()) if not math.isnan(v)]
+    if not xs:
+        return "-"
+    mean = sum(xs) / len(xs)
+    swing = f" (swing {(max(xs) - min(xs)) / mean:.0%})" if mean > 0 else ""
+    return f"{fmt.format(min(xs))}-{fmt.format(max(xs))}{swing}"
 
 
 def print_table(runs: Sequence[RunMetrics], title: str = "", console=None) -> None:

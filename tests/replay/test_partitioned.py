@@ -6,7 +6,8 @@ import duckdb
 import pytest
 
 from events.codec import to_json
-from replay.partitioned import cluster_map, simulate_partition, split_share
+from replay.metrics import split_figures
+from replay.partitioned import cluster_map, partition_figures, simulate_partition, split_share
 from services.cli import build_parser, main
 from services.recorder.eventlog import DuckDbEventLog
 
@@ -45,8 +46,16 @@ def test_merged_log_is_deterministic_and_each_partition_is_its_own_run(tmp_path,
 
     args = build_parser().parse_args(["replay", *ARGS])
     pmap = cluster_map(6, 2)
+    log = DuckDbEventLog(str(tmp_path / "a.duckdb"), read_only=True)
+    try:
+        per_part = partition_figures(log, pmap, 60.0, 120.0)
+    finally:
+        log.close()
     for i, name in enumerate(pmap.names):
         alone = simulate_partition("evolving", args, 2, i, keep_log=True)
+        # each partition's figures from the merged log are those of its own run
+        assert per_part[name] == split_figures(alone.log, 60.0, 120.0)
+        assert per_part[name]["prefill_nodes_mean"] + per_part[name]["decode_nodes_mean"] >= 3 - 1e-9
         mine = [r for r in two if r[4].startswith(f"ei.{name}.")]
         assert [r[5] for r in mine] == [to_json(e).decode() for e in alone.log]  # its events, its order
         assert alone.finished > 0
