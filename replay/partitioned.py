@@ -21,7 +21,10 @@
    so the merged log is the same for any ``--jobs`` and any run; a partition's events, read back
    from the merged log, are its own log in its own order (event times never go back inside a
    partition).
-5. The figures (and compare's plots) are computed from the merged log, like any run's.
+5. The figures (and compare's plots) are those of the merged log, like any run's: they are
+   folded from the partition logs read in the merge's order (``merged_events``) while DuckDB
+   writes the merged log in a thread beside them (its query runs without the GIL), so the
+   two serial steps after the simulation overlap.
 """
 
 from __future__ import annotations
@@ -199,15 +202,42 @@ def peak_rss_mb() -> float | None:
     return None
 
 
-def partition_figures(log, pmap: PartitionMap, warmup_s: float, end_s: float) -> dict[str, dict]:
-    """Per partition, ``split_figures`` of its nodes' events in a merged log (read without the
-    block-carrying events: a few seconds for the 768-node log)."""
+def partition_figures(source, pmap: PartitionMap, warmup_s: float, end_s: float) -> dict[str, dict]:
+    """Per partition, ``split_figures`` of its nodes' events (read without the block-carrying
+    events: a few seconds for the 768-node run). ``source``: a merged log (an ``EventLog``),
+    or the partition logs' paths in partition order."""
     from replay.metrics import SPLIT_TYPES, split_figures
 
+    if isinstance(source, (list, tuple)):
+        return {name: split_figures(merged_events([path], SPLIT_TYPES), warmup_s, end_s)
+                for name, path in zip(pmap.names, source, strict=True)}
     by_part: dict[str, list] = {name: [] for name in pmap.names}
-    for _, _, ev in log.read(types=SPLIT_TYPES):
+    for _, _, ev in source.read(types=SPLIT_TYPES):
         by_part[pmap.partition_of_node(ev.node)].append(ev)
     return {name: split_figures(evs, warmup_s, end_s) for name, evs in by_part.items()}
+
+
+def merged_events(parts: Sequence[Path], types=None):
+    """The events of the partition logs ``parts`` in the merged log's order, ``(ts, partition
+    index, seq)`` (``types``: only these event types, as ``EventLog.read``), without writing the
+    merged log. Each partition's log is in time order by seq (event times never go back inside
+    a partition), so a k-way merge of the logs read by seq is the merged order."""
+    import heapq
+
+    from services.recorder.eventlog import DuckDbEventLog
+
+    logs = [DuckDbEventLog(str(p), read_only=True) for p in parts]
+    try:
+        def keyed(i: int, log):  # (ts, partition index, seq, event); i bound per stream
+            for seq, _, ev in log.read(types=types):
+                yield ev.ts, i, seq, ev
+
+        streams = [keyed(i, log) for i, log in enumerate(logs)]
+        for _, _, _, ev in heapq.merge(*streams, key=lambda row: row[:3]):
+            yield ev
+    finally:
+        for log in logs:
+            log.close()
 
 
 def merge_logs(parts: Sequence[Path], out: Path, config: dict) -> int:
@@ -275,14 +305,13 @@ def default_jobs() -> int:
 def run_partitioned(stack_name: str, args, out: Path | None, progress: bool = True):
     """Every partition in parallel processes, merged into ``out`` (or a temporary file);
     returns ``(RunMetrics, PartitionedResult)`` from the merged log."""
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
     from multiprocessing import get_context
 
     from replay.metrics import METRIC_TYPES, compute_metrics
     from replay.sim_cli import sim_config
     from replay.stacks import get_stack
     from services.logging import get_logger
-    from services.recorder.eventlog import DuckDbEventLog
 
     log = get_logger("partitions")
     n = int(args.partitions)
@@ -334,15 +363,16 @@ def run_partitioned(stack_name: str, args, out: Path | None, progress: bool = Tr
                   "partitions": {name: [ns[0], ns[-1], len(ns)] for name, ns in zip(pmap.names, pmap.nodes,
                                                                                     strict=True)},
                   "merge_order": MERGE_ORDER, **stack.core_config(prof, cfg)}
-        events = merge_logs(parts, final, config)
-        log.info("partition logs merged", events=events, merge_s=round(time.perf_counter() - t_merge, 1))
+        with ThreadPoolExecutor(1, thread_name_prefix="merge") as merger:  # the merge beside the figures
+            merging = merger.submit(merge_logs, parts, final, config)
+            try:
+                m = compute_metrics(merged_events(parts, METRIC_TYPES), cfg.warmup_s, cfg.end_s, stack.name)
+                m.partitions = partition_figures(parts, pmap, cfg.warmup_s, cfg.end_s)
+            finally:
+                events = merging.result()
+        log.info("partition logs merged, figures folded", events=events,
+                 merge_and_figures_s=round(time.perf_counter() - t_merge, 1))
         wall = time.perf_counter() - t0
-        log = DuckDbEventLog(str(final), read_only=True)
-        try:
-            m = compute_metrics((ev for _, _, ev in log.read(types=METRIC_TYPES)), cfg.warmup_s, cfg.end_s, stack.name)
-            m.partitions = partition_figures(log, pmap, cfg.warmup_s, cfg.end_s)
-        finally:
-            log.close()
     finally:
         if bar is not None:
             bar.stop()

@@ -7,7 +7,14 @@ import pytest
 
 from events.codec import to_json
 from replay.metrics import split_figures
-from replay.partitioned import cluster_map, partition_figures, simulate_partition, split_share
+from replay.partitioned import (
+    cluster_map,
+    merge_logs,
+    merged_events,
+    partition_figures,
+    simulate_partition,
+    split_share,
+)
 from services.cli import build_parser, main
 from services.recorder.eventlog import DuckDbEventLog
 
@@ -84,3 +91,27 @@ def test_more_partitions_than_nodes_is_one_line(capsys):
     with pytest.raises(SystemExit):
         main(["replay", "--partitions", "0"])
     assert "must be a whole number >= 1" in capsys.readouterr().err
+
+
+def test_merged_events_are_the_merged_log_in_order(tmp_path):
+    """The figures of a partitioned run fold ``merged_events`` (the partition logs, k-way merged)
+    while the merged log is written beside them: both give the same events in the same order."""
+    args = build_parser().parse_args(["replay", *ARGS])
+    pmap = cluster_map(6, 2)
+    parts = [tmp_path / f"{name}.duckdb" for name in pmap.names]
+    for i, path in enumerate(parts):
+        simulate_partition("evolving", args, 2, i, path)
+    merged = tmp_path / "merged.duckdb"
+    n = merge_logs(parts, merged, {"stack": "evolving"})
+    payloads = [r[5] for r in _rows(merged)]
+    assert len(payloads) == n > 300
+    assert [to_json(e).decode() for e in merged_events(parts)] == payloads
+    some = {"RequestSubmitted", "RoleSwitched"}
+    types = [r[2] for r in _rows(merged)]
+    assert [to_json(e).decode() for e in merged_events(parts, some)] == [
+        p for p, t in zip(payloads, types, strict=True) if t in some]
+    log = DuckDbEventLog(str(merged), read_only=True)
+    try:
+        assert partition_figures(parts, pmap, 60.0, 120.0) == partition_figures(log, pmap, 60.0, 120.0)
+    finally:
+        log.close()
