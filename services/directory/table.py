@@ -235,7 +235,7 @@ class BlockTable:
         s = self.ensure(blocks, s)
         j = 2 * n + TIER_INDEX[tier]
         h = self.held[:, j >> 6]  # 1-D column views: numpy's fast fancy-index path
-        h[s] = h.take(s) | _BIT[j & 63]
+        h[s] = h[s] | _BIT[j & 63]  # fancy, not take: take copies a non-contiguous column whole
         self.last[:, j][s] = ts
         if j in self.orders:
             self._track(j, s, ts if isinstance(ts, float) else None)
@@ -262,14 +262,14 @@ class BlockTable:
 
     def column(self, s: np.ndarray, j: int) -> np.ndarray:
         """bool: do the slots ``s`` hold copy bit ``j`` (node ``j // 2``, tier ``j % 2``)?"""
-        return (self.held[:, j >> 6].take(s) & _BIT[j & 63]).astype(bool)
+        return (self.held[:, j >> 6][s] & _BIT[j & 63]).astype(bool)
 
     def touch(self, n: int, s: np.ndarray, ts: float) -> None:
         """Refresh the last access of the longest L1 prefix's GPU copies and the longest L2
         prefix's host copies of the blocks with slots ``s`` on node ``n``."""
         if not len(s):
             return
-        word = self.held[:, (2 * n) >> 6].take(s)
+        word = self.held[:, (2 * n) >> 6][s]
         for j in (2 * n, 2 * n + 1):
             c = (word & _BIT[j & 63]).astype(bool)
             k = len(c) if c.all() else int(c.argmin())
