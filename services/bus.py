@@ -648,12 +648,21 @@ class _NatsConsumer:
     def __aiter__(self) -> AsyncIterator[Delivery]:
         return self._iter()
 
+    def _may_fetch(self) -> bool:
+        """Whether :meth:`_top_up` could do anything: a request to forget (expired) or to send
+        (under two owed, less than half a batch owed). Checked inline per message: the common
+        case, one request owing more than half a batch, costs no coroutine."""
+        owed = self._owed
+        if not owed or (len(owed) == 1 and owed[0][0] < self.batch // 2):
+            return True
+        return owed[0][1] < asyncio.get_running_loop().time()
+
     async def _iter(self) -> AsyncIterator[Delivery]:
         buf = self._buf
         while True:
             if self._gone and not buf:
                 await self._recreate()
-            if len(buf) < self.batch // 2:
+            if len(buf) < self.batch // 2 and self._may_fetch():
                 await self._top_up()
             if not buf:
                 # Let the client's reader hand over what it already read before sleeping:
