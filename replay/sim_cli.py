@@ -474,6 +474,7 @@ def _cmd_bench(args) -> int:
     for nodes, agents in cases:
         base = argparse.Namespace(**vars(args))
         base.nodes, base.agents, base.arrivals, base.trace = nodes, agents, None, None
+        base.partitions = 1  # the size rows are single-process runs; --partitions adds its own rows
         base.workload = "cc"
         source, _ = session_source(base)
         source.memoize()  # generated once, shared by this size's runs

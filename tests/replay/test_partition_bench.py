@@ -41,3 +41,14 @@ def test_no_partition_baseline_leaves_only_the_partitioned_row(capsys):
     rows = json.loads(capsys.readouterr().out)
     assert [(r["partitions"], r["nodes"], r["agents"]) for r in rows] == [(2, 4, 8)]
     assert rows[0]["simulated_s"] == 15.0 and rows[0]["events"] > 0
+
+
+def test_size_rows_stay_single_process_beside_partition_rows(capsys):
+    """--sizes with --partitions: the size rows are plain runs (they once went through the
+    partitioned path and crashed), the partition rows come after them."""
+    assert main(["bench", "sim", "--sizes", "4:8", "--runs", "evolving", "--partitions", "2", "--partition-nodes",
+                 "4", "--no-partition-baseline", "--jobs", "1", "--json", "--duration", "10s", "--warmup", "5s"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["run"], r.get("partitions")) for r in rows][0] == ("evolving", None)
+    assert rows[0]["events"] > 0 and rows[0]["cpu_s"] > 0
+    assert [r.get("partitions") for r in rows[1:]] == [2]
