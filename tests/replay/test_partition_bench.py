@@ -49,6 +49,6 @@ def test_size_rows_stay_single_process_beside_partition_rows(capsys):
     assert main(["bench", "sim", "--sizes", "4:8", "--runs", "evolving", "--partitions", "2", "--partition-nodes",
                  "4", "--no-partition-baseline", "--jobs", "1", "--json", "--duration", "10s", "--warmup", "5s"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert [(r["run"], r.get("partitions")) for r in rows][0] == ("evolving", None)
+    assert (rows[0]["run"], rows[0].get("partitions")) == ("evolving", None)
     assert rows[0]["events"] > 0 and rows[0]["cpu_s"] > 0
     assert [r.get("partitions") for r in rows[1:]] == [2]
