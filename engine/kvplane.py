@@ -43,7 +43,7 @@ from engine.transfer.base import PoolDescriptor, TransferBackend, TransferError
 from events.catalog import Event, KvEvicted, KvFetched, KvMoved, KvStored
 from kernels.layout import KvLayout, KvLayoutError
 from kernels.ops import copy_blocks
-from services.logging import get_logger
+from services.adapters.logging import get_logger
 
 log = get_logger("kvbytes")
 TIERS = ("L1", "L2")

@@ -5,7 +5,7 @@ What it guarantees (tests/unit/engine/test_kvpool.py pins each point)
 1. A tier never holds more than its capacity in blocks. L1 also carries ``reserved_tokens``
    (decode working memory that is not a cached block: prompt tails and generated tokens),
    counted in whole blocks (ceil) against L1's capacity.
-2. Eviction order is the policy's, i.e. the directory's (``services.directory.eviction``):
+2. Eviction order is the policy's, i.e. the directory's (``services.cores.directory.eviction``):
    the pool asks ``choose(tier, tokens, pinned)`` for victims and drops only those it holds
    and that are not pinned. One eviction frees at least ``evict_batch`` of the tier (a low
    watermark, as SGLang's HiCache does), so the policy's sort runs once per batch.

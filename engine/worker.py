@@ -6,7 +6,7 @@
 The worker depends only on the port: ``--backend sim`` runs the simulated node model in
 wall-clock time, ``--backend sglang`` drives one SGLang server. What it does (the numbers are
 the order of a request's life on this node)
-1. Start, as the services do (services/runner.py): restore the worker's view (engine/view.py:
+1. Start, as the services do (services/adapters/runner.py): restore the worker's view (services/cores/worker_view.py:
    directory + requests in flight) from its snapshot ``engine-<node>`` and fold the tail of the
    stream after it (from sequence 1 without a usable snapshot) up to the head seen at start,
    without acting on it. If the directory still believes this node is alive (an earlier run
@@ -29,7 +29,7 @@ the order of a request's life on this node)
    ``RequestFinished``, ``RoleSwitched``) is applied to the local directory at once and
    published in order; its echo from the stream (same ``src``, after the start head) is
    skipped, so eviction sees this node's own KV without waiting for the round trip.
-5. Tokens go to the gateway on core NATS (``services.gateway.tokens``), as the backend reports
+5. Tokens go to the gateway on core NATS (``services.drivers.gateway.tokens``), as the backend reports
    them (``host.token``): the sim's are ``"tok "`` per token (engine/backends/sim/backend.py),
    SGLang's are the streamed text. ``backend.progress()`` runs every ``--token-interval-s``.
 6. ``NodeHeartbeat`` every ``--heartbeat-s`` (1 s). SIGTERM/SIGINT: ``NodeRemoved(reason=
@@ -67,7 +67,6 @@ from typing import TYPE_CHECKING
 
 from engine.backend import DecodeJob, EngineBackend, PrefillJob
 from engine.profiles import Profile, load_profile
-from engine.view import WorkerView
 from events.catalog import (
     Event,
     FirstToken,
@@ -79,10 +78,11 @@ from events.catalog import (
 )
 from events.ids import NodeId, Role
 from events.wire import TokenMsg
-from services.core import Sequenced
-from services.directory.core import DirectoryCore
-from services.directory.eviction import POLICIES
-from services.logging import get_logger
+from services.adapters.logging import get_logger
+from services.cores.contract import Sequenced
+from services.cores.directory.core import DirectoryCore
+from services.cores.directory.eviction import POLICIES
+from services.cores.worker_view import WorkerView
 
 if TYPE_CHECKING:  # torch is imported only with --kv-bytes
     from engine.kvplane import KvBytesConfig
@@ -591,7 +591,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="log lines as console text or JSON (default: the services' setting)")
     p.add_argument("--log-level", default=None, help="debug, info, warning or error (default info)")
     from engine.backends.sglang.options import add_arguments
-    from services.security import add_cli_options
+    from services.adapters.bus.security import add_cli_options
 
     add_arguments(p)
     add_cli_options(p)
@@ -602,8 +602,8 @@ async def run(args: argparse.Namespace) -> int:
     from engine.backend import BackendUnavailable
     from engine.transfer import TransferError
     from kernels.layout import KvLayoutError
-    from services.bus import NatsBus
-    from services.gateway.tokens import NatsTokens
+    from services.adapters.bus.nats_bus import NatsBus
+    from services.drivers.gateway.tokens import NatsTokens
 
     profile = load_profile(args.profile)
     backend: str | Callable = "sim"
@@ -618,8 +618,8 @@ async def run(args: argparse.Namespace) -> int:
         except BackendUnavailable as exc:
             print(f"engine.worker: {exc}", file=sys.stderr)
             return 2
-    from services.bus import StreamSettings
-    from services.security import CredentialsError, credentials_from_args
+    from services.adapters.bus.nats_bus import StreamSettings
+    from services.adapters.bus.security import CredentialsError, credentials_from_args
 
     try:
         creds = credentials_from_args(args)
@@ -683,7 +683,7 @@ def _kv_bytes_preflight(args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from services.logging import configure_logging
+    from services.adapters.logging import configure_logging
 
     args = build_parser().parse_args(argv)
     configure_logging(level=args.log_level, fmt=args.log_format)

@@ -1,6 +1,6 @@
 """``evolving`` subcommands of the replay package.
 
-``register(sub, bench)`` is called by ``services.cli``. It only calls one ``_register_*``
+``register(sub, bench)`` is called by ``services.drivers.cli``. It only calls one ``_register_*``
 function per command group, so each group (``trace`` here; the simulator's ``replay``,
 ``compare``, ``sweep-static`` and ``bench sim``) lives in its own function:
 add a ``_register_<group>(sub, bench)`` and one line to ``register``.
@@ -12,7 +12,7 @@ add a ``_register_<group>(sub, bench)`` and one line to ``register``.
 ``evolving trace generate WORKLOAD -o OUT [--seed N] [--agents N] [--rate R]`` -- synthetic
 
 A *workload spec* (``--compare``, ``fit``, ``stats FILE...``, the simulator's ``--trace``,
-``evolving drive``: one parser, ``replay/importers/spec.py``) is a trace path (session JSONL,
+``evolving drive``: one parser, ``replay/traces/importers/spec.py``) is a trace path (session JSONL,
 kv-cache-tester JSON / ``.json.gz``, Mooncake JSONL, Claude Code transcripts, a file or a folder:
 the format told by content), ``FORMAT:PATH`` to import with a named importer
 (``mooncake:trace.jsonl``), or ``gen:NAME[:key=value]...`` for a generator, keys ``agents``
@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction)
 
 # --------------------------------------------------------------------------- trace
 def _register_trace(sub: argparse._SubParsersAction) -> None:
-    from replay.importers import FORMATS
+    from replay.traces.importers import FORMATS
 
     p = sub.add_parser("trace", help="agent-session traces: import, statistics, synthetic workloads")
     tsub = p.add_subparsers(dest="trace_command", metavar="ACTION")
@@ -61,14 +61,14 @@ def _register_trace(sub: argparse._SubParsersAction) -> None:
 
     fit = tsub.add_parser("fit", help="fit the CC generator's distributions to real sessions (writes a params file)")
     fit.add_argument("src", help="sessions: a trace path or FORMAT:PATH (as for --compare)")
-    fit.add_argument("-o", "--out", required=True, help="params JSON (the generator loads replay/cc_params.json)")
+    fit.add_argument("-o", "--out", required=True, help="params JSON (the generator loads replay/traces/cc_params.json)")
     fit.add_argument("--from", dest="fmt", choices=FORMATS, default=None, help="import SRC from this format")
     fit.add_argument("--check-agents", type=int, default=500,
                      help="generated sessions compared with the data for the fit quality (default 500)")
     fit.add_argument("--markdown", action="store_true", help="print the fit-quality table as Markdown")
     fit.set_defaults(func=_cmd_fit)
 
-    from replay.workloads import WORKLOADS
+    from replay.traces.workloads import WORKLOADS
 
     gen = tsub.add_parser("generate", help="write a seeded synthetic workload")
     gen.add_argument("workload", choices=sorted(WORKLOADS))
@@ -88,10 +88,10 @@ def _report_skipped(skipped: list) -> None:
 
 
 def _load(files: list[str], fmt: str | None, skip_bad: bool):
-    from replay.importers.spec import load_workload
+    from replay.traces.importers.spec import load_workload
 
     sessions, skipped = [], []
-    for f in files:  # each a workload spec (replay.importers.spec), --from forcing the format
+    for f in files:  # each a workload spec (replay.traces.importers.spec), --from forcing the format
         w = load_workload(f, fmt, skip_bad=skip_bad, require_sessions=False)  # the caller says "no session"
         sessions += w.sessions
         skipped += w.skipped
@@ -99,8 +99,8 @@ def _load(files: list[str], fmt: str | None, skip_bad: bool):
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
-    from replay.importers import get_importer
-    from replay.trace import TraceFormatError, save_sessions
+    from replay.traces.format import TraceFormatError, save_sessions
+    from replay.traces.importers import get_importer
 
     try:
         res = get_importer(args.format)(args.src, skip_bad=args.skip_bad)
@@ -125,17 +125,17 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
 def load_workload(spec: str, fmt: str | None = None) -> tuple[list, str]:
     """Sessions of a workload spec (see the module docstring) and a label for it: the shared
-    parser ``replay.importers.spec.load_workload``. Raises ``ValueError``
+    parser ``replay.traces.importers.spec.load_workload``. Raises ``ValueError``
     (``WorkloadSpecError``) / ``TraceFormatError`` / ``OSError`` with a one-line message."""
-    from replay.importers.spec import load_workload as load
+    from replay.traces.importers.spec import load_workload as load
 
     w = load(spec, fmt)
     return w.sessions, w.label
 
 
 def _cmd_compare_workloads(args: argparse.Namespace) -> int:
-    from replay.fit import compare, format_compare
-    from replay.trace import TraceFormatError
+    from replay.traces.fit import compare, format_compare
+    from replay.traces.format import TraceFormatError
 
     loaded = []
     for spec in args.compare:
@@ -155,9 +155,9 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     import json
     import re
 
-    from replay.fit import compare, fit_cc, format_compare
-    from replay.trace import TraceFormatError
-    from replay.workloads import generate
+    from replay.traces.fit import compare, fit_cc, format_compare
+    from replay.traces.format import TraceFormatError
+    from replay.traces.workloads import generate
 
     try:
         sessions, _ = load_workload(args.src, args.fmt)
@@ -187,8 +187,8 @@ def _cmd_fit(args: argparse.Namespace) -> int:
 def _cmd_stats(args: argparse.Namespace) -> int:
     import msgspec
 
-    from replay.stats import format_stats, trace_stats
-    from replay.trace import TraceFormatError
+    from replay.traces.format import TraceFormatError
+    from replay.traces.stats import format_stats, trace_stats
 
     if args.compare:
         return _cmd_compare_workloads(args)
@@ -214,8 +214,8 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from replay.trace import save_sessions
-    from replay.workloads import generate
+    from replay.traces.format import save_sessions
+    from replay.traces.workloads import generate
 
     sessions = generate(args.workload, seed=args.seed, agents=args.agents, rate_per_min=args.rate)
     n = save_sessions(args.out, sessions)
@@ -225,7 +225,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- simulator
 def _register_sim(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:
-    """``replay``, ``compare``, ``sweep-static`` and ``bench sim`` (see replay/sim_cli.py)."""
-    from replay.sim_cli import register_sim
+    """``replay``, ``compare``, ``sweep-static`` and ``bench sim`` (see replay/sim/cli.py)."""
+    from replay.sim.cli import register_sim
 
     register_sim(sub, bench)

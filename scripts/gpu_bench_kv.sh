@@ -28,10 +28,10 @@ fi
 run() {  # name, then bench arguments
   local name=$1
   shift
-  timeout 150 "$PY" -m kernels.bench --device cuda --no-transfer --json "$@" > "$out/$name.json"
+  timeout 150 "$PY" -m services.drivers.bench.kv_cli --device cuda --no-transfer --json "$@" > "$out/$name.json"
   "$PY" - "$out/$name.json" << 'PYEOF' | tee "$out/$name.txt"
 import json, sys
-from kernels.bench import format_report
+from services.drivers.bench.kv import format_report
 print(format_report(json.load(open(sys.argv[1]))))
 PYEOF
 }

@@ -32,7 +32,7 @@ cleanup() { for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done;
 trap cleanup EXIT
 
 echo "== 1. control plane"
-"$PY" -m services.cli up --engines 0 --run-dir "$DIR/run" --gateway-port 0 --ready-file "$DIR/ready.json" \
+"$PY" -m services.drivers.cli up --engines 0 --run-dir "$DIR/run" --gateway-port 0 --ready-file "$DIR/ready.json" \
     --no-status --metrics-port -1 >"$DIR/up.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 120); do [ -f "$DIR/ready.json" ] && break; sleep 1; done
@@ -65,15 +65,15 @@ grep -q worker_up "$DIR/worker-g1.log" && grep -q worker_up "$DIR/worker-g2.log"
   echo "gpu_smoke: the workers did not come up (see $DIR/worker-*.log)" >&2; exit 1; }
 
 echo "== 3. requests through the gateway"
-"$PY" -m services.cli trace import weka tests/fixtures/traces/weka-claude-code/trace_0504.json -o "$DIR/trace.jsonl"
-"$PY" -m services.cli drive "$DIR/trace.jsonl" --gateway "$GATEWAY" --speedup 1000 --json --timeout-s 300 \
+"$PY" -m services.drivers.cli trace import weka tests/fixtures/traces/weka-claude-code/trace_0504.json -o "$DIR/trace.jsonl"
+"$PY" -m services.drivers.cli drive "$DIR/trace.jsonl" --gateway "$GATEWAY" --speedup 1000 --json --timeout-s 300 \
     | tee "$DIR/drive.json"
 
 echo "== 4. one role switch: g2 decode -> prefill"
 "$PY" - "$NATS" <<'EOF'
 import asyncio, sys, time
 from events.catalog import RoleSwitched, SwitchRole
-from services.bus import NatsBus
+from services.adapters.bus.nats_bus import NatsBus
 
 async def main(url):
     bus = await NatsBus.connect(url, partition="default")
@@ -94,7 +94,7 @@ cleanup
 pids=()
 "$PY" - "$DIR/run/run.duckdb" "$DIR/drive.json" <<'EOF'
 import json, sys
-from services.recorder.eventlog import DuckDbEventLog
+from services.adapters.eventlog.duckdb_log import DuckDbEventLog
 
 drive = json.load(open(sys.argv[2]))
 assert drive["requests_failed"] == 0 and drive["requests_ok"] > 0, drive

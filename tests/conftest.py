@@ -16,7 +16,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
-from services.natsserver import EmbeddedNats
+from services.adapters.bus.natsserver import EmbeddedNats
 
 settings.register_profile(
     "ci",

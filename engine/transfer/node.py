@@ -33,7 +33,7 @@ from kernels.checksum import block_checksums
 from kernels.layout import KvLayout, KvLayoutError
 from kernels.ops import gather_blocks
 from kernels.pool import BlockPool
-from services.logging import configure_logging
+from services.adapters.logging import configure_logging
 
 
 def fill(pool: BlockPool, seed: int) -> None:

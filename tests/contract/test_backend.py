@@ -17,8 +17,8 @@ from engine.backend import EngineBackend, NodeLoad, PrefillJob
 from engine.profiles import load_profile
 from engine.worker import RemotePeer, WallClockHost
 from events.catalog import FirstToken, KvStored, RequestFinished, RequestStarted, RoleSwitched
-from services.directory.core import DirectoryCore
-from services.directory.eviction import LruEviction
+from services.cores.directory.core import DirectoryCore
+from services.cores.directory.eviction import LruEviction
 
 PROFILE = replace(load_profile("gb300-glm52"), prefill_noise=0.0, decode_noise=0.0)
 BLOCKS = [9000 + i for i in range(6)]

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from events.catalog import NodeHeartbeat, RequestSubmitted, RouteDecided
-from services.bus import MSG_ID, Delivery, NatsBus
-from services.live.chaos import (
+from services.adapters.bus.nats_bus import MSG_ID, Delivery, NatsBus
+from services.adapters.bus.natsserver import NatsCluster
+from services.drivers.chaos.chaos import (
     SERVICES,
     Published,
     ScenarioResult,
@@ -27,7 +28,6 @@ from services.live.chaos import (
     connect_when_ready,
     scenarios,
 )
-from services.natsserver import NatsCluster
 
 REPO = Path(__file__).resolve().parents[2]
 QUICK = {"steady-load", "kill-planner", "kill-router", "kill-nats-leader", "corrupt-planner-snapshot",
@@ -92,7 +92,7 @@ class _Watch:
 def test_quick_suite_prints_an_all_zero_table_and_leaves_nothing_running(tmp_path):
     t0 = time.monotonic()
     # a session of its own: if it has to be killed, its nats-servers and services go with it
-    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "chaos", "--quick", "--json",
+    proc = subprocess.Popen([sys.executable, "-m", "services.drivers.cli", "chaos", "--quick", "--json",
                              "--workdir", str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True)
     watch = _Watch(proc.pid)
@@ -126,7 +126,7 @@ def test_quick_suite_prints_an_all_zero_table_and_leaves_nothing_running(tmp_pat
 
 
 def test_sigterm_mid_run_stops_the_whole_stack(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "chaos", "--only", "rewind-consumer",
+    proc = subprocess.Popen([sys.executable, "-m", "services.drivers.cli", "chaos", "--only", "rewind-consumer",
                              "--workdir", str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True)
     try:
@@ -149,7 +149,7 @@ def test_sigterm_mid_run_stops_the_whole_stack(tmp_path):
 
 
 def test_unknown_scenario_is_one_line_and_exit_2():
-    proc = subprocess.run([sys.executable, "-m", "services.cli", "chaos", "--only", "kill-everything"], check=False,
+    proc = subprocess.run([sys.executable, "-m", "services.drivers.cli", "chaos", "--only", "kill-everything"], check=False,
                           cwd=REPO,
                           capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 2
@@ -242,7 +242,7 @@ class _StuckJs:
 
 @pytest.mark.asyncio
 async def test_publish_many_with_ids_retries_a_lost_ack_instead_of_hanging():
-    from services.bus import StreamSettings
+    from services.adapters.bus.nats_bus import StreamSettings
 
     js = _StuckJs()
     bus = NatsBus(nc=None, js=js, partition="p", settings=StreamSettings())
@@ -257,8 +257,8 @@ async def test_publish_many_with_ids_retries_a_lost_ack_instead_of_hanging():
 @pytest.mark.asyncio
 async def test_load_registers_again_a_node_removed_while_it_was_not_silenced():
     from events.catalog import NodeRegistered, NodeRemoved
-    from services.bus import InMemoryBus
-    from services.live.chaos import Load
+    from services.adapters.bus.nats_bus import InMemoryBus
+    from services.drivers.chaos.chaos import Load
 
     bus = InMemoryBus("p")
     load = Load(bus)

@@ -12,13 +12,13 @@ import time
 import pytest
 
 from events.catalog import RouteDecided
-from services.bus import NatsBus, StreamSettings
-from services.live import workload
-from services.live.serve import build_runner, run_recorder_service
-from services.live.testing import acting_route_counts, read_all, wait_until
-from services.natsserver import NatsCluster
-from services.recorder.eventlog import DuckDbEventLog
-from services.recorder.verify import verify_log
+from services.adapters.bus.nats_bus import NatsBus, StreamSettings
+from services.adapters.bus.natsserver import NatsCluster
+from services.adapters.eventlog.duckdb_log import DuckDbEventLog
+from services.drivers.bench import harness as workload
+from services.drivers.recorder.verify import verify_log
+from services.drivers.serve import build_runner, run_recorder_service
+from services.drivers.up.testing import acting_route_counts, read_all, wait_until
 
 pytestmark = pytest.mark.asyncio
 R3 = StreamSettings(replicas=3)

@@ -1,5 +1,5 @@
 """The compose deployment's bus without Docker (issue 15 parts 1, 2): deploy/nats/nats.conf with
-the secrets ``python -m services.live.compose_secrets`` generates, on three real nats-servers
+the secrets ``python -m services.drivers.up.compose_secrets`` generates, on three real nats-servers
 (loopback addresses 127.0.0.1-3 stand for nats-1..3, same ports as in compose's network):
 the routes authenticate and form one JetStream cluster, ``bus-init`` creates the R3 stream with
 the admin account, a service account does its part, and an anonymous client, a forged command
@@ -21,10 +21,10 @@ import pytest
 from events import codec
 from events.catalog import RouteDecided, SwitchRole
 from events.subjects import subject_for
-from services.bus import NatsBus
-from services.live.compose_secrets import COMPOSE_SPECS, nats_include
-from services.natsserver import NatsServerError, find_nats_server, free_port
-from services.security import Credentials, generate_accounts
+from services.adapters.bus.nats_bus import NatsBus
+from services.adapters.bus.natsserver import NatsServerError, find_nats_server, free_port
+from services.adapters.bus.security import Credentials, generate_accounts
+from services.drivers.up.compose_secrets import COMPOSE_SPECS, nats_include
 
 REPO = Path(__file__).resolve().parents[2]
 HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
@@ -80,7 +80,7 @@ def test_the_compose_bus_is_a_secured_r3_cluster(compose_bus):
     env = {**os.environ, "EI_NATS_URL": urls, "EI_STREAM_REPLICAS": "3",
            "EI_NATS_CREDENTIALS_FILE": str(_creds_file(tmp_path, accounts, "admin"))}
     t0 = time.monotonic()
-    init = subprocess.run([sys.executable, "-m", "services.live.businit", "--timeout-s", "60"], cwd=REPO, env=env,
+    init = subprocess.run([sys.executable, "-m", "services.drivers.up.businit", "--timeout-s", "60"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120, check=False)
     assert init.returncode == 0, init.stdout + init.stderr
     assert "EI_DEFAULT: 3 replica(s)" in init.stdout, init.stdout

@@ -18,9 +18,9 @@ from events.catalog import (
     RouteDecided,
 )
 from events.hashing import block_hashes
-from services.bus import InMemoryBus, NatsBus
-from services.gateway.app import Gateway, GatewayConfig
-from services.gateway.tokens import MemoryTokens, NatsTokens, TokenMsg, sim_text
+from services.adapters.bus.nats_bus import InMemoryBus, NatsBus
+from services.drivers.gateway.app import Gateway, GatewayConfig
+from services.drivers.gateway.tokens import MemoryTokens, NatsTokens, TokenMsg, sim_text
 
 
 async def fake_cluster(bus, tokens, chunk: int = 3, shadow_first: bool = True, fail: set[str] = frozenset(),
@@ -533,8 +533,8 @@ async def test_metrics_are_prometheus_text_per_app(partition):
 
 
 async def test_evolving_drive_sends_its_api_key(partition):
-    from replay.trace import Branch, Request, Session
-    from services.gateway.drive import DriveConfig, Driver
+    from replay.traces.format import Branch, Request, Session
+    from services.drivers.gateway.drive import DriveConfig, Driver
 
     session = Session(id="s", branches=[Branch(id="root", steps=[Request(blocks=[1], output_tokens=2)])])
     bus = InMemoryBus(partition)

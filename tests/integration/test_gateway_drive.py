@@ -12,13 +12,13 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from events.catalog import BranchEnded, BranchOpened, ContextCompacted, RequestSubmitted, RouteDecided
-from replay.trace import Branch, Compact, End, Fork, Request, Session, Spawn, save_sessions
-from services.bus import InMemoryBus
-from services.gateway.app import Gateway, GatewayConfig
-from services.gateway.cli import register_drive
-from services.gateway.drive import DriveConfig, Driver
-from services.gateway.tokens import MemoryTokens, TokenMsg, sim_text
-from services.natsserver import free_port
+from replay.traces.format import Branch, Compact, End, Fork, Request, Session, Spawn, save_sessions
+from services.adapters.bus.nats_bus import InMemoryBus
+from services.adapters.bus.natsserver import free_port
+from services.drivers.gateway.app import Gateway, GatewayConfig
+from services.drivers.gateway.cli import register_drive
+from services.drivers.gateway.drive import DriveConfig, Driver
+from services.drivers.gateway.tokens import MemoryTokens, TokenMsg, sim_text
 
 SESSION = Session(id="s1", branches=[
     Branch(id="root", steps=[
@@ -128,7 +128,7 @@ async def test_wait_ready_times_out_clearly():
 def test_progress_bar_shows_sessions_requests_errors_and_rate():
     from rich.console import Console
 
-    from services.gateway.drive import DriveProgress, DriveReport, RequestResult
+    from services.drivers.gateway.drive import DriveProgress, DriveReport, RequestResult
 
     report = DriveReport(sessions=3, results=[
         RequestResult("s", "b", f"r{i}", 200, 10) for i in range(7)] + [
@@ -168,7 +168,7 @@ async def test_ctrl_c_prints_the_summary_so_far_and_writes_out(partition, tmp_pa
     try:
         async with TestServer(gw.make_app(), host="127.0.0.1") as server:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "services.cli", "drive", str(trace), "--gateway",
+                sys.executable, "-m", "services.drivers.cli", "drive", str(trace), "--gateway",
                 f"http://127.0.0.1:{server.port}", "--concurrency", "2", "--json", "--out", str(out),
                 "--run-id", "c-", cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)},
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
@@ -230,7 +230,7 @@ async def test_progress_bar_is_drawn_on_a_terminal_and_suppressible(partition, t
 
                 loop.add_reader(master, read)
                 proc = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "services.cli", "drive", str(trace), "--gateway",
+                    sys.executable, "-m", "services.drivers.cli", "drive", str(trace), "--gateway",
                     f"http://127.0.0.1:{server.port}", "--speedup", "20", "--json", "--run-id", f"p{quiet}-",
                     *(["--no-progress"] if quiet else []), cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)},
                     stdout=asyncio.subprocess.PIPE, stderr=slave)

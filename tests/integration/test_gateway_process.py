@@ -1,4 +1,4 @@
-"""The gateway as users run it (``python -m services.gateway`` against a real nats-server):
+"""The gateway as users run it (``python -m services.drivers.gateway`` against a real nats-server):
 loopback by default, API keys from a file, and three 60 MB uploads at once answered with 413
 in well under a second while the gateway's peak memory stays flat (it used to take 4-11 s to
 fail with 503 and grow from 63 MB to 1.7 GB)."""
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from services.natsserver import free_port
+from services.adapters.bus.natsserver import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 KEY = "sk-process-key-01"
@@ -48,7 +48,7 @@ def gateway_proc(nats_url, partition, tmp_path):
     log = tmp_path / "gateway.log"
     env = {k: v for k, v in os.environ.items() if k not in ("EI_API_KEYS", "EI_PROFILE")}
     with open(log, "w") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "services.gateway", "--nats-url", nats_url, "--port", str(port),
+        proc = subprocess.Popen([sys.executable, "-m", "services.drivers.gateway", "--nats-url", nats_url, "--port", str(port),
                                  "--partition", partition, "--api-keys-file", str(keys), "--log-format", "json"],
                                 cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT)
     try:

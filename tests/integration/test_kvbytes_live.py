@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from services.live.testing import run_cli, stop_up
-from services.recorder.eventlog import DuckDbEventLog
+from services.adapters.eventlog.duckdb_log import DuckDbEventLog
+from services.drivers.up.testing import run_cli, stop_up
 
 REPO = Path(__file__).resolve().parents[2]
 TRACES = REPO / "tests" / "fixtures" / "traces" / "weka-claude-code"
@@ -33,7 +33,7 @@ MAX_OUTPUT = 48
 
 
 def _why_skip() -> str:
-    for mod in ("torch", "engine.worker", "services.gateway.drive"):
+    for mod in ("torch", "engine.worker", "services.drivers.gateway.drive"):
         if importlib.util.find_spec(mod) is None:
             return f"missing {mod}"
     from engine.transfer.mooncake import mooncake_available
@@ -87,7 +87,7 @@ def test_live_run_with_kv_bytes_verifies_every_moved_and_fetched_block(nats_url,
     run_dir, ready = tmp_path / "run", tmp_path / "ready.json"
     db = run_dir / "run.duckdb"
     up = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "up", "--nats-url", nats_url, "--partition", partition,
+        [sys.executable, "-m", "services.drivers.cli", "up", "--nats-url", nats_url, "--partition", partition,
          "--run-dir", str(run_dir), "--engines", "3", "--prefill", "2", "--kv-bytes",
          "--kv-block-bytes", str(BLOCK_BYTES), "--router-arg", "dup_cost_s_per_token=-0.001",
          "--gateway-port", "0", "--ready-file", str(ready),

@@ -19,14 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from services.bus import NatsBus
-from services.live.testing import run_cli, stop_up, wait_ready_file
-from services.recorder.eventlog import DuckDbEventLog
+from services.adapters.bus.nats_bus import NatsBus
+from services.adapters.eventlog.duckdb_log import DuckDbEventLog
+from services.drivers.up.testing import run_cli, stop_up, wait_ready_file
 
 REPO = Path(__file__).resolve().parents[2]
 TRACE = REPO / "tests" / "fixtures" / "traces" / "weka-claude-code" / "trace_0504.json"
 
-MISSING = [m for m in ("engine.worker", "services.gateway.drive", "services.gateway.app")
+MISSING = [m for m in ("engine.worker", "services.drivers.gateway.drive", "services.drivers.gateway.app")
            if importlib.util.find_spec(m) is None]
 
 
@@ -49,7 +49,7 @@ def test_up_serves_a_real_trace_end_to_end(nats_url, partition, tmp_path):
     run_dir, ready = tmp_path / "run", tmp_path / "ready.json"
     db = run_dir / "run.duckdb"
     up = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "up", "--nats-url", nats_url, "--partition", partition,
+        [sys.executable, "-m", "services.drivers.cli", "up", "--nats-url", nats_url, "--partition", partition,
          "--run-dir", str(run_dir), "--engines", "2", "--gateway-port", "0", "--ready-file", str(ready),
          "--no-status", "--metrics-port", "-1", "--stop-timeout-s", "15", "--shadow", "cache_aware",
          # a planner that plans within seconds: the initial split switches both collocated engines
@@ -124,7 +124,7 @@ def test_status_line_folds_nodes_requests_and_decisions():
         RouteDecided,
         Split,
     )
-    from services.live.up import Status, Up
+    from services.drivers.up.launch import Status, Up
 
     st = Status()
     evs = [NodeRegistered(ts=0, node="n0", role="collocated"), NodeRegistered(ts=0, node="n1", role="collocated"),

@@ -1,4 +1,4 @@
-"""`evolving sql --live` against a real recorder service (``python -m services.recorder``, a
+"""`evolving sql --live` against a real recorder service (``python -m services.drivers.serve recorder``, a
 child process holding the DuckDB file) and a real nats-server: the file is locked, the recorder
 answers with a consistent snapshot, the answer follows the run, and when the recorder stops its
 files go away and the run is read directly."""
@@ -16,17 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from services.bus import NatsBus
-from services.live.testing import spawn_service, wait_until
-from services.recorder.bench import workload
-from services.recorder.live import sidecar_path, snapshot_path
+from services.adapters.bus.nats_bus import NatsBus
+from services.drivers.bench.recorder import workload
+from services.drivers.recorder.live import sidecar_path, snapshot_path
+from services.drivers.up.testing import spawn_service, wait_until
 
 pytestmark = pytest.mark.asyncio
 
 
 def sql(*argv: str) -> tuple[int, str, str]:
     """``evolving sql`` in a child process (as a user runs it; it may block on NATS)."""
-    r = subprocess.run([sys.executable, "-m", "services.cli", "sql", *argv], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "services.drivers.cli", "sql", *argv], capture_output=True, text=True,
                        check=False, timeout=120, env={**os.environ, "EI_NATS_URL": "nats://127.0.0.1:1"})
     return r.returncode, r.stdout, r.stderr
 
@@ -84,7 +84,7 @@ async def test_sql_live_queries_a_running_recorder(nats_url, partition, tmp_path
 async def test_sql_live_with_no_recorder_answering_says_so(nats_url, partition, tmp_path):
     """A file held by some writer, a live.json naming a partition where no recorder listens."""
     db = tmp_path / "run.duckdb"
-    from services.recorder.eventlog import DuckDbEventLog
+    from services.adapters.eventlog.duckdb_log import DuckDbEventLog
 
     DuckDbEventLog(db).close()
     Path(sidecar_path(db)).write_text(json.dumps({"nats_url": nats_url, "partition": partition}))

@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 
 from events import codec
-from services.bus import NatsBus
-from services.recorder.bench import workload
-from services.recorder.eventlog import DuckDbEventLog
-from services.recorder.service import run_recorder
+from services.adapters.bus.nats_bus import NatsBus
+from services.adapters.eventlog.duckdb_log import DuckDbEventLog
+from services.drivers.bench.recorder import workload
+from services.drivers.recorder.service import run_recorder
 
 
 async def _wait_for(cond, timeout=10.0):

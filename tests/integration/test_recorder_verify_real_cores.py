@@ -11,12 +11,12 @@ import msgspec
 import pytest
 
 from events.catalog import BranchOpened, IterationDone, ModelFitted, NodeRegistered, RequestSubmitted, Tick
-from services.cli import main
-from services.recorder.eventlog import DuckDbEventLog
-from services.recorder.verify import build_cores
-from tests.unit.recorder.fakecores import live_log
+from services.adapters.eventlog.duckdb_log import DuckDbEventLog
+from services.drivers.cli import main
+from services.drivers.recorder.verify import build_cores
+from tests.unit.drivers.recorder.fakecores import live_log
 
-for mod in ("services.directory.core", "services.planner.core", "services.router.core"):
+for mod in ("services.cores.directory.core", "services.cores.planner.evolving", "services.cores.router.least_ttft"):
     pytest.importorskip(mod, exc_type=ImportError)  # a peer's core mid-edit must not break collection
 
 CONFIG = {

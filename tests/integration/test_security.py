@@ -12,9 +12,9 @@ import pytest
 from events import codec
 from events.catalog import NodeHeartbeat, RouteDecided, SwitchRole
 from events.subjects import stream_name, subject_for
-from services.bus import NatsBus
-from services.natsserver import EmbeddedNats
-from services.security import (
+from services.adapters.bus.nats_bus import NatsBus
+from services.adapters.bus.natsserver import EmbeddedNats
+from services.adapters.bus.security import (
     Credentials,
     CredentialsError,
     ServiceSpec,

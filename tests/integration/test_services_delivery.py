@@ -12,13 +12,13 @@ import pytest
 
 from events import codec
 from events.catalog import AnomalyReported, BranchOpened, Event, RequestSubmitted, RouteDecided
-from services.bus import NatsBus
-from services.live import workload
-from services.live.serve import build_runner, collect_run_config, core_spec, run_recorder_service
-from services.live.testing import acting_route_counts, read_all, wait_until
-from services.recorder.eventlog import DuckDbEventLog
-from services.recorder.verify import verify_log
-from services.runner import RunnerConfig, ServiceRunner
+from services.adapters.bus.nats_bus import NatsBus
+from services.adapters.eventlog.duckdb_log import DuckDbEventLog
+from services.adapters.runner import RunnerConfig, ServiceRunner
+from services.drivers.bench import harness as workload
+from services.drivers.recorder.verify import verify_log
+from services.drivers.serve import build_runner, collect_run_config, core_spec, run_recorder_service
+from services.drivers.up.testing import acting_route_counts, read_all, wait_until
 
 pytestmark = pytest.mark.asyncio
 

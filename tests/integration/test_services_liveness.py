@@ -11,10 +11,10 @@ import time
 import pytest
 
 from events.catalog import NodeHeartbeat, NodeRegistered, NodeRemoved, Tick
-from services.bus import NatsBus
-from services.live.liveness import LivenessWatcher
-from services.live.serve import run_core_service
-from services.live.testing import read_all, wait_until
+from services.adapters.bus.nats_bus import NatsBus
+from services.cores.liveness import LivenessWatcher
+from services.drivers.serve import run_core_service
+from services.drivers.up.testing import read_all, wait_until
 
 pytestmark = pytest.mark.asyncio
 
@@ -70,8 +70,8 @@ async def test_silent_node_is_removed_once_and_replay_agrees(nats_url, partition
 async def test_metrics_endpoint_serves_prometheus_text_and_health(nats_url, partition):
     import aiohttp
 
-    from services.live.serve import build_runner
-    from services.metrics import MetricsServer
+    from services.adapters.metrics import MetricsServer
+    from services.drivers.serve import build_runner
 
     bus = await NatsBus.connect(nats_url, partition)
     args = argparse.Namespace(router="round_robin", router_arg=[], shadow=None, snapshot_every=100,

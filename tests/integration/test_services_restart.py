@@ -15,16 +15,16 @@ import msgspec
 import pytest
 
 from events.catalog import AnomalyReported, KvEvicted, RequestSubmitted
-from services.bus import NatsBus
-from services.core import Sequenced
-from services.directory.core import DirectoryCore
-from services.live import workload
-from services.live.faults import FAULT_EXIT_CODE
-from services.live.serve import run_recorder_service
-from services.live.testing import acting_route_counts, read_all, spawn_service, wait_until
-from services.recorder.eventlog import DuckDbEventLog
-from services.recorder.verify import verify_log
-from services.runner import _RunnerSnap
+from services.adapters.bus.nats_bus import NatsBus
+from services.adapters.eventlog.duckdb_log import DuckDbEventLog
+from services.adapters.runner import _RunnerSnap
+from services.cores.contract import Sequenced
+from services.cores.directory.core import DirectoryCore
+from services.drivers.bench import harness as workload
+from services.drivers.chaos.faults import FAULT_EXIT_CODE
+from services.drivers.recorder.verify import verify_log
+from services.drivers.serve import run_recorder_service
+from services.drivers.up.testing import acting_route_counts, read_all, spawn_service, wait_until
 
 pytestmark = pytest.mark.asyncio
 

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from services.live.testing import run_cli, stop_up, wait_ready_file
-from services.recorder.eventlog import DuckDbEventLog
+from services.adapters.eventlog.duckdb_log import DuckDbEventLog
+from services.drivers.up.testing import run_cli, stop_up, wait_ready_file
 
 REPO = Path(__file__).resolve().parents[2]
 TRACE = REPO / "tests" / "fixtures" / "traces" / "weka-claude-code" / "trace_0504.json"
-MISSING = [m for m in ("engine.worker", "services.gateway.drive", "services.gateway.app", "zmq")
+MISSING = [m for m in ("engine.worker", "services.drivers.gateway.drive", "services.drivers.gateway.app", "zmq")
            if importlib.util.find_spec(m) is None]
 
 
@@ -35,7 +35,7 @@ def test_up_with_sglang_fake_engines_end_to_end(nats_url, partition, tmp_path):
     run_dir, ready = tmp_path / "run", tmp_path / "ready.json"
     db = run_dir / "run.duckdb"
     up = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "up", "--nats-url", nats_url, "--partition", partition,
+        [sys.executable, "-m", "services.drivers.cli", "up", "--nats-url", nats_url, "--partition", partition,
          "--run-dir", str(run_dir), "--engines", "sglang-fake:2", "--gateway-port", "0", "--ready-file", str(ready),
          "--no-status", "--metrics-port", "-1", "--stop-timeout-s", "15",
          "--planner-arg", "warmup_s=3", "--planner-arg", "window_s=4", "--planner-arg", "slices=2",

@@ -11,9 +11,9 @@ import nats
 import pytest
 
 from events.catalog import Tick
-from services.bus import NatsBus
-from services.natsserver import EmbeddedNats
-from services.security import Credentials, ServiceSpec, generate_accounts
+from services.adapters.bus.nats_bus import NatsBus
+from services.adapters.bus.natsserver import EmbeddedNats
+from services.adapters.bus.security import Credentials, ServiceSpec, generate_accounts
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="the openssl command is absent")
 

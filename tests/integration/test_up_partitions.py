@@ -13,10 +13,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from services.bus import NatsBus
-from services.live.testing import stop_up, wait_ready_file
-from services.partitions import partition_names, session_index
-from services.recorder.eventlog import DuckDbEventLog
+from services.adapters.bus.nats_bus import NatsBus
+from services.adapters.eventlog.duckdb_log import DuckDbEventLog
+from services.cores.partitions import partition_names, session_index
+from services.drivers.up.testing import stop_up, wait_ready_file
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,7 +37,7 @@ def test_up_two_partitions_keeps_every_session_in_its_partition(nats_url, partit
     run_dir, ready = tmp_path / "run", tmp_path / "ready.json"
     names = partition_names(2, partition)
     up = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "up", "--nats-url", nats_url, "--partition", partition,
+        [sys.executable, "-m", "services.drivers.cli", "up", "--nats-url", nats_url, "--partition", partition,
          "--partitions", "2", "--run-dir", str(run_dir), "--engines", "4", "--gateway-port", "0",
          "--ready-file", str(ready), "--no-status", "--metrics-port", "-1", "--stop-timeout-s", "15"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -20,18 +20,18 @@ from pathlib import Path
 import pytest
 
 from events.catalog import RouteDecided
-from services.bus import NatsBus
-from services.live import workload
+from services.adapters.bus.nats_bus import NatsBus
+from services.drivers.bench import harness as workload
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
 NEEDS_GATEWAY = pytest.mark.skipif(
-    __import__("importlib.util").util.find_spec("services.gateway.app") is None, reason="needs the gateway")
+    __import__("importlib.util").util.find_spec("services.drivers.gateway.app") is None, reason="needs the gateway")
 
 
 def _up(args: list[str], cwd: Path, pythonpath: list[str], out: Path, **env: str) -> subprocess.Popen:
     environ = {**os.environ, "PYTHONPATH": os.pathsep.join(pythonpath), **env}
-    return subprocess.Popen([sys.executable, "-m", "services.cli", "up", *args], cwd=cwd, env=environ,
+    return subprocess.Popen([sys.executable, "-m", "services.drivers.cli", "up", *args], cwd=cwd, env=environ,
                             stdout=out.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
 
 

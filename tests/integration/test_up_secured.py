@@ -30,11 +30,11 @@ import pytest
 from events import codec
 from events.catalog import SwitchRole
 from events.subjects import subject_for
-from services.bus import NatsBus
-from services.security import Credentials
+from services.adapters.bus.nats_bus import NatsBus
+from services.adapters.bus.security import Credentials
 
 REPO = Path(__file__).resolve().parents[2]
-NEEDS = [m for m in ("engine.worker", "services.gateway.app")
+NEEDS = [m for m in ("engine.worker", "services.drivers.gateway.app")
          if __import__("importlib.util").util.find_spec(m) is None]
 pytestmark = pytest.mark.skipif(bool(NEEDS), reason=f"needs {NEEDS}")
 
@@ -42,7 +42,7 @@ pytestmark = pytest.mark.skipif(bool(NEEDS), reason=f"needs {NEEDS}")
 def _start(run_dir: Path, *extra: str) -> tuple[subprocess.Popen, Path]:
     out = run_dir.parent / f"{run_dir.name}.out"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "up", "--run-dir", str(run_dir), "--no-status",
+        [sys.executable, "-m", "services.drivers.cli", "up", "--run-dir", str(run_dir), "--no-status",
          "--metrics-port", "-1", "--stop-timeout-s", "8", *extra],
         cwd=REPO, stdout=out.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
     return proc, out
@@ -160,7 +160,7 @@ def test_up_runs_every_child_on_its_own_account_and_refuses_forgery(stack):
     violations = re.findall(r'Violation.*?"([^"]+)"', log)
     # the forged command is the only subject the server refused: every service has what it needs
     assert violations and set(violations) == {"ei.default.cmd.n0"}, violations
-    sql = subprocess.run([sys.executable, "-m", "services.cli", "sql", "--live", str(run_dir / "run.duckdb"),
+    sql = subprocess.run([sys.executable, "-m", "services.drivers.cli", "sql", "--live", str(run_dir / "run.duckdb"),
                           "SELECT count(*) AS n FROM events WHERE type = 'RequestFinished'", "--json"],
                          check=False, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert sql.returncode == 0, sql.stderr  # the operator account, found next to the log

@@ -35,8 +35,8 @@ from events.catalog import (
     RequestSubmitted,
     RouteDecided,
 )
-from services.directory import DirectoryCore
-from services.directory.eviction import CountAwareEviction
+from services.cores.directory import DirectoryCore
+from services.cores.directory.eviction import CountAwareEviction
 
 ROLES = {"p0": "prefill", "p1": "prefill", "d0": "decode", "d1": "decode", "c0": "collocated"}
 NODES = sorted(ROLES)

@@ -22,7 +22,7 @@ from events.catalog import (
     RoleSwitched,
     RouteDecided,
 )
-from services.directory import CountAwareEviction, DirectoryCore, LruEviction
+from services.cores.directory import CountAwareEviction, DirectoryCore, LruEviction
 
 NODES = ["p0", "p1", "d0"]
 node = st.sampled_from(NODES)

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from events.catalog import FetchStep
-from services.directory.lookup import Lookup
+from services.cores.directory.lookup import Lookup
 
 NODES = [f"n{i}" for i in range(5)]
 

@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.directory.index import HashIndex
+from services.cores.directory.index import HashIndex
 
 KEYS = st.one_of(st.integers(0, 40), st.integers(0, 2**64 - 1))
 

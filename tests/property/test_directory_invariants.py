@@ -24,7 +24,7 @@ from events.catalog import (
     RoleSwitched,
     RouteDecided,
 )
-from services.directory import DirectoryCore
+from services.cores.directory import DirectoryCore
 
 NODES = ["p0", "p1", "d0", "d1", "c0"]
 ROLES0 = {"p0": "prefill", "p1": "prefill", "d0": "decode", "d1": "decode", "c0": "collocated"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.directory.table import _VECTOR, _VSYNC, BlockTable
+from services.cores.directory.table import _VECTOR, _VSYNC, BlockTable
 
 KEY = st.integers(min_value=0, max_value=3000)
 PROBE = list(range(0, 3001, 2))  # 1,501 keys: the vectorised route

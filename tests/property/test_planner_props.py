@@ -25,12 +25,12 @@ from events.catalog import (
     SwitchRole,
     Tick,
 )
-from services.costmodel import fit_decode, fit_prefill
-from services.planner.base import GATED, INITIAL, NEWCOMERS, REPAIR, SLO_ESCAPE, plan_path
-from services.planner.baselines import ArrowPlanner, DynamoPlanner, StaticPlanner
-from services.planner.core import EvolvingPlanner
-from services.planner.evaluate import NodeArrays, WorkArrays, theta, theta_reference
-from services.planner.window import Work
+from services.cores.costmodel import fit_decode, fit_prefill
+from services.cores.planner.base import GATED, INITIAL, NEWCOMERS, REPAIR, SLO_ESCAPE, plan_path
+from services.cores.planner.baselines import ArrowPlanner, DynamoPlanner, StaticPlanner
+from services.cores.planner.evaluate import NodeArrays, WorkArrays, theta, theta_reference
+from services.cores.planner.evolving import EvolvingPlanner
+from services.cores.planner.window import Work
 
 finite = st.floats(min_value=-1e6, max_value=1e12) | st.sampled_from([math.nan, math.inf, 0.0])
 

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from events.catalog import IterationDone, KvFetched
-from services.costmodel import FetchCostLearner, FetchModel
-from services.router.core import LeastTtftRouter
+from services.cores.costmodel import FetchCostLearner, FetchModel
+from services.cores.router.least_ttft import LeastTtftRouter
 
 BT = 64
 

@@ -19,9 +19,9 @@ from events.catalog import (
     RoleSwitchOrdered,
     RouteDecided,
 )
-from services.bench import scenario as s
-from services.plugins import load_router
-from services.router.state import DECODING, PENDING, PREFILLING, QUEUED
+from services.adapters.plugins import load_router
+from services.cores.router.state import DECODING, PENDING, PREFILLING, QUEUED
+from services.drivers.bench import scenario as s
 
 NODES = ["p00", "p01", "p02", "d00", "d01", "c00"]
 ROLES = ["prefill", "decode", "collocated"]

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from events.catalog import ModelFitted, NodeRegistered, RequestStarted, RouteDecided
-from services.bench import scenario as s
-from services.router.core import LeastTtftRouter
+from services.cores.router.least_ttft import LeastTtftRouter
+from services.drivers.bench import scenario as s
 
 coef = st.tuples(st.floats(1e-3, 5e-2), st.floats(1e-6, 1e-4), st.floats(0.0, 1e-9), st.floats(0.0, 1e-6))
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from replay import experiments
-from services.cli import main
+from replay.experiments import run as experiments
+from services.drivers.cli import main
 
 
 def test_a_tiny_matrix_writes_logs_tables_plots_and_a_summary(tmp_path, capsys):
@@ -128,7 +128,7 @@ def test_a_row_whose_piece_is_missing_says_what_it_needs(monkeypatch):
         "needs --no-such-flag"
     why = experiments.missing_piece(experiments.Run("x", "static:4P5D+no_such_part", []), parser)
     assert why.startswith("needs data plane as a stack choice")
-    from replay.sim import Simulation
+    from replay.sim.simulation import Simulation
 
     monkeypatch.delattr(Simulation, "bind_source_clock")
     run = experiments.Run("x", "evolving", [], schedule=[(0.0, "cc")])

@@ -1,4 +1,4 @@
-"""``evolving bench sim --partitions N``: the partition rows (replay/partitioned.py bench_rows)."""
+"""``evolving bench sim --partitions N``: the partition rows (replay/sim/partitioned.py bench_rows)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import duckdb
 import pytest
 
-from services.cli import main
+from services.drivers.cli import main
 
 SHORT = ["--duration", "30s", "--warmup", "15s"]
 

@@ -1,4 +1,4 @@
-"""The simulator on partitions (replay/partitioned.py): parallel processes, one merged log."""
+"""The simulator on partitions (replay/sim/partitioned.py): parallel processes, one merged log."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import duckdb
 import pytest
 
 from events.codec import to_json
-from replay.metrics import split_figures
-from replay.partitioned import (
+from replay.sim.figures import split_figures
+from replay.sim.partitioned import (
     cluster_map,
     merge_logs,
     merged_events,
@@ -15,8 +15,8 @@ from replay.partitioned import (
     simulate_partition,
     split_share,
 )
-from services.cli import build_parser, main
-from services.recorder.eventlog import DuckDbEventLog
+from services.adapters.eventlog.duckdb_log import DuckDbEventLog
+from services.drivers.cli import build_parser, main
 
 ARGS = ["--nodes", "6", "--partitions", "2", "--agents", "8", "--duration", "1m", "--warmup", "1m",
         "--no-progress", "--json"]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from services.cli import main
+from services.drivers.cli import main
 
 
 def test_bench_rows_beside_the_two_directory_baseline(capsys):

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from replay.sim_cli import parse_duration
-from services.cli import main
-from services.recorder.eventlog import DuckDbEventLog
+from replay.sim.cli import parse_duration
+from services.adapters.eventlog.duckdb_log import DuckDbEventLog
+from services.drivers.cli import main
 
 
 def test_parse_duration():

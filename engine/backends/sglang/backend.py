@@ -60,7 +60,7 @@ from events.catalog import (
 from events.hashing import block_hashes
 from events.ids import NodeId, RequestId, Role, SwitchMechanism
 from events.wire import TokenMsg
-from services.logging import get_logger
+from services.adapters.logging import get_logger
 
 log = get_logger("sglang")
 VOCAB = 32000  # synthetic ids stay below every tokenizer's vocabulary size we serve

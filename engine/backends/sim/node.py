@@ -2,10 +2,10 @@
 
 No asyncio, no wall clock: the caller passes time through a :class:`NodeHost` (``now``,
 ``schedule``, ``emit``) and the node reports what it did as catalog events. The same class
-backs the discrete-event cluster simulator (replay/sim.py) and can back a live sim engine
+backs the discrete-event cluster simulator (replay/sim/simulation.py) and can back a live sim engine
 (a host that schedules on an event loop and publishes on the bus).
 
-Request lifecycle on a node (numbers match the docstring of replay/sim.py and docs/simulator.md)
+Request lifecycle on a node (numbers match the docstring of replay/sim/simulation.py and docs/simulator.md)
 1. ``enqueue_prefill``: a non-shadow ``RouteDecided`` names this node. With the shared pool and
    asynchronous fetch, the planned peer blocks are fetched now (one fetch link per node, FIFO);
    the request is eligible for prefill once its fetch is done (``KvStored`` L2+L1 at that time).

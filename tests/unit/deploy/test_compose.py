@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from services.natsserver import NatsServerError, find_nats_server
+from services.adapters.bus.natsserver import NatsServerError, find_nats_server
 
 ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"
@@ -156,7 +156,7 @@ def _nats_binary() -> str:
 
 
 def test_nats_config_is_valid_with_the_generated_secrets(tmp_path):
-    from services.live.compose_secrets import generate
+    from services.drivers.up.compose_secrets import generate
 
     generate(tmp_path / "secrets")
     conf = tmp_path / "nats.conf"
@@ -204,7 +204,7 @@ def test_only_the_gateway_is_published_and_the_bus_is_internal():
 
 @needs_compose
 def test_every_bus_service_reads_its_own_account_from_a_secret(tmp_path):
-    from services.live.compose_secrets import generate
+    from services.drivers.up.compose_secrets import generate
 
     cfg = json.loads(compose("--profile", "sim", "--profile", "gpu", "--profile", "drive", "config",
                              "--format", "json").stdout)
@@ -234,7 +234,7 @@ def test_every_bus_service_reads_its_own_account_from_a_secret(tmp_path):
 
 
 def test_generated_secrets_are_private_and_kept(tmp_path):
-    from services.live.compose_secrets import COMPOSE_SPECS, generate
+    from services.drivers.up.compose_secrets import COMPOSE_SPECS, generate
 
     folder = tmp_path / "secrets"
     first = generate(folder)

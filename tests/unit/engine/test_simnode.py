@@ -8,12 +8,12 @@ from dataclasses import replace
 
 import pytest
 
+from engine.backends.sim.node import PrefillJob, SimNode
 from engine.profiles import load_profile
-from engine.simnode import PrefillJob, SimNode
 from events.catalog import FetchStep, FirstToken, KvEvicted, KvFetched, RequestFinished, RoleSwitched
-from replay.sim import EventQueue
-from services.directory.core import DirectoryCore
-from services.directory.eviction import LruEviction
+from replay.sim.simulation import EventQueue
+from services.cores.directory.core import DirectoryCore
+from services.cores.directory.eviction import LruEviction
 
 P = replace(load_profile("gb300-glm52"), prefill_noise=0.0, decode_noise=0.0)
 

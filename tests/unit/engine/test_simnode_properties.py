@@ -9,12 +9,12 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.backends.sim.node import PrefillJob, SimNode
 from engine.profiles import load_profile
-from engine.simnode import PrefillJob, SimNode
 from events.catalog import FetchStep, KvEvicted, KvFetched, KvMoved, KvStored, RequestFinished
-from replay.sim import EventQueue
-from services.directory.core import DirectoryCore
-from services.directory.eviction import CountAwareEviction
+from replay.sim.simulation import EventQueue
+from services.cores.directory.core import DirectoryCore
+from services.cores.directory.eviction import CountAwareEviction
 
 TINY = replace(load_profile("gb300-glm52"), l1_capacity_tokens=64 * 40, l2_capacity_tokens=64 * 80,
                prefill_noise=0.05, decode_noise=0.05)

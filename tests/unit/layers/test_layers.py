@@ -1,15 +1,16 @@
-"""The layer rule (docs/contracts.md): imports only go down or sideways, never up.
+"""The layer rule (docs/contracts.md): imports only go down or sideways, never up; no circles.
 
-    3 drivers   services.live, services.gateway, services.bench, replay, engine.worker, CLIs, __main__
-    2 adapters  bus, runner, recorder, metrics, nats server, plug-in loader, engine backends, kernels
-    1 cores     services.core, services.costmodel, services.directory, services.planner, services.router
-    0 events    events
+    3 drivers   services/drivers/, engine/worker.py, replay/ (sim, experiments, cli)
+    2 adapters  services/adapters/, engine/ (backends, KV pool, transfer), kernels/, replay/traces/
+    1 cores     services/cores/
+    0 events    events/
 
-Every first-party module gets a layer from the table below (the most specific prefix wins); a
-new module whose layer is unknown fails the test until it is placed. Imports inside functions
-count too (a lazy import is still a dependency), except in ``__main__`` shims, which are drivers
-by definition. The cores are also imported in a fresh interpreter, which must not end up with
-NATS, aiohttp, DuckDB, the live services, the gateway or the simulator loaded.
+The folder says the layer: the most specific prefix of the table below wins, and a new module
+lands in a layer by the folder it is put in. Imports inside functions count too (a lazy import
+is still a dependency), and each one must say why it is lazy (``# lazy: <reason>`` on its line):
+an optional dependency (torch, mooncake, sglang, tokenizers, ...) or a measured start-up cost.
+The cores are also imported in a fresh interpreter, which must not end up with NATS, aiohttp,
+DuckDB, the drivers or the simulator loaded.
 """
 
 from __future__ import annotations
@@ -28,46 +29,27 @@ FIRST_PARTY = ("events", "services", "engine", "kernels", "replay")
 EVENTS, CORES, ADAPTERS, DRIVERS = 0, 1, 2, 3
 NAMES = {EVENTS: "events", CORES: "cores", ADAPTERS: "adapters", DRIVERS: "drivers"}
 
-#: prefix -> layer; the longest matching prefix wins.
+#: folder prefix -> layer; the longest matching prefix wins.
 LAYER_OF = {
     "events": EVENTS,
-    "services": DRIVERS,  # services/__init__.py, services.cli, services.buscli
-    "services.core": CORES,
-    "services.costmodel": CORES,
-    "services.directory": CORES,
-    "services.planner": CORES,
-    "services.router": CORES,
-    "services.partitions": CORES,  # the partition map: pure, events + stdlib (issue 16)
-    "services.bus": ADAPTERS,
-    "services.runner": ADAPTERS,
-    "services.metrics": ADAPTERS,
-    "services.natsserver": ADAPTERS,
-    "services.logging": ADAPTERS,
-    "services.plugins": ADAPTERS,
-    "services.security": ADAPTERS,
-    "services.recorder": ADAPTERS,
-    "services.recorder.cli": DRIVERS,
-    "services.recorder.bench": DRIVERS,
-    "services.cli": DRIVERS,
-    "services.buscli": DRIVERS,
-    "services.bench": DRIVERS,
-    "services.live": DRIVERS,
-    "services.gateway": DRIVERS,
+    "services.cores": CORES,
+    "services.adapters": ADAPTERS,
     "engine": ADAPTERS,
-    "engine.worker": DRIVERS,
     "kernels": ADAPTERS,
-    "kernels.cli": DRIVERS,
-    "kernels.bench": DRIVERS,
+    "replay.traces": ADAPTERS,  # the trace format and importers: the gateway's drive and the simulator share it
+    "services": DRIVERS,  # services/__init__.py: the docstring only
+    "services.drivers": DRIVERS,
+    "engine.worker": DRIVERS,  # the node worker process (ARCHITECTURE.md puts it in engine/)
     "replay": DRIVERS,
 }
 
 #: third-party packages a core may import besides the standard library.
 CORE_THIRD_PARTY = {"numpy", "scipy", "msgspec"}
 #: modules that must never be loaded by importing a core.
-CORE_FORBIDDEN_LOADED = ("nats", "aiohttp", "duckdb", "services.live", "services.gateway", "replay",
-                         "services.bus", "services.runner", "structlog", "rich")
-CORE_PACKAGES = ["services.core", "services.costmodel", "services.directory", "services.planner",
-                 "services.router", "services.partitions"]
+CORE_FORBIDDEN_LOADED = ("nats", "aiohttp", "duckdb", "services.drivers", "services.adapters", "replay",
+                         "engine", "structlog", "rich")
+CORE_PACKAGES = ["services.cores"]
+LAZY_TAG = "# lazy:"
 
 
 def layer_of(module: str) -> int | None:
@@ -92,23 +74,40 @@ def first_party_modules() -> list[Path]:
     return out
 
 
-def imports_of(path: Path) -> list[tuple[int, str]]:
-    """(line, absolute module) for every import statement in the file, nested ones included."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+def _absolute(path: Path, node: ast.ImportFrom) -> str:
     mod = module_name(path)
+    if not node.level:
+        return node.module or ""
     package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+    base = package.split(".")
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _nodes(tree: ast.AST):
+    """(import node, nested) for every import; nested = inside a function body."""
+    def walk(node, nested):
+        for child in ast.iter_child_nodes(node):
+            inner = nested or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                yield child, inner
+            yield from walk(child, inner)
+    yield from walk(tree, False)
+
+
+def imports_of(path: Path) -> list[tuple[int, str, bool]]:
+    """(line, absolute name, nested) for every import statement; ``from a import b`` gives
+    ``a.b`` when that is a module of ours, else ``a``."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    known = {module_name(p) for p in first_party_modules()}
     found = []
-    for node in ast.walk(tree):
+    for node, nested in _nodes(tree):
         if isinstance(node, ast.Import):
-            found += [(node.lineno, a.name) for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                name = ".".join(base + ([node.module] if node.module else []))
-            else:
-                name = node.module or ""
-            found.append((node.lineno, name))
+            found += [(node.lineno, a.name, nested) for a in node.names]
+            continue
+        base = _absolute(path, node)
+        subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in known]
+        found += [(node.lineno, s, nested) for s in subs] or [(node.lineno, base, nested)]
     return found
 
 
@@ -116,13 +115,11 @@ def violations() -> list[str]:
     bad = []
     for path in first_party_modules():
         mod = module_name(path)
-        if path.name == "__main__.py":
-            continue  # a program shim: a driver by definition
         own = layer_of(mod)
         if own is None:
-            bad.append(f"{mod}: no layer assigned (add it to LAYER_OF and docs/contracts.md)")
+            bad.append(f"{mod}: no layer assigned (put it in a layer's folder, see docs/contracts.md)")
             continue
-        for line, name in imports_of(path):
+        for line, name, _ in imports_of(path):
             top = name.split(".")[0]
             rel = f"{path.relative_to(ROOT)}:{line}"
             if top in FIRST_PARTY:
@@ -137,28 +134,105 @@ def violations() -> list[str]:
     return bad
 
 
+def import_graph() -> dict[str, set[str]]:
+    """Our module -> our modules it imports (at module level or inside functions)."""
+    known = {module_name(p) for p in first_party_modules()}
+    graph: dict[str, set[str]] = {}
+    for path in first_party_modules():
+        mod = module_name(path)
+        out = graph.setdefault(mod, set())
+        for _, name, _ in imports_of(path):
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name and name != mod:
+                out.add(name)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                    break
+                if w in on:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+    return sorted(out)
+
+
+def unexplained_lazy_imports() -> list[str]:
+    bad = []
+    for path in first_party_modules():
+        lines = path.read_text().splitlines()
+        for node, nested in _nodes(ast.parse("\n".join(lines), filename=str(path))):
+            if nested and LAZY_TAG not in lines[node.lineno - 1] and LAZY_TAG not in lines[node.end_lineno - 1]:
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+    return bad
+
+
 def test_no_import_goes_up_a_layer():
     assert violations() == []
 
 
-def test_the_layer_check_can_fail(tmp_path, monkeypatch):
-    fake = ROOT / "services" / "directory" / "_layer_probe.py"
+def test_the_layer_check_can_fail():
+    fake = ROOT / "services" / "cores" / "directory" / "_layer_probe.py"
     assert not fake.exists()
-    fake.write_text("import time\nfrom services.live.serve import main\nimport duckdb\n")
+    fake.write_text("import time\nfrom services.drivers.serve import main\nimport duckdb\n\n\n"
+                    "def f():\n    import numpy\n")
     try:
-        bad = violations()
+        bad, lazy = violations(), unexplained_lazy_imports()
     finally:
         fake.unlink()
-    assert any("imports services.live.serve (drivers)" in b for b in bad)
+    assert any("imports services.drivers.serve (drivers)" in b for b in bad)
     assert any("third-party duckdb" in b for b in bad)
     assert any("imports time (clock" in b for b in bad)
+    assert any("_layer_probe.py:7: import numpy" in b for b in lazy)
+
+
+def test_the_circle_check_can_fail():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert circles(graph) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
 
 
 @pytest.mark.parametrize("package", CORE_PACKAGES)
 def test_a_core_loads_nothing_from_above_in_a_fresh_interpreter(package):
     mods = [module_name(p) for p in first_party_modules()
             if module_name(p) == package or module_name(p).startswith(package + ".")]
-    mods = [m for m in mods if not m.endswith("__main__")]
     code = ("import importlib, json, sys\n"
             f"for m in {mods!r}: importlib.import_module(m)\n"
             "print(json.dumps(sorted(sys.modules)))")
@@ -166,3 +240,13 @@ def test_a_core_loads_nothing_from_above_in_a_fresh_interpreter(package):
     loaded = json.loads(out.stdout)
     bad = [m for m in loaded if any(m == f or m.startswith(f + ".") for f in CORE_FORBIDDEN_LOADED)]
     assert bad == [], f"importing {package} loaded {bad}"
+
+
+def test_no_program_entry_in_a_core_package():
+    """``python -m`` entry points live with the drivers (``python -m services.drivers.serve NAME``).
+    Adapters may carry the program of their own twin (the fake SGLang server, the transfer node)."""
+    mains = [module_name(p) for p in first_party_modules() if p.name == "__main__.py"]
+    assert [m for m in mains if layer_of(m) == CORES] == []
+    guarded = [str(p.relative_to(ROOT)) for p in first_party_modules()
+               if layer_of(module_name(p)) == CORES and 'if __name__ == "__main__"' in p.read_text()]
+    assert guarded == []

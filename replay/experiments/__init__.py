@@ -1,0 +1,1 @@
+"""`evolving experiments`: the paper's evaluation matrix, reports and plots."""

@@ -1,0 +1,625 @@
+"""``evolving replay`` / ``compare`` / ``sweep-static`` / ``bench sim``: the simulator's commands.
+
+Registered by ``replay.cli._register_sim``. Every run writes its full event log to DuckDB
+through the recorder's :class:`~services.adapters.eventlog.duckdb_log.DuckDbEventLog` (the same code the
+live recorder uses), in batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+from engine.profiles import load_profile
+from replay.sim.figures import METRIC_TYPES, RunMetrics, compute_metrics
+from replay.sim.simulation import SessionSource, SimConfig, Simulation
+from replay.sim.stacks import get_stack
+
+#: Bundled real Claude Code sessions (kv-cache-tester, Apache-2.0): the default trace.
+BUNDLED_TRACE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "traces" / "weka-claude-code"
+WORKLOAD_PROFILE = {"cc": "gb300-glm52", "putnam": "gb300-glm52", "osworld": "gb300-kimi-k26"}
+
+
+def parse_duration(text: str) -> float:
+    """``1h``, ``30m``, ``90s``, ``1h30m`` or plain seconds."""
+    t = str(text).strip().lower()
+    try:
+        return float(t)
+    except ValueError:
+        pass
+    parts = re.findall(r"(\d+(?:\.\d+)?)\s*([hms])", t)
+    if not parts or "".join(a + b for a, b in parts) != t.replace(" ", ""):
+        raise argparse.ArgumentTypeError(f"bad duration {text!r}: use like 1h, 30m, 90s, 1h30m")
+    return sum(float(v) * {"h": 3600, "m": 60, "s": 1}[u] for v, u in parts)
+
+
+def parse_tokens(text: str) -> int:
+    """A token count: ``5000000``, ``5M``, ``800K``, ``1.5M`` (K = 1e3, M = 1e6, G = 1e9)."""
+    t = str(text).strip().upper().replace("_", "")
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([KMG]?)", t)
+    if not m:
+        raise argparse.ArgumentTypeError(f"bad token count {text!r}: use like 5000000, 800K, 1.5M")
+    n = round(float(m.group(1)) * {"": 1, "K": 1e3, "M": 1e6, "G": 1e9}[m.group(2)])
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"bad token count {text!r}: must be positive")
+    return n
+
+
+def run_profile(args):
+    """The run's profile: ``--profile`` (or the workload's) with ``--kv-gpu-tokens`` /
+    ``--kv-host-tokens`` replacing its per-node KV capacities."""
+    from dataclasses import replace
+
+    prof = load_profile(profile_name(args))
+    gpu, host = getattr(args, "kv_gpu_tokens", None), getattr(args, "kv_host_tokens", None)
+    if gpu is not None:
+        prof = replace(prof, l1_capacity_tokens=int(gpu))
+    if host is not None:
+        prof = replace(prof, l2_capacity_tokens=int(host))
+    return prof
+
+
+def _checked(check, *errors: type[Exception]):
+    """An argparse ``type=`` that runs ``check(text)`` (a lazy import's validator) and turns its
+    ``errors`` into a usage error naming what was wrong; the value stays the text."""
+
+    def arg(text: str) -> str:
+        try:
+            check(text)
+        except errors as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return text
+
+    return arg
+
+
+def _split_arg(text: str) -> str:
+    from replay.sim.stacks import parse_split
+
+    return _checked(parse_split, ValueError)(text)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return n
+
+
+def _pace_arg(text: str) -> str:
+    from replay.traces.pacing import parse_pace
+
+    return _checked(parse_pace, ValueError)(text)
+
+
+# --------------------------------------------------------------------------- inputs
+def load_trace(spec: str | Path) -> list:
+    """Sessions of a workload spec, read by the parser every trace-taking command shares
+    (``replay.traces.importers.spec``): a trace path (format told by content), ``FORMAT:PATH`` (e.g.
+    ``mooncake:trace.jsonl``) or ``gen:NAME[:key=value]...``. Raises ``WorkloadSpecError`` /
+    ``TraceFormatError`` with a one-line message (file and line for a broken record)."""
+    from replay.traces.importers.spec import load_workload
+
+    return load_workload(str(spec)).sessions
+
+
+def _trace_arg(text: str) -> str:
+    """``--trace``: the spec's syntax checked at parse time (an unknown format is a usage error)."""
+    from replay.traces.importers.spec import WorkloadSpecError, parse_spec
+
+    return _checked(parse_spec, WorkloadSpecError)(text)
+
+
+def session_source(args) -> tuple[SessionSource, str]:
+    from replay.traces.pacing import pace_session, parse_pace
+
+    synthetic = bool(getattr(args, "workload", None))
+    # --pace default (docs/traces.md, pacing): a trace as recorded, a generator as autonomous agents
+    pace = parse_pace(getattr(args, "pace", None) or ("agent" if synthetic else "recorded"))
+    if synthetic:
+        from replay.traces.workloads import WORKLOADS
+
+        w = WORKLOADS[args.workload]
+        import numpy as np
+
+        def make(k: int, _w=w, _seed=args.seed, _name=args.workload):
+            rng = np.random.Generator(np.random.PCG64([_seed, k]))
+            return pace_session(_w.make(f"{_name}-s{_seed}-{k:05d}", rng, _w.params), pace)
+
+        return SessionSource(make=make), f"{args.workload}-like (seed {args.seed}, pace {pace})"
+    path = args.trace or BUNDLED_TRACE
+    from replay.traces.format import TraceFormatError
+    from replay.traces.importers.spec import WorkloadSpecError
+
+    try:
+        sessions = [pace_session(s, pace) for s in load_trace(path)]
+    except (WorkloadSpecError, TraceFormatError, OSError) as exc:  # one line, not a traceback
+        raise SystemExit(f"error: {exc}") from None  # each names the spec, or the file and line
+    return SessionSource(sessions), f"{len(sessions)} sessions from {path}" + (
+        f" (pace {pace})" if pace.mode != "recorded" else "")
+
+
+def sim_config(args) -> SimConfig:
+    agents = args.agents
+    if agents is None and args.arrivals is None:
+        from replay.traces.workloads import WORKLOADS
+
+        agents = WORKLOADS[args.workload].default_agents if getattr(args, "workload", None) else 126
+    return SimConfig(nodes=args.nodes, duration_s=args.duration, warmup_s=args.warmup, seed=args.seed,
+                     agents=None if args.arrivals else agents, arrivals_per_min=args.arrivals,
+                     directory_core=not args.fast,
+                     share_directory=not getattr(args, "two_directories", False))  # bench sim's baseline
+
+
+def profile_name(args) -> str:
+    if args.profile:
+        return args.profile
+    return WORKLOAD_PROFILE.get(getattr(args, "workload", None) or "cc", "gb300-glm52")
+
+
+# --------------------------------------------------------------------------- one run
+class _Recorder:
+    """Batches (seq, subject, event) rows into a DuckDbEventLog."""
+
+    def __init__(self, path: Path, config: dict, batch: int = 20000) -> None:
+        from events.subjects import subject_for
+        from services.adapters.eventlog.duckdb_log import DuckDbEventLog
+
+        if path.exists():
+            path.unlink()
+        self.log = DuckDbEventLog(str(path))
+        self.log.set_run_config(config)
+        self.rows: list = []
+        self.batch = batch
+        self.subject_for = subject_for
+
+    def __call__(self, seq: int, ev) -> None:
+        self.rows.append((seq, self.subject_for(ev), ev))
+        if len(self.rows) >= self.batch:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.rows:
+            self.log.append(self.rows)
+            self.rows = []
+
+    def close(self) -> None:
+        self.flush()
+        self.log.close()
+
+
+def run_one(stack_name: str, args, source: SessionSource, out: Path | None, progress: bool = True,
+            keep_log: bool = True) -> tuple[RunMetrics, object]:
+    if getattr(args, "partitions", 1) > 1:  # one process per partition, merged log (replay/sim/partitioned.py)
+        from replay.sim.partitioned import run_partitioned
+
+        return run_partitioned(stack_name, args, out, progress=progress)
+    prof = run_profile(args)
+    cfg = sim_config(args)
+    stack = get_stack(stack_name, start=getattr(args, "start", None))
+    rec = None
+    if out is not None:
+        rec = _Recorder(out, {"driver": "simulator", "stack": stack.describe(), "profile": prof.name,
+                              "kv_gpu_tokens": prof.l1_capacity_tokens, "kv_host_tokens": prof.l2_capacity_tokens,
+                              "nodes": cfg.nodes, "seed": cfg.seed, "warmup_s": cfg.warmup_s,
+                              "duration_s": cfg.duration_s, "agents": cfg.agents,
+                              "arrivals_per_min": cfg.arrivals_per_min, **stack.core_config(prof, cfg)})
+    sim = Simulation(prof, stack, source, cfg, record=rec, keep_log=True)
+    t0, c0 = time.perf_counter(), time.process_time()
+    bar = None
+    if progress:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        bar = Progress(TextColumn("[bold]{task.fields[stack]}"), BarColumn(), TextColumn("{task.fields[info]}"),
+                       TimeElapsedColumn(), transient=True)
+        task = bar.add_task("sim", total=cfg.end_s, stack=stack.name, info="")
+
+        def on_tick(now: float, s: Simulation) -> None:
+            if int(now) % 10:
+                return
+            roles = [n.role for n in s.nodes.values()]
+            split = f"{roles.count('prefill')}P{roles.count('decode')}D" + (
+                f"{roles.count('collocated')}C" if "collocated" in roles else "")
+            bar.update(task, completed=now, info=f"t={now / 60:5.1f} min  done={s.finished}  split={split}")
+
+        sim.progress = on_tick
+        bar.start()
+    try:
+        res = sim.run()
+    finally:
+        if bar is not None:
+            bar.stop()
+        if rec is not None:
+            rec.close()
+    res.wall_s = time.perf_counter() - t0
+    res.cpu_s = time.process_time() - c0
+    m = compute_metrics(res.log, cfg.warmup_s, cfg.end_s, stack.name)
+    m.unfinished = len(res.unfinished)
+    return m, res
+
+
+# --------------------------------------------------------------------------- commands
+def _add_common(p: argparse.ArgumentParser, default_duration: str = "1h", default_warmup: str = "30m") -> None:
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--trace", type=_trace_arg,
+                     help="a workload spec: trace path (session JSONL, kv-cache-tester JSON[.gz], Mooncake "
+                          "JSONL, Claude Code transcripts; told by content), FORMAT:PATH (e.g. mooncake:t.jsonl) "
+                          "or gen:NAME[:key=value]... (default: the bundled real Claude Code sessions)")
+    src.add_argument("--workload", choices=["cc", "putnam", "osworld"], help="synthetic workload")
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--agents", type=int, default=None,
+                      help="fixed concurrency, finished agents replaced (default: the workload's, 126 for traces)")
+    load.add_argument("--arrivals", type=float, default=None, help="open arrivals: agents per minute")
+    p.add_argument("--nodes", type=int, default=9)
+    p.add_argument("--profile", default=None, help="deploy/profiles/<name>.toml (default by workload)")
+    p.add_argument("--duration", type=parse_duration, default=parse_duration(default_duration),
+                   help="measured time after the warm-up (e.g. 1h, 20m)")
+    p.add_argument("--warmup", type=parse_duration, default=parse_duration(default_warmup))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--start", type=_split_arg, default=None,
+                   help="the split every node serves from t=0, for every stack (default: 6P3D for the "
+                        "baselines, a collocated warm-up for evolving, the static split for static:)")
+    p.add_argument("--kv-gpu-tokens", type=parse_tokens, default=None,
+                   help="per-node GPU (L1) KV capacity in tokens, e.g. 5M (default: the profile's)")
+    p.add_argument("--kv-host-tokens", type=parse_tokens, default=None,
+                   help="per-node host (L2) KV capacity in tokens, e.g. 20M (default: the profile's)")
+    p.add_argument("--fast", action="store_true",
+                   help="no separate directory core (eviction reads the router's DirectoryCore)")
+    p.add_argument("--pace", type=_pace_arg, default=None,
+                   help="client pauses: recorded, agent[:TOOL_CAP[:HUMAN_CAP]] (tool time kept, human pauses "
+                        "capped) or scale:X (default: recorded for --trace, agent for --workload)")
+    p.add_argument("--partitions", type=_positive_int, default=1,
+                   help="split the nodes into N partitions simulated in parallel processes, logs merged "
+                        "(docs/partitions.md)")
+    p.add_argument("--jobs", type=_positive_int, default=None,
+                   help="with --partitions: at most this many processes (default: one per core available); "
+                        "compare without --partitions: stacks simulated at a time, each in its own process "
+                        "(default: the cores available, at most 2)")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+
+
+def _cmd_replay(args) -> int:
+    from rich.console import Console
+
+    from replay.experiments.report import print_table, to_json
+
+    source, what = session_source(args)
+    out = Path(args.out) if args.out else None
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    m, res = run_one(args.stack, args, source, out, progress=not args.no_progress and not args.json)
+    if args.json:
+        print(json.dumps(to_json([m]), indent=2))
+        return 0
+    c = Console()
+    print_table([m], title=f"{args.stack} on {what}, {args.nodes} nodes", console=c)
+    c.print(f"simulated {res.config.end_s:.0f} s in {res.wall_s:.1f} s wall "
+            f"({res.config.end_s / max(res.wall_s, 1e-9):.0f}x real time); {len(res.log)} events"
+            + (f"; event log: {out}" if out else ""))
+    return 0
+
+
+def _cmd_compare(args) -> int:
+    from rich.console import Console
+
+    from replay.experiments.report import print_table, to_json, write_plots
+
+    stacks = [s.strip() for s in args.stacks.split(",") if s.strip()]
+    source, what = session_source(args)
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    c = Console(stderr=args.json, width=max(100, 28 * (len(stacks) + 1)) if not args.json else None)
+    cfg = sim_config(args)
+    logs = {name: out_dir / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)}.duckdb" for name in stacks}
+
+    def line(name: str, submitted: int, finished: int, wall_s: float) -> None:
+        c.print(f"[dim]{name}: {submitted} submitted, {finished} finished, "
+                f"{wall_s:.1f} s wall ({cfg.end_s / max(wall_s, 1e-9):.0f}x real time)")
+
+    jobs = _compare_jobs(args, len(stacks))
+    if jobs > 1:
+        runs = _compare_parallel(stacks, args, logs, jobs, line, progress=not args.no_progress and not args.json)
+    else:
+        runs = []
+        for name in stacks:
+            m, res = run_one(name, args, source, logs[name], progress=not args.no_progress)
+            line(name, res.submitted, res.finished, res.wall_s)
+            runs.append(m)
+    plots = write_plots(runs, out_dir, cfg.warmup_s, cfg.end_s, cfg.nodes)
+    if args.json:
+        print(json.dumps(to_json(runs), indent=2))
+        return 0
+    prof = run_profile(args)
+    kv = f"KV/node {prof.l1_capacity_tokens / 1e6:g}M GPU, {prof.l2_capacity_tokens / 1e6:g}M host"
+    print_table(runs, title=f"{what}, {args.nodes} nodes x {profile_name(args)} ({kv}), "
+                            f"{args.duration / 60:.0f} min after {args.warmup / 60:.0f} min warm-up, seed {args.seed}",
+                console=c)
+    c.print("event logs: " + ", ".join(str(logs[n]) for n in stacks))
+    c.print("plots: " + ", ".join(str(p) for p in plots))
+    return 0
+
+
+def _compare_jobs(args, n_stacks: int) -> int:
+    """Stacks simulated at a time: ``--jobs``, default the cores available (at most 2); 1 with
+    ``--partitions`` (each run already spreads over processes)."""
+    from replay.experiments.run import default_jobs
+
+    if getattr(args, "partitions", 1) > 1:
+        return 1
+    jobs = args.jobs if args.jobs else default_jobs()
+    return max(1, min(jobs, n_stacks))
+
+
+def _compare_worker(name: str, args, log: str) -> tuple[RunMetrics, int, int, float]:
+    """One stack of ``compare`` in a worker process: the same session source, rebuilt there
+    from the same flags (sources are pure functions of them), the same ``run_one``."""
+    source, _ = session_source(args)
+    m, res = run_one(name, args, source, Path(log), progress=False)
+    return m, res.submitted, res.finished, res.wall_s
+
+
+def _compare_parallel(stacks: list[str], args, logs: dict[str, Path], jobs: int, line, progress: bool) -> list:
+    """Each stack in its own spawned process, ``jobs`` at a time; results in the given order.
+    Each run is the same deterministic simulation as in one process (tested)."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from multiprocessing import get_context
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    wargs = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "func"})
+    results: dict[str, RunMetrics] = {}
+    bar = Progress(TextColumn("[bold]compare"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                   TimeElapsedColumn(), transient=True, disable=not progress)
+    with bar, ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+        task = bar.add_task("stacks", total=len(stacks), info=f"{jobs} at a time")
+        futs = {pool.submit(_compare_worker, name, wargs, str(logs[name])): name for name in stacks}
+        for f in as_completed(futs):
+            name = futs[f]
+            m, submitted, finished, wall_s = f.result()
+            results[name] = m
+            line(name, submitted, finished, wall_s)
+            bar.update(task, advance=1, info=f"{name} done")
+    return [results[n] for n in stacks]
+
+
+def _cmd_sweep(args) -> int:
+    from rich.console import Console
+
+    from replay.experiments.report import print_table, to_json
+
+    source, what = session_source(args)
+    runs = []
+    c = Console(stderr=args.json, width=max(100, 24 * args.nodes) if not args.json else None)
+    for p in range(1, args.nodes):
+        m, _ = run_one(f"static:{p}P{args.nodes - p}D", args, source, None, progress=not args.no_progress)
+        c.print(f"[dim]{m.stack}: {m.throughput_rps:.3f} req/s, TTFT P95 {m.ttft_p95_s:.2f} s")
+        runs.append(m)
+    best = max(runs, key=lambda m: (m.throughput_rps, -m.ttft_p95_s))
+    if args.json:
+        print(json.dumps({"best": best.stack, "runs": to_json(runs)}, indent=2))
+        return 0
+    ordered = [best] + [m for m in runs if m is not best]
+    print_table(ordered, title=f"static splits on {what} (best first)", console=c)
+    c.print(f"best static split: {best.stack} ({best.throughput_rps:.3f} req/s)")
+    return 0
+
+
+#: ``bench sim`` runs per cluster size: label, stack, --fast, two directories (today's path before
+#: the shared directory, the baseline every other row of its size is compared with)
+BENCH_RUNS = {
+    "evolving": ("evolving", "evolving", False, False),
+    "baseline": ("evolving, two directories (before)", "evolving", False, True),
+    "fast": ("evolving --fast", "evolving", True, False),
+}
+
+
+def _log_digest(log) -> str:
+    """sha256 of the log's events (type + msgpack): equal digests = the same run, decision for decision."""
+    import hashlib
+
+    import msgspec
+
+    enc, h = msgspec.msgpack.Encoder(order="deterministic"), hashlib.sha256()
+    for e in log:
+        h.update(type(e).__name__.encode())
+        h.update(enc.encode(e))
+    return h.hexdigest()
+
+
+def _bench_runs(spec: str, nodes: int) -> list[tuple[str, str, bool, bool]]:
+    out = []
+    for name in (x.strip() for x in spec.split(",") if x.strip()):
+        if name == "static":
+            split = f"static:{nodes * 2 // 3}P{nodes - nodes * 2 // 3}D"
+            out.append((split, split, False, False))
+        elif name in BENCH_RUNS:
+            out.append(BENCH_RUNS[name])
+        else:
+            raise SystemExit(f"error: bench sim --runs: unknown run {name!r}; known: {', '.join(BENCH_RUNS)}, static")
+    return out
+
+
+def _cmd_bench(args) -> int:
+    """Simulated seconds per second, each cluster size's runs side by side with today's baseline.
+
+    Every row is a dict (``--json`` prints the list; replay/sim/scaling_plot.py reads it). Sessions are
+    generated once per cluster size and shared by its runs (timed apart: ``gen_s``); ``cpu_s`` is
+    this process's CPU time for the run without generation, which a loaded machine moves much less
+    than wall time; ``same_log_as_baseline``: the run's event log digest equals the baseline's."""
+    from rich.console import Console
+    from rich.table import Table
+
+    out = sys.stderr if args.json else sys.stdout
+    rows: list[dict] = []
+    big_agents = args.big_agents if args.big_agents is not None else 2 * args.big_nodes
+    cases = [(9, args.agents), (args.big_nodes, big_agents)]
+    if args.sizes:  # NODES[:AGENTS],... instead (agents default: 2 per node)
+        cases = []
+        for part in (x.strip() for x in args.sizes.split(",") if x.strip()):
+            n, _, ag = part.partition(":")
+            if not n.isdigit() or int(n) < 1 or (ag and not ag.isdigit()):
+                raise SystemExit(f"error: bench sim --sizes: bad size {part!r}; expected NODES or NODES:AGENTS")
+            cases.append((int(n), int(ag) if ag else 2 * int(n)))
+    if getattr(args, "only_partitions", False):  # just the partition rows below
+        cases = []
+    for nodes, agents in cases:
+        base = argparse.Namespace(**vars(args))
+        base.nodes, base.agents, base.arrivals, base.trace = nodes, agents, None, None
+        base.partitions = 1  # the size rows are single-process runs; --partitions adds its own rows
+        base.workload = "cc"
+        source, _ = session_source(base)
+        source.memoize()  # generated once, shared by this size's runs
+        case: list[dict] = []
+        for label, stack, fast, two in _bench_runs(args.runs, nodes):
+            a = argparse.Namespace(**vars(base))
+            a.fast, a.two_directories = fast, two
+            gen0, gcpu0 = source.make_s, source.make_cpu_s
+            _, res = run_one(stack, a, source, None, progress=False)
+            gen, gen_cpu = source.make_s - gen0, source.make_cpu_s - gcpu0
+            wall = max(1e-9, res.wall_s - gen)  # session generation reported apart
+            cpu = max(1e-9, res.cpu_s - gen_cpu)
+            r = {"nodes": nodes, "agents": agents, "run": label, "stack": stack, "simulated_s": res.config.end_s,
+                 "wall_s": wall, "x_real_time": res.config.end_s / wall, "cpu_s": cpu,
+                 "x_real_time_cpu": res.config.end_s / cpu, "events": len(res.log),
+                 "events_per_s": len(res.log) / wall, "events_per_cpu_s": len(res.log) / cpu,
+                 "finished": res.finished, "gen_s": gen, "gen_cpu_s": gen_cpu, "baseline": two,
+                 "digest": _log_digest(res.log), "load_avg_1m": os.getloadavg()[0]}
+            case.append(r)
+            print(f"{nodes} nodes, {agents} agents, {label}: {r['x_real_time']:.1f}x real time, "
+                  f"{r['x_real_time_cpu']:.1f}x per CPU s ({res.config.end_s:.0f} s simulated in {wall:.1f} s wall, "
+                  f"{cpu:.1f} s CPU, + {gen:.1f} s generating sessions; {len(res.log)} events; "
+                  f"load {r['load_avg_1m']:.1f})", flush=True, file=out)
+            del res
+        ref = next((r for r in case if r["baseline"]), None)
+        for r in case if ref is not None else ():
+            r["vs_baseline_wall"] = r["x_real_time"] / ref["x_real_time"]
+            r["vs_baseline_cpu"] = r["x_real_time_cpu"] / ref["x_real_time_cpu"]
+            if r["stack"] == ref["stack"] and not r["run"].endswith("--fast"):  # same run, other code path
+                r["same_log_as_baseline"] = r["digest"] == ref["digest"]
+        rows += case
+    if getattr(args, "partitions", 1) > 1:  # issue 16: one cluster as 1 vs N partitions (replay/sim/partitioned.py)
+        from replay.sim.partitioned import bench_rows
+
+        for r in bench_rows(args, args.partition_nodes, args.partitions, args.partition_agents_per_node, args.jobs,
+                            baseline=not args.no_partition_baseline):
+            rows.append(r)
+            print(f"{r['nodes']} nodes, {r['agents']} agents, {r['run']}: {r['x_real_time']:.2f}x real time "
+                  f"({r['wall_s']:.1f} s wall end to end, {r['cpu_s']:.1f} s CPU, {r['events']} events)",
+                  flush=True, file=out)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    t = Table(title=f"evolving bench sim: CC-like agents, simulated seconds per second (load {os.getloadavg()[0]:.1f})")
+    for col in ("nodes", "agents", "run", "simulated s", "wall s", "x real time", "CPU s", "x per CPU s",
+                "events/s", "events", "finished", "gen s", "vs baseline (CPU)", "same log"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        cpu = r.get("cpu_s")
+        same = r.get("same_log_as_baseline")
+        t.add_row(str(r["nodes"]), str(r["agents"]), r["run"], f"{r['simulated_s']:.0f}", f"{r['wall_s']:.1f}",
+                  f"{r['x_real_time']:.1f}", f"{cpu:.1f}" if cpu else "-",
+                  f"{r['simulated_s'] / cpu:.1f}" if cpu else "-", f"{r['events_per_s']:.0f}", str(r["events"]),
+                  str(r["finished"]), f"{r['gen_s']:.1f}",
+                  f"{r['vs_baseline_cpu']:.2f}x" if "vs_baseline_cpu" in r else "-",
+                  "-" if same is None else ("yes" if same else "NO"))
+    Console(width=170).print(t)
+    return 0
+
+
+def _cmd_report(args) -> int:
+    """Recompute the table and plots from recorded runs (metrics come from the log alone)."""
+    from rich.console import Console
+
+    from replay.experiments.report import print_table, to_json, write_plots
+    from services.adapters.eventlog.duckdb_log import DuckDbEventLog
+
+    files = [Path(f) for f in args.logs]
+    runs, cfgs = [], []
+    for f in files:
+        log = DuckDbEventLog(str(f), read_only=True)
+        try:
+            cfg = log.run_config()
+            warm, dur = float(cfg["warmup_s"]), float(cfg["duration_s"])
+            name = str(cfg.get("stack", f.stem)).split(": planner=")[0]
+            m = compute_metrics((ev for _, _, ev in log.read(types=METRIC_TYPES)), warm, warm + dur, name)
+        finally:
+            log.close()
+        runs.append(m)
+        cfgs.append(cfg)
+    if args.json:
+        print(json.dumps(to_json(runs), indent=2))
+        return 0
+    c = Console(width=max(100, 28 * (len(runs) + 1)))
+    print_table(runs, title=args.title or ", ".join(str(f) for f in files), console=c)
+    if args.plots:
+        cfg = cfgs[0]
+        paths = write_plots(runs, args.plots, float(cfg["warmup_s"]),
+                            float(cfg["warmup_s"]) + float(cfg["duration_s"]), int(cfg.get("nodes", 9)))
+        c.print("plots: " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def register_sim(sub, bench) -> None:
+    rep = sub.add_parser("sim-report", help="the comparison table (and plots) recomputed from recorded runs")
+    rep.add_argument("logs", nargs="+", help="DuckDB event logs written by replay/compare (first = baseline of ratios)")
+    rep.add_argument("--plots", default=None, help="write the PNG plots into this folder")
+    rep.add_argument("--title", default="")
+    rep.add_argument("--json", action="store_true")
+    rep.set_defaults(func=_cmd_report)
+
+    rp = sub.add_parser("replay", help="simulate one stack serving agent sessions on a simulated cluster")
+    _add_common(rp)
+    rp.add_argument("--stack", default="evolving", help="evolving, dynamo, arrow, static:4P5D, ablations, "
+                                                         "BASE+PART... (e.g. static:4P5D+round_robin+async)")
+    rp.add_argument("--out", default=None, help="DuckDB file for the full event log")
+    rp.set_defaults(func=_cmd_replay)
+
+    cp = sub.add_parser("compare", help="several stacks on the identical trace: one table, plots, event logs")
+    _add_common(cp, default_duration="20m", default_warmup="10m")
+    cp.add_argument("--stacks", default="evolving,dynamo,arrow,static:4P5D",
+                    help="comma-separated stacks (see replay --stack)")
+    cp.add_argument("--out-dir", default="runs/compare", help="event logs (DuckDB) and PNG plots go here")
+    cp.set_defaults(func=_cmd_compare)
+
+    sp = sub.add_parser("sweep-static", help="find the best static split for a workload")
+    _add_common(sp)
+    sp.set_defaults(func=_cmd_sweep)
+
+    bp = bench.add_parser("sim", help="simulator speed: simulated seconds per second, 9 and 96 nodes, beside "
+                                      "today's path (two directories)")
+    bp.add_argument("--agents", type=int, default=126, help="CC-like agents on 9 nodes")
+    bp.add_argument("--duration", type=parse_duration, default=parse_duration("3m"))
+    bp.add_argument("--warmup", type=parse_duration, default=parse_duration("3m"))
+    bp.add_argument("--big-nodes", type=int, default=96,
+                    help="the large cluster (default 96: one partition of the paper's 768 nodes)")
+    bp.add_argument("--big-agents", type=int, default=None,
+                    help="CC-like agents on the large cluster (default 2 per node: the paper-scale run's "
+                         "1,536 agents on 768 nodes)")
+    bp.add_argument("--sizes", default=None,
+                    help="cluster sizes instead of 9 and --big-nodes: NODES[:AGENTS],... (e.g. 9:126,96:192)")
+    bp.add_argument("--runs", default="evolving,baseline",
+                    help="runs per size, comma-separated: evolving, baseline (two directories: the path before "
+                         "the shared directory), fast (--fast), static (a 2/3 prefill static split)")
+    bp.add_argument("--seed", type=int, default=0)
+    bp.add_argument("--partitions", type=_positive_int, default=1,
+                    help="add the partition rows: --partition-nodes nodes as 1 partition and as N partitions")
+    bp.add_argument("--partition-nodes", type=_positive_int, default=96, help="the partitioned cluster's nodes")
+    bp.add_argument("--partition-agents-per-node", type=float, default=2.0,
+                    help="CC-like agents per node in the partition rows (2: the 768-node run's 1,536)")
+    bp.add_argument("--jobs", type=_positive_int, default=None,
+                    help="processes for the partition rows (default: one per core available)")
+    bp.add_argument("--only-partitions", action="store_true", help="only the partition rows")
+    bp.add_argument("--no-partition-baseline", action="store_true",
+                    help="skip the 1-partition baseline row (a 768-node single process does not fit here)")
+    bp.add_argument("--json", action="store_true", help="the rows as JSON on stdout (progress on stderr)")
+    bp.set_defaults(func=_cmd_bench, profile=None, start=None, fast=False, json=False, no_progress=True,
+                    trace=None, arrivals=None)

@@ -1,0 +1,232 @@
+"""Named stacks: a planner, a router, an eviction policy, a KV pool mode and a switch mechanism.
+
+=====================  =========  ============  ===========  ===========  ==============  ========
+stack                  planner    router        eviction     KV pool      switch          start
+=====================  =========  ============  ===========  ===========  ==============  ========
+evolving               evolving   evolving      count_aware  shared/async in_place        collocated warm-up
+dynamo                 dynamo     cache_aware   lru          node-local   restart         6P3D
+arrow                  arrow      cache_aware   lru          node-local   in_place_drop_kv 6P3D
+static:<P>P<D>D        static     cache_aware   lru          node-local   (none)          P/D
+memory-pool            evolving   evolving      count_aware  fetch at start in_place      warm-up
+=====================  =========  ============  ===========  ===========  ==============  ========
+
+Ablations swap one part of ``evolving`` back to the baseline's: ``evolving-lru`` (eviction),
+``evolving-cacheaware`` (router), ``evolving-fetchatstart`` (pool reads at prefill start, the
+memory-pool variant), ``evolving-localcache`` (no shared pool), ``evolving-restart`` and
+``evolving-dropkv`` (switch mechanism), ``evolving-static:<P>P<D>D`` (no planner).
+
+Composed stacks (issue 12 part 5): ``BASE+PART+PART...`` swaps parts of any base stack, each
+part named by its value (the kinds never share a name)::
+
+    router      least_ttft (= evolving's), cache_aware, sticky, round_robin, least_loaded, dynamo_kv
+    data plane  async (fetch from peers while queued), at_start (fetch when prefill starts), local
+    eviction    lru, count_aware
+    switch      in_place, restart, drop_kv
+
+e.g. ``static:4P5D+round_robin+async`` (a fixed split, round-robin routing, the shared pool
+with asynchronous fetch) or ``dynamo+count_aware``. A spec that starts with a part applies it
+to ``evolving`` (``cache_aware+async`` = ``evolving-cacheaware``). A router that plans no fetch
+(every baseline router) gets its fetch plan from the data plane: the node's driver looks the
+request up in the directory (``replay/sim/simulation.py``), so the data plane is independent of routing.
+
+``start`` (``--start``) is the split every node serves from t = 0, for every stack: baselines
+start there instead of 6P3D; ``evolving`` skips the collocated warm-up and its warm-up-end
+decision is SE-gated against that split; a static stack starts there and orders its own split
+at the warm-up end.
+
+The baselines' routers are SGLang Model Gateway cache-aware for prefill; their decode routing
+is the router base's round robin (METHOD.md §5). Baselines start at 6P3D on 9 nodes (two
+thirds prefill on other sizes) unless ``start`` is given.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from engine.profiles import Profile
+from events.ids import Role
+
+ROUTERS = {
+    "evolving": "services.cores.router.least_ttft:LeastTtftRouter",
+    "cache_aware": "services.cores.router.baselines:CacheAwareRouter",
+    "sticky": "services.cores.router.baselines:StickyRouter",
+    "round_robin": "services.cores.router.baselines:RoundRobinRouter",
+    "least_loaded": "services.cores.router.baselines:LeastLoadedRouter",
+    "dynamo_kv": "services.cores.router.baselines:DynamoKvRouter",
+}
+PLANNERS = {
+    "evolving": "services.cores.planner.evolving:EvolvingPlanner",
+    "static": "services.cores.planner.baselines:StaticPlanner",
+    "dynamo": "services.cores.planner.baselines:DynamoPlanner",
+    "arrow": "services.cores.planner.baselines:ArrowPlanner",
+}
+
+
+def _load(path: str):
+    mod, _, attr = path.partition(":")
+    return getattr(importlib.import_module(mod), attr)
+
+
+@dataclass(frozen=True)
+class Stack:
+    name: str
+    planner: str = "evolving"
+    router: str = "evolving"
+    eviction: str = "count_aware"
+    fetch_mode: str = "async"  # async | at_start | none
+    mechanism: str = "in_place"  # in_place | restart | in_place_drop_kv
+    split: tuple[int, int] | None = None  # None: collocated warm-up, the planner orders the split
+    start: tuple[int, int] | None = None  # --start: the roles at t = 0 (overrides the warm-up/split)
+    planner_args: dict[str, Any] = field(default_factory=dict)
+    router_args: dict[str, Any] = field(default_factory=dict)
+    shared_directory: bool = False  # eviction reads the router's embedded directory (speed)
+
+    @property
+    def plans_fetch(self) -> bool:
+        """Whether the router itself plans peer fetches (else the data plane does)."""
+        return self.router in ROUTERS_PLANNING_FETCH
+
+    def initial_roles(self, nodes: int) -> list[Role]:
+        split = self.start if self.start is not None else self.split
+        if split is None:
+            return ["collocated"] * nodes
+        p, d = split
+        if p + d != nodes:
+            p = max(1, min(nodes - 1, round(nodes * p / (p + d))))
+            d = nodes - p
+        return ["prefill"] * p + ["decode"] * d
+
+    def core_config(self, profile: Profile, cfg) -> dict[str, Any]:
+        """How this run's cores are built, in the ``run_config`` form that ``evolving verify``
+        rebuilds them from (class path + JSON kwargs per core): one source for both."""
+        pargs: dict[str, Any] = {"name": self.planner, "warmup_s": float(cfg.warmup_s), "mechanism": self.mechanism,
+                                 "k": profile.experts_per_token, "E": profile.experts}
+        if self.split is not None or self.start is not None:
+            # baselines order their configured split at warm-up end; evolving's warm-up-end
+            # decision is SE-gated against its start split
+            roles = replace(self, start=None).initial_roles(cfg.nodes) if self.split is not None else \
+                self.initial_roles(cfg.nodes)
+            pargs["initial"] = f"{roles.count('prefill')}P{roles.count('decode')}D"
+        pargs.update(self.planner_args)
+        rargs = {"name": self.router, "shadow": False, "block_tokens": profile.block_tokens, **self.router_args}
+        return {"cores": ["directory", "planner", "router"],
+                "directory": {"class": "services.cores.directory.core:DirectoryCore", "kwargs": {}},
+                "planner": {"class": PLANNERS[self.planner], "kwargs": _accepted(PLANNERS[self.planner], pargs)},
+                "router": {"class": ROUTERS[self.router], "kwargs": rargs}}
+
+    def make_cores(self, profile: Profile, cfg) -> list:
+        """[directory, planner, router], fresh, configured for this run."""
+        conf = self.core_config(profile, cfg)
+        return [_load(conf[c]["class"])(**conf[c]["kwargs"]) for c in conf["cores"]]
+
+    def make_eviction(self, profile: Profile):
+        from services.cores.directory.eviction import POLICIES
+
+        return POLICIES[self.eviction](block_tokens=profile.block_tokens)
+
+    def describe(self) -> str:
+        first = self.start if self.start is not None else self.split
+        start = "collocated warm-up" if first is None else f"{first[0]}P{first[1]}D"
+        return (f"{self.name}: planner={self.planner} router={self.router} eviction={self.eviction} "
+                f"pool={self.fetch_mode} switch={self.mechanism} start={start}")
+
+
+def _accepted(path: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Drop keywords the planner's config does not know (planners differ in their knobs)."""
+    cls = _load(path)
+    conf = getattr(cls, "Config", None)
+    fields = getattr(conf, "__struct_fields__", None)
+    if not fields:
+        return args
+    return {k: v for k, v in args.items() if k in fields}
+
+
+BASELINE_START = (6, 3)
+_SPLIT = re.compile(r"^(\d+)P(\d+)D$", re.IGNORECASE)
+
+EVOLVING = Stack("evolving")
+PRESETS: dict[str, Stack] = {
+    "evolving": EVOLVING,
+    "dynamo": Stack("dynamo", planner="dynamo", router="cache_aware", eviction="lru", fetch_mode="none",
+                    mechanism="restart", split=BASELINE_START),
+    "arrow": Stack("arrow", planner="arrow", router="cache_aware", eviction="lru", fetch_mode="none",
+                   mechanism="in_place_drop_kv", split=BASELINE_START),
+    "memory-pool": replace(EVOLVING, name="memory-pool", fetch_mode="at_start"),
+    "evolving-lru": replace(EVOLVING, name="evolving-lru", eviction="lru"),
+    "evolving-cacheaware": replace(EVOLVING, name="evolving-cacheaware", router="cache_aware"),
+    "evolving-fetchatstart": replace(EVOLVING, name="evolving-fetchatstart", fetch_mode="at_start"),
+    "evolving-localcache": replace(EVOLVING, name="evolving-localcache", fetch_mode="none"),
+    "evolving-restart": replace(EVOLVING, name="evolving-restart", mechanism="restart"),
+    "evolving-dropkv": replace(EVOLVING, name="evolving-dropkv", mechanism="in_place_drop_kv"),
+}
+
+
+def parse_split(text: str) -> tuple[int, int]:
+    m = _SPLIT.match(text.strip())
+    if not m:
+        raise ValueError(f"bad split {text!r}: expected like 4P5D")
+    p, d = int(m.group(1)), int(m.group(2))
+    if p < 1 or d < 1:
+        raise ValueError(f"bad split {text!r}: needs at least one prefill and one decode node")
+    return p, d
+
+
+#: Routers that plan peer fetches themselves; for every other router the data plane does.
+ROUTERS_PLANNING_FETCH = frozenset({"evolving"})
+
+#: Parts of a composed stack (``BASE+PART+...``): part name -> (Stack field, value).
+PARTS: dict[str, tuple[str, str]] = {
+    **{name: ("router", name) for name in ROUTERS if name != "evolving"},
+    "least_ttft": ("router", "evolving"),
+    "async": ("fetch_mode", "async"),
+    "at_start": ("fetch_mode", "at_start"),
+    "local": ("fetch_mode", "none"),
+    "lru": ("eviction", "lru"),
+    "count_aware": ("eviction", "count_aware"),
+    "in_place": ("mechanism", "in_place"),
+    "restart": ("mechanism", "restart"),
+    "drop_kv": ("mechanism", "in_place_drop_kv"),
+}
+
+
+def _base_stack(key: str, spec: str) -> Stack:
+    if key.startswith("static:"):
+        return Stack(key, planner="static", router="cache_aware", eviction="lru", fetch_mode="none",
+                     mechanism="in_place", split=parse_split(key.split(":", 1)[1]))
+    if key.startswith("evolving-static:"):
+        return replace(EVOLVING, name=key, planner="static", split=parse_split(key.split(":", 1)[1]))
+    if key in PRESETS:
+        return PRESETS[key]
+    raise KeyError(f"unknown stack {spec!r}; known: {', '.join(sorted(PRESETS))}, static:<P>P<D>D, "
+                   f"evolving-static:<P>P<D>D, each optionally +PART (parts: {', '.join(PARTS)})")
+
+
+def get_stack(name: str, start: str | None = None) -> Stack:
+    """A preset by name, ``static:<P>P<D>D`` or ``evolving-static:<P>P<D>D``, optionally with
+    ``+PART`` swaps (module docstring); ``start`` is the split every node serves from t = 0."""
+    spec = name.strip()
+    head, *parts = [x.strip() for x in spec.split("+")]
+    if head in PARTS and head not in PRESETS:  # "cache_aware+async": parts of evolving
+        head, parts = "evolving", [head, *parts]
+    st = _base_stack(head, spec)
+    seen: dict[str, str] = {}
+    for part in parts:
+        if part not in PARTS:
+            raise KeyError(f"stack {spec!r}: unknown part {part!r}; parts: {', '.join(PARTS)}")
+        fld, value = PARTS[part]
+        if fld in seen:
+            raise KeyError(f"stack {spec!r}: two {fld.replace('_', ' ')} parts ({seen[fld]}, {part})")
+        seen[fld] = part
+        st = replace(st, **{fld: value})
+    if parts:
+        st = replace(st, name=spec)
+    if start is not None:
+        split = parse_split(start)
+        if st.planner in ("dynamo", "arrow"):  # their configured split is where they start
+            st = replace(st, split=split)
+        else:
+            st = replace(st, start=split)
+    return st

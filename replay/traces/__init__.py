@@ -1,0 +1,1 @@
+"""The agent-session trace format, importers, synthetic workloads, fits and statistics."""

@@ -1,0 +1,38 @@
+"""Importers of real agent logs into the session format (``replay.traces.format``).
+
+Each importer is ``import_x(src, skip_bad=False) -> ImportResult``: with ``skip_bad`` a bad
+record is skipped and reported in ``ImportResult.skipped`` (a ``TraceFormatError`` naming
+file, line and field); without, the first one raises.
+
+| name | source |
+|---|---|
+| ``weka`` (alias ``kv-cache-tester``) | Claude Code sessions, kv-cache-tester JSON (``replay.traces.importers.weka``) |
+| ``mooncake`` | Mooncake request JSONL (``replay.traces.importers.mooncake``) |
+| ``claude-code`` | raw Claude Code transcripts, ``~/.claude/projects/**/*.jsonl`` (``replay.traces.importers.claude_code``) |
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+from replay.traces.importers._common import ImportResult
+
+_MODULES = {
+    "weka": ("replay.traces.importers.weka", "import_weka"),
+    "kv-cache-tester": ("replay.traces.importers.weka", "import_weka"),
+    "mooncake": ("replay.traces.importers.mooncake", "import_mooncake"),
+    "claude-code": ("replay.traces.importers.claude_code", "import_claude_code"),
+}
+FORMATS: tuple[str, ...] = tuple(_MODULES)
+
+
+def get_importer(fmt: str) -> Callable[..., ImportResult]:
+    """The import function for ``fmt`` (one of ``FORMATS``)."""
+    if fmt not in _MODULES:
+        raise KeyError(f"unknown trace format {fmt!r}; known: {', '.join(FORMATS)}")
+    mod, fn = _MODULES[fmt]
+    return getattr(importlib.import_module(mod), fn)
+
+
+__all__ = ["FORMATS", "ImportResult", "get_importer"]

@@ -1,0 +1,1 @@
+"""The bus port and its backends."""

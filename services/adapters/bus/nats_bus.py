@@ -1,0 +1,737 @@
+"""The bus: one JetStream stream per partition, typed events in, typed deliveries out.
+
+``NatsBus`` talks to a real NATS JetStream server through nats-py; ``InMemoryBus`` is its
+twin for unit tests. Both pass the same contract tests (``tests/contract/test_bus.py``).
+
+Delivery semantics (both backends):
+
+- Every event is published on its subject (``events.subjects.subject_for``) with the schema
+  version header; an optional ``msg_id`` becomes ``Nats-Msg-Id`` and a duplicate inside the
+  stream's duplicate window is not stored twice (the original's sequence is returned).
+- A durable consumer delivers in stream order with the stream sequence, and resumes after the
+  last sequence it acknowledged, so nothing acknowledged is redelivered and nothing
+  unacknowledged is lost. On JetStream it is a **pull** consumer: the client asks for batches
+  (``fetch(batch)``) and reads each message's stream sequence from ``msg.metadata``. The durable
+  is kept across restarts when it is clean (everything delivered was acknowledged, and the
+  caller does not ask for another start position); otherwise (a crash left delivered but
+  unacknowledged messages, or a snapshot asks to resume at an older position) it is re-created at
+  ``ack floor + 1`` (or the asked position), because JetStream would redeliver the unacknowledged
+  tail only after ``ack_wait``, behind newer messages, and every core folds in stream order.
+  Acks are cumulative (``AckPolicy.ALL``) and sent in batches; a consumer must still be
+  idempotent on the sequence (``services.cores.contract.Sequenced``), since a crash between applying and
+  acking redelivers.
+- ``Bus`` and ``Consumer`` below are the port (``typing.Protocol``) that both backends satisfy
+  and every service is typed against.
+- A message that fails to decode (garbage, newer major schema) is copied to the dead-letter
+  subject ``eidlq.<partition>.<consumer>`` with the reason in headers, logged, counted, and
+  skipped; the consumer goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import ssl
+from collections import deque
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, Self, runtime_checkable
+
+from events import codec
+from events.catalog import AnyEvent, Event
+from events.subjects import (
+    DEFAULT_PARTITION,
+    all_subjects,
+    dlq_stream_name,
+    dlq_subject,
+    dlq_subjects,
+    stream_name,
+    subject_for,
+    token,
+)
+from services.adapters.bus.security import Credentials, snapshot_bucket
+from services.adapters.logging import get_logger
+
+log = get_logger("bus")
+
+DLQ_REASON = "Ei-Dlq-Reason"
+DLQ_SUBJECT = "Ei-Dlq-Subject"
+DLQ_SEQ = "Ei-Dlq-Seq"
+DLQ_CONSUMER = "Ei-Dlq-Consumer"
+MSG_ID = "Nats-Msg-Id"
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One event as delivered: its stream sequence, subject, typed event and headers."""
+
+    seq: int
+    subject: str
+    event: AnyEvent
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    subject: str
+    reason: str
+    consumer: str
+    seq: int
+    data: bytes
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS wildcard match: ``*`` is one token, ``>`` the rest (one or more tokens)."""
+    p, s = pattern.split("."), subject.split(".")
+    for i, tok in enumerate(p):
+        if tok == ">":
+            return len(s) > i
+        if i >= len(s) or (tok != "*" and tok != s[i]):
+            return False
+    return len(p) == len(s)
+
+
+def _decode_or_reason(data: bytes, hdrs: Mapping[str, str] | None) -> tuple[AnyEvent | None, str]:
+    try:
+        return codec.decode_message(data, hdrs), ""
+    except codec.CodecError as exc:
+        return None, exc.reason
+
+
+# ====================================================================== the port
+@runtime_checkable
+class Consumer(Protocol):
+    """An open subscription to a partition's stream: async-iterate :class:`Delivery` in stream
+    order, ``ack(seq)`` cumulatively, ``flush()`` pending acks. Use as an async context manager."""
+
+    name: str
+
+    def __aiter__(self) -> AsyncIterator[Delivery]: ...
+
+    async def ack(self, seq: int) -> None: ...
+
+    async def flush(self) -> None: ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(self, *exc) -> None: ...
+
+
+@runtime_checkable
+class Bus(Protocol):
+    """What every service needs from the bus (``NatsBus`` on JetStream, ``InMemoryBus`` in
+    process); ``tests/contract/test_bus.py`` holds both to it."""
+
+    partition: str
+    dead_lettered: int
+
+    async def publish(self, event: Event, *, msg_id: str | None = None, shadow: str | None = None) -> int: ...
+
+    async def publish_many(self, events: Sequence[Event], *, msg_ids: Sequence[str] | None = None,
+                           shadow: str | None = None) -> list[int]: ...
+
+    async def publish_raw(self, subject: str, data: bytes, headers: Mapping[str, str] | None = None,
+                          msg_id: str | None = None) -> int: ...
+
+    async def last_seq(self) -> int: ...
+
+    def consumer(self, durable: str | None, *, start_seq: int | None = None,
+                 subjects: str | None = None) -> Consumer: ...
+
+    async def put_snapshot(self, name: str, data: bytes) -> None: ...
+
+    async def get_snapshot(self, name: str) -> bytes | None: ...
+
+    async def dead_letters(self) -> list[DeadLetter]: ...
+
+    async def close(self) -> None: ...
+
+
+# ====================================================================== in-memory twin
+class InMemoryBus:
+    """A single-process bus with JetStream's semantics (sequence, de-duplication, durable
+    consumers, dead letters). Unit tests and the simulator use it."""
+
+    def __init__(self, partition: str = DEFAULT_PARTITION) -> None:
+        self.partition = partition
+        self._log: list[tuple[str, bytes, dict[str, str]]] = []
+        self._ids: dict[str, int] = {}
+        self._acks: dict[str, int] = {}
+        self._snapshots: dict[str, bytes] = {}
+        self._dlq: list[DeadLetter] = []
+        self._cond = asyncio.Condition()
+        self.dead_lettered = 0
+
+    async def publish(self, event: Event, *, msg_id: str | None = None, shadow: str | None = None) -> int:
+        return await self.publish_raw(subject_for(event, self.partition, shadow), codec.encode(event),
+                                      codec.headers(), msg_id=msg_id)
+
+    async def publish_many(self, events: Sequence[Event], *, msg_ids: Sequence[str] | None = None,
+                           shadow: str | None = None) -> list[int]:
+        return [await self.publish(e, msg_id=None if msg_ids is None else msg_ids[i], shadow=shadow)
+                for i, e in enumerate(events)]
+
+    async def publish_raw(self, subject: str, data: bytes, headers: Mapping[str, str] | None = None,
+                          msg_id: str | None = None) -> int:
+        if msg_id is not None and msg_id in self._ids:
+            return self._ids[msg_id]
+        hdrs = dict(headers or {})
+        if msg_id is not None:
+            hdrs[MSG_ID] = msg_id
+        async with self._cond:
+            self._log.append((subject, bytes(data), hdrs))
+            seq = len(self._log)
+            if msg_id is not None:
+                self._ids[msg_id] = seq
+            self._cond.notify_all()
+        return seq
+
+    async def last_seq(self) -> int:
+        return len(self._log)
+
+    def consumer(self, durable: str | None, *, start_seq: int | None = None,
+                 subjects: str | None = None) -> _MemConsumer:
+        return _MemConsumer(self, durable, start_seq, subjects or all_subjects(self.partition))
+
+    async def put_snapshot(self, name: str, data: bytes) -> None:
+        self._snapshots[name] = bytes(data)
+
+    async def get_snapshot(self, name: str) -> bytes | None:
+        return self._snapshots.get(name)
+
+    async def dead_letters(self) -> list[DeadLetter]:
+        return list(self._dlq)
+
+    async def close(self) -> None:
+        pass
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+class _MemConsumer:
+    def __init__(self, bus: InMemoryBus, durable: str | None, start_seq: int | None, subjects: str) -> None:
+        self.bus, self.durable, self.subjects = bus, durable, subjects
+        self.name = durable or "ephemeral"
+        floor = bus._acks.get(durable, 0) if durable else 0
+        self._next = start_seq if start_seq is not None else floor + 1
+        self._next = max(self._next, 1)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        pass
+
+    def __aiter__(self) -> AsyncIterator[Delivery]:
+        return self._iter()
+
+    async def _iter(self) -> AsyncIterator[Delivery]:
+        bus = self.bus
+        while True:
+            async with bus._cond:
+                await bus._cond.wait_for(lambda: len(bus._log) >= self._next)
+            while self._next <= len(bus._log):
+                seq = self._next
+                self._next += 1
+                subject, data, hdrs = bus._log[seq - 1]
+                if not subject_matches(self.subjects, subject):
+                    continue
+                event, reason = _decode_or_reason(data, hdrs)
+                if event is None:
+                    bus._dlq.append(DeadLetter(subject, reason, self.name, seq, data))
+                    bus.dead_lettered += 1
+                    log.error("dead_letter", consumer=self.name, seq=seq, subject=subject, reason=reason)
+                    continue
+                yield Delivery(seq, subject, event, hdrs)
+
+    async def ack(self, seq: int) -> None:
+        if self.durable:
+            self.bus._acks[self.durable] = max(self.bus._acks.get(self.durable, 0), seq)
+
+    async def flush(self) -> None:
+        pass
+
+
+# ====================================================================== NATS JetStream
+@dataclass(frozen=True)
+class StreamSettings:
+    """How the partition's stream is created (file storage; replicas for a cluster)."""
+
+    replicas: int = 1
+    retention: str = "limits"  # limits | interest | workqueue
+    max_age_s: float = 0.0  # 0 = keep forever
+    max_bytes: int = -1
+    duplicate_window_s: float = 120.0
+
+
+class NatsBus:
+    """JetStream-backed bus. Build it with :meth:`connect`."""
+
+    def __init__(self, nc, js, partition: str, settings: StreamSettings) -> None:
+        self.nc, self.js, self.partition, self.settings = nc, js, partition, settings
+        self.stream = stream_name(partition)
+        self.dlq_stream = dlq_stream_name(partition)
+        self._obs: dict = {}
+        self.dead_lettered = 0
+        #: an ack not back within this long is a lost publish; with message ids it is retried for
+        #: up to ``retry_for_s`` (a cluster electing a new stream leader), else it raises
+        self.publish_timeout_s = 5.0
+        self.retry_for_s = 60.0
+        self.snapshot_timeout_s = 10.0  # one read of a snapshot (get_snapshot)
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        partition: str = DEFAULT_PARTITION,
+        *,
+        user: str | None = None,
+        password: str | None = None,
+        token_: str | None = None,
+        nkeys_seed: str | None = None,
+        creds: str | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        name: str = "evolving",
+        settings: StreamSettings | None = None,
+        ensure: bool = True,
+        credentials: Credentials | None = None,
+    ) -> NatsBus:
+        """Connect to ``url`` (a comma-separated list for a cluster: every server is tried and
+        reconnected to) with ``credentials`` (services.adapters.bus.security) or the loose options."""
+        import nats  # adapter-only dependency
+
+        servers = [u.strip() for u in url.split(",") if u.strip()]
+        opts: dict = {"servers": servers, "name": name, "max_reconnect_attempts": -1}
+        if credentials is not None:
+            opts.update(credentials.connect_options())
+        if user:
+            opts.update(user=user, password=password)
+        if token_:
+            opts["token"] = token_
+        if nkeys_seed:
+            opts["nkeys_seed"] = nkeys_seed
+        if creds:
+            opts["user_credentials"] = creds
+        if tls_ca or tls_cert:
+            ctx = ssl.create_default_context(cafile=tls_ca)
+            if tls_cert:
+                ctx.load_cert_chain(tls_cert, tls_key)
+            opts["tls"] = ctx
+        _quiet_callbacks(opts, name)
+        nc = await nats.connect(**opts)
+        bus = cls(nc, nc.jetstream(), partition, settings or StreamSettings())
+        if ensure:
+            await bus.ensure_streams()
+        return bus
+
+    async def ensure_streams(self) -> None:
+        from nats.js import api
+        from nats.js.errors import NotFoundError
+
+        s = self.settings
+        retention = {"limits": api.RetentionPolicy.LIMITS, "interest": api.RetentionPolicy.INTEREST,
+                     "workqueue": api.RetentionPolicy.WORK_QUEUE}[s.retention]
+        for name, subj in ((self.stream, all_subjects(self.partition)),
+                           (self.dlq_stream, dlq_subjects(self.partition))):
+            cfg = api.StreamConfig(
+                name=name, subjects=[subj], storage=api.StorageType.FILE, num_replicas=s.replicas,
+                retention=retention if name == self.stream else api.RetentionPolicy.LIMITS,
+                max_age=s.max_age_s or None, max_bytes=s.max_bytes,
+                duplicate_window=s.duplicate_window_s,
+            )
+            try:
+                info = await self.js.stream_info(name)
+            except NotFoundError:
+                await self.js.add_stream(cfg)  # needs the admin's permission on a secured bus
+                continue
+            have = info.config
+            if (have.num_replicas or 1) > cfg.num_replicas:
+                # A client started with default settings (a service given only a URL) must not
+                # scale an R3 stream down to R1: adopt the stream's replicas (snapshot buckets too).
+                cfg.num_replicas = have.num_replicas
+                if name == self.stream:
+                    self.settings = dataclasses.replace(self.settings, replicas=have.num_replicas)
+            if (have.num_replicas, have.max_age or None, have.max_bytes, have.duplicate_window) != (
+                    cfg.num_replicas, cfg.max_age, cfg.max_bytes, cfg.duplicate_window):
+                try:
+                    await self.js.update_stream(cfg)
+                except Exception as exc:  # noqa: BLE001 - a service account may not change the stream
+                    log.warning("stream_settings_kept", stream=name, error=str(exc) or type(exc).__name__)
+
+    async def publish(self, event: Event, *, msg_id: str | None = None, shadow: str | None = None) -> int:
+        return await self.publish_raw(subject_for(event, self.partition, shadow), codec.encode(event),
+                                      codec.headers(), msg_id=msg_id)
+
+    async def publish_many(self, events: Sequence[Event], *, msg_ids: Sequence[str] | None = None,
+                           shadow: str | None = None) -> list[int]:
+        """Publish pipelined (no wait per message), then collect the acks in order. A duplicate
+        ``msg_ids`` entry answers with the original's sequence."""
+        futs = []
+        base = codec.headers()
+        try:
+            for i, ev in enumerate(events):
+                hdrs = base if msg_ids is None else {**base, MSG_ID: msg_ids[i]}
+                futs.append(await self.js.publish_async(subject_for(ev, self.partition, shadow), codec.encode(ev),
+                                                        headers=hdrs))
+            # nats-py never times an async publish out: an ack lost with a server would hang here
+            acks = await asyncio.wait_for(asyncio.gather(*futs), self.publish_timeout_s)
+            return [a.seq for a in acks]
+        except Exception as exc:
+            for f in futs:
+                f.cancel()
+            if msg_ids is None:
+                raise
+            # With message ids a retry is safe (the duplicate window drops what did land): publish
+            # one by one, in order, until the cluster answers (a leader election takes seconds).
+            log.warning("publish_retry", events=len(events), error=f"{type(exc).__name__}: {exc}")
+            return [await self._publish_retrying(ev, mid, shadow) for ev, mid in zip(events, msg_ids, strict=True)]
+
+    async def _publish_retrying(self, ev: Event, msg_id: str, shadow: str | None) -> int:
+        deadline = asyncio.get_running_loop().time() + self.retry_for_s
+        while True:
+            try:
+                return await self.publish(ev, msg_id=msg_id, shadow=shadow)
+            except Exception:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(0.25)
+
+    async def publish_raw(self, subject: str, data: bytes, headers: Mapping[str, str] | None = None,
+                          msg_id: str | None = None) -> int:
+        hdrs = dict(headers or {})
+        if msg_id is not None:
+            hdrs[MSG_ID] = msg_id
+        ack = await self.js.publish(subject, data, headers=hdrs or None)
+        return ack.seq
+
+    async def last_seq(self) -> int:
+        info = await self.js.stream_info(self.stream)
+        return info.state.last_seq
+
+    def consumer(self, durable: str | None, *, start_seq: int | None = None,
+                 subjects: str | None = None, batch_acks: int = 256) -> _NatsConsumer:
+        return _NatsConsumer(self, durable, start_seq, subjects or all_subjects(self.partition), batch_acks)
+
+    async def _objects(self, name: str, create: bool):
+        """The object store of one service's snapshots: one bucket per service, so a secured
+        bus lets only that service write it (services.adapters.bus.security.snapshot_bucket). Only a write
+        creates it; reading an absent one answers None."""
+        bucket = snapshot_bucket(self.partition, name)
+        if bucket not in self._obs:
+            from nats.js import api
+            from nats.js.errors import BucketNotFoundError, NotFoundError
+
+            try:
+                self._obs[bucket] = await self.js.object_store(bucket)
+            except (BucketNotFoundError, NotFoundError):
+                if not create:
+                    return None
+                # as many replicas as the event stream: a snapshot must survive what the stream does
+                self._obs[bucket] = await self.js.create_object_store(
+                    bucket, config=api.ObjectStoreConfig(bucket=bucket, replicas=self.settings.replicas))
+        return self._obs[bucket]
+
+    async def put_snapshot(self, name: str, data: bytes) -> None:
+        obs = await self._objects(name, create=True)
+        await obs.put(token(name), data)
+
+    async def get_snapshot(self, name: str) -> bytes | None:
+        from nats.js.errors import NotFoundError, ObjectNotFoundError
+
+        obs = await self._objects(name, create=False)
+        if obs is None:
+            return None
+        for attempt in range(3):
+            try:
+                # nats-py reads an object through an ordered consumer with no deadline: one lost
+                # with its server (a cluster member killed) would hang the read, and a service
+                # starting then, for good. Bounded, and asked again on a fresh consumer.
+                res = await asyncio.wait_for(obs.get(token(name)), self.snapshot_timeout_s)
+                return res.data
+            except (NotFoundError, ObjectNotFoundError):
+                return None
+            except TimeoutError:
+                log.warning("snapshot_read_timeout", name=name, attempt=attempt + 1)
+        raise TimeoutError(f"snapshot {name!r}: no answer from the object store in 3 x {self.snapshot_timeout_s:g} s")
+
+    async def dead_letters(self) -> list[DeadLetter]:
+        info = await self.js.stream_info(self.dlq_stream)
+        out = []
+        for seq in range(info.state.first_seq, info.state.last_seq + 1):
+            if info.state.messages == 0:
+                break
+            m = await self.js.get_msg(self.dlq_stream, seq)
+            h = m.headers or {}
+            out.append(DeadLetter(h.get(DLQ_SUBJECT, ""), h.get(DLQ_REASON, ""), h.get(DLQ_CONSUMER, ""),
+                                  int(h.get(DLQ_SEQ, 0)), m.data or b""))
+        return out
+
+    async def _dead_letter(self, consumer: str, seq: int, subject: str, data: bytes, reason: str) -> None:
+        self.dead_lettered += 1
+        log.error("dead_letter", consumer=consumer, seq=seq, subject=subject, reason=reason)
+        await self.js.publish(dlq_subject(self.partition, consumer), data, headers={
+            DLQ_REASON: reason[:1000], DLQ_SUBJECT: subject, DLQ_SEQ: str(seq), DLQ_CONSUMER: consumer})
+
+    async def close(self) -> None:
+        if not self.nc.is_closed:
+            await self.nc.drain()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+def _quiet_callbacks(opts: dict, name: str) -> None:
+    """One log line per connection event instead of nats-py's default error callback, which logs
+    a traceback for every failed reconnect attempt (a console flood while a server is down)."""
+    state = {"down": False, "errors": 0}
+
+    async def on_error(exc: BaseException) -> None:
+        state["errors"] += 1
+        if not state["down"] or state["errors"] % 30 == 1:  # while down: one line a minute or so
+            log.warning("nats_error", client=name, error=f"{type(exc).__name__}: {exc}".rstrip(": "),
+                        errors=state["errors"])
+
+    async def on_disconnected() -> None:
+        if not state["down"]:
+            state["down"], state["errors"] = True, 0
+            log.warning("nats_disconnected", client=name)
+
+    async def on_reconnected() -> None:
+        state["down"] = False
+        log.info("nats_reconnected", client=name)
+
+    opts.setdefault("error_cb", on_error)
+    opts.setdefault("disconnected_cb", on_disconnected)
+    opts.setdefault("reconnected_cb", on_reconnected)
+
+
+#: JetStream status codes on a pull consumer's inbox (they carry no stream message).
+_STATUS_HEARTBEAT = "100"
+_STATUS_DONE = {"404", "408", "409"}  # no messages / request expired / request closed (e.g. limits)
+
+
+class _NatsConsumer:
+    """A JetStream pull consumer (durable, or ephemeral when ``durable`` is None).
+
+    Messages arrive on a private inbox and are buffered by a callback; :meth:`fetch` asks the
+    server for the next ``batch`` (a long poll that expires after ``expires_s``). While one
+    request is still owed more than half a batch nothing new is asked; below that the next
+    request is sent before the buffer runs dry, so a busy stream is read at push-consumer speed
+    and an idle one waits on one parked request.
+    """
+
+    def __init__(self, bus: NatsBus, durable: str | None, start_seq: int | None, subjects: str,
+                 batch_acks: int, batch: int = 2048, expires_s: float = 5.0) -> None:
+        self.bus, self.durable, self.start_seq, self.subjects = bus, durable, start_seq, subjects
+        self.name = durable or "ephemeral"
+        self.batch_acks, self.batch, self.expires_s = batch_acks, batch, expires_s
+        self._consumer: str | None = None
+        self._buf: deque = deque()
+        self._wake = asyncio.Event()
+        self._sub = None
+        self._inbox = ""
+        self._owed: deque[list] = deque()  # [messages still owed, loop time the request expires]
+        self._last_seen = 0
+        self._ack_target = 0
+        self._acked = 0
+        self._ack_msgs: dict[int, object] = {}
+        self.reused = False  # the durable was kept from an earlier run (tests, logs)
+        self._gone = False  # the ephemeral consumer no longer exists on the server (see _recreate)
+
+    async def _open_durable(self) -> int:
+        """Keep or (re)create the durable; return the start sequence of a new one (0 = kept)."""
+        from nats.js.errors import NotFoundError
+
+        js, stream = self.bus.js, self.bus.stream
+        try:
+            info = await js.consumer_info(stream, self.durable)
+        except NotFoundError:
+            return max(self.start_seq or 1, 1)
+        floor = info.ack_floor.stream_seq if info.ack_floor else 0
+        delivered = info.delivered.stream_seq if info.delivered else 0
+        clean = (delivered <= floor and info.config.filter_subject == self.subjects
+                 and info.config.deliver_subject is None)
+        if clean and self.start_seq in (None, floor + 1):
+            self.reused = True
+            return 0
+        log.info("consumer_recreated", consumer=self.durable, ack_floor=floor, delivered=delivered,
+                 start_seq=self.start_seq, reason="unacknowledged tail" if delivered > floor else "new start")
+        await js.delete_consumer(stream, self.durable)
+        return max(self.start_seq if self.start_seq is not None else floor + 1, 1)
+
+    async def __aenter__(self) -> Self:
+        from nats.js import api
+
+        js, stream = self.bus.js, self.bus.stream
+        if self.durable:
+            start = await self._open_durable()
+            self._consumer = self.durable
+            if start:
+                await js.add_consumer(stream, config=api.ConsumerConfig(
+                    durable_name=self.durable, ack_policy=api.AckPolicy.ALL, max_ack_pending=100_000,
+                    ack_wait=30.0, deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+                    opt_start_seq=start, filter_subject=self.subjects, max_waiting=16))
+        else:
+            self._consumer = await self._add_ephemeral(max(self.start_seq or 1, 1))
+        nc = self.bus.nc
+        self._inbox = nc.new_inbox()
+        self._sub = await nc.subscribe(self._inbox, cb=self._on_msg, pending_msgs_limit=-1,
+                                       pending_bytes_limit=-1)
+        return self
+
+    async def _on_msg(self, msg) -> None:
+        status = (msg.headers or {}).get("Status") if not msg.reply else None
+        if status is None:
+            if self._owed:
+                self._owed[0][0] -= 1
+                if self._owed[0][0] <= 0:
+                    self._owed.popleft()
+            self._buf.append(msg)
+        elif status in _STATUS_DONE and self._owed:
+            self._owed.popleft()
+        elif status == "503" and not self.durable:
+            self._gone = True  # no consumer answers its pull requests any more
+        self._wake.set()
+
+    async def _add_ephemeral(self, start: int) -> str:
+        from nats.js import api
+
+        info = await self.bus.js.add_consumer(self.bus.stream, config=api.ConsumerConfig(
+            ack_policy=api.AckPolicy.NONE, deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=start, filter_subject=self.subjects, inactive_threshold=30.0, mem_storage=True))
+        return info.name
+
+    async def _recreate(self) -> None:
+        """An ephemeral consumer vanished: its server restarted (memory-stored consumers are not
+        kept) or this client was away past the inactivity threshold. Make a new one that starts
+        after the last message handed out, so the reader neither stalls nor reads twice."""
+        self._gone = False
+        start = self._last_seen + 1 if self._last_seen else max(self.start_seq or 1, 1)
+        try:
+            self._consumer = await self._add_ephemeral(start)
+        except Exception as exc:  # noqa: BLE001 - JetStream not back yet: try again on the next wake-up
+            self._gone = True
+            log.debug("consumer_recreate_failed", consumer=self.name, error=str(exc) or type(exc).__name__)
+            await asyncio.sleep(0.5)
+            return
+        self._owed.clear()
+        log.info("consumer_recreated", consumer=self.name, start_seq=start, reason="ephemeral consumer lost")
+
+    async def fetch(self, batch: int | None = None) -> None:
+        """Ask JetStream for the next ``batch`` messages (they arrive on the inbox)."""
+        import json
+
+        n = batch or self.batch
+        loop = asyncio.get_running_loop()
+        self._owed.append([n, loop.time() + self.expires_s])
+        req = {"batch": n, "expires": int(self.expires_s * 1e9)}
+        await self.bus.nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{self.bus.stream}.{self._consumer}",
+                                  json.dumps(req).encode(), reply=self._inbox)
+
+    async def _top_up(self) -> None:
+        now = asyncio.get_running_loop().time()
+        while self._owed and self._owed[0][1] < now:  # expired without a status (lost): forget it
+            self._owed.popleft()
+        if sum(o[0] for o in self._owed) < self.batch // 2 and len(self._owed) < 2:
+            await self.fetch()
+
+    def __aiter__(self) -> AsyncIterator[Delivery]:
+        return self._iter()
+
+    def _may_fetch(self) -> bool:
+        """Whether :meth:`_top_up` could do anything: a request to forget (expired) or to send
+        (under two owed, less than half a batch owed). Checked inline per message: the common
+        case, one request owing more than half a batch, costs no coroutine."""
+        owed = self._owed
+        if not owed or (len(owed) == 1 and owed[0][0] < self.batch // 2):
+            return True
+        return owed[0][1] < asyncio.get_running_loop().time()
+
+    async def _iter(self) -> AsyncIterator[Delivery]:
+        buf = self._buf
+        while True:
+            if self._gone and not buf:
+                await self._recreate()
+            if len(buf) < self.batch // 2 and self._may_fetch():
+                await self._top_up()
+            if not buf:
+                # Let the client's reader hand over what it already read before sleeping:
+                # one wake-up then serves a batch instead of a single message.
+                await asyncio.sleep(0)
+                if buf:
+                    continue
+                await self.flush()
+                self._wake.clear()
+                # Bounded sleep: a request whose expiry status got lost (a reconnect) must not
+                # park the consumer for good; a timer handle is cheaper than wait_for's task.
+                timer = asyncio.get_running_loop().call_later(self.expires_s, self._wake.set)
+                await self._wake.wait()
+                timer.cancel()
+                continue
+            msg = buf.popleft()
+            seq = msg.metadata.sequence.stream
+            if seq <= self._last_seen:
+                continue  # redelivery of something already handed out
+            self._last_seen = seq
+            if self.durable:
+                self._ack_msgs[seq] = msg
+            event, reason = _decode_or_reason(msg.data, msg.headers)
+            if event is None:
+                await self.bus._dead_letter(self.name, seq, msg.subject, msg.data, reason)
+                await self.ack(seq)
+                continue
+            yield Delivery(seq, msg.subject, event, msg.headers or {})
+
+    async def ack(self, seq: int) -> None:
+        """Cumulative ack up to ``seq``; sent every ``batch_acks`` messages, and whenever the
+        consumer waits for more (so an idle consumer never holds an unsent ack)."""
+        if seq <= self._ack_target or not self.durable:
+            return
+        self._ack_target = seq
+        if seq - self._acked >= self.batch_acks:
+            await self.flush()
+
+    async def flush(self, confirm: bool = False) -> None:
+        """Send the pending cumulative ack now; ``confirm`` waits until JetStream has applied
+        it (on close, so the next run finds the durable at the position this one reached)."""
+        if not self.durable or self._ack_target <= self._acked:
+            return
+        target = self._ack_target
+        msg = self._ack_msgs.get(target)
+        if msg is None:
+            return
+        if confirm:
+            try:
+                await msg.ack_sync(timeout=2.0)
+            except Exception as err:  # noqa: BLE001 - unconfirmed: the next run may redeliver (idempotent)
+                log.warning("ack_unconfirmed", consumer=self.name, seq=target, error=str(err))
+        else:
+            await msg.ack()
+        self._acked = target
+        for s in [s for s in self._ack_msgs if s <= target]:
+            del self._ack_msgs[s]
+
+    async def __aexit__(self, *exc) -> None:
+        try:
+            if self.bus.nc.is_connected:
+                await self.flush(confirm=True)
+                await self.bus.nc.flush()
+        finally:
+            if self._sub is not None:
+                try:
+                    await self._sub.unsubscribe()
+                except Exception as err:  # noqa: BLE001 - the connection may already be gone
+                    log.debug("unsubscribe_failed", consumer=self.name, error=str(err))
+            if not self.durable and self._consumer and self.bus.nc.is_connected:
+                with contextlib.suppress(Exception):
+                    await self.bus.js.delete_consumer(self.bus.stream, self._consumer)

@@ -1,0 +1,385 @@
+"""Who may do what on the bus: per-service NATS users, subject permissions and credentials.
+
+An open NATS lets anyone who reaches it forge ``RouteDecided`` or ``SwitchRole``, read every
+generated token, purge the stream or overwrite snapshots. This module gives every process its
+own NATS user whose permissions allow exactly what its role needs (docs/security.md):
+
+============  ==========================================================================
+role          may publish (besides reading the stream through its own consumer)
+============  ==========================================================================
+directory     its anomalies ``ei.<p>.anomaly.<name>``
+planner       ``ei.<p>.plan``, ``ei.<p>.cmd.*`` (SwitchRole), ``ei.<p>.clock`` (Tick),
+              ``ei.<p>.node.*`` (NodeRemoved from the heartbeat watcher), its anomalies
+router        ``ei.<p>.route`` (in charge) or ``ei.<p>.shadow.<name>.>`` (shadow), anomalies
+recorder      nothing on the stream; answers ``eictl.<p>.recorder.>`` (``sql --live``)
+gateway       ``ei.<p>.agent.>`` (harness events); the only one that reads ``eitok.<p>.>``
+engine N      ``ei.<p>.kv.N``, ``ei.<p>.node.N``, tokens ``eitok.<p>.>``
+operator      ``sql --live`` requests and read-only tools
+admin         everything (``evolving up`` itself, stream creation, tests)
+============  ==========================================================================
+
+Every non-admin user also gets: the JetStream API calls for its own durable consumer
+(create/info/delete/next/ack), ephemeral read-only consumers, its own dead-letter subject,
+its own snapshot bucket ``EI_SNAP_<P>_<NAME>`` (nobody else may write it), and a private inbox
+prefix ``_INBOX_<user>`` (nobody else can read its replies). Stream purge, delete and update
+are the admin's alone. Pulling from another service's durable is denied by name: the config
+generator knows every durable of the partition.
+
+Credentials reach a process from flags, a file or the environment (:class:`Credentials`);
+``evolving up`` generates throwaway ones for its embedded server (:func:`generate_accounts`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import ssl
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from events.subjects import dlq_stream_name, stream_name, token
+
+ROLES = ("directory", "planner", "router", "recorder", "gateway", "engine", "operator", "admin")
+ENV_PREFIX = "EI_NATS_"
+
+
+# ----------------------------------------------------------------------------- credentials
+@dataclass(frozen=True)
+class Credentials:
+    """How one process authenticates to NATS (all optional: none = an open server)."""
+
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    creds_file: str | None = None  # a NATS .creds file (JWT + nkey seed)
+    nkey_seed_file: str | None = None
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    inbox_prefix: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Credentials:
+        """``EI_NATS_USER``, ``EI_NATS_PASSWORD`` (or ``EI_NATS_PASSWORD_FILE``, e.g. a Docker
+        secret), ``EI_NATS_TOKEN``, ``EI_NATS_CREDS``, ``EI_NATS_NKEY_SEED_FILE``,
+        ``EI_NATS_TLS_CA``, ``EI_NATS_TLS_CERT``, ``EI_NATS_TLS_KEY``, or
+        ``EI_NATS_CREDENTIALS_FILE`` (a JSON file :func:`write_credentials` writes)."""
+        env = os.environ if env is None else env
+        get = lambda k: env.get(ENV_PREFIX + k) or None
+        base = cls.from_file(get("CREDENTIALS_FILE")) if get("CREDENTIALS_FILE") else cls()
+        password = get("PASSWORD")
+        if password is None and get("PASSWORD_FILE"):
+            password = _read_secret(get("PASSWORD_FILE"), "EI_NATS_PASSWORD_FILE")
+        return base.merged(cls(user=get("USER"), password=password, token=get("TOKEN"),
+                               creds_file=get("CREDS"), nkey_seed_file=get("NKEY_SEED_FILE"),
+                               tls_ca=get("TLS_CA"), tls_cert=get("TLS_CERT"), tls_key=get("TLS_KEY")))
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> Credentials:
+        """A JSON object with any of this class's fields."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except OSError as exc:
+            raise CredentialsError(f"cannot read NATS credentials file {path}: {exc.strerror}") from exc
+        except json.JSONDecodeError as exc:
+            raise CredentialsError(f"NATS credentials file {path} is not JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise CredentialsError(f"NATS credentials file {path} must hold a JSON object")
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise CredentialsError(f"NATS credentials file {path}: unknown field(s) {', '.join(unknown)}")
+        return cls(**data)
+
+    def merged(self, other: Credentials) -> Credentials:
+        """``other``'s set fields win over this one's."""
+        mine, theirs = asdict(self), asdict(other)
+        return Credentials(**{k: theirs[k] if theirs[k] is not None else v for k, v in mine.items()})
+
+    @property
+    def empty(self) -> bool:
+        return not any(asdict(self).values())
+
+    def connect_options(self) -> dict:
+        """Keyword arguments for ``nats.connect``."""
+        opts: dict = {}
+        if self.user:
+            opts.update(user=self.user, password=self.password or "")
+        if self.token:
+            opts["token"] = self.token
+        if self.creds_file:
+            opts["user_credentials"] = self.creds_file
+        if self.nkey_seed_file:
+            opts["nkeys_seed"] = self.nkey_seed_file
+        if self.inbox_prefix or self.user:
+            opts["inbox_prefix"] = (self.inbox_prefix or inbox_prefix(self.user)).encode()
+        if self.tls_ca or self.tls_cert:
+            ctx = ssl.create_default_context(cafile=self.tls_ca)
+            if self.tls_cert:
+                ctx.load_cert_chain(self.tls_cert, self.tls_key)
+            opts["tls"] = ctx
+        return opts
+
+
+class CredentialsError(ValueError):
+    """Credentials that cannot be used, said in one line."""
+
+
+def _read_secret(path: str, what: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError as exc:
+        raise CredentialsError(f"cannot read {what} {path}: {exc.strerror}") from exc
+
+
+def add_cli_options(parser) -> None:
+    """``--nats-user``, ``--nats-password-file``, ``--nats-credentials``, ``--nats-creds``,
+    ``--nats-tls-ca/-cert/-key`` (each falls back to its ``EI_NATS_*`` variable)."""
+    g = parser.add_argument_group("NATS credentials (default: the EI_NATS_* environment variables)")
+    g.add_argument("--nats-user", default=None, help="NATS user name (env EI_NATS_USER)")
+    g.add_argument("--nats-password-file", default=None, help="file holding the password (e.g. a Docker secret)")
+    g.add_argument("--nats-credentials", default=None, help="JSON credentials file (evolving up writes these)")
+    g.add_argument("--nats-creds", default=None, help="NATS .creds file (JWT + nkey)")
+    g.add_argument("--nats-tls-ca", default=None, help="CA bundle that signed the servers' certificates (TLS)")
+    g.add_argument("--nats-tls-cert", default=None, help="client certificate, for servers that verify clients")
+    g.add_argument("--nats-tls-key", default=None, help="private key of --nats-tls-cert")
+
+
+def credentials_from_args(args, env: Mapping[str, str] | None = None) -> Credentials:
+    """Flags over the credentials file over the environment."""
+    creds = Credentials.from_env(env)
+    if getattr(args, "nats_credentials", None):
+        creds = creds.merged(Credentials.from_file(args.nats_credentials))
+    password = None
+    if getattr(args, "nats_password_file", None):
+        password = _read_secret(args.nats_password_file, "--nats-password-file")
+    return creds.merged(Credentials(
+        user=getattr(args, "nats_user", None), password=password, creds_file=getattr(args, "nats_creds", None),
+        tls_ca=getattr(args, "nats_tls_ca", None), tls_cert=getattr(args, "nats_tls_cert", None),
+        tls_key=getattr(args, "nats_tls_key", None)))
+
+
+# ----------------------------------------------------------------------------- permissions
+@dataclass(frozen=True)
+class Permissions:
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+    deny_publish: tuple[str, ...] = ()
+    allow_responses: bool = False  # may answer requests it received (once, to their reply subject)
+
+    def as_config(self) -> dict:
+        pub: dict = {"allow": list(self.publish)}
+        if self.deny_publish:
+            pub["deny"] = list(self.deny_publish)
+        out = {"publish": pub, "subscribe": {"allow": list(self.subscribe)}}
+        if self.allow_responses:
+            out["allow_responses"] = True
+        return out
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """One process of a partition: its role, its name (user, durable, snapshot key) and, for
+    an engine, its node; for a router in shadow, its shadow name."""
+
+    role: str
+    name: str
+    node: str | None = None
+    shadow: str | None = None
+    #: further ``AnomalyReported.component`` values it reports, e.g. ``router.<policy name>``
+    #: for a router (its plug-in's ``name``, which only the one who starts it knows)
+    components: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"unknown role {self.role!r}: one of {', '.join(ROLES)}")
+        if self.role == "engine" and not self.node:
+            raise ValueError("an engine account needs its node id")
+
+
+def inbox_prefix(user: str) -> str:
+    return f"_INBOX_{token(user)}"
+
+
+def snapshot_bucket(partition: str, name: str) -> str:
+    """One object-store bucket per service, so write permission is per service."""
+    return f"EI_SNAP_{token(partition).upper()}_{token(name).upper()}".replace("-", "_")
+
+
+def _js_own(stream: str, durable: str) -> list[str]:
+    api = "$JS.API"
+    return [f"{api}.CONSUMER.INFO.{stream}.{durable}", f"{api}.CONSUMER.DURABLE.CREATE.{stream}.{durable}",
+            f"{api}.CONSUMER.CREATE.{stream}.{durable}", f"{api}.CONSUMER.CREATE.{stream}.{durable}.>",
+            f"{api}.CONSUMER.DELETE.{stream}.{durable}", f"{api}.CONSUMER.MSG.NEXT.{stream}.{durable}",
+            f"$JS.ACK.{stream}.{durable}.>"]
+
+
+def _js_ephemeral(stream: str) -> list[str]:
+    api = "$JS.API"
+    return [f"{api}.CONSUMER.CREATE.{stream}", f"{api}.CONSUMER.CREATE.{stream}.*",
+            f"{api}.CONSUMER.CREATE.{stream}.*.>", f"{api}.CONSUMER.MSG.NEXT.{stream}.*",
+            f"{api}.CONSUMER.DELETE.{stream}.*", f"{api}.CONSUMER.INFO.{stream}.*"]
+
+
+def _snapshots(bucket: str) -> list[str]:
+    obj, api = f"OBJ_{bucket}", "$JS.API"
+    return [f"$O.{bucket}.>", f"{api}.STREAM.INFO.{obj}", f"{api}.STREAM.CREATE.{obj}",
+            f"{api}.STREAM.MSG.GET.{obj}", f"{api}.DIRECT.GET.{obj}", f"{api}.DIRECT.GET.{obj}.>",
+            f"{api}.STREAM.PURGE.{obj}", f"{api}.CONSUMER.CREATE.{obj}", f"{api}.CONSUMER.CREATE.{obj}.>",
+            f"{api}.CONSUMER.DELETE.{obj}.*", f"$JS.FC.{obj}.>", f"$JS.ACK.{obj}.>"]
+
+
+def _snapshots_read(bucket: str) -> list[str]:
+    """Reading another service's bucket (no ``$O.<bucket>.>`` publish: it cannot write it)."""
+    obj, api = f"OBJ_{bucket}", "$JS.API"
+    return [f"{api}.STREAM.INFO.{obj}", f"{api}.STREAM.MSG.GET.{obj}", f"{api}.DIRECT.GET.{obj}",
+            f"{api}.DIRECT.GET.{obj}.>", f"{api}.CONSUMER.CREATE.{obj}", f"{api}.CONSUMER.CREATE.{obj}.>",
+            f"{api}.CONSUMER.DELETE.{obj}.*", f"$JS.FC.{obj}.>"]
+
+
+#: The core configuration each decision service writes (services/drivers/serve.py: ``config.<key>``,
+#: its own bucket) and the recorder reads into the log's run_config.
+RECORDED_CONFIGS = ("config.directory", "config.planner", "config.router")
+
+
+def config_key(spec: ServiceSpec) -> str | None:
+    """The ``config.<key>`` snapshot a decision service writes (None for the other roles)."""
+    if spec.role in ("directory", "planner"):
+        return f"config.{spec.role}"
+    if spec.role == "router":
+        return f"config.shadow.{spec.shadow}" if spec.shadow else "config.router"
+    return None
+
+
+def _role_events(spec: ServiceSpec, p: str) -> list[str]:
+    name = token(spec.name)
+    anomaly = f"ei.{p}.anomaly.{name}"
+    own = [f"ei.{p}.anomaly.{token(c)}" for c in spec.components]
+    if spec.role == "directory":
+        return [anomaly, f"ei.{p}.anomaly.directory", *own]
+    if spec.role == "planner":
+        return [f"ei.{p}.plan", f"ei.{p}.cmd.*", f"ei.{p}.clock", f"ei.{p}.node.*", anomaly,
+                f"ei.{p}.anomaly.planner", f"ei.{p}.anomaly.liveness", *own]
+    if spec.role == "router":  # services/cores/router/base.py reports as component "router.<policy name>"
+        if spec.shadow:
+            return [f"ei.{p}.shadow.{token(spec.shadow)}.>", anomaly, f"ei.{p}.anomaly.router_{token(spec.shadow)}",
+                    *own]
+        return [f"ei.{p}.route", anomaly, f"ei.{p}.anomaly.router", *own]
+    if spec.role == "gateway":
+        return [f"ei.{p}.agent.>"]
+    if spec.role == "engine":  # the SGLang backend reports as component "engine.sglang"
+        n = token(spec.node or "")
+        return [f"ei.{p}.kv.{n}", f"ei.{p}.node.{n}", f"eitok.{p}.>", f"ei.{p}.anomaly.engine_sglang", *own]
+    if spec.role == "operator":
+        return [f"eictl.{p}.>"]
+    return []
+
+
+def service_permissions(spec: ServiceSpec, partition: str, other_durables: Iterable[str] = ()) -> Permissions:
+    """The permissions of one service (see the module docstring's table)."""
+    p = token(partition)
+    user = token(spec.name)
+    if spec.role == "admin":
+        return Permissions(publish=(">",), subscribe=(">",))
+    stream, dlq = stream_name(partition), dlq_stream_name(partition)
+    pub = ["$JS.API.INFO", f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.STREAM.INFO.{dlq}",
+           "$JS.API.STREAM.NAMES", f"eidlq.{p}.{user}"]
+    pub += _js_own(stream, user) + _js_ephemeral(stream) + _snapshots(snapshot_bucket(partition, spec.name))
+    if config_key(spec):
+        pub += _snapshots(snapshot_bucket(partition, config_key(spec)))
+    if spec.role == "recorder":
+        pub += [a for key in RECORDED_CONFIGS for a in _snapshots_read(snapshot_bucket(partition, key))]
+    pub += _role_events(spec, p)
+    sub = [f"{inbox_prefix(spec.name)}.>"]
+    if spec.role == "gateway":
+        sub.append(f"eitok.{p}.>")
+    if spec.role == "engine":
+        sub.append(f"ei.{p}.cmd.{token(spec.node or '')}")
+    if spec.role == "recorder":
+        sub.append(f"eictl.{p}.recorder.>")  # sql --live requests; answered via allow_responses
+    others = sorted({token(d) for d in other_durables} - {user})
+    verbs = ("MSG.NEXT", "DELETE", "CREATE", "DURABLE.CREATE", "INFO")
+    deny = [f"$JS.API.CONSUMER.{verb}.{stream}.{d}" for d in others for verb in verbs]
+    deny += [f"$JS.API.CONSUMER.CREATE.{stream}.{d}.>" for d in others]
+    deny += [f"$JS.ACK.{stream}.{d}.>" for d in others]
+    return Permissions(publish=tuple(dict.fromkeys(pub)), subscribe=tuple(sub), deny_publish=tuple(deny),
+                       allow_responses=spec.role == "recorder")
+
+
+# ----------------------------------------------------------------------------- accounts and config
+@dataclass(frozen=True)
+class Account:
+    spec: ServiceSpec
+    password: str
+    permissions: Permissions = field(repr=False)
+
+    @property
+    def user(self) -> str:
+        return token(self.spec.name)
+
+    def credentials(self, **tls) -> Credentials:
+        return Credentials(user=self.user, password=self.password, inbox_prefix=inbox_prefix(self.spec.name),
+                           **tls)
+
+
+def generate_accounts(partition: str, specs: Sequence[ServiceSpec], *, admin: str = "admin",
+                      password_bytes: int = 24) -> dict[str, Account]:
+    """Throwaway accounts (random passwords from ``secrets``) for every service plus an admin."""
+    specs = [*specs, ServiceSpec("admin", admin)]
+    names = [token(s.name) for s in specs]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"two services share the account name(s) {', '.join(dupes)}")
+    durables = [token(s.name) for s in specs]
+    return {token(s.name): Account(s, secrets.token_urlsafe(password_bytes),
+                                   service_permissions(s, partition, durables))
+            for s in specs}
+
+
+def _conf_value(v) -> str:
+    return json.dumps(v)  # NATS config accepts JSON values
+
+
+def authorization_block(accounts: Mapping[str, Account]) -> str:
+    users = [{"user": a.user, "password": a.password, "permissions": a.permissions.as_config()}
+             for a in accounts.values()]
+    return "authorization {\n  users = " + _conf_value(users) + "\n}\n"
+
+
+def server_config(accounts: Mapping[str, Account] | None, *, host: str, port: int, store_dir: str,
+                  http_port: int | None = None, tls: Mapping[str, str] | None = None,
+                  cluster: Mapping | None = None, server_name: str | None = None,
+                  max_payload: str = "8MB") -> str:
+    """A nats-server configuration: listen address, JetStream store, optional monitoring,
+    authorization with per-service permissions, TLS and a cluster block."""
+    lines = [f"listen: {_conf_value(f'{host}:{port}')}", f"max_payload: {max_payload}",
+             "jetstream {", f"  store_dir: {_conf_value(store_dir)}", "}"]
+    if server_name:
+        lines.insert(0, f"server_name: {_conf_value(server_name)}")
+    if http_port:
+        lines.append(f"http: {_conf_value(f'{host}:{http_port}')}")
+    if tls:
+        lines.append("tls " + _conf_value(dict(tls)))
+    if cluster:
+        lines.append("cluster " + _conf_value(dict(cluster)))
+    text = "\n".join(lines) + "\n"
+    if accounts:
+        text += authorization_block(accounts)
+    return text
+
+
+def write_credentials(accounts: Mapping[str, Account], folder: str | os.PathLike, **tls) -> dict[str, Path]:
+    """One JSON credentials file per account (mode 0600); returns user -> path."""
+    out = {}
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for user, acc in accounts.items():
+        path = folder / f"{user}.json"
+        data = {k: v for k, v in asdict(acc.credentials(**tls)).items() if v is not None}
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f)
+        out[user] = path
+    return out

@@ -1,0 +1,477 @@
+"""The directory's block table: one slot per known block, numpy columns per node (pure, no I/O).
+
+Layout (``S`` slots; node ``n``'s copy in tier ``t`` (0 = L1, 1 = L2) is bit ``j = 2n + t``,
+stored in word ``j // 64`` at bit ``j % 64``; ``W`` words cover ``32 W`` nodes):
+
+- ``index: dict`` (block hash -> slot): a request's block list is resolved by one
+  ``np.fromiter(map(index.get, ...))`` (issue 16: cheaper than the vectorised open-addressing
+  table it replaced for the tens of appended blocks a lookup or store resolves).
+  Slot 0 is a sentinel that holds nothing, so an unknown block maps to 0 and numpy code needs
+  no special case.
+- ``held[S, W]`` uint64 — bit set: the node holds the block in that tier. A request's holder
+  masks are one ``take`` of its slots; a running AND along them gives every node's prefix.
+- ``last[S, 2N]`` float64 — last access of that copy (``ts`` of its store or last use).
+- ``refs[S, N]`` int32 — active-branch references (see core.py); never negative.
+- ``block[S]`` uint64 — the hash back from a slot.
+
+A slot is freed (and reused) when no node holds the block and no branch references it; ``gen``
+counts frees, so an array of slots cached at generation ``g`` is still exact while ``gen == g``.
+Slot numbers never leak into outputs: everything returned is keyed or sorted by block hash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from itertools import repeat
+
+import numpy as np
+
+from services.cores.directory.eviction import CopyOrder
+from services.cores.directory.index import HashIndex
+
+TIER_INDEX = {"L1": 0, "L2": 1}
+
+
+class BlockTable:
+    __slots__ = ("_vindex", "_vpend", "block", "free", "gen", "held", "index", "last", "n_nodes", "orders",
+                 "refs", "size")
+
+    def __init__(self, capacity: int = 1024, node_capacity: int = 4) -> None:
+        self.index: dict[int, int] = {}  # block hash -> slot
+        # a vectorised copy of ``index`` for long lists (a cold lookup's thousand blocks), built
+        # at the first one and brought up to date in bulk: ``_vpend`` = keys changed since
+        self._vindex: HashIndex | None = None
+        self._vpend: set[int] = set()
+        self.block = np.zeros(capacity, dtype=np.uint64)
+        self.held = np.zeros((capacity, -(-node_capacity // 32)), dtype=np.uint64)
+        # column-major: the fold reads and writes one copy column (node, tier) at a time, and a
+        # request's slots come in runs, so a column view's 1-D gather/scatter is near-sequential
+        self.last = np.zeros((capacity, 2 * node_capacity), dtype=np.float64, order="F")
+        self.refs = np.zeros((capacity, node_capacity), dtype=np.int32, order="F")
+        self.free: list[int] = []
+        self.size = 1  # slot 0 is the sentinel
+        self.n_nodes = 0
+        self.gen = 0
+        # eviction order per copy column 2n + t, kept from the first time it is asked for
+        self.orders: dict[int, CopyOrder] = {}
+
+    # ------------------------------------------------------------------------- growth
+    def add_node(self) -> int:
+        idx = self.n_nodes
+        ncap = self.refs.shape[1]
+        if idx >= ncap:
+            cap, extra = self.refs.shape[0], 4  # +4 columns: memory per slot grows with nodes only
+            words = -(-(ncap + extra) // 32) - self.held.shape[1]
+            if words > 0:
+                self.held = np.concatenate([self.held, np.zeros((cap, words), np.uint64)], axis=1)
+            self.last = np.asfortranarray(np.concatenate([self.last, np.zeros((cap, 2 * extra), np.float64)], axis=1))
+            self.refs = np.asfortranarray(np.concatenate([self.refs, np.zeros((cap, extra), np.int32)], axis=1))
+        self.n_nodes += 1
+        return idx
+
+    def _grow(self, need: int) -> None:
+        cap = len(self.block)
+        new = max(need, 2 * cap)
+        self.block = np.resize(self.block, new)
+        for name in ("held", "last", "refs"):
+            old = getattr(self, name)
+            arr = np.zeros((new, old.shape[1]), dtype=old.dtype, order="C" if name == "held" else "F")
+            arr[:cap] = old
+            setattr(self, name, arr)
+
+    # ------------------------------------------------------------------------- slots
+    def slots(self, blocks: Iterable[int], n: int) -> np.ndarray:
+        """Slots of ``n`` blocks (0 for an unknown block)."""
+        if n >= _VECTOR:
+            try:
+                keys = np.fromiter(blocks, dtype=np.uint64, count=n)
+            except OverflowError:  # a hash outside 64 bits: in no table (slot 0)
+                pass
+            else:
+                return self._vslots(keys)
+        return np.fromiter(map(self.index.get, blocks, repeat(0)), dtype=np.intp, count=n)
+
+    def _vslots(self, keys: np.ndarray) -> np.ndarray:
+        """Slots of many blocks from the vectorised copy of the index (its probe rounds overlap
+        the cache misses a dict takes one at a time). The copy holds a subset of the dict with
+        the same slots: a freed key leaves it at once, an added one joins it in bulk later."""
+        if self._vindex is None:
+            self._vsync()
+        s = self._vindex.find(keys)
+        if self._vpend:  # the copy lacks only keys added since its update: read misses in the dict
+            miss = np.flatnonzero(s == 0)
+            if len(miss):
+                get = self.index.get
+                s[miss] = [get(b, 0) for b in keys[miss].tolist()]
+        return s
+
+    def _vmark(self, keys: Iterable[int]) -> None:
+        """Keys added to the dict; folded into the vectorised copy in bulk past ``_VSYNC``, here
+        in the fold rather than inside a lookup (a router's decision stays flat)."""
+        self._vpend.update(keys)
+        if len(self._vpend) > _VSYNC:
+            self._vsync()
+
+    def _vsync(self) -> None:
+        """Bring the vectorised copy up to date (built from the dict the first time)."""
+        if self._vindex is None:
+            self._vindex = HashIndex(4 * max(1024, len(self.index)))
+            keys = np.fromiter(self.index.keys(), dtype=np.uint64, count=len(self.index))
+            vals = np.fromiter(self.index.values(), dtype=np.intp, count=len(self.index))
+        else:
+            # A pending key is in the dict and not in the copy: it joined the dict unknown (no
+            # slot, so not in the copy either), and a free removes a key from both the copy and
+            # the pending set. Read twice, the unchanged set yields its keys in the same order.
+            n = len(self._vpend)
+            keys = np.fromiter(self._vpend, dtype=np.uint64, count=n)
+            vals = np.fromiter(map(self.index.__getitem__, self._vpend), dtype=np.intp, count=n)
+        self._vindex.insert(keys, vals)
+        self._vpend.clear()
+
+    def find(self, block: int) -> int | None:
+        """Slot of one block, ``None`` if unknown."""
+        return self.index.get(block)
+
+    def resolve(self, blocks: Sequence[int], cached: tuple[np.ndarray, int] | None) -> np.ndarray:
+        """Slots of ``blocks`` reusing an earlier answer ``(slots, gen)`` for the same list: if no
+        slot was freed since, only the blocks unknown then are probed again."""
+        if cached is None or cached[1] != self.gen:
+            return self.slots(blocks, len(blocks))
+        s = cached[0]
+        z = np.flatnonzero(s == 0)
+        if len(z):
+            s = s.copy()
+            s[z] = self.slots([blocks[i] for i in z.tolist()], len(z))
+        return s
+
+    def ensure(self, blocks: Sequence[int], s: np.ndarray | None = None) -> np.ndarray:
+        """Slots of ``blocks`` (``s``: already probed), allocating the unknown ones in bulk."""
+        if len(blocks) <= _SMALL:
+            return self._ensure_few(blocks, s)
+        if s is None:
+            s = self.slots(blocks, len(blocks))
+        missing = np.flatnonzero(s == 0)
+        if not len(missing):
+            return s
+        if 4 * len(missing) > len(s):
+            mk = np.fromiter(blocks, dtype=np.uint64, count=len(blocks))[missing]
+        else:
+            mk = np.fromiter(map(blocks.__getitem__, missing.tolist()), dtype=np.uint64, count=len(missing))
+        new, inverse = _distinct(mk)  # a block may repeat inside one list
+        ks = self._alloc(len(new))
+        ks_arr = np.asarray(ks, dtype=np.intp)
+        nl = new.tolist()
+        self.index.update(zip(nl, ks))
+        if self._vindex is not None:
+            self._vmark(nl)
+        self.block[ks_arr] = new
+        s[missing] = ks_arr[inverse]
+        return s
+
+    def _alloc(self, k: int) -> list[int]:
+        """``k`` free slots: reused ones first (the free list's tail), then new ones."""
+        take = min(k, len(self.free))
+        ks = self.free[len(self.free) - take:]
+        del self.free[len(self.free) - take:]
+        if k > take:
+            if self.size + k - take > len(self.block):
+                self._grow(self.size + k - take)
+            ks.extend(range(self.size, self.size + k - take))
+            self.size += k - take
+        return ks
+
+    def _ensure_few(self, blocks: Sequence[int], s: np.ndarray | None) -> np.ndarray:
+        """:meth:`ensure` of a short list in plain Python (a live event's handful of blocks):
+        a dozen numpy calls cost more than the loop. Same slots in the same order (new blocks
+        in first-occurrence order, as ``_distinct`` orders short lists)."""
+        if s is None:
+            get = self.index.get
+            sl = [get(b, 0) for b in blocks]
+        else:
+            sl = s.tolist()
+        if 0 not in sl:
+            return np.array(sl, dtype=np.intp)
+        pos: dict[int, int] = {}
+        for b, v in zip(blocks, sl):
+            if not v:
+                pos.setdefault(b, len(pos))
+        new = np.fromiter(pos, dtype=np.uint64, count=len(pos))  # refuses a hash outside 64 bits first
+        ks = self._alloc(len(new))
+        self.index.update(zip(pos, ks))
+        if self._vindex is not None:
+            self._vmark(pos)
+        self.block[ks] = new
+        return np.array([v or ks[pos[b]] for b, v in zip(blocks, sl)], dtype=np.intp)
+
+    def release(self, s: np.ndarray) -> None:
+        """Free the slots among ``s`` that no node holds and no branch references."""
+        s = s[s > 0]
+        if not len(s):
+            return
+        dead = s[~_any_word(self.held.take(s, axis=0))]
+        if len(dead):  # the references of the unheld ones only (a row gather of N columns)
+            dead = dead[~self.refs[dead].any(axis=1)]
+        if not len(dead):
+            return
+        dead = np.unique(dead)
+        self.gen += 1
+        pop = self.index.pop
+        dk = self.block[dead].tolist()
+        for k in dk:
+            pop(k, None)
+        if self._vindex is not None:
+            self._vindex.delete(self.block[dead])
+            self._vpend.difference_update(dk)
+        # ``last`` of a freed slot is left as it is: every read of ``last`` is guarded by the
+        # copy's held bit, and a store sets it (zeroing 2N columns per slot cost ms at 96 nodes)
+        self.free.extend(dead.tolist())
+
+    # ------------------------------------------------------------------------- copies
+    def store(self, n: int, tier: str, blocks: Sequence[int], ts: float | np.ndarray,
+              s: np.ndarray | None = None) -> np.ndarray:
+        """``n`` holds ``blocks`` in ``tier`` (``s``: their slots if known); returns the slots."""
+        if not len(blocks):
+            return np.zeros(0, dtype=np.intp)
+        s = self.ensure(blocks, s)
+        j = 2 * n + TIER_INDEX[tier]
+        h = self.held[:, j >> 6]  # 1-D column views: numpy's fast fancy-index path
+        h[s] = h[s] | _BIT[j & 63]  # fancy, not take: take copies a non-contiguous column whole
+        self.last[:, j][s] = ts
+        if j in self.orders:
+            self._track(j, s, ts if isinstance(ts, float) else None)
+        return s
+
+    def evict(self, n: int, tier: str, blocks: Sequence[int]) -> int:
+        """Drop copies; returns how many of ``blocks`` were not held there."""
+        if not len(blocks):
+            return 0
+        s = self.slots(blocks, len(blocks))
+        j = 2 * n + TIER_INDEX[tier]
+        w, bit = j >> 6, _BIT[j & 63]
+        have = (self.held[s, w] & bit).astype(bool) & (s > 0)
+        s = s[have]
+        self.held[s, w] &= ~bit
+        self.release(s)
+        return int(len(have) - have.sum())
+
+    def drop_node(self, n: int) -> None:
+        w, pair = (2 * n) >> 6, _BIT[(2 * n) & 63] | _BIT[(2 * n + 1) & 63]
+        s = np.flatnonzero(self.held[: self.size, w] & pair)
+        self.held[s, w] &= ~pair
+        self.release(s)
+
+    def column(self, s: np.ndarray, j: int) -> np.ndarray:
+        """bool: do the slots ``s`` hold copy bit ``j`` (node ``j // 2``, tier ``j % 2``)?"""
+        return (self.held[:, j >> 6][s] & _BIT[j & 63]).astype(bool)
+
+    def touch(self, n: int, s: np.ndarray, ts: float) -> None:
+        """Refresh the last access of the longest L1 prefix's GPU copies and the longest L2
+        prefix's host copies of the blocks with slots ``s`` on node ``n``."""
+        if not len(s):
+            return
+        word = self.held[:, (2 * n) >> 6][s]
+        for j in (2 * n, 2 * n + 1):
+            c = (word & _BIT[j & 63]).astype(bool)
+            k = len(c) if c.all() else int(c.argmin())
+            if k:
+                self.last[:, j][s[:k]] = ts
+                if j in self.orders:
+                    self._track(j, s[:k], float(ts))
+
+    def read(self, n: int, blocks: Sequence[int], ts: float, s: np.ndarray | None = None) -> int:
+        """Blocks read from node ``n``: refresh every copy there; returns how many it lacked."""
+        if not len(blocks):
+            return 0
+        if s is None:
+            s = self.slots(blocks, len(blocks))
+        known = s > 0
+        hit = np.zeros(len(s), dtype=bool)
+        for j in (2 * n, 2 * n + 1):
+            c = self.column(s, j) & known
+            self.last[:, j][s[c]] = ts
+            hit |= c
+            if j in self.orders:
+                self._track(j, s[c], float(ts))
+        return int(len(s) - hit.sum())
+
+    # ------------------------------------------------------------------------- counts
+    def add_refs(self, n: int, s: np.ndarray, delta: int) -> None:
+        """``delta`` (+1/-1) on node ``n`` for the distinct, allocated slots ``s``."""
+        if not len(s):
+            return
+        col = self.refs[:, n]
+        if delta > 0:
+            col[s] = col.take(s) + 1
+            self._count_class_moved(n, s, 1)
+            return
+        now = col.take(s)
+        assert (s > 0).all() and (now > 0).all(), f"invariant: counts on node column {n} are never negative"
+        col[s] = now - 1
+        self._count_class_moved(n, s, 0)
+        self.release(s)
+
+    def _count_class_moved(self, n: int, s: np.ndarray, now: int) -> None:
+        """Tracked columns of node ``n``: copies whose count just became ``now`` (1 after +1,
+        0 after -1) changed count class, so they move bucket."""
+        if not self.orders or (2 * n not in self.orders and 2 * n + 1 not in self.orders):
+            return
+        moved = s[self.refs[s, n] == now]
+        for j in (2 * n, 2 * n + 1):
+            if j in self.orders:
+                self._track(j, moved)
+
+    # ------------------------------------------------------------------------- eviction order
+    def _track(self, j: int, s: np.ndarray, ts: float | None = None) -> None:
+        """Append the held copies among slots ``s`` of column ``j`` to their current bucket
+        (``ts``: their common last access, if known)."""
+        o = self.orders.get(j)
+        if o is None or not len(s):
+            return
+        s = s[(self.held[s, j >> 6] & _BIT[j & 63]).astype(bool)]
+        if not len(s):
+            return
+        c = self.refs[s, j >> 1] > 0
+        if ts is not None:
+            if c.all():
+                o.add(1, ts, s)
+            elif not c.any():
+                o.add(0, ts, s)
+            else:
+                o.add(1, ts, s[c])
+                o.add(0, ts, s[~c])
+            return
+        _add_grouped(o, s, c, self.last[s, j])
+
+    def _order(self, j: int) -> CopyOrder:
+        """Column ``j``'s order, built from a scan the first time and when stale entries
+        outnumber live ones 4 to 1."""
+        o = self.orders.get(j)
+        if o is not None and o.entries <= 4 * o.live + 4096:
+            return o
+        o = self.orders[j] = CopyOrder()
+        s = np.flatnonzero(self.held[: self.size, j >> 6] & _BIT[j & 63])
+        _add_grouped(o, s, self.refs[s, j >> 1] > 0, self.last[s, j])
+        o.live = len(s)
+        return o
+
+    def eviction_order(self, n: int, tier: str, count_aware: bool, limit: int | None,
+                       pinned: np.ndarray | None) -> np.ndarray:
+        """Blocks of node ``n``'s copies in ``tier`` in eviction order, ``pinned`` left out:
+        ``(count > 0, last, block)`` if ``count_aware`` else ``(last, block)``; the first
+        ``limit`` (all if ``None``)."""
+        j = 2 * n + TIER_INDEX[tier]
+        o = self._order(j)
+        w, bit = j >> 6, _BIT[j & 63]
+        out: list[np.ndarray] = []
+        got = 0
+        # sorted once per call: a membership test per group is then a binary search, where
+        # np.isin re-sorted the (often tens of thousands of) pinned blocks for every group
+        spin = np.sort(pinned) if pinned is not None and len(pinned) else None
+        for group in o.groups(count_aware):
+            parts = []
+            for c, last in group:
+                arrays = o.buckets[(c, last)]
+                arr = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+                ok = (self.held[arr, w] & bit).astype(bool)
+                ok &= (self.refs[arr, n] > 0) == bool(c)
+                ok &= self.last[arr, j] == last
+                valid = np.unique(arr[ok])  # a copy appended twice with the same key: once
+                if not len(valid):
+                    o.drop(c, last)
+                    continue
+                if len(valid) != len(arr):  # compact the bucket
+                    o.entries -= len(arr) - len(valid)
+                    o.buckets[(c, last)] = [valid]
+                parts.append(valid)
+            if not parts:
+                continue
+            blocks = np.sort(self.block[parts[0] if len(parts) == 1 else np.concatenate(parts)])
+            if spin is not None:
+                at = np.minimum(np.searchsorted(spin, blocks), len(spin) - 1)
+                blocks = blocks[spin[at] != blocks]
+            out.append(blocks)
+            got += len(blocks)
+            if limit is not None and got >= limit:
+                break
+        res = np.concatenate(out) if out else np.zeros(0, dtype=np.uint64)
+        return res if limit is None else res[:limit]
+
+    def refs_on(self, n: int) -> dict[int, int]:
+        s = np.flatnonzero(self.refs[: self.size, n])
+        return dict(zip(self.block[s].tolist(), self.refs[s, n].tolist()))
+
+    # ------------------------------------------------------------------------- queries
+    def tier_arrays(self, n: int, tier: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(blocks, last_access, refs)`` of node ``n``'s copies in ``tier``, in slot order."""
+        j = 2 * n + TIER_INDEX[tier]
+        s = np.flatnonzero(self.held[: self.size, j >> 6] & _BIT[j & 63])
+        return self.block[s], self.last[s, j], self.refs[s, n]
+
+    def holds(self, s: int, n: int, tier: int | None = None) -> bool:
+        tiers = (0, 1) if tier is None else (tier,)
+        return any(int(self.held[s, (2 * n + t) >> 6]) >> ((2 * n + t) & 63) & 1 for t in tiers)
+
+    def scan(self, blocks: Sequence[int], prefix: np.ndarray | None = None) -> tuple[int, np.ndarray, np.ndarray]:
+        """One pass: pool prefix length, the ``[pool, W]`` holder masks of it, and the slots
+        of ``blocks`` (for reuse by the request's later events). ``prefix``: slots of the first
+        ``len(prefix)`` blocks resolved at the current ``gen`` (0 where unknown then; those are
+        probed again), so only the rest is probed."""
+        # a hash outside 64 bits is in no table: slot 0, nothing holds it, the prefix ends there
+        if prefix is not None:
+            k = len(prefix)
+            s = np.empty(len(blocks), dtype=np.intp)
+            s[:k] = prefix
+            z = np.flatnonzero(prefix == 0)
+            if len(z):
+                s[z] = self.slots([blocks[i] for i in z.tolist()], len(z))
+            if len(blocks) > k:
+                s[k:] = self.slots(blocks[k:], len(blocks) - k)
+        else:
+            s = self.slots(blocks, len(blocks))
+        h = self.held.take(s, axis=0)
+        pool = _held_prefix(h)
+        return pool, h[:pool], s
+
+
+_BIT = [np.uint64(1 << i) for i in range(64)]
+_SMALL = 64  # lists up to this many blocks are resolved and allocated in plain Python
+_VECTOR = 256  # lists of at least this many blocks are probed in the vectorised copy of the index
+_VSYNC = 512  # changed keys folded into the vectorised copy in bulk
+
+
+def _any_word(h: np.ndarray) -> np.ndarray:
+    """bool per row of ``[k, W]`` holder words: any bit set (an OR of the W columns is ~3x
+    cheaper than ``any(axis=1)`` on few rows of a few words)."""
+    a = h[:, 0]
+    if h.shape[1] > 1:
+        a = a.copy()
+        for w in range(1, h.shape[1]):
+            a |= h[:, w]
+    return a.astype(bool)
+
+
+def _held_prefix(h: np.ndarray) -> int:
+    """Rows of ``[k, W]`` holder words before the first row no copy bit is set in."""
+    a = _any_word(h)
+    return len(a) if a.all() else int(a.argmin())
+
+
+def _distinct(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(distinct keys, index of each key in them)``; plain Python for tiny arrays, where
+    numpy's ``unique`` costs tens of microseconds of overhead."""
+    if len(keys) > 64:
+        return np.unique(keys, return_inverse=True)
+    pos: dict[int, int] = {}
+    inverse = [pos.setdefault(k, len(pos)) for k in keys.tolist()]
+    return np.fromiter(pos, dtype=np.uint64, count=len(pos)), np.asarray(inverse, dtype=np.intp)
+
+
+def _add_grouped(o: CopyOrder, s: np.ndarray, c: np.ndarray, last: np.ndarray) -> None:
+    """Append slots ``s`` (count class ``c``, last access ``last``) bucket by bucket."""
+    if not len(s):
+        return
+    order = np.lexsort((last, c))
+    s, c, last = s[order], c[order], last[order]
+    cuts = (np.flatnonzero((c[1:] != c[:-1]) | (last[1:] != last[:-1])) + 1).tolist()
+    for a, b in zip([0, *cuts], [*cuts, len(s)]):
+        o.add(int(c[a]), float(last[a]), s[a:b])

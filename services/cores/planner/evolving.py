@@ -1,0 +1,442 @@
+"""The Evolving Infra planner (METHOD.md §4.3): switch the prefill/decode split only when sure.
+
+Pure state machine: no I/O, no clock, no randomness; time is ``event.ts`` and windows close on
+``Tick`` events. See docs/planner.md for the formulas, units and every assumption.
+
+At the end of each window (``window_s``, cut into ``slices`` slices), for every candidate split
+P prefill / N-P decode nodes (P = 1..N-1):
+
+- per slice s: Theta_s(P) = min(sum mu_P, sum mu_D) (eq. 5) at that slice's ``w_bar``/``q_bar``;
+- gain_s(P) = Theta_s(P) - Theta_s(current) (eq. 6); mean gain and SE = std(ddof=1)/sqrt(n);
+- a candidate passes when mean gain > 2 SE (and > 0); the largest passing gain wins;
+- no switch within ``cooldown_s`` of the last one.
+
+That is the GATED path. A window end takes it only when every node has a role and both
+sides are staffed; the guard state (``PlannerBase.guard``) sends it elsewhere otherwise, and
+``PlanEvaluated.reason`` starts with the path's name (``base.plan_path`` reads it back):
+
+- ``initial split`` (warm-up end only): the same 2-SE test against a reference split (the
+  current one when the nodes started at a split, ``--start``; else ``initial``, else half of
+  the nodes prefill): the reference is kept unless a candidate's mean gain over it exceeds
+  2 SE; every node without a role gets one;
+- ``place newcomers``: nodes without a role (joined, or re-registered as ``collocated`` after
+  an engine restart) get one at the best split they can reach; no assigned node moves, no SE
+  test, no cooldown (and it starts none);
+- ``repair``: every node on one side (0P or 0D), none without a role: exactly one node moves.
+
+Beyond the paper (both on by default, both off = the paper exactly):
+
+- ``slo_guard``: a passing candidate is vetoed when its predicted P95 prefill-queue wait or P95
+  TTFT exceeds the SLO and is worse than the current split's (§6 limit 2);
+- ``ttft_objective``: among the passing candidates and the current split, those within
+  ``throughput_tolerance`` of the best predicted throughput, take the lowest predicted P95
+  TTFT if it beats the throughput-best one by ``ttft_min_improvement_s`` (§6 limit 1).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+
+from events.catalog import Candidate, Event, PlanEvaluated, Split
+from services.cores.planner.base import INITIAL, NEWCOMERS, REPAIR, SLO_ESCAPE, BaseConfig, PlannerBase
+from services.cores.planner.evaluate import NodeArrays, WorkArrays, queue_prediction, theta
+from services.cores.planner.window import SliceStats, Work, work_of
+
+
+class EvolvingConfig(BaseConfig, kw_only=True, forbid_unknown_fields=True):
+    name: str = "evolving"
+    slo_guard: bool = True
+    slo_prefill_queue_p95_s: float = 30.0
+    slo_ttft_p95_s: float = 15.0  # issue 12 part 9: the trade-off curve (docs/planner.md)
+    ttft_objective: bool = True
+    throughput_tolerance: float = 0.05
+    ttft_min_improvement_s: float = 1.0  # trade throughput only for at least this much P95 TTFT
+    # the warm-up-end reference split when the nodes warm up collocated ("" = half prefill)
+    initial: str = ""
+
+
+class Evaluation:
+    """Every candidate's figures for one window (arrays indexed by P - 1)."""
+
+    def __init__(
+        self,
+        P_values: np.ndarray,
+        theta_mean: np.ndarray,
+        gain: np.ndarray,
+        se: np.ndarray,
+        wait95: np.ndarray,
+        ttft95: np.ndarray,
+        n_slices: int,
+    ) -> None:
+        self.P = P_values
+        self.theta_mean = theta_mean
+        self.gain = gain
+        self.se = se
+        self.wait95 = wait95
+        self.ttft95 = ttft95
+        self.n_slices = n_slices
+
+
+class EvolvingPlanner(PlannerBase):
+    Config = EvolvingConfig
+    name = "evolving"
+
+    # ------------------------------------------------------------------ inputs
+    def assignment_order(self) -> list[str]:
+        """``seq``: candidate P takes ``seq[:P]`` as prefill nodes. Current prefill nodes come
+        first, the one that loses least by switching to decode last; then collocated and decode
+        nodes, the one that loses least by switching to prefill first (see ``nodes_to_switch``)."""
+        nodes = self.st.nodes
+        pre = sorted(
+            (n for n in nodes if nodes[n].target == "prefill"), key=lambda n: self.switch_loss(n, "decode")
+        )
+        col = sorted(
+            (n for n in nodes if nodes[n].target not in ("prefill", "decode")),
+            key=lambda n: self.switch_loss(n, "prefill"),
+        )
+        dec = sorted(
+            (n for n in nodes if nodes[n].target == "decode"), key=lambda n: self.switch_loss(n, "prefill")
+        )
+        return pre[::-1] + col + dec
+
+    def node_arrays(self, seq: list[str]) -> NodeArrays:
+        nodes = self.st.nodes
+        fill = self.prefill_fill()
+        return NodeArrays(
+            coef_p=np.array([self.prefill_model(n).coefficients for n in seq], dtype=float).reshape(-1, 4),
+            fill=np.array([fill[n] for n in seq], dtype=float),
+            coef_d=np.array([self.decode_model(n).coefficients for n in seq], dtype=float).reshape(-1, 3),
+            cap=np.array([max(1, nodes[n].max_running) for n in seq], dtype=float),
+            kv_tokens=np.array([max(0, nodes[n].l1_capacity) for n in seq], dtype=float),
+            k=self.cfg.k,
+            E=self.cfg.E,
+        )
+
+    def works(self, k_end: int) -> list[Work]:
+        """``w_bar`` of each non-empty slice of the window ending at slice ``k_end``."""
+        slices = self.window_slices(k_end)
+        window = SliceStats()
+        for s in slices:
+            window.add(s)
+        fwd = [n.t_fwd for n in self.st.nodes.values()]
+        default_t_fwd = sum(fwd) / len(fwd) if fwd else 1.0
+        return [work_of(s, window, self.cfg.slice_s, default_t_fwd) for s in slices if not s.empty()]
+
+    # ------------------------------------------------------------------ evaluation
+    def serving_split(self, window_start: float) -> int | None:
+        """Prefill nodes of the split every node served throughout the window (no node without
+        a role, none ordered to switch, no switch since the window started), else ``None``: the
+        split whose measured prefill queue calibrates the queueing prediction."""
+        st = self.st
+        if st.last_switch_at is not None and st.last_switch_at >= window_start:
+            return None
+        if any(n.ordered or n.role not in ("prefill", "decode") for n in st.nodes.values()):
+            return None
+        P = sum(n.role == "prefill" for n in st.nodes.values())
+        return P if 1 <= P < len(st.nodes) else None
+
+    def evaluate(
+        self, seq: list[str], works: list[Work], current_P: int | None, serving_P: int | None = None
+    ) -> Evaluation:
+        arrays = self.node_arrays(seq)
+        w = WorkArrays.of(works)
+        th, _, _ = theta(arrays, w)
+        N = len(seq)
+        P_values = np.arange(1, N)
+        n = th.shape[1]
+        theta_mean = th.mean(axis=1)
+        if current_P is not None and 1 <= current_P <= N - 1:
+            gains = th - th[current_P - 1][None, :]
+            gain = gains.mean(axis=1)
+            se = gains.std(axis=1, ddof=1) / math.sqrt(n) if n > 1 else np.full(N - 1, np.inf)
+        else:
+            gain = theta_mean.copy()
+            se = np.zeros(N - 1)
+        # queueing prediction at the window's request-weighted work and mean arrival rate
+        wait95, ttft95 = queue_prediction(arrays, w, self.cfg.window_s, serving_P)
+        return Evaluation(P_values, theta_mean, gain, se, wait95, ttft95, n)
+
+    def _veto(self, ev: Evaluation, i: int, cur: int | None) -> str:
+        cfg = self.cfg
+        if not cfg.slo_guard:
+            return ""
+        # against the current split (a split already breaking the SLO may be improved on);
+        # with no current split (warm-up end) against the SLO alone
+        cur_wait = ev.wait95[cur] if cur is not None else -math.inf
+        cur_ttft = ev.ttft95[cur] if cur is not None else -math.inf
+        if ev.wait95[i] > cfg.slo_prefill_queue_p95_s and ev.wait95[i] > cur_wait:
+            return (
+                f"slo: predicted prefill queue p95 {ev.wait95[i]:.1f} s > {cfg.slo_prefill_queue_p95_s:g} s"
+            )
+        if ev.ttft95[i] > cfg.slo_ttft_p95_s and ev.ttft95[i] > cur_ttft:
+            return f"slo: predicted ttft p95 {ev.ttft95[i]:.1f} s > {cfg.slo_ttft_p95_s:g} s"
+        return ""
+
+    def decide(
+        self,
+        ev: Evaluation,
+        current_P: int | None,
+        cooling: str,
+        allowed: tuple[int, int] | None = None,
+        label: str = INITIAL,
+    ) -> tuple[int | None, list[Candidate], str]:
+        """(chosen P or None, candidates, reason). With no current split (``current_P`` None:
+        the initial split or a newcomers' placement) every candidate passes the SE test and
+        ``label`` starts the reason; ``allowed`` = (lo, hi) limits the choice to those
+        prefill counts (a placement cannot move an assigned node)."""
+        cur = current_P - 1 if current_P is not None and 1 <= current_P <= len(ev.P) else None
+        cands, eligible, passed_any = self._candidates(ev, cur, allowed)
+        if cur is None and not eligible:  # every split breaks the SLO: take the least bad TTFT
+            pool = [i for i in range(len(ev.P)) if _within(int(ev.P[i]), allowed)]
+            i = min(pool, key=lambda i: (ev.ttft95[i], -ev.theta_mean[i], i))
+            return int(ev.P[i]), cands, f"{label}: every split breaks the SLO, lowest predicted ttft p95"
+        if not eligible:
+            why = "vetoed by the SLO guard" if passed_any else "no candidate's mean gain exceeds 2 SE"
+            escape = self._slo_escape(ev, cur, allowed)
+            if escape is not None and not cooling:
+                return int(ev.P[escape]), cands, f"{SLO_ESCAPE}: {self._escape_why(ev, cur, escape)} ({why})"
+            return None, cands, why
+        if cooling:
+            return None, cands, cooling
+        best = max(eligible, key=lambda i: (ev.gain[i], -abs(i - (cur if cur is not None else i)), -i))
+        reason = (
+            f"{label}: max predicted throughput {ev.theta_mean[best]:.3f} req/s"
+            if cur is None
+            else f"mean gain {ev.gain[best]:.3f} req/s > 2 SE ({2 * ev.se[best]:.3f})"
+        )
+        if not self.cfg.ttft_objective:
+            return int(ev.P[best]), cands, reason
+        return self._ttft_objective(ev, eligible, cur, best, cands, reason)
+
+    def _slo_escape(self, ev: Evaluation, cur: int | None, allowed: tuple[int, int] | None) -> int | None:
+        """With the TTFT objective on and the current split's predicted P95 TTFT above
+        ``slo_ttft_p95_s``: the candidate whose predicted throughput is within
+        ``throughput_tolerance`` of the current split's and whose predicted P95 TTFT meets the
+        SLO (the highest throughput among them), else the one with the lowest predicted P95
+        TTFT, if it beats the current split's by ``ttft_min_improvement_s``; ``None`` otherwise.
+        The 2-SE test asks for certainty of a throughput gain; a split breaking the SLO needs
+        none to be left for one that meets it at the same throughput (issue 12 part 9)."""
+        cfg = self.cfg
+        if not cfg.ttft_objective or cur is None or ev.ttft95[cur] <= cfg.slo_ttft_p95_s:
+            return None
+        floor = (1.0 - cfg.throughput_tolerance) * ev.theta_mean[cur]
+        pool = [
+            i for i in range(len(ev.P))
+            if i != cur and _within(int(ev.P[i]), allowed) and ev.theta_mean[i] >= floor
+            and ev.ttft95[i] <= ev.ttft95[cur] - cfg.ttft_min_improvement_s
+        ]
+        meets = [i for i in pool if ev.ttft95[i] <= cfg.slo_ttft_p95_s]
+        if meets:
+            return max(meets, key=lambda i: (ev.theta_mean[i], -ev.ttft95[i], -abs(i - cur)))
+        return min(pool, key=lambda i: (ev.ttft95[i], -ev.theta_mean[i])) if pool else None
+
+    def _escape_why(self, ev: Evaluation, cur: int, i: int) -> str:
+        return (
+            f"current split's predicted ttft p95 {ev.ttft95[cur]:.1f} s > {self.cfg.slo_ttft_p95_s:g} s; "
+            f"{ev.P[i]}P predicts {ev.ttft95[i]:.1f} s at {ev.theta_mean[i]:.3f} req/s "
+            f"(current {ev.theta_mean[cur]:.3f}, tolerance {self.cfg.throughput_tolerance:.0%})"
+        )
+
+    def _candidates(
+        self, ev: Evaluation, cur: int | None, allowed: tuple[int, int] | None
+    ) -> tuple[list[Candidate], list[int], bool]:
+        """Every candidate's figures and verdict; the indices of the eligible ones (passed,
+        not vetoed, not the current split); whether any passed before the SLO guard."""
+        cands: list[Candidate] = []
+        eligible: list[int] = []
+        passed_any = False
+        for i, P in enumerate(ev.P.tolist()):
+            reachable = _within(P, allowed)
+            passed = bool(cur is None or (ev.gain[i] > 2.0 * ev.se[i] and ev.gain[i] > 0.0)) and reachable
+            veto = self._veto(ev, i, cur) if passed and i != cur else ""
+            passed_any |= passed and i != cur
+            if passed and not veto and i != cur:
+                eligible.append(i)
+            cands.append(
+                Candidate(
+                    split=Split(prefill=P, decode=len(ev.P) + 1 - P),
+                    mean_gain=_f(ev.gain[i]),
+                    se=_f(ev.se[i]),
+                    throughput=_f(ev.theta_mean[i]),
+                    predicted_ttft_p95_s=_f(ev.ttft95[i]),
+                    passed=passed and not veto,
+                    veto=veto if reachable else "would move an assigned node",
+                )
+            )
+        return cands, eligible, passed_any
+
+    def _ttft_objective(
+        self,
+        ev: Evaluation,
+        eligible: list[int],
+        cur: int | None,
+        best: int,
+        cands: list[Candidate],
+        reason: str,
+    ) -> tuple[int | None, list[Candidate], str]:
+        """Among the eligible candidates and the current split within ``throughput_tolerance``
+        of the best throughput, the lowest predicted P95 TTFT, if it beats ``best`` by at
+        least ``ttft_min_improvement_s``."""
+        cfg = self.cfg
+        pool = eligible + ([cur] if cur is not None else [])
+        top = max(ev.theta_mean[i] for i in eligible)
+        near = [i for i in pool if ev.theta_mean[i] >= (1.0 - cfg.throughput_tolerance) * top]
+        pick = min(near, key=lambda i: (ev.ttft95[i], -ev.gain[i], i))
+        if not (pick != best and ev.ttft95[pick] <= ev.ttft95[best] - cfg.ttft_min_improvement_s):
+            return int(ev.P[best]), cands, reason
+        if pick == cur:
+            return (
+                None,
+                cands,
+                (
+                    f"ttft objective: current split within {cfg.throughput_tolerance:.0%} of "
+                    f"the best throughput with lower predicted ttft p95 "
+                    f"({ev.ttft95[pick]:.2f} s vs {ev.ttft95[best]:.2f} s)"
+                ),
+            )
+        reason += (
+            f"; ttft objective: {ev.P[pick]}P within {cfg.throughput_tolerance:.0%} of the best "
+            f"throughput, predicted ttft p95 {ev.ttft95[pick]:.2f} s vs {ev.ttft95[best]:.2f} s"
+        )
+        return int(ev.P[pick]), cands, reason
+
+    # ------------------------------------------------------------------ window ends
+    def _plan(self, ts: float, k_end: int, warmup_end: bool) -> list[Event]:
+        """One window-end decision down the path its guard state names (base.py)."""
+        cfg = self.cfg
+        base = {
+            "ts": ts,
+            "src": self.name,
+            "window_start": (k_end - cfg.slices) * cfg.slice_s,
+            "window_end": k_end * cfg.slice_s,
+            "current": self.current_split(),
+            "planner": self.name,
+        }
+        N = len(self.st.nodes)
+        if N < 2:
+            return [PlanEvaluated(**base, reason=f"{N} node(s): nothing to split")]
+        path = INITIAL if warmup_end else self.guard()
+        if path == INITIAL:
+            return self._initial(ts, k_end, base)
+        if path == NEWCOMERS:
+            return self._newcomers(ts, k_end, base)
+        if path == REPAIR:
+            return self._repair(ts, base)
+        return self._gated(ts, k_end, base)
+
+    def reference_split(self) -> int:
+        """Prefill nodes of the split the warm-up-end decision is SE-gated against: the current
+        split when every node already serves a role and both sides are staffed (the nodes
+        started at a split), else the configured ``initial`` split scaled to the node count,
+        else half of the nodes (at least one of each)."""
+        N = len(self.st.nodes)
+        split = self.current_split()
+        if not self.newcomers() and split.prefill >= 1 and split.decode >= 1:
+            return split.prefill
+        if self.cfg.initial:
+            m = re.fullmatch(r"\s*(\d+)\s*P\s*(\d+)\s*D\s*", self.cfg.initial, flags=re.IGNORECASE)
+            assert m, f"initial split is written like '4P5D', got {self.cfg.initial!r}"
+            p, d = int(m.group(1)), int(m.group(2))
+            return min(max(1, math.floor(N * p / max(1, p + d) + 0.5)), N - 1)
+        return min(max(1, N // 2), N - 1)
+
+    def _initial(self, ts: float, k_end: int, base: dict) -> list[Event]:
+        """INITIAL (warm-up end): the 2-SE test of METHOD.md §4.3 against the reference split
+        (``reference_split``): a candidate replaces it only when its mean gain over it exceeds
+        twice its standard error (largest passing gain; SLO guard and TTFT objective as on the
+        gated path; no cooldown yet). Every node without a role gets one; with fewer than two
+        non-empty slices (no SE) the reference is taken."""
+        N = len(self.st.nodes)
+        ref = self.reference_split()
+        ref_name = f"{ref}P{N - ref}D"
+        works = self.works(k_end)
+        if len(works) < 2:
+            reason = f"{INITIAL} without data: reference {ref_name} ({len(works)} non-empty slice(s), the SE needs 2)"
+            return [
+                PlanEvaluated(**base, chosen=Split(prefill=ref, decode=N - ref), reason=reason),
+                *self.order(self.nodes_to_switch(ref), ts, reason),
+            ]
+        ev = self.evaluate(self.assignment_order(), works, ref, self.serving_split(base["window_start"]))
+        P, cands, why = self.decide(ev, ref, "")
+        if P is None:
+            P, reason = ref, f"{INITIAL}: reference {ref_name} kept: {why}"
+        else:
+            reason = f"{INITIAL}: {why} over reference {ref_name}"
+        chosen = Split(prefill=P, decode=N - P)
+        return [
+            PlanEvaluated(**base, candidates=cands, chosen=chosen, reason=reason),
+            *self.order(self.nodes_to_switch(P), ts, reason),
+        ]
+
+    def _newcomers(self, ts: float, k_end: int, base: dict) -> list[Event]:
+        """NEWCOMERS: only the nodes without a role get one, at the best split they can reach
+        (a node without a role serves nothing, so no SE test and no cooldown; a placement
+        starts none). Assigned nodes wait for the gated path."""
+        works = self.works(k_end)
+        if not works:
+            chosen, reason, orders = self.place_newcomers(ts, *self._current_share())
+            return [PlanEvaluated(**base, chosen=chosen, reason=reason), *orders]
+        label = f"{NEWCOMERS} {','.join(self.newcomers())} (assigned nodes stay)"
+        ev = self.evaluate(self.assignment_order(), works, None)
+        P, cands, reason = self.decide(ev, None, "", allowed=self.newcomer_range(), label=label)
+        assert P is not None
+        N = len(self.st.nodes)
+        return [
+            PlanEvaluated(**base, candidates=cands, chosen=Split(prefill=P, decode=N - P), reason=reason),
+            *self.order(self.placement(P)[1], ts, reason, cooldown=False),
+        ]
+
+    def _current_share(self) -> tuple[int, str]:
+        """Prefill nodes out of all at the assigned nodes' prefill share (half without any)."""
+        split, N = self.current_split(), len(self.st.nodes)
+        assigned = split.prefill + split.decode
+        if not assigned:
+            return N // 2, "no data in the window, half of the nodes prefill"
+        return math.floor(
+            N * split.prefill / assigned + 0.5
+        ), "no data in the window, the prefill share stays"
+
+    def _repair(self, ts: float, base: dict) -> list[Event]:
+        chosen, reason, orders = self.repair(ts)
+        return [PlanEvaluated(**base, chosen=chosen, reason=reason), *orders]
+
+    def _gated(self, ts: float, k_end: int, base: dict) -> list[Event]:
+        """Switch to the candidate whose mean gain over the current split exceeds 2 SE, not
+        within ``cooldown_s`` of the last switch."""
+        st, cfg = self.st, self.cfg
+        works = self.works(k_end)
+        if len(works) < 2:
+            return [PlanEvaluated(**base, reason=f"insufficient data: {len(works)} non-empty slice(s)")]
+        current = base["current"]
+        ev = self.evaluate(
+            self.assignment_order(), works, current.prefill, self.serving_split(base["window_start"])
+        )
+        cooling = ""
+        if st.last_switch_at is not None and ts - st.last_switch_at < cfg.cooldown_s:
+            cooling = f"cooldown: last switch {ts - st.last_switch_at:.0f} s ago < {cfg.cooldown_s:g} s"
+        P, cands, reason = self.decide(ev, current.prefill, cooling)
+        N = len(st.nodes)
+        chosen = Split(prefill=P, decode=N - P) if P is not None else None
+        out: list[Event] = [PlanEvaluated(**base, candidates=cands, chosen=chosen, reason=reason)]
+        if P is not None:
+            out += self.order(self.nodes_to_switch(P), ts, reason)
+        return out
+
+    def _on_warmup_end(self, ts: float, k_end: int) -> list[Event]:
+        return self._plan(ts, k_end, warmup_end=True)
+
+    def _on_tick(self, ts: float, k_end: int) -> list[Event]:
+        return self._plan(ts, k_end, warmup_end=False)
+
+
+def _within(P: int, allowed: tuple[int, int] | None) -> bool:
+    return allowed is None or allowed[0] <= P <= allowed[1]
+
+
+def _f(x: float) -> float:
+    """A finite float for the event (msgpack carries inf, JSON does not)."""
+    x = float(x)
+    return x if math.isfinite(x) else 1e300

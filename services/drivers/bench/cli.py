@@ -1,0 +1,98 @@
+"""``evolving bench directory|planner|router``: the decision cores' benchmark commands.
+
+Benchmarks are drivers: they time the pure cores from outside (wall clock, garbage collector,
+trace files), so they live here and not in the core packages (docs/contracts.md, layers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+
+def _bench_directory(args: argparse.Namespace) -> int:
+    from services.drivers.bench.directory import DEFAULT_TRACES, format_report, run
+
+    result = run(
+        trace_dir=Path(args.traces) if args.traces else DEFAULT_TRACES,
+        min_requests=args.min_requests,
+        min_blocks=args.min_blocks,
+        repeats=args.repeats,
+        sglang_python=args.sglang_python,
+    )
+    print(json.dumps(result, indent=2, sort_keys=True) if args.json else format_report(result))
+    return 0
+
+
+def _register_directory(bench) -> None:
+    p = bench.add_parser("directory", help="KV directory: lookup+update throughput vs a bare dict")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument("--traces", default=None, help="folder of weka Claude Code trace JSON files")
+    p.add_argument("--min-requests", type=int, default=3000)
+    p.add_argument("--min-blocks", type=int, default=5_000_000)
+    p.add_argument("--repeats", type=int, default=3, help="alternating runs; the best of each is kept")
+    p.add_argument("--sglang-python", default=os.environ.get("EI_SGLANG_PYTHON"),
+                   help="interpreter where SGLang's modules import (../shared/tools/sglang-cpu): adds SGLang's "
+                        "RadixCache match+insert of the same requests as a baseline (env EI_SGLANG_PYTHON)")
+    p.set_defaults(func=_bench_directory)
+
+
+def _bench_planner(args: argparse.Namespace) -> int:
+    from services.drivers.bench.planner import format_report, run
+
+    sizes = tuple(int(x) for x in args.sizes.split(",") if x)
+    result = run(sizes=sizes, repeats=args.repeats, seed=args.seed, naive_max_nodes=args.naive_max_nodes)
+    print(json.dumps(result, indent=2, sort_keys=True) if args.json else format_report(result))
+    return 0
+
+
+def _register_planner(bench) -> None:
+    p = bench.add_parser(
+        "planner", help="cost-model error vs Arrow-style predictor; window evaluation time vs naive"
+    )
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument("--sizes", default="9,64,768", help="comma-separated node counts")
+    p.add_argument("--repeats", type=int, default=5, help="runs per size; the best is kept")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic data")
+    p.add_argument(
+        "--naive-max-nodes", type=int, default=768, help="largest node count to time the naive evaluation on"
+    )
+    p.set_defaults(func=_bench_planner)
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x)
+
+
+def _bench_router(args: argparse.Namespace) -> int:
+    from services.drivers.bench.router import format_report, run
+
+    result = run(router=args.router, baselines=tuple(b for b in args.baselines.split(",") if b),
+                 sizes=_sizes(args.sizes), requests=args.requests, agents=args.agents,
+                 prompt_blocks=args.prompt_blocks, new_blocks=args.new_blocks, repeats=args.repeats)
+    print(json.dumps(result, indent=2, sort_keys=True) if args.json else format_report(result))
+    return 0
+
+
+def _register_router(bench) -> None:
+    p = bench.add_parser("router", help="router decision time (decisions/s, p50/p99) vs baseline routers")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument("--router", default="evolving", help="router plug-in to measure (entry-point name)")
+    p.add_argument("--baselines", default="evolving-full,round_robin,cache_aware",
+                   help="comma-separated plug-in names (or name:key=value,...; evolving-full = our "
+                        "router scoring every node, the path before candidate pruning)")
+    p.add_argument("--sizes", default="9,64", help="comma-separated prefill node counts")
+    p.add_argument("--requests", type=int, default=1500, help="decisions per run")
+    p.add_argument("--agents", type=int, default=48, help="branches whose contexts share the pool")
+    p.add_argument("--prompt-blocks", type=int, default=1000, help="blocks per prompt")
+    p.add_argument("--new-blocks", type=int, default=100, help="new (uncached) blocks per prompt")
+    p.add_argument("--repeats", type=int, default=3, help="alternating runs; each router keeps its best")
+    p.set_defaults(func=_bench_router)
+
+
+def register(sub, bench) -> None:
+    _register_directory(bench)
+    _register_planner(bench)
+    _register_router(bench)

@@ -1,0 +1,1 @@
+"""`evolving chaos`: the fault suite over a live stack."""

@@ -1,0 +1,319 @@
+"""The OpenAI request bodies as msgspec Structs, the error shape, and the request checks.
+
+Pure (msgspec + stdlib): the aiohttp app (``services.drivers.gateway.app``) reads the bytes and calls
+:func:`parse_chat` / :func:`parse_completion`; everything here raises :class:`ApiError`, which
+the app answers as OpenAI-style JSON::
+
+    {"error": {"message": "...", "type": "invalid_request_error", "param": "max_tokens",
+               "code": "invalid_value"}}
+
+``code`` is always a string (OpenAI's clients switch on it); ``param`` names the field with
+the path msgspec reports (``messages[2].role``, ``stream_options.include_usage``) or the
+header (``x-branch-mode``), or is ``null`` when no single field is at fault.
+
+Parameters fall in three groups (docs/gateway.md, "Parameters"):
+
+- **honoured**: ``model``, ``messages`` / ``prompt``, ``max_tokens`` / ``max_completion_tokens``,
+  ``stream``, ``stream_options.include_usage``, ``n: 1``, ``ignore_eos``, ``min_tokens``.
+- **refused** with a 400 naming them when set to anything but their neutral value, because the
+  gateway cannot honour them: ``n > 1``, ``best_of > 1``, ``logprobs``, ``top_logprobs``,
+  ``echo``, ``suffix``, ``tools``, ``tool_choice``, ``functions``, ``function_call``,
+  ``response_format`` (other than text), ``logit_bias``, ``modalities`` (other than text),
+  ``audio``, ``prediction``, ``web_search_options``.
+- **accepted, not applied**: sampling parameters (``temperature``, ``top_p``, ``top_k``,
+  ``min_p``, ``seed``, ``presence_penalty``, ``frequency_penalty``, ``repetition_penalty``,
+  ``stop``) are range-checked, then listed in the response's ``evolving.unapplied`` and the
+  ``x-evolving-unapplied`` header, since the engine generates its tokens without them; and
+  bookkeeping fields with no effect on a response (``user``, ``metadata``, ``store``,
+  ``service_tier``, ``parallel_tool_calls``, ``reasoning_effort``).
+
+Any other top-level field is a 400 ``unknown_parameter`` (OpenAI answers "Unrecognized request
+argument supplied"), so a typo is never silently ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+# ----------------------------------------------------------------------------- errors
+DEFAULT_CODES = {400: "invalid_request", 401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed",
+                 409: "conflict", 413: "request_too_large", 500: "internal_error", 502: "engine_error",
+                 503: "service_unavailable", 504: "timeout"}
+DEFAULT_TYPES = {401: "authentication_error", 404: "invalid_request_error", 500: "server_error",
+                 502: "engine_error", 503: "service_unavailable", 504: "timeout"}
+
+
+class ApiError(Exception):
+    """An error answered as ``{"error": {"message", "type", "param", "code"}}`` (code: a string)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, type_: str | None = None,
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+        self.type = type_ or DEFAULT_TYPES.get(status, "invalid_request_error")
+        self.code = code or DEFAULT_CODES.get(status, "error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+# ----------------------------------------------------------------------------- the Structs
+NonNegInt = Annotated[int, Meta(ge=0)]
+TokenId = Annotated[int, Meta(ge=0, lt=2**31)]
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
+class StreamOptions(Struct, forbid_unknown_fields=True):
+    include_usage: bool = False
+
+
+class ContentPart(Struct):
+    """``{"type": "text", "text": ...}``; other part types (images, audio) render as ``[<type>]``."""
+
+    type: str
+    text: str | None = None
+
+
+class Message(Struct):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+
+class _Common(Struct, kw_only=True):
+    model: str | None = None
+    max_tokens: NonNegInt | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: Annotated[int, Meta(ge=1)] | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    ignore_eos: bool | None = None
+    min_tokens: NonNegInt | None = None
+    # sampling: accepted and range-checked, not applied (see the module docstring)
+    temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Meta(ge=0, le=1)] | None = None
+    top_k: Annotated[int, Meta(ge=-1)] | None = None
+    min_p: Annotated[float, Meta(ge=0, le=1)] | None = None
+    seed: int | None = None
+    presence_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
+    repetition_penalty: Annotated[float, Meta(gt=0)] | None = None
+    stop: str | list[str] | None = None
+
+
+class ChatRequest(_Common, kw_only=True):
+    messages: Annotated[list[Message], Meta(min_length=1)]
+    max_completion_tokens: NonNegInt | None = None
+    logprobs: bool | None = None
+    top_logprobs: NonNegInt | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[Any] | None = None
+    function_call: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    reasoning_effort: str | None = None
+
+
+class CompletionRequest(_Common, kw_only=True):
+    prompt: str | list[str | TokenId]
+    max_completion_tokens: NonNegInt | None = None
+    best_of: Annotated[int, Meta(ge=1)] | None = None
+    logprobs: NonNegInt | None = None
+    echo: bool | None = None
+    suffix: str | None = None
+
+
+SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
+            "repetition_penalty", "stop")
+
+
+# ----------------------------------------------------------------------------- decoding
+_AT = re.compile(r" - at `\$(.*)`$")
+_FIELD = re.compile(r"^Object (missing required|contains unknown) field `([^`]*)`")
+
+
+def validation_error(exc: msgspec.ValidationError) -> ApiError:
+    """msgspec's message, with the JSON path turned into OpenAI's ``param``."""
+    msg = str(exc)
+    m = _AT.search(msg)
+    path, base = (m.group(1), msg[: m.start()]) if m else ("", msg)
+    f = _FIELD.match(base)
+    if f:
+        path = f"{path}.{f.group(2)}"
+        code = "missing_required_parameter" if f.group(1) == "missing required" else "unknown_parameter"
+    elif base.startswith("Expected `") and ", got `" in base:
+        code = "invalid_type"
+    else:
+        code = "invalid_value"
+    param = path.lstrip(".") or "body"
+    if base.startswith("Invalid enum value") and param.endswith(".role"):
+        base += f" (expected one of {', '.join(ROLES)})"
+    return ApiError(400, f"'{param}': {base}", param, code=code)
+
+
+def _surrogate_path(obj: Any, path: str = "") -> str | None:
+    """Path of the first string (or key) holding a lone UTF-16 surrogate, if any."""
+    if isinstance(obj, str):
+        try:
+            obj.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "body"
+        return None
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            p = _surrogate_path(k, path) or _surrogate_path(v, f"{path}.{k}" if path else k)
+            if p:
+                return p
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            p = _surrogate_path(v, f"{path}[{i}]")
+            if p:
+                return p
+    return None
+
+
+def decode_object(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object; a 400 naming ``body`` (or the field with a lone surrogate)."""
+    try:
+        obj = msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
+        # msgspec rejects lone surrogates ("\ud800") that Python's json accepts: find the field.
+        try:
+            loose = json.loads(raw)
+        except (ValueError, RecursionError):
+            loose = None
+        where = _surrogate_path(loose) if loose is not None else None
+        if where is not None:
+            raise ApiError(400, f"'{where}' contains a lone UTF-16 surrogate (a \\ud800-\\udfff escape "
+                                "without its pair): not valid Unicode", where, code="invalid_value") from None
+        raise ApiError(400, f"the request body is not valid JSON: {exc}", "body", code="invalid_json") from None
+    if not isinstance(obj, dict):
+        raise ApiError(400, "the request body must be a JSON object", "body", code="invalid_type")
+    return obj
+
+
+def _convert(obj: dict[str, Any], cls: type[Struct]) -> Any:
+    unknown = [k for k in obj if k not in cls.__struct_fields__]
+    if unknown:
+        raise ApiError(400, f"unrecognized request argument(s) supplied: {', '.join(sorted(unknown))} "
+                            "(docs/gateway.md lists the parameters this gateway accepts)", min(unknown),
+                       code="unknown_parameter")
+    try:
+        return msgspec.convert(obj, cls)
+    except msgspec.ValidationError as exc:
+        raise validation_error(exc) from None
+
+
+def _neutral_choice(v: Any) -> bool:
+    return v is None or v in ("none", "auto")
+
+
+def refused(req: ChatRequest | CompletionRequest) -> list[tuple[str, str]]:
+    """``(param, why)`` for every parameter set to a value the gateway cannot honour."""
+    out: list[tuple[str, str]] = []
+    if req.n is not None and req.n > 1:
+        out.append(("n", f"n={req.n}: only one choice per request (n=1) is supported"))
+    if req.logit_bias:
+        out.append(("logit_bias", "logit_bias is not supported"))
+    if req.stream_options is not None and not req.stream:
+        out.append(("stream_options", "stream_options is only allowed when stream is true"))
+    if isinstance(req, ChatRequest):
+        if req.logprobs:
+            out.append(("logprobs", "logprobs are not supported"))
+        if req.top_logprobs:
+            out.append(("top_logprobs", "top_logprobs are not supported"))
+        if req.tools:
+            out.append(("tools", "tool calling is not supported (the engine returns text only)"))
+        if req.functions:
+            out.append(("functions", "function calling is not supported"))
+        if not _neutral_choice(req.tool_choice):
+            out.append(("tool_choice", "tool_choice other than 'none'/'auto' is not supported"))
+        if not _neutral_choice(req.function_call):
+            out.append(("function_call", "function_call other than 'none'/'auto' is not supported"))
+        if req.response_format is not None and req.response_format.get("type", "text") != "text":
+            kind = req.response_format.get("type")
+            out.append(("response_format", f"response_format {kind!r} is not supported (only 'text')"))
+        if req.modalities is not None and req.modalities != ["text"]:
+            out.append(("modalities", "only the 'text' modality is supported"))
+        for name in ("audio", "prediction", "web_search_options"):
+            if getattr(req, name) is not None:
+                out.append((name, f"{name} is not supported"))
+    else:
+        if req.best_of is not None and req.best_of > 1:
+            out.append(("best_of", f"best_of={req.best_of}: only best_of=1 is supported"))
+        if req.logprobs is not None:
+            out.append(("logprobs", "logprobs are not supported"))
+        if req.echo:
+            out.append(("echo", "echo is not supported"))
+        if req.suffix:
+            out.append(("suffix", "suffix (insertion) is not supported"))
+    return out
+
+
+def _check(req: ChatRequest | CompletionRequest) -> None:
+    bad = refused(req)
+    if bad:
+        names = ", ".join(p for p, _ in bad)
+        raise ApiError(400, f"unsupported parameter(s): {names}: " + "; ".join(w for _, w in bad),
+                       bad[0][0], code="unsupported_parameter")
+    if req.max_completion_tokens is not None and req.max_tokens is not None \
+            and req.max_completion_tokens != req.max_tokens:
+        raise ApiError(400, "'max_tokens' and 'max_completion_tokens' disagree: give one of them",
+                       "max_completion_tokens", code="invalid_value")
+
+
+def parse_chat(raw: bytes) -> tuple[ChatRequest, dict[str, Any]]:
+    """The validated request and the decoded object (the chat template renders its messages)."""
+    obj = decode_object(raw)
+    req = _convert(obj, ChatRequest)
+    _check(req)
+    return req, obj
+
+
+def parse_completion(raw: bytes) -> CompletionRequest:
+    req = _convert(decode_object(raw), CompletionRequest)
+    _check(req)
+    p = req.prompt
+    if isinstance(p, list):
+        kinds = {type(x) for x in p}
+        if kinds == {str} and len(p) == 1:
+            return msgspec.structs.replace(req, prompt=p[0])
+        if not p or kinds != {int}:
+            raise ApiError(400, "'prompt' must be a string, a list with one string, or a non-empty list of "
+                                "token ids (batched prompts are not supported)", "prompt", code="invalid_value")
+    return req
+
+
+def requested_max_tokens(req: ChatRequest | CompletionRequest) -> int | None:
+    """``max_completion_tokens`` (the newer name) or ``max_tokens``; None when neither is set."""
+    return req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+
+
+def unapplied(req: ChatRequest | CompletionRequest) -> list[str]:
+    """The sampling parameters set on the request, which the engine does not apply."""
+    return [name for name in SAMPLING if getattr(req, name) is not None]
+
+
+def context_error(context: int, prompt: int, completion: int, param: str) -> ApiError:
+    """OpenAI's context-length error (same wording, code ``context_length_exceeded``)."""
+    return ApiError(400, f"This model's maximum context length is {context} tokens. However, you requested "
+                         f"{prompt + completion} tokens ({prompt} in the {'messages' if param == 'messages' else 'prompt'}, "
+                         f"{completion} in the completion). Please reduce the length of the "
+                         f"{'messages' if param == 'messages' else 'prompt'} or completion.",
+                    param, code="context_length_exceeded")

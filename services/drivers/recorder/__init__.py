@@ -1,0 +1,1 @@
+"""The recorder service, `evolving verify`, `evolving sql`."""

@@ -1,0 +1,247 @@
+"""``evolving sql``, ``evolving verify`` and ``evolving bench recorder``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import msgspec
+
+
+def register(sub, bench) -> None:
+    p = sub.add_parser("sql", help="run SQL on a recorded run, read-only and sandboxed (docs/recorder.md)")
+    p.add_argument("db", help="the run's DuckDB file, or Parquet segments (a file or a quoted glob)")
+    p.add_argument("query", help='SQL, e.g. "SELECT * FROM role_switches"')
+    p.add_argument("--with", dest="more", action="append", default=[], metavar="SOURCE",
+                   help="another DuckDB file or Parquet segment(s) of the same run (repeatable)")
+    p.add_argument("--format", dest="fmt", choices=("table", "csv", "json"), default="table",
+                   help="table (default; values printed in full, never cut), csv (header row), json (JSON lines)")
+    p.add_argument("--json", dest="fmt", action="store_const", const="json", help="same as --format json")
+    p.add_argument("--max-rows", type=int, default=200, help="rows shown in the table (default 200; csv/json: all)")
+    p.add_argument("--live", action="store_true",
+                   help="the run is still going: ask its recorder for a consistent read-only snapshot and query that "
+                        "(a finished run is read directly)")
+    p.add_argument("--nats-url", default=None,
+                   help="--live: the bus (default: what the recorder wrote in DB.live.json, else $EI_NATS_URL)")
+    p.add_argument("--partition", default=None, help="--live: the partition (default: from DB.live.json)")
+    p.add_argument("--timeout-s", type=float, default=30.0, help="--live: wait this long for the snapshot")
+    from services.adapters.bus.security import add_cli_options
+
+    add_cli_options(p)  # --live on a secured bus (default: RUN_DIR/credentials/operator.json of `evolving up`)
+    p.set_defaults(func=cmd_sql)
+
+    p = sub.add_parser("verify", help="replay a recorded run through fresh cores; check every decision")
+    p.add_argument("db", help="the run's DuckDB file")
+    p.add_argument("--cores", default=None,
+                   help="comma-separated core names (default: run_config 'cores', else directory,planner,router)")
+    p.add_argument("--keep-going", action="store_true", help="count every divergence, not only the first")
+    p.add_argument("--strict", action="store_true", help="also fail on predictions the log ends before")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_verify)
+
+    p = bench.add_parser("recorder", help="events/s appended to DuckDB vs NDJSON+read_json and executemany")
+    p.add_argument("--requests", type=int, default=2000, help="requests in the mix (~12 events each)")
+    p.add_argument("--blocks", type=int, default=1000, help="block hashes per RequestSubmitted")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_bench)
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float | int | str | bool) or v is None:
+        return v
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_jsonable(x) for x in v]
+    return str(v)
+
+
+def _cell(v: Any) -> str:
+    """A value as text, in full: NULL, JSON for nested values, ``str`` otherwise."""
+    if v is None:
+        return "NULL"
+    if isinstance(v, dict | list | tuple):
+        return json.dumps(_jsonable(v))
+    return str(v)
+
+
+def cmd_sql(args) -> int:
+    import duckdb
+
+    from services.adapters.eventlog.duckdb_log import EventLogError, EventLogLocked, open_sources
+    from services.adapters.eventlog.sandbox import QueryRefused, check_query
+
+    query = args.query
+    try:
+        check_query(query)
+    except QueryRefused as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    sources = [args.db, *args.more]
+    try:
+        try:
+            con = open_sources(sources)
+        except EventLogLocked:
+            if not args.live:
+                raise
+            from services.adapters.bus.security import CredentialsError, credentials_from_args
+            from services.drivers.recorder.live import LiveError, request_snapshot
+
+            try:
+                try:
+                    creds = credentials_from_args(args)
+                except CredentialsError as exc:
+                    raise LiveError(str(exc)) from exc
+                snap = request_snapshot(args.db, nats_url=args.nats_url, partition=args.partition,
+                                        timeout_s=args.timeout_s, credentials=creds)
+            except LiveError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+            print(f"live snapshot of {args.db} up to seq {snap.applied_seq} ({snap.file}, "
+                  f"taken {snap.age_s:.1f} s ago)", file=sys.stderr)
+            con = open_sources([snap.path, *args.more])
+    except (EventLogError, duckdb.Error) as exc:
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    if not args.more and not args.db.endswith(".parquet") and _holds_no_events(con):
+        print(f"note: {args.db} holds no events (a copy taken without its .wal while the run was going? "
+              "query the running stack with --live)", file=sys.stderr)
+    try:
+        rel = con.sql(query)
+        if rel is None:  # a statement without a result
+            return 0
+        cols, rows = rel.columns, rel.fetchall()
+    except duckdb.PermissionException as exc:  # the sandbox's first line of defence
+        print(f"error: refused by the sandbox: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    except duckdb.Error as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        con.close()
+    if args.fmt == "json":
+        for row in rows:
+            print(json.dumps({c: _jsonable(v) for c, v in zip(cols, row)}))
+        return 0
+    if args.fmt == "csv":
+        import csv
+
+        w = csv.writer(sys.stdout, lineterminator="\n")
+        w.writerow(cols)
+        for row in rows:
+            w.writerow("" if v is None else _cell(v) for v in row)
+        return 0
+    print_table(cols, rows, args.max_rows)
+    return 0
+
+
+def _holds_no_events(con) -> bool:
+    import duckdb
+
+    try:
+        row = con.execute("SELECT value FROM log_meta WHERE key = 'applied_seq'").fetchall()
+    except duckdb.Error:
+        return False
+    return bool(row) and row[0][0] == "0"
+
+
+def print_table(cols: list[str], rows: list[tuple], max_rows: int) -> None:
+    """A rich table that never cuts a value: in a terminal long values wrap inside their
+    column; piped or redirected, each row stays on one line (the table takes its natural width)."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    shown = rows[:max_rows]
+    table = Table()
+    for c in cols:
+        table.add_column(Text(c), overflow="fold")
+    for row in shown:
+        table.add_row(*(Text(_cell(v)) for v in row))  # Text: a '[x]' in a value is not markup
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=max(80, Console(width=1 << 20).measure(table).maximum))
+    console.print(table)
+    console.print(Text(f"{len(rows)} row(s)" + (f", first {max_rows} shown" if len(rows) > max_rows else "")))
+
+
+def cmd_verify(args) -> int:
+    """Exit 0: every decision reproduced; 1: diverged; 2: the log or the cores could not be
+    read or built (one line on stderr: an empty, junk, truncated or corrupt file lands here)."""
+    import duckdb
+
+    from events.codec import CodecError
+    from services.adapters.eventlog.duckdb_log import DuckDbEventLog, EventLogError
+    from services.drivers.recorder.verify import verify_log
+
+    try:
+        log = DuckDbEventLog(args.db, read_only=True, sandbox=True)
+    except EventLogError as exc:
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    names = [n.strip() for n in args.cores.split(",") if n.strip()] if args.cores else None
+    try:
+        if log.last_seq() == 0:
+            print(f"error: {args.db} holds no events (a copy taken without its .wal while the run was going? "
+                  "copy it after the run stopped, or query the live run with `evolving sql --live`)", file=sys.stderr)
+            return 2
+        report = verify_log(log, names, keep_going=args.keep_going, strict=args.strict)
+    except CodecError as exc:
+        print(f"error: unreadable log: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except (duckdb.Error, msgspec.DecodeError) as exc:  # corrupt blocks met while reading
+        print(f"error: {args.db} is not a readable event log: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except (KeyError, ImportError, LookupError, ValueError, TypeError) as exc:
+        print(f"error: cannot build the cores: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    finally:
+        log.close()
+    out = report.to_dict()
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print_report(out)
+    return 0 if report.ok else 1
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def print_report(out: dict) -> None:
+    reproduced = ", ".join(f"{k}={v}" for k, v in out["reproduced"].items()) or "none"
+    print(f"folded {out['events']} events; reproduced decisions: {reproduced}")
+    if out["not_recorded"]:
+        print(f"{out['not_recorded']} predicted decision(s) not in the log (the run ended before them)")
+    first = out["first_divergence"]
+    if first is None:
+        print("OK: every recorded decision was reproduced exactly")
+        return
+    print(f"DIVERGED ({out['divergences']} divergence(s)); first at seq {first['seq']}, "
+          f"core {first['core']}: {first['kind']}" + (f" ({first['detail']})" if first["detail"] else ""))
+    if first["predicted_after_seq"]:
+        print(f"  the fresh core predicted it after folding seq {first['predicted_after_seq']}")
+    print(f"  recorded:  {json.dumps(first['recorded'], sort_keys=True)}")
+    print(f"  predicted: {json.dumps(first['predicted'], sort_keys=True)}")
+
+
+def cmd_bench(args) -> int:
+    from services.drivers.bench import recorder as bench
+
+    res = bench.run(n_requests=args.requests, blocks_per_request=args.blocks)
+    if args.json:
+        print(json.dumps(res))
+        return 0
+    print(f"{res['events']} events ({res['payload_mb']} MB of JSON, {args.blocks} blocks per RequestSubmitted), "
+          f"batches of {res['batch']}")
+    print(f"  DuckDbEventLog.append      {res['eventlog_events_per_s']:>10,} events/s  "
+          f"({res['eventlog_mb_per_s']} MB/s)")
+    print(f"  NDJSON + read_json         {res['ndjson_read_json_events_per_s']:>10,} events/s  "
+          f"(ours {res['ratio_vs_ndjson']}x)")
+    print(f"  executemany ({res['executemany_sample']} rows)     {res['executemany_events_per_s']:>10,} events/s  "
+          f"(ours {res['ratio_vs_executemany']}x)")
+    print(f"  read back + decode         {res['read_decode_events_per_s']:>10,} events/s")
+    return 0

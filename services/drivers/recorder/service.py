@@ -1,0 +1,198 @@
+"""The recorder's adapter: bus -> :class:`Recorder` -> event log, in batches.
+
+The log's applied position is the truth: the consumer starts at ``log.last_seq() + 1`` (so a
+lost ack only costs a redelivery, which the log ignores) and a batch is acked only after the
+log committed it. DuckDB writes run in a worker thread so the event loop keeps reading.
+
+On a NATS bus with a DuckDB log, the recorder also answers ``evolving sql --live`` (snapshot
+requests, :class:`LiveSnapshots`; the protocol is in :mod:`services.drivers.recorder.live`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from services.adapters.bus.nats_bus import NatsBus
+from services.adapters.eventlog.duckdb_log import EventLog
+from services.adapters.logging import get_logger
+from services.cores.recording import Recorder
+
+log = get_logger("recorder")
+
+_EOF = object()
+
+
+@dataclass
+class RecorderStats:
+    recorded: int = 0
+    batches: int = 0
+    redeliveries: int = 0
+    last_seq: int = 0
+
+
+async def run_recorder(
+    bus,
+    event_log: EventLog,
+    durable: str | None = "recorder",
+    *,
+    max_batch: int = 4096,
+    flush_interval_s: float = 0.2,
+    stop: asyncio.Event | None = None,
+    subjects: str | None = None,
+    live: bool = True,
+) -> RecorderStats:
+    """Record the stream until ``stop`` is set (then flush what is buffered) or the task is
+    cancelled (what was committed stays; the rest is redelivered on restart). ``live``: answer
+    ``evolving sql --live`` while recording (NATS bus and DuckDB log only)."""
+    stats = RecorderStats(last_seq=event_log.last_seq())
+    recorder = Recorder(max_batch=max_batch, applied_seq=stats.last_seq)
+    queue: asyncio.Queue = asyncio.Queue(maxsize=4 * max_batch)
+    stop = stop or asyncio.Event()
+    serve_live = live and getattr(bus, "nc", None) is not None and hasattr(event_log, "snapshot")
+
+    async with (bus.consumer(durable, start_seq=stats.last_seq + 1, subjects=subjects) as consumer,
+                LiveSnapshots(bus, event_log) if serve_live else contextlib.nullcontext()):
+
+        async def pump() -> None:
+            async for d in consumer:
+                await queue.put(d)
+
+        async def flush() -> None:
+            rows = recorder.take()
+            if not rows:
+                return
+            stored = await asyncio.to_thread(event_log.append, rows)
+            await consumer.ack(rows[-1][0])
+            stats.recorded += stored
+            stats.batches += 1
+            stats.last_seq = rows[-1][0]
+
+        def take_ready(first) -> bool:
+            """Offer ``first`` and whatever else is queued; True when a flush is due."""
+            full = recorder.offer(first.seq, first.subject, first.event)
+            while not full and not queue.empty():
+                d = queue.get_nowait()
+                full = recorder.offer(d.seq, d.subject, d.event)
+            return full
+
+        loop = asyncio.get_running_loop()
+        pump_task = asyncio.create_task(pump(), name="recorder-pump")
+        stop_task = asyncio.create_task(stop.wait(), name="recorder-stop")
+        oldest = None  # loop time when the oldest buffered row arrived
+        try:
+            while True:
+                timeout = flush_interval_s if oldest is None else max(0.0, oldest + flush_interval_s - loop.time())
+                get = asyncio.create_task(queue.get())
+                done, _ = await asyncio.wait(
+                    {get, stop_task, pump_task}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+                full = False
+                if get in done:
+                    if oldest is None:
+                        oldest = loop.time()
+                    full = take_ready(get.result())
+                else:
+                    get.cancel()  # not completed (no await since wait): the item stays queued
+                if pump_task in done:
+                    pump_task.result()  # re-raise a consumer failure; else the stream ended
+                if stop_task in done or pump_task in done:
+                    while not queue.empty():
+                        d = queue.get_nowait()
+                        recorder.offer(d.seq, d.subject, d.event)
+                    await flush()
+                    break
+                if full or (oldest is not None and loop.time() - oldest >= flush_interval_s):
+                    await flush()
+                    oldest = loop.time() if recorder.pending else None
+        finally:
+            pump_task.cancel()
+            stop_task.cancel()
+            await asyncio.gather(pump_task, stop_task, return_exceptions=True)
+    stats.redeliveries = recorder.redeliveries
+    log.info("recorder_stopped", recorded=stats.recorded, batches=stats.batches, last_seq=stats.last_seq)
+    return stats
+
+
+class LiveSnapshots:
+    """Answers ``evolving sql --live`` for one DuckDB log on a NATS bus: on a request on
+    ``eictl.<partition>.recorder.snapshot``, checkpoint and copy the log (under its write lock)
+    to ``RUN.snapshot.duckdb`` and reply ``{"ok", "file", "applied_seq", "bytes", "age_s",
+    "took_s", "db"}`` (JSON). Writes ``RUN.duckdb.live.json`` (how to reach it) while it runs;
+    removes both files on exit. One snapshot at a time; the last one is reused while the log has
+    not moved or is younger than ``min_interval_s``."""
+
+    def __init__(self, bus: NatsBus, event_log, *, min_interval_s: float = 1.0) -> None:
+        from services.drivers.recorder.live import sidecar_path, snapshot_path, snapshot_subject
+
+        self.bus, self.event_log, self.min_interval_s = bus, event_log, min_interval_s
+        self.db = os.path.abspath(event_log.path)
+        self.subject = snapshot_subject(bus.partition)
+        self.sidecar = sidecar_path(self.db)
+        self.snapshot = snapshot_path(self.db)
+        self.served = 0
+        self.copies = 0
+        self._last: dict[str, Any] | None = None
+        self._last_at = 0.0
+        self._lock = asyncio.Lock()
+        self._sub = None
+
+    async def __aenter__(self):
+        self._sub = await self.bus.nc.subscribe(self.subject, cb=self._on_request)
+        await self.bus.nc.flush()
+        url = self.bus.nc.connected_url
+        info = {"nats_url": f"{url.scheme}://{url.hostname}:{url.port}" if url else None,
+                "partition": self.bus.partition, "subject": self.subject, "pid": os.getpid(),
+                "db": os.path.basename(self.db), "snapshot": os.path.basename(self.snapshot)}
+        await asyncio.to_thread(_write_atomically, self.sidecar, json.dumps(info, indent=2))
+        log.info("live_snapshots_ready", subject=self.subject, sidecar=self.sidecar)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(Exception):  # NATS may be gone already
+                await self._sub.unsubscribe()
+        for f in (self.sidecar, self.snapshot):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(f)
+
+    async def take(self) -> dict[str, Any]:
+        """A snapshot's reply (a fresh copy, or the last one when it is still good)."""
+        async with self._lock:
+            now = time.monotonic()
+            last = self._last
+            if last is not None and os.path.exists(self.snapshot) and (
+                    last["applied_seq"] == self.event_log.last_seq() or now - self._last_at < self.min_interval_s):
+                return {**last, "age_s": round(now - self._last_at, 3)}
+            res = await asyncio.to_thread(self.event_log.snapshot, self.snapshot)
+            self.copies += 1
+            self._last_at = time.monotonic()
+            self._last = {"ok": True, "file": os.path.basename(self.snapshot), "path": self.snapshot,
+                          "db": os.path.basename(self.db), "applied_seq": res["applied_seq"],
+                          "bytes": res["bytes"], "took_s": round(res["took_s"], 4)}
+            log.info("live_snapshot", applied_seq=res["applied_seq"], bytes=res["bytes"],
+                     took_s=round(res["took_s"], 4))
+            return {**self._last, "age_s": 0.0}
+
+    async def _on_request(self, msg) -> None:
+        try:
+            reply = await self.take()
+        except Exception as exc:  # noqa: BLE001 - the client gets the reason; the recorder goes on
+            log.warning("live_snapshot_failed", error=f"{type(exc).__name__}: {exc}")
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+        self.served += 1
+        if msg.reply:
+            with contextlib.suppress(Exception):
+                await msg.respond(json.dumps(reply).encode())
+
+
+def _write_atomically(path: str, text: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, path)

@@ -1,0 +1,233 @@
+"""Deterministic log replay: fold a recorded log through fresh cores and check that every
+recorded decision is reproduced bit for bit.
+
+How it works (docs/recorder.md has the long form):
+
+1. The cores are built from the log's ``run_config`` table (plug-in name or class path and
+   constructor kwargs, one key per core), through a registry of :class:`CoreSpec` so any core
+   can be verified (tests use a fake one).
+2. Every recorded event is folded, in seq order, through every core - exactly what the live
+   adapters do, echoes of a core's own decisions included. What a core emits is *not* folded:
+   the recorded copy is.
+3. A core's emitted decisions (the types its spec ``checks``) queue up, in order, as
+   predictions. When the log holds a decision owned by that core, it is compared with the head
+   of the queue *before* being folded: equal msgpack bytes, or a divergence. An owned decision
+   with nothing predicted is a divergence too ("not reproduced").
+4. Predictions still queued when the log ends are reported (the run stopped before they were
+   published); they fail the check only with ``strict=True``.
+
+A core that leaves ``src`` empty gets the recorded ``src`` before the comparison: adapters stamp
+the publisher id, cores do not.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from events.catalog import Event, RouteDecided
+from events.codec import encode, to_json
+
+Row = tuple[int, str, Event]
+
+PLANNER_DECISIONS = frozenset({"PlanEvaluated", "RoleSwitchOrdered", "ModelFitted", "SwitchRole"})
+
+
+def _checks_planner(event: Event) -> bool:
+    return type(event).__name__ in PLANNER_DECISIONS
+
+
+def _checks_router(event: Event) -> bool:
+    return isinstance(event, RouteDecided) and not event.shadow
+
+
+def _checks_nothing(event: Event) -> bool:
+    return False
+
+
+def resolve(path: str):
+    """``"package.module:Attr"`` -> the attribute."""
+    module, _, attr = path.partition(":")
+    obj = importlib.import_module(module)
+    for part in attr.split(".") if attr else ():
+        obj = getattr(obj, part)
+    return obj
+
+
+def _plugin_factory(group: str | None, default_class: str) -> Callable[[Mapping[str, Any]], Any]:
+    def build(cfg: Mapping[str, Any]):
+        if "class" in cfg:
+            cls = resolve(cfg["class"])
+        elif "plugin" in cfg and group is not None:
+            from services.adapters.plugins import load
+
+            cls = load(group, cfg["plugin"])
+        else:
+            cls = resolve(default_class)
+        return cls(**cfg.get("kwargs", {}))
+
+    return build
+
+
+@dataclass(frozen=True)
+class CoreSpec:
+    """How to build one core from its ``run_config`` entry and which recorded events are its
+    decisions."""
+
+    name: str
+    factory: Callable[[Mapping[str, Any]], Any]
+    checks: Callable[[Event], bool] = _checks_nothing
+
+
+DEFAULT_REGISTRY: dict[str, CoreSpec] = {
+    "directory": CoreSpec("directory", _plugin_factory(None, "services.cores.directory.core:DirectoryCore")),
+    "planner": CoreSpec(
+        "planner", _plugin_factory("evolving.planners", "services.cores.planner.evolving:EvolvingPlanner"), _checks_planner
+    ),
+    "router": CoreSpec(
+        "router", _plugin_factory("evolving.routers", "services.cores.router.least_ttft:LeastTtftRouter"), _checks_router
+    ),
+}
+DEFAULT_CORES = ("directory", "planner", "router")
+
+
+@dataclass
+class Divergence:
+    seq: int  # the recorded event's position (0: after the end of the log)
+    core: str
+    kind: str  # "mismatch" | "not_reproduced" | "core_error" | "not_recorded"
+    recorded: Event | None = None
+    predicted: Event | None = None
+    predicted_after_seq: int = 0  # the event whose fold produced the prediction
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        def js(e):
+            return None if e is None else msgspec.json.decode(to_json(e))
+
+        return {
+            "seq": self.seq,
+            "core": self.core,
+            "kind": self.kind,
+            "predicted_after_seq": self.predicted_after_seq,
+            "recorded": js(self.recorded),
+            "predicted": js(self.predicted),
+            "detail": self.detail,
+        }
+
+
+@dataclass
+class VerifyReport:
+    events: int = 0
+    checked: Counter = field(default_factory=Counter)  # decision type -> reproduced count
+    divergences: list[Divergence] = field(default_factory=list)
+    not_recorded: list[Divergence] = field(default_factory=list)
+    strict: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.divergences and not (self.strict and self.not_recorded)
+
+    @property
+    def first_divergence(self) -> Divergence | None:
+        if self.divergences:
+            return self.divergences[0]
+        return self.not_recorded[0] if self.strict and self.not_recorded else None
+
+    def to_dict(self) -> dict[str, Any]:
+        first = self.first_divergence
+        return {
+            "ok": self.ok,
+            "events": self.events,
+            "reproduced": dict(sorted(self.checked.items())),
+            "divergences": len(self.divergences),
+            "not_recorded": len(self.not_recorded),
+            "first_divergence": first.to_dict() if first else None,
+        }
+
+
+def verify_rows(
+    rows: Iterable[Row],
+    cores: Sequence[tuple[CoreSpec, Any]],
+    *,
+    keep_going: bool = False,
+    strict: bool = False,
+) -> VerifyReport:
+    """Fold ``rows`` through ``cores`` (fresh ones) and compare every recorded decision."""
+    report = VerifyReport(strict=strict)
+    pending: dict[str, deque[tuple[int, Event]]] = {spec.name: deque() for spec, _ in cores}
+    for seq, _subject, recorded in rows:
+        report.events += 1
+        for spec, _core in cores:
+            if not spec.checks(recorded):
+                continue
+            queue = pending[spec.name]
+            if not queue:
+                report.divergences.append(Divergence(seq, spec.name, "not_reproduced", recorded=recorded,
+                                                     detail="the fresh core emitted no pending decision"))
+                continue
+            after, predicted = queue.popleft()
+            if not predicted.src and recorded.src:
+                predicted = msgspec.structs.replace(predicted, src=recorded.src)
+            if encode(predicted) == encode(recorded):
+                report.checked[type(recorded).__name__] += 1
+            else:
+                report.divergences.append(Divergence(seq, spec.name, "mismatch", recorded, predicted, after))
+        if report.divergences and not keep_going:
+            return report
+        for spec, core in cores:
+            try:
+                out = core.apply(recorded)
+            except Exception as exc:  # noqa: BLE001 - a core that raises on recorded input is a divergence
+                report.divergences.append(Divergence(seq, spec.name, "core_error", recorded=recorded,
+                                                     detail=f"{type(exc).__name__}: {exc}"))
+                if not keep_going:
+                    return report
+                continue
+            pending[spec.name].extend((seq, e) for e in out if spec.checks(e))
+    for spec, _ in cores:
+        for after, predicted in pending[spec.name]:
+            report.not_recorded.append(Divergence(0, spec.name, "not_recorded", predicted=predicted,
+                                                  predicted_after_seq=after,
+                                                  detail="predicted, but the log ends before it"))
+    return report
+
+
+def build_cores(
+    run_config: Mapping[str, Any],
+    names: Sequence[str],
+    registry: Mapping[str, CoreSpec] | None = None,
+) -> list[tuple[CoreSpec, Any]]:
+    """Fresh cores named ``names``, each built from ``run_config[name]`` (empty if absent)."""
+    registry = DEFAULT_REGISTRY if registry is None else registry
+    out = []
+    for name in names:
+        if name not in registry:
+            raise KeyError(f"no core named {name!r} to verify (known: {', '.join(sorted(registry))})")
+        spec = registry[name]
+        cfg = run_config.get(name) or {}
+        if not isinstance(cfg, Mapping):
+            raise TypeError(f"run_config[{name!r}] must be an object, got {cfg!r}")
+        out.append((spec, spec.factory(cfg)))
+    return out
+
+
+def verify_log(
+    event_log,
+    names: Sequence[str] | None = None,
+    registry: Mapping[str, CoreSpec] | None = None,
+    *,
+    keep_going: bool = False,
+    strict: bool = False,
+) -> VerifyReport:
+    """Verify an :class:`~services.adapters.eventlog.duckdb_log.EventLog` against fresh cores."""
+    config = event_log.run_config()
+    if names is None:
+        names = config.get("cores") or DEFAULT_CORES
+    cores = build_cores(config, names, registry)
+    return verify_rows(event_log.read(1), cores, keep_going=keep_going, strict=strict)

@@ -1,0 +1,67 @@
+"""``python -m services.drivers.up.businit``: create the partition's streams, then exit.
+
+On a secured bus only the ``admin`` account may create (or change) a stream
+(services.adapters.bus.security), so a deployment runs this once with the admin's credentials before the
+services start (deploy/docker-compose.yml: the ``bus-init`` service; the services wait for it to
+complete). It waits for the cluster to answer JetStream requests (a fresh cluster elects its
+meta leader first), creates the event stream and the dead-letter stream with
+``--stream-replicas`` replicas (R3 on the compose cluster), and exits 0; a second run finds
+them and changes nothing (or raises their replicas to the asked number). Exit 1 with one line
+when the cluster did not answer within ``--timeout-s``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+
+from services.adapters.bus.security import CredentialsError
+from services.adapters.logging import configure_logging, get_logger
+from services.drivers.serve import add_bus_args, connect_bus
+
+log = get_logger("businit")
+
+
+async def init_bus(args) -> int:
+    deadline = time.monotonic() + args.timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            bus = await asyncio.wait_for(connect_bus(args, "evolving-businit"), 15)
+        except CredentialsError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - no meta leader yet, a server still starting: try again
+            last = f"{type(exc).__name__}: {exc}".rstrip(": ")
+            log.info("bus_not_ready", error=last)
+            await asyncio.sleep(1.0)
+            continue
+        try:
+            info = await bus.js.stream_info(bus.stream)
+            log.info("streams_ready", stream=bus.stream, replicas=info.config.num_replicas,
+                     messages=info.state.messages)
+            print(f"stream {bus.stream}: {info.config.num_replicas} replica(s), {info.state.messages} message(s)")
+        finally:
+            await bus.close()
+        return 0
+    print(f"businit: the bus at {args.nats_url} did not take the streams within {args.timeout_s:g} s: {last}",
+          file=sys.stderr)
+    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m services.drivers.up.businit", description=__doc__.splitlines()[0])
+    add_bus_args(p)
+    p.add_argument("--timeout-s", type=float, default=120.0, help="wait this long for the cluster")
+    args = p.parse_args(argv)
+    configure_logging()
+    try:
+        return asyncio.run(init_bus(args))
+    except CredentialsError as exc:
+        print(f"businit: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""``evolving serve <service>``, ``evolving up``, ``evolving bench live`` (and ``evolving drive``
+from services/drivers/gateway/cli.py when that module is present)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+
+
+def register(sub, bench) -> None:
+    from services.drivers.serve import SERVICES, add_service_args
+    from services.drivers.up.launch import add_up_args
+
+    p = sub.add_parser("serve", help="run one live service (directory, planner, router, recorder)")
+    services = p.add_subparsers(dest="service", metavar="SERVICE", required=True)
+    for kind in SERVICES:
+        sp = services.add_parser(kind, help=f"the live {kind} service (same as python -m services.drivers.serve {kind})")
+        add_service_args(sp, kind)
+        sp.set_defaults(func=_serve(kind))
+
+    p = sub.add_parser("up", help="start NATS, the services, sim engines and the gateway; Ctrl-C stops all")
+    add_up_args(p)
+    p.set_defaults(func=_up)
+
+    p = bench.add_parser("live", help="live path over NATS: route latency, fold rates, recorder, gateway req/s")
+    p.add_argument("--nats-url", default=None, help="use this server (default: an embedded nats-server)")
+    p.add_argument("--rate", type=float, default=100.0, help="requests/s for the route latency test")
+    p.add_argument("--requests", type=int, default=1000, help="requests timed at --rate")
+    p.add_argument("--fold-events", type=int, default=50000, help="events for the fold-rate comparison")
+    p.add_argument("--gateway-requests", type=int, default=200,
+                   help="requests through gateway -> router -> sim engines (0: skip)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_bench)
+
+    try:
+        gateway_cli = importlib.import_module("services.drivers.gateway.cli")
+    except ModuleNotFoundError as exc:
+        if exc.name and not "services.drivers.gateway.cli".startswith(exc.name):
+            raise
+        return
+    if hasattr(gateway_cli, "register_drive"):
+        gateway_cli.register_drive(sub)
+
+
+def _serve(kind: str):
+    def run(args) -> int:
+        from services.drivers.serve import serve_async
+
+        try:
+            return asyncio.run(serve_async(kind, args))
+        except KeyboardInterrupt:
+            return 0
+
+    return run
+
+
+def _up(args) -> int:
+    from services.drivers.up.launch import cmd_up
+
+    return cmd_up(args)
+
+
+def _bench(args) -> int:
+    from services.drivers.bench import live as bench
+
+    res = asyncio.run(bench.run(args))
+    if args.json:
+        print(json.dumps(res, indent=2))
+    else:
+        bench.print_report(res)
+    return 0

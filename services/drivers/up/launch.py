@@ -1,0 +1,687 @@
+"""``evolving up``: the whole live system from one command.
+
+Processes (each a child process, as in production; logs in ``--log-dir``, one JSON-lines file
+per child):
+
+1. ``nats-server -js`` (embedded, unless ``--nats-url``); stopped last. It runs secured:
+   ``up`` generates throwaway accounts (services.adapters.bus.security: one per child, with the subject
+   permissions of its role, an ``operator`` account for ``evolving sql --live`` and ``admin``
+   for ``up`` itself), writes them to ``RUN_DIR/credentials/<account>.json`` (mode 0600) and
+   passes each child only its own file (``--nats-credentials``). ``--insecure`` keeps an open
+   server. ``up`` supervises it: if it dies, it is restarted on the same port, store and
+   accounts (the children reconnect); if it cannot be, everything stops with one line.
+2. The recorder (``python -m services.drivers.serve recorder --db DB``), then the directory, the planner,
+   the router and any ``--shadow`` routers (``python -m services.<name>``). ``up`` writes the
+   run configuration (plug-in names and arguments) into the DuckDB file before the recorder
+   starts, so ``evolving verify DB`` rebuilds the same cores.
+3. ``--engines N`` sim engines (``python -m engine.worker --node nI --role R --time-scale S``).
+4. The gateway (``python -m services.drivers.gateway --port P``).
+
+A child that exits while ``up`` runs is restarted (backoff 1 s doubling to 10 s); the
+services rebuild from their snapshots (docs/live.md). The status line (rich) shows the nodes
+and their roles, the requests in flight, the last routing and planning decisions and the
+children. Ctrl-C (SIGINT) or SIGTERM stops everything in order: gateway, engines, decision
+services, recorder (SIGTERM, then SIGKILL after ``--stop-timeout-s``), NATS last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from events.catalog import (
+    NodeRegistered,
+    NodeRemoved,
+    PlanEvaluated,
+    RequestFinished,
+    RequestSubmitted,
+    RoleSwitched,
+    RoleSwitchOrdered,
+    RouteDecided,
+)
+from services.adapters.bus.natsserver import EmbeddedNats, NatsServerError
+from services.adapters.bus.security import ServiceSpec
+from services.adapters.logging import get_logger
+from services.drivers.serve import EXIT_PLUGIN, parse_kv
+
+log = get_logger("up")
+REPO = Path(__file__).resolve().parents[3]
+
+# Stop order: higher groups stop first.
+G_RECORDER, G_SERVICE, G_ENGINE, G_GATEWAY = 0, 1, 2, 3
+
+
+@dataclass
+class Child:
+    name: str
+    cmd: list[str]
+    group: int
+    log_path: Path
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+    backoff_s: float = 1.0
+    down_since: float | None = None
+
+    def start(self, env: dict[str, str]) -> None:
+        with open(self.log_path, "ab") as out:
+            self.proc = subprocess.Popen(self.cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)  # Ctrl-C reaches only `up`
+
+    @property
+    def state(self) -> str:
+        if self.proc is None:
+            return "not started"
+        rc = self.proc.poll()
+        return "running" if rc is None else f"exited {rc}"
+
+
+def child_env(environ: dict[str, str] | None = None, path: list[str] | None = None) -> dict[str, str]:
+    """The environment of every child: the parent's, with ``PYTHONPATH`` = the repository root,
+    then the parent's own import path (``sys.path`` entries that the interpreter does not add by
+    itself, then ``PYTHONPATH``), made absolute (children run in the repository root). A plug-in
+    that ``up`` can import is thus importable in the service that runs it."""
+    environ = dict(os.environ if environ is None else environ)
+    path = sys.path if path is None else path
+    own = tuple(os.path.join(os.path.abspath(p), "") for p in {sys.prefix, sys.base_prefix, sys.exec_prefix})
+    entries = [str(REPO)]
+    for raw in [*path, *environ.get("PYTHONPATH", "").split(os.pathsep)]:
+        if not raw:
+            continue
+        entry = os.path.abspath(raw)
+        if os.path.join(entry, "").startswith(own) or entry in entries:
+            continue  # the interpreter's own library and site-packages: every child has them
+        entries.append(entry)
+    return {**environ, "PYTHONPATH": os.pathsep.join(entries), "EI_LOG_FORMAT": "json"}
+
+
+def plugin_failure(log_path: Path) -> str:
+    """The one-line reason a child gave for not loading its plug-in (its ``plugin_load_failed``
+    log line), or its log's last line."""
+    last = ""
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "no log"
+    for line in reversed(lines[-200:]):
+        line = line.strip()
+        if not line:
+            continue
+        last = last or line
+        if '"plugin_load_failed"' in line:
+            try:
+                return str(json.loads(line).get("error") or line)
+            except json.JSONDecodeError:
+                return line
+    return last or "no log"
+
+
+@dataclass
+class Status:
+    """What the status line shows, folded from the stream (from the head at start)."""
+
+    nodes: dict[str, str] = field(default_factory=dict)
+    in_flight: set[str] = field(default_factory=set)
+    submitted: int = 0
+    finished: int = 0
+    counts: Counter = field(default_factory=Counter)
+    last_route: str = "-"
+    last_plan: str = "-"
+    last_seq: int = 0
+
+    def fold(self, seq: int, ev) -> None:
+        self.last_seq = seq
+        self.counts[type(ev).__name__] += 1
+        if isinstance(ev, NodeRegistered):
+            self.nodes[ev.node] = ev.role
+        elif isinstance(ev, RoleSwitchOrdered):
+            self.nodes[ev.node] = f"{ev.from_role}->{ev.to_role}"
+        elif isinstance(ev, RoleSwitched):
+            self.nodes[ev.node] = ev.role
+        elif isinstance(ev, NodeRemoved):
+            self.nodes.pop(ev.node, None)
+        elif isinstance(ev, RequestSubmitted):
+            self.submitted += 1
+            self.in_flight.add(ev.request)
+        elif isinstance(ev, RequestFinished):
+            self.finished += 1
+            self.in_flight.discard(ev.request)
+        elif isinstance(ev, RouteDecided) and not ev.shadow:
+            self.last_route = (f"{ev.request} -> P {ev.prefill_node} / D {ev.decode_node} "
+                               f"(t_c {ev.t_c}, ttft~{ev.predicted_ttft_s * 1e3:.0f} ms, {ev.policy})")
+        elif isinstance(ev, PlanEvaluated):
+            chosen = f"{ev.chosen.prefill}P/{ev.chosen.decode}D" if ev.chosen else "keep"
+            self.last_plan = f"{chosen}: {ev.reason}"
+
+
+def add_up_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nats-url", default=None,
+                   help="use this NATS server or cluster (comma-separated; default: start an embedded one). "
+                        "The children inherit the EI_NATS_* credentials of the environment")
+    p.add_argument("--insecure", action="store_true",
+                   help="embedded NATS without accounts: any local process may publish anything (the default "
+                        "generates one account per service with its subject permissions)")
+    p.add_argument("--partition", default="default")
+    p.add_argument("--partitions", type=int, default=1,
+                   help="N partitions, each with its own stream, recorder, directory, planner and router; the "
+                        "engines split between them, one gateway for all (docs/partitions.md)")
+    p.add_argument("--run-dir", default=None, help="directory for the DuckDB log, child logs and NATS store "
+                                                    "(default: runs/<timestamp>)")
+    p.add_argument("--db", default=None, help="DuckDB file (default: RUN_DIR/run.duckdb)")
+    p.add_argument("--engines", type=_engines_spec, default=4,
+                   help="sim engines to start (0: none); 'sglang-fake[:N]' runs N (default 2) SGLang-backend "
+                        "workers, each launching a fake SGLang server (engine/backends/sglang/fake.py)")
+    p.add_argument("--prefill", type=int, default=None,
+                   help="start this many engines as prefill and the rest as decode (default: all collocated)")
+    p.add_argument("--profile", default=None, help="engine profile (engine.worker --profile)")
+    p.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
+                   help="extra argument for every engine worker, e.g. --engine-arg=--fetch-mode=none")
+    p.add_argument("--kv-bytes", action="store_true",
+                   help="sim engines move real KV bytes (Mooncake over TCP, checksums verified; docs/kernels.md)")
+    p.add_argument("--kv-block-bytes", type=int, default=1024, help="with --kv-bytes: bytes per KV block")
+    p.add_argument("--time-scale", type=float, default=1.0, help="engines' model seconds per wall second")
+    p.add_argument("--gateway-port", type=int, default=8000, help="gateway HTTP port (0: a free port)")
+    p.add_argument("--no-gateway", action="store_true")
+    p.add_argument("--router", default="evolving")
+    p.add_argument("--router-arg", action="append", default=[], metavar="K=V")
+    p.add_argument("--shadow", action="append", default=[], metavar="PLUGIN",
+                   help="also run this router plug-in in shadow (repeatable)")
+    p.add_argument("--planner", default="evolving")
+    p.add_argument("--planner-arg", action="append", default=[], metavar="K=V")
+    p.add_argument("--tick-s", type=float, default=1.0)
+    p.add_argument("--heartbeat-timeout-s", type=float, default=10.0)
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="first metrics port; services take consecutive ports (0: free ports; -1: off)")
+    p.add_argument("--no-status", action="store_true", help="no rich status line (plain log lines)")
+    p.add_argument("--ready-file", default=None, help="write the URLs here as JSON once everything answers")
+    p.add_argument("--run-seconds", type=float, default=0.0, help="stop after this long (0: until Ctrl-C)")
+    p.add_argument("--stop-timeout-s", type=float, default=10.0)
+    p.add_argument("--nats-restarts", type=int, default=5,
+                   help="restarts of the embedded nats-server allowed within a minute before up gives up")
+    from services.adapters.bus.security import add_cli_options
+
+    add_cli_options(p)  # up's own connection to --nats-url (default: EI_NATS_*)
+
+
+class EnginesSpec(int):
+    """``--engines``: a count, with the backend kind as an attribute (``sim`` or ``sglang-fake``)."""
+
+    kind = "sim"
+
+
+def _engines_spec(raw: str) -> int:
+    kind, _, n = raw.partition(":")
+    if kind == "sglang-fake":
+        spec = EnginesSpec(int(n) if n else 2)
+        spec.kind = "sglang-fake"
+        return spec
+    return int(raw)
+
+
+def _sglang_fake_args(i: int, role: str, ports: list[tuple[int, int]]) -> list[str]:
+    """Worker options for engine ``i`` on a fake SGLang server it launches (ports: (http, zmq) per node)."""
+    http, kv = ports[i]
+    mode = "null" if role == "collocated" else role
+    launch = (f"{sys.executable} -m engine.backends.sglang.fake --port {http} --kv-events-port {kv} "
+              f"--disaggregation-mode {mode}")
+    peers = [f"--peer-url=n{j}=http://127.0.0.1:{p}" for j, (p, _) in enumerate(ports) if j != i]
+    return ["--backend", "sglang", "--sglang-launch", launch, "--sglang-url", f"http://127.0.0.1:{http}",
+            "--sglang-launch-timeout-s", "60", "--kv-events-endpoint", f"tcp://127.0.0.1:{kv}", *peers]
+
+
+def run_config(args) -> dict:
+    """The ``run_config`` that ``evolving verify`` reads (docs/recorder.md)."""
+    return {
+        "directory": {},
+        "planner": {"plugin": args.planner, "kwargs": parse_kv(args.planner_arg)},
+        "router": {"plugin": args.router, "kwargs": parse_kv(args.router_arg)},
+        "cores": ["directory", "planner", "router"],
+        "live": {"engines": int(args.engines), "engine_backend": getattr(args.engines, "kind", "sim"),
+                 "prefill": args.prefill, "time_scale": args.time_scale,
+                 "shadows": list(args.shadow), "partition": args.partition},
+    }
+
+
+def _free_port() -> int:
+    from services.adapters.bus.natsserver import free_port
+
+    return free_port()
+
+
+def router_policy_name(args) -> str:
+    """The in-charge router's policy name (its anomalies' component is ``router.<name>``)."""
+    from services.adapters.plugins import load_router
+
+    kwargs = parse_kv(args.router_arg)
+    try:
+        return str(load_router(args.router)(**kwargs).name)
+    except Exception:  # noqa: BLE001 - check_args already refused a plug-in that does not load
+        return str(kwargs.get("name") or args.router)
+
+
+def account_specs(args) -> list[ServiceSpec]:
+    """The accounts of the children ``plan_children`` starts (same names), plus the operator's."""
+    specs = [ServiceSpec("recorder", "recorder"), ServiceSpec("directory", "directory"),
+             ServiceSpec("planner", "planner"),
+             ServiceSpec("router", "router", components=(f"router.{router_policy_name(args)}",)),
+             *[ServiceSpec("router", f"shadow-{name}", shadow=name) for name in args.shadow],
+             *[ServiceSpec("engine", f"engine-n{i}", node=f"n{i}") for i in range(args.engines)],
+             ServiceSpec("operator", "operator")]
+    if not args.no_gateway:
+        specs.append(ServiceSpec("gateway", "gateway"))
+    return specs
+
+
+def plan_children(args, url: str, run_dir: Path, db: Path,
+                  credentials: dict[str, Path] | None = None) -> tuple[list[Child], dict]:
+    """The children and the URLs to print; ``credentials`` (account -> file): each child gets
+    ``--nats-credentials`` of the account named like it, and nothing else."""
+    if getattr(args, "partitions", 1) > 1:  # one set of children per partition (services/drivers/up/partitions.py)
+        from services.drivers.up.partitions import plan_partitioned
+
+        return plan_partitioned(args, url, run_dir, db, plan_children)
+    py, logs = sys.executable, run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    common = ["--nats-url", url, "--partition", args.partition]
+    metrics: dict[str, int] = {}
+    next_port = args.metrics_port
+
+    def mport(name: str) -> list[str]:
+        nonlocal next_port
+        if args.metrics_port < 0:
+            return []
+        port = _free_port() if args.metrics_port == 0 else next_port
+        next_port += 1
+        metrics[name] = port
+        return ["--metrics-port", str(port)]
+
+    def svc(name: str, kind: str, group: int, *extra: str) -> Child:
+        return Child(name, [py, "-m", "services.drivers.serve", kind, *common, *extra], group, logs / f"{name}.log")
+
+    children = [svc("recorder", "recorder", G_RECORDER, "--db", str(db), *mport("recorder")),
+                svc("directory", "directory", G_SERVICE, *mport("directory")),
+                svc("planner", "planner", G_SERVICE, "--planner", args.planner,
+                    *[f"--planner-arg={a}" for a in args.planner_arg], "--tick-s", str(args.tick_s),
+                    "--heartbeat-timeout-s", str(args.heartbeat_timeout_s), "--time-scale", str(args.time_scale),
+                    "--clock-epoch", repr(args.clock_epoch), *mport("planner")),
+                svc("router", "router", G_SERVICE, "--router", args.router,
+                    *[f"--router-arg={a}" for a in args.router_arg], *mport("router"))]
+    for name in args.shadow:
+        children.append(svc(f"shadow-{name}", "router", G_SERVICE, "--router", name, "--shadow", name,
+                            *mport(f"shadow-{name}")))
+    fake_ports = [(_free_port(), _free_port()) for _ in range(args.engines)] \
+        if getattr(args.engines, "kind", "sim") == "sglang-fake" else []
+    for i in range(args.engines):
+        role = "collocated" if args.prefill is None else ("prefill" if i < args.prefill else "decode")
+        extra = ["--profile", args.profile] if args.profile else []
+        if fake_ports:
+            extra += _sglang_fake_args(i, role, fake_ports)
+        if args.kv_bytes:
+            extra += ["--kv-bytes", "--kv-block-bytes", str(args.kv_block_bytes)]
+        children.append(Child(f"engine-n{i}", [py, "-m", "engine.worker", "--node", f"n{i}", "--role", role,
+                                               *common, "--time-scale", str(args.time_scale), "--seed", str(i),
+                                               *extra, *args.engine_arg], G_ENGINE, logs / f"engine-n{i}.log"))
+    urls: dict = {"nats": url, "db": str(db), "logs": str(logs),
+                  "metrics": {k: f"http://127.0.0.1:{v}/metrics" for k, v in metrics.items()}}
+    if not args.no_gateway:
+        port = args.gateway_port or _free_port()
+        children.append(Child("gateway", [py, "-m", "services.drivers.gateway", "--host", "127.0.0.1", "--port", str(port),
+                                          *common], G_GATEWAY, logs / "gateway.log"))
+        urls["gateway"] = f"http://127.0.0.1:{port}"
+    if credentials is not None:
+        for c in children:
+            path = credentials.get(c.name)
+            if path is None:
+                raise ValueError(f"no NATS account for child {c.name}")
+            c.cmd += ["--nats-credentials", str(path)]
+        urls["credentials"] = str(next(iter(credentials.values())).parent)
+    return children, urls
+
+
+class Up:
+    def __init__(self, args) -> None:
+        self.args = args
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.run_dir = Path(args.run_dir or REPO / "runs" / stamp)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.db = Path(args.db) if args.db else self.run_dir / "run.duckdb"
+        self.status = Status()
+        self.stop = asyncio.Event()
+        self.stopping = False
+        self.children: list[Child] = []
+        self.urls: dict = {}
+        self.failure: str | None = None  # a child could not load its plug-in: stop all, exit EXIT_PLUGIN
+        self.exit_code = EXIT_PLUGIN  # of a failure (1: the bus could not be kept up)
+        self.nats: EmbeddedNats | None = None
+        self.nats_deaths: list[float] = []  # monotonic times the embedded server was found dead
+        self._console = None
+        args.clock_epoch = time.time()  # model time = epoch + (wall - epoch) * time_scale
+
+    def say(self, msg: str, **kw) -> None:
+        if self._console is not None:
+            self._console.log(msg + ("  " + " ".join(f"{k}={v}" for k, v in kw.items()) if kw else ""))
+        else:
+            log.info(msg, **kw)
+
+    def env(self) -> dict[str, str]:
+        env = child_env()
+        if self.nats is not None and self.nats.accounts:
+            # each child's account comes from its --nats-credentials file, nothing else: an
+            # EI_NATS_* of the user's shell (a token, another user) must not ride along
+            env = {k: v for k, v in env.items() if not k.startswith("EI_NATS_")}
+        return env
+
+    async def run(self) -> int:
+        from services.adapters.bus.nats_bus import NatsBus
+        from services.adapters.eventlog.duckdb_log import DuckDbEventLog
+
+        nats = None
+        url = self.args.nats_url
+        creds, files = self._own_credentials(), None
+        if url is None:
+            accounts = None
+            if not self.args.insecure:
+                from services.adapters.bus.security import generate_accounts, write_credentials
+
+                accounts = generate_accounts(self.args.partition, account_specs(self.args))
+                files = write_credentials(accounts, self.run_dir / "credentials")
+                creds = accounts["admin"].credentials()
+            (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+            nats = self.nats = EmbeddedNats(store_dir=self.run_dir / "nats", own_session=True, accounts=accounts,
+                                            log_file=self.run_dir / "logs" / "nats.log").start()
+            url = nats.url
+        bus = None
+        try:
+            # creates the streams (the admin's right on a secured bus)
+            bus = await NatsBus.connect(url, self.args.partition, name="evolving-up", credentials=creds)
+            with DuckDbEventLog(self.db) as event_log:
+                event_log.set_run_config(run_config(self.args))
+            self.children, self.urls = plan_children(self.args, url, self.run_dir, self.db, files)
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, self.stop.set)
+            for group in (G_RECORDER, G_SERVICE, G_ENGINE, G_GATEWAY):
+                for c in self.children:
+                    if c.group == group:
+                        c.start(self.env())
+                if group == G_SERVICE:
+                    await self._wait_services(bus)
+                    if self.failure is not None:
+                        break  # a plug-in did not load: start nothing more
+                    await self._wait_metrics()  # the start line names the ports: they answer
+            if self.failure is None:
+                self.say("started", **start_fields(self.urls))
+                watch = asyncio.create_task(self._watch_stream(bus))
+                ready = asyncio.create_task(self._write_ready())
+                try:
+                    await self._supervise()
+                finally:
+                    for t in (watch, ready):
+                        t.cancel()
+                    await asyncio.gather(watch, ready, return_exceptions=True)
+        finally:
+            await self._stop_children()
+            if bus is not None:
+                try:
+                    await asyncio.wait_for(bus.close(), 5.0)
+                except Exception as exc:  # noqa: BLE001 - NATS may be gone already; stop anyway
+                    log.warning("bus_close_failed", error=str(exc) or type(exc).__name__)
+            if nats is not None:
+                nats.stop()
+        self.say("stopped", db=str(self.db))
+        if self.failure is not None:
+            print(f"evolving up: {self.failure}", file=sys.stderr)
+            return self.exit_code
+        return 0
+
+    def _own_credentials(self):
+        """``up``'s own credentials on a ``--nats-url`` bus (flags, then ``EI_NATS_*``)."""
+        from services.adapters.bus.security import credentials_from_args
+
+        creds = credentials_from_args(self.args)
+        return None if creds.empty else creds
+
+    async def _check_bus(self) -> None:
+        """The embedded nats-server died: reap it, say so in one line, and start it again on the
+        same port, store and accounts (the children's clients reconnect by themselves). If it
+        will not start, or dies ``--nats-restarts`` times within a minute, stop everything."""
+        nats = self.nats
+        if nats is None or nats.proc is None or nats.proc.poll() is None:
+            return
+        rc = nats.proc.returncode  # poll() reaped it: no zombie
+        if nats.proc.stderr:
+            nats.proc.stderr.close()
+        nats.proc = None
+        now = time.monotonic()
+        self.nats_deaths = [t for t in self.nats_deaths if now - t < 60.0] + [now]
+        if len(self.nats_deaths) > self.args.nats_restarts:
+            self._bus_failed(f"the embedded nats-server exited ({rc}), {len(self.nats_deaths)} time(s) within a "
+                             f"minute, more than --nats-restarts {self.args.nats_restarts}: stopping everything "
+                             f"(its log: {nats.log_file})")
+            return
+        self.say("nats_exited", rc=rc, restarting=nats.url, log=str(nats.log_file))
+        try:
+            await asyncio.to_thread(nats.start)
+        except (NatsServerError, OSError) as exc:
+            nats.proc = None
+            self._bus_failed(f"the embedded nats-server exited ({rc}) and could not be restarted: "
+                             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+            return
+        self.say("nats_restarted", url=nats.url, restarts=len(self.nats_deaths))
+
+    def _bus_failed(self, reason: str) -> None:
+        log.error("nats_failed", reason=reason)
+        if self.failure is None:
+            self.failure, self.exit_code = reason, 1
+        self.stop.set()
+
+    async def _wait_services(self, bus, timeout_s: float = 60.0) -> None:
+        """Wait until each decision service (shadow routers included) wrote its configuration: it
+        loaded its plug-in and is consuming. A child that cannot load its plug-in ends the wait."""
+        if getattr(self.args, "partitions", 1) > 1:
+            from services.drivers.up.partitions import wait_partitions
+
+            return await wait_partitions(self, bus, timeout_s)
+        keys = ["config.directory", "config.planner", "config.router",
+                *[f"config.shadow.{name}" for name in self.args.shadow]]
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not self.stop.is_set():
+            self._check_plugins()
+            if self.failure is not None:
+                return
+            if all([await bus.get_snapshot(k) is not None for k in keys]):
+                return
+            await asyncio.sleep(0.1)
+
+    async def _wait_metrics(self, timeout_s: float = 15.0) -> None:
+        """Wait until every service's metrics port accepts connections (bounded)."""
+        ports = [int(u.rsplit(":", 1)[1].split("/")[0]) for u in self.urls.get("metrics", {}).values()]
+        deadline = time.monotonic() + timeout_s
+        while ports and time.monotonic() < deadline and not self.stop.is_set():
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", ports[0])
+                writer.close()
+                ports.pop(0)
+            except OSError:
+                self._check_plugins()
+                await asyncio.sleep(0.1)
+
+    def _check_plugins(self) -> None:
+        """A decision service that exited with ``EXIT_PLUGIN`` cannot load its plug-in; restarting
+        will not help: note why and stop everything. (Other children's exit codes mean nothing here.)"""
+        for c in self.children:
+            if (self.failure is None and c.group == G_SERVICE and c.proc is not None
+                    and c.proc.poll() == EXIT_PLUGIN):
+                self.failure = f"{c.name} stopped: {plugin_failure(c.log_path)} (log: {c.log_path})"
+                log.error("child_plugin_failed", child=c.name, log=str(c.log_path))
+                self.stop.set()
+
+    async def _write_ready(self) -> None:
+        import aiohttp
+
+        gw = self.urls.get("gateway")
+        if gw:
+            async with aiohttp.ClientSession() as http:
+                while True:
+                    try:
+                        async with http.get(f"{gw}/health", timeout=aiohttp.ClientTimeout(total=1)) as r:
+                            if r.status == 200:
+                                break
+                    except (TimeoutError, aiohttp.ClientError):
+                        pass
+                    await asyncio.sleep(0.2)
+        self.say("ready", gateway=gw or "-")
+        if self.args.ready_file:
+            tmp = Path(self.args.ready_file + ".tmp")
+            pids = {c.name: c.proc.pid for c in self.children if c.proc is not None}
+            tmp.write_text(json.dumps({**self.urls, "pids": pids}, indent=2))
+            tmp.replace(self.args.ready_file)
+
+    async def _watch_stream(self, bus) -> None:
+        """Fold the stream into the status line; after a bus failure, resume where it stopped."""
+        while True:
+            try:
+                async with bus.consumer(None, start_seq=self.status.last_seq + 1) as c:
+                    async for d in c:
+                        self.status.fold(d.seq, d.event)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the bus went away: wait, then read on
+                log.debug("status_watch_interrupted", error=str(exc) or type(exc).__name__)
+                await asyncio.sleep(1.0)
+
+    async def _supervise(self) -> None:
+        deadline = time.monotonic() + self.args.run_seconds if self.args.run_seconds > 0 else None
+        live = None
+        if not self.args.no_status and sys.stderr.isatty():
+            from rich.live import Live
+
+            live = Live(self._render(), refresh_per_second=4, transient=False)
+            live.start()
+            self._console = live.console
+        try:
+            while not self.stop.is_set():
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                self._check_plugins()
+                await self._check_bus()
+                if self.failure is not None:
+                    break
+                self._restart_dead()
+                if live is not None:
+                    live.update(self._render())
+                try:
+                    await asyncio.wait_for(self.stop.wait(), timeout=0.25)
+                except TimeoutError:
+                    pass
+        finally:
+            if live is not None:
+                live.update(self._render())
+                live.stop()
+                self._console = None
+
+    def _restart_dead(self) -> None:
+        now = time.monotonic()
+        for c in self.children:
+            if c.proc is None or c.proc.poll() is None:
+                continue
+            if c.down_since is None:
+                c.down_since = now
+                self.say("child_exited", child=c.name, rc=c.proc.returncode, restart_in_s=c.backoff_s,
+                         log=str(c.log_path))
+            elif now - c.down_since >= c.backoff_s:
+                c.start(self.env())
+                c.restarts += 1
+                c.down_since = None
+                c.backoff_s = min(10.0, c.backoff_s * 2)
+                self.say("child_restarted", child=c.name, restarts=c.restarts)
+
+    def _render(self):
+        from rich.table import Table
+
+        st = self.status
+        t = Table.grid(padding=(0, 2))
+        nodes = " ".join(f"{n}:{r}" for n, r in sorted(st.nodes.items())) or "-"
+        t.add_row("nodes", nodes)
+        t.add_row("requests", f"in flight {len(st.in_flight)}  submitted {st.submitted}  finished {st.finished}")
+        t.add_row("last route", st.last_route)
+        t.add_row("last plan", st.last_plan[:160])
+        t.add_row("stream", f"seq {st.last_seq}  route {st.counts['RouteDecided']}  "
+                            f"anomalies {st.counts['AnomalyReported']}")
+        procs = " ".join(f"{c.name}:{'ok' if c.state == 'running' else c.state}"
+                         + (f"(r{c.restarts})" if c.restarts else "") for c in self.children)
+        t.add_row("children", procs)
+        if "gateway" in self.urls:
+            t.add_row("gateway", self.urls["gateway"])
+        return t
+
+    async def _stop_children(self) -> None:
+        self.stopping = True
+        for group in (G_GATEWAY, G_ENGINE, G_SERVICE, G_RECORDER):
+            procs = [c for c in self.children if c.group == group and c.proc is not None and c.proc.poll() is None]
+            for c in procs:
+                c.proc.send_signal(signal.SIGTERM)
+            for c in procs:
+                try:
+                    await asyncio.wait_for(asyncio.to_thread(c.proc.wait), timeout=self.args.stop_timeout_s)
+                except TimeoutError:
+                    self.say("child_killed", child=c.name, reason="did not stop in time")
+                    c.proc.kill()
+                    await asyncio.to_thread(c.proc.wait)
+
+
+def start_fields(urls: dict) -> dict[str, str]:
+    """The start line's fields: the gateway URL first, then every metrics port, NATS, DB, logs."""
+    out = {"gateway": urls.get("gateway", "-")}
+    metrics = urls.get("metrics") or {}
+    out["metrics"] = ",".join(f"{name}:{url.rsplit(':', 1)[1].split('/')[0]}" for name, url in metrics.items()) or "off"
+    out.update({k: str(v) for k, v in urls.items() if k not in ("gateway", "metrics")})
+    return out
+
+
+def check_args(args) -> str | None:
+    """A reason to refuse to start, found before anything is started (plug-in names, arguments)."""
+    import importlib.util
+
+    from services.adapters.plugins import PluginNotFound, load_planner, load_router
+
+    plugins = [("router", load_router, args.router, parse_kv(args.router_arg)),
+               ("planner", load_planner, args.planner, parse_kv(args.planner_arg)),
+               *[("shadow router", load_router, name, {"name": name, "shadow": True}) for name in args.shadow]]
+    for kind, load, name, kwargs in plugins:
+        try:
+            load(name)(**kwargs)
+        except PluginNotFound as exc:
+            return str(exc)
+        except Exception as exc:  # noqa: BLE001 - an import error inside the plug-in, its own validation error
+            return f"cannot load {kind} plug-in {name!r}: {type(exc).__name__}: {exc}"
+    from services.drivers.up.partitions import check_partitions
+
+    if (problem := check_partitions(args)) is not None:
+        return problem
+    if getattr(args.engines, "kind", "sim") == "sglang-fake" and args.time_scale != 1.0:
+        return "--engines sglang-fake runs in real time: --time-scale must be 1"
+    if args.engines and importlib.util.find_spec("engine.worker") is None:
+        return "engine.worker is not installed: use --engines 0"
+    if not args.no_gateway and importlib.util.find_spec("services.drivers.gateway") is None:
+        return "services.drivers.gateway is not installed: use --no-gateway"
+    return None
+
+
+def cmd_up(args) -> int:
+    problem = check_args(args)
+    if problem:
+        print(f"evolving up: {problem}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(Up(args).run())
+    except KeyboardInterrupt:
+        return 130

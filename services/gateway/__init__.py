@@ -1,9 +1,0 @@
-"""The OpenAI-compatible gateway: HTTP in, harness events out, tokens streamed back.
-
-Layer 3 (a driver). ``api`` (request Structs, error shape, parameter rules; pure),
-``headers`` (branch signals, pure), ``tokenizer`` (byte-level / HF, chat template, pure),
-``auth`` (API keys), ``metrics`` (prometheus_client), ``tokens`` (token channel adapters over
-``events.wire``), ``app`` (aiohttp), ``drive`` (trace replay client), ``cli`` (``evolving
-drive``). May import ``events``, ``services.bus`` / ``services.logging`` and ``replay.trace``
-(drive); nothing below it imports this package. See docs/gateway.md.
-"""

@@ -1,6 +1,0 @@
-"""The planner: iteration-time cost models (``costmodel``), the Evolving Infra planner
-(``core.EvolvingPlanner``) and the baseline planners (``baselines``). See docs/planner.md.
-
-Layer 1 (core). May import: ``events``, ``services.core``, ``services.costmodel``, numpy, scipy,
-msgspec. Its benchmark and synthetic data are in ``services.bench``.
-"""

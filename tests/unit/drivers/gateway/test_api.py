@@ -1,0 +1,201 @@
+"""Request validation (msgspec Structs), the refused and unapplied parameters, the error shape."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from services.drivers.gateway.api import (
+    ApiError,
+    ChatRequest,
+    CompletionRequest,
+    context_error,
+    parse_chat,
+    parse_completion,
+    requested_max_tokens,
+    unapplied,
+)
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def chat(**kw) -> bytes:
+    return json.dumps({"messages": MSG, **kw}).encode()
+
+
+def err(fn, raw: bytes) -> ApiError:
+    with pytest.raises(ApiError) as ei:
+        fn(raw)
+    return ei.value
+
+
+def test_a_valid_chat_request_decodes_into_structs():
+    req, obj = parse_chat(chat(model="m", max_tokens=5, stream=True, stream_options={"include_usage": True},
+                               temperature=0.2, stop=["x"]))
+    assert isinstance(req, ChatRequest) and req.messages[0].role == "user"
+    assert req.stream_options.include_usage and requested_max_tokens(req) == 5
+    assert obj["messages"] == MSG  # the template renders the decoded messages
+    assert unapplied(req) == ["temperature", "stop"]
+
+
+@pytest.mark.parametrize("raw, param, code", [
+    (b"{not json", "body", "invalid_json"),
+    (b"[1]", "body", "invalid_type"),
+    (b'{"model": "m"}', "messages", "missing_required_parameter"),
+    (chat(max_tokens=-1), "max_tokens", "invalid_value"),
+    (chat(max_tokens=True), "max_tokens", "invalid_type"),
+    (chat(max_tokens=1.5), "max_tokens", "invalid_type"),
+    (chat(stream="yes"), "stream", "invalid_type"),
+    (chat(temperature=3), "temperature", "invalid_value"),
+    (chat(stream=True, stream_options={"include_usage": True, "x": 1}), "stream_options.x", "unknown_parameter"),
+    (json.dumps({"messages": []}).encode(), "messages", "invalid_value"),
+    (json.dumps({"messages": [{"role": "bot", "content": "x"}]}).encode(), "messages[0].role", "invalid_value"),
+    (json.dumps({"messages": [{"role": "user", "content": 3}]}).encode(), "messages[0].content", "invalid_type"),
+    (chat(frobnicate=1, aardvark=2), "aardvark", "unknown_parameter"),
+])
+def test_bad_chat_fields_are_named(raw, param, code):
+    e = err(parse_chat, raw)
+    assert (e.status, e.param, e.code) == (400, param, code)
+    assert param in e.message or param == "body"
+
+
+def test_role_error_lists_the_roles():
+    e = err(parse_chat, json.dumps({"messages": [{"role": "bot"}]}).encode())
+    assert "assistant" in e.message and "'bot'" in e.message
+
+
+@pytest.mark.parametrize("raw, param", [
+    (b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}', "messages[0].content"),
+    (b'{"messages": [{"role": "user", "content": "\\udfff"}]}', "messages[0].content"),
+    (b'{"prompt": "\\ud83d"}', "prompt"),
+    (b'{"prompt": "x", "user": "\\ud800"}', "user"),
+])
+def test_a_lone_surrogate_is_a_400_naming_its_field(raw, param):
+    fn = parse_completion if b"prompt" in raw else parse_chat
+    e = err(fn, raw)
+    assert (e.status, e.param, e.code) == (400, param, "invalid_value") and "surrogate" in e.message
+
+
+def test_a_surrogate_pair_is_fine():
+    assert parse_completion(b'{"prompt": "\\ud83d\\ude00"}').prompt == "\U0001F600"
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"n": 2}, "n"),
+    ({"logprobs": True}, "logprobs"),
+    ({"top_logprobs": 3}, "top_logprobs"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+    ({"functions": [{"name": "f"}]}, "functions"),
+    ({"function_call": {"name": "f"}}, "function_call"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"logit_bias": {"50256": -100}}, "logit_bias"),
+    ({"modalities": ["text", "audio"]}, "modalities"),
+    ({"audio": {"voice": "x"}}, "audio"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),  # without stream: true
+])
+def test_chat_parameters_it_cannot_honour_are_refused(extra, param):
+    e = err(parse_chat, chat(**extra))
+    assert (e.status, e.param, e.code) == (400, param, "unsupported_parameter")
+    assert param in e.message
+
+
+@pytest.mark.parametrize("extra", [
+    {"n": 1}, {"logprobs": False}, {"top_logprobs": 0}, {"tools": []}, {"tool_choice": "none"},
+    {"tool_choice": "auto"}, {"response_format": {"type": "text"}}, {"logit_bias": {}},
+    {"modalities": ["text"]}, {"parallel_tool_calls": True}, {"user": "u"}, {"metadata": {"a": "b"}},
+    {"store": False}, {"seed": 3}, {"ignore_eos": True}, {"min_tokens": 1},
+])
+def test_neutral_values_are_accepted(extra):
+    parse_chat(chat(**extra))
+
+
+def test_several_refused_parameters_are_all_named():
+    e = err(parse_chat, chat(n=3, logprobs=True, tools=[{}]))
+    assert all(p in e.message for p in ("n", "logprobs", "tools")) and e.param == "n"
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"best_of": 2}, "best_of"), ({"logprobs": 0}, "logprobs"), ({"echo": True}, "echo"),
+    ({"suffix": "end"}, "suffix"), ({"n": 4}, "n"),
+])
+def test_completion_parameters_it_cannot_honour_are_refused(extra, param):
+    e = err(parse_completion, json.dumps({"prompt": "x", **extra}).encode())
+    assert (e.status, e.param, e.code) == (400, param, "unsupported_parameter")
+
+
+@pytest.mark.parametrize("prompt, ok", [
+    ("abc", "abc"), (["abc"], "abc"), ([1, 2, 3], [1, 2, 3]), ("", ""),
+])
+def test_prompt_forms(prompt, ok):
+    assert parse_completion(json.dumps({"prompt": prompt}).encode()).prompt == ok
+
+
+@pytest.mark.parametrize("prompt, param", [
+    (["a", "b"], "prompt"), ([], "prompt"), (["a", 1], "prompt"), ([[1, 2]], "prompt[0]"),
+    ([-1], "prompt[0]"), (3, "prompt"), (None, "prompt"),
+])
+def test_bad_prompts_are_named(prompt, param):
+    e = err(parse_completion, json.dumps({"prompt": prompt}).encode())
+    assert (e.status, e.param) == (400, param)
+
+
+def test_max_tokens_and_max_completion_tokens():
+    r = parse_completion(b'{"prompt": "x", "max_completion_tokens": 7}')
+    assert requested_max_tokens(r) == 7
+    e = err(parse_completion, b'{"prompt": "x", "max_tokens": 3, "max_completion_tokens": 7}')
+    assert e.param == "max_completion_tokens"
+
+
+def test_context_error_has_openais_shape():
+    e = context_error(100, 90, 20, "messages")
+    body = e.body()["error"]
+    assert body["code"] == "context_length_exceeded" and body["param"] == "messages"
+    assert "maximum context length is 100 tokens" in body["message"] and "110 tokens" in body["message"]
+
+
+def test_every_default_code_is_a_string():
+    for status in (400, 401, 404, 405, 409, 413, 418, 500, 502, 503, 504):
+        e = ApiError(status, "m")
+        assert isinstance(e.body()["error"]["code"], str) and isinstance(e.type, str)
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=8), kids, max_size=3),
+    max_leaves=8)
+_keys = st.sampled_from(["messages", "prompt", "model", "max_tokens", "stream", "n", "stop", "tools",
+                         "stream_options", "temperature", "logprobs", "echo", "x"])
+
+
+_SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@_SETTINGS
+@given(st.dictionaries(_keys, _json, max_size=5), st.booleans())
+def test_any_json_object_parses_or_is_a_400_with_a_string_code(obj, as_chat):
+    """The invariant behind 'never a text/plain 500': arbitrary bodies end in a request or an ApiError."""
+    raw = msgspec.json.encode(obj)
+    try:
+        (parse_chat if as_chat else parse_completion)(raw)
+    except ApiError as e:
+        assert e.status == 400 and isinstance(e.code, str) and e.code
+        assert e.param is None or isinstance(e.param, str)
+
+
+@_SETTINGS
+@given(st.binary(max_size=64))
+def test_any_bytes_parse_or_are_a_400(raw):
+    try:
+        parse_completion(raw)
+    except ApiError as e:
+        assert e.status == 400 and isinstance(e.code, str)
+
+
+def test_completion_request_is_a_struct():
+    assert isinstance(parse_completion(b'{"prompt": "x"}'), CompletionRequest)
