@@ -29,7 +29,7 @@ the order of a request's life on this node)
    ``RequestFinished``, ``RoleSwitched``) is applied to the local directory at once and
    published in order; its echo from the stream (same ``src``, after the start head) is
    skipped, so eviction sees this node's own KV without waiting for the round trip.
-5. Tokens go to the gateway on core NATS (``services.drivers.gateway.tokens``), as the backend reports
+5. Tokens go to the gateway on core NATS (``services.adapters.bus.tokens``), as the backend reports
    them (``host.token``): the sim's are ``"tok "`` per token (engine/backends/sim/backend.py),
    SGLang's are the streamed text. ``backend.progress()`` runs every ``--token-interval-s``.
 6. ``NodeHeartbeat`` every ``--heartbeat-s`` (1 s). SIGTERM/SIGINT: ``NodeRemoved(reason=
@@ -65,8 +65,15 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from engine.backend import DecodeJob, EngineBackend, PrefillJob
+from nats.errors import Error as NatsError
+from nats.js.errors import APIError, ServiceUnavailableError
+
+from engine.backend import BackendUnavailable, DecodeJob, EngineBackend, PrefillJob
+from engine.backends.sglang.backend import SglangBackend, config_from_args
+from engine.backends.sglang.options import add_arguments, check_args
+from engine.backends.sim.backend import SimBackend
 from engine.profiles import Profile, load_profile
+from engine.transfer import TransferError, make_transfer
 from events.catalog import (
     Event,
     FirstToken,
@@ -78,11 +85,16 @@ from events.catalog import (
 )
 from events.ids import NodeId, Role
 from events.wire import TokenMsg
-from services.adapters.logging import get_logger
+from kernels.layout import KvLayoutError
+from services.adapters.bus import NatsBus, StreamSettings
+from services.adapters.bus.security import CredentialsError, add_cli_options
+from services.adapters.bus.tokens import NatsTokens
+from services.adapters.logging import configure_logging, get_logger
 from services.cores.contract import Sequenced
 from services.cores.directory.core import DirectoryCore
 from services.cores.directory.eviction import POLICIES
 from services.cores.worker_view import WorkerView
+from services.drivers.options import bus_auth
 
 if TYPE_CHECKING:  # torch is imported only with --kv-bytes
     from engine.kvplane import KvBytesConfig
@@ -208,8 +220,6 @@ class EngineWorker:
         self.host = WallClockHost(time_scale, self._on_emit, self._choose, self._peer, epoch=epoch,
                                   token=self._out_token)
         if backend == "sim":
-            from engine.backends.sim.backend import SimBackend
-
             self.backend: EngineBackend = SimBackend(self.host, node, role, profile, seed=seed, fetch_mode=fetch_mode)
         elif callable(backend):
             self.backend = backend(self.host, self)
@@ -236,8 +246,7 @@ class EngineWorker:
         if kv_bytes is not None:
             if self.backend.name != "sim":
                 raise ValueError("--kv-bytes runs with the sim backend (SGLang moves its own KV)")
-            from engine.kvplane import KvDataPlane
-            from engine.transfer import make_transfer
+            from engine.kvplane import KvDataPlane  # lazy: optional dependency (torch; --kv-bytes only)
 
             transfer = make_transfer(kv_bytes.transfer, node=node, host=kv_bytes.host, fabric=kv_bytes.fabric)
             self.kv = KvDataPlane(node, profile.block_tokens, profile.l1_capacity_tokens // profile.block_tokens,
@@ -526,11 +535,6 @@ class EngineWorker:
 def _retryable(exc: BaseException) -> bool:
     """A publication error that may pass on a retry: the bus unreachable or JetStream not
     answering (yet). A JetStream API error other than 503 (a refused message) will not."""
-    try:
-        from nats.errors import Error as NatsError
-        from nats.js.errors import APIError, ServiceUnavailableError
-    except ImportError:  # pragma: no cover - nats-py is installed with the services
-        return isinstance(exc, TimeoutError | OSError)
     if isinstance(exc, ServiceUnavailableError):
         return True
     if isinstance(exc, APIError):
@@ -590,26 +594,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-format", choices=["console", "json"], default=None,
                    help="log lines as console text or JSON (default: the services' setting)")
     p.add_argument("--log-level", default=None, help="debug, info, warning or error (default info)")
-    from engine.backends.sglang.options import add_arguments
-    from services.adapters.bus.security import add_cli_options
-
     add_arguments(p)
     add_cli_options(p)
     return p
 
 
 async def run(args: argparse.Namespace) -> int:
-    from engine.backend import BackendUnavailable
-    from engine.transfer import TransferError
-    from kernels.layout import KvLayoutError
-    from services.adapters.bus.nats_bus import NatsBus
-    from services.drivers.gateway.tokens import NatsTokens
-
     profile = load_profile(args.profile)
     backend: str | Callable = "sim"
     if args.backend == "sglang":
-        from engine.backends.sglang.backend import SglangBackend, config_from_args
-
         cfg = config_from_args(args)
         backend = lambda host, w: SglangBackend(host, w.src, args.role, profile, cfg)
         try:
@@ -618,11 +611,8 @@ async def run(args: argparse.Namespace) -> int:
         except BackendUnavailable as exc:
             print(f"engine.worker: {exc}", file=sys.stderr)
             return 2
-    from services.adapters.bus.nats_bus import StreamSettings
-    from services.adapters.bus.security import CredentialsError, credentials_from_args
-
     try:
-        creds = credentials_from_args(args)
+        creds = bus_auth(args).credentials()
     except CredentialsError as exc:
         print(f"engine.worker: {exc}", file=sys.stderr)
         return 2
@@ -631,9 +621,9 @@ async def run(args: argparse.Namespace) -> int:
                                 settings=StreamSettings(replicas=args.stream_replicas))
     kv = None
     if args.kv_bytes:
-        import torch
+        import torch  # lazy: optional dependency (torch; --kv-bytes only)
 
-        from engine.kvplane import KvBytesConfig
+        from engine.kvplane import KvBytesConfig  # lazy: optional dependency (torch; --kv-bytes only)
 
         # small batched ops on a node that shares its cores: intra-op threads only spin (a 2000-block
         # store took 120-480 ms with torch's default threads on a loaded 2-core box, 7-25 ms with one)
@@ -670,11 +660,11 @@ def _kv_bytes_preflight(args: argparse.Namespace) -> str:
     if args.backend != "sim":
         return "--kv-bytes runs with --backend sim (SGLang moves its own KV)"
     try:
-        import torch  # noqa: F401
+        import torch  # noqa: F401  # lazy: optional dependency (torch; --kv-bytes only)
     except ImportError:
         return "--kv-bytes needs torch (pip install -e '.[kv]')"
     if args.transfer == "mooncake":
-        from engine.transfer.mooncake import mooncake_available
+        from engine.transfer.mooncake import mooncake_available  # lazy: optional dependency (torch, mooncake)
 
         ok, why = mooncake_available()
         if not ok:
@@ -683,8 +673,6 @@ def _kv_bytes_preflight(args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from services.adapters.logging import configure_logging
-
     args = build_parser().parse_args(argv)
     configure_logging(level=args.log_level, fmt=args.log_format)
     try:
@@ -698,8 +686,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"engine.worker: {err}", file=sys.stderr)
             return 2
     if args.backend == "sglang":
-        from engine.backends.sglang.options import check_args
-
         err = check_args(args)
         if err:
             print(f"engine.worker: {err}", file=sys.stderr)

@@ -19,7 +19,7 @@ Each message is one JSON-encoded :class:`TokenMsg` (readable with ``nats sub 'ei
 The sim engine generates no real text: ``text`` is ``"tok "`` per token (:func:`sim_text`).
 
 Bottom layer: msgspec and the standard library only. The NATS adapter that publishes and
-subscribes these messages is ``services.drivers.gateway.tokens.NatsTokens``.
+subscribes these messages is ``services.adapters.bus.tokens.NatsTokens``.
 """
 
 from __future__ import annotations

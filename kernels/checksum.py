@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 
+import torch
+
 from kernels.pool import BlockPool
 
 
@@ -30,8 +32,6 @@ def fast_checksums(pool: BlockPool, slots: list[int]) -> list[int]:
     can collide). Use it on GPU pools, where BLAKE2b would need every block copied down;
     ``block_checksum`` stays the one that travels between nodes.
     """
-    import torch
-
     if not slots:
         return []
     words = pool.words()

@@ -87,7 +87,7 @@ def _use_triton(impl: str, device: torch.device) -> bool:
         return False
     if impl != "triton":
         raise KvLayoutError(f"impl must be 'torch' or 'triton', got {impl!r}")
-    from kernels import triton_ops
+    from kernels import triton_ops  # lazy: triton is optional and slow to import; only impl='triton' needs it
 
     if not triton_ops.HAVE_TRITON or device.type != "cuda":
         raise KvLayoutError(f"impl='triton' needs triton and a CUDA pool (pool on {device})")
@@ -109,7 +109,7 @@ def gather_blocks(
     words = pool.words()
     idx = _index(slots, pool.device)
     if _use_triton(impl, pool.device):
-        from kernels.triton_ops import copy_rows
+        from kernels.triton_ops import copy_rows  # lazy: triton, optional (impl='triton' only)
 
         copy_rows(words, idx, rows.view(words.dtype), torch.arange(n, device=pool.device))
     else:
@@ -130,7 +130,7 @@ def scatter_blocks(
     words = pool.words()
     idx = _index(slots, pool.device)
     if _use_triton(impl, pool.device):
-        from kernels.triton_ops import copy_rows
+        from kernels.triton_ops import copy_rows  # lazy: triton, optional (impl='triton' only)
 
         copy_rows(rows.view(words.dtype), torch.arange(n, device=pool.device), words, idx)
     else:
@@ -212,7 +212,7 @@ def _same_device_copy(
     src_idx = _index(src_slots, src.device)
     dst_idx = _index(dst_slots, dst.device)
     if _use_triton(impl, src.device):
-        from kernels.triton_ops import copy_rows
+        from kernels.triton_ops import copy_rows  # lazy: triton, optional (impl='triton' only)
 
         if src is dst and set(src_slots) & set(dst_slots):
             raise KvLayoutError("copy_blocks impl='triton': source and target slots overlap in one pool")

@@ -23,8 +23,19 @@ the format told by content), ``FORMAT:PATH`` to import with a named importer
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import sys
 from pathlib import Path
+
+import msgspec
+
+from replay.sim.cli import register_sim
+from replay.traces.format import TraceFormatError, save_sessions
+from replay.traces.importers import FORMATS, get_importer
+from replay.traces.importers.spec import load_workload as read_workload
+from replay.traces.stats import format_stats, trace_stats
+from replay.traces.workloads import WORKLOADS, generate
 
 
 def register(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:
@@ -34,8 +45,6 @@ def register(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction)
 
 # --------------------------------------------------------------------------- trace
 def _register_trace(sub: argparse._SubParsersAction) -> None:
-    from replay.traces.importers import FORMATS
-
     p = sub.add_parser("trace", help="agent-session traces: import, statistics, synthetic workloads")
     tsub = p.add_subparsers(dest="trace_command", metavar="ACTION")
     p.set_defaults(func=lambda _a: (p.print_help(), 2)[1])
@@ -68,8 +77,6 @@ def _register_trace(sub: argparse._SubParsersAction) -> None:
     fit.add_argument("--markdown", action="store_true", help="print the fit-quality table as Markdown")
     fit.set_defaults(func=_cmd_fit)
 
-    from replay.traces.workloads import WORKLOADS
-
     gen = tsub.add_parser("generate", help="write a seeded synthetic workload")
     gen.add_argument("workload", choices=sorted(WORKLOADS))
     gen.add_argument("-o", "--out", required=True, help="output JSONL file")
@@ -88,20 +95,15 @@ def _report_skipped(skipped: list) -> None:
 
 
 def _load(files: list[str], fmt: str | None, skip_bad: bool):
-    from replay.traces.importers.spec import load_workload
-
     sessions, skipped = [], []
     for f in files:  # each a workload spec (replay.traces.importers.spec), --from forcing the format
-        w = load_workload(f, fmt, skip_bad=skip_bad, require_sessions=False)  # the caller says "no session"
+        w = read_workload(f, fmt, skip_bad=skip_bad, require_sessions=False)  # the caller says "no session"
         sessions += w.sessions
         skipped += w.skipped
     return sessions, skipped
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
-    from replay.traces.format import TraceFormatError, save_sessions
-    from replay.traces.importers import get_importer
-
     try:
         res = get_importer(args.format)(args.src, skip_bad=args.skip_bad)
     except TraceFormatError as exc:
@@ -127,15 +129,15 @@ def load_workload(spec: str, fmt: str | None = None) -> tuple[list, str]:
     """Sessions of a workload spec (see the module docstring) and a label for it: the shared
     parser ``replay.traces.importers.spec.load_workload``. Raises ``ValueError``
     (``WorkloadSpecError``) / ``TraceFormatError`` / ``OSError`` with a one-line message."""
-    from replay.traces.importers.spec import load_workload as load
-
-    w = load(spec, fmt)
+    w = read_workload(spec, fmt)
     return w.sessions, w.label
 
 
 def _cmd_compare_workloads(args: argparse.Namespace) -> int:
-    from replay.traces.fit import compare, format_compare
-    from replay.traces.format import TraceFormatError
+    from replay.traces.fit import (  # lazy: start-up (evolving --help skips scipy.stats: +630 ms)
+        compare,
+        format_compare,
+    )
 
     loaded = []
     for spec in args.compare:
@@ -152,12 +154,11 @@ def _cmd_compare_workloads(args: argparse.Namespace) -> int:
 
 
 def _cmd_fit(args: argparse.Namespace) -> int:
-    import json
-    import re
-
-    from replay.traces.fit import compare, fit_cc, format_compare
-    from replay.traces.format import TraceFormatError
-    from replay.traces.workloads import generate
+    from replay.traces.fit import (  # lazy: start-up (evolving --help skips scipy.stats: +630 ms)
+        compare,
+        fit_cc,
+        format_compare,
+    )
 
     try:
         sessions, _ = load_workload(args.src, args.fmt)
@@ -185,11 +186,6 @@ def _cmd_fit(args: argparse.Namespace) -> int:
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
-    import msgspec
-
-    from replay.traces.format import TraceFormatError
-    from replay.traces.stats import format_stats, trace_stats
-
     if args.compare:
         return _cmd_compare_workloads(args)
     if not args.files:
@@ -214,9 +210,6 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from replay.traces.format import save_sessions
-    from replay.traces.workloads import generate
-
     sessions = generate(args.workload, seed=args.seed, agents=args.agents, rate_per_min=args.rate)
     n = save_sessions(args.out, sessions)
     print(f"wrote {n} {args.workload} session(s) (seed {args.seed}) to {args.out}")
@@ -225,7 +218,5 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- simulator
 def _register_sim(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:
-    """``replay``, ``compare``, ``sweep-static`` and ``bench sim`` (see replay/sim/cli.py)."""
-    from replay.sim.cli import register_sim
-
+    """``replay``, ``compare``, ``sweep-static``, ``sim-report`` and ``bench sim`` (see replay/sim/cli.py)."""
     register_sim(sub, bench)

@@ -9,11 +9,11 @@ BACKENDS = ("loopback", "mooncake")
 
 def make_transfer(name: str, *, node: str = "n0", host: str = "127.0.0.1", fabric=None) -> TransferBackend:
     if name == "loopback":
-        from engine.transfer.loopback import LoopbackFabric, LoopbackTransfer
+        from engine.transfer.loopback import LoopbackFabric, LoopbackTransfer  # lazy: needs torch (optional)
 
         return LoopbackTransfer(fabric if fabric is not None else LoopbackFabric(), node)
     if name == "mooncake":
-        from engine.transfer.mooncake import MooncakeTransfer
+        from engine.transfer.mooncake import MooncakeTransfer  # lazy: needs torch (optional)
 
         return MooncakeTransfer(host)
     raise TransferError(f"unknown transfer backend {name!r} (known: {', '.join(BACKENDS)})")

@@ -17,7 +17,13 @@ import json
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from replay.experiments.run import Run, _flags, execute
+import matplotlib
+import matplotlib.pyplot as plt
+
+from replay.experiments.matrix import Run, run_flags
+from replay.experiments.run import execute
+
+matplotlib.use("Agg")  # no display (pyplot picks its backend at the first figure)
 
 # label -> (stack, planner overrides); evolving rows start at 1P8D
 ROWS: dict[str, tuple[str, dict]] = {
@@ -38,7 +44,7 @@ def runs(warmup: str, duration: str, window_s: float, slices: int) -> dict[str, 
     for label, (stack, over) in ROWS.items():
         extra = ("--start", "1P8D") if stack == "evolving" else ()
         args = {"window_s": window_s, "slices": slices, **over} if stack == "evolving" else {}
-        out[label] = Run(label, stack, _flags("putnam", 256, warmup, duration, *extra), planner_args=args)
+        out[label] = Run(label, stack, run_flags("putnam", 256, warmup, duration, *extra), planner_args=args)
     return out
 
 
@@ -87,13 +93,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _plot(rows: list[dict], path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:  # pragma: no cover - matplotlib is a dependency of the experiments
-        return
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in rows:
         if "throughput_rps" not in r:

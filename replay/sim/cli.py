@@ -1,28 +1,36 @@
-"""``evolving replay`` / ``compare`` / ``sweep-static`` / ``bench sim``: the simulator's commands.
+"""``evolving replay`` / ``compare`` / ``sweep-static`` / ``sim-report`` / ``bench sim``: the
+simulator's commands (their flags and handlers).
 
-Registered by ``replay.cli._register_sim``. Every run writes its full event log to DuckDB
-through the recorder's :class:`~services.adapters.eventlog.duckdb_log.DuckDbEventLog` (the same code the
-live recorder uses), in batches.
+Registered by ``replay.cli._register_sim``. A run's inputs (session source, configuration,
+profile) are read from the flags by replay/sim/inputs.py; every run is one
+``replay.sim.runs.run_one`` call, which writes its full event log to DuckDB through the
+recorder's :class:`~services.adapters.eventlog.DuckDbEventLog` (the same code the live recorder
+uses), in batches.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
 import sys
-import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
 from pathlib import Path
 
-from engine.profiles import load_profile
-from replay.sim.figures import METRIC_TYPES, RunMetrics, compute_metrics
-from replay.sim.simulation import SessionSource, SimConfig, Simulation
-from replay.sim.stacks import get_stack
+import msgspec
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
-#: Bundled real Claude Code sessions (kv-cache-tester, Apache-2.0): the default trace.
-BUNDLED_TRACE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "traces" / "weka-claude-code"
-WORKLOAD_PROFILE = {"cc": "gb300-glm52", "putnam": "gb300-glm52", "osworld": "gb300-kimi-k26"}
+from replay.sim.figures import METRIC_TYPES, RunMetrics, compute_metrics
+from replay.sim.inputs import profile_name, run_profile, session_source, sim_config
+from replay.sim.report import print_table, to_json, write_plots
+from replay.sim.stacks import parse_split
+from replay.traces.importers.spec import WorkloadSpecError, parse_spec
+from replay.traces.pacing import parse_pace
 
 
 def parse_duration(text: str) -> float:
@@ -50,22 +58,8 @@ def parse_tokens(text: str) -> int:
     return n
 
 
-def run_profile(args):
-    """The run's profile: ``--profile`` (or the workload's) with ``--kv-gpu-tokens`` /
-    ``--kv-host-tokens`` replacing its per-node KV capacities."""
-    from dataclasses import replace
-
-    prof = load_profile(profile_name(args))
-    gpu, host = getattr(args, "kv_gpu_tokens", None), getattr(args, "kv_host_tokens", None)
-    if gpu is not None:
-        prof = replace(prof, l1_capacity_tokens=int(gpu))
-    if host is not None:
-        prof = replace(prof, l2_capacity_tokens=int(host))
-    return prof
-
-
 def _checked(check, *errors: type[Exception]):
-    """An argparse ``type=`` that runs ``check(text)`` (a lazy import's validator) and turns its
+    """An argparse ``type=`` that runs ``check(text)`` (a validator) and turns its
     ``errors`` into a usage error naming what was wrong; the value stays the text."""
 
     def arg(text: str) -> str:
@@ -79,8 +73,6 @@ def _checked(check, *errors: type[Exception]):
 
 
 def _split_arg(text: str) -> str:
-    from replay.sim.stacks import parse_split
-
     return _checked(parse_split, ValueError)(text)
 
 
@@ -95,159 +87,16 @@ def _positive_int(text: str) -> int:
 
 
 def _pace_arg(text: str) -> str:
-    from replay.traces.pacing import parse_pace
-
     return _checked(parse_pace, ValueError)(text)
-
-
-# --------------------------------------------------------------------------- inputs
-def load_trace(spec: str | Path) -> list:
-    """Sessions of a workload spec, read by the parser every trace-taking command shares
-    (``replay.traces.importers.spec``): a trace path (format told by content), ``FORMAT:PATH`` (e.g.
-    ``mooncake:trace.jsonl``) or ``gen:NAME[:key=value]...``. Raises ``WorkloadSpecError`` /
-    ``TraceFormatError`` with a one-line message (file and line for a broken record)."""
-    from replay.traces.importers.spec import load_workload
-
-    return load_workload(str(spec)).sessions
 
 
 def _trace_arg(text: str) -> str:
     """``--trace``: the spec's syntax checked at parse time (an unknown format is a usage error)."""
-    from replay.traces.importers.spec import WorkloadSpecError, parse_spec
-
     return _checked(parse_spec, WorkloadSpecError)(text)
 
 
-def session_source(args) -> tuple[SessionSource, str]:
-    from replay.traces.pacing import pace_session, parse_pace
-
-    synthetic = bool(getattr(args, "workload", None))
-    # --pace default (docs/traces.md, pacing): a trace as recorded, a generator as autonomous agents
-    pace = parse_pace(getattr(args, "pace", None) or ("agent" if synthetic else "recorded"))
-    if synthetic:
-        from replay.traces.workloads import WORKLOADS
-
-        w = WORKLOADS[args.workload]
-        import numpy as np
-
-        def make(k: int, _w=w, _seed=args.seed, _name=args.workload):
-            rng = np.random.Generator(np.random.PCG64([_seed, k]))
-            return pace_session(_w.make(f"{_name}-s{_seed}-{k:05d}", rng, _w.params), pace)
-
-        return SessionSource(make=make), f"{args.workload}-like (seed {args.seed}, pace {pace})"
-    path = args.trace or BUNDLED_TRACE
-    from replay.traces.format import TraceFormatError
-    from replay.traces.importers.spec import WorkloadSpecError
-
-    try:
-        sessions = [pace_session(s, pace) for s in load_trace(path)]
-    except (WorkloadSpecError, TraceFormatError, OSError) as exc:  # one line, not a traceback
-        raise SystemExit(f"error: {exc}") from None  # each names the spec, or the file and line
-    return SessionSource(sessions), f"{len(sessions)} sessions from {path}" + (
-        f" (pace {pace})" if pace.mode != "recorded" else "")
-
-
-def sim_config(args) -> SimConfig:
-    agents = args.agents
-    if agents is None and args.arrivals is None:
-        from replay.traces.workloads import WORKLOADS
-
-        agents = WORKLOADS[args.workload].default_agents if getattr(args, "workload", None) else 126
-    return SimConfig(nodes=args.nodes, duration_s=args.duration, warmup_s=args.warmup, seed=args.seed,
-                     agents=None if args.arrivals else agents, arrivals_per_min=args.arrivals,
-                     directory_core=not args.fast,
-                     share_directory=not getattr(args, "two_directories", False))  # bench sim's baseline
-
-
-def profile_name(args) -> str:
-    if args.profile:
-        return args.profile
-    return WORKLOAD_PROFILE.get(getattr(args, "workload", None) or "cc", "gb300-glm52")
-
-
-# --------------------------------------------------------------------------- one run
-class _Recorder:
-    """Batches (seq, subject, event) rows into a DuckDbEventLog."""
-
-    def __init__(self, path: Path, config: dict, batch: int = 20000) -> None:
-        from events.subjects import subject_for
-        from services.adapters.eventlog.duckdb_log import DuckDbEventLog
-
-        if path.exists():
-            path.unlink()
-        self.log = DuckDbEventLog(str(path))
-        self.log.set_run_config(config)
-        self.rows: list = []
-        self.batch = batch
-        self.subject_for = subject_for
-
-    def __call__(self, seq: int, ev) -> None:
-        self.rows.append((seq, self.subject_for(ev), ev))
-        if len(self.rows) >= self.batch:
-            self.flush()
-
-    def flush(self) -> None:
-        if self.rows:
-            self.log.append(self.rows)
-            self.rows = []
-
-    def close(self) -> None:
-        self.flush()
-        self.log.close()
-
-
-def run_one(stack_name: str, args, source: SessionSource, out: Path | None, progress: bool = True,
-            keep_log: bool = True) -> tuple[RunMetrics, object]:
-    if getattr(args, "partitions", 1) > 1:  # one process per partition, merged log (replay/sim/partitioned.py)
-        from replay.sim.partitioned import run_partitioned
-
-        return run_partitioned(stack_name, args, out, progress=progress)
-    prof = run_profile(args)
-    cfg = sim_config(args)
-    stack = get_stack(stack_name, start=getattr(args, "start", None))
-    rec = None
-    if out is not None:
-        rec = _Recorder(out, {"driver": "simulator", "stack": stack.describe(), "profile": prof.name,
-                              "kv_gpu_tokens": prof.l1_capacity_tokens, "kv_host_tokens": prof.l2_capacity_tokens,
-                              "nodes": cfg.nodes, "seed": cfg.seed, "warmup_s": cfg.warmup_s,
-                              "duration_s": cfg.duration_s, "agents": cfg.agents,
-                              "arrivals_per_min": cfg.arrivals_per_min, **stack.core_config(prof, cfg)})
-    sim = Simulation(prof, stack, source, cfg, record=rec, keep_log=True)
-    t0, c0 = time.perf_counter(), time.process_time()
-    bar = None
-    if progress:
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-        bar = Progress(TextColumn("[bold]{task.fields[stack]}"), BarColumn(), TextColumn("{task.fields[info]}"),
-                       TimeElapsedColumn(), transient=True)
-        task = bar.add_task("sim", total=cfg.end_s, stack=stack.name, info="")
-
-        def on_tick(now: float, s: Simulation) -> None:
-            if int(now) % 10:
-                return
-            roles = [n.role for n in s.nodes.values()]
-            split = f"{roles.count('prefill')}P{roles.count('decode')}D" + (
-                f"{roles.count('collocated')}C" if "collocated" in roles else "")
-            bar.update(task, completed=now, info=f"t={now / 60:5.1f} min  done={s.finished}  split={split}")
-
-        sim.progress = on_tick
-        bar.start()
-    try:
-        res = sim.run()
-    finally:
-        if bar is not None:
-            bar.stop()
-        if rec is not None:
-            rec.close()
-    res.wall_s = time.perf_counter() - t0
-    res.cpu_s = time.process_time() - c0
-    m = compute_metrics(res.log, cfg.warmup_s, cfg.end_s, stack.name)
-    m.unfinished = len(res.unfinished)
-    return m, res
-
-
 # --------------------------------------------------------------------------- commands
-def _add_common(p: argparse.ArgumentParser, default_duration: str = "1h", default_warmup: str = "30m") -> None:
+def add_run_args(p: argparse.ArgumentParser, default_duration: str = "1h", default_warmup: str = "30m") -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--trace", type=_trace_arg,
                      help="a workload spec: trace path (session JSONL, kv-cache-tester JSON[.gz], Mooncake "
@@ -288,9 +137,7 @@ def _add_common(p: argparse.ArgumentParser, default_duration: str = "1h", defaul
 
 
 def _cmd_replay(args) -> int:
-    from rich.console import Console
-
-    from replay.experiments.report import print_table, to_json
+    from replay.sim.runs import run_one  # lazy: start-up (evolving --help skips DuckDB: +55 ms)
 
     source, what = session_source(args)
     out = Path(args.out) if args.out else None
@@ -309,9 +156,7 @@ def _cmd_replay(args) -> int:
 
 
 def _cmd_compare(args) -> int:
-    from rich.console import Console
-
-    from replay.experiments.report import print_table, to_json, write_plots
+    from replay.sim.runs import run_one  # lazy: start-up (evolving --help skips DuckDB: +55 ms)
 
     stacks = [s.strip() for s in args.stacks.split(",") if s.strip()]
     source, what = session_source(args)
@@ -351,7 +196,7 @@ def _cmd_compare(args) -> int:
 def _compare_jobs(args, n_stacks: int) -> int:
     """Stacks simulated at a time: ``--jobs``, default the cores available (at most 2); 1 with
     ``--partitions`` (each run already spreads over processes)."""
-    from replay.experiments.run import default_jobs
+    from replay.sim.runs import default_jobs  # lazy: start-up (evolving --help skips DuckDB: +55 ms)
 
     if getattr(args, "partitions", 1) > 1:
         return 1
@@ -362,6 +207,8 @@ def _compare_jobs(args, n_stacks: int) -> int:
 def _compare_worker(name: str, args, log: str) -> tuple[RunMetrics, int, int, float]:
     """One stack of ``compare`` in a worker process: the same session source, rebuilt there
     from the same flags (sources are pure functions of them), the same ``run_one``."""
+    from replay.sim.runs import run_one  # lazy: start-up (evolving --help skips DuckDB: +55 ms)
+
     source, _ = session_source(args)
     m, res = run_one(name, args, source, Path(log), progress=False)
     return m, res.submitted, res.finished, res.wall_s
@@ -370,11 +217,6 @@ def _compare_worker(name: str, args, log: str) -> tuple[RunMetrics, int, int, fl
 def _compare_parallel(stacks: list[str], args, logs: dict[str, Path], jobs: int, line, progress: bool) -> list:
     """Each stack in its own spawned process, ``jobs`` at a time; results in the given order.
     Each run is the same deterministic simulation as in one process (tested)."""
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-    from multiprocessing import get_context
-
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     wargs = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "func"})
     results: dict[str, RunMetrics] = {}
     bar = Progress(TextColumn("[bold]compare"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
@@ -392,9 +234,7 @@ def _compare_parallel(stacks: list[str], args, logs: dict[str, Path], jobs: int,
 
 
 def _cmd_sweep(args) -> int:
-    from rich.console import Console
-
-    from replay.experiments.report import print_table, to_json
+    from replay.sim.runs import run_one  # lazy: start-up (evolving --help skips DuckDB: +55 ms)
 
     source, what = session_source(args)
     runs = []
@@ -424,10 +264,6 @@ BENCH_RUNS = {
 
 def _log_digest(log) -> str:
     """sha256 of the log's events (type + msgpack): equal digests = the same run, decision for decision."""
-    import hashlib
-
-    import msgspec
-
     enc, h = msgspec.msgpack.Encoder(order="deterministic"), hashlib.sha256()
     for e in log:
         h.update(type(e).__name__.encode())
@@ -455,8 +291,8 @@ def _cmd_bench(args) -> int:
     generated once per cluster size and shared by its runs (timed apart: ``gen_s``); ``cpu_s`` is
     this process's CPU time for the run without generation, which a loaded machine moves much less
     than wall time; ``same_log_as_baseline``: the run's event log digest equals the baseline's."""
-    from rich.console import Console
-    from rich.table import Table
+    from replay.sim.partitioned import bench_rows  # lazy: start-up (evolving --help skips DuckDB: +55 ms)
+    from replay.sim.runs import run_one  # lazy: start-up (evolving --help skips DuckDB: +55 ms)
 
     out = sys.stderr if args.json else sys.stdout
     rows: list[dict] = []
@@ -507,8 +343,6 @@ def _cmd_bench(args) -> int:
                 r["same_log_as_baseline"] = r["digest"] == ref["digest"]
         rows += case
     if getattr(args, "partitions", 1) > 1:  # issue 16: one cluster as 1 vs N partitions (replay/sim/partitioned.py)
-        from replay.sim.partitioned import bench_rows
-
         for r in bench_rows(args, args.partition_nodes, args.partitions, args.partition_agents_per_node, args.jobs,
                             baseline=not args.no_partition_baseline):
             rows.append(r)
@@ -537,10 +371,7 @@ def _cmd_bench(args) -> int:
 
 def _cmd_report(args) -> int:
     """Recompute the table and plots from recorded runs (metrics come from the log alone)."""
-    from rich.console import Console
-
-    from replay.experiments.report import print_table, to_json, write_plots
-    from services.adapters.eventlog.duckdb_log import DuckDbEventLog
+    from services.adapters.eventlog import DuckDbEventLog  # lazy: start-up (--help skips DuckDB: +55 ms)
 
     files = [Path(f) for f in args.logs]
     runs, cfgs = [], []
@@ -577,21 +408,21 @@ def register_sim(sub, bench) -> None:
     rep.set_defaults(func=_cmd_report)
 
     rp = sub.add_parser("replay", help="simulate one stack serving agent sessions on a simulated cluster")
-    _add_common(rp)
+    add_run_args(rp)
     rp.add_argument("--stack", default="evolving", help="evolving, dynamo, arrow, static:4P5D, ablations, "
                                                          "BASE+PART... (e.g. static:4P5D+round_robin+async)")
     rp.add_argument("--out", default=None, help="DuckDB file for the full event log")
     rp.set_defaults(func=_cmd_replay)
 
     cp = sub.add_parser("compare", help="several stacks on the identical trace: one table, plots, event logs")
-    _add_common(cp, default_duration="20m", default_warmup="10m")
+    add_run_args(cp, default_duration="20m", default_warmup="10m")
     cp.add_argument("--stacks", default="evolving,dynamo,arrow,static:4P5D",
                     help="comma-separated stacks (see replay --stack)")
     cp.add_argument("--out-dir", default="runs/compare", help="event logs (DuckDB) and PNG plots go here")
     cp.set_defaults(func=_cmd_compare)
 
     sp = sub.add_parser("sweep-static", help="find the best static split for a workload")
-    _add_common(sp)
+    add_run_args(sp)
     sp.set_defaults(func=_cmd_sweep)
 
     bp = bench.add_parser("sim", help="simulator speed: simulated seconds per second, 9 and 96 nodes, beside "

@@ -29,15 +29,28 @@
 
 from __future__ import annotations
 
+import argparse
+import heapq
 import os
 import shutil
 import tempfile
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
+from multiprocessing import get_context
 from pathlib import Path
 
+import duckdb
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from replay.sim.figures import METRIC_TYPES, SPLIT_TYPES, compute_metrics, split_figures
+from replay.sim.inputs import run_profile, session_source, sim_config
+from replay.sim.simlog import SimLog
 from replay.sim.simulation import RunResult, SessionSource, SimConfig, Simulation
+from replay.sim.stacks import get_stack
+from services.adapters.eventlog import DuckDbEventLog
+from services.adapters.logging import get_logger
 from services.cores.partitions import PartitionMap
 
 SEED_STRIDE = 1_000_003
@@ -104,44 +117,6 @@ def partition_config(cfg: SimConfig, pmap: PartitionMap, index: int) -> SimConfi
                    arrivals_per_min=arrivals, seed=cfg.seed + index * SEED_STRIDE)
 
 
-def _profile(args):
-    from replay.sim import cli as sim_cli
-
-    if hasattr(sim_cli, "run_profile"):  # --kv-gpu-tokens / --kv-host-tokens where supported
-        return sim_cli.run_profile(args)
-    from engine.profiles import load_profile
-
-    return load_profile(sim_cli.profile_name(args))
-
-
-class _PartRecorder:
-    """Batches one partition's (seq, subject on ``ei.<p>.…``, event) rows into its DuckDB file."""
-
-    def __init__(self, path: Path, partition: str, batch: int = 20000) -> None:
-        from events.subjects import subject_for
-        from services.adapters.eventlog.duckdb_log import DuckDbEventLog
-
-        if path.exists():
-            path.unlink()
-        self.log = DuckDbEventLog(str(path))
-        self.partition, self.batch, self.rows = partition, batch, []
-        self.subject_for = subject_for
-
-    def __call__(self, seq: int, ev) -> None:
-        self.rows.append((seq, self.subject_for(ev, self.partition), ev))
-        if len(self.rows) >= self.batch:
-            self.flush()
-
-    def flush(self) -> None:
-        if self.rows:
-            self.log.append(self.rows)
-            self.rows = []
-
-    def close(self) -> None:
-        self.flush()
-        self.log.close()
-
-
 @dataclass
 class PartitionRun:
     result: RunResult
@@ -160,16 +135,13 @@ class PartitionRun:
 def simulate_partition(stack_name: str, args, partitions: int, index: int, out: Path | None = None,
                        keep_log: bool = False) -> PartitionRun:
     """Simulate partition ``index`` of ``partitions`` alone (in this process)."""
-    from replay.sim.cli import session_source, sim_config
-    from replay.sim.stacks import get_stack
-
     pmap = cluster_map(args.nodes, partitions)
     base, _ = session_source(args)
     source = base if partitions == 1 else PartitionSource(base, pmap, index)
     cfg = partition_config(sim_config(args), pmap, index)
     stack = get_stack(stack_name, start=getattr(args, "start", None))
-    rec = _PartRecorder(out, pmap.names[index]) if out is not None else None
-    sim = Simulation(_profile(args), stack, source, cfg, record=rec, keep_log=keep_log)
+    rec = SimLog(out, pmap.names[index]) if out is not None else None
+    sim = Simulation(run_profile(args), stack, source, cfg, record=rec, keep_log=keep_log)
     t0 = time.perf_counter()
     try:
         res = sim.run()
@@ -206,8 +178,6 @@ def partition_figures(source, pmap: PartitionMap, warmup_s: float, end_s: float)
     """Per partition, ``split_figures`` of its nodes' events (read without the block-carrying
     events: a few seconds for the 768-node run). ``source``: a merged log (an ``EventLog``),
     or the partition logs' paths in partition order."""
-    from replay.sim.figures import SPLIT_TYPES, split_figures
-
     if isinstance(source, (list, tuple)):
         return {name: split_figures(merged_events([path], SPLIT_TYPES), warmup_s, end_s)
                 for name, path in zip(pmap.names, source, strict=True)}
@@ -222,10 +192,6 @@ def merged_events(parts: Sequence[Path], types=None):
     index, seq)`` (``types``: only these event types, as ``EventLog.read``), without writing the
     merged log. Each partition's log is in time order by seq (event times never go back inside
     a partition), so a k-way merge of the logs read by seq is the merged order."""
-    import heapq
-
-    from services.adapters.eventlog.duckdb_log import DuckDbEventLog
-
     logs = [DuckDbEventLog(str(p), read_only=True) for p in parts]
     try:
         def keyed(i: int, log):  # (ts, partition index, seq, event); i bound per stream
@@ -243,10 +209,6 @@ def merged_events(parts: Sequence[Path], types=None):
 def merge_logs(parts: Sequence[Path], out: Path, config: dict) -> int:
     """One DuckDB log from the partitions' logs, ordered by ``(ts, partition index, seq)`` and
     renumbered 1..n; returns n."""
-    import duckdb
-
-    from services.adapters.eventlog.duckdb_log import DuckDbEventLog
-
     if out.exists():
         out.unlink()
     log = DuckDbEventLog(str(out))
@@ -305,14 +267,6 @@ def default_jobs() -> int:
 def run_partitioned(stack_name: str, args, out: Path | None, progress: bool = True):
     """Every partition in parallel processes, merged into ``out`` (or a temporary file);
     returns ``(RunMetrics, PartitionedResult)`` from the merged log."""
-    from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
-    from multiprocessing import get_context
-
-    from replay.sim.cli import sim_config
-    from replay.sim.figures import METRIC_TYPES, compute_metrics
-    from replay.sim.stacks import get_stack
-    from services.adapters.logging import get_logger
-
     log = get_logger("partitions")
     n = int(args.partitions)
     if n > args.nodes:
@@ -330,8 +284,6 @@ def run_partitioned(stack_name: str, args, out: Path | None, progress: bool = Tr
     bar = None
     try:
         if progress:
-            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
             bar = Progress(TextColumn(f"[bold]{stack_name}"), BarColumn(), TextColumn("{task.fields[info]}"),
                            TimeElapsedColumn(), transient=True)
             task = bar.add_task("partitions", total=n, info=f"{n} partitions on {jobs} processes")
@@ -354,7 +306,7 @@ def run_partitioned(stack_name: str, args, out: Path | None, progress: bool = Tr
                     done(fut.result())
         results.sort(key=lambda r: r["index"])
         t_merge = time.perf_counter()
-        prof = _profile(args)
+        prof = run_profile(args)
         stack = get_stack(stack_name, start=getattr(args, "start", None))
         config = {"driver": "simulator", "stack": stack.describe(), "profile": prof.name,
                   "kv_gpu_tokens": prof.l1_capacity_tokens, "kv_host_tokens": prof.l2_capacity_tokens,
@@ -394,8 +346,6 @@ def bench_rows(args, nodes: int, partitions: int, agents_per_node: float, jobs: 
     skips the one-partition row. ``cpu_s`` counts this
     process and its finished children; ``peak_rss_mb`` is the largest partition process's peak
     (``VmHWM``; for one partition: this process, which also ran the bench's earlier rows)."""
-    import argparse
-
     rows: list[dict] = []
     for n in ((1,) if baseline else ()) + ((partitions,) if partitions > 1 else ()):
         a = argparse.Namespace(**vars(args))

@@ -17,6 +17,11 @@ import json
 import sys
 from pathlib import Path
 
+import matplotlib
+import matplotlib.pyplot as plt
+
+matplotlib.use("Agg")  # no display (pyplot picks its backend at the first figure)
+
 
 def series(rows: list[dict]) -> dict[str, list[dict]]:
     """Rows grouped into plot lines (sorted by nodes); static-split rows are dropped."""
@@ -53,11 +58,6 @@ def load_rows(paths: list[str | Path]) -> list[dict]:
 
 
 def plot(rows: list[dict], out: str | Path, title: str = "") -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.8))
     for i, (name, pts) in enumerate(series(rows).items()):
         color = f"C{i}"

@@ -37,9 +37,11 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 
 from engine.backends.sim.node import PrefillJob, SimNode
@@ -54,7 +56,7 @@ from events.catalog import (
     Tick,
 )
 from events.ids import NodeId, Role
-from replay.traces.format import Session, SessionCursor, reblock
+from replay.traces.format import Compact, Request, Session, SessionCursor, reblock
 from services.cores.directory.core import DirectoryCore
 
 # kinds: only a tie-break after (time, seq); documented for the heap order.
@@ -434,8 +436,6 @@ class SessionSource:
         if self.make is not None:
             if self._memo is not None and k in self._memo:
                 return self._memo[k]
-            import time
-
             t0, c0 = time.perf_counter(), time.process_time()  # measurement only: never influences the simulation
             s = self.make(k)
             self.make_s += time.perf_counter() - t0
@@ -448,10 +448,6 @@ class SessionSource:
         c = k // n
         if c == 0:
             return s
-        import msgspec
-
-        from replay.traces.format import Compact, Request
-
         branches = []
         for b in s.branches:
             steps = []

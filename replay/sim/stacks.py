@@ -41,33 +41,14 @@ thirds prefill on other sizes) unless ``start`` is given.
 
 from __future__ import annotations
 
-import importlib
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.profiles import Profile
 from events.ids import Role
-
-ROUTERS = {
-    "evolving": "services.cores.router.least_ttft:LeastTtftRouter",
-    "cache_aware": "services.cores.router.baselines:CacheAwareRouter",
-    "sticky": "services.cores.router.baselines:StickyRouter",
-    "round_robin": "services.cores.router.baselines:RoundRobinRouter",
-    "least_loaded": "services.cores.router.baselines:LeastLoadedRouter",
-    "dynamo_kv": "services.cores.router.baselines:DynamoKvRouter",
-}
-PLANNERS = {
-    "evolving": "services.cores.planner.evolving:EvolvingPlanner",
-    "static": "services.cores.planner.baselines:StaticPlanner",
-    "dynamo": "services.cores.planner.baselines:DynamoPlanner",
-    "arrow": "services.cores.planner.baselines:ArrowPlanner",
-}
-
-
-def _load(path: str):
-    mod, _, attr = path.partition(":")
-    return getattr(importlib.import_module(mod), attr)
+from services.cores.directory.eviction import POLICIES
+from services.drivers.services import CORES, PLANNERS, ROUTERS, resolve
 
 
 @dataclass(frozen=True)
@@ -113,18 +94,16 @@ class Stack:
         pargs.update(self.planner_args)
         rargs = {"name": self.router, "shadow": False, "block_tokens": profile.block_tokens, **self.router_args}
         return {"cores": ["directory", "planner", "router"],
-                "directory": {"class": "services.cores.directory.core:DirectoryCore", "kwargs": {}},
+                "directory": {"class": CORES["directory"].default, "kwargs": {}},
                 "planner": {"class": PLANNERS[self.planner], "kwargs": _accepted(PLANNERS[self.planner], pargs)},
                 "router": {"class": ROUTERS[self.router], "kwargs": rargs}}
 
     def make_cores(self, profile: Profile, cfg) -> list:
         """[directory, planner, router], fresh, configured for this run."""
         conf = self.core_config(profile, cfg)
-        return [_load(conf[c]["class"])(**conf[c]["kwargs"]) for c in conf["cores"]]
+        return [CORES[c].build(conf[c]) for c in conf["cores"]]
 
     def make_eviction(self, profile: Profile):
-        from services.cores.directory.eviction import POLICIES
-
         return POLICIES[self.eviction](block_tokens=profile.block_tokens)
 
     def describe(self) -> str:
@@ -136,7 +115,7 @@ class Stack:
 
 def _accepted(path: str, args: dict[str, Any]) -> dict[str, Any]:
     """Drop keywords the planner's config does not know (planners differ in their knobs)."""
-    cls = _load(path)
+    cls = resolve(path)
     conf = getattr(cls, "Config", None)
     fields = getattr(conf, "__struct_fields__", None)
     if not fields:

@@ -18,9 +18,10 @@ commands (``replay/cli.py``); ``docs/traces.md`` has the fitted values and the f
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
+from scipy.stats import ks_2samp
 
 from replay.traces.format import Compact, Fork, Request, Session, Spawn
 from replay.traces.workloads import CcParams, Quantiles
@@ -186,8 +187,6 @@ def fit_cc(sessions: Sequence[Session], base: CcParams | None = None, points: in
     (:class:`~replay.traces.workloads.Quantiles`); the first prompt is fitted apart for the
     long-context sessions (``long_first_prompt``) and the others. Rates are counts over their
     exposure (``RATE_DOC``). A distribution with fewer than two samples keeps ``base``'s value."""
-    from dataclasses import replace
-
     base = base or CcParams()
     sm = workload_samples(sessions)
     d, r = sm.dists, sm.rates()
@@ -243,8 +242,6 @@ def ks_distance(a: Sequence[float], b: Sequence[float]) -> float | None:
     """Two-sample Kolmogorov-Smirnov statistic (max distance between the empirical CDFs)."""
     if not len(a) or not len(b):
         return None
-    from scipy.stats import ks_2samp
-
     return float(ks_2samp(np.asarray(a, float), np.asarray(b, float)).statistic)
 
 

@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cached_property, lru_cache
 from pathlib import Path
 
+import msgspec
 import numpy as np
 
 from events.hashing import namespace_root, salted_chain
@@ -517,8 +518,6 @@ def generate(name: str, seed: int = 0, agents: int | None = None, rate_per_min: 
 
 
 def replace_start(s: Session, start_s: float | None) -> Session:
-    import msgspec
-
     return msgspec.structs.replace(s, start_s=start_s)
 
 

@@ -30,6 +30,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
 from services.adapters.logging import get_logger
@@ -88,8 +89,6 @@ class MetricsServer:
         self._runner = None
 
     async def start(self) -> MetricsServer:
-        from aiohttp import web
-
         async def metrics(_req):
             return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 

@@ -48,7 +48,7 @@ import msgspec
 from events import codec
 from events.catalog import AnomalyReported, Event
 from events.subjects import dlq_subject
-from services.adapters.bus.nats_bus import (
+from services.adapters.bus.port import (
     DLQ_CONSUMER,
     DLQ_REASON,
     DLQ_SEQ,

@@ -11,15 +11,17 @@ import argparse
 import importlib
 import sys
 
+from services.adapters.logging import configure_logging
+
 #: Modules that add subcommands, in help order. A missing module is skipped.
 COMMAND_MODULES = (
     "services.drivers.nats_cli",
     "services.drivers.bench.cli",
     "replay.cli",
-    "replay.experiments.run",
+    "replay.experiments.cli",
     "services.drivers.recorder.cli",
     "services.drivers.up.cli",
-    "services.drivers.chaos.chaos",
+    "services.drivers.chaos.cli",
     "services.drivers.bench.kv_cli",
 )
 
@@ -47,8 +49,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from services.adapters.logging import configure_logging
-
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(level=args.log_level, fmt=args.log_format)

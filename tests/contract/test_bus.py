@@ -8,7 +8,7 @@ import pytest
 
 from events import codec
 from events.catalog import BranchOpened, KvStored, RequestSubmitted, Tick
-from services.adapters.bus.nats_bus import Bus, Consumer, InMemoryBus, NatsBus, subject_matches
+from services.adapters.bus import Bus, Consumer, InMemoryBus, NatsBus, subject_matches
 
 
 def _events(n: int):

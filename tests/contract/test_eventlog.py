@@ -41,7 +41,7 @@ from events.catalog import (
 )
 from events.codec import encode
 from events.subjects import subject_for
-from services.adapters.eventlog.duckdb_log import DuckDbEventLog, EventLog, InMemoryEventLog
+from services.adapters.eventlog import DuckDbEventLog, EventLog, InMemoryEventLog
 
 BIG = 2**64 - 1
 

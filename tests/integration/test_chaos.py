@@ -18,16 +18,13 @@ from pathlib import Path
 import pytest
 
 from events.catalog import NodeHeartbeat, RequestSubmitted, RouteDecided
-from services.adapters.bus.nats_bus import MSG_ID, Delivery, NatsBus
+from services.adapters.bus import MSG_ID, Delivery, NatsBus
 from services.adapters.bus.natsserver import NatsCluster
-from services.drivers.chaos.chaos import (
-    SERVICES,
-    Published,
-    ScenarioResult,
-    account,
-    connect_when_ready,
-    scenarios,
-)
+from services.drivers.chaos.accounting import ScenarioResult, account
+from services.drivers.chaos.load import Load
+from services.drivers.chaos.scenarios import scenarios
+from services.drivers.chaos.supervisor import SERVICES, connect_when_ready
+from services.drivers.chaos.tail import Published
 
 REPO = Path(__file__).resolve().parents[2]
 QUICK = {"steady-load", "kill-planner", "kill-router", "kill-nats-leader", "corrupt-planner-snapshot",
@@ -242,7 +239,7 @@ class _StuckJs:
 
 @pytest.mark.asyncio
 async def test_publish_many_with_ids_retries_a_lost_ack_instead_of_hanging():
-    from services.adapters.bus.nats_bus import StreamSettings
+    from services.adapters.bus import StreamSettings
 
     js = _StuckJs()
     bus = NatsBus(nc=None, js=js, partition="p", settings=StreamSettings())
@@ -257,8 +254,7 @@ async def test_publish_many_with_ids_retries_a_lost_ack_instead_of_hanging():
 @pytest.mark.asyncio
 async def test_load_registers_again_a_node_removed_while_it_was_not_silenced():
     from events.catalog import NodeRegistered, NodeRemoved
-    from services.adapters.bus.nats_bus import InMemoryBus
-    from services.drivers.chaos.chaos import Load
+    from services.adapters.bus import InMemoryBus
 
     bus = InMemoryBus("p")
     load = Load(bus)

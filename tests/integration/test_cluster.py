@@ -12,9 +12,9 @@ import time
 import pytest
 
 from events.catalog import RouteDecided
-from services.adapters.bus.nats_bus import NatsBus, StreamSettings
+from services.adapters.bus import NatsBus, StreamSettings
 from services.adapters.bus.natsserver import NatsCluster
-from services.adapters.eventlog.duckdb_log import DuckDbEventLog
+from services.adapters.eventlog import DuckDbEventLog
 from services.drivers.bench import harness as workload
 from services.drivers.recorder.verify import verify_log
 from services.drivers.serve import build_runner, run_recorder_service

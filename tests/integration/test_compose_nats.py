@@ -21,7 +21,7 @@ import pytest
 from events import codec
 from events.catalog import RouteDecided, SwitchRole
 from events.subjects import subject_for
-from services.adapters.bus.nats_bus import NatsBus
+from services.adapters.bus import NatsBus
 from services.adapters.bus.natsserver import NatsServerError, find_nats_server, free_port
 from services.adapters.bus.security import Credentials, generate_accounts
 from services.drivers.up.compose_secrets import COMPOSE_SPECS, nats_include

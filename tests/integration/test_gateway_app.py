@@ -18,9 +18,9 @@ from events.catalog import (
     RouteDecided,
 )
 from events.hashing import block_hashes
-from services.adapters.bus.nats_bus import InMemoryBus, NatsBus
+from services.adapters.bus import InMemoryBus, NatsBus
+from services.adapters.bus.tokens import MemoryTokens, NatsTokens, TokenMsg, sim_text
 from services.drivers.gateway.app import Gateway, GatewayConfig
-from services.drivers.gateway.tokens import MemoryTokens, NatsTokens, TokenMsg, sim_text
 
 
 async def fake_cluster(bus, tokens, chunk: int = 3, shadow_first: bool = True, fail: set[str] = frozenset(),

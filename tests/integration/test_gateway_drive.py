@@ -13,12 +13,12 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from events.catalog import BranchEnded, BranchOpened, ContextCompacted, RequestSubmitted, RouteDecided
 from replay.traces.format import Branch, Compact, End, Fork, Request, Session, Spawn, save_sessions
-from services.adapters.bus.nats_bus import InMemoryBus
+from services.adapters.bus import InMemoryBus
 from services.adapters.bus.natsserver import free_port
+from services.adapters.bus.tokens import MemoryTokens, TokenMsg, sim_text
 from services.drivers.gateway.app import Gateway, GatewayConfig
 from services.drivers.gateway.cli import register_drive
 from services.drivers.gateway.drive import DriveConfig, Driver
-from services.drivers.gateway.tokens import MemoryTokens, TokenMsg, sim_text
 
 SESSION = Session(id="s1", branches=[
     Branch(id="root", steps=[

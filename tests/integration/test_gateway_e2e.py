@@ -14,9 +14,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from engine.profiles import load_profile
 from engine.worker import EngineWorker
 from events.catalog import BranchEnded, RequestFinished, RequestSubmitted, RouteDecided
-from services.adapters.bus.nats_bus import NatsBus
+from services.adapters.bus import NatsBus
+from services.adapters.bus.tokens import NatsTokens
 from services.drivers.gateway.app import Gateway, GatewayConfig
-from services.drivers.gateway.tokens import NatsTokens
 
 
 async def stub_router(bus, node: str) -> None:

@@ -10,10 +10,10 @@ import time
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from services.adapters.bus.nats_bus import InMemoryBus, NatsBus
+from services.adapters.bus import InMemoryBus, NatsBus
 from services.adapters.bus.natsserver import EmbeddedNats
+from services.adapters.bus.tokens import MemoryTokens, NatsTokens
 from services.drivers.gateway.app import Gateway, GatewayConfig
-from services.drivers.gateway.tokens import MemoryTokens, NatsTokens
 
 
 async def _health(client) -> tuple[int, dict]:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from services.adapters.eventlog.duckdb_log import DuckDbEventLog
+from services.adapters.eventlog import DuckDbEventLog
 from services.drivers.up.testing import run_cli, stop_up
 
 REPO = Path(__file__).resolve().parents[2]

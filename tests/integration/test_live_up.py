@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from services.adapters.bus.nats_bus import NatsBus
-from services.adapters.eventlog.duckdb_log import DuckDbEventLog
+from services.adapters.bus import NatsBus
+from services.adapters.eventlog import DuckDbEventLog
 from services.drivers.up.testing import run_cli, stop_up, wait_ready_file
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from services.adapters.bus.nats_bus import NatsBus
-from services.drivers.bench.recorder import workload
+from services.adapters.bus import NatsBus
+from services.drivers.recorder.bench import workload
 from services.drivers.recorder.live import sidecar_path, snapshot_path
 from services.drivers.up.testing import spawn_service, wait_until
 
@@ -84,7 +84,7 @@ async def test_sql_live_queries_a_running_recorder(nats_url, partition, tmp_path
 async def test_sql_live_with_no_recorder_answering_says_so(nats_url, partition, tmp_path):
     """A file held by some writer, a live.json naming a partition where no recorder listens."""
     db = tmp_path / "run.duckdb"
-    from services.adapters.eventlog.duckdb_log import DuckDbEventLog
+    from services.adapters.eventlog import DuckDbEventLog
 
     DuckDbEventLog(db).close()
     Path(sidecar_path(db)).write_text(json.dumps({"nats_url": nats_url, "partition": partition}))

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 
 from events import codec
-from services.adapters.bus.nats_bus import NatsBus
-from services.adapters.eventlog.duckdb_log import DuckDbEventLog
-from services.drivers.bench.recorder import workload
+from services.adapters.bus import NatsBus
+from services.adapters.eventlog import DuckDbEventLog
+from services.drivers.recorder.bench import workload
 from services.drivers.recorder.service import run_recorder
 
 

@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from events.catalog import BranchOpened, IterationDone, ModelFitted, NodeRegistered, RequestSubmitted, Tick
-from services.adapters.eventlog.duckdb_log import DuckDbEventLog
+from services.adapters.eventlog import DuckDbEventLog
 from services.drivers.cli import main
 from services.drivers.recorder.verify import build_cores
 from tests.unit.drivers.recorder.fakecores import live_log
@@ -77,3 +77,20 @@ def test_a_forged_model_fit_is_caught(tmp_path, capsys, run_rows):
     assert main(["verify", str(tmp_path / "run.duckdb"), "--json"]) == 1
     first = json.loads(capsys.readouterr().out)["first_divergence"]
     assert (first["seq"], first["core"], first["kind"]) == (seq, "planner", "mismatch")
+
+
+def test_a_log_recorded_before_the_layout_still_verifies(tmp_path, capsys, run_rows):
+    """Logs written before issue 21's layout name the cores by their old class paths
+    (``services.planner.core:...``); ``evolving verify`` resolves them through the alias table
+    (services/drivers/services.py, LEGACY_CLASS_PATHS)."""
+    old = {"cores": ["directory", "planner", "router"],
+           "directory": {"class": "services.directory.core:DirectoryCore", "kwargs": {}},
+           "planner": {"class": "services.planner.core:EvolvingPlanner", "kwargs": CONFIG["planner"]["kwargs"]},
+           "router": {"class": "services.router.core:LeastTtftRouter", "kwargs": CONFIG["router"]["kwargs"]}}
+    log = DuckDbEventLog(tmp_path / "old.duckdb")
+    log.append(run_rows)
+    log.set_run_config(old)
+    log.close()
+    assert main(["verify", str(tmp_path / "old.duckdb"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] and out["reproduced"].get("RouteDecided", 0) > 0 and out["reproduced"].get("ModelFitted", 0) > 0

@@ -12,7 +12,7 @@ import pytest
 from events import codec
 from events.catalog import NodeHeartbeat, RouteDecided, SwitchRole
 from events.subjects import stream_name, subject_for
-from services.adapters.bus.nats_bus import NatsBus
+from services.adapters.bus import NatsBus
 from services.adapters.bus.natsserver import EmbeddedNats
 from services.adapters.bus.security import (
     Credentials,

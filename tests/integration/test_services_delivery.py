@@ -12,8 +12,8 @@ import pytest
 
 from events import codec
 from events.catalog import AnomalyReported, BranchOpened, Event, RequestSubmitted, RouteDecided
-from services.adapters.bus.nats_bus import NatsBus
-from services.adapters.eventlog.duckdb_log import DuckDbEventLog
+from services.adapters.bus import NatsBus
+from services.adapters.eventlog import DuckDbEventLog
 from services.adapters.runner import RunnerConfig, ServiceRunner
 from services.drivers.bench import harness as workload
 from services.drivers.recorder.verify import verify_log

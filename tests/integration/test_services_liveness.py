@@ -11,7 +11,7 @@ import time
 import pytest
 
 from events.catalog import NodeHeartbeat, NodeRegistered, NodeRemoved, Tick
-from services.adapters.bus.nats_bus import NatsBus
+from services.adapters.bus import NatsBus
 from services.cores.liveness import LivenessWatcher
 from services.drivers.serve import run_core_service
 from services.drivers.up.testing import read_all, wait_until

@@ -15,8 +15,8 @@ import msgspec
 import pytest
 
 from events.catalog import AnomalyReported, KvEvicted, RequestSubmitted
-from services.adapters.bus.nats_bus import NatsBus
-from services.adapters.eventlog.duckdb_log import DuckDbEventLog
+from services.adapters.bus import NatsBus
+from services.adapters.eventlog import DuckDbEventLog
 from services.adapters.runner import _RunnerSnap
 from services.cores.contract import Sequenced
 from services.cores.directory.core import DirectoryCore

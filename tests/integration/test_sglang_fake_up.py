@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from services.adapters.eventlog.duckdb_log import DuckDbEventLog
+from services.adapters.eventlog import DuckDbEventLog
 from services.drivers.up.testing import run_cli, stop_up, wait_ready_file
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import nats
 import pytest
 
 from events.catalog import Tick
-from services.adapters.bus.nats_bus import NatsBus
+from services.adapters.bus import NatsBus
 from services.adapters.bus.natsserver import EmbeddedNats
 from services.adapters.bus.security import Credentials, ServiceSpec, generate_accounts
 

@@ -13,8 +13,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from services.adapters.bus.nats_bus import NatsBus
-from services.adapters.eventlog.duckdb_log import DuckDbEventLog
+from services.adapters.bus import NatsBus
+from services.adapters.eventlog import DuckDbEventLog
 from services.cores.partitions import partition_names, session_index
 from services.drivers.up.testing import stop_up, wait_ready_file
 

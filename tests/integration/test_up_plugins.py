@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from events.catalog import RouteDecided
-from services.adapters.bus.nats_bus import NatsBus
+from services.adapters.bus import NatsBus
 from services.drivers.bench import harness as workload
 
 REPO = Path(__file__).resolve().parents[2]

@@ -30,7 +30,7 @@ import pytest
 from events import codec
 from events.catalog import SwitchRole
 from events.subjects import subject_for
-from services.adapters.bus.nats_bus import NatsBus
+from services.adapters.bus import NatsBus
 from services.adapters.bus.security import Credentials
 
 REPO = Path(__file__).resolve().parents[2]

@@ -28,8 +28,8 @@ from events.catalog import (
     RouteDecided,
     SwitchRole,
 )
-from services.adapters.bus.nats_bus import InMemoryBus, NatsBus
-from services.drivers.gateway.tokens import MemoryTokens, NatsTokens
+from services.adapters.bus import InMemoryBus, NatsBus
+from services.adapters.bus.tokens import MemoryTokens, NatsTokens
 
 PROFILE = load_profile("gb300-glm52")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

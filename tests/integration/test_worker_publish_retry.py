@@ -13,8 +13,8 @@ from nats.js.errors import BadRequestError
 from engine.profiles import load_profile
 from engine.worker import EngineWorker, _retryable
 from events.catalog import NodeHeartbeat, NodeRegistered
-from services.adapters.bus.nats_bus import MSG_ID, InMemoryBus
-from services.drivers.gateway.tokens import MemoryTokens
+from services.adapters.bus import MSG_ID, InMemoryBus
+from services.adapters.bus.tokens import MemoryTokens
 
 PROFILE = load_profile("gb300-glm52")
 

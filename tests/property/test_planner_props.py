@@ -26,10 +26,12 @@ from events.catalog import (
     Tick,
 )
 from services.cores.costmodel import fit_decode, fit_prefill
+from services.cores.planner.arrow import ArrowPlanner
 from services.cores.planner.base import GATED, INITIAL, NEWCOMERS, REPAIR, SLO_ESCAPE, plan_path
-from services.cores.planner.baselines import ArrowPlanner, DynamoPlanner, StaticPlanner
+from services.cores.planner.dynamo import DynamoPlanner
 from services.cores.planner.evaluate import NodeArrays, WorkArrays, theta, theta_reference
 from services.cores.planner.evolving import EvolvingPlanner
+from services.cores.planner.static import StaticPlanner
 from services.cores.planner.window import Work
 
 finite = st.floats(min_value=-1e6, max_value=1e12) | st.sampled_from([math.nan, math.inf, 0.0])

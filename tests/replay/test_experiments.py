@@ -11,7 +11,11 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from replay.experiments import run as experiments
+from replay.experiments.cli import _window_arg
+from replay.experiments.matrix import PRESSURE_PROFILE, Run, _third_split, matrix
+from replay.experiments.plots import max_rate_within_slo
+from replay.experiments.run import Result, ScheduleSource, execute, missing_piece, run_parser
+from replay.sim.figures import RunMetrics
 from services.drivers.cli import main
 
 
@@ -51,7 +55,7 @@ def test_the_whole_tiny_matrix_runs_in_worker_processes_and_identical_rows_run_o
     summary = json.loads((out / "summary.json").read_text())
     assert summary["jobs"] == 2 and summary["cpu_s"] > 0 and summary["complete"]
     by = {e["name"]: e for e in summary["experiments"]}
-    assert list(by) == [e.name for e in experiments.matrix(True)]
+    assert list(by) == [e.name for e in matrix(True)]
     cc, kv, obj = by["cc-126"], by["kv-capacity"], by["objective"]
     assert [r["label"] for r in cc["runs"]] == ["evolving", "dynamo", "arrow", "static:4P5D"]
     runs = [r for e in summary["experiments"] for r in e["runs"]]
@@ -74,7 +78,7 @@ def test_the_whole_tiny_matrix_runs_in_worker_processes_and_identical_rows_run_o
                                                                                   "stack": "evolving @ 5M"}
     from engine.profiles import load_profile
 
-    pressure = load_profile(experiments.PRESSURE_PROFILE).l1_capacity_tokens / 1e6  # the calibrated 86% demand
+    pressure = load_profile(PRESSURE_PROFILE).l1_capacity_tokens / 1e6  # the calibrated 86% demand
     assert [r["x"] for r in kv["runs"]] == [pressure, pressure, pressure, 5.0, 5.0]
     assert [r["stack"] for r in kv["runs"]][:3] == ["evolving", "evolving+lru", "dynamo"]
     assert kv["runs"][0]["metrics"]["kv_gpu_capacity_tokens"] == round(9 * pressure * 1e6)  # the profile's, 9 nodes
@@ -87,19 +91,18 @@ def test_the_whole_tiny_matrix_runs_in_worker_processes_and_identical_rows_run_o
 
 
 def test_every_row_of_the_matrix_is_available_and_a_failing_row_does_not_stop_it(tmp_path):
-    parser = experiments._parser()
+    parser = run_parser()
     for quick in (True, False):
-        missing = [(e.name, r.label, experiments.missing_piece(r, parser))
-                   for e in experiments.matrix(quick) for r in e.runs]
+        missing = [(e.name, r.label, missing_piece(r, parser)) for e in matrix(quick) for r in e.runs]
         assert [m for m in missing if m[2]] == []
-    bad = experiments.Run("bad trace", "evolving", ["--trace", f"mooncake:{tmp_path / 'none.jsonl'}",
-                                                    "--warmup", "10", "--duration", "10"])
-    r = experiments.execute(bad, str(tmp_path / "bad.duckdb"))
+    bad = Run("bad trace", "evolving", ["--trace", f"mooncake:{tmp_path / 'none.jsonl'}",
+                                        "--warmup", "10", "--duration", "10"])
+    r = execute(bad, str(tmp_path / "bad.duckdb"))
     assert r.metrics is None and r.status.startswith("failed: SystemExit: error: ") and "none.jsonl" in r.status
 
 
 def test_the_shifting_source_follows_its_schedule():
-    src = experiments.ScheduleSource([(0.0, "putnam"), (100.0, "mixed"), (200.0, "osworld")], seed=0)
+    src = ScheduleSource([(0.0, "putnam"), (100.0, "mixed"), (200.0, "osworld")], seed=0)
     now = [0.0]
     src.bind_clock(lambda: now[0])
     kinds = []
@@ -113,60 +116,59 @@ def test_the_shifting_source_follows_its_schedule():
 
 def test_open_arrivals_credit_only_rates_below_the_first_failure():
     def res(stack, x, p95):
-        m = experiments.RunMetrics(stack=stack, ttft_p95_s=p95)
-        return experiments.Result(experiments.Run(f"{stack}@{x}", stack, [], x=x), m, "ok")
+        m = RunMetrics(stack=stack, ttft_p95_s=p95)
+        return Result(Run(f"{stack}@{x}", stack, [], x=x), m, "ok")
 
-    got = experiments.max_rate_within_slo([res("a", 1, 1.0), res("a", 2, 50.0), res("a", 3, 2.0),
-                                           res("b", 1, 99.0), res("c", 1, 1.0), res("c", 2, float("nan"))])
+    got = max_rate_within_slo([res("a", 1, 1.0), res("a", 2, 50.0), res("a", 3, 2.0),
+                               res("b", 1, 99.0), res("c", 1, 1.0), res("c", 2, float("nan"))])
     assert got == {"a": 1, "b": None, "c": 1}
 
 
 def test_a_row_whose_piece_is_missing_says_what_it_needs(monkeypatch):
-    parser = experiments._parser()
-    assert experiments.missing_piece(experiments.Run("x", "evolving", ["--warmup", "60"]), parser) == ""
-    assert experiments.missing_piece(experiments.Run("x", "evolving", ["--no-such-flag", "1"]), parser) == \
-        "needs --no-such-flag"
-    why = experiments.missing_piece(experiments.Run("x", "static:4P5D+no_such_part", []), parser)
+    parser = run_parser()
+    assert missing_piece(Run("x", "evolving", ["--warmup", "60"]), parser) == ""
+    assert missing_piece(Run("x", "evolving", ["--no-such-flag", "1"]), parser) == "needs --no-such-flag"
+    why = missing_piece(Run("x", "static:4P5D+no_such_part", []), parser)
     assert why.startswith("needs data plane as a stack choice")
     from replay.sim.simulation import Simulation
 
     monkeypatch.delattr(Simulation, "bind_source_clock")
-    run = experiments.Run("x", "evolving", [], schedule=[(0.0, "cc")])
-    assert experiments.missing_piece(run, parser).startswith("needs the simulator's session-clock hook")
+    run = Run("x", "evolving", [], schedule=[(0.0, "cc")])
+    assert missing_piece(run, parser).startswith("needs the simulator's session-clock hook")
 
 
 @pytest.mark.parametrize("quick", [True, False])
 def test_the_matrix_has_every_experiment_of_the_paper(quick):
-    names = {e.name for e in experiments.matrix(quick)}
+    names = {e.name for e in matrix(quick)}
     assert {"cc-126", "putnam-224", "osworld-128", "ablation-4p5d", "start-split", "shifting", "open-arrivals",
             "kv-capacity", "objective"} <= names
     assert ({"cc-90", "cc-108"} <= names) is not quick
-    for e in experiments.matrix(quick):
+    for e in matrix(quick):
         tables = [r for r in e.runs if not r.planner_args and r.stack != "evolving"]
         assert e.runs[0].stack.startswith("evolving") or tables == e.runs  # ratios are against ours
 
 
 def test_quick_rows_on_a_third_of_the_cluster_keep_the_split_and_say_so():
-    assert experiments._third_split("static:6P3D") == "static:2P1D"
-    assert experiments._third_split("evolving") == "evolving"
+    assert _third_split("static:6P3D") == "static:2P1D"
+    assert _third_split("evolving") == "evolving"
     with pytest.raises(ValueError, match="not a split of 9 nodes"):
-        experiments._third_split("static:4P5D")
-    for e in experiments.matrix(True):
+        _third_split("static:4P5D")
+    for e in matrix(True):
         nodes = {r.argv[r.argv.index("--nodes") + 1] if "--nodes" in r.argv else "9" for r in e.runs}
         assert (nodes == {"3"}) == bool(e.quick_note), e.name  # every 3-node quick row says it in its title
         assert "same load per node" in e.quick_note or not e.quick_note
-    for e in experiments.matrix(False):  # the full matrix runs the paper's 9 nodes
+    for e in matrix(False):  # the full matrix runs the paper's 9 nodes
         assert not e.quick_note and all("--nodes" not in r.argv or "9" in r.argv for r in e.runs)
 
 
 def test_window_overrides_every_run_and_the_shifting_phases():
     import argparse
 
-    assert experiments._window_arg("1m,90s") == (60.0, 90.0)
+    assert _window_arg("1m,90s") == (60.0, 90.0)
     for bad in ("1m", "1m,0", "x,1m"):
         with pytest.raises(argparse.ArgumentTypeError):
-            experiments._window_arg(bad)
-    for e in experiments.matrix(True, window=(60.0, 90.0)):
+            _window_arg(bad)
+    for e in matrix(True, window=(60.0, 90.0)):
         for r in e.runs:
             assert r.argv[r.argv.index("--warmup") + 1] == "60" and r.argv[r.argv.index("--duration") + 1] == "90"
         if e.name == "shifting":

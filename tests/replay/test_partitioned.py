@@ -15,7 +15,7 @@ from replay.sim.partitioned import (
     simulate_partition,
     split_share,
 )
-from services.adapters.eventlog.duckdb_log import DuckDbEventLog
+from services.adapters.eventlog import DuckDbEventLog
 from services.drivers.cli import build_parser, main
 
 ARGS = ["--nodes", "6", "--partitions", "2", "--agents", "8", "--duration", "1m", "--warmup", "1m",

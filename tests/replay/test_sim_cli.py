@@ -8,7 +8,7 @@ import json
 import pytest
 
 from replay.sim.cli import parse_duration
-from services.adapters.eventlog.duckdb_log import DuckDbEventLog
+from services.adapters.eventlog import DuckDbEventLog
 from services.drivers.cli import main
 
 

@@ -40,8 +40,11 @@ import shlex
 import sys
 import time
 from dataclasses import dataclass, field
+from urllib.parse import urlparse
 
 import aiohttp
+import zmq
+import zmq.asyncio
 
 from engine.backend import BackendUnavailable, DecodeJob, NodeLoad, PrefillJob, WorkerHost
 from engine.backends.sglang.kvmap import PageMap
@@ -450,9 +453,6 @@ class SglangBackend:
 
     # ------------------------------------------------------------------ KV events
     async def _kv_events(self, endpoints: list[str], topic: str) -> None:
-        import zmq
-        import zmq.asyncio
-
         sock = zmq.asyncio.Context.instance().socket(zmq.SUB)
         for ep in endpoints:
             sock.connect(ep)
@@ -569,6 +569,4 @@ def prom_sum(text: str, metric: str) -> float:
 
 
 def _host_of(url: str | None) -> str:
-    from urllib.parse import urlparse
-
     return urlparse(url or "").hostname or "127.0.0.1"

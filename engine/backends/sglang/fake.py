@@ -41,6 +41,7 @@ import json
 import time
 from collections import OrderedDict
 
+import zmq
 from aiohttp import web
 
 from engine.backends.sglang.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, frames
@@ -92,8 +93,6 @@ class FakeSglang:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         if self.kv_events_port is not None:
-            import zmq
-
             self._pub = zmq.Context.instance().socket(zmq.PUB)
             if self.kv_events_port == 0:
                 self.kv_events_port = self._pub.bind_to_random_port(f"tcp://{host}")

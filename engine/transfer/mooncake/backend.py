@@ -37,7 +37,7 @@ def _import_engine():
     # Mooncake logs every handshake at INFO through glog; keep errors only unless asked.
     os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
     try:
-        from mooncake.engine import TransferEngine
+        from mooncake.engine import TransferEngine  # lazy: optional dependency (mooncake)
     except ImportError as exc:  # the package, or libibverbs.so.1 it links against
         hint = (
             "apt-get install -y libibverbs1"

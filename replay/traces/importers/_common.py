@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import json.scanner
 import os
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,9 +55,6 @@ def check_text_file(path: str | os.PathLike[str], problems: Problems, *, gzip_ok
 def read_text(path: str | os.PathLike[str], problems: Problems) -> str | None:
     """The text of a JSON document, gunzipped when it is gzip data (by content, not by name);
     ``None`` (after reporting to ``problems``) when empty, binary or a corrupt gzip stream."""
-    import gzip
-    import zlib
-
     raw = Path(path).read_bytes()
     if raw.startswith(GZIP_MAGIC):
         try:

@@ -51,6 +51,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from events.hashing import block_hashes, namespace_root
@@ -301,8 +302,6 @@ class _SessionBuilder:
         return out
 
     def fix_parents(self, branches: list[Branch]) -> Session:
-        import msgspec
-
         opener = {st.branch: b.id for b in branches for st in b.steps if isinstance(st, (Spawn, Fork))}
         fixed = [msgspec.structs.replace(b, parent=opener.get(b.id, b.parent)) if b.mode == "subagent" else b
                  for b in branches]

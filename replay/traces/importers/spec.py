@@ -34,7 +34,10 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from replay.traces.format import Session, TraceFormatError
+from replay.traces.format import Session, TraceFormatError, load_sessions
+from replay.traces.importers import FORMATS, get_importer
+from replay.traces.pacing import pace_sessions, parse_pace
+from replay.traces.workloads import WORKLOADS, generate, load_cc_params
 
 #: The explicit name of our own session JSONL format in a ``FORMAT:PATH`` spec.
 SESSIONS = "sessions"
@@ -69,8 +72,6 @@ class Workload:
 
 
 def formats() -> tuple[str, ...]:
-    from replay.traces.importers import FORMATS
-
     return (SESSIONS, *FORMATS)
 
 
@@ -99,8 +100,6 @@ def parse_spec(spec: str, fmt: str | None = None) -> Spec:
 
 
 def _parse_gen(text: str) -> Spec:
-    from replay.traces.workloads import WORKLOADS
-
     parts: list[str] = []
     for item in text.split(":")[1:]:  # "pace=scale:2": a part without "=" continues the previous
         if parts and "=" not in item and "=" in parts[-1]:
@@ -125,8 +124,6 @@ def _parse_gen(text: str) -> Spec:
     if "params" in opts and parts[0] != "cc":
         raise WorkloadSpecError(f"bad workload spec {text!r}: params= is for gen:cc only")
     if "pace" in opts:
-        from replay.traces.pacing import parse_pace
-
         try:
             parse_pace(opts["pace"])
         except ValueError as exc:
@@ -193,12 +190,8 @@ def load_workload(spec: str, fmt: str | None = None, *, skip_bad: bool = False,
         raise WorkloadSpecError(f"{s.path}: no such file or directory")
     w = Workload([], s.text, use)
     if use == SESSIONS:
-        from replay.traces.format import load_sessions
-
         w.sessions = load_sessions(s.path, w.skipped if skip_bad else None)
     else:
-        from replay.traces.importers import get_importer
-
         res = get_importer(use)(s.path, skip_bad=skip_bad)
         w.sessions, w.skipped, w.notes = res.sessions, res.skipped, res.notes
     if not w.sessions and require_sessions:
@@ -209,9 +202,6 @@ def load_workload(spec: str, fmt: str | None = None, *, skip_bad: bool = False,
 
 
 def _generate(s: Spec) -> Workload:
-    from replay.traces.pacing import pace_sessions
-    from replay.traces.workloads import generate, load_cc_params
-
     opts = dict(s.options)
     params = None
     if "params" in opts:

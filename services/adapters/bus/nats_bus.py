@@ -1,30 +1,10 @@
-"""The bus: one JetStream stream per partition, typed events in, typed deliveries out.
+"""The bus on NATS JetStream: :class:`NatsBus`, one stream per partition, through nats-py.
 
-``NatsBus`` talks to a real NATS JetStream server through nats-py; ``InMemoryBus`` is its
-twin for unit tests. Both pass the same contract tests (``tests/contract/test_bus.py``).
-
-Delivery semantics (both backends):
-
-- Every event is published on its subject (``events.subjects.subject_for``) with the schema
-  version header; an optional ``msg_id`` becomes ``Nats-Msg-Id`` and a duplicate inside the
-  stream's duplicate window is not stored twice (the original's sequence is returned).
-- A durable consumer delivers in stream order with the stream sequence, and resumes after the
-  last sequence it acknowledged, so nothing acknowledged is redelivered and nothing
-  unacknowledged is lost. On JetStream it is a **pull** consumer: the client asks for batches
-  (``fetch(batch)``) and reads each message's stream sequence from ``msg.metadata``. The durable
-  is kept across restarts when it is clean (everything delivered was acknowledged, and the
-  caller does not ask for another start position); otherwise (a crash left delivered but
-  unacknowledged messages, or a snapshot asks to resume at an older position) it is re-created at
-  ``ack floor + 1`` (or the asked position), because JetStream would redeliver the unacknowledged
-  tail only after ``ack_wait``, behind newer messages, and every core folds in stream order.
-  Acks are cumulative (``AckPolicy.ALL``) and sent in batches; a consumer must still be
-  idempotent on the sequence (``services.cores.contract.Sequenced``), since a crash between applying and
-  acking redelivers.
-- ``Bus`` and ``Consumer`` below are the port (``typing.Protocol``) that both backends satisfy
-  and every service is typed against.
-- A message that fails to decode (garbage, newer major schema) is copied to the dead-letter
-  subject ``eidlq.<partition>.<consumer>`` with the reason in headers, logged, counted, and
-  skipped; the consumer goes on.
+Its twin is :class:`services.adapters.bus.memory.InMemoryBus`; both satisfy the port in
+:mod:`services.adapters.bus.port` (delivery semantics there) and pass the same contract tests
+(``tests/contract/test_bus.py``). Here: how the streams are created (:class:`StreamSettings`),
+pipelined publishing with retries by message id, the snapshot object stores, the dead-letter
+stream, and the pull consumer (:class:`_NatsConsumer`).
 """
 
 from __future__ import annotations
@@ -32,14 +12,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol, Self, runtime_checkable
+from dataclasses import dataclass
+from typing import Self
+
+import nats
+from nats.js import api
+from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
 
 from events import codec
-from events.catalog import AnyEvent, Event
+from events.catalog import Event
 from events.subjects import (
     DEFAULT_PARTITION,
     all_subjects,
@@ -50,214 +35,22 @@ from events.subjects import (
     subject_for,
     token,
 )
+from services.adapters.bus.port import (
+    DLQ_CONSUMER,
+    DLQ_REASON,
+    DLQ_SEQ,
+    DLQ_SUBJECT,
+    MSG_ID,
+    DeadLetter,
+    Delivery,
+    decode_or_reason,
+)
 from services.adapters.bus.security import Credentials, snapshot_bucket
 from services.adapters.logging import get_logger
 
 log = get_logger("bus")
 
-DLQ_REASON = "Ei-Dlq-Reason"
-DLQ_SUBJECT = "Ei-Dlq-Subject"
-DLQ_SEQ = "Ei-Dlq-Seq"
-DLQ_CONSUMER = "Ei-Dlq-Consumer"
-MSG_ID = "Nats-Msg-Id"
 
-
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """One event as delivered: its stream sequence, subject, typed event and headers."""
-
-    seq: int
-    subject: str
-    event: AnyEvent
-    headers: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    subject: str
-    reason: str
-    consumer: str
-    seq: int
-    data: bytes
-
-
-def subject_matches(pattern: str, subject: str) -> bool:
-    """NATS wildcard match: ``*`` is one token, ``>`` the rest (one or more tokens)."""
-    p, s = pattern.split("."), subject.split(".")
-    for i, tok in enumerate(p):
-        if tok == ">":
-            return len(s) > i
-        if i >= len(s) or (tok != "*" and tok != s[i]):
-            return False
-    return len(p) == len(s)
-
-
-def _decode_or_reason(data: bytes, hdrs: Mapping[str, str] | None) -> tuple[AnyEvent | None, str]:
-    try:
-        return codec.decode_message(data, hdrs), ""
-    except codec.CodecError as exc:
-        return None, exc.reason
-
-
-# ====================================================================== the port
-@runtime_checkable
-class Consumer(Protocol):
-    """An open subscription to a partition's stream: async-iterate :class:`Delivery` in stream
-    order, ``ack(seq)`` cumulatively, ``flush()`` pending acks. Use as an async context manager."""
-
-    name: str
-
-    def __aiter__(self) -> AsyncIterator[Delivery]: ...
-
-    async def ack(self, seq: int) -> None: ...
-
-    async def flush(self) -> None: ...
-
-    async def __aenter__(self) -> Self: ...
-
-    async def __aexit__(self, *exc) -> None: ...
-
-
-@runtime_checkable
-class Bus(Protocol):
-    """What every service needs from the bus (``NatsBus`` on JetStream, ``InMemoryBus`` in
-    process); ``tests/contract/test_bus.py`` holds both to it."""
-
-    partition: str
-    dead_lettered: int
-
-    async def publish(self, event: Event, *, msg_id: str | None = None, shadow: str | None = None) -> int: ...
-
-    async def publish_many(self, events: Sequence[Event], *, msg_ids: Sequence[str] | None = None,
-                           shadow: str | None = None) -> list[int]: ...
-
-    async def publish_raw(self, subject: str, data: bytes, headers: Mapping[str, str] | None = None,
-                          msg_id: str | None = None) -> int: ...
-
-    async def last_seq(self) -> int: ...
-
-    def consumer(self, durable: str | None, *, start_seq: int | None = None,
-                 subjects: str | None = None) -> Consumer: ...
-
-    async def put_snapshot(self, name: str, data: bytes) -> None: ...
-
-    async def get_snapshot(self, name: str) -> bytes | None: ...
-
-    async def dead_letters(self) -> list[DeadLetter]: ...
-
-    async def close(self) -> None: ...
-
-
-# ====================================================================== in-memory twin
-class InMemoryBus:
-    """A single-process bus with JetStream's semantics (sequence, de-duplication, durable
-    consumers, dead letters). Unit tests and the simulator use it."""
-
-    def __init__(self, partition: str = DEFAULT_PARTITION) -> None:
-        self.partition = partition
-        self._log: list[tuple[str, bytes, dict[str, str]]] = []
-        self._ids: dict[str, int] = {}
-        self._acks: dict[str, int] = {}
-        self._snapshots: dict[str, bytes] = {}
-        self._dlq: list[DeadLetter] = []
-        self._cond = asyncio.Condition()
-        self.dead_lettered = 0
-
-    async def publish(self, event: Event, *, msg_id: str | None = None, shadow: str | None = None) -> int:
-        return await self.publish_raw(subject_for(event, self.partition, shadow), codec.encode(event),
-                                      codec.headers(), msg_id=msg_id)
-
-    async def publish_many(self, events: Sequence[Event], *, msg_ids: Sequence[str] | None = None,
-                           shadow: str | None = None) -> list[int]:
-        return [await self.publish(e, msg_id=None if msg_ids is None else msg_ids[i], shadow=shadow)
-                for i, e in enumerate(events)]
-
-    async def publish_raw(self, subject: str, data: bytes, headers: Mapping[str, str] | None = None,
-                          msg_id: str | None = None) -> int:
-        if msg_id is not None and msg_id in self._ids:
-            return self._ids[msg_id]
-        hdrs = dict(headers or {})
-        if msg_id is not None:
-            hdrs[MSG_ID] = msg_id
-        async with self._cond:
-            self._log.append((subject, bytes(data), hdrs))
-            seq = len(self._log)
-            if msg_id is not None:
-                self._ids[msg_id] = seq
-            self._cond.notify_all()
-        return seq
-
-    async def last_seq(self) -> int:
-        return len(self._log)
-
-    def consumer(self, durable: str | None, *, start_seq: int | None = None,
-                 subjects: str | None = None) -> _MemConsumer:
-        return _MemConsumer(self, durable, start_seq, subjects or all_subjects(self.partition))
-
-    async def put_snapshot(self, name: str, data: bytes) -> None:
-        self._snapshots[name] = bytes(data)
-
-    async def get_snapshot(self, name: str) -> bytes | None:
-        return self._snapshots.get(name)
-
-    async def dead_letters(self) -> list[DeadLetter]:
-        return list(self._dlq)
-
-    async def close(self) -> None:
-        pass
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
-
-
-class _MemConsumer:
-    def __init__(self, bus: InMemoryBus, durable: str | None, start_seq: int | None, subjects: str) -> None:
-        self.bus, self.durable, self.subjects = bus, durable, subjects
-        self.name = durable or "ephemeral"
-        floor = bus._acks.get(durable, 0) if durable else 0
-        self._next = start_seq if start_seq is not None else floor + 1
-        self._next = max(self._next, 1)
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        pass
-
-    def __aiter__(self) -> AsyncIterator[Delivery]:
-        return self._iter()
-
-    async def _iter(self) -> AsyncIterator[Delivery]:
-        bus = self.bus
-        while True:
-            async with bus._cond:
-                await bus._cond.wait_for(lambda: len(bus._log) >= self._next)
-            while self._next <= len(bus._log):
-                seq = self._next
-                self._next += 1
-                subject, data, hdrs = bus._log[seq - 1]
-                if not subject_matches(self.subjects, subject):
-                    continue
-                event, reason = _decode_or_reason(data, hdrs)
-                if event is None:
-                    bus._dlq.append(DeadLetter(subject, reason, self.name, seq, data))
-                    bus.dead_lettered += 1
-                    log.error("dead_letter", consumer=self.name, seq=seq, subject=subject, reason=reason)
-                    continue
-                yield Delivery(seq, subject, event, hdrs)
-
-    async def ack(self, seq: int) -> None:
-        if self.durable:
-            self.bus._acks[self.durable] = max(self.bus._acks.get(self.durable, 0), seq)
-
-    async def flush(self) -> None:
-        pass
-
-
-# ====================================================================== NATS JetStream
 @dataclass(frozen=True)
 class StreamSettings:
     """How the partition's stream is created (file storage; replicas for a cluster)."""
@@ -305,8 +98,6 @@ class NatsBus:
     ) -> NatsBus:
         """Connect to ``url`` (a comma-separated list for a cluster: every server is tried and
         reconnected to) with ``credentials`` (services.adapters.bus.security) or the loose options."""
-        import nats  # adapter-only dependency
-
         servers = [u.strip() for u in url.split(",") if u.strip()]
         opts: dict = {"servers": servers, "name": name, "max_reconnect_attempts": -1}
         if credentials is not None:
@@ -332,9 +123,6 @@ class NatsBus:
         return bus
 
     async def ensure_streams(self) -> None:
-        from nats.js import api
-        from nats.js.errors import NotFoundError
-
         s = self.settings
         retention = {"limits": api.RetentionPolicy.LIMITS, "interest": api.RetentionPolicy.INTEREST,
                      "workqueue": api.RetentionPolicy.WORK_QUEUE}[s.retention]
@@ -425,9 +213,6 @@ class NatsBus:
         creates it; reading an absent one answers None."""
         bucket = snapshot_bucket(self.partition, name)
         if bucket not in self._obs:
-            from nats.js import api
-            from nats.js.errors import BucketNotFoundError, NotFoundError
-
             try:
                 self._obs[bucket] = await self.js.object_store(bucket)
             except (BucketNotFoundError, NotFoundError):
@@ -443,8 +228,6 @@ class NatsBus:
         await obs.put(token(name), data)
 
     async def get_snapshot(self, name: str) -> bytes | None:
-        from nats.js.errors import NotFoundError, ObjectNotFoundError
-
         obs = await self._objects(name, create=False)
         if obs is None:
             return None
@@ -550,8 +333,6 @@ class _NatsConsumer:
 
     async def _open_durable(self) -> int:
         """Keep or (re)create the durable; return the start sequence of a new one (0 = kept)."""
-        from nats.js.errors import NotFoundError
-
         js, stream = self.bus.js, self.bus.stream
         try:
             info = await js.consumer_info(stream, self.durable)
@@ -570,8 +351,6 @@ class _NatsConsumer:
         return max(self.start_seq if self.start_seq is not None else floor + 1, 1)
 
     async def __aenter__(self) -> Self:
-        from nats.js import api
-
         js, stream = self.bus.js, self.bus.stream
         if self.durable:
             start = await self._open_durable()
@@ -604,8 +383,6 @@ class _NatsConsumer:
         self._wake.set()
 
     async def _add_ephemeral(self, start: int) -> str:
-        from nats.js import api
-
         info = await self.bus.js.add_consumer(self.bus.stream, config=api.ConsumerConfig(
             ack_policy=api.AckPolicy.NONE, deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
             opt_start_seq=start, filter_subject=self.subjects, inactive_threshold=30.0, mem_storage=True))
@@ -629,8 +406,6 @@ class _NatsConsumer:
 
     async def fetch(self, batch: int | None = None) -> None:
         """Ask JetStream for the next ``batch`` messages (they arrive on the inbox)."""
-        import json
-
         n = batch or self.batch
         loop = asyncio.get_running_loop()
         self._owed.append([n, loop.time() + self.expires_s])
@@ -685,7 +460,7 @@ class _NatsConsumer:
             self._last_seen = seq
             if self.durable:
                 self._ack_msgs[seq] = msg
-            event, reason = _decode_or_reason(msg.data, msg.headers)
+            event, reason = decode_or_reason(msg.data, msg.headers)
             if event is None:
                 await self.bus._dead_letter(self.name, seq, msg.subject, msg.data, reason)
                 await self.ack(seq)

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Self
 
+from services.adapters.bus.security import server_config
 from services.adapters.logging import get_logger
 
 log = get_logger("natsserver")
@@ -99,8 +100,6 @@ class EmbeddedNats:
         binary = find_nats_server()
         os.makedirs(self.store_dir, exist_ok=True)
         if self.accounts or self.cluster or self.tls:
-            from services.adapters.bus.security import server_config
-
             conf = Path(self.store_dir) / "nats.conf"
             fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # holds passwords
             with os.fdopen(fd, "w") as f:

@@ -147,18 +147,28 @@ def add_cli_options(parser) -> None:
     g.add_argument("--nats-tls-key", default=None, help="private key of --nats-tls-cert")
 
 
-def credentials_from_args(args, env: Mapping[str, str] | None = None) -> Credentials:
-    """Flags over the credentials file over the environment."""
-    creds = Credentials.from_env(env)
-    if getattr(args, "nats_credentials", None):
-        creds = creds.merged(Credentials.from_file(args.nats_credentials))
-    password = None
-    if getattr(args, "nats_password_file", None):
-        password = _read_secret(args.nats_password_file, "--nats-password-file")
-    return creds.merged(Credentials(
-        user=getattr(args, "nats_user", None), password=password, creds_file=getattr(args, "nats_creds", None),
-        tls_ca=getattr(args, "nats_tls_ca", None), tls_cert=getattr(args, "nats_tls_cert", None),
-        tls_key=getattr(args, "nats_tls_key", None)))
+@dataclass(frozen=True)
+class BusAuth:
+    """What a process was told on its command line about its NATS credentials (the options of
+    :func:`add_cli_options`, each None when not given), parsed once at its entry point
+    (services/drivers/options.py); :meth:`credentials` adds the file and the environment."""
+
+    user: str | None = None  # --nats-user
+    password_file: str | None = None  # --nats-password-file
+    credentials_file: str | None = None  # --nats-credentials (a JSON file write_credentials writes)
+    creds_file: str | None = None  # --nats-creds (a NATS .creds file)
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+
+    def credentials(self, env: Mapping[str, str] | None = None) -> Credentials:
+        """Flags over the credentials file over the environment (``EI_NATS_*``)."""
+        creds = Credentials.from_env(env)
+        if self.credentials_file:
+            creds = creds.merged(Credentials.from_file(self.credentials_file))
+        password = _read_secret(self.password_file, "--nats-password-file") if self.password_file else None
+        return creds.merged(Credentials(user=self.user, password=password, creds_file=self.creds_file,
+                                        tls_ca=self.tls_ca, tls_cert=self.tls_cert, tls_key=self.tls_key))
 
 
 # ----------------------------------------------------------------------------- permissions

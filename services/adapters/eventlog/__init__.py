@@ -1,18 +1,32 @@
-"""The recorder: lands the whole stream in DuckDB for SQL and deterministic replay.
+"""The event log: the port and its two logs, side by side (docs/recorder.md).
 
-- :mod:`.eventlog` - the ``EventLog`` port, ``DuckDbEventLog`` and ``InMemoryEventLog``;
-- :mod:`.views` - typed per-kind views and the named views (requests, route_decisions, ...);
-- :mod:`.core` / :mod:`.service` - the batching core and the bus adapter ``run_recorder``;
-- :mod:`.verify` - ``evolving verify``: fold the log through fresh cores, compare decisions;
-- :mod:`.sandbox` - the read-only, sandboxed DuckDB sessions of ``evolving sql``;
-- :mod:`.live` - ``evolving sql --live``: ask a running recorder for a consistent snapshot.
+- :mod:`.port` - the ``EventLog`` port: ``Row``, ``EventLogError`` / ``EventLogLocked``, and the
+  rules both logs share (``new_rows``: which rows of a batch to store; ``batched``);
+- :mod:`.memory` - ``InMemoryEventLog``, the in-process twin;
+- :mod:`.duckdb_log` - ``DuckDbEventLog`` (one DuckDB file) and ``open_sources`` (a read-only
+  query session over several logs and Parquet segments);
+- :mod:`.views` - the typed per-kind views and the named views (requests, route_decisions, ...);
+- :mod:`.sandbox` - the read-only, sandboxed DuckDB sessions of ``evolving sql``.
 
-See docs/recorder.md.
+Both logs pass the same contract tests (``tests/contract/test_eventlog.py``). The recorder
+service that fills a log from the bus, ``evolving verify`` and ``evolving sql`` are drivers
+(``services/drivers/recorder/``).
 
-Layer 2 (adapter: DuckDB). May import: ``events``, the cores (``verify`` refolds through them),
-DuckDB. ``cli`` and ``bench`` are drivers (layer 3).
+Layer 2 (adapter: DuckDB). May import: ``events``, DuckDB.
 """
 
-from services.adapters.eventlog.duckdb_log import DuckDbEventLog, EventLog, EventLogError, InMemoryEventLog
+from services.adapters.eventlog.duckdb_log import DuckDbEventLog, open_sources
+from services.adapters.eventlog.memory import InMemoryEventLog
+from services.adapters.eventlog.port import EventLog, EventLogError, EventLogLocked, Row, batched, new_rows
 
-__all__ = ["DuckDbEventLog", "EventLog", "EventLogError", "InMemoryEventLog"]
+__all__ = [
+    "DuckDbEventLog",
+    "EventLog",
+    "EventLogError",
+    "EventLogLocked",
+    "InMemoryEventLog",
+    "Row",
+    "batched",
+    "new_rows",
+    "open_sources",
+]

@@ -1,18 +1,9 @@
-"""The event log port and its two backends: :class:`DuckDbEventLog` and :class:`InMemoryEventLog`.
+"""The event log in one DuckDB file: :class:`DuckDbEventLog`, and :func:`open_sources` for queries.
 
-An event log stores the stream as ``(seq, subject, event)`` rows, in stream order.
-
-Invariants (held by ``tests/contract/test_eventlog.py`` for both backends):
-
-- ``append(batch)`` stores the rows whose ``seq`` is above the applied position, sorted, each
-  at most once, and moves the applied position to the highest ``seq`` of the batch *in the same
-  transaction* as the rows. Redelivering a batch (or any part of one) is therefore a no-op.
-  A row whose ``seq`` is at or below the applied position is skipped even if it was never stored
-  (the stream is consumed in order; a lower position is a redelivery).
-- ``read(from_seq)`` yields typed events, decoded from their stored form, in ``seq`` order.
-- ``run_config`` is a small key -> JSON value table that whoever creates a run writes once
-  (the plug-in names and constructor arguments of the cores); ``evolving verify`` builds its
-  fresh cores from it. See docs/recorder.md.
+It satisfies the port in :mod:`services.adapters.eventlog.port` (invariants there), as does its
+twin :class:`services.adapters.eventlog.memory.InMemoryEventLog`. Table ``events`` plus the typed
+views of :mod:`services.adapters.eventlog.views`; read-only query sessions are sandboxed by
+:mod:`services.adapters.eventlog.sandbox`.
 
 DuckDB bulk path: a batch becomes a dict of NumPy arrays (object arrays for strings) that is
 registered as a relation and inserted with one ``INSERT ... SELECT``; ``executemany`` is about
@@ -22,121 +13,28 @@ measures the choice against an NDJSON + ``read_json`` baseline.
 
 from __future__ import annotations
 
-import itertools
 import os
+import subprocess
+import sys
 import threading
-from collections import Counter
+import time
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Protocol, Self, runtime_checkable
+from typing import Any, Self
 
+import duckdb
 import msgspec
 import numpy as np
 
 from events.catalog import Event
 from events.codec import SCHEMA_VERSION, CodecError, from_json, to_json
-
-Row = tuple[int, str, Event]
-"""One log row: stream sequence, subject, event."""
+from services.adapters.eventlog.port import EventLogError, EventLogLocked, Row, new_rows
+from services.adapters.eventlog.sandbox import connect_file, connect_sources, expand_parquet
+from services.adapters.eventlog.views import create_views
 
 _READ_CHUNK = 4096
 
-
-class EventLogError(RuntimeError):
-    """The log file is not usable (wrong schema, not an event log)."""
-
-
-class EventLogLocked(EventLogError):
-    """Another process (the live recorder) holds the file's write lock."""
-
-
-@runtime_checkable
-class EventLog(Protocol):
-    """Append-only, seq-idempotent store of the stream."""
-
-    def append(self, batch: Iterable[Row]) -> int:
-        """Store the new rows of ``batch``; return how many were stored."""
-        ...
-
-    def last_seq(self) -> int:
-        """The applied position (0 for an empty log)."""
-        ...
-
-    def read(self, from_seq: int = 1, types: Collection[str] | None = None) -> Iterator[Row]:
-        """Rows from ``from_seq`` on, in seq order; ``types``: only events of these type names
-        (the others are not decoded: a figure that folds a few types skips the bulky ones)."""
-        ...
-
-    def count_by_type(self) -> dict[str, int]: ...
-
-    def run_config(self) -> dict[str, Any]: ...
-
-    def set_run_config(self, config: Mapping[str, Any]) -> None: ...
-
-    def close(self) -> None: ...
-
-
-def new_rows(batch: Iterable[Row], applied_seq: int) -> list[Row]:
-    """The rows of ``batch`` to store after ``applied_seq``: sorted by seq, first copy of each seq."""
-    seen: set[int] = set()
-    out: list[Row] = []
-    for row in sorted(batch, key=lambda r: r[0]):
-        seq = row[0]
-        if not isinstance(seq, int) or seq < 1:
-            raise ValueError(f"stream sequence must be a positive int, got {seq!r}")
-        if seq <= applied_seq or seq in seen:
-            continue
-        seen.add(seq)
-        out.append(row)
-    return out
-
-
-# --------------------------------------------------------------------------- in memory
-class InMemoryEventLog:
-    """The in-memory twin: rows are kept as the JSON bytes DuckDB would store, so reading
-    them back goes through the same decoder."""
-
-    def __init__(self) -> None:
-        self._seqs: list[int] = []
-        self._rows: list[tuple[str, bytes]] = []
-        self._applied = 0
-        self._config: dict[str, bytes] = {}
-
-    def append(self, batch: Iterable[Row]) -> int:
-        rows = new_rows(batch, self._applied)
-        encoded = [(seq, subject, to_json(ev)) for seq, subject, ev in rows]
-        for seq, subject, data in encoded:  # encode all first: a bad event stores nothing
-            self._seqs.append(seq)
-            self._rows.append((subject, data))
-        if rows:
-            self._applied = rows[-1][0]
-        return len(rows)
-
-    def last_seq(self) -> int:
-        return self._applied
-
-    def read(self, from_seq: int = 1, types: Collection[str] | None = None) -> Iterator[Row]:
-        start = int(np.searchsorted(np.asarray(self._seqs, dtype=np.int64), from_seq)) if self._seqs else 0
-        for i in range(start, len(self._seqs)):
-            subject, data = self._rows[i]
-            ev = from_json(data)
-            if types is None or type(ev).__name__ in types:
-                yield self._seqs[i], subject, ev
-
-    def count_by_type(self) -> dict[str, int]:
-        return dict(Counter(msgspec.json.decode(d)["type"] for _, d in self._rows))
-
-    def run_config(self) -> dict[str, Any]:
-        return {k: msgspec.json.decode(v) for k, v in sorted(self._config.items())}
-
-    def set_run_config(self, config: Mapping[str, Any]) -> None:
-        self._config.update({k: msgspec.json.encode(v) for k, v in config.items()})
-
-    def close(self) -> None:
-        pass
-
-
-# --------------------------------------------------------------------------- DuckDB
-_SCHEMA = """
+#: The events table (and its indexes) of every log; the recorder bench builds the same table.
+SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
     seq UBIGINT PRIMARY KEY,
     ts DOUBLE NOT NULL,
@@ -156,15 +54,11 @@ class DuckDbEventLog:
     ``read_only=True`` opens a finished run for queries and replay."""
 
     def __init__(self, path: str | os.PathLike, read_only: bool = False, *, sandbox: bool = False) -> None:
-        import duckdb
-
         self.path = os.fspath(path)
         self.read_only = read_only or sandbox
         if self.read_only:
             _check_file(self.path)
         if sandbox:  # no file system, no extensions, settings locked (services.adapters.eventlog.sandbox)
-            from services.adapters.eventlog.sandbox import connect_file
-
             self.con = _connect_or_explain(connect_file, self.path)
         elif read_only:
             self.con = _connect_or_explain(lambda p: duckdb.connect(p, read_only=True), self.path)
@@ -174,8 +68,6 @@ class DuckDbEventLog:
         # appends in one): a transaction must not interleave with another thread's statements
         self._lock = threading.RLock()
         if self.read_only:
-            from services.adapters.eventlog.views import create_views
-
             try:
                 self._check_schema()
                 create_views(self.con, temp=True)
@@ -189,10 +81,8 @@ class DuckDbEventLog:
 
     # -- setup
     def _create(self) -> None:
-        from services.adapters.eventlog.views import create_views
-
         self.con.execute("BEGIN")
-        self.con.execute(_SCHEMA)
+        self.con.execute(SCHEMA)
         self.con.execute(
             "INSERT OR IGNORE INTO log_meta VALUES ('applied_seq', '0'), ('schema', ?)", [SCHEMA_VERSION]
         )
@@ -312,10 +202,6 @@ class DuckDbEventLog:
         from this process would silently unlock the log for other writers. (DuckDB's own
         ``COPY FROM DATABASE`` keeps the lock too but re-encodes everything: 13x slower, 0.46 s
         against 0.036 s for a 30 MB log.)"""
-        import subprocess
-        import sys
-        import time
-
         dest = os.fspath(dest)
         tmp = dest + ".tmp"
         t0 = time.perf_counter()
@@ -368,12 +254,6 @@ def _columns(rows: Sequence[Row]) -> dict[str, np.ndarray]:
     return {"seq": seq, "ts": ts, "type": typ, "src": src, "subject": subject, "payload": payload}
 
 
-def batched(rows: Iterable[Row], size: int) -> Iterator[list[Row]]:
-    it = iter(rows)
-    while chunk := list(itertools.islice(it, size)):
-        yield chunk
-
-
 def open_sources(sources: Sequence[str]):
     """A read-only, sandboxed query session over several recorded sources: DuckDB event logs
     (``*.duckdb``) and Parquet files or globs written by :meth:`DuckDbEventLog.export_parquet`.
@@ -381,9 +261,6 @@ def open_sources(sources: Sequence[str]):
     over it. One DuckDB file alone is opened directly (its own views). The session cannot read
     or write other files, attach databases, load extensions or change its settings
     (:mod:`services.adapters.eventlog.sandbox`)."""
-    from services.adapters.eventlog.sandbox import connect_sources, expand_parquet
-    from services.adapters.eventlog.views import create_views
-
     if len(sources) == 1 and not _is_parquet(sources[0]):
         return DuckDbEventLog(sources[0], sandbox=True).con
     db_files: list[str] = []
@@ -409,8 +286,6 @@ def open_sources(sources: Sequence[str]):
 def _connect_or_explain(connect, path: str):
     """``connect(path)``; DuckDB's lock conflict becomes an :class:`EventLogError` that says
     what to do (the recorder of a running stack holds the file)."""
-    import duckdb
-
     try:
         return connect(path)
     except duckdb.Error as exc:

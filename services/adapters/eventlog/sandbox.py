@@ -27,6 +27,10 @@ import re
 import tempfile
 from collections.abc import Sequence
 
+import duckdb
+
+from services.adapters.eventlog.port import EventLogError
+
 SANDBOX_CONFIG: dict[str, str | bool] = {
     "enable_external_access": False,
     "autoload_known_extensions": False,
@@ -57,8 +61,6 @@ def check_query(query: str) -> None:
 
     A syntax error is left to DuckDB (it names the position); only statements that parse are
     judged here."""
-    import duckdb
-
     try:
         statements = duckdb.extract_statements(query)
     except duckdb.ParserException:
@@ -88,15 +90,11 @@ def check_query(query: str) -> None:
 
 def connect_file(path: str):
     """One DuckDB file, read-only, sandboxed from the start."""
-    import duckdb
-
     return duckdb.connect(path, read_only=True, config=dict(SANDBOX_CONFIG))
 
 
 def expand_parquet(source: str) -> list[str]:
     """The Parquet files of ``source`` (a file or a glob), absolute and sorted; an error if none."""
-    from services.adapters.eventlog.duckdb_log import EventLogError
-
     if any(c in source for c in "*?["):
         files = sorted(os.path.abspath(f) for f in glob.glob(source))
         if not files:
@@ -113,8 +111,6 @@ def connect_sources(duckdb_files: Sequence[str], parquet_files: Sequence[str]):
 
     The session's own database is an empty scratch file opened read-only (an in-memory
     database cannot be read-only), so every ``ATTACH`` in it is read-only as well."""
-    import duckdb
-
     scratch_dir = tempfile.mkdtemp(prefix="evolving-sql-")
     scratch = os.path.join(scratch_dir, "session.duckdb")
     try:

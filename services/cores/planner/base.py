@@ -52,7 +52,8 @@ from services.cores.costmodel import (
 )
 from services.cores.planner.window import SliceStats
 
-_ENC = msgspec.msgpack.Encoder(order="sorted")
+#: The planners' snapshot encoder (sorted keys, so equal histories give equal bytes).
+SNAPSHOT_ENCODER = msgspec.msgpack.Encoder(order="sorted")
 
 # The paths a window-end decision takes, each named by the start of ``PlanEvaluated.reason``
 # (and of the orders' reason). Only GATED may move a node that already serves a role without
@@ -160,7 +161,7 @@ class PlannerBase:
     def snapshot(self) -> bytes:
         state = msgspec.structs.replace(self.st, slices={})
         slices = sorted(self.st.slices.items())
-        return _ENC.encode(_Snapshot(type(self).__name__, _ENC.encode(self.cfg), state, slices))
+        return SNAPSHOT_ENCODER.encode(_Snapshot(type(self).__name__, SNAPSHOT_ENCODER.encode(self.cfg), state, slices))
 
     @classmethod
     def from_snapshot(cls, data: bytes):

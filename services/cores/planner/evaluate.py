@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.special import gammaincc, gammaln, ndtr
 
 from services.cores.costmodel import DecodeModel, PrefillModel
 from services.cores.planner.window import Work
@@ -200,8 +201,6 @@ def closed_wait(
     ever. By the arrival theorem a request sees the stationary distribution of the other
     ``N - 1`` agents; with ``k >= c`` ahead of it, it waits for ``k - c + 1`` departures at
     rate ``c mu`` (Erlang: ``gammaincc``)."""
-    from scipy.special import gammaln
-
     mu = np.asarray(mu, dtype=float)
     c_all = np.asarray(servers, dtype=int)
     mean, tail = np.zeros(len(c_all)), np.zeros(len(c_all))
@@ -243,8 +242,6 @@ def closed_wait(
 def _erlang_mixture_tail(p: np.ndarray, n: np.ndarray, x: float) -> float:
     """sum_i p_i P(Erlang(n_i, 1) > x): the exact tail (``gammaincc``) for n <= 50, its normal
     approximation beyond (sd sqrt(n) << n; ten times cheaper on a large cluster's queue)."""
-    from scipy.special import gammaincc, ndtr
-
     small = n <= 50
     out = float(p[small] @ gammaincc(n[small], x))
     big = ~small

@@ -5,8 +5,9 @@
 - :mod:`services.cores.router.base` — the :class:`Router` protocol and the shared fold (echo,
   shadow, re-routing on a switch, cold start, snapshots);
 - :mod:`services.cores.router.least_ttft` — :class:`LeastTtftRouter`, least predicted TTFT (eq. 7);
-- :mod:`services.cores.router.baselines` — cache-aware (SGLang Model Gateway), sticky, round robin,
-  least loaded, Dynamo KV router;
+- :mod:`services.cores.router.cache_aware` — SGLang Model Gateway's cache-aware and sticky policies;
+- :mod:`services.cores.router.load_balancing` — round robin and least loaded;
+- :mod:`services.cores.router.dynamo` — Dynamo's KV router cost (overlap against load);
 - ``evolving bench router`` and the event-stream builders of its scenarios live in
   :mod:`services.drivers.bench` (drivers stand above the core).
 

@@ -326,3 +326,17 @@ class RouterBase:
             out.append(rd)
             self._commit(rd)
         return out
+
+
+# --------------------------------------------------------------------------- shared by the baselines
+def local_choice(router: RouterBase, node: str, r: RequestState, lookup: Lookup | None, now: float,
+                  scores: list[NodeScore]) -> Choice:
+    t_c, t_uc, _, ttft = router.local_estimate(node, r, lookup, now)
+    return Choice(node=node, t_c=t_c, t_uc=t_uc, predicted_ttft_s=ttft, scores=scores)
+
+
+def node_score(router: RouterBase, node: str, value: float, r: RequestState, lookup: Lookup | None,
+           now: float) -> NodeScore:
+    m = lookup.per_node.get(node) if lookup is not None else None
+    t_c = min((m.local_blocks if m else 0) * router.block_tokens, router.prompt_tokens(r))
+    return NodeScore(node=node, score=float(value), t_c=t_c, queue_s=router.state.wait_s(node, now))

@@ -11,9 +11,11 @@ import json
 import os
 from pathlib import Path
 
+from services.drivers.bench import router as router_bench
+
 
 def _bench_directory(args: argparse.Namespace) -> int:
-    from services.drivers.bench.directory import DEFAULT_TRACES, format_report, run
+    from services.drivers.bench.directory import DEFAULT_TRACES, format_report, run  # lazy: --help +40 ms
 
     result = run(
         trace_dir=Path(args.traces) if args.traces else DEFAULT_TRACES,
@@ -40,7 +42,7 @@ def _register_directory(bench) -> None:
 
 
 def _bench_planner(args: argparse.Namespace) -> int:
-    from services.drivers.bench.planner import format_report, run
+    from services.drivers.bench.planner import format_report, run  # lazy: evolving --help +330 ms (scipy)
 
     sizes = tuple(int(x) for x in args.sizes.split(",") if x)
     result = run(sizes=sizes, repeats=args.repeats, seed=args.seed, naive_max_nodes=args.naive_max_nodes)
@@ -67,12 +69,10 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 
 def _bench_router(args: argparse.Namespace) -> int:
-    from services.drivers.bench.router import format_report, run
-
-    result = run(router=args.router, baselines=tuple(b for b in args.baselines.split(",") if b),
+    result = router_bench.run(router=args.router, baselines=tuple(b for b in args.baselines.split(",") if b),
                  sizes=_sizes(args.sizes), requests=args.requests, agents=args.agents,
                  prompt_blocks=args.prompt_blocks, new_blocks=args.new_blocks, repeats=args.repeats)
-    print(json.dumps(result, indent=2, sort_keys=True) if args.json else format_report(result))
+    print(json.dumps(result, indent=2, sort_keys=True) if args.json else router_bench.format_report(result))
     return 0
 
 

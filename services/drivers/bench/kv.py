@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import socket
 import subprocess
 import sys
 import time
@@ -119,7 +120,7 @@ def bench_kernels(
     flat_dst = staging.view(pool.words().dtype).view(-1)
     impls = ["torch"]
     if device.type == "cuda":
-        from kernels import triton_ops
+        from kernels import triton_ops  # lazy: optional dependency (triton, CUDA only)
 
         if triton_ops.HAVE_TRITON:
             impls.append("triton")
@@ -253,15 +254,16 @@ def _bench_broadcast(layout, num_slots, host, host_slots, slots, repeats) -> dic
 def bench_transfer(layout: KvLayout, blocks: int, repeats: int, seed: int) -> dict:
     """Mooncake TCP read from a peer process against a raw socket copy from the same process."""
     try:
-        from engine.transfer.mooncake import MooncakeTransfer, mooncake_available
+        from engine.transfer.mooncake import (  # lazy: optional (bare GPU box)
+            MooncakeTransfer,
+            mooncake_available,
+        )
     except ImportError as exc:  # engine deps (msgspec, structlog) missing, e.g. on a bare GPU box
         return {"skipped": f"engine.transfer does not import: {exc}"}
     ok, why = mooncake_available()
     if not ok:
         return {"skipped": why}
-    import socket
-
-    from engine.transfer.base import PoolDescriptor
+    from engine.transfer.base import PoolDescriptor  # lazy: optional (engine deps, as above)
 
     num_slots = blocks + blocks // 2
     env = dict(os.environ, MC_LOG_LEVEL="ERROR")

@@ -25,11 +25,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _bench_kv(args: argparse.Namespace) -> int:
     try:
-        import torch
+        import torch  # lazy: optional dependency (torch)
     except ImportError:
         print("evolving bench kv needs torch: pip install -e '.[kv]' (or bash scripts/setup.sh)")
         return 2
-    from services.drivers.bench.kv import format_report, run
+    from services.drivers.bench.kv import format_report, run  # lazy: optional dependency (torch)
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print(f"--device {args.device}: no CUDA device here")
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m services.drivers.bench.kv_cli", description=__doc__)
     add_arguments(p)
     try:  # logs to stderr, so --json stays parseable (services/ may be absent on a bare GPU box)
-        from services.adapters.logging import configure_logging
+        from services.adapters.logging import configure_logging  # lazy: optional (bare GPU box)
 
         configure_logging()
     except ImportError:

@@ -15,13 +15,17 @@ import sys
 import time
 from array import array
 
+import numpy as np
+
 
 def main(path: str) -> int:
-    import numpy as np
-    import torch
-    from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams
-    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-    from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
+    import torch  # lazy: optional dependency (sglang)
+    from sglang.srt.mem_cache.base_prefix_cache import (  # lazy: optional dependency (sglang)
+        InsertParams,
+        MatchPrefixParams,
+    )
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # lazy: optional dependency (sglang)
+    from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey  # lazy: optional dependency (sglang)
 
     data = np.load(path)
     ids, offsets = data["ids"], data["offsets"]

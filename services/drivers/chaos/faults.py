@@ -1,6 +1,6 @@
 """Fault injection for tests and ``evolving chaos``: a live service that crashes on cue.
 
-``python -m services.drivers.chaos.faults SPEC KIND [serve options...]`` runs ``python -m services.KIND``
+``python -m services.drivers.chaos.faults SPEC KIND [serve options...]`` runs ``python -m services.drivers.serve KIND``
 with one fault armed. Production entry points never read a fault switch; only this wrapper
 arms one, through the runner's ``after_publish`` hook.
 
@@ -17,6 +17,10 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from services.adapters.logging import get_logger
+from services.drivers import serve
+
+log = get_logger("faults")
 FAULT_EXIT_CODE = 86
 
 
@@ -28,9 +32,7 @@ def parse(spec: str) -> Callable[[int], None]:
 
         def crash(published: int) -> None:
             if published >= limit:
-                from services.adapters.logging import get_logger
-
-                get_logger("faults").error("fault_injected", fault=spec, published=published)
+                log.error("fault_injected", fault=spec, published=published)
                 os._exit(FAULT_EXIT_CODE)
 
         return crash
@@ -47,7 +49,6 @@ def main(argv: Sequence[str]) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from services.drivers import serve
 
     build = serve.build_runner
 

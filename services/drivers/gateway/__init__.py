@@ -2,8 +2,8 @@
 
 Layer 3 (a driver). ``api`` (request Structs, error shape, parameter rules; pure),
 ``headers`` (branch signals, pure), ``tokenizer`` (byte-level / HF, chat template, pure),
-``auth`` (API keys), ``metrics`` (prometheus_client), ``tokens`` (token channel adapters over
-``events.wire``), ``app`` (aiohttp), ``drive`` (trace replay client), ``cli`` (``evolving
-drive``). May import ``events``, ``services.adapters.bus.nats_bus`` / ``services.adapters.logging`` and ``replay.traces.format``
-(drive); nothing below it imports this package. See docs/gateway.md.
+``auth`` (API keys), ``metrics`` (prometheus_client), ``app`` (aiohttp), ``drive`` (trace
+replay client), ``cli`` (``evolving drive``). The token channel it shares with the engines is an
+adapter, ``services.adapters.bus.tokens``. May import ``events``, the adapters (bus, logging)
+and ``replay.traces`` (drive); nothing imports this package but the CLI. See docs/gateway.md.
 """

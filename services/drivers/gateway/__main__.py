@@ -17,10 +17,14 @@ from pathlib import Path
 
 from aiohttp import web
 
-from services.adapters.bus.security import CredentialsError, add_cli_options, credentials_from_args
+from services.adapters.bus import NatsBus, StreamSettings
+from services.adapters.bus.natsserver import EmbeddedNats
+from services.adapters.bus.security import CredentialsError, add_cli_options
+from services.adapters.bus.tokens import NatsTokens
 from services.adapters.logging import configure_logging, get_logger
 from services.drivers.gateway.app import Gateway, GatewayConfig
 from services.drivers.gateway.auth import ENV_VAR, ApiKeyConfigError, load_api_keys
+from services.drivers.options import bus_auth
 
 
 def _env_epoch() -> float | None:
@@ -118,9 +122,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def serve(args: argparse.Namespace) -> int:
-    from services.adapters.bus.nats_bus import NatsBus, StreamSettings
-    from services.drivers.gateway.tokens import NatsTokens
-
     log = get_logger("gateway")
     context_length, max_body, keys, ctx_from = resolve_limits(args)
     if not keys and args.host not in ("127.0.0.1", "localhost", "::1"):
@@ -130,13 +131,11 @@ async def serve(args: argparse.Namespace) -> int:
     embedded = None
     url = args.nats_url
     if url is None:
-        from services.adapters.bus.natsserver import EmbeddedNats
-
         embedded = EmbeddedNats().start()
         url = embedded.url
         log.warning("embedded_nats", url=url)
     try:
-        creds = credentials_from_args(args)
+        creds = bus_auth(args).credentials()
     except CredentialsError as exc:
         raise SystemExit(f"python -m services.drivers.gateway: {exc}") from None
     replicas = args.stream_replicas or int(os.environ.get("EI_STREAM_REPLICAS") or 1)

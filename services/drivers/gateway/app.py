@@ -11,7 +11,7 @@ Request lifecycle (one POST /v1/chat/completions or /v1/completions)
 2. Render the prompt (chat template, ``services.drivers.gateway.tokenizer``), tokenise it and compute
    the chained block hashes (``events.hashing.block_hashes``).
 3. Register the request with the route watcher and subscribe to its token subject
-   (``services.drivers.gateway.tokens``) *before* publishing, so neither answer can be missed.
+   (``services.adapters.bus.tokens``) *before* publishing, so neither answer can be missed.
 4. Publish ``BranchOpened`` (first sight), ``ContextCompacted`` (header or inferred) and
    ``RequestSubmitted`` on the partition's stream.
 5. Wait for the non-shadow ``RouteDecided`` of the request (``route_timeout_s``, then 503).
@@ -45,7 +45,7 @@ from events.catalog import Event, RouteDecided
 from events.hashing import block_hashes
 from events.subjects import token
 from events.wire import TokenMsg, sim_text
-from services.adapters.bus.nats_bus import Bus
+from services.adapters.bus import Bus
 from services.adapters.logging import get_logger
 from services.cores.partitions import session_index
 from services.drivers.gateway.api import (

@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import uuid
+from dataclasses import asdict
 
 
 def register_drive(sub: argparse._SubParsersAction) -> None:
@@ -37,11 +38,9 @@ def register_drive(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_drive(args: argparse.Namespace) -> int:
-    from dataclasses import asdict
-
-    from replay.traces.format import TraceFormatError
-    from replay.traces.importers.spec import WorkloadSpecError, load_workload
-    from services.drivers.gateway.drive import DriveConfig, DriveProgress, Driver, drive
+    from replay.traces.format import TraceFormatError  # lazy: evolving --help +60 ms (the trace importers)
+    from replay.traces.importers.spec import WorkloadSpecError, load_workload  # lazy: as above
+    from services.drivers.gateway.drive import DriveConfig, DriveProgress, Driver, drive  # lazy: as above
 
     try:  # the workload-spec parser every trace-taking command shares (replay/traces/importers/spec.py)
         sessions = load_workload(args.trace, require_sessions=False).sessions

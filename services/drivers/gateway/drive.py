@@ -45,6 +45,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Self
 
+import aiohttp
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
 from events.catalog import BranchEnded, BranchOpened, ContextCompacted, Event, RequestSubmitted
 from replay.traces.format import End, Request, Session, SessionCursor
 
@@ -238,8 +242,6 @@ class Driver:
             await asyncio.sleep(wait)
 
     async def run(self, sessions: Sequence[Session]) -> DriveReport:
-        import aiohttp
-
         own = self.http is None
         if own:
             self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.cfg.timeout_s))
@@ -338,9 +340,6 @@ class DriveProgress:
     """A rich progress bar: sessions done/total, requests answered, errors, requests/s."""
 
     def __init__(self, total_sessions: int, console=None) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
         self.progress = Progress(
             TextColumn("drive"), BarColumn(), MofNCompleteColumn(), TextColumn("sessions"),
             TextColumn("{task.fields[requests]} requests  {task.fields[errors]} errors  "

@@ -51,7 +51,7 @@ class HfTokenizer:
     """A Hugging Face ``tokenizers`` tokenizer loaded from ``tokenizer.json``."""
 
     def __init__(self, path: str | Path) -> None:
-        from tokenizers import Tokenizer as _HfTok  # optional dependency
+        from tokenizers import Tokenizer as _HfTok  # lazy: optional dependency (tokenizers)
 
         self._tok = _HfTok.from_file(str(path))
         self.name = f"hf:{Path(path).name}"

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import sys
 from typing import Any
 
 import msgspec
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from events.codec import CodecError
+from services.adapters.bus.security import CredentialsError, add_cli_options
+from services.drivers.options import bus_auth
+from services.drivers.recorder.verify import verify_log
 
 
 def register(sub, bench) -> None:
@@ -26,8 +35,6 @@ def register(sub, bench) -> None:
                    help="--live: the bus (default: what the recorder wrote in DB.live.json, else $EI_NATS_URL)")
     p.add_argument("--partition", default=None, help="--live: the partition (default: from DB.live.json)")
     p.add_argument("--timeout-s", type=float, default=30.0, help="--live: wait this long for the snapshot")
-    from services.adapters.bus.security import add_cli_options
-
     add_cli_options(p)  # --live on a secured bus (default: RUN_DIR/credentials/operator.json of `evolving up`)
     p.set_defaults(func=cmd_sql)
 
@@ -67,10 +74,17 @@ def _cell(v: Any) -> str:
 
 
 def cmd_sql(args) -> int:
-    import duckdb
+    import duckdb  # lazy: evolving --help +40 ms (duckdb)
 
-    from services.adapters.eventlog.duckdb_log import EventLogError, EventLogLocked, open_sources
-    from services.adapters.eventlog.sandbox import QueryRefused, check_query
+    from services.adapters.eventlog import (  # lazy: evolving --help +70 ms (duckdb)
+        EventLogError,
+        EventLogLocked,
+        open_sources,
+    )
+    from services.adapters.eventlog.sandbox import (  # lazy: evolving --help +70 ms (duckdb)
+        QueryRefused,
+        check_query,
+    )
 
     query = args.query
     try:
@@ -85,12 +99,14 @@ def cmd_sql(args) -> int:
         except EventLogLocked:
             if not args.live:
                 raise
-            from services.adapters.bus.security import CredentialsError, credentials_from_args
-            from services.drivers.recorder.live import LiveError, request_snapshot
+            from services.drivers.recorder.live import (  # lazy: evolving --help +300 ms (nats)
+                LiveError,
+                request_snapshot,
+            )
 
             try:
                 try:
-                    creds = credentials_from_args(args)
+                    creds = bus_auth(args).credentials()
                 except CredentialsError as exc:
                     raise LiveError(str(exc)) from exc
                 snap = request_snapshot(args.db, nats_url=args.nats_url, partition=args.partition,
@@ -125,8 +141,6 @@ def cmd_sql(args) -> int:
             print(json.dumps({c: _jsonable(v) for c, v in zip(cols, row)}))
         return 0
     if args.fmt == "csv":
-        import csv
-
         w = csv.writer(sys.stdout, lineterminator="\n")
         w.writerow(cols)
         for row in rows:
@@ -137,7 +151,7 @@ def cmd_sql(args) -> int:
 
 
 def _holds_no_events(con) -> bool:
-    import duckdb
+    import duckdb  # lazy: evolving --help +40 ms (duckdb)
 
     try:
         row = con.execute("SELECT value FROM log_meta WHERE key = 'applied_seq'").fetchall()
@@ -149,10 +163,6 @@ def _holds_no_events(con) -> bool:
 def print_table(cols: list[str], rows: list[tuple], max_rows: int) -> None:
     """A rich table that never cuts a value: in a terminal long values wrap inside their
     column; piped or redirected, each row stays on one line (the table takes its natural width)."""
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
     shown = rows[:max_rows]
     table = Table()
     for c in cols:
@@ -169,11 +179,12 @@ def print_table(cols: list[str], rows: list[tuple], max_rows: int) -> None:
 def cmd_verify(args) -> int:
     """Exit 0: every decision reproduced; 1: diverged; 2: the log or the cores could not be
     read or built (one line on stderr: an empty, junk, truncated or corrupt file lands here)."""
-    import duckdb
+    import duckdb  # lazy: evolving --help +40 ms (duckdb)
 
-    from events.codec import CodecError
-    from services.adapters.eventlog.duckdb_log import DuckDbEventLog, EventLogError
-    from services.drivers.recorder.verify import verify_log
+    from services.adapters.eventlog import (  # lazy: evolving --help +70 ms (duckdb)
+        DuckDbEventLog,
+        EventLogError,
+    )
 
     try:
         log = DuckDbEventLog(args.db, read_only=True, sandbox=True)
@@ -229,7 +240,7 @@ def print_report(out: dict) -> None:
 
 
 def cmd_bench(args) -> int:
-    from services.drivers.bench import recorder as bench
+    from services.drivers.recorder import bench  # lazy: evolving --help +60 ms (duckdb)
 
     res = bench.run(n_requests=args.requests, blocks_per_request=args.blocks)
     if args.json:

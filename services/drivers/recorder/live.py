@@ -27,9 +27,13 @@ import json
 import os
 from dataclasses import dataclass
 
-from events.subjects import token
+import nats
+from nats.errors import Error as NatsError
+from nats.errors import NoRespondersError
 
-DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+from events.subjects import token
+from services.adapters.bus.security import Credentials, CredentialsError
+from services.drivers.options import DEFAULT_NATS_URL
 
 
 class LiveError(RuntimeError):
@@ -73,8 +77,6 @@ def operator_credentials(db: str | os.PathLike, given=None):
     """The credentials ``sql --live`` uses: ``given`` (flags, env) when they say anything, else
     the operator account that ``evolving up`` wrote next to its run's log
     (``RUN_DIR/credentials/operator.json``), else none (an open bus)."""
-    from services.adapters.bus.security import Credentials
-
     if given is not None and not given.empty:
         return given
     env = Credentials.from_env()
@@ -95,12 +97,6 @@ async def request_snapshot_async(db: str, *, nats_url: str | None = None, partit
                                  timeout_s: float = 30.0, credentials=None) -> Snapshot:
     """``credentials``: services.adapters.bus.security.Credentials (default: :func:`operator_credentials`);
     ``nats_url`` may list a cluster's servers, comma-separated."""
-    import nats
-    from nats.errors import Error as NatsError
-    from nats.errors import NoRespondersError
-
-    from services.adapters.bus.security import CredentialsError
-
     side = read_sidecar(db)
     url = nats_url or side.get("nats_url") or os.environ.get("EI_NATS_URL") or DEFAULT_NATS_URL
     try:

@@ -18,10 +18,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from services.adapters.bus.nats_bus import NatsBus
-from services.adapters.eventlog.duckdb_log import EventLog
+from services.adapters.bus import NatsBus
+from services.adapters.eventlog import EventLog
 from services.adapters.logging import get_logger
 from services.cores.recording import Recorder
+from services.drivers.recorder.live import sidecar_path, snapshot_path, snapshot_subject
 
 log = get_logger("recorder")
 
@@ -128,8 +129,6 @@ class LiveSnapshots:
     not moved or is younger than ``min_interval_s``."""
 
     def __init__(self, bus: NatsBus, event_log, *, min_interval_s: float = 1.0) -> None:
-        from services.drivers.recorder.live import sidecar_path, snapshot_path, snapshot_subject
-
         self.bus, self.event_log, self.min_interval_s = bus, event_log, min_interval_s
         self.db = os.path.abspath(event_log.path)
         self.subject = snapshot_subject(bus.partition)

@@ -4,8 +4,10 @@ recorded decision is reproduced bit for bit.
 How it works (docs/recorder.md has the long form):
 
 1. The cores are built from the log's ``run_config`` table (plug-in name or class path and
-   constructor kwargs, one key per core), through a registry of :class:`CoreSpec` so any core
-   can be verified (tests use a fake one).
+   constructor kwargs, one key per core) by the recipes of the services table
+   (services/drivers/services.py: ``CORES``, which also resolves the class paths of logs
+   recorded before the layout of issue 21), through a registry of :class:`CoreSpec` so any
+   core can be verified (tests use a fake one).
 2. Every recorded event is folded, in seq order, through every core - exactly what the live
    adapters do, echoes of a core's own decisions included. What a core emits is *not* folded:
    the recorded copy is.
@@ -22,7 +24,6 @@ the publisher id, cores do not.
 
 from __future__ import annotations
 
-import importlib
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ import msgspec
 
 from events.catalog import Event, RouteDecided
 from events.codec import encode, to_json
+from services.drivers.services import CORES, VERIFIED_CORES
 
 Row = tuple[int, str, Event]
 
@@ -50,30 +52,6 @@ def _checks_nothing(event: Event) -> bool:
     return False
 
 
-def resolve(path: str):
-    """``"package.module:Attr"`` -> the attribute."""
-    module, _, attr = path.partition(":")
-    obj = importlib.import_module(module)
-    for part in attr.split(".") if attr else ():
-        obj = getattr(obj, part)
-    return obj
-
-
-def _plugin_factory(group: str | None, default_class: str) -> Callable[[Mapping[str, Any]], Any]:
-    def build(cfg: Mapping[str, Any]):
-        if "class" in cfg:
-            cls = resolve(cfg["class"])
-        elif "plugin" in cfg and group is not None:
-            from services.adapters.plugins import load
-
-            cls = load(group, cfg["plugin"])
-        else:
-            cls = resolve(default_class)
-        return cls(**cfg.get("kwargs", {}))
-
-    return build
-
-
 @dataclass(frozen=True)
 class CoreSpec:
     """How to build one core from its ``run_config`` entry and which recorded events are its
@@ -84,16 +62,12 @@ class CoreSpec:
     checks: Callable[[Event], bool] = _checks_nothing
 
 
+#: which recorded events are each verified core's decisions (the others' are checked by none)
+CHECKS: dict[str, Callable[[Event], bool]] = {"planner": _checks_planner, "router": _checks_router}
 DEFAULT_REGISTRY: dict[str, CoreSpec] = {
-    "directory": CoreSpec("directory", _plugin_factory(None, "services.cores.directory.core:DirectoryCore")),
-    "planner": CoreSpec(
-        "planner", _plugin_factory("evolving.planners", "services.cores.planner.evolving:EvolvingPlanner"), _checks_planner
-    ),
-    "router": CoreSpec(
-        "router", _plugin_factory("evolving.routers", "services.cores.router.least_ttft:LeastTtftRouter"), _checks_router
-    ),
+    name: CoreSpec(name, CORES[name].build, CHECKS.get(name, _checks_nothing)) for name in VERIFIED_CORES
 }
-DEFAULT_CORES = ("directory", "planner", "router")
+DEFAULT_CORES = VERIFIED_CORES
 
 
 @dataclass
@@ -225,7 +199,7 @@ def verify_log(
     keep_going: bool = False,
     strict: bool = False,
 ) -> VerifyReport:
-    """Verify an :class:`~services.adapters.eventlog.duckdb_log.EventLog` against fresh cores."""
+    """Verify an :class:`~services.adapters.eventlog.port.EventLog` against fresh cores."""
     config = event_log.run_config()
     if names is None:
         names = config.get("cores") or DEFAULT_CORES

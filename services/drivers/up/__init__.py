@@ -1,14 +1,11 @@
-"""The live control plane: one process per service around the pure cores, and ``evolving up``.
+"""``evolving up``: NATS, the services, sim engines and the gateway from one command (docs/live.md).
 
-- :mod:`services.adapters.runner` - the generic adapter (durable consumer -> core -> decisions);
-- :mod:`.metrics` - Prometheus metrics and the health endpoint of each service;
-- :mod:`.stack` / :mod:`.liveness` - a stack of cores behind one consumer; the heartbeat
-  watcher that the planner service runs beside the planner;
-- :mod:`.serve` - ``python -m services.<name>`` / ``evolving serve <name>``;
-- :mod:`.up` - ``evolving up`` (NATS, services, sim engines, gateway, status line);
-- :mod:`.bench` - ``evolving bench live``.
-
-See docs/live.md.
-
-Layer 3 (driver). May import everything below: adapters, cores, ``events``.
+- :mod:`.options` - its command-line options;
+- :mod:`.launch` - the run: start, supervise, status line, stop in order;
+- :mod:`.partitions` - ``--partitions N``: one set of services per partition;
+- :mod:`.children` - what both share: a child process, its environment, the stop groups, the
+  run configuration written into the log;
+- :mod:`.businit` / :mod:`.compose_secrets` - the compose deployment's stream set-up and secrets;
+- :mod:`.testing` - helpers of the live tests and benchmarks;
+- :mod:`.cli` - ``evolving serve``, ``evolving up``, ``evolving bench live``, ``evolving drive``.
 """

@@ -19,7 +19,8 @@ import time
 
 from services.adapters.bus.security import CredentialsError
 from services.adapters.logging import configure_logging, get_logger
-from services.drivers.serve import add_bus_args, connect_bus
+from services.drivers.options import add_bus_args
+from services.drivers.serve import connect_bus
 
 log = get_logger("businit")
 

@@ -26,17 +26,19 @@ services, recorder (SIGTERM, then SIGKILL after ``--stop-timeout-s``), NATS last
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import importlib.util
 import json
-import os
 import signal
-import subprocess
 import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import aiohttp
+from rich.live import Live
+from rich.table import Table
 
 from events.catalog import (
     NodeRegistered,
@@ -48,59 +50,28 @@ from events.catalog import (
     RoleSwitchOrdered,
     RouteDecided,
 )
-from services.adapters.bus.natsserver import EmbeddedNats, NatsServerError
-from services.adapters.bus.security import ServiceSpec
+from services.adapters.bus import NatsBus
+from services.adapters.bus.natsserver import EmbeddedNats, NatsServerError, free_port
+from services.adapters.bus.security import ServiceSpec, generate_accounts, write_credentials
+from services.adapters.eventlog import DuckDbEventLog
 from services.adapters.logging import get_logger
-from services.drivers.serve import EXIT_PLUGIN, parse_kv
+from services.adapters.plugins import PluginNotFound
+from services.drivers.options import bus_auth
+from services.drivers.serve import EXIT_PLUGIN
+from services.drivers.services import CORES, SERVICES
+from services.drivers.up.children import (
+    G_ENGINE,
+    G_GATEWAY,
+    G_RECORDER,
+    G_SERVICE,
+    REPO,
+    Child,
+    child_env,
+    run_config,
+)
+from services.drivers.up.partitions import check_partitions, plan_partitioned, wait_partitions
 
 log = get_logger("up")
-REPO = Path(__file__).resolve().parents[3]
-
-# Stop order: higher groups stop first.
-G_RECORDER, G_SERVICE, G_ENGINE, G_GATEWAY = 0, 1, 2, 3
-
-
-@dataclass
-class Child:
-    name: str
-    cmd: list[str]
-    group: int
-    log_path: Path
-    proc: subprocess.Popen | None = None
-    restarts: int = 0
-    backoff_s: float = 1.0
-    down_since: float | None = None
-
-    def start(self, env: dict[str, str]) -> None:
-        with open(self.log_path, "ab") as out:
-            self.proc = subprocess.Popen(self.cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)  # Ctrl-C reaches only `up`
-
-    @property
-    def state(self) -> str:
-        if self.proc is None:
-            return "not started"
-        rc = self.proc.poll()
-        return "running" if rc is None else f"exited {rc}"
-
-
-def child_env(environ: dict[str, str] | None = None, path: list[str] | None = None) -> dict[str, str]:
-    """The environment of every child: the parent's, with ``PYTHONPATH`` = the repository root,
-    then the parent's own import path (``sys.path`` entries that the interpreter does not add by
-    itself, then ``PYTHONPATH``), made absolute (children run in the repository root). A plug-in
-    that ``up`` can import is thus importable in the service that runs it."""
-    environ = dict(os.environ if environ is None else environ)
-    path = sys.path if path is None else path
-    own = tuple(os.path.join(os.path.abspath(p), "") for p in {sys.prefix, sys.base_prefix, sys.exec_prefix})
-    entries = [str(REPO)]
-    for raw in [*path, *environ.get("PYTHONPATH", "").split(os.pathsep)]:
-        if not raw:
-            continue
-        entry = os.path.abspath(raw)
-        if os.path.join(entry, "").startswith(own) or entry in entries:
-            continue  # the interpreter's own library and site-packages: every child has them
-        entries.append(entry)
-    return {**environ, "PYTHONPATH": os.pathsep.join(entries), "EI_LOG_FORMAT": "json"}
 
 
 def plugin_failure(log_path: Path) -> str:
@@ -162,70 +133,6 @@ class Status:
             self.last_plan = f"{chosen}: {ev.reason}"
 
 
-def add_up_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nats-url", default=None,
-                   help="use this NATS server or cluster (comma-separated; default: start an embedded one). "
-                        "The children inherit the EI_NATS_* credentials of the environment")
-    p.add_argument("--insecure", action="store_true",
-                   help="embedded NATS without accounts: any local process may publish anything (the default "
-                        "generates one account per service with its subject permissions)")
-    p.add_argument("--partition", default="default")
-    p.add_argument("--partitions", type=int, default=1,
-                   help="N partitions, each with its own stream, recorder, directory, planner and router; the "
-                        "engines split between them, one gateway for all (docs/partitions.md)")
-    p.add_argument("--run-dir", default=None, help="directory for the DuckDB log, child logs and NATS store "
-                                                    "(default: runs/<timestamp>)")
-    p.add_argument("--db", default=None, help="DuckDB file (default: RUN_DIR/run.duckdb)")
-    p.add_argument("--engines", type=_engines_spec, default=4,
-                   help="sim engines to start (0: none); 'sglang-fake[:N]' runs N (default 2) SGLang-backend "
-                        "workers, each launching a fake SGLang server (engine/backends/sglang/fake.py)")
-    p.add_argument("--prefill", type=int, default=None,
-                   help="start this many engines as prefill and the rest as decode (default: all collocated)")
-    p.add_argument("--profile", default=None, help="engine profile (engine.worker --profile)")
-    p.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
-                   help="extra argument for every engine worker, e.g. --engine-arg=--fetch-mode=none")
-    p.add_argument("--kv-bytes", action="store_true",
-                   help="sim engines move real KV bytes (Mooncake over TCP, checksums verified; docs/kernels.md)")
-    p.add_argument("--kv-block-bytes", type=int, default=1024, help="with --kv-bytes: bytes per KV block")
-    p.add_argument("--time-scale", type=float, default=1.0, help="engines' model seconds per wall second")
-    p.add_argument("--gateway-port", type=int, default=8000, help="gateway HTTP port (0: a free port)")
-    p.add_argument("--no-gateway", action="store_true")
-    p.add_argument("--router", default="evolving")
-    p.add_argument("--router-arg", action="append", default=[], metavar="K=V")
-    p.add_argument("--shadow", action="append", default=[], metavar="PLUGIN",
-                   help="also run this router plug-in in shadow (repeatable)")
-    p.add_argument("--planner", default="evolving")
-    p.add_argument("--planner-arg", action="append", default=[], metavar="K=V")
-    p.add_argument("--tick-s", type=float, default=1.0)
-    p.add_argument("--heartbeat-timeout-s", type=float, default=10.0)
-    p.add_argument("--metrics-port", type=int, default=0,
-                   help="first metrics port; services take consecutive ports (0: free ports; -1: off)")
-    p.add_argument("--no-status", action="store_true", help="no rich status line (plain log lines)")
-    p.add_argument("--ready-file", default=None, help="write the URLs here as JSON once everything answers")
-    p.add_argument("--run-seconds", type=float, default=0.0, help="stop after this long (0: until Ctrl-C)")
-    p.add_argument("--stop-timeout-s", type=float, default=10.0)
-    p.add_argument("--nats-restarts", type=int, default=5,
-                   help="restarts of the embedded nats-server allowed within a minute before up gives up")
-    from services.adapters.bus.security import add_cli_options
-
-    add_cli_options(p)  # up's own connection to --nats-url (default: EI_NATS_*)
-
-
-class EnginesSpec(int):
-    """``--engines``: a count, with the backend kind as an attribute (``sim`` or ``sglang-fake``)."""
-
-    kind = "sim"
-
-
-def _engines_spec(raw: str) -> int:
-    kind, _, n = raw.partition(":")
-    if kind == "sglang-fake":
-        spec = EnginesSpec(int(n) if n else 2)
-        spec.kind = "sglang-fake"
-        return spec
-    return int(raw)
-
-
 def _sglang_fake_args(i: int, role: str, ports: list[tuple[int, int]]) -> list[str]:
     """Worker options for engine ``i`` on a fake SGLang server it launches (ports: (http, zmq) per node)."""
     http, kv = ports[i]
@@ -237,32 +144,12 @@ def _sglang_fake_args(i: int, role: str, ports: list[tuple[int, int]]) -> list[s
             "--sglang-launch-timeout-s", "60", "--kv-events-endpoint", f"tcp://127.0.0.1:{kv}", *peers]
 
 
-def run_config(args) -> dict:
-    """The ``run_config`` that ``evolving verify`` reads (docs/recorder.md)."""
-    return {
-        "directory": {},
-        "planner": {"plugin": args.planner, "kwargs": parse_kv(args.planner_arg)},
-        "router": {"plugin": args.router, "kwargs": parse_kv(args.router_arg)},
-        "cores": ["directory", "planner", "router"],
-        "live": {"engines": int(args.engines), "engine_backend": getattr(args.engines, "kind", "sim"),
-                 "prefill": args.prefill, "time_scale": args.time_scale,
-                 "shadows": list(args.shadow), "partition": args.partition},
-    }
-
-
-def _free_port() -> int:
-    from services.adapters.bus.natsserver import free_port
-
-    return free_port()
-
-
 def router_policy_name(args) -> str:
     """The in-charge router's policy name (its anomalies' component is ``router.<name>``)."""
-    from services.adapters.plugins import load_router
-
-    kwargs = parse_kv(args.router_arg)
+    entry = SERVICES["router"].entry(args)
+    kwargs = entry["kwargs"]
     try:
-        return str(load_router(args.router)(**kwargs).name)
+        return str(CORES["router"].build(entry).name)
     except Exception:  # noqa: BLE001 - check_args already refused a plug-in that does not load
         return str(kwargs.get("name") or args.router)
 
@@ -285,8 +172,6 @@ def plan_children(args, url: str, run_dir: Path, db: Path,
     """The children and the URLs to print; ``credentials`` (account -> file): each child gets
     ``--nats-credentials`` of the account named like it, and nothing else."""
     if getattr(args, "partitions", 1) > 1:  # one set of children per partition (services/drivers/up/partitions.py)
-        from services.drivers.up.partitions import plan_partitioned
-
         return plan_partitioned(args, url, run_dir, db, plan_children)
     py, logs = sys.executable, run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -298,7 +183,7 @@ def plan_children(args, url: str, run_dir: Path, db: Path,
         nonlocal next_port
         if args.metrics_port < 0:
             return []
-        port = _free_port() if args.metrics_port == 0 else next_port
+        port = free_port() if args.metrics_port == 0 else next_port
         next_port += 1
         metrics[name] = port
         return ["--metrics-port", str(port)]
@@ -317,7 +202,7 @@ def plan_children(args, url: str, run_dir: Path, db: Path,
     for name in args.shadow:
         children.append(svc(f"shadow-{name}", "router", G_SERVICE, "--router", name, "--shadow", name,
                             *mport(f"shadow-{name}")))
-    fake_ports = [(_free_port(), _free_port()) for _ in range(args.engines)] \
+    fake_ports = [(free_port(), free_port()) for _ in range(args.engines)] \
         if getattr(args.engines, "kind", "sim") == "sglang-fake" else []
     for i in range(args.engines):
         role = "collocated" if args.prefill is None else ("prefill" if i < args.prefill else "decode")
@@ -332,7 +217,7 @@ def plan_children(args, url: str, run_dir: Path, db: Path,
     urls: dict = {"nats": url, "db": str(db), "logs": str(logs),
                   "metrics": {k: f"http://127.0.0.1:{v}/metrics" for k, v in metrics.items()}}
     if not args.no_gateway:
-        port = args.gateway_port or _free_port()
+        port = args.gateway_port or free_port()
         children.append(Child("gateway", [py, "-m", "services.drivers.gateway", "--host", "127.0.0.1", "--port", str(port),
                                           *common], G_GATEWAY, logs / "gateway.log"))
         urls["gateway"] = f"http://127.0.0.1:{port}"
@@ -380,17 +265,12 @@ class Up:
         return env
 
     async def run(self) -> int:
-        from services.adapters.bus.nats_bus import NatsBus
-        from services.adapters.eventlog.duckdb_log import DuckDbEventLog
-
         nats = None
         url = self.args.nats_url
         creds, files = self._own_credentials(), None
         if url is None:
             accounts = None
             if not self.args.insecure:
-                from services.adapters.bus.security import generate_accounts, write_credentials
-
                 accounts = generate_accounts(self.args.partition, account_specs(self.args))
                 files = write_credentials(accounts, self.run_dir / "credentials")
                 creds = accounts["admin"].credentials()
@@ -444,9 +324,7 @@ class Up:
 
     def _own_credentials(self):
         """``up``'s own credentials on a ``--nats-url`` bus (flags, then ``EI_NATS_*``)."""
-        from services.adapters.bus.security import credentials_from_args
-
-        creds = credentials_from_args(self.args)
+        creds = bus_auth(self.args).credentials()
         return None if creds.empty else creds
 
     async def _check_bus(self) -> None:
@@ -487,14 +365,12 @@ class Up:
         """Wait until each decision service (shadow routers included) wrote its configuration: it
         loaded its plug-in and is consuming. A child that cannot load its plug-in ends the wait."""
         if getattr(self.args, "partitions", 1) > 1:
-            from services.drivers.up.partitions import wait_partitions
-
             return await wait_partitions(self, bus, timeout_s)
         keys = ["config.directory", "config.planner", "config.router",
                 *[f"config.shadow.{name}" for name in self.args.shadow]]
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and not self.stop.is_set():
-            self._check_plugins()
+            self.check_plugins()
             if self.failure is not None:
                 return
             if all([await bus.get_snapshot(k) is not None for k in keys]):
@@ -511,10 +387,10 @@ class Up:
                 writer.close()
                 ports.pop(0)
             except OSError:
-                self._check_plugins()
+                self.check_plugins()
                 await asyncio.sleep(0.1)
 
-    def _check_plugins(self) -> None:
+    def check_plugins(self) -> None:
         """A decision service that exited with ``EXIT_PLUGIN`` cannot load its plug-in; restarting
         will not help: note why and stop everything. (Other children's exit codes mean nothing here.)"""
         for c in self.children:
@@ -525,8 +401,6 @@ class Up:
                 self.stop.set()
 
     async def _write_ready(self) -> None:
-        import aiohttp
-
         gw = self.urls.get("gateway")
         if gw:
             async with aiohttp.ClientSession() as http:
@@ -562,8 +436,6 @@ class Up:
         deadline = time.monotonic() + self.args.run_seconds if self.args.run_seconds > 0 else None
         live = None
         if not self.args.no_status and sys.stderr.isatty():
-            from rich.live import Live
-
             live = Live(self._render(), refresh_per_second=4, transient=False)
             live.start()
             self._console = live.console
@@ -571,7 +443,7 @@ class Up:
             while not self.stop.is_set():
                 if deadline is not None and time.monotonic() >= deadline:
                     break
-                self._check_plugins()
+                self.check_plugins()
                 await self._check_bus()
                 if self.failure is not None:
                     break
@@ -605,8 +477,6 @@ class Up:
                 self.say("child_restarted", child=c.name, restarts=c.restarts)
 
     def _render(self):
-        from rich.table import Table
-
         st = self.status
         t = Table.grid(padding=(0, 2))
         nodes = " ".join(f"{n}:{r}" for n, r in sorted(st.nodes.items())) or "-"
@@ -649,22 +519,17 @@ def start_fields(urls: dict) -> dict[str, str]:
 
 def check_args(args) -> str | None:
     """A reason to refuse to start, found before anything is started (plug-in names, arguments)."""
-    import importlib.util
-
-    from services.adapters.plugins import PluginNotFound, load_planner, load_router
-
-    plugins = [("router", load_router, args.router, parse_kv(args.router_arg)),
-               ("planner", load_planner, args.planner, parse_kv(args.planner_arg)),
-               *[("shadow router", load_router, name, {"name": name, "shadow": True}) for name in args.shadow]]
-    for kind, load, name, kwargs in plugins:
+    plugins = [("router", "router", SERVICES["router"].entry(args)),
+               ("planner", "planner", SERVICES["planner"].entry(args)),
+               *[("shadow router", "router", {"plugin": name, "kwargs": {"name": name, "shadow": True}})
+                 for name in args.shadow]]
+    for what, core, entry in plugins:
         try:
-            load(name)(**kwargs)
+            CORES[core].build(entry)
         except PluginNotFound as exc:
             return str(exc)
         except Exception as exc:  # noqa: BLE001 - an import error inside the plug-in, its own validation error
-            return f"cannot load {kind} plug-in {name!r}: {type(exc).__name__}: {exc}"
-    from services.drivers.up.partitions import check_partitions
-
+            return f"cannot load {what} plug-in {entry['plugin']!r}: {type(exc).__name__}: {exc}"
     if (problem := check_partitions(args)) is not None:
         return problem
     if getattr(args.engines, "kind", "sim") == "sglang-fake" and args.time_scale != 1.0:

@@ -21,10 +21,16 @@ generated per-service NATS accounts (they cover one partition: use ``--insecure`
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
+import time
 from pathlib import Path
 
+from services.adapters.bus import NatsBus
+from services.adapters.bus.natsserver import free_port
+from services.adapters.eventlog import DuckDbEventLog
 from services.cores.partitions import PartitionMap, partition_names
+from services.drivers.up.children import G_GATEWAY, Child, run_config
 
 
 def check_partitions(args) -> str | None:
@@ -66,9 +72,6 @@ def partition_db(db: Path, partition: str) -> Path:
 def plan_partitioned(args, url: str, run_dir: Path, db: Path, plan_one) -> tuple[list, dict]:
     """The children of every partition (``plan_one`` = up's ``plan_children`` for one partition)
     and one gateway for all of them; writes each partition's run configuration into its log."""
-    from services.adapters.eventlog.duckdb_log import DuckDbEventLog
-    from services.drivers.up.launch import G_GATEWAY, Child, _free_port, run_config
-
     pmap = engine_map(args)
     sizes = [len(ns) for ns in pmap.nodes]
     prefill = _share(args.prefill, sizes) if args.prefill is not None else [None] * len(sizes)
@@ -98,7 +101,7 @@ def plan_partitioned(args, url: str, run_dir: Path, db: Path, plan_one) -> tuple
     out: dict = {"nats": url, "db": ",".join(dbs.values()), "logs": str(logs), "metrics": metrics,
                  "partitions": pmap.describe()}
     if not args.no_gateway:
-        port = args.gateway_port or _free_port()
+        port = args.gateway_port or free_port()
         children.append(Child("gateway", [sys.executable, "-m", "services.drivers.gateway", "--host", "127.0.0.1",
                                           "--port", str(port), "--nats-url", url, "--partition", pmap.names[0],
                                           "--partitions", ",".join(pmap.names)], G_GATEWAY,
@@ -110,18 +113,13 @@ def plan_partitioned(args, url: str, run_dir: Path, db: Path, plan_one) -> tuple
 async def wait_partitions(up, bus, timeout_s: float = 60.0) -> None:
     """``Up._wait_services`` for every partition: each decision service of each partition wrote
     its configuration (a child that cannot load its plug-in ends the wait)."""
-    import asyncio
-    import time
-
-    from services.adapters.bus.nats_bus import NatsBus
-
     names = engine_map(up.args).names
     buses = [NatsBus(bus.nc, bus.js, p, bus.settings) for p in names]
     keys = ["config.directory", "config.planner", "config.router",
             *[f"config.shadow.{name}" for name in up.args.shadow]]
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and not up.stop.is_set():
-        up._check_plugins()
+        up.check_plugins()
         if up.failure is not None:
             return
         if all([await b.get_snapshot(k) is not None for b in buses for k in keys]):

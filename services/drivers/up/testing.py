@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from events.catalog import RouteDecided
-from services.adapters.bus.nats_bus import Bus, Delivery
+from services.adapters.bus import Bus, Delivery
 
 REPO = Path(__file__).resolve().parents[3]
 

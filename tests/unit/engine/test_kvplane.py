@@ -32,8 +32,8 @@ from events.catalog import (
 from kernels.checksum import block_checksum
 from kernels.layout import KvLayoutError
 from kernels.pool import BlockPool
-from services.adapters.bus.nats_bus import InMemoryBus
-from services.drivers.gateway.tokens import MemoryTokens
+from services.adapters.bus import InMemoryBus
+from services.adapters.bus.tokens import MemoryTokens
 
 PROFILE = load_profile("gb300-glm52")
 BLOCK_BYTES = 256

@@ -16,6 +16,7 @@ DuckDB, the drivers or the simulator loaded.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import subprocess
 import sys
@@ -208,6 +209,14 @@ def test_no_import_goes_up_a_layer():
     assert violations() == []
 
 
+def test_no_import_circle():
+    assert circles(import_graph()) == []
+
+
+def test_every_import_inside_a_function_says_why():
+    assert unexplained_lazy_imports() == []
+
+
 def test_the_layer_check_can_fail():
     fake = ROOT / "services" / "cores" / "directory" / "_layer_probe.py"
     assert not fake.exists()
@@ -250,3 +259,22 @@ def test_no_program_entry_in_a_core_package():
     guarded = [str(p.relative_to(ROOT)) for p in first_party_modules()
                if layer_of(module_name(p)) == CORES and 'if __name__ == "__main__"' in p.read_text()]
     assert guarded == []
+
+
+def test_the_structure_drawing_is_current_and_clean():
+    """docs/structure.md is what scripts/structure.py draws now, with no arrow up a floor and no
+    circle of folders (the script exits 1 on either, or when the page is stale)."""
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "structure.py"), "--check"], cwd=ROOT,
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_the_structure_check_can_fail():
+    spec = importlib.util.spec_from_file_location("structure", ROOT / "scripts" / "structure.py")
+    structure = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(structure)
+    floors = {"a/": 3, "b/": 2, "c/": 1}
+    text = structure.render(floors, {"a/": {"b/"}, "b/": {"c/", "a/"}, "c/": set()})
+    assert "- violation: b/ (adapters) -> a/ (drivers)" in text
+    assert "- circle: a/ -> b/" in text
+    assert "violation" not in structure.render(floors, {"a/": {"b/"}, "b/": {"c/"}})

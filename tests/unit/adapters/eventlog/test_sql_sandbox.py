@@ -9,7 +9,7 @@ import os
 import duckdb
 import pytest
 
-from services.adapters.eventlog.duckdb_log import DuckDbEventLog, open_sources
+from services.adapters.eventlog import DuckDbEventLog, open_sources
 from services.adapters.eventlog.sandbox import QueryRefused, check_query
 from services.drivers.cli import main
 from tests.unit.drivers.recorder.test_cli import make_run

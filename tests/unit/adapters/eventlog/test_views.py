@@ -27,7 +27,7 @@ from events.catalog import (
     SwitchRole,
 )
 from events.subjects import subject_for
-from services.adapters.eventlog.duckdb_log import DuckDbEventLog
+from services.adapters.eventlog import DuckDbEventLog
 from services.adapters.eventlog.views import NAMED_VIEWS, view_name
 
 DOC = Path(__file__).resolve().parents[4] / "docs" / "recorder.md"
@@ -181,7 +181,7 @@ def test_views_over_parquet_segments_and_a_tail_file_match_the_single_file(tmp_p
     tail = DuckDbEventLog(tmp_path / "tail.duckdb")
     tail.append([r for r in rows if r[0] > 14])
     tail.close()
-    from services.adapters.eventlog.duckdb_log import open_sources
+    from services.adapters.eventlog import open_sources
 
     mixed = open_sources([str(tmp_path / "seg-*.parquet"), str(tmp_path / "tail.duckdb")])
     for view in ("requests", "role_switches", "route_decisions", "plan_evaluations"):

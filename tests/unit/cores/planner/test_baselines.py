@@ -19,13 +19,10 @@ from events.catalog import (
     RouteDecided,
     Tick,
 )
-from services.cores.planner.baselines import (
-    ArrowPlanner,
-    DynamoPlanner,
-    StaticPlanner,
-    parse_split,
-    scale_split,
-)
+from services.cores.planner.arrow import ArrowPlanner
+from services.cores.planner.configured import parse_split, scale_split
+from services.cores.planner.dynamo import DynamoPlanner
+from services.cores.planner.static import StaticPlanner
 from services.cores.planner.window import SliceStats
 from services.drivers.bench.synthetic import TRUE_PREFILL, Mix, Scenario, drive
 

@@ -10,11 +10,13 @@ import pytest
 
 from events.catalog import ModelFitted, PlanEvaluated, RoleSwitchOrdered, SwitchRole
 from events.codec import decode, encode, to_json
-from services.cores.planner.baselines import ArrowPlanner, DynamoPlanner, StaticPlanner
+from services.cores.planner.arrow import ArrowPlanner
+from services.cores.planner.dynamo import DynamoPlanner
 from services.cores.planner.evolving import EvolvingPlanner
+from services.cores.planner.static import StaticPlanner
 from services.drivers.bench.synthetic import Mix, Scenario, drive
 
-PURE = ["../costmodel.py", "evolving.py", "baselines.py", "base.py", "window.py", "evaluate.py"]
+PURE = ["../costmodel.py", "evolving.py", "configured.py", "static.py", "load_signals.py", "dynamo.py", "arrow.py", "base.py", "window.py", "evaluate.py"]
 ALLOWED = {
     "__future__",
     "math",

@@ -10,9 +10,11 @@ from __future__ import annotations
 import pytest
 
 from events.catalog import NodeRegistered, NodeRemoved, PlanEvaluated, RoleSwitchOrdered, Tick
+from services.cores.planner.arrow import ArrowPlanner
 from services.cores.planner.base import GATED, INITIAL, NEWCOMERS, REPAIR, plan_path
-from services.cores.planner.baselines import ArrowPlanner, DynamoPlanner, StaticPlanner
+from services.cores.planner.dynamo import DynamoPlanner
 from services.cores.planner.evolving import EvolvingPlanner
+from services.cores.planner.static import StaticPlanner
 from services.drivers.bench.synthetic import Mix, Scenario, drive
 
 DECODE_HEAVY = {"t_uc": 500, "t_c": 20_000, "t_out": 2000, "q": 64}

@@ -5,13 +5,9 @@ from __future__ import annotations
 import pytest
 
 from events.catalog import RouteDecided
-from services.cores.router.baselines import (
-    CacheAwareRouter,
-    DynamoKvRouter,
-    LeastLoadedRouter,
-    RoundRobinRouter,
-    StickyRouter,
-)
+from services.cores.router.cache_aware import CacheAwareRouter, StickyRouter
+from services.cores.router.dynamo import DynamoKvRouter
+from services.cores.router.load_balancing import LeastLoadedRouter, RoundRobinRouter
 from services.drivers.bench import scenario as s
 
 BT = 64
@@ -113,7 +109,7 @@ def test_cache_aware_first_event_at_wall_clock_time_does_not_spin():
     """Under `evolving up` event times are wall-clock seconds (~1.8e9): the eviction clock jumps
     there in one step (it used to count 3e7 intervals of 60 s one by one, deciding nothing)."""
     from events.catalog import Tick
-    from services.cores.router.baselines import CacheAwareRouter
+    from services.cores.router.cache_aware import CacheAwareRouter
 
     class Interval(float):
         reads = 0

@@ -6,14 +6,10 @@ import msgspec
 import pytest
 
 from events.catalog import RouteDecided
-from services.cores.router.baselines import (
-    CacheAwareRouter,
-    DynamoKvRouter,
-    LeastLoadedRouter,
-    RoundRobinRouter,
-    StickyRouter,
-)
+from services.cores.router.cache_aware import CacheAwareRouter, StickyRouter
+from services.cores.router.dynamo import DynamoKvRouter
 from services.cores.router.least_ttft import LeastTtftRouter
+from services.cores.router.load_balancing import LeastLoadedRouter, RoundRobinRouter
 from services.drivers.bench import scenario as s
 
 ALL = [LeastTtftRouter, CacheAwareRouter, DynamoKvRouter, LeastLoadedRouter, RoundRobinRouter, StickyRouter]

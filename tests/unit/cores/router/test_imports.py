@@ -10,7 +10,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[4]
 PURE = ["services/cores/router/state.py", "services/cores/router/base.py", "services/cores/router/least_ttft.py",
-        "services/cores/router/baselines.py", "services/drivers/bench/scenario.py", "services/cores/router/__init__.py"]
+        "services/cores/router/cache_aware.py", "services/cores/router/load_balancing.py",
+        "services/cores/router/dynamo.py", "services/drivers/bench/scenario.py", "services/cores/router/__init__.py"]
 ALLOWED_PREFIXES = ("events", "services.cores.contract", "services.cores.directory", "services.cores.costmodel",
                     "services.cores.router")
 ALLOWED_TOP = {"__future__", "collections", "typing", "dataclasses", "math", "itertools", "functools",

@@ -6,7 +6,7 @@ import pytest
 
 from events.catalog import FetchStep, IterationDone, ModelFitted, RouteDecided
 from services.cores.costmodel import PRIOR_DECODE, PRIOR_PREFILL, PrefillModel
-from services.cores.router.baselines import CacheAwareRouter
+from services.cores.router.cache_aware import CacheAwareRouter
 from services.cores.router.least_ttft import LeastTtftRouter
 from services.drivers.bench import scenario as s
 

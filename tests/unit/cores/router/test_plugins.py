@@ -11,7 +11,7 @@ from events.catalog import RouteDecided
 from events.subjects import subject_for
 from services.adapters.plugins import PluginNotFound, available, load_router
 from services.cores.router.base import Router
-from services.cores.router.baselines import CacheAwareRouter
+from services.cores.router.cache_aware import CacheAwareRouter
 from services.cores.router.least_ttft import LeastTtftRouter
 from services.drivers.bench import scenario as s
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import msgspec
 
 from events.catalog import RouteDecided
-from services.adapters.bus.nats_bus import InMemoryBus
-from services.cores.router.baselines import CacheAwareRouter
+from services.adapters.bus import InMemoryBus
+from services.cores.router.cache_aware import CacheAwareRouter
 from services.cores.router.least_ttft import LeastTtftRouter
 from services.drivers.bench import scenario as s
 

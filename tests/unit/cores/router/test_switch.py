@@ -13,8 +13,8 @@ from events.catalog import (
     RoleSwitchOrdered,
     RouteDecided,
 )
-from services.cores.router.baselines import RoundRobinRouter
 from services.cores.router.least_ttft import LeastTtftRouter
+from services.cores.router.load_balancing import RoundRobinRouter
 from services.cores.router.state import PREFILLING, QUEUED
 from services.drivers.bench import scenario as s
 

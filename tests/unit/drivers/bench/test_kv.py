@@ -34,10 +34,10 @@ def test_a_wrong_fast_path_fails_the_bench(monkeypatch):
 
 
 def test_cli_json(capsys, monkeypatch):
-    import services.adapters.logging
+    import services.drivers.cli
 
     # main() would point structlog at pytest's captured stderr, which is closed after this test.
-    monkeypatch.setattr(services.adapters.logging, "configure_logging", lambda **kw: None)
+    monkeypatch.setattr(services.drivers.cli, "configure_logging", lambda **kw: None)
     rc = main(
         [
             "bench",

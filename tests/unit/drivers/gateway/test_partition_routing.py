@@ -8,10 +8,10 @@ import contextlib
 from aiohttp.test_utils import TestClient, TestServer
 
 from events.catalog import BranchEnded, BranchOpened, RequestSubmitted, RouteDecided
-from services.adapters.bus.nats_bus import InMemoryBus
+from services.adapters.bus import InMemoryBus
+from services.adapters.bus.tokens import MemoryTokens, TokenMsg, sim_text
 from services.cores.partitions import session_index
 from services.drivers.gateway.app import Gateway, GatewayConfig
-from services.drivers.gateway.tokens import MemoryTokens, TokenMsg, sim_text
 
 NAMES = ("p0", "p1", "p2")
 

@@ -7,7 +7,7 @@ import json
 import msgspec
 
 from events.catalog import RouteDecided
-from services.adapters.eventlog.duckdb_log import DuckDbEventLog
+from services.adapters.eventlog import DuckDbEventLog
 from services.drivers.cli import main
 from tests.unit.drivers.recorder.fakecores import FakePlanner, FakeRouter, inputs, live_log
 
@@ -241,7 +241,7 @@ def test_verify_on_corruption_met_while_reading_exits_2_with_one_line(tmp_path, 
     """Flip bytes in each DuckDB block in turn (12 KiB of headers, then 256 KiB blocks): a block
     in use fails verify with exit 2 and one line, whether at open or while the events are read;
     a free block changes nothing."""
-    from services.adapters.eventlog.duckdb_log import EventLogError
+    from services.adapters.eventlog import EventLogError
 
     make_run(tmp_path / "run.duckdb")
     data = (tmp_path / "run.duckdb").read_bytes()

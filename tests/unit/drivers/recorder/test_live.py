@@ -9,7 +9,7 @@ import types
 
 import duckdb
 
-from services.adapters.eventlog.duckdb_log import DuckDbEventLog
+from services.adapters.eventlog import DuckDbEventLog
 from services.drivers.recorder.live import sidecar_path, snapshot_path, snapshot_subject
 from services.drivers.recorder.service import LiveSnapshots
 from tests.unit.drivers.recorder.fakecores import FakePlanner, FakeRouter, inputs, live_log

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from events.catalog import Tick
-from services.adapters.bus.nats_bus import InMemoryBus
-from services.adapters.eventlog.duckdb_log import DuckDbEventLog, InMemoryEventLog
+from services.adapters.bus import InMemoryBus
+from services.adapters.eventlog import DuckDbEventLog, InMemoryEventLog
 from services.cores.recording import Recorder
 from services.drivers.recorder.service import run_recorder
 

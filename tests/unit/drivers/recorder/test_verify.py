@@ -6,7 +6,7 @@ import msgspec
 import pytest
 
 from events.catalog import RouteDecided, SwitchRole, Tick
-from services.adapters.eventlog.duckdb_log import DuckDbEventLog
+from services.adapters.eventlog import DuckDbEventLog
 from services.drivers.recorder.verify import (
     CoreSpec,
     _checks_planner,

@@ -15,9 +15,7 @@ def test_crash_after_publish_fires_at_the_nth_decision(monkeypatch):
         def error(self, event, **kw):
             logged.append((event, kw))
 
-    import services.adapters.logging
-
-    monkeypatch.setattr(services.adapters.logging, "get_logger", lambda name: Log())  # pytest swaps stdout
+    monkeypatch.setattr(faults, "log", Log())  # pytest swaps stdout
     hook = faults.parse("crash_after_publish:3")
     hook(1)
     hook(2)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from events.catalog import BranchOpened, KvStored, NodeRegistered, RequestSubmitted
-from services.adapters.bus.nats_bus import InMemoryBus
+from services.adapters.bus import InMemoryBus
 from services.adapters.runner import (
     RunnerConfig,
     ServiceRunner,

@@ -10,7 +10,8 @@ import asyncio
 
 from services.adapters.bus.natsserver import NatsServerError
 from services.adapters.bus.security import ServiceSpec, service_permissions, snapshot_bucket
-from services.drivers.up.launch import Up, account_specs, add_up_args, plan_children
+from services.drivers.up.launch import Up, account_specs, plan_children
+from services.drivers.up.options import add_up_args
 
 
 class DeadProc:

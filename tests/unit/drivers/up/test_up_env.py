@@ -7,7 +7,8 @@ import json
 import os
 import sys
 
-from services.drivers.up.launch import REPO, child_env, plugin_failure, start_fields
+from services.drivers.up.children import REPO, child_env
+from services.drivers.up.launch import plugin_failure, start_fields
 
 
 def test_children_inherit_the_parents_import_path_after_the_repo(tmp_path, monkeypatch):

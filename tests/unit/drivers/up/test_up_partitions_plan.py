@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from services.adapters.eventlog.duckdb_log import DuckDbEventLog
-from services.drivers.up.launch import add_up_args, check_args, plan_children
+from services.adapters.eventlog import DuckDbEventLog
+from services.drivers.up.launch import check_args, plan_children
+from services.drivers.up.options import add_up_args
 from services.drivers.up.partitions import check_partitions, partition_db
 
 

@@ -21,8 +21,9 @@ from events.catalog import (
     RequestSubmitted,
     RoleSwitched,
 )
-from replay.sim.cli import parse_tokens, run_profile
+from replay.sim.cli import parse_tokens
 from replay.sim.figures import _fold, compute_metrics
+from replay.sim.inputs import run_profile
 from replay.sim.simulation import SimConfig, Simulation
 from replay.sim.stacks import get_stack
 from replay.traces.workloads import generate

@@ -27,7 +27,7 @@ from replay.sim.figures import METRIC_TYPES, compute_metrics
 from replay.sim.simulation import SessionSource, SimConfig, Simulation, _salt_blocks
 from replay.sim.stacks import get_stack
 from replay.traces.workloads import generate
-from services.adapters.eventlog.duckdb_log import DuckDbEventLog
+from services.adapters.eventlog import DuckDbEventLog
 
 PROFILE = load_profile("gb300-glm52")
 # Small capacities so eviction, fetches and the pool all happen in a short run.

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from events.catalog import RequestStarted
-from replay.sim.cli import load_trace
+from replay.sim.inputs import load_trace
 from replay.traces.importers.spec import WorkloadSpecError, detect_format, load_workload, parse_spec
-from services.adapters.eventlog.duckdb_log import DuckDbEventLog
+from services.adapters.eventlog import DuckDbEventLog
 from services.drivers.cli import main
 
 FIX = Path(__file__).resolve().parents[3] / "fixtures" / "traces"

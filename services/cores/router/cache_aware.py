@@ -1,12 +1,6 @@
-"""Baseline routers, as plug-ins like any other. Pure: no I/O, no clock, no randomness.
+"""SGLang Model Gateway's cache-aware and sticky (session-affinity) routing policies, on blocks.
 
-All of them share :class:`~services.cores.router.base.RouterBase` (same fold, same re-routing on a
-switch, same cold-start handling) and route decode round robin over the sorted decode nodes.
-None fetches from peers: their ``t_c`` is what the chosen node holds itself (L1 or L2), the
-fetch plan is empty, and ``predicted_ttft_s`` is our model's TTFT for their choice, so SQL can
-compare them with the router in charge. Every ``NodeScore.score`` is the baseline's own metric
-(lower wins, except where a docstring says otherwise). The defaults, and where they come from,
-are in docs/router.md.
+Pure: no I/O, no clock, no randomness. Shares :class:`~services.cores.router.base.RouterBase` (same fold, re-routing on a switch, cold start) and routes decode round robin over the sorted decode nodes; no peer fetch (see docs/router.md for the defaults and their sources).
 """
 
 from __future__ import annotations
@@ -16,57 +10,9 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from events.catalog import BranchOpened, Event, NodeScore, RouteDecided
-from services.cores.directory.lookup import Lookup
-from services.cores.router.base import Choice, RouterBase
-from services.cores.router.state import PREFILLING, QUEUED, RequestState
-
-
-def _local_choice(router: RouterBase, node: str, r: RequestState, lookup: Lookup | None, now: float,
-                  scores: list[NodeScore]) -> Choice:
-    t_c, t_uc, _, ttft = router.local_estimate(node, r, lookup, now)
-    return Choice(node=node, t_c=t_c, t_uc=t_uc, predicted_ttft_s=ttft, scores=scores)
-
-
-def _score(router: RouterBase, node: str, value: float, r: RequestState, lookup: Lookup | None,
-           now: float) -> NodeScore:
-    m = lookup.per_node.get(node) if lookup is not None else None
-    t_c = min((m.local_blocks if m else 0) * router.block_tokens, router.prompt_tokens(r))
-    return NodeScore(node=node, score=float(value), t_c=t_c, queue_s=router.state.wait_s(node, now))
-
-
-class RoundRobinRouter(RouterBase):
-    """Prefill nodes in turn (sorted ids); score = turns until the node's next pick."""
-
-    default_name: ClassVar[str] = "round_robin"
-
-    def __init__(self, **kw: Any) -> None:
-        super().__init__(**kw)
-        self.rr_prefill = 0
-
-    def choose_prefill(self, r, candidates, lookup, now):
-        k = len(candidates)
-        pick = self.rr_prefill % k
-        self.rr_prefill += 1
-        scores = [_score(self, n, (i - pick) % k, r, lookup, now) for i, n in enumerate(candidates)]
-        return _local_choice(self, candidates[pick], r, lookup, now, scores)
-
-    def extra_snapshot(self) -> bytes:
-        return msgspec.msgpack.encode(self.rr_prefill)
-
-    def restore_extra(self, data: bytes) -> None:
-        self.rr_prefill = msgspec.msgpack.decode(data, type=int)
-
-
-class LeastLoadedRouter(RouterBase):
-    """The prefill node with the fewest outstanding prefill requests (queued + running)."""
-
-    default_name: ClassVar[str] = "least_loaded"
-
-    def choose_prefill(self, r, candidates, lookup, now):
-        scores = [_score(self, n, self.state.outstanding_prefill(n), r, lookup, now) for n in candidates]
-        best = min(scores, key=lambda s: (s.score, s.node))
-        return _local_choice(self, best.node, r, lookup, now, scores)
+from events.catalog import BranchOpened, Event, RouteDecided
+from services.cores.router.base import RouterBase, local_choice, node_score
+from services.cores.router.state import RequestState
 
 
 class StickyRouter(RouterBase):
@@ -97,9 +43,9 @@ class StickyRouter(RouterBase):
         if target not in candidates:
             target = min(candidates, key=lambda n: (self.state.outstanding_prefill(n), n))
         self.stick[r.branch] = target
-        scores = [_score(self, n, 0 if n == target else self.state.outstanding_prefill(n) + 1, r, lookup, now)
+        scores = [node_score(self, n, 0 if n == target else self.state.outstanding_prefill(n) + 1, r, lookup, now)
                   for n in candidates]
-        return _local_choice(self, target, r, lookup, now, scores)
+        return local_choice(self, target, r, lookup, now, scores)
 
     def extra_snapshot(self) -> bytes:
         return msgspec.msgpack.encode([sorted(self.stick.items()), sorted(self.parents.items())])
@@ -243,7 +189,7 @@ class CacheAwareRouter(RouterBase):
         matched = self._matches(r.blocks, candidates)
         prompt = max(1, self.prompt_tokens(r))
         bt = self.block_tokens
-        scores = [_score(self, n, min(matched[n] * bt, prompt), r, lookup, now) for n in candidates]
+        scores = [node_score(self, n, min(matched[n] * bt, prompt), r, lookup, now) for n in candidates]
         if hi - lo > self.balance_abs_threshold and hi > self.balance_rel_threshold * lo:
             node = min(candidates, key=lambda n: (loads[n], n))
         else:
@@ -253,7 +199,7 @@ class CacheAwareRouter(RouterBase):
                 node = best
             else:
                 node = min(candidates, key=lambda n: (self._tree_size(n), n))
-        return _local_choice(self, node, r, lookup, now, scores)
+        return local_choice(self, node, r, lookup, now, scores)
 
     def _tree_size(self, node: str) -> int:
         idx = self.index.get(node)
@@ -280,45 +226,3 @@ class CacheAwareRouter(RouterBase):
                     self.last[i][b] = ts
                     self.owners[b] = self.owners.get(b, 0) | (1 << i)
         self.next_eviction = snap.next_eviction
-
-
-class DynamoKvRouter(RouterBase):
-    """Dynamo's KV router cost on prefill workers, lowest wins (ties to the node id)::
-
-        cost_n = overlap_score_weight * prefill_blocks_n + decode_blocks_n
-        prefill_blocks_n = (sum of t_uc outstanding on n + prompt - overlap_n * block) / block
-        decode_blocks_n  = blocks of the requests outstanding on n + blocks of this request
-
-    ``overlap_n`` is the prefix ``n`` holds itself (GPU or host memory; Dynamo reads no peer),
-    so a cached prefix is a credit against the prefill term. Outstanding = routed to ``n`` and
-    prefill not finished. Score: the cost.
-    """
-
-    default_name: ClassVar[str] = "dynamo_kv"
-    defaults: ClassVar[dict[str, Any]] = {"overlap_score_weight": 1.0}
-
-    def choose_prefill(self, r, candidates, lookup, now):
-        bt = self.block_tokens
-        prompt = self.prompt_tokens(r)
-        own_blocks = -(-prompt // bt)
-        scores = []
-        for n in candidates:
-            m = lookup.per_node.get(n) if lookup is not None else None
-            overlap = min((m.local_blocks if m else 0) * bt, prompt)
-            pending_uc, active_blocks = self._outstanding(n)
-            prefill_blocks = (pending_uc + prompt - overlap) / bt
-            cost = self.overlap_score_weight * prefill_blocks + active_blocks + own_blocks
-            scores.append(NodeScore(node=n, score=cost, t_c=overlap, queue_s=self.state.wait_s(n, now)))
-        best = min(scores, key=lambda s: (s.score, s.node))
-        return _local_choice(self, best.node, r, lookup, now, scores)
-
-    def _outstanding(self, node: str) -> tuple[int, int]:
-        ns = self.state.nodes[node]
-        bt = self.block_tokens
-        uc = blocks = 0
-        for rid in ns.prefill_queue + ns.prefill_running:
-            r = self.state.requests.get(rid)
-            if r is not None and r.phase in (QUEUED, PREFILLING):
-                uc += r.t_uc
-                blocks += -(-r.prompt_tokens // bt)
-        return uc, blocks

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import importlib.util
 import json
 import os
 import signal
@@ -31,11 +32,19 @@ import tempfile
 import time
 from pathlib import Path
 
+import aiohttp
 import numpy as np
 
-from events.catalog import KvStored, RequestSubmitted
-from services.adapters.bus.nats_bus import Bus, NatsBus
+from events import codec
+from events.catalog import KvStored, RequestSubmitted, Tick
+from services.adapters.bus import Bus, NatsBus
+from services.adapters.bus.natsserver import EmbeddedNats
+from services.adapters.plugins import load_router
+from services.adapters.runner import RunnerConfig, ServiceRunner
+from services.cores.directory.core import DirectoryCore
 from services.drivers.bench import harness as workload
+from services.drivers.serve import build_runner, run_recorder_service
+from services.drivers.up.testing import read_all, spawn_service, wait_until
 
 REPO = Path(__file__).resolve().parents[3]
 _RUN = f"{os.getpid()}x{int(time.time() * 1000) % 100000}"
@@ -52,9 +61,6 @@ def _pct(xs: list[float], q: float) -> float:
 
 # ------------------------------------------------------------------------------ 1. route latency
 async def route_latency(url: str, rate: float, n: int, router_name: str = "evolving") -> dict:
-    from services.adapters.bus.nats_bus import NatsBus
-    from services.drivers.up.testing import spawn_service, wait_until
-
     part = _partition(f"lat{router_name.replace('_', '')}")
     bus = await NatsBus.connect(url, part)
     await bus.publish_many(workload.nodes(4, 4))
@@ -67,8 +73,6 @@ async def route_latency(url: str, rate: float, n: int, router_name: str = "evolv
     arrived: dict[str, float] = {}
 
     async def on_route(msg) -> None:
-        from events import codec
-
         ev = codec.decode_message(msg.data, msg.headers)
         if not ev.reroute:
             arrived.setdefault(ev.request, time.perf_counter())
@@ -152,8 +156,6 @@ async def _publish_rtt_ms(bus: NatsBus, rate: float, n: int) -> list[float]:
     """One JetStream publish round trip (publish until the server's ack), at the same rate:
     the floor of one hop; a routed request makes three (publish, delivery to the router,
     the router's publish reaching the subscriber)."""
-    from events.catalog import Tick
-
     out = []
     for _ in range(n):
         t = time.perf_counter()
@@ -164,16 +166,12 @@ async def _publish_rtt_ms(bus: NatsBus, rate: float, n: int) -> list[float]:
 
 
 async def _stream_events(bus: Bus) -> list:
-    from services.drivers.up.testing import read_all
-
     return [d.event for d in await read_all(bus)]
 
 
 def _router_core_ms(events: list, router_name: str) -> list[float]:
     """The same stream folded through a fresh router in this process: the time of each
     ``RequestSubmitted`` fold alone (no transport), for the side-by-side figure."""
-    from services.adapters.plugins import load_router
-
     router = load_router(router_name)()
     out = []
     for ev in events:
@@ -218,10 +216,6 @@ def fold_events(n_events: int) -> list:
 
 
 async def fold_rates(url: str, n_events: int) -> dict:
-    from services.adapters.bus.nats_bus import NatsBus
-    from services.adapters.runner import RunnerConfig, ServiceRunner
-    from services.drivers.serve import build_runner, run_recorder_service
-
     part = _partition("fold")
     bus = await NatsBus.connect(url, part)
     events = fold_events(n_events)
@@ -230,8 +224,6 @@ async def fold_rates(url: str, n_events: int) -> dict:
     head = await bus.last_seq()
 
     # the directory core alone, in memory (no transport): the other bound of the fold rate
-    from services.cores.directory.core import DirectoryCore
-
     core = DirectoryCore()
     t0 = time.perf_counter()
     for ev in events:
@@ -303,12 +295,9 @@ async def fold_rates(url: str, n_events: int) -> dict:
 
 # ------------------------------------------------------------------------------ 4. gateway
 async def gateway_throughput(url: str, n: int, concurrency: int = 32) -> dict:
-    import importlib.util
-
     missing = [m for m in ("engine.worker", "services.drivers.gateway.app") if importlib.util.find_spec(m) is None]
     if missing:
         return {"skipped": f"missing {missing}: router path only (section 1)"}
-    import aiohttp
 
     part = _partition("gw")
     with tempfile.TemporaryDirectory() as tmp:
@@ -361,8 +350,6 @@ async def gateway_throughput(url: str, n: int, concurrency: int = 32) -> dict:
 
 # ------------------------------------------------------------------------------ driver
 async def run(args) -> dict:
-    from services.adapters.bus.natsserver import EmbeddedNats
-
     nats = None
     url = args.nats_url
     if url is None:

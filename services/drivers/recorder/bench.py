@@ -41,7 +41,8 @@ from events.catalog import (
     Tick,
 )
 from events.subjects import subject_for
-from services.adapters.eventlog.duckdb_log import _SCHEMA, DuckDbEventLog, batched
+from services.adapters.eventlog import DuckDbEventLog, batched
+from services.adapters.eventlog.duckdb_log import SCHEMA
 
 BATCH = 4096
 
@@ -99,7 +100,7 @@ def _bench_eventlog(rows, path: str) -> float:
 
 def _bench_ndjson(rows, path: str, tmpdir: str) -> float:
     con = duckdb.connect(path)
-    con.execute(_SCHEMA)
+    con.execute(SCHEMA)
     fn = os.path.join(tmpdir, "batch.ndjson")
     cols = "{seq:'UBIGINT',ts:'DOUBLE',type:'VARCHAR',src:'VARCHAR',subject:'VARCHAR',payload:'JSON'}"
     t0 = time.perf_counter()
@@ -116,7 +117,7 @@ def _bench_ndjson(rows, path: str, tmpdir: str) -> float:
 
 def _bench_executemany(rows, path: str) -> float:
     con = duckdb.connect(path)
-    con.execute(_SCHEMA)
+    con.execute(SCHEMA)
     params = [_row_tuple(*r) for r in rows]
     t0 = time.perf_counter()
     con.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)", params)

@@ -1,0 +1,151 @@
+"""``evolving experiments``: the paper's evaluation matrix (METHOD.md §5, §6) on the simulator.
+
+Each experiment is a list of runs (replay/experiments/matrix.py); each run is one
+``replay.sim.runs.run_one`` call (the same code ``evolving replay`` / ``compare`` use: session
+source, profile with the KV flags, stack composition, the DuckDB recorder) with its own
+command-line flags, parsed by the same parser ``compare`` uses (replay/experiments/run.py). One
+DuckDB event log per run goes to ``OUT_DIR/<experiment>/<run>.duckdb``; each experiment prints
+its table with ratios against Evolving Infra (the first column) and writes PNG plots next to the
+logs (replay/experiments/plots.py). ``--quick`` shortens every run and keeps a subset of rows
+(labelled "quick" everywhere); the full matrix uses METHOD's 30 min warm-up and 1 h runs.
+
+A row that needs a piece the simulator does not have yet says ``not available: needs X``
+instead of running something else under its name.
+
+Experiments (docs/experiments.md has the commands, the claims and the measured figures):
+
+- ``cc-90``, ``cc-108``, ``cc-126``, ``putnam-224``, ``osworld-128``: stationary runs at fixed
+  concurrency, Evolving Infra against Dynamo, Arrow and the paper's best static SGLang split.
+- ``ablation-4p5d``: a fixed 4P5D split, our stack with one part at a time swapped back
+  (router: cache-aware, load-balancing; data plane: fetch at prefill start, node-local caches;
+  eviction: LRU), and a baseline router with the asynchronous fetch added.
+- ``start-split``: Evolving Infra started at 1P8D / 4P5D / 8P1D: where does it converge?
+- ``shifting``: a schedule of workload mixes over time (Putnam -> mixed -> OSWorld).
+- ``open-arrivals``: Poisson agent arrivals at a rate; the highest swept rate at which each
+  stack still meets a P95 TTFT SLO.
+- ``kv-capacity``: GPU KV capacity per node swept; lost KV reuse under count-aware vs LRU.
+- ``objective``: the planner's TTFT objective on Putnam-like at 256 agents: throughput against
+  P95 TTFT as the objective's throughput tolerance varies, next to static splits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from replay.sim.cli import parse_duration
+
+
+def _cmd(args) -> int:
+    from replay.experiments.matrix import matrix  # lazy: start-up (--help skips the planner: +330 ms)
+    from replay.experiments.run import (  # lazy: start-up (--help skips the planner and DuckDB: +400 ms)
+        missing_piece,
+        run_key,
+        run_matrix,
+        run_parser,
+    )
+    from replay.sim.runs import default_jobs  # lazy: start-up (evolving --help skips DuckDB: +55 ms)
+
+    exps = matrix(args.quick, tiny=args.tiny, window=args.window)
+    if args.only:
+        names = [n.strip() for n in args.only.split(",") if n.strip()]
+        known = {e.name for e in exps}
+        bad = [n for n in names if n not in known]
+        if bad:
+            print(f"evolving experiments: unknown experiment {', '.join(bad)}; known: {', '.join(sorted(known))}")
+            return 2
+        by_name = {e.name: e for e in exps}
+        exps = [by_name[n] for n in dict.fromkeys(names)]  # in the order asked
+    if args.list:
+        parser = run_parser()
+        seen: set[str] = set()
+        for e in exps:
+            keys = [run_key(r, parser) for r in e.runs if not missing_piece(r, parser)]
+            new = [k for k in keys if k not in seen]
+            seen.update(keys)
+            extra = f" ({len(e.runs) - len(new)} reused or not available)" if len(new) < len(e.runs) else ""
+            print(f"{e.name:14s} {len(e.runs):2d} runs{extra}  {e.title}"
+                  + (f" [QUICK: {e.quick_note}]" if e.quick_note else ""))
+        print(f"{sum(len(e.runs) for e in exps)} rows, {len(seen)} simulations")
+        return 0
+    from replay.experiments.plots import report  # lazy: start-up (--help, --list skip matplotlib: +370 ms)
+
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    console = Console(width=max(120, 30 * 5), stderr=args.json)
+    total = sum(len(e.runs) for e in exps)
+    label = ("TINY matrix (test size)" if args.tiny else "QUICK matrix (short runs, subset of rows)"
+             if args.quick else "full matrix")
+    jobs = args.jobs or default_jobs()
+    console.print(f"[bold]evolving experiments: {label}, {len(exps)} experiment(s), {total} run(s), "
+                  f"{jobs} at a time -> {out_dir}")
+    t0 = time.perf_counter()
+
+    def write(summary: list[dict], complete: bool = False) -> dict:
+        """summary.json after every experiment, so an interrupted matrix keeps what it ran."""
+        cpu = sum(r["cpu_s"] for e in summary for r in e["runs"])
+        doc = {"quick": args.quick, "tiny": args.tiny, "jobs": jobs, "complete": complete,
+               "experiments_asked": [e.name for e in exps], "wall_s": round(time.perf_counter() - t0, 1),
+               "cpu_s": round(cpu, 1), "experiments": summary}
+        (out_dir / "summary.json").write_text(json.dumps(doc, indent=2))
+        return doc
+
+    def on_term(signum, frame):  # SIGTERM as Ctrl-C: stop the workers, keep the summary so far
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, on_term)
+    try:
+        summary = run_matrix(exps, out_dir, console, report=report, jobs=jobs,
+                             progress=not args.no_progress and jobs == 1, seed=args.seed,
+                             quick=args.quick or args.tiny, on_experiment=write)
+    except KeyboardInterrupt:
+        console.print(f"[red]interrupted after {(time.perf_counter() - t0) / 60:.1f} min; "
+                      f"summary of the experiments done: {out_dir / 'summary.json'}")
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    wall = time.perf_counter() - t0
+    doc = write(summary, complete=True)
+    cpu = doc["cpu_s"]
+    failed = [f"{e['name']} / {r['label']}" for e in summary for r in e["runs"] if r["status"].startswith("failed")]
+    console.print(f"done in {wall / 60:.1f} min wall ({cpu / 60:.1f} CPU-min in the runs, {jobs} at a time); "
+                  f"summary: {out_dir / 'summary.json'}")
+    if failed:
+        console.print(f"[red]{len(failed)} row(s) failed: {', '.join(failed)}")
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    return 1 if failed else 0
+
+
+def _window_arg(text: str) -> tuple[float, float]:
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError(f"bad window {text!r}: WARMUP,DURATION such as 2m,2m")
+    w, d = (parse_duration(x) for x in parts)
+    if w < 0 or d <= 0:
+        raise argparse.ArgumentTypeError(f"bad window {text!r}: a warm-up >= 0 and a duration > 0")
+    return w, d
+
+
+def register(sub, bench) -> None:
+    p = sub.add_parser("experiments", help="the paper's evaluation matrix on the simulator (tables, logs, plots)")
+    p.add_argument("--quick", action="store_true", help="short runs and a subset of rows (minutes, labelled quick)")
+    p.add_argument("--only", default="", help="comma-separated experiment names (see --list)")
+    p.add_argument("--out-dir", default="runs/experiments", help="DuckDB logs, PNG plots and summary.json go here")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--list", action="store_true", help="list the experiments and their run counts, run nothing")
+    p.add_argument("--no-progress", action="store_true", help="no per-run progress bar")
+    p.add_argument("--json", action="store_true", help="also print the summary as JSON")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="rows simulated at a time, each in its own process (default: the cores available, at "
+                        "most 2; 1: in this process, in order, with a progress bar)")
+    p.add_argument("--window", type=_window_arg, default=None, metavar="WARMUP,DURATION",
+                   help="every run's warm-up and measured time, e.g. 1m,1m for a smoke test of the matrix "
+                        "(default: 4m,4m with --quick, 30m,1h otherwise)")
+    p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # tests: seconds, not minutes
+    p.set_defaults(func=_cmd)

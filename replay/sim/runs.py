@@ -1,0 +1,80 @@
+"""One simulated run, the way every command runs it: :func:`run_one`.
+
+``evolving replay`` / ``compare`` / ``sweep-static`` / ``bench sim`` (replay/sim/cli.py) and every
+row of ``evolving experiments`` (replay/experiments/run.py) call it with their parsed flags: the
+profile with the KV flags, the stack composition, the simulator, and (given a path) the full event
+log written to DuckDB through the recorder's :class:`~services.adapters.eventlog.DuckDbEventLog`
+(the same code the live recorder uses), in batches. ``--partitions N`` hands the run to
+replay/sim/partitioned.py.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from replay.sim.figures import RunMetrics, compute_metrics
+from replay.sim.inputs import run_profile, sim_config
+from replay.sim.partitioned import run_partitioned
+from replay.sim.simlog import SimLog
+from replay.sim.simulation import SessionSource, Simulation
+from replay.sim.stacks import get_stack
+
+
+def run_one(stack_name: str, args, source: SessionSource, out: Path | None, progress: bool = True,
+            keep_log: bool = True) -> tuple[RunMetrics, object]:
+    if getattr(args, "partitions", 1) > 1:  # one process per partition, merged log (replay/sim/partitioned.py)
+        return run_partitioned(stack_name, args, out, progress=progress)
+    prof = run_profile(args)
+    cfg = sim_config(args)
+    stack = get_stack(stack_name, start=getattr(args, "start", None))
+    rec = None
+    if out is not None:
+        rec = SimLog(out, config={"driver": "simulator", "stack": stack.describe(), "profile": prof.name,
+                              "kv_gpu_tokens": prof.l1_capacity_tokens, "kv_host_tokens": prof.l2_capacity_tokens,
+                              "nodes": cfg.nodes, "seed": cfg.seed, "warmup_s": cfg.warmup_s,
+                              "duration_s": cfg.duration_s, "agents": cfg.agents,
+                              "arrivals_per_min": cfg.arrivals_per_min, **stack.core_config(prof, cfg)})
+    sim = Simulation(prof, stack, source, cfg, record=rec, keep_log=True)
+    t0, c0 = time.perf_counter(), time.process_time()
+    bar = None
+    if progress:
+        bar = Progress(TextColumn("[bold]{task.fields[stack]}"), BarColumn(), TextColumn("{task.fields[info]}"),
+                       TimeElapsedColumn(), transient=True)
+        task = bar.add_task("sim", total=cfg.end_s, stack=stack.name, info="")
+
+        def on_tick(now: float, s: Simulation) -> None:
+            if int(now) % 10:
+                return
+            roles = [n.role for n in s.nodes.values()]
+            split = f"{roles.count('prefill')}P{roles.count('decode')}D" + (
+                f"{roles.count('collocated')}C" if "collocated" in roles else "")
+            bar.update(task, completed=now, info=f"t={now / 60:5.1f} min  done={s.finished}  split={split}")
+
+        sim.progress = on_tick
+        bar.start()
+    try:
+        res = sim.run()
+    finally:
+        if bar is not None:
+            bar.stop()
+        if rec is not None:
+            rec.close()
+    res.wall_s = time.perf_counter() - t0
+    res.cpu_s = time.process_time() - c0
+    m = compute_metrics(res.log, cfg.warmup_s, cfg.end_s, stack.name)
+    m.unfinished = len(res.unfinished)
+    return m, res
+
+
+def default_jobs() -> int:
+    """Runs at a time (``compare``'s stacks, ``experiments``' rows): the cores this process may
+    use, at most 2 (each run is one process)."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:
+        n = os.cpu_count() or 1
+    return max(1, min(2, n))

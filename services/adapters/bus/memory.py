@@ -1,0 +1,128 @@
+"""The in-process twin of the bus: :class:`InMemoryBus` (unit tests and the simulator).
+
+It keeps JetStream's semantics (sequence, de-duplication, durable consumers, dead letters) and
+passes the same contract tests as :class:`services.adapters.bus.nats_bus.NatsBus`
+(``tests/contract/test_bus.py``); the semantics are in :mod:`services.adapters.bus.port`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Self
+
+from events import codec
+from events.catalog import Event
+from events.subjects import DEFAULT_PARTITION, all_subjects, subject_for
+from services.adapters.bus.port import MSG_ID, DeadLetter, Delivery, decode_or_reason, subject_matches
+from services.adapters.logging import get_logger
+
+log = get_logger("bus")
+
+
+class InMemoryBus:
+    """A single-process bus with JetStream's semantics (sequence, de-duplication, durable
+    consumers, dead letters). Unit tests and the simulator use it."""
+
+    def __init__(self, partition: str = DEFAULT_PARTITION) -> None:
+        self.partition = partition
+        self._log: list[tuple[str, bytes, dict[str, str]]] = []
+        self._ids: dict[str, int] = {}
+        self._acks: dict[str, int] = {}
+        self._snapshots: dict[str, bytes] = {}
+        self._dlq: list[DeadLetter] = []
+        self._cond = asyncio.Condition()
+        self.dead_lettered = 0
+
+    async def publish(self, event: Event, *, msg_id: str | None = None, shadow: str | None = None) -> int:
+        return await self.publish_raw(subject_for(event, self.partition, shadow), codec.encode(event),
+                                      codec.headers(), msg_id=msg_id)
+
+    async def publish_many(self, events: Sequence[Event], *, msg_ids: Sequence[str] | None = None,
+                           shadow: str | None = None) -> list[int]:
+        return [await self.publish(e, msg_id=None if msg_ids is None else msg_ids[i], shadow=shadow)
+                for i, e in enumerate(events)]
+
+    async def publish_raw(self, subject: str, data: bytes, headers: Mapping[str, str] | None = None,
+                          msg_id: str | None = None) -> int:
+        if msg_id is not None and msg_id in self._ids:
+            return self._ids[msg_id]
+        hdrs = dict(headers or {})
+        if msg_id is not None:
+            hdrs[MSG_ID] = msg_id
+        async with self._cond:
+            self._log.append((subject, bytes(data), hdrs))
+            seq = len(self._log)
+            if msg_id is not None:
+                self._ids[msg_id] = seq
+            self._cond.notify_all()
+        return seq
+
+    async def last_seq(self) -> int:
+        return len(self._log)
+
+    def consumer(self, durable: str | None, *, start_seq: int | None = None,
+                 subjects: str | None = None) -> _MemConsumer:
+        return _MemConsumer(self, durable, start_seq, subjects or all_subjects(self.partition))
+
+    async def put_snapshot(self, name: str, data: bytes) -> None:
+        self._snapshots[name] = bytes(data)
+
+    async def get_snapshot(self, name: str) -> bytes | None:
+        return self._snapshots.get(name)
+
+    async def dead_letters(self) -> list[DeadLetter]:
+        return list(self._dlq)
+
+    async def close(self) -> None:
+        pass
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+class _MemConsumer:
+    def __init__(self, bus: InMemoryBus, durable: str | None, start_seq: int | None, subjects: str) -> None:
+        self.bus, self.durable, self.subjects = bus, durable, subjects
+        self.name = durable or "ephemeral"
+        floor = bus._acks.get(durable, 0) if durable else 0
+        self._next = start_seq if start_seq is not None else floor + 1
+        self._next = max(self._next, 1)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        pass
+
+    def __aiter__(self) -> AsyncIterator[Delivery]:
+        return self._iter()
+
+    async def _iter(self) -> AsyncIterator[Delivery]:
+        bus = self.bus
+        while True:
+            async with bus._cond:
+                await bus._cond.wait_for(lambda: len(bus._log) >= self._next)
+            while self._next <= len(bus._log):
+                seq = self._next
+                self._next += 1
+                subject, data, hdrs = bus._log[seq - 1]
+                if not subject_matches(self.subjects, subject):
+                    continue
+                event, reason = decode_or_reason(data, hdrs)
+                if event is None:
+                    bus._dlq.append(DeadLetter(subject, reason, self.name, seq, data))
+                    bus.dead_lettered += 1
+                    log.error("dead_letter", consumer=self.name, seq=seq, subject=subject, reason=reason)
+                    continue
+                yield Delivery(seq, subject, event, hdrs)
+
+    async def ack(self, seq: int) -> None:
+        if self.durable:
+            self.bus._acks[self.durable] = max(self.bus._acks.get(self.durable, 0), seq)
+
+    async def flush(self) -> None:
+        pass

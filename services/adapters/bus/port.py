@@ -1,0 +1,129 @@
+"""The bus port: what every service needs from the bus, and the types it hands out.
+
+``Bus`` and ``Consumer`` are ``typing.Protocol`` s that both backends satisfy and every service
+is typed against: :class:`services.adapters.bus.nats_bus.NatsBus` (NATS JetStream) and its
+in-process twin :class:`services.adapters.bus.memory.InMemoryBus`. Both pass the same contract
+tests (``tests/contract/test_bus.py``).
+
+Delivery semantics (both backends):
+
+- Every event is published on its subject (``events.subjects.subject_for``) with the schema
+  version header; an optional ``msg_id`` becomes ``Nats-Msg-Id`` and a duplicate inside the
+  stream's duplicate window is not stored twice (the original's sequence is returned).
+- A durable consumer delivers in stream order with the stream sequence, and resumes after the
+  last sequence it acknowledged, so nothing acknowledged is redelivered and nothing
+  unacknowledged is lost. On JetStream it is a **pull** consumer: the client asks for batches
+  (``fetch(batch)``) and reads each message's stream sequence from ``msg.metadata``. The durable
+  is kept across restarts when it is clean (everything delivered was acknowledged, and the
+  caller does not ask for another start position); otherwise (a crash left delivered but
+  unacknowledged messages, or a snapshot asks to resume at an older position) it is re-created at
+  ``ack floor + 1`` (or the asked position), because JetStream would redeliver the unacknowledged
+  tail only after ``ack_wait``, behind newer messages, and every core folds in stream order.
+  Acks are cumulative (``AckPolicy.ALL``) and sent in batches; a consumer must still be
+  idempotent on the sequence (``services.cores.contract.Sequenced``), since a crash between applying and
+  acking redelivers.
+- A message that fails to decode (garbage, newer major schema) is copied to the dead-letter
+  subject ``eidlq.<partition>.<consumer>`` with the reason in headers, logged, counted, and
+  skipped; the consumer goes on (:func:`decode_or_reason` says which).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, Self, runtime_checkable
+
+from events import codec
+from events.catalog import AnyEvent, Event
+
+DLQ_REASON = "Ei-Dlq-Reason"
+DLQ_SUBJECT = "Ei-Dlq-Subject"
+DLQ_SEQ = "Ei-Dlq-Seq"
+DLQ_CONSUMER = "Ei-Dlq-Consumer"
+MSG_ID = "Nats-Msg-Id"
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One event as delivered: its stream sequence, subject, typed event and headers."""
+
+    seq: int
+    subject: str
+    event: AnyEvent
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    subject: str
+    reason: str
+    consumer: str
+    seq: int
+    data: bytes
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS wildcard match: ``*`` is one token, ``>`` the rest (one or more tokens)."""
+    p, s = pattern.split("."), subject.split(".")
+    for i, tok in enumerate(p):
+        if tok == ">":
+            return len(s) > i
+        if i >= len(s) or (tok != "*" and tok != s[i]):
+            return False
+    return len(p) == len(s)
+
+
+def decode_or_reason(data: bytes, hdrs: Mapping[str, str] | None) -> tuple[AnyEvent | None, str]:
+    """The event of a stored message, or ``(None, why)`` when it is to be dead-lettered."""
+    try:
+        return codec.decode_message(data, hdrs), ""
+    except codec.CodecError as exc:
+        return None, exc.reason
+
+
+@runtime_checkable
+class Consumer(Protocol):
+    """An open subscription to a partition's stream: async-iterate :class:`Delivery` in stream
+    order, ``ack(seq)`` cumulatively, ``flush()`` pending acks. Use as an async context manager."""
+
+    name: str
+
+    def __aiter__(self) -> AsyncIterator[Delivery]: ...
+
+    async def ack(self, seq: int) -> None: ...
+
+    async def flush(self) -> None: ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(self, *exc) -> None: ...
+
+
+@runtime_checkable
+class Bus(Protocol):
+    """What every service needs from the bus (``NatsBus`` on JetStream, ``InMemoryBus`` in
+    process); ``tests/contract/test_bus.py`` holds both to it."""
+
+    partition: str
+    dead_lettered: int
+
+    async def publish(self, event: Event, *, msg_id: str | None = None, shadow: str | None = None) -> int: ...
+
+    async def publish_many(self, events: Sequence[Event], *, msg_ids: Sequence[str] | None = None,
+                           shadow: str | None = None) -> list[int]: ...
+
+    async def publish_raw(self, subject: str, data: bytes, headers: Mapping[str, str] | None = None,
+                          msg_id: str | None = None) -> int: ...
+
+    async def last_seq(self) -> int: ...
+
+    def consumer(self, durable: str | None, *, start_seq: int | None = None,
+                 subjects: str | None = None) -> Consumer: ...
+
+    async def put_snapshot(self, name: str, data: bytes) -> None: ...
+
+    async def get_snapshot(self, name: str) -> bytes | None: ...
+
+    async def dead_letters(self) -> list[DeadLetter]: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,236 @@
+"""The faults, one scenario each (the table in the package docstring)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import msgspec
+from nats.js import api
+
+from events import codec
+from events.catalog import NodeRegistered, NodeRemoved, RequestSubmitted
+from events.subjects import subject_for
+from services.drivers.chaos.accounting import ScenarioResult
+from services.drivers.chaos.load import LOAD_SRC, PARTITIONED
+from services.drivers.chaos.supervisor import SERVICES, SNAPSHOT_KINDS, Stack
+
+
+@dataclass
+class Scenario:
+    name: str
+    fault: str
+    run: Callable[[Stack, ScenarioResult], Awaitable[None]]
+    quick: bool = False
+
+
+async def recover(stack: Stack, t_fault: float, head: int, timeout_s: float = 45.0) -> float:
+    """Seconds from ``t_fault`` until every service folded past ``head`` and a request
+    published after the fault is decided."""
+
+    async def done() -> bool:
+        return await stack.caught_up(head) and await stack.decided_since(t_fault)
+
+    t = await stack.wait(done, timeout_s, "recovery")
+    return t - t_fault
+
+
+def kill_service(kind: str) -> Callable[[Stack, ScenarioResult], Awaitable[None]]:
+    async def run(stack: Stack, res: ScenarioResult) -> None:
+        head = await stack.bus.last_seq()
+        t = time.monotonic()
+        stack.kill(kind)
+        stack.spawn(kind)
+        res.recover_s = await recover(stack, t, head)
+        res.survived = True
+    return run
+
+
+def corrupt_snapshot(kind: str) -> Callable[[Stack, ScenarioResult], Awaitable[None]]:
+    async def run(stack: Stack, res: ScenarioResult) -> None:
+        async def present() -> bool:
+            return await stack.bus.get_snapshot(kind) is not None
+
+        await stack.wait(present, 20, f"a {kind} snapshot")
+        head = await stack.bus.last_seq()
+        t = time.monotonic()
+        stack.kill(kind)
+        data = bytearray(await stack.bus.get_snapshot(kind))
+        data[len(data) // 2] ^= 0x04  # one bit, in the middle of the sealed body
+        await asyncio.wait_for(stack.bus.put_snapshot(kind, bytes(data)), 30)
+        offset = stack.log_size(kind)
+        stack.spawn(kind)
+        res.recover_s = await recover(stack, t, head)
+        recs = stack.log_events(kind, offset)
+        rejected = [r for r in recs if r.get("event") == "snapshot_rejected"]
+        starts = [r for r in recs if r.get("event") == "service_start"]
+        rebuilt = bool(starts) and starts[0].get("from_snapshot") == 0
+        res.survived = bool(rejected) and rebuilt
+        res.detail = (f"rejected: {rejected[0].get('reason')}; rebuilt from 0" if res.survived
+                      else f"snapshot_rejected logged: {bool(rejected)}, rebuilt from 0: {rebuilt}")
+    return run
+
+
+async def kill_nats_leader(stack: Stack, res: ScenarioResult) -> None:
+    info = await stack.bus.js.stream_info(stack.bus.stream)
+    leader = info.cluster.leader if info.cluster else None
+    names = [s.server_name for s in stack.cluster.servers]
+    i = names.index(leader) if leader in names else 0
+    head = await stack.bus.last_seq()
+    t = time.monotonic()
+    stack.cluster.kill(i)
+    try:
+        res.recover_s = await recover(stack, t, head)
+    finally:
+        await asyncio.to_thread(stack.cluster.restart, i)
+
+    async def rejoined() -> bool:
+        try:
+            inf = await asyncio.wait_for(stack.bus.js.stream_info(stack.bus.stream), 3)
+        except Exception:  # noqa: BLE001 - still electing
+            return False
+        reps = (inf.cluster.replicas or []) if inf.cluster else []
+        return inf.config.num_replicas == 3 and len(reps) == 2 and all(r.current for r in reps)
+
+    await stack.wait(rejoined, 30, f"{names[i]} to rejoin the stream")
+    res.survived = True
+    res.detail = f"killed {names[i]} (the stream leader); stream still R3, all replicas current"
+
+
+async def partition_engine(stack: Stack, res: ScenarioResult) -> None:
+    worker = stack.engine_procs.get(PARTITIONED)
+    if worker is not None:
+        worker.send_signal(signal.SIGSTOP)  # the whole process stops: no heartbeat, no work
+    else:
+        stack.load.silent.add(PARTITIONED)
+    t = time.monotonic()
+    start = len(stack.tail.deliveries)
+
+    async def removed() -> bool:
+        return any(isinstance(d.event, NodeRemoved) and d.event.node == PARTITIONED
+                   for d in stack.tail.deliveries[start:])
+
+    try:
+        t_seen = await stack.wait(removed, stack.heartbeat_timeout_s + 15, f"NodeRemoved({PARTITIONED})")
+        res.recover_s = t_seen - t
+        await asyncio.sleep(0.5)  # a few more ticks: removed once, not once per tick
+    finally:
+        if worker is not None:
+            worker.send_signal(signal.SIGCONT)
+        else:
+            stack.load.silent.discard(PARTITIONED)
+            await stack.load.register(PARTITIONED, "decode")
+    removals = [d for d in stack.tail.deliveries[start:]
+                if isinstance(d.event, NodeRemoved) and d.event.node == PARTITIONED]
+    res.survived = len(removals) == 1
+    res.detail = (f"{PARTITIONED} removed after {res.recover_s:.1f} s of silence "
+                  f"(timeout {stack.heartbeat_timeout_s:g} s), {len(removals)} NodeRemoved")
+    if worker is None:
+        res.detail += "; re-registered"
+        return
+    after = len(stack.tail.deliveries)
+
+    async def rejoined() -> bool:
+        return any(isinstance(d.event, NodeRegistered) and d.event.node == PARTITIONED
+                   for d in stack.tail.deliveries[after:])
+
+    try:
+        await stack.wait(rejoined, 10, f"{PARTITIONED} to register again")
+        res.detail += "; the worker registered again after SIGCONT"
+    except TimeoutError:
+        res.detail += "; after SIGCONT the worker did not register again within 10 s (left out of routing)"
+
+
+async def duplicate_publish(stack: Stack, res: ScenarioResult, window: int = 50) -> None:
+    recent = stack.load.published[-window:]
+    head = await stack.bus.last_seq()
+    t = time.monotonic()
+    seqs = await stack.bus.publish_many([p.event for p in recent], msg_ids=[p.msg_id for p in recent])
+    same = sum(s == p.seq for s, p in zip(seqs, recent, strict=True))
+    res.recover_s = await recover(stack, t, head)
+    res.survived = same == len(recent)
+    res.detail = f"{len(recent)} republished with their ids: {same} answered with the original sequence"
+
+
+async def rewind_consumer(stack: Stack, res: ScenarioResult, behind: int = 100) -> None:
+    js, stream = stack.bus.js, stack.bus.stream
+    info = await js.consumer_info(stream, "router")
+    floor = info.ack_floor.stream_seq if info.ack_floor else 0
+    start = max(1, floor - behind)
+    head = await stack.bus.last_seq()
+    t = time.monotonic()
+    await js.delete_consumer(stream, "router")
+    cfg = info.config
+    await js.add_consumer(stream, config=api.ConsumerConfig(
+        durable_name="router", ack_policy=api.AckPolicy.ALL, max_ack_pending=cfg.max_ack_pending,
+        ack_wait=cfg.ack_wait, deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start,
+        filter_subject=cfg.filter_subject, max_waiting=cfg.max_waiting))
+    res.recover_s = await recover(stack, t, head)
+    res.survived = True
+    res.detail = f"router's durable re-created at {start} (ack floor {floor}) while it ran"
+
+
+def _negative_block_request() -> bytes:
+    """A ``RequestSubmitted`` whose block hash is -1: valid msgpack, outside ``[0, 2**64)``."""
+    ev = RequestSubmitted(ts=time.time(), src=LOAD_SRC, request="bad/neg", branch="bad", blocks=[7, 8],
+                          prompt_tokens=138, max_tokens=16)
+    raw = msgspec.msgpack.decode(codec.encode(ev))
+
+    def swap(x):
+        if isinstance(x, list) and x == [7, 8]:
+            return [7, -1]
+        if isinstance(x, list):
+            return [swap(v) for v in x]
+        if isinstance(x, dict):
+            return {k: swap(v) for k, v in x.items()}
+        return x
+
+    return msgspec.msgpack.encode(swap(raw))
+
+
+async def malformed_events(stack: Stack, res: ScenarioResult) -> None:
+    bus = stack.bus
+    good = RequestSubmitted(ts=time.time(), src=LOAD_SRC, request="bad/x", branch="bad", blocks=[1],
+                            prompt_tokens=74, max_tokens=16)
+    subject = subject_for(good, bus.partition)
+    newer = str(int(codec.SCHEMA_VERSION.split(".")[0]) + 1) + ".0"
+    bad = [("garbage", b"\xc1\x00garbage\xff" * 4, codec.headers()),
+           ("newer-major-schema", codec.encode(good), {codec.SCHEMA_HEADER: newer}),
+           ("negative-block-hash", _negative_block_request(), codec.headers())]
+    t = time.monotonic()
+    seqs = {}
+    for i, (what, data, hdrs) in enumerate(bad):
+        seqs[what] = await bus.publish_raw(subject, data, hdrs, msg_id=f"chaos:bad:{i}")
+    res.recover_s = await recover(stack, t, max(seqs.values()))
+    wanted = {(c, s) for s in seqs.values() for c in SERVICES}
+
+    async def all_dead_lettered() -> bool:
+        got = {(d.consumer, d.seq) for d in await bus.dead_letters()}
+        return wanted <= got
+
+    try:
+        await stack.wait(all_dead_lettered, 20, "every malformed event in the dead-letter stream")
+        res.survived = True
+    except TimeoutError:
+        res.survived = False
+    got = {(d.consumer, d.seq) for d in await bus.dead_letters()}
+    res.detail = (f"{len(wanted & got)}/{len(wanted)} dead letters "
+                  f"({len(bad)} messages x {len(SERVICES)} consumers); decisions went on")
+
+
+def scenarios() -> list[Scenario]:
+    out = [Scenario(f"kill-{k}", f"SIGKILL the {k}, restart it", kill_service(k), quick=k in ("router", "planner"))
+           for k in SERVICES]
+    out.append(Scenario("kill-nats-leader", "SIGKILL the stream's leader server (1 of 3)", kill_nats_leader, True))
+    out += [Scenario(f"corrupt-{k}-snapshot", f"flip a bit of the {k} snapshot, restart it", corrupt_snapshot(k),
+                     quick=k == "planner") for k in SNAPSHOT_KINDS]
+    out += [
+        Scenario("partition-engine", f"{PARTITIONED} stops heartbeating", partition_engine, True),
+        Scenario("duplicate-publish", "republish the last 50 events with their ids", duplicate_publish, True),
+        Scenario("rewind-consumer", "re-create the router's durable 100 behind its ack floor", rewind_consumer),
+        Scenario("malformed-events", "garbage, newer major schema, negative block hash", malformed_events, True),
+    ]
+    return out

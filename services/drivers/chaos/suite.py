@@ -1,0 +1,124 @@
+"""The run: start the stack, run the scenarios one after the other under load, stop
+everything, verify the recorder's log and account for every event."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from services.adapters.eventlog import DuckDbEventLog
+from services.adapters.logging import get_logger
+from services.drivers.chaos.accounting import ChaosReport, ScenarioResult, account
+from services.drivers.chaos.scenarios import Scenario, recover, scenarios
+from services.drivers.chaos.supervisor import Stack
+from services.drivers.recorder.verify import verify_log
+from services.drivers.up.testing import acting_route_counts
+
+log = get_logger("chaos")
+
+
+async def run_chaos(*, quick: bool = False, only: list[str] | None = None, workdir: Path | None = None,
+                    rate: float = 20.0, dwell_s: float | None = None, engines: bool = False,
+                    on_progress: Callable[[str], None] | None = None) -> ChaosReport:
+    """Start the stack, run the scenarios one after the other under load, stop everything, and
+    account for every event. ``on_progress(name)`` is called as each scenario starts."""
+    chosen = [s for s in scenarios() if (s.name in only if only else (s.quick or not quick))]
+    if only:
+        unknown = set(only) - {s.name for s in scenarios()}
+        if unknown:
+            raise ValueError(f"unknown scenario(s) {', '.join(sorted(unknown))}; known: "
+                             f"{', '.join(s.name for s in scenarios())}")
+    dwell_s = (0.5 if quick else 3.0) if dwell_s is None else dwell_s
+    t_start = time.monotonic()
+    tmp = None
+    if workdir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="ei-chaos-")
+        workdir = Path(tmp.name)
+    # real workers on a loaded 2-core machine miss a 2 s heartbeat deadline (all four were removed
+    # within 20 s in a trial run): give them 6 s
+    stack = Stack(Path(workdir), rate=rate, engines=engines, heartbeat_timeout_s=6.0 if engines else 2.0)
+    results: list[ScenarioResult] = []
+    try:
+        if on_progress:
+            on_progress("starting the stack")
+        await stack.start()
+        baseline = ScenarioResult("steady-load", "no fault (control)")
+        plan: list[tuple[ScenarioResult, Scenario | None]] = [(baseline, None)]
+        plan += [(ScenarioResult(s.name, s.fault), s) for s in chosen]
+        for res, sc in plan:
+            if on_progress:
+                on_progress(res.name)
+            s0 = await stack.bus.last_seq()
+            p0 = len(stack.load.published)
+            n_unplanned = len(stack.unplanned)
+            n_rejoins = len(stack.load.rejoins)
+            try:
+                if sc is None:
+                    await asyncio.sleep(dwell_s)
+                    t = time.monotonic()
+                    res.recover_s = await recover(stack, t, await stack.bus.last_seq())
+                    res.survived = True
+                else:
+                    await sc.run(stack, res)
+                    await asyncio.sleep(dwell_s)  # keep the load on the recovered stack a while
+            except Exception as exc:  # noqa: BLE001 - a scenario that fails is a row, not a crash
+                res.survived = False
+                res.detail = f"{type(exc).__name__}: {exc}"
+                log.error("scenario_failed", scenario=res.name, error=res.detail)
+            rejoined = stack.load.rejoins[n_rejoins:]
+            if rejoined:
+                again = "removed for silence and registered again: " + ", ".join(rejoined)
+                res.detail = "; ".join(filter(None, [res.detail, again]))
+            exits = stack.unplanned[n_unplanned:]
+            if exits:
+                res.survived = False
+                res.detail = "; ".join(filter(None, [res.detail, "unplanned: " + ", ".join(exits)]))
+            res.window = (s0, await stack.bus.last_seq())
+            res.published = (p0, len(stack.load.published))
+            results.append(res)
+        if on_progress:
+            on_progress("draining and verifying")
+        await stack.stop_load()
+        head = await stack.bus.last_seq()
+        wanted = set(stack.load.requests())
+
+        async def settled() -> bool:
+            if stack.tail.cursor < head:
+                return False  # the harness's copy of the stream is not complete yet
+            decided = acting_route_counts(stack.tail.deliveries)
+            return await stack.caught_up(head) and all(decided[r] for r in wanted)
+
+        with contextlib.suppress(TimeoutError):
+            await stack.wait(settled, 30, "every request decided")
+        # the last decisions land after the load's last event: the last window ends where the
+        # harness's copy of the stream ends once everything is decided
+        results[-1].window = (results[-1].window[0], max(head, stack.tail.cursor))
+        rcs = await stack.stop_services()
+        stack.procs.clear()
+        stream = list(stack.tail.deliveries)
+        verify: dict[str, Any] = {"ok": False}
+        recorded: set[int] | None = None
+        div_seqs: list[int] = []
+        try:
+            with DuckDbEventLog(stack.db, read_only=True) as elog:
+                recorded = {row[0] for row in elog.read(1)}
+                report = verify_log(elog, keep_going=True)
+            verify = report.to_dict()
+            div_seqs = [d.seq for d in report.divergences]
+        except Exception as exc:  # noqa: BLE001 - an unreadable log is a failed verify, reported
+            verify = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        verify["stop_exit_codes"] = rcs
+        account(results, stack.load, stream, recorded, div_seqs)
+        return ChaosReport(results, events=len(stream), requests=len(wanted), verify=verify,
+                           publish_retries=stack.load.retries, unplanned_exits=list(stack.unplanned),
+                           rejoins=list(stack.load.rejoins),
+                           elapsed_s=time.monotonic() - t_start, quick=quick)
+    finally:
+        await stack.close()
+        if tmp is not None:
+            tmp.cleanup()

@@ -1,0 +1,73 @@
+"""What ``evolving up`` starts, shared by one partition (launch.py) and several (partitions.py):
+a child process, its environment, the groups the children stop in, and the run configuration
+``up`` writes into each DuckDB log before the recorder starts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.drivers.services import CONFIG_KEYS, SERVICES
+
+REPO = Path(__file__).resolve().parents[3]
+
+# Stop order: higher groups stop first.
+G_RECORDER, G_SERVICE, G_ENGINE, G_GATEWAY = 0, 1, 2, 3
+
+
+@dataclass
+class Child:
+    name: str
+    cmd: list[str]
+    group: int
+    log_path: Path
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+    backoff_s: float = 1.0
+    down_since: float | None = None
+
+    def start(self, env: dict[str, str]) -> None:
+        with open(self.log_path, "ab") as out:
+            self.proc = subprocess.Popen(self.cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)  # Ctrl-C reaches only `up`
+
+    @property
+    def state(self) -> str:
+        if self.proc is None:
+            return "not started"
+        rc = self.proc.poll()
+        return "running" if rc is None else f"exited {rc}"
+
+
+def child_env(environ: dict[str, str] | None = None, path: list[str] | None = None) -> dict[str, str]:
+    """The environment of every child: the parent's, with ``PYTHONPATH`` = the repository root,
+    then the parent's own import path (``sys.path`` entries that the interpreter does not add by
+    itself, then ``PYTHONPATH``), made absolute (children run in the repository root). A plug-in
+    that ``up`` can import is thus importable in the service that runs it."""
+    environ = dict(os.environ if environ is None else environ)
+    path = sys.path if path is None else path
+    own = tuple(os.path.join(os.path.abspath(p), "") for p in {sys.prefix, sys.base_prefix, sys.exec_prefix})
+    entries = [str(REPO)]
+    for raw in [*path, *environ.get("PYTHONPATH", "").split(os.pathsep)]:
+        if not raw:
+            continue
+        entry = os.path.abspath(raw)
+        if os.path.join(entry, "").startswith(own) or entry in entries:
+            continue  # the interpreter's own library and site-packages: every child has them
+        entries.append(entry)
+    return {**environ, "PYTHONPATH": os.pathsep.join(entries), "EI_LOG_FORMAT": "json"}
+
+
+def run_config(args) -> dict:
+    """The ``run_config`` that ``evolving verify`` reads (docs/recorder.md): each decision
+    service's entry (services/drivers/services.py), the cores, and how the run was started."""
+    return {
+        **{key: SERVICES[key].entry(args) for key in CONFIG_KEYS},
+        "cores": list(CONFIG_KEYS),
+        "live": {"engines": int(args.engines), "engine_backend": getattr(args.engines, "kind", "sim"),
+                 "prefill": args.prefill, "time_scale": args.time_scale,
+                 "shadows": list(args.shadow), "partition": args.partition},
+    }

@@ -1,0 +1,69 @@
+"""The options of ``evolving up`` (services/drivers/up/launch.py runs it)."""
+
+from __future__ import annotations
+
+import argparse
+
+from services.adapters.bus.security import add_cli_options
+
+
+def add_up_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nats-url", default=None,
+                   help="use this NATS server or cluster (comma-separated; default: start an embedded one). "
+                        "The children inherit the EI_NATS_* credentials of the environment")
+    p.add_argument("--insecure", action="store_true",
+                   help="embedded NATS without accounts: any local process may publish anything (the default "
+                        "generates one account per service with its subject permissions)")
+    p.add_argument("--partition", default="default")
+    p.add_argument("--partitions", type=int, default=1,
+                   help="N partitions, each with its own stream, recorder, directory, planner and router; the "
+                        "engines split between them, one gateway for all (docs/partitions.md)")
+    p.add_argument("--run-dir", default=None, help="directory for the DuckDB log, child logs and NATS store "
+                                                    "(default: runs/<timestamp>)")
+    p.add_argument("--db", default=None, help="DuckDB file (default: RUN_DIR/run.duckdb)")
+    p.add_argument("--engines", type=_engines_spec, default=4,
+                   help="sim engines to start (0: none); 'sglang-fake[:N]' runs N (default 2) SGLang-backend "
+                        "workers, each launching a fake SGLang server (engine/backends/sglang/fake.py)")
+    p.add_argument("--prefill", type=int, default=None,
+                   help="start this many engines as prefill and the rest as decode (default: all collocated)")
+    p.add_argument("--profile", default=None, help="engine profile (engine.worker --profile)")
+    p.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
+                   help="extra argument for every engine worker, e.g. --engine-arg=--fetch-mode=none")
+    p.add_argument("--kv-bytes", action="store_true",
+                   help="sim engines move real KV bytes (Mooncake over TCP, checksums verified; docs/kernels.md)")
+    p.add_argument("--kv-block-bytes", type=int, default=1024, help="with --kv-bytes: bytes per KV block")
+    p.add_argument("--time-scale", type=float, default=1.0, help="engines' model seconds per wall second")
+    p.add_argument("--gateway-port", type=int, default=8000, help="gateway HTTP port (0: a free port)")
+    p.add_argument("--no-gateway", action="store_true")
+    p.add_argument("--router", default="evolving")
+    p.add_argument("--router-arg", action="append", default=[], metavar="K=V")
+    p.add_argument("--shadow", action="append", default=[], metavar="PLUGIN",
+                   help="also run this router plug-in in shadow (repeatable)")
+    p.add_argument("--planner", default="evolving")
+    p.add_argument("--planner-arg", action="append", default=[], metavar="K=V")
+    p.add_argument("--tick-s", type=float, default=1.0)
+    p.add_argument("--heartbeat-timeout-s", type=float, default=10.0)
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="first metrics port; services take consecutive ports (0: free ports; -1: off)")
+    p.add_argument("--no-status", action="store_true", help="no rich status line (plain log lines)")
+    p.add_argument("--ready-file", default=None, help="write the URLs here as JSON once everything answers")
+    p.add_argument("--run-seconds", type=float, default=0.0, help="stop after this long (0: until Ctrl-C)")
+    p.add_argument("--stop-timeout-s", type=float, default=10.0)
+    p.add_argument("--nats-restarts", type=int, default=5,
+                   help="restarts of the embedded nats-server allowed within a minute before up gives up")
+    add_cli_options(p)  # up's own connection to --nats-url (default: EI_NATS_*)
+
+
+class EnginesSpec(int):
+    """``--engines``: a count, with the backend kind as an attribute (``sim`` or ``sglang-fake``)."""
+
+    kind = "sim"
+
+
+def _engines_spec(raw: str) -> int:
+    kind, _, n = raw.partition(":")
+    if kind == "sglang-fake":
+        spec = EnginesSpec(int(n) if n else 2)
+        spec.kind = "sglang-fake"
+        return spec
+    return int(raw)
