@@ -5,7 +5,8 @@ function per command group, so each group (``trace`` here; the simulator's ``rep
 ``compare``, ``sweep-static`` and ``bench sim``) lives in its own function:
 add a ``_register_<group>(sub, bench)`` and one line to ``register``.
 
-``evolving trace import FORMAT SRC -o OUT [--skip-bad]``  -- convert a real log to sessions
+``evolving trace import FORMAT SRC -o OUT [--skip-bad] [--block-tokens N]``  -- convert a real log to sessions
+``evolving trace export FORMAT SPEC -o OUT [--block-tokens N]`` -- sessions to Mooncake / agentic Mooncake JSONL
 ``evolving trace stats FILE... [--from FORMAT] [--json]`` -- counts, distributions, ideal hits
 ``evolving trace stats --compare A B [--markdown]`` -- two workloads side by side, KS distances
 ``evolving trace fit SRC -o PARAMS.json [--from FORMAT]`` -- fit the CC generator to sessions
@@ -31,9 +32,11 @@ from pathlib import Path
 import msgspec
 
 from replay.sim.cli import register_sim
+from replay.traces.export import EXPORT_FORMATS, export_sessions
 from replay.traces.format import TraceFormatError, save_sessions
-from replay.traces.importers import FORMATS, get_importer
+from replay.traces.importers import BLOCK_TOKENS_FORMATS, FORMATS
 from replay.traces.importers.spec import load_workload as read_workload
+from replay.traces.importers.spec import skipped_lines
 from replay.traces.stats import format_stats, trace_stats
 from replay.traces.workloads import WORKLOADS, generate
 
@@ -54,7 +57,20 @@ def _register_trace(sub: argparse._SubParsersAction) -> None:
     imp.add_argument("src", help="source file or directory")
     imp.add_argument("-o", "--out", required=True, help="output JSONL file")
     imp.add_argument("--skip-bad", action="store_true", help="skip bad records and report them")
+    imp.add_argument("--block-tokens", type=_positive, default=None,
+                     help=f"block size of the hash_ids ({', '.join(BLOCK_TOKENS_FORMATS)} only; default 512)")
     imp.set_defaults(func=_cmd_import)
+
+    exp = tsub.add_parser("export", help="write sessions as Mooncake or agentic Mooncake JSONL (Dynamo, aiperf, "
+                                         "SGLang replay tools)")
+    exp.add_argument("format", choices=EXPORT_FORMATS, help="target format")
+    exp.add_argument("src", help="a workload spec: a trace path, FORMAT:PATH or gen:NAME[:k=v]...")
+    exp.add_argument("-o", "--out", required=True, help="output JSONL file")
+    exp.add_argument("--block-tokens", type=_positive, default=None,
+                     help="re-cut every session to blocks of N tokens first (default: the sessions' own size)")
+    exp.add_argument("--from", dest="fmt", choices=FORMATS, default=None, help="read SRC in this format")
+    exp.add_argument("--skip-bad", action="store_true", help="skip bad records of SRC and report them")
+    exp.set_defaults(func=_cmd_export)
 
     st = tsub.add_parser("stats", help="requests, branches, token/pause distributions, ideal hit rate")
     st.add_argument("files", nargs="*", help="session JSONL files or directories")
@@ -87,11 +103,19 @@ def _register_trace(sub: argparse._SubParsersAction) -> None:
     gen.set_defaults(func=_cmd_generate)
 
 
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return n
+
+
 def _report_skipped(skipped: list) -> None:
-    if skipped:
-        print(f"skipped {len(skipped)} bad record(s):", file=sys.stderr)
-        for e in skipped:
-            print(f"  {e}", file=sys.stderr)
+    for line in skipped_lines(skipped):
+        print(line, file=sys.stderr)
 
 
 def _load(files: list[str], fmt: str | None, skip_bad: bool):
@@ -104,24 +128,42 @@ def _load(files: list[str], fmt: str | None, skip_bad: bool):
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
-    try:
-        res = get_importer(args.format)(args.src, skip_bad=args.skip_bad)
-    except TraceFormatError as exc:
+    try:  # the shared loader: a folder's broken files are skipped and listed, the rest imported
+        w = read_workload(args.src, args.format, skip_bad=args.skip_bad, require_sessions=False,
+                          block_tokens=args.block_tokens)
+    except (TraceFormatError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    except OSError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    if not res.sessions:  # never "wrote 0 sessions": an empty result is an error
-        _report_skipped(res.skipped)
+    if not w.sessions:  # never "wrote 0 sessions": an empty result is an error
+        _report_skipped(w.skipped)
         print(f"error: {args.src}: no session imported", file=sys.stderr)
         return 1
-    n = save_sessions(args.out, res.sessions)
-    reqs = sum(1 for s in res.sessions for _ in s.requests())
+    n = save_sessions(args.out, w.sessions)
+    reqs = sum(1 for s in w.sessions for _ in s.requests())
     print(f"wrote {n} session(s), {reqs} request(s) to {args.out}")
-    for note in res.notes:
+    for note in w.notes:
         print(f"note: {note}")
-    _report_skipped(res.skipped)
+    _report_skipped(w.skipped)
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    try:
+        w = read_workload(args.src, args.fmt, skip_bad=args.skip_bad, require_sessions=False)
+        if not w.sessions:
+            _report_skipped(w.skipped)
+            print(f"error: {args.src}: no session to export", file=sys.stderr)
+            return 1
+        res = export_sessions(args.out, w.sessions, args.format, args.block_tokens)
+    except (TraceFormatError, OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {len(res.rows)} {args.format} row(s) of {len(w.sessions)} session(s) to {args.out}; "
+          f"hash_ids blocks of {res.block_tokens} tokens (give this block size to the replay tool, and "
+          f"--block-tokens {res.block_tokens} to evolving trace import)")
+    for note in w.notes + res.notes:
+        print(f"note: {note}")
+    _report_skipped(w.skipped)
     return 0
 
 
@@ -130,6 +172,7 @@ def load_workload(spec: str, fmt: str | None = None) -> tuple[list, str]:
     parser ``replay.traces.importers.spec.load_workload``. Raises ``ValueError``
     (``WorkloadSpecError``) / ``TraceFormatError`` / ``OSError`` with a one-line message."""
     w = read_workload(spec, fmt)
+    _report_skipped(w.skipped)  # a folder's unreadable files: listed, the rest served
     return w.sessions, w.label
 
 

@@ -7,6 +7,7 @@ Shared by the commands (replay/sim/cli.py), one run (replay/sim/runs.py), the pa
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import numpy as np
 from engine.profiles import load_profile
 from replay.sim.simulation import SessionSource, SimConfig
 from replay.traces.format import TraceFormatError
-from replay.traces.importers.spec import WorkloadSpecError, load_workload
+from replay.traces.importers.spec import WorkloadSpecError, load_workload, skipped_lines
 from replay.traces.pacing import pace_session, parse_pace
 from replay.traces.workloads import WORKLOADS
 
@@ -63,10 +64,16 @@ def session_source(args) -> tuple[SessionSource, str]:
 
         return SessionSource(make=make), f"{args.workload}-like (seed {args.seed}, pace {pace})"
     path = args.trace or BUNDLED_TRACE
-    try:
-        sessions = [pace_session(s, pace) for s in load_trace(path)]
+    try:  # a folder's unreadable files are skipped and listed on stderr; the rest is served
+        w = load_workload(str(path), require_sessions=False)
     except (WorkloadSpecError, TraceFormatError, OSError) as exc:  # one line, not a traceback
         raise SystemExit(f"error: {exc}") from None  # each names the spec, or the file and line
+    for line in skipped_lines(w.skipped):
+        print(line, file=sys.stderr)
+    if not w.sessions:
+        raise SystemExit(f"error: {path}: no session" + (f" ({len(w.skipped)} bad file(s)/record(s) skipped)"
+                                                          if w.skipped else ""))
+    sessions = [pace_session(s, pace) for s in w.sessions]
     return SessionSource(sessions), f"{len(sessions)} sessions from {path}" + (
         f" (pace {pace})" if pace.mode != "recorded" else "")
 

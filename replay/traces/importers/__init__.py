@@ -8,6 +8,7 @@ file, line and field); without, the first one raises.
 |---|---|
 | ``weka`` (alias ``kv-cache-tester``) | Claude Code sessions, kv-cache-tester JSON (``replay.traces.importers.weka``) |
 | ``mooncake`` | Mooncake request JSONL (``replay.traces.importers.mooncake``) |
+| ``agentic-mooncake`` | Dynamo's agentic Mooncake rows: ``wait_for``, ``branches``, ... (``replay.traces.importers.agentic``) |
 | ``claude-code`` | raw Claude Code transcripts, ``~/.claude/projects/**/*.jsonl`` (``replay.traces.importers.claude_code``) |
 """
 
@@ -22,9 +23,12 @@ _MODULES = {
     "weka": ("replay.traces.importers.weka", "import_weka"),
     "kv-cache-tester": ("replay.traces.importers.weka", "import_weka"),
     "mooncake": ("replay.traces.importers.mooncake", "import_mooncake"),
+    "agentic-mooncake": ("replay.traces.importers.agentic", "import_agentic_mooncake"),
     "claude-code": ("replay.traces.importers.claude_code", "import_claude_code"),
 }
 FORMATS: tuple[str, ...] = tuple(_MODULES)
+#: Formats whose hash_ids have no block size of their own: the importer takes ``block_tokens``.
+BLOCK_TOKENS_FORMATS = ("mooncake", "agentic-mooncake")
 
 
 def get_importer(fmt: str) -> Callable[..., ImportResult]:
@@ -35,4 +39,4 @@ def get_importer(fmt: str) -> Callable[..., ImportResult]:
     return getattr(importlib.import_module(mod), fn)
 
 
-__all__ = ["FORMATS", "ImportResult", "get_importer"]
+__all__ = ["BLOCK_TOKENS_FORMATS", "FORMATS", "ImportResult", "get_importer"]

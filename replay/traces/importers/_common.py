@@ -25,14 +25,16 @@ class ImportResult:
 
 
 class Problems:
-    """Collects bad input: raises at once, or (``skip_bad``) records and lets the caller skip."""
+    """Collects bad input: raises at once, or (``skip_bad``) records and lets the caller skip.
+    ``skip_bad_files``: a problem with a whole file (field ``(file)``: empty, binary, gzip) is
+    recorded and the file skipped even without ``skip_bad`` (folder loads, spec.py)."""
 
-    def __init__(self, skip_bad: bool, result: ImportResult):
-        self.skip_bad, self.result = skip_bad, result
+    def __init__(self, skip_bad: bool, result: ImportResult, skip_bad_files: bool = False):
+        self.skip_bad, self.result, self.skip_bad_files = skip_bad, result, skip_bad_files
 
     def bad(self, file: str, line: int, field_path: str, message: str) -> None:
         err = TraceFormatError(file, line, field_path, message)
-        if not self.skip_bad:
+        if not self.skip_bad and not (self.skip_bad_files and field_path == "(file)"):
             raise err
         self.result.skipped.append(err)
 

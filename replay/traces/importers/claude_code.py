@@ -332,12 +332,14 @@ def _read(files: list[Path], problems: Problems) -> dict[str, list[_Rec]]:
     return sessions
 
 
-def import_claude_code(src: str | os.PathLike[str], skip_bad: bool = False) -> ImportResult:
+def import_claude_code(src: str | os.PathLike[str], skip_bad: bool = False,
+                       skip_bad_files: bool = False) -> ImportResult:
     """Import one transcript or every ``*.jsonl`` under a directory (recursively; sub-agent
     files ``agent-*.jsonl`` join their session through ``sessionId``; ``agent-acompact-*``
-    files, internal to compaction, are skipped)."""
+    files, internal to compaction, are skipped). ``skip_bad_files``: an empty or binary file is
+    listed in ``skipped`` and the others imported, even without ``skip_bad``."""
     res = ImportResult()
-    problems = Problems(skip_bad, res)
+    problems = Problems(skip_bad, res, skip_bad_files)
     p = Path(src)
     files = sorted(p.rglob("*.jsonl")) if p.is_dir() else [p]
     files = [f for f in files if not f.name.startswith("agent-acompact")]

@@ -30,6 +30,19 @@ Rules (stated in ``docs/traces.md`` too):
 - Timing stays open-loop: ``Session.start_s`` = first arrival (s), each request
   ``at_s`` = arrival - session start. ``pause_s`` = gap since the previous arrival in the
   session (the source has no service times; the replay uses ``at_s``).
+
+**Rows with a ``session_id``** (Dynamo's and aiperf's multi-turn Mooncake rows; Dynamo:
+``lib/data-gen/src/mooncake.rs``, ``MooncakeRow``, read by ``lib/mocker/src/loadgen/trace.rs``,
+``Trace::from_mooncake``) are not inferred: rows sharing a ``session_id`` are the turns of one
+session, in file order (session id = ``session_id``, one branch ``main``). The first turn
+arrives at its ``timestamp`` (``start_s``; none: ``start_s = None``, a closed-loop pool); a
+later turn with ``delay`` (ms) is closed loop (``pause_s = delay``, after the previous
+response); a later turn with only a ``timestamp`` keeps its arrival (``at_s``, ``pause_s`` the
+gap since the previous arrival); neither: ``pause_s = 0``. A ``delay`` on a first turn is a bad
+record (Dynamo refuses it too). Rows without ``session_id`` in the same file are inferred as
+above. The upstream aliases ``input_tokens``, ``output_tokens``, ``created_time``, ``delay_ms``
+are read when the canonical field is absent. ``block_tokens`` (``--block-tokens``) is the
+block size of ``hash_ids`` (default 512).
 """
 
 from __future__ import annotations
@@ -47,10 +60,24 @@ MOONCAKE_BLOCK_TOKENS = 512
 MAX_GAP_S = 1800.0
 
 
-def _int_field(rec: dict, key: str, file: str, line: int, problems: Problems) -> int | None:
-    v = rec.get(key)
+#: Upstream Mooncake field names Dynamo accepts on input (``MooncakeRow``'s serde aliases).
+ALIASES = {"input_length": "input_tokens", "output_length": "output_tokens", "timestamp": "created_time",
+           "delay": "delay_ms"}
+
+
+def field(rec: dict, key: str):
+    """``rec[key]``, or its upstream alias (:data:`ALIASES`) when the canonical name is absent."""
+    if key in rec or key not in ALIASES:
+        return rec.get(key)
+    return rec.get(ALIASES[key])
+
+
+def _int_field(rec: dict, key: str, file: str, line: int, problems: Problems, *,
+               required: bool = True) -> int | None:
+    v = field(rec, key)
     if v is None:
-        problems.bad(file, line, key, "missing field")
+        if required:
+            problems.bad(file, line, key, "missing field")
         return None
     if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
         problems.bad(file, line, key, f"must be a non-negative number, got {v!r}")
@@ -58,17 +85,37 @@ def _int_field(rec: dict, key: str, file: str, line: int, problems: Problems) ->
     return v  # type: ignore[return-value]
 
 
-def _records(src: str | os.PathLike[str], problems: Problems,
-             block_tokens: int) -> list[tuple[float, int, tuple[int, ...], int, int]]:
-    """``(arrival s, line, full-block ids, input_length, output_length)`` of every good line."""
+class _Row:
+    """One good line: arrival (s) or ``None``, line, full-block ids, lengths, session id, delay (s)."""
+
+    __slots__ = ("delay", "full", "line", "n_in", "n_out", "sid", "t")
+
+    def __init__(self, t, line, full, n_in, n_out, sid=None, delay=None):
+        self.t, self.line, self.full, self.n_in, self.n_out, self.sid, self.delay = (
+            t, line, full, n_in, n_out, sid, delay)
+
+
+def _rows(src: str | os.PathLike[str], problems: Problems, block_tokens: int) -> list[_Row]:
+    """Every good line of the file, in file order."""
     file = str(src)
     out = []
     for lineno, rec in json_lines(src, problems):
-        ts = _int_field(rec, "timestamp", file, lineno, problems)
-        n_in = _int_field(rec, "input_length", file, lineno, problems) if ts is not None else None
-        n_out = _int_field(rec, "output_length", file, lineno, problems) if n_in is not None else None
-        if n_out is None or ts is None or n_in is None:
+        sid = rec.get("session_id")
+        if sid is not None and not isinstance(sid, str):
+            problems.bad(file, lineno, "session_id", f"must be a string, got {sid!r}")
             continue
+        ts = _int_field(rec, "timestamp", file, lineno, problems, required=sid is None)
+        if ts is None and (sid is None or field(rec, "timestamp") is not None):
+            continue
+        n_in = _int_field(rec, "input_length", file, lineno, problems)
+        n_out = _int_field(rec, "output_length", file, lineno, problems) if n_in is not None else None
+        if n_out is None or n_in is None:
+            continue
+        delay = None
+        if sid is not None and field(rec, "delay") is not None:
+            delay = _int_field(rec, "delay", file, lineno, problems)
+            if delay is None:
+                continue
         ids = rec.get("hash_ids")
         if not isinstance(ids, list) or not all(type(h) is int for h in ids):
             problems.bad(file, lineno, "hash_ids", "missing or not a list of integers")
@@ -78,9 +125,17 @@ def _records(src: str | os.PathLike[str], problems: Problems,
             problems.bad(file, lineno, "hash_ids",
                          f"{len(ids)} ids for input_length={n_in} (expect {n_full} or {n_full + 1})")
             continue
-        out.append((ts / 1000.0, lineno, tuple(ids[:n_full]), int(n_in), int(n_out)))
-    out.sort(key=lambda r: (r[0], r[1]))
+        out.append(_Row(None if ts is None else ts / 1000.0, lineno, tuple(ids[:n_full]), int(n_in), int(n_out),
+                        sid, None if delay is None else delay / 1000.0))
     return out
+
+
+def _records(src: str | os.PathLike[str], problems: Problems,
+             block_tokens: int) -> list[tuple[float, int, tuple[int, ...], int, int]]:
+    """``(arrival s, line, full-block ids, input_length, output_length)`` of every good line."""
+    out = [(r.t, r.line, r.full, r.n_in, r.n_out) for r in _rows(src, problems, block_tokens)]
+    out.sort(key=lambda r: (r[0], r[1]))
+    return out  # type: ignore[return-value]
 
 
 def infer_sessions(recs: list[tuple[float, tuple[int, ...]]], max_gap_s: float = MAX_GAP_S) -> list[list[int]]:
@@ -124,26 +179,73 @@ def import_mooncake(
     max_gap_s: float = MAX_GAP_S,
 ) -> ImportResult:
     """Import a Mooncake JSONL file into sessions (see the module docstring for the rules)."""
+    if block_tokens <= 0:
+        raise ValueError(f"block_tokens must be positive, got {block_tokens}")
     res = ImportResult()
     problems = Problems(skip_bad, res)
     stem = Path(src).stem
     ns = f"mooncake:{stem}"
-    recs = _records(src, problems, block_tokens)
+    rows = _rows(src, problems, block_tokens)
+    cache: dict[int, int] = {}
+
+    def blocks_of(full: tuple[int, ...]) -> list[int]:
+        return [cache[h] if h in cache else cache.setdefault(h, namespaced_hash(ns, h)) for h in full]
+
+    unlabelled = sorted((r for r in rows if r.sid is None), key=lambda r: (r.t, r.line))
+    recs = [(r.t, r.line, r.full, r.n_in, r.n_out) for r in unlabelled]
     groups = infer_sessions([(r[0], r[2]) for r in recs], max_gap_s)
     width = max(5, len(str(len(groups))))
-    cache: dict[int, int] = {}
     for k, idx in enumerate(groups):
         t0 = recs[idx[0]][0]
         steps = []
         prev = t0
         for i in idx:
             t, _line, full, n_in, n_out = recs[i]
-            blocks = [cache[h] if h in cache else cache.setdefault(h, namespaced_hash(ns, h)) for h in full]
-            steps.append(Request(blocks=blocks, tail_tokens=n_in - len(full) * block_tokens,
+            steps.append(Request(blocks=blocks_of(full), tail_tokens=n_in - len(full) * block_tokens,
                                  output_tokens=n_out, pause_s=max(0.0, t - prev), at_s=max(0.0, t - t0)))
             prev = t
         steps.append(End())
         res.sessions.append(Session(id=f"{stem}-{k:0{width}d}", block_tokens=block_tokens,
                                     source=f"mooncake:{Path(src).name}", start_s=t0,
                                     branches=[Branch(id="main", steps=steps)]))
+    labelled: dict[str, list[_Row]] = {}
+    for r in rows:
+        if r.sid is not None:
+            labelled.setdefault(r.sid, []).append(r)
+    for sid, turns in labelled.items():
+        if turns[0].delay:
+            problems.bad(str(src), turns[0].line, "delay",
+                         f"the first turn of session {sid!r} cannot have a delay (it starts at its timestamp)")
+            turns = turns[1:]
+            if not turns:
+                continue
+        s = _labelled_session(sid, turns, blocks_of, block_tokens, f"mooncake:{Path(src).name}")
+        res.sessions.append(s)
     return res
+
+
+def _labelled_session(sid: str, turns: list[_Row], blocks_of, block_tokens: int, source: str) -> Session:
+    """The turns of one ``session_id`` (module docstring): the first at its timestamp, later ones
+    closed loop after ``delay``, or open loop at their ``timestamp`` when they have no delay."""
+    t0 = turns[0].t
+    open_loop = any(r.delay is None and r.t is not None for r in turns[1:])
+    steps: list = []
+    prev_t = t0
+    for i, r in enumerate(turns):
+        at_s = pause = None
+        if i == 0:
+            pause, at_s = 0.0, (0.0 if open_loop and t0 is not None else None)
+        elif r.delay is not None:
+            pause = r.delay
+        elif r.t is not None:
+            at_s = max(0.0, r.t - (t0 or 0.0))
+            pause = max(0.0, r.t - prev_t) if prev_t is not None else 0.0
+        else:
+            pause = 0.0
+        if r.t is not None:
+            prev_t = r.t
+        steps.append(Request(blocks=blocks_of(r.full), tail_tokens=r.n_in - len(r.full) * block_tokens,
+                             output_tokens=r.n_out, pause_s=pause, at_s=at_s))
+    steps.append(End())
+    return Session(id=sid, block_tokens=block_tokens, source=source, start_s=t0,
+                   branches=[Branch(id="main", steps=steps)])

@@ -5,18 +5,28 @@
 through :func:`load_workload`. A spec is one of:
 
 - ``FORMAT:PATH``: import ``PATH`` with a named importer, ``FORMAT`` one of
-  ``replay.traces.importers.FORMATS`` (``weka``/``kv-cache-tester``, ``mooncake``, ``claude-code``) or
+  ``replay.traces.importers.FORMATS`` (``weka``/``kv-cache-tester``, ``mooncake``, ``agentic-mooncake``, ``claude-code``) or
   ``sessions`` (our session JSONL), e.g. ``mooncake:trace.jsonl``.
 - ``gen:NAME[:key=value]...``: a generator (``replay.traces.workloads``), keys ``agents`` (default:
   the workload's), ``seed`` (0), ``params`` (a fit file, CC only) and ``pace`` (``recorded``
   default, ``agent[:T[:H]]``, ``scale:X``), e.g. ``gen:cc:agents=126:seed=1``.
 - ``PATH``: a file or folder whose format is **detected from its content** (the first file of a
   folder, gunzipped if need be): a line with ``format_version`` is session JSONL, a document with
-  ``hash_id_scope``/``requests`` is kv-cache-tester JSON, a line with ``input_length`` and
-  ``hash_ids`` is a Mooncake request trace, a line with ``sessionId``/``parentUuid`` is a raw
+  ``hash_id_scope``/``requests`` is kv-cache-tester JSON, a line with ``request_id``,
+  ``hash_ids`` and one of ``wait_for``/``prefix_reset``/``tool_wait_ms``/``branches`` is an agentic
+  Mooncake trace, a line with ``input_length`` and ``hash_ids`` is a Mooncake request trace, a line with ``sessionId``/``parentUuid`` is a raw
   Claude Code transcript. Content with none of these falls back on the name (``.jsonl``: session
   JSONL; ``.json``/``.json.gz``: kv-cache-tester), so a broken file gets the error of the format
   its name claims.
+
+**Folders are read leniently** (:func:`load_workload`): every file of a folder is read on its
+own, and a file that cannot be read (empty, binary, gzip where text is expected, truncated or
+broken JSON, a bad record without ``skip_bad``) is skipped and listed in
+:attr:`Workload.skipped` (``FILE:LINE: FIELD: reason``) while the other files are served; with
+``skip_bad`` bad records are skipped one by one instead. (Claude Code transcript folders are one
+unit, sub-agent files joining their session: only empty and binary files are skipped there.) A
+single file stays strict, and a workload with no session left is a :class:`WorkloadSpecError`.
+Commands print :func:`skipped_lines`.
 
 ``HEAD:REST`` where ``HEAD`` looks like a format name (letters, digits, ``-``, ``_``) but is none,
 and ``HEAD:REST`` is not itself an existing path, is refused in one line
@@ -35,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from replay.traces.format import Session, TraceFormatError, load_sessions
-from replay.traces.importers import FORMATS, get_importer
+from replay.traces.importers import BLOCK_TOKENS_FORMATS, FORMATS, get_importer
 from replay.traces.pacing import pace_sessions, parse_pace
 from replay.traces.workloads import WORKLOADS, generate, load_cc_params
 
@@ -152,6 +162,31 @@ def _head(f: Path, n: int = 65536) -> str:
     return raw.decode("utf-8", errors="replace")
 
 
+_AGENTIC_KEYS = ('"wait_for"', '"prefix_reset"', '"tool_wait_ms"', '"branches"')
+
+
+def _told(first: str) -> str | None:
+    if '"format_version"' in first:
+        return SESSIONS
+    if '"hash_id_scope"' in first or ('"requests"' in first and first.startswith("{")):
+        return "weka"
+    if '"request_id"' in first and '"hash_ids"' in first and any(k in first for k in _AGENTIC_KEYS):
+        return "agentic-mooncake"
+    if ('"input_length"' in first or '"input_tokens"' in first) and '"hash_ids"' in first:
+        return "mooncake"
+    if '"sessionId"' in first or '"parentUuid"' in first:
+        return "claude-code"
+    return None
+
+
+def _candidates(p: Path, first: Path, limit: int = 64) -> list[Path]:
+    if not p.is_dir():
+        return [first]
+    files = sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(_TRACE_SUFFIXES))
+    top = [f for f in files if f.parent == p]
+    return [first] + [f for f in (top or files) if f != first][: limit - 1]
+
+
 def detect_format(path: str | Path) -> str:
     """The format of a trace file or folder, told by its content (module docstring); raises
     :class:`WorkloadSpecError` when the path does not exist or a folder holds no trace file."""
@@ -161,15 +196,10 @@ def detect_format(path: str | Path) -> str:
     f = _first_file(p)
     if f is None:
         raise WorkloadSpecError(f"{p}: no trace file (*.jsonl, *.json, *.json.gz) in this folder")
-    first = _head(f).lstrip()[:4096]
-    if '"format_version"' in first:
-        return SESSIONS
-    if '"hash_id_scope"' in first or ('"requests"' in first and first.startswith("{")):
-        return "weka"
-    if '"input_length"' in first and '"hash_ids"' in first:
-        return "mooncake"
-    if '"sessionId"' in first or '"parentUuid"' in first:
-        return "claude-code"
+    for cand in _candidates(p, f):  # the first file whose content tells (a broken one does not)
+        told = _told(_head(cand).lstrip()[:4096])
+        if told is not None:
+            return told
     if p.is_dir():  # by the names: session JSONL files, else kv-cache-tester documents
         return SESSIONS if any(p.glob("*.jsonl")) else "weka"
     return "weka" if f.name.endswith((".json", ".json.gz")) else SESSIONS
@@ -177,28 +207,82 @@ def detect_format(path: str | Path) -> str:
 
 # --------------------------------------------------------------------------- loading
 def load_workload(spec: str, fmt: str | None = None, *, skip_bad: bool = False,
-                  require_sessions: bool = True) -> Workload:
+                  require_sessions: bool = True, block_tokens: int | None = None) -> Workload:
     """The sessions of a workload spec. Raises :class:`WorkloadSpecError` (a bad spec, an unknown
     format, a missing path, no session) or the importer's ``TraceFormatError`` (``FILE:LINE:
     FIELD: message``; with ``skip_bad`` bad records are skipped and listed instead), each one line.
-    ``require_sessions=False``: a workload with no session is returned (the caller reports it)."""
+    A folder is read leniently (module docstring): its unreadable files are skipped and listed in
+    ``skipped``. ``require_sessions=False``: a workload with no session is returned (the caller
+    reports it). ``block_tokens``: the block size of a Mooncake / agentic Mooncake trace's
+    ``hash_ids`` (default 512)."""
     s = parse_spec(spec, fmt)
     if s.kind == "gen":
         return _generate(s)
     use = s.fmt or detect_format(s.path)
     if not Path(s.path).exists():
         raise WorkloadSpecError(f"{s.path}: no such file or directory")
+    if block_tokens is not None and use not in BLOCK_TOKENS_FORMATS:
+        raise WorkloadSpecError(f"{s.path}: a block size is only given for {' and '.join(BLOCK_TOKENS_FORMATS)} "
+                                f"traces ({use} files carry their own)")
     w = Workload([], s.text, use)
-    if use == SESSIONS:
-        w.sessions = load_sessions(s.path, w.skipped if skip_bad else None)
-    else:
-        res = get_importer(use)(s.path, skip_bad=skip_bad)
+    p = Path(s.path)
+    if p.is_dir() and use != "claude-code":
+        files = folder_files(use, p)
+        if not files:
+            raise WorkloadSpecError(f"{p}: no {use} trace file in this folder")
+        for f in files:
+            try:
+                part = _load_file(use, f, skip_bad, block_tokens)
+            except TraceFormatError as exc:
+                why = exc.message if exc.field == "(file)" else f"{exc.message} (file skipped)"
+                w.skipped.append(TraceFormatError(exc.file, exc.line, exc.field, why))
+                continue
+            except (OSError, UnicodeDecodeError) as exc:
+                w.skipped.append(TraceFormatError(str(f), 0, "(file)", f"cannot read: {exc} (file skipped)"))
+                continue
+            w.sessions += part.sessions
+            w.skipped += part.skipped
+            w.notes += part.notes
+    elif use == "claude-code":
+        res = get_importer(use)(s.path, skip_bad=skip_bad, skip_bad_files=p.is_dir())
         w.sessions, w.skipped, w.notes = res.sessions, res.skipped, res.notes
+    else:
+        part = _load_file(use, p, skip_bad, block_tokens)
+        w.sessions, w.skipped, w.notes = part.sessions, part.skipped, part.notes
     if not w.sessions and require_sessions:
         raise WorkloadSpecError(f"{s.path}: no session ({use} format"
-                                + (f"; {len(w.skipped)} bad record(s) skipped, first: {w.skipped[0]}" if w.skipped
-                                   else "") + ")")
+                                + (f"; {len(w.skipped)} bad file(s)/record(s) skipped, first: {w.skipped[0]}"
+                                   if w.skipped else "") + ")")
     return w
+
+
+def folder_files(fmt: str, folder: Path) -> list[Path]:
+    """The trace files of a folder that ``fmt`` reads, sorted by name: session JSONL ``*.jsonl`` /
+    ``*.json``; kv-cache-tester ``*.json`` / ``*.json.gz``; (agentic) Mooncake ``*.jsonl``."""
+    suffixes = {SESSIONS: (".jsonl", ".json"), "weka": (".json", ".json.gz"),
+                "kv-cache-tester": (".json", ".json.gz")}.get(fmt, (".jsonl",))
+    return sorted((f for f in folder.iterdir() if f.is_file() and f.name.endswith(suffixes)), key=lambda f: f.name)
+
+
+def _load_file(use: str, f: Path, skip_bad: bool, block_tokens: int | None) -> Workload:
+    w = Workload([], str(f), use)
+    if use == SESSIONS:
+        w.sessions = load_sessions(f, w.skipped if skip_bad else None)
+        return w
+    kw = {"block_tokens": block_tokens} if block_tokens is not None else {}
+    res = get_importer(use)(f, skip_bad=skip_bad, **kw)
+    w.sessions, w.skipped, w.notes = res.sessions, res.skipped, res.notes
+    return w
+
+
+def skipped_lines(skipped: list[TraceFormatError]) -> list[str]:
+    """What a command prints about the skipped files and records (stderr), one per line."""
+    if not skipped:
+        return []
+    files = sum(1 for e in skipped if e.field == "(file)" or e.message.endswith("(file skipped)"))
+    head = (f"skipped {files} bad file(s) and {len(skipped) - files} bad record(s)" if files
+            else f"skipped {len(skipped)} bad record(s)")
+    return [f"{head} (the rest is served):", *(f"  {e}" for e in skipped)]
 
 
 def _generate(s: Spec) -> Workload:
@@ -215,5 +299,5 @@ def _generate(s: Spec) -> Workload:
     return Workload(sessions, s.text, f"gen:{s.name}")
 
 
-__all__ = ["SESSIONS", "Spec", "Workload", "WorkloadSpecError", "detect_format", "formats", "load_workload",
-           "parse_spec"]
+__all__ = ["SESSIONS", "Spec", "Workload", "WorkloadSpecError", "detect_format", "folder_files", "formats",
+           "load_workload", "parse_spec", "skipped_lines"]

@@ -39,14 +39,21 @@ def register_drive(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_drive(args: argparse.Namespace) -> int:
     from replay.traces.format import TraceFormatError  # lazy: evolving --help +60 ms (the trace importers)
-    from replay.traces.importers.spec import WorkloadSpecError, load_workload  # lazy: as above
+    from replay.traces.importers.spec import (  # lazy: as above
+        WorkloadSpecError,
+        load_workload,
+        skipped_lines,
+    )
     from services.drivers.gateway.drive import DriveConfig, DriveProgress, Driver, drive  # lazy: as above
 
     try:  # the workload-spec parser every trace-taking command shares (replay/traces/importers/spec.py)
-        sessions = load_workload(args.trace, require_sessions=False).sessions
+        w = load_workload(args.trace, require_sessions=False)
     except (OSError, TraceFormatError, WorkloadSpecError) as exc:
         print(f"evolving drive: {exc}", file=sys.stderr)
         return 2
+    for line in skipped_lines(w.skipped):  # a folder's unreadable files: listed, the rest driven
+        print(f"evolving drive: {line}", file=sys.stderr)
+    sessions = w.sessions
     if args.limit is not None:
         sessions = sessions[: args.limit]
     if not sessions:
