@@ -16,7 +16,10 @@ recorder   none (lands the stream in DuckDB)   nothing
 =========  ==================================  =================================================
 
 Every service consumes the whole partition, ``ei.<p>.>``, through its own durable consumer (a
-shadow router's is ``shadow-NAME``). The same table builds the cores for ``evolving serve``
+shadow router's is ``shadow-NAME``): each core folds several subject families in the stream's
+order, and a single filter is the only one the server can check. What each account may read
+(:attr:`ServiceKind.consumes`) comes from its role's row of
+``services.adapters.bus.security.READS``, which the secured bus enforces. The same table builds the cores for ``evolving serve``
 (services/drivers/serve.py), for ``evolving verify`` (services/drivers/recorder/verify.py,
 from a log's ``run_config``) and for the simulator's stacks (replay/sim/stacks.py):
 
@@ -39,6 +42,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.adapters.bus.security import READS
 from services.adapters.plugins import PLANNER_GROUP, ROUTER_GROUP, load
 
 # ---------------------------------------------------------------------------- core classes
@@ -178,11 +182,16 @@ class ServiceKind:
     folds: tuple[Fold, ...]  # the cores, in fold order (a CoreStack when more than one); () records
     publishes: tuple[str, ...]  # subjects, ``<p>`` the partition
     options: tuple[Option, ...] = ()
-    consumes: str = "ei.<p>.>"
     plugin: str | None = None  # the option naming its plug-in (``--router``; ``--router-arg`` K=V)
     ticks: bool = False  # publishes Tick every --tick-s (the adapter's clock)
     shadow_publishes: tuple[str, ...] = ()  # with ``--shadow NAME`` instead of ``publishes``
     runner_args: tuple[str, ...] = ()  # options recorded in the runner's config besides the entry
+
+    @property
+    def consumes(self) -> tuple[str, ...]:
+        """The filters of the consumers its account may create: its role's row of
+        services.adapters.bus.security.READS, the one source (the server enforces it)."""
+        return READS[self.role].filters
 
     @property
     def records(self) -> bool:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import secrets
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -356,8 +357,10 @@ class _NatsConsumer:
             start = await self._open_durable()
             self._consumer = self.durable
             if start:
+                # ``name`` too: nats-py then sends the filtered create subject, the only one a
+                # secured bus grants (services/adapters/bus/security.py, READS)
                 await js.add_consumer(stream, config=api.ConsumerConfig(
-                    durable_name=self.durable, ack_policy=api.AckPolicy.ALL, max_ack_pending=100_000,
+                    name=self.durable, durable_name=self.durable, ack_policy=api.AckPolicy.ALL, max_ack_pending=100_000,
                     ack_wait=30.0, deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
                     opt_start_seq=start, filter_subject=self.subjects, max_waiting=16))
         else:
@@ -383,8 +386,9 @@ class _NatsConsumer:
         self._wake.set()
 
     async def _add_ephemeral(self, start: int) -> str:
+        # named (random): nats-py then sends the filtered create subject (see _open_durable's caller)
         info = await self.bus.js.add_consumer(self.bus.stream, config=api.ConsumerConfig(
-            ack_policy=api.AckPolicy.NONE, deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+            name=f"eph-{secrets.token_hex(8)}", ack_policy=api.AckPolicy.NONE, deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
             opt_start_seq=start, filter_subject=self.subjects, inactive_threshold=30.0, mem_storage=True))
         return info.name
 

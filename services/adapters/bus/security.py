@@ -2,28 +2,45 @@
 
 An open NATS lets anyone who reaches it forge ``RouteDecided`` or ``SwitchRole``, read every
 generated token, purge the stream or overwrite snapshots. This module gives every process its
-own NATS user whose permissions allow exactly what its role needs (docs/security.md):
+own NATS user whose permissions allow exactly what its role needs (docs/security.md). Two
+tables say it, and :func:`service_permissions` generates the server's permissions from them:
 
-============  ==========================================================================
-role          may publish (besides reading the stream through its own consumer)
-============  ==========================================================================
-directory     its anomalies ``ei.<p>.anomaly.<name>``
-planner       ``ei.<p>.plan``, ``ei.<p>.cmd.*`` (SwitchRole), ``ei.<p>.clock`` (Tick),
-              ``ei.<p>.node.*`` (NodeRemoved from the heartbeat watcher), its anomalies
-router        ``ei.<p>.route`` (in charge) or ``ei.<p>.shadow.<name>.>`` (shadow), anomalies
-recorder      nothing on the stream; answers ``eictl.<p>.recorder.>`` (``sql --live``)
-gateway       ``ei.<p>.agent.>`` (harness events); the only one that reads ``eitok.<p>.>``
-engine N      ``ei.<p>.kv.N``, ``ei.<p>.node.N``, tokens ``eitok.<p>.>``
-operator      ``sql --live`` requests and read-only tools
-admin         everything (``evolving up`` itself, stream creation, tests)
-============  ==========================================================================
+* :data:`READS`: what a role may read of the partition's event stream ``EI_<P>``: the filter
+  subjects of the consumers it may create, whether through its own durable (named like its
+  account) and/or ephemeral consumers;
+* :func:`_role_events` (publishing) and :func:`_role_subscribes` (core NATS subscriptions).
 
-Every non-admin user also gets: the JetStream API calls for its own durable consumer
-(create/info/delete/next/ack), ephemeral read-only consumers, its own dead-letter subject,
-its own snapshot bucket ``EI_SNAP_<P>_<NAME>`` (nobody else may write it), and a private inbox
-prefix ``_INBOX_<user>`` (nobody else can read its replies). Stream purge, delete and update
-are the admin's alone. Pulling from another service's durable is denied by name: the config
-generator knows every durable of the partition.
+============  ======================  ==================================================
+role          reads the stream        may publish
+============  ======================  ==================================================
+directory     durable ``ei.<p>.>``    its anomalies ``ei.<p>.anomaly.<name>``
+planner       durable ``ei.<p>.>``    ``ei.<p>.plan``, ``ei.<p>.cmd.*`` (SwitchRole), ``ei.<p>.clock``
+                                      (Tick), ``ei.<p>.node.*`` (NodeRemoved), its anomalies
+router        durable ``ei.<p>.>``    ``ei.<p>.route`` (in charge) or ``ei.<p>.shadow.<name>.>``
+                                      (shadow), anomalies
+recorder      durable ``ei.<p>.>``    nothing on the stream; answers ``eictl.<p>.recorder.>``
+gateway       ephemeral               ``ei.<p>.agent.>``; the only one that reads ``eitok.<p>.>``
+              ``ei.<p>.route``
+engine N      ephemeral ``ei.<p>.>``  ``ei.<p>.kv.N``, ``ei.<p>.node.N``, tokens ``eitok.<p>.>``
+operator      nothing                 ``eictl.<p>.>`` (``sql --live`` requests)
+admin         everything              everything (``evolving up`` itself, stream creation, tests)
+============  ======================  ==================================================
+
+The server checks a consumer's filter only on the filtered create subject
+``$JS.API.CONSUMER.CREATE.<stream>.<consumer>.<filter>`` (nats-server 2.10+: a request whose
+config names another filter, or several, is refused), so that form is the only one granted:
+the legacy ``CONSUMER.CREATE.<stream>`` (ephemeral), ``CONSUMER.DURABLE.CREATE`` and the
+unfiltered ``CONSUMER.CREATE.<stream>.<consumer>`` (any filter, or several) are granted to
+nobody but the admin. A core that folds several subject families reads ``ei.<p>.>``: one
+consumer with several filters cannot be checked by the server, and several consumers would
+lose the stream's total order the cores fold in.
+
+Every non-admin user also gets: next/ack/info/delete on the consumers it may create, its own
+dead-letter subject, its own snapshot bucket ``EI_SNAP_<P>_<NAME>`` (nobody else may write it;
+none for the gateway and the operator, which keep no state) and a private inbox prefix
+``_INBOX_<user>`` (nobody else can read its replies). Stream purge, delete and update are the
+admin's alone. Pulling from (or re-creating) another service's durable is denied by name: the
+config generator knows every durable of the partition.
 
 Credentials reach a process from flags, a file or the environment (:class:`Credentials`);
 ``evolving up`` generates throwaway ones for its embedded server (:func:`generate_accounts`).
@@ -218,19 +235,59 @@ def snapshot_bucket(partition: str, name: str) -> str:
     return f"EI_SNAP_{token(partition).upper()}_{token(name).upper()}".replace("-", "_")
 
 
-def _js_own(stream: str, durable: str) -> list[str]:
-    api = "$JS.API"
-    return [f"{api}.CONSUMER.INFO.{stream}.{durable}", f"{api}.CONSUMER.DURABLE.CREATE.{stream}.{durable}",
-            f"{api}.CONSUMER.CREATE.{stream}.{durable}", f"{api}.CONSUMER.CREATE.{stream}.{durable}.>",
-            f"{api}.CONSUMER.DELETE.{stream}.{durable}", f"{api}.CONSUMER.MSG.NEXT.{stream}.{durable}",
-            f"$JS.ACK.{stream}.{durable}.>"]
+@dataclass(frozen=True)
+class StreamReads:
+    """What one role may read of its partition's event stream (a row of :data:`READS`)."""
+
+    filters: tuple[str, ...] = ()  # consumer filter subjects it may create consumers on, <p>: the partition
+    durable: bool = False  # through its own durable consumer, named like its account
+    ephemeral: bool = False  # through ephemeral consumers (random names, NatsBus.consumer(None))
+    why: str = ""
+    snapshots: bool = True  # its own snapshot bucket EI_SNAP_<P>_<NAME> (read and write)
+
+    def subjects(self, partition: str) -> tuple[str, ...]:
+        return tuple(f.replace("<p>", token(partition)) for f in self.filters)
 
 
-def _js_ephemeral(stream: str) -> list[str]:
-    api = "$JS.API"
-    return [f"{api}.CONSUMER.CREATE.{stream}", f"{api}.CONSUMER.CREATE.{stream}.*",
-            f"{api}.CONSUMER.CREATE.{stream}.*.>", f"{api}.CONSUMER.MSG.NEXT.{stream}.*",
-            f"{api}.CONSUMER.DELETE.{stream}.*", f"{api}.CONSUMER.INFO.{stream}.*"]
+WHOLE_PARTITION = ("ei.<p>.>",)
+#: THE table of who reads what of the event stream (services/drivers/services.py's services
+#: take their ``consumes`` from it). ``ei.<p>.>`` where a core folds several subject families.
+READS: dict[str, StreamReads] = {
+    "directory": StreamReads(WHOLE_PARTITION, durable=True,
+                             why="DirectoryCore folds agent, kv, node and route events, interleaved"),
+    "planner": StreamReads(WHOLE_PARTITION, durable=True,
+                           why="planner + liveness fold agent, node, kv, route events and the clock"),
+    "router": StreamReads(WHOLE_PARTITION, durable=True,
+                          why="agent, kv, node, route and plan events (its directory, ModelFitted, RoleSwitchOrdered)"),
+    "recorder": StreamReads(WHOLE_PARTITION, durable=True, why="lands every event in DuckDB"),
+    "gateway": StreamReads(("ei.<p>.route",), ephemeral=True, why="waits for each request's RouteDecided",
+                           snapshots=False),
+    "engine": StreamReads(WHOLE_PARTITION, ephemeral=True,
+                          why="its worker view (a DirectoryCore), its route decisions and commands"),
+    "operator": StreamReads(why="sql --live asks the recorder over eictl; it reads no stream", snapshots=False),
+    "admin": StreamReads((">",), durable=True, ephemeral=True, why="everything"),
+}
+
+#: Reserved for a prompt store (a later issue): core subjects ``eiprompt.<p>.>`` published by the
+#: gateway and read by the engines only, and the bucket ``EI_PROMPTS_<P>`` (granted to nobody yet).
+PROMPT_SUBJECTS = "eiprompt.<p>.>"
+PROMPT_BUCKET = "EI_PROMPTS_<P>"
+
+
+def _js_reads(stream: str, user: str, reads: StreamReads, partition: str) -> list[str]:
+    """The JetStream API calls of the consumers :data:`READS` lets one account create: the
+    filtered create subject only (the server checks the filter against the request)."""
+    api, out = "$JS.API", []
+    filters = reads.subjects(partition)
+    if reads.durable and filters:
+        out += [f"{api}.CONSUMER.CREATE.{stream}.{user}.{f}" for f in filters]
+        out += [f"{api}.CONSUMER.INFO.{stream}.{user}", f"{api}.CONSUMER.DELETE.{stream}.{user}",
+                f"{api}.CONSUMER.MSG.NEXT.{stream}.{user}", f"$JS.ACK.{stream}.{user}.>"]
+    if reads.ephemeral and filters:
+        out += [f"{api}.CONSUMER.CREATE.{stream}.*.{f}" for f in filters]
+        out += [f"{api}.CONSUMER.MSG.NEXT.{stream}.*", f"{api}.CONSUMER.DELETE.{stream}.*",
+                f"{api}.CONSUMER.INFO.{stream}.*"]
+    return out
 
 
 def _snapshots(bucket: str) -> list[str]:
@@ -278,12 +335,24 @@ def _role_events(spec: ServiceSpec, p: str) -> list[str]:
                     *own]
         return [f"ei.{p}.route", anomaly, f"ei.{p}.anomaly.router", *own]
     if spec.role == "gateway":
-        return [f"ei.{p}.agent.>"]
+        return [f"ei.{p}.agent.>", PROMPT_SUBJECTS.replace("<p>", p)]
     if spec.role == "engine":  # the SGLang backend reports as component "engine.sglang"
         n = token(spec.node or "")
         return [f"ei.{p}.kv.{n}", f"ei.{p}.node.{n}", f"eitok.{p}.>", f"ei.{p}.anomaly.engine_sglang", *own]
     if spec.role == "operator":
         return [f"eictl.{p}.>"]
+    return []
+
+
+def _role_subscribes(spec: ServiceSpec, p: str) -> list[str]:
+    """Core NATS subscriptions besides the private inbox: tokens for the gateway alone, prompts
+    (reserved) and its own commands for an engine, ``sql --live`` requests for the recorder."""
+    if spec.role == "gateway":
+        return [f"eitok.{p}.>"]
+    if spec.role == "engine":
+        return [f"ei.{p}.cmd.{token(spec.node or '')}", PROMPT_SUBJECTS.replace("<p>", p)]
+    if spec.role == "recorder":
+        return [f"eictl.{p}.recorder.>"]  # sql --live requests; answered via allow_responses
     return []
 
 
@@ -296,19 +365,16 @@ def service_permissions(spec: ServiceSpec, partition: str, other_durables: Itera
     stream, dlq = stream_name(partition), dlq_stream_name(partition)
     pub = ["$JS.API.INFO", f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.STREAM.INFO.{dlq}",
            "$JS.API.STREAM.NAMES", f"eidlq.{p}.{user}"]
-    pub += _js_own(stream, user) + _js_ephemeral(stream) + _snapshots(snapshot_bucket(partition, spec.name))
+    reads = READS[spec.role]
+    pub += _js_reads(stream, user, reads, partition)
+    if reads.snapshots:
+        pub += _snapshots(snapshot_bucket(partition, spec.name))
     if config_key(spec):
         pub += _snapshots(snapshot_bucket(partition, config_key(spec)))
     if spec.role == "recorder":
         pub += [a for key in RECORDED_CONFIGS for a in _snapshots_read(snapshot_bucket(partition, key))]
     pub += _role_events(spec, p)
-    sub = [f"{inbox_prefix(spec.name)}.>"]
-    if spec.role == "gateway":
-        sub.append(f"eitok.{p}.>")
-    if spec.role == "engine":
-        sub.append(f"ei.{p}.cmd.{token(spec.node or '')}")
-    if spec.role == "recorder":
-        sub.append(f"eictl.{p}.recorder.>")  # sql --live requests; answered via allow_responses
+    sub = [f"{inbox_prefix(spec.name)}.>", *_role_subscribes(spec, p)]
     others = sorted({token(d) for d in other_durables} - {user})
     verbs = ("MSG.NEXT", "DELETE", "CREATE", "DURABLE.CREATE", "INFO")
     deny = [f"$JS.API.CONSUMER.{verb}.{stream}.{d}" for d in others for verb in verbs]
