@@ -17,7 +17,10 @@ The mapping (docs/engines.md)
   SGLang evicts leaf-first, so a block is never left half-held. ``AllBlocksCleared``: both
   tiers are empty (SGLang sends it on a cache flush and on a role switch).
 - ``medium``: ``GPU`` (or absent) -> L1, ``CPU_PINNED`` (HiCache host) -> L2; ``DISK`` and
-  ``EXTERNAL`` are not tiers of ours and are skipped (counted).
+  ``EXTERNAL`` are not tiers of ours and are skipped (counted). Another engine passes its own
+  ``tiers`` table (vLLM: ``CPU`` -> L2, engine/backends/vllm/backend.py); events are told apart
+  by class name, so its own wire structs (engine/backends/vllm/wire.py) drive the same map, and
+  its page hashes may be ``bytes`` as well as ints.
 - A page whose parent page is unknown (events lost, or published before we subscribed) is
   skipped and counted (``orphan_pages``), never fatal, as Dynamo's indexer does.
 """
@@ -27,14 +30,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from engine.backends.sglang.wire import (
-    MEDIUM_CPU,
-    MEDIUM_GPU,
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    KVEventBatch,
-)
+from engine.backends.sglang.wire import MEDIUM_CPU, MEDIUM_GPU, BlockRemoved, BlockStored, KVEventBatch
 from events.hashing import ROOT_PARENT, hash_block_tokens
 from events.ids import BlockHash, Tier
 
@@ -59,10 +55,11 @@ class Change:
 class PageMap:
     """Translate SGLang KV events into our block facts (module docstring)."""
 
-    def __init__(self, block_tokens: int = 64, root: int = ROOT_PARENT) -> None:
+    def __init__(self, block_tokens: int = 64, root: int = ROOT_PARENT, tiers: dict | None = None) -> None:
         self.bt = block_tokens
         self.root = root
-        self.pages: dict[int, _Page] = {}
+        self.tiers = _TIERS if tiers is None else tiers
+        self.pages: dict[int | bytes, _Page] = {}
         self.aliases: dict[int, BlockHash] = {}
         self.errors: Counter[str] = Counter()
 
@@ -73,17 +70,18 @@ class PageMap:
     def apply(self, batch: KVEventBatch) -> list[Change]:
         out: list[Change] = []
         for ev in batch.events:
-            if type(ev) is BlockStored:
+            kind = type(ev).__name__  # SGLang's or vLLM's structs (module docstring)
+            if kind == "BlockStored":
                 self._stored(ev, out)
-            elif type(ev) is BlockRemoved:
+            elif kind == "BlockRemoved":
                 self._removed(ev, out)
-            elif type(ev) is AllBlocksCleared:
+            elif kind == "AllBlocksCleared":
                 self.pages.clear()
                 out.append(Change("cleared", None, []))
         return out
 
     def _tier(self, medium: str | None) -> Tier | None:
-        tier = _TIERS.get(medium)
+        tier = self.tiers.get(medium)
         if tier is None:
             self.errors[f"medium_{medium}"] += 1
         return tier

@@ -1,0 +1,1 @@
+"""The vLLM backend: one running vLLM server, attached by URL (docs/engines.md)."""

@@ -1,0 +1,371 @@
+"""The vLLM backend: one running vLLM server, attached by URL, behind the engine port.
+
+Attach only (``--backend vllm --vllm-url URL``): the worker never launches vLLM.
+1. ``enqueue_prefill``: the prompt's token ids are made from its block hashes, as for SGLang
+   (engine/backends/sglang/backend.py :func:`prompt_ids`; the bus carries hashes, not text),
+   and their block hashes are registered as aliases of the request's blocks in the page map.
+   One streamed ``POST /v1/completions`` (vLLM's OpenAI-compatible API) with the ids as
+   ``prompt``, ``max_tokens``, ``ignore_eos``, ``temperature 0``, ``request_id`` (our request id,
+   also ``X-Request-Id``) and ``stream_options {include_usage, continuous_usage_stats}``.
+2. First streamed chunk: ``RequestStarted(prefill)`` (``cached_tokens``: the prefix of the
+   request's blocks the node's pool holds in L1, i.e. what vLLM's own KV events said it
+   cached; vLLM reports ``prompt_tokens_details.cached_tokens`` only in the last chunk),
+   ``FirstToken``, ``RequestStarted(decode)``. Chunks: ``TokenMsg`` with the text delta, counted
+   by ``usage.completion_tokens``. End: ``RequestFinished``. A reroute of a request without a
+   token yet closes the stream: vLLM aborts a request whose client went away.
+3. KV: vLLM's ZMQ publisher (``--kv-events-config``; one per DP rank, port + rank), decoded in
+   any of vLLM's layouts (engine/backends/vllm/wire.py) and translated by SGLang's page map
+   (engine/backends/sglang/kvmap.py) with vLLM's media: ``GPU`` -> L1, ``CPU`` -> L2, storage
+   tiers skipped. Of a hybrid model's KV-cache groups (``group_idx``) only the first
+   full-attention group is followed: a sliding-window group drops blocks that the full group
+   still holds.
+4. Role: collocated only. PD over vLLM's KV connectors and a runtime role switch are not
+   built: ``order_switch`` to another role is acknowledged with the old role
+   (``RoleSwitched.mechanism="refused"`` and an ``AnomalyReported``).
+5. Load: this worker's requests, or vLLM's ``vllm:num_requests_running`` /
+   ``vllm:num_requests_waiting`` from ``/metrics`` when larger. No iteration timing (no log).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import aiohttp
+import zmq
+import zmq.asyncio
+
+from engine.backend import BackendUnavailable, DecodeJob, NodeLoad, PrefillJob, WorkerHost
+from engine.backends.sglang.backend import prom_sum, prompt_ids
+from engine.backends.sglang.kvmap import PageMap
+from engine.backends.vllm.wire import MEDIUM_CPU, MEDIUM_GPU, parse_frames
+from engine.kvpool import KvPool
+from engine.profiles import Profile
+from events.catalog import AnomalyReported, FirstToken, RequestFinished, RequestStarted, RoleSwitched
+from events.hashing import block_hashes
+from events.ids import NodeId, RequestId, Role, SwitchMechanism
+from events.wire import TokenMsg
+from services.adapters.logging import get_logger
+
+log = get_logger("vllm")
+
+#: vLLM's ``medium`` -> our tier (``cpu``: the Mooncake store connector's spelling).
+VLLM_TIERS = {None: "L1", MEDIUM_GPU: "L1", MEDIUM_CPU: "L2", "cpu": "L2"}
+
+
+@dataclass
+class VllmConfig:
+    url: str = ""
+    model: str | None = None  # default: the first of GET /v1/models
+    api_key: str | None = None  # vLLM --api-key
+    wait_s: float = 0.0
+    kv_events_endpoints: list[str] = field(default_factory=list)
+    kv_events_topic: str = ""
+    metrics_interval_s: float = 2.0
+    request_timeout_s: float = 600.0
+    retry_s: float = 60.0
+
+
+def config_from_args(args) -> VllmConfig:
+    eps = [e.strip() for e in (args.kv_events_endpoint or "").split(",") if e.strip() and e.strip() != "none"]
+    return VllmConfig(url=args.vllm_url.rstrip("/"), model=args.vllm_model,
+                      api_key=args.vllm_api_key or os.environ.get("VLLM_API_KEY") or None,
+                      wait_s=args.vllm_wait_s, kv_events_endpoints=eps, kv_events_topic=args.kv_events_topic,
+                      metrics_interval_s=args.metrics_interval_s, request_timeout_s=args.request_timeout_s)
+
+
+class VllmBackend:
+    """``EngineBackend`` attached to one vLLM server (module docstring)."""
+
+    name = "vllm"
+
+    def __init__(self, host: WorkerHost, node: str, role: Role, profile: Profile, cfg: VllmConfig) -> None:
+        self.host, self.cfg, self.profile = host, cfg, profile
+        self.node_id = NodeId(node)
+        if role != "collocated":
+            log.warning("vllm_role_collocated", node=node, asked=role,
+                        note="the vLLM backend serves collocated only (no PD pairing over vLLM's KV connectors)")
+        self._role: Role = "collocated"
+        self.bt = profile.block_tokens
+        self.pool = KvPool(self.node_id, self.bt, profile.l1_capacity_tokens, profile.l2_capacity_tokens,
+                           choose=lambda tier, tokens, pinned: [], emit=host.emit, now=self._now)
+        self.pagemap = PageMap(self.bt, tiers=VLLM_TIERS)
+        self.model = cfg.model
+        self.jobs: dict[str, PrefillJob] = {}
+        self.tasks: dict[str, asyncio.Task] = {}
+        self.started: set[str] = set()
+        self.server_load: tuple[int, int] | None = None
+        self.kv_seq: dict[int, int] = {}
+        self.kv_gaps = 0
+        self.kv_group: int | None = None  # the KV-cache group followed (hybrid models)
+        self.skipped: Counter[str] = Counter()
+        self._http: aiohttp.ClientSession | None = None
+        self._bg: list[asyncio.Task] = []
+
+    def _now(self) -> float:
+        catch_up = getattr(self.host, "catch_up", None)
+        return catch_up() if catch_up is not None else self.host.now
+
+    @property
+    def role(self) -> Role:
+        return self._role
+
+    @property
+    def id(self) -> NodeId:
+        return self.node_id
+
+    def _headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.cfg.api_key}"} if self.cfg.api_key else {}
+
+    @staticmethod
+    async def preflight(cfg: VllmConfig) -> None:
+        """Is a server answering ``/health`` at the URL? One line if not."""
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s, \
+                    s.get(f"{cfg.url}/health") as r:
+                if r.status != 200:
+                    raise BackendUnavailable(f"vLLM server at {cfg.url} is not healthy: GET /health -> {r.status}")
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            reason = type(exc).__name__ if not str(exc) else str(exc).splitlines()[0]
+            raise BackendUnavailable(f"no vLLM server at {cfg.url} ({reason}); start one or fix --vllm-url") \
+                from None
+
+    async def start(self) -> None:
+        deadline = time.monotonic() + self.cfg.wait_s
+        while True:
+            try:
+                await self.preflight(self.cfg)
+                break
+            except BackendUnavailable:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(1.0)
+        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.cfg.request_timeout_s),
+                                           headers=self._headers())
+        if not self.model:
+            async with self._http.get(f"{self.cfg.url}/v1/models") as r:
+                data = (await r.json(content_type=None)).get("data") or []
+            if r.status != 200 or not data:
+                await self._http.close()
+                raise BackendUnavailable(f"vLLM at {self.cfg.url} lists no model (GET /v1/models -> {r.status}); "
+                                         "pass --vllm-model")
+            self.model = str(data[0]["id"])
+        if self.cfg.kv_events_endpoints:
+            log.info("vllm_kv_events", endpoints=self.cfg.kv_events_endpoints, topic=self.cfg.kv_events_topic)
+            self._bg.append(asyncio.create_task(self._kv_events(self.cfg.kv_events_endpoints,
+                                                                self.cfg.kv_events_topic), name="vllm-kv-events"))
+        else:
+            log.warning("vllm_kv_events_off", url=self.cfg.url,
+                        note="no --kv-events-endpoint: the directory will not learn this node's cache")
+        if self.cfg.metrics_interval_s > 0:
+            self._bg.append(asyncio.create_task(self._poll_metrics(), name="vllm-metrics"))
+
+    async def close(self) -> None:
+        for t in [*self.tasks.values(), *self._bg]:
+            t.cancel()
+        for t in [*self.tasks.values(), *self._bg]:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        if self._http is not None:
+            await self._http.close()
+
+    # ------------------------------------------------------------------ requests
+    def enqueue_prefill(self, job: PrefillJob) -> None:
+        self.jobs[job.request] = job
+        self.tasks[job.request] = asyncio.create_task(self._serve(job), name=f"vllm-{job.request}")
+
+    def remove_queued(self, request: RequestId) -> PrefillJob | None:
+        if request in self.started or request not in self.jobs:
+            return None
+        task = self.tasks.pop(request, None)
+        if task is not None:
+            task.cancel()  # the stream closes: vLLM aborts a request whose client went away
+        return self.jobs.pop(request)
+
+    def kv_arrived(self, job: DecodeJob) -> None:
+        """Collocated only: never called with work to do."""
+
+    def queued(self) -> list[RequestId]:
+        return [r for r in self.jobs if r not in self.started]
+
+    def progress(self) -> None:
+        """Tokens are reported as the server streams them."""
+
+    def load(self) -> NodeLoad:
+        running, queued = len(self.started), len(self.jobs) - len(self.started)
+        if self.server_load is not None:
+            running, queued = max(running, self.server_load[0]), max(queued, self.server_load[1])
+        return NodeLoad(role=self._role, running=running, queued=queued,
+                        l1_used_tokens=self.pool.used_tokens("L1"), l2_used_tokens=self.pool.used_tokens("L2"))
+
+    async def _poll_metrics(self) -> None:
+        """vLLM's ``vllm:num_requests_running`` / ``vllm:num_requests_waiting`` (always exported)."""
+        while True:
+            await asyncio.sleep(self.cfg.metrics_interval_s)
+            try:
+                async with self._http.get(f"{self.cfg.url}/metrics") as r:
+                    if r.status == 404:
+                        log.warning("vllm_metrics_off", url=self.cfg.url)
+                        return
+                    text = await r.text()
+            except (aiohttp.ClientError, TimeoutError, OSError):
+                continue
+            self.server_load = (int(prom_sum(text, "vllm:num_requests_running")),
+                                int(prom_sum(text, "vllm:num_requests_waiting")))
+
+    def _token(self, **kw) -> None:
+        self.host.token(TokenMsg(node=self.node_id, ts=self._now(), **kw))
+
+    async def _serve(self, job: PrefillJob) -> None:
+        try:
+            deadline = time.monotonic() + self.cfg.retry_s
+            while True:
+                try:
+                    await self._serve_one(job)
+                    break
+                except aiohttp.ClientConnectorError:  # the server restarting: nothing was sent yet
+                    if job.request in self.started or time.monotonic() >= deadline:
+                        raise
+                    await asyncio.sleep(0.5)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one failed request never stops the node
+            log.error("vllm_request_failed", request=job.request, error=f"{type(exc).__name__}: {exc}")
+            self._finish(job, 0, f"{type(exc).__name__}: {exc}")
+
+    async def _serve_one(self, job: PrefillJob) -> None:
+        rid = job.request
+        ids = prompt_ids(job.blocks, job.prompt_tokens, self.bt, rid)
+        for sent, ours in zip(block_hashes(ids, self.bt), job.blocks, strict=False):
+            self.pagemap.alias(sent, ours)
+        cached = self.pool.prefix_len(job.blocks, 0, self.pool.l1) * self.bt
+        body = {"model": self.model, "prompt": ids, "max_tokens": max(1, job.max_tokens), "stream": True,
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+                "ignore_eos": True, "temperature": 0, "request_id": rid}
+        total, sent = 0, 1
+        try:
+            async with self._http.post(f"{self.cfg.url}/v1/completions", json=body,
+                                       headers={"X-Request-Id": rid}) as r:
+                if r.status != 200:
+                    raise RuntimeError(f"POST {self.cfg.url}/v1/completions -> {r.status}: {(await r.text())[:200]}")
+                async for raw in r.content:
+                    line = raw.strip()
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        break
+                    out = json.loads(data)
+                    if "error" in out and not out.get("choices"):
+                        raise RuntimeError(str(out["error"].get("message", out["error"]))
+                                           if isinstance(out["error"], dict) else str(out["error"]))
+                    usage = out.get("usage") or {}
+                    choices = out.get("choices") or []
+                    if not choices:  # the closing usage chunk
+                        total = int(usage.get("completion_tokens", total))
+                        continue
+                    text = choices[0].get("text") or ""
+                    total = int(usage["completion_tokens"]) if "completion_tokens" in usage else total + 1
+                    if rid not in self.started:
+                        self._first(job, cached, text)
+                        continue
+                    if text or total > sent:
+                        self._token(request=rid, kind="chunk", tokens=max(0, total - sent), total=total, text=text)
+                        sent = max(sent, total)
+            self._finish(job, total, None)
+        except (asyncio.CancelledError, aiohttp.ClientConnectorError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - one failed request never stops the node
+            log.error("vllm_request_failed", request=rid, error=str(exc))
+            self._finish(job, total, str(exc))
+
+    def _first(self, job: PrefillJob, cached: int, text: str) -> None:
+        rid = job.request
+        self.started.add(rid)
+        now = self._now()
+        self.host.emit(RequestStarted(ts=now, src=self.node_id, request=rid, node=self.node_id, phase="prefill",
+                                      cached_tokens=min(cached, max(0, job.prompt_tokens - 1))))
+        self.host.emit(FirstToken(ts=now, src=self.node_id, request=rid, node=self.node_id))
+        self._token(request=rid, kind="first", tokens=1, total=1, text=text)
+        self.host.emit(RequestStarted(ts=now, src=self.node_id, request=rid, node=self.node_id, phase="decode"))
+
+    def _finish(self, job: PrefillJob, total: int, error: str | None) -> None:
+        rid = job.request
+        self.jobs.pop(rid, None)
+        self.tasks.pop(rid, None)
+        self.started.discard(rid)
+        if error is not None:
+            self._token(request=rid, kind="error", error=error)
+        else:
+            self._token(request=rid, kind="done", tokens=0, total=total, finish_reason="length")
+        self.host.emit(RequestFinished(ts=self._now(), src=self.node_id, request=rid, node=self.node_id,
+                                       output_tokens=total))
+
+    # ------------------------------------------------------------------ KV events
+    async def _kv_events(self, endpoints: list[str], topic: str) -> None:
+        sock = zmq.asyncio.Context.instance().socket(zmq.SUB)
+        for ep in endpoints:
+            sock.connect(ep)
+        sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
+        try:
+            while True:
+                parts = await sock.recv_multipart()
+                try:
+                    _, seq, batch = parse_frames(parts)
+                except Exception as exc:  # noqa: BLE001 - a bad message is counted, not fatal
+                    log.error("kv_event_unreadable", error=str(exc))
+                    continue
+                rank = batch.data_parallel_rank or 0
+                last = self.kv_seq.get(rank, -1)
+                if 0 <= seq <= last:  # the publisher restarted: its sequence starts over
+                    last = -1
+                if last >= 0 and seq != last + 1:
+                    self.kv_gaps += 1
+                    log.warning("kv_event_gap", rank=rank, expected=last + 1, got=seq)
+                self.kv_seq[rank] = seq
+                self.apply_kv(batch)
+        finally:
+            sock.close(linger=0)
+
+    def _followed(self, ev) -> bool:
+        """Events of the KV-cache group we follow (module docstring, 3)."""
+        group = getattr(ev, "group_idx", None)
+        if group is None or group == self.kv_group:
+            return True
+        if (self.kv_group is None and type(ev).__name__ == "BlockStored"
+                and ev.kv_cache_spec_kind in (None, "full_attention")):
+            self.kv_group = group
+            return True
+        self.skipped[f"group_{group}"] += 1
+        return False
+
+    def apply_kv(self, batch) -> None:
+        batch.events = [ev for ev in batch.events if self._followed(ev)]
+        for ch in self.pagemap.apply(batch):
+            if ch.kind == "stored":
+                self.pool.observe_stored(ch.tier, ch.blocks)
+            elif ch.kind == "evicted":
+                self.pool.observe_removed(ch.tier, ch.blocks)
+            else:
+                self.pool.drop_all()
+
+    # ------------------------------------------------------------------ role switch
+    def order_switch(self, to_role: Role, mechanism: SwitchMechanism) -> None:
+        asyncio.get_running_loop().call_soon(self._switch, to_role, mechanism)
+
+    def _switch(self, to_role: Role, mechanism: SwitchMechanism) -> None:
+        now = self._now()
+        refused = to_role != self._role
+        if refused:
+            detail = f"ordered {mechanism} to {to_role}; refused: the vLLM backend serves collocated only"
+            log.warning("switch_refused", node=self.node_id, to_role=to_role, why=detail)
+            self.host.emit(AnomalyReported(ts=now, src=self.node_id, component="engine.vllm",
+                                           kind="role_switch_refused", ref=self.node_id, detail=detail))
+        self.host.emit(RoleSwitched(ts=now, src=self.node_id, node=self.node_id, role=self._role, drained=0,
+                                    duration_s=0.0, kv_dropped=False,
+                                    mechanism="refused" if refused else ""))

@@ -1,0 +1,254 @@
+"""A fake vLLM server for tests: the OpenAI-compatible routes the vLLM backend uses and a ZMQ
+publisher of KV events in vLLM 0.33's layout (engine/backends/vllm/wire.py).
+
+Routes as vLLM's API server answers them: ``GET /health`` (200, empty), ``GET /v1/models``,
+``POST /v1/completions`` (token-id ``prompt``, ``max_tokens``, ``stream`` with ``stream_options
+{include_usage, continuous_usage_stats}``: one SSE chunk per step, ``usage`` on every chunk
+with continuous stats, a closing usage-only chunk with ``prompt_tokens_details.cached_tokens``,
+then ``data: [DONE]``; 400 with vLLM's error shape for a bad body or the wrong model), ``GET
+/metrics`` (``vllm:num_requests_running`` / ``vllm:num_requests_waiting``). A client that goes
+away aborts its request, as vLLM does. KV: a prefix cache of ``block_size``-token blocks with
+LRU leaf eviction, publishing one ``BlockStored`` per request for its new full blocks (SHA-256
+``bytes`` block hashes, or unsigned 64-bit ints with ``int_hashes``, as
+``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``), ``BlockRemoved`` per evicted block, ``AllBlocksCleared``
+on ``POST /reset_prefix_cache``; ``medium="GPU"``, ``group_idx=0``, ``data_parallel_rank`` set
+as vLLM's publisher does. Not modelled: real timing, vLLM's exact hash function (its seed and
+CBOR encoding), scheduling, chunked prefill.
+``python -m engine.backends.vllm.fake --port 8000 --kv-events-port 5557``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import time
+import uuid
+from collections import OrderedDict
+
+import zmq
+from aiohttp import web
+
+from engine.backends.vllm.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, frames
+
+
+class FakeVllm:
+    """One fake server (module docstring)."""
+
+    def __init__(self, *, model: str = "fake/model", block_size: int = 16, capacity_blocks: int = 4096,
+                 kv_events_port: int | None = None, topic: str = "", int_hashes: bool = False,
+                 dp_rank: int = 0, prefill_s_per_token: float = 2e-6, decode_s_per_token: float = 0.002) -> None:
+        self.model, self.block_size, self.capacity = model, block_size, capacity_blocks
+        self.kv_events_port, self.topic, self.int_hashes, self.dp_rank = kv_events_port, topic, int_hashes, dp_rank
+        self.prefill_s, self.decode_s = prefill_s_per_token, decode_s_per_token
+        self.blocks: OrderedDict = OrderedDict()  # hash -> [parent, children], LRU order
+        self.inflight: dict[str, asyncio.Task] = {}
+        self.requests: list[dict] = []  # bodies received
+        self.published: list[KVEventBatch] = []
+        self.seq = 0
+        self._pub = None
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/reset_prefix_cache", self._reset)
+        app.router.add_get("/metrics", self._metrics)
+        return app
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        if self.kv_events_port is not None:
+            self._pub = zmq.Context.instance().socket(zmq.PUB)
+            if self.kv_events_port == 0:
+                self.kv_events_port = self._pub.bind_to_random_port(f"tcp://{host}")
+            else:
+                self._pub.bind(f"tcp://{host}:{self.kv_events_port}")
+        # handler_cancellation: a client that goes away cancels its handler (vLLM aborts the request)
+        self._runner = web.AppRunner(self.app(), access_log=None, handler_cancellation=True)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]
+        return f"http://{host}:{self.port}"
+
+    async def stop(self) -> None:
+        for t in list(self.inflight.values()):
+            t.cancel()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._pub is not None:
+            self._pub.close(linger=0)
+
+    # ------------------------------------------------------------------ KV events
+    def _publish(self, events: list) -> None:
+        if not events:
+            return
+        batch = KVEventBatch(ts=time.time(), events=events, data_parallel_rank=self.dp_rank)
+        self.published.append(batch)
+        if self._pub is not None:
+            self._pub.send_multipart(frames(self.topic, self.seq, batch))
+        self.seq += 1
+
+    def block_hash(self, parent, tokens: list[int]):
+        h = hashlib.sha256(parent if isinstance(parent, bytes) else (parent or 0).to_bytes(8, "big"))
+        h.update(b"".join(int(t).to_bytes(4, "little") for t in tokens))
+        return int.from_bytes(h.digest()[:8], "big") if self.int_hashes else h.digest()
+
+    def _cache(self, ids: list[int]) -> int:
+        """Cache the full blocks of ``ids``; returns the cached prefix in tokens."""
+        events, parent, cached, new, new_parent, new_tokens = [], None, 0, [], None, []
+        bs = self.block_size
+        for i in range(0, len(ids) - len(ids) % bs, bs):
+            toks = ids[i:i + bs]
+            h = self.block_hash(parent, toks)
+            if h in self.blocks:
+                self.blocks.move_to_end(h)
+                if cached == i:
+                    cached = i + bs
+            else:
+                self._evict(events, keep=parent)
+                self.blocks[h] = [parent, 0]
+                if parent in self.blocks:
+                    self.blocks[parent][1] += 1
+                if not new:
+                    new_parent = parent
+                new.append(h)
+                new_tokens.extend(toks)
+            parent = h
+        if new:  # vLLM's cache_full_blocks: one event for the blocks a step made full
+            events.append(BlockStored(block_hashes=new, parent_block_hash=new_parent, token_ids=new_tokens,
+                                      block_size=bs, lora_id=None, medium="GPU", lora_name=None,
+                                      extra_keys=[None] * len(new), group_idx=0))
+        self._publish(events)
+        return cached
+
+    def _evict(self, events: list, keep) -> None:
+        while len(self.blocks) + 1 > self.capacity:
+            victim = next((h for h, (_, c) in self.blocks.items() if c == 0 and h != keep), None)
+            if victim is None:
+                return
+            parent, _ = self.blocks.pop(victim)
+            if parent in self.blocks:
+                self.blocks[parent][1] -= 1
+            events.append(BlockRemoved(block_hashes=[victim], medium="GPU", group_idx=0))
+
+    # ------------------------------------------------------------------ routes
+    @staticmethod
+    def _error(msg: str, status: int = 400) -> web.Response:
+        kind = "BadRequestError" if status == 400 else "NotFoundError"
+        return web.json_response({"error": {"message": msg, "type": kind, "param": None, "code": status}},
+                                 status=status)
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": self.model, "object": "model", "created": 0, "owned_by": "vllm", "root": self.model,
+             "parent": None, "max_model_len": 131072}]})
+
+    async def _reset(self, request: web.Request) -> web.Response:
+        self.blocks.clear()
+        self._publish([AllBlocksCleared()])
+        return web.Response(text="")
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except ValueError:
+            return self._error("body is not JSON")
+        self.requests.append(body)
+        if body.get("model") != self.model:
+            return self._error(f"The model `{body.get('model')}` does not exist.", 404)
+        ids = body.get("prompt")
+        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) for t in ids):
+            return self._error("this fake takes token-id prompts only")
+        rid = str(body.get("request_id") or request.headers.get("X-Request-Id") or uuid.uuid4().hex)
+        max_tokens = int(body.get("max_tokens") or 16)
+        opts = body.get("stream_options") or {}
+        self.inflight[rid] = asyncio.current_task()
+        try:
+            cached = self._cache(ids)
+            await asyncio.sleep(self.prefill_s * (len(ids) - cached))
+            cid, created = f"cmpl-{rid}", int(time.time())
+
+            def usage(done: int, final: bool = False) -> dict:
+                u = {"prompt_tokens": len(ids), "total_tokens": len(ids) + done, "completion_tokens": done}
+                if final:
+                    u["prompt_tokens_details"] = {"cached_tokens": cached}
+                return u
+
+            if not body.get("stream"):
+                await asyncio.sleep(self.decode_s * max_tokens)
+                return web.json_response({"id": cid, "object": "text_completion", "created": created,
+                                          "model": self.model, "choices": [{"index": 0, "text": "x" * max_tokens,
+                                                                            "logprobs": None, "finish_reason": "length",
+                                                                            "stop_reason": None}],
+                                          "usage": usage(max_tokens, True)})
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            for done in range(1, max_tokens + 1):
+                await asyncio.sleep(self.decode_s)
+                chunk = {"id": cid, "object": "text_completion", "created": created, "model": self.model,
+                         "choices": [{"index": 0, "text": "x", "logprobs": None,
+                                      "finish_reason": "length" if done == max_tokens else None,
+                                      "stop_reason": None}]}
+                if opts.get("include_usage") and opts.get("continuous_usage_stats"):
+                    chunk["usage"] = usage(done)
+                await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            if opts.get("include_usage"):
+                final = {"id": cid, "object": "text_completion", "created": created, "model": self.model,
+                         "choices": [], "usage": usage(max_tokens, True)}
+                await resp.write(b"data: " + json.dumps(final).encode() + b"\n\n")
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+            return resp
+        finally:
+            self.inflight.pop(rid, None)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        labels = f'{{engine="0",model_name="{self.model}"}}'
+        text = ("# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+                "# TYPE vllm:num_requests_running gauge\n"
+                f"vllm:num_requests_running{labels} {float(len(self.inflight))}\n"
+                "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
+                "# TYPE vllm:num_requests_waiting gauge\n"
+                f"vllm:num_requests_waiting{labels} 0.0\n")
+        return web.Response(text=text, content_type="text/plain")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m engine.backends.vllm.fake",
+                                description="fake vLLM server (OpenAI completions + ZMQ KV events) for tests")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port")
+    p.add_argument("--model", default="fake/model", help="the model name /v1/models lists")
+    p.add_argument("--kv-events-port", type=int, default=None, help="bind the ZMQ KV-event publisher here")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (vLLM --block-size)")
+    p.add_argument("--capacity-blocks", type=int, default=4096, help="GPU cache size in blocks")
+    p.add_argument("--int-hashes", action="store_true", help="publish int block hashes instead of bytes")
+    p.add_argument("--decode-s-per-token", type=float, default=0.002, help="simulated decode time per token")
+    args = p.parse_args(argv)
+    fake = FakeVllm(model=args.model, block_size=args.block_size, capacity_blocks=args.capacity_blocks,
+                    kv_events_port=args.kv_events_port, int_hashes=args.int_hashes,
+                    decode_s_per_token=args.decode_s_per_token)
+
+    async def serve() -> None:
+        url = await fake.start(args.host, args.port)
+        print(f"fake vllm at {url}", flush=True)
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.Event().wait()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
