@@ -1,9 +1,10 @@
-"""The engine port: what the worker (engine/worker.py) needs from an engine, whatever runs it.
+"""The engine port: what the worker (engine/worker/) needs from an engine, whatever runs it.
 
-Two backends implement it (``engine/backends/``): ``sim`` (the simulated node model over the
-shared KV pool) and ``sglang`` (one SGLang server, launched by the worker or attached by URL).
+Three backends implement it (``engine/backends/``): ``sim`` (the simulated node model over the
+shared KV pool), ``sglang`` (one SGLang server, launched by the worker or attached by URL) and
+``vllm`` (one running vLLM server, attached by URL).
 The worker never reaches behind the port; tests/contract/test_backend.py runs the same
-contract against both (SGLang through its protocol-faithful fake).
+contract against each (SGLang and vLLM through their protocol-faithful fakes).
 
 Direction of calls
 - Worker -> backend: commands, all non-blocking (a backend that talks to a server over the
@@ -48,6 +49,7 @@ class PrefillJob:
     decode_node: NodeId
     fetch_plan: Sequence[FetchStep]
     enqueued_s: float
+    priority: int = 0  # nvext.agent_hints.priority: higher is served earlier (sim node's queue)
     ready_s: float = 0.0  # async fetch done
     fetch_start_s: float = 0.0
     fetch_s: float = 0.0
@@ -119,7 +121,7 @@ class WorkerHost(Protocol):
 class EngineBackend(Protocol):
     """One engine node behind the worker (module docstring)."""
 
-    name: str  # "sim" | "sglang"
+    name: str  # "sim" | "sglang" | "vllm"
     node_id: NodeId
 
     @property

@@ -55,6 +55,10 @@ class RequestSubmitted(Event, frozen=True, kw_only=True, gc=False):
     ``prompt_tokens - len(blocks) * block_tokens`` tokens form the partial tail block.
     ``max_tokens`` is the output budget; the simulated engines generate exactly this many
     tokens (like benchmarks with ``ignore_eos``), so a trace's recorded output length goes here.
+    ``priority`` and ``osl`` are the harness's ``nvext.agent_hints`` (absent when not sent):
+    a higher ``priority`` is served earlier in a node's prefill queue; ``osl`` is the expected
+    output length, which the router and the planner use instead of ``max_tokens`` (capped by it)
+    where they estimate decode work (:meth:`expected_output_tokens`).
     """
 
     request: RequestId
@@ -64,6 +68,22 @@ class RequestSubmitted(Event, frozen=True, kw_only=True, gc=False):
     prompt_tokens: int = 0
     max_tokens: int = 0
     block_tokens: int = 64
+    # Appended (issue 23) with msgspec's UNSET default, so a payload without the hint is
+    # byte-identical to one written before the fields existed (the pinned replay log stays put).
+    priority: int | msgspec.UnsetType = msgspec.UNSET
+    osl: int | msgspec.UnsetType = msgspec.UNSET
+
+    def expected_output_tokens(self) -> int:
+        """The output length to plan for: ``osl`` when the harness sent one (at most
+        ``max_tokens`` when that is set), else ``max_tokens``."""
+        osl = self.osl
+        if isinstance(osl, int) and osl > 0:
+            return min(osl, self.max_tokens) if self.max_tokens > 0 else osl
+        return self.max_tokens
+
+    def queue_priority(self) -> int:
+        """``priority`` (0 when absent): higher is served earlier."""
+        return self.priority if isinstance(self.priority, int) else 0
 
 
 class ContextCompacted(Event, frozen=True, kw_only=True, gc=False):
@@ -75,9 +95,15 @@ class ContextCompacted(Event, frozen=True, kw_only=True, gc=False):
 
 
 class BranchEnded(Event, frozen=True, kw_only=True, gc=False):
-    """A branch finished; no further request will reference it."""
+    """A branch finished; no further request will reference it.
+
+    ``reason`` is absent when the harness ended the branch (an end header, a one-request
+    branch); ``idle`` when the gateway expired it after ``--branch-ttl-s`` without a request.
+    """
 
     branch: BranchId
+    # Appended (issue 23) with msgspec's UNSET default: absent from payloads that do not set it.
+    reason: str | msgspec.UnsetType = msgspec.UNSET
 
 
 # --------------------------------------------------------------------------- KV facts

@@ -39,7 +39,10 @@ def _fields(cls) -> list[str]:
         default = "" if f.default is msgspec.NODEFAULT else f" = {f.default!r}"
         if f.default_factory is not msgspec.NODEFAULT:
             default = f" = {f.default_factory()!r}"
-        rows.append(f"`{f.name}: {_type_name(hints[f.name])}{default}`")
+        name = _type_name(hints[f.name])
+        if f.default is msgspec.UNSET:  # omitted from the payload unless set (msgspec.UNSET)
+            name, default = name.replace(" | msgspec.UnsetType", ""), " = UNSET (absent unless set)"
+        rows.append(f"`{f.name}: {name}{default}`")
     return rows
 
 

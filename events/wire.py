@@ -11,7 +11,9 @@ stream never stores these messages.
 
 Each message is one JSON-encoded :class:`TokenMsg` (readable with ``nats sub 'eitok.>'``):
 
-- ``kind="first"``: the first output token exists (prefill done), ``tokens=1``.
+- ``kind="first"``: the first output token exists (prefill done), ``tokens=1``;
+  ``cached_tokens``: the prompt tokens whose KV the engine reused (its ``RequestStarted``),
+  absent when the engine does not say (the gateway then uses the router's plan, ``t_c``).
 - ``kind="chunk"``: ``tokens`` more tokens, ``total`` generated so far, ``text`` their text.
 - ``kind="done"``: generation finished, ``total`` output tokens, ``finish_reason``.
 - ``kind="error"``: the request failed on the engine, ``error`` says why.
@@ -46,6 +48,9 @@ class TokenMsg(msgspec.Struct, frozen=True, kw_only=True):
     finish_reason: str = ""
     error: str = ""
     simulated: bool = False  # the text is dummy ("tok " per token) from the sim engine
+    # "first" only: prompt tokens the engine found cached (engine/worker/loop.py fills it in from the
+    # node's RequestStarted); UNSET (absent from the JSON) when unknown.
+    cached_tokens: int | msgspec.UnsetType = msgspec.UNSET
 
 
 _DEC = msgspec.json.Decoder(TokenMsg)

@@ -41,11 +41,10 @@ def modules() -> dict[str, Path]:
 
 def folder_of(mod: str, known: dict[str, Path]) -> str:
     """The drawn unit of a module: its package (a folder), or the module itself where it sits at
-    the root of a layer's folder (services/adapters/runner.py) or is a program alone among
-    adapters (engine/worker.py)."""
+    the root of a layer's folder (services/adapters/runner.py)."""
     path = known[mod]
     rel = path.relative_to(ROOT)
-    if mod == "engine.worker" or (len(rel.parts) == 3 and rel.parts[0] == "services" and path.name != "__init__.py"):
+    if len(rel.parts) == 3 and rel.parts[0] == "services" and path.name != "__init__.py":
         return str(rel)  # a module at a layer folder's root (services/drivers/serve.py) is its own unit
     parts = rel.parent.parts
     if parts[0] == "services" and len(parts) >= 2:

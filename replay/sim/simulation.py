@@ -269,7 +269,7 @@ class Simulation:
         if job is None:
             job = PrefillJob(request=e.request, blocks=req.blocks, prompt_tokens=req.prompt_tokens,
                              max_tokens=req.max_tokens, decode_node=e.decode_node,
-                             fetch_plan=plan, enqueued_s=self.now)
+                             fetch_plan=plan, enqueued_s=self.now, priority=req.queue_priority())
         else:
             job.decode_node, job.fetch_plan, job.fetched, job.fetch_s = e.decode_node, plan, [], 0.0
         self.where[e.request] = e.prefill_node

@@ -6,7 +6,7 @@ needed when a route, perhaps a late reroute, names this node). No I/O, no clock.
 
 ``snapshot()`` / ``from_snapshot()`` carry both, so a worker restarts from its snapshot plus the
 tail of the stream, as the services do (services/adapters/runner.py), instead of refolding from
-sequence 1 (engine/worker.py says when it writes one).
+sequence 1 (engine/worker/stream.py says when it writes one).
 """
 
 from __future__ import annotations

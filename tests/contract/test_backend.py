@@ -1,5 +1,6 @@
-"""The engine port's contract (engine/backend.py), one class per backend: the simulated node
-and the SGLang backend driving the protocol-faithful fake server (ZMQ KV events included).
+"""The engine port's contract (engine/backend.py), one class per backend: the simulated node,
+the SGLang backend driving the protocol-faithful fake server (ZMQ KV events included), and the
+attach-only vLLM backend on its fake (collocated only: an ordered switch is refused).
 
 Every backend, driven only through the port, must: serve a request (RequestStarted(prefill),
 FirstToken, RequestFinished with the asked output length; tokens first..done adding up to it),
@@ -15,7 +16,7 @@ from dataclasses import replace
 
 from engine.backend import EngineBackend, NodeLoad, PrefillJob
 from engine.profiles import load_profile
-from engine.worker import RemotePeer, WallClockHost
+from engine.worker.host import RemotePeer, WallClockHost
 from events.catalog import FirstToken, KvStored, RequestFinished, RequestStarted, RoleSwitched
 from services.cores.directory.core import DirectoryCore
 from services.cores.directory.eviction import LruEviction
@@ -173,3 +174,37 @@ class TestSglangBackendOnTheFake(BackendContract):
         await self.fake.stop()
 
 
+
+
+class TestVllmBackendOnTheFake(BackendContract):
+    """Attach-only vLLM on its fake: collocated only, so an ordered switch is acknowledged with
+    the old role (``mechanism="refused"``) instead of carried out."""
+
+    async def make(self, h, role):
+        from engine.backends.vllm.backend import VllmBackend, VllmConfig
+        from engine.backends.vllm.fake import FakeVllm
+
+        self.fake = FakeVllm(kv_events_port=0, block_size=16, decode_s_per_token=0.001, prefill_s_per_token=2e-5)
+        url = await self.fake.start()
+        cfg = VllmConfig(url=url, kv_events_endpoints=[f"tcp://127.0.0.1:{self.fake.kv_events_port}"])
+        return VllmBackend(h.host, "n1", role, PROFILE, cfg)
+
+    async def start(self, role):
+        h = await super().start(role)
+        await asyncio.sleep(0.2)  # ZMQ slow joiner
+        return h
+
+    async def close(self, h):
+        await h.backend.close()
+        await self.fake.stop()
+
+    async def test_switches_role_when_ordered(self):
+        h = await self.start("collocated")
+        try:
+            h.host.catch_up()
+            h.backend.order_switch("prefill", "in_place")
+            sw = await h.wait(lambda e: isinstance(e, RoleSwitched))
+            assert (sw.node, sw.role, sw.mechanism) == (h.backend.node_id, "collocated", "refused")
+            assert h.backend.role == "collocated"
+        finally:
+            await self.stop(h)

@@ -104,7 +104,7 @@ async def test_chat_non_streaming_publishes_the_harness_events(partition):
         assert body["choices"][0]["finish_reason"] == "length"
         prompt = "<|user|>\n" + "x" * 200 + "<|end|>\n<|assistant|>\n"
         assert body["usage"] == {"prompt_tokens": len(prompt), "completion_tokens": 8,
-                                 "total_tokens": len(prompt) + 8}
+                                 "total_tokens": len(prompt) + 8, "prompt_tokens_details": {"cached_tokens": 0}}
         ext = body["evolving"]
         assert (ext["prefill_node"], ext["decode_node"], ext["simulated"]) == ("n1", "n2", True)
         assert "simulated" in ext["note"]
@@ -466,8 +466,7 @@ async def test_a_lone_surrogate_is_a_json_400(partition, raw, param):
 @pytest.mark.parametrize("path, extra, param", [
     ("/v1/chat/completions", {"n": 2}, "n"),
     ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 2}, "logprobs"),
-    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice"),
+    ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions"),
     ("/v1/chat/completions", {"response_format": {"type": "json_schema"}}, "response_format"),
     ("/v1/chat/completions", {"logit_bias": {"1": 5}}, "logit_bias"),
     ("/v1/chat/completions", {"frequency_penaltyy": 0.5}, "frequency_penaltyy"),
@@ -557,3 +556,60 @@ async def test_an_unexpected_exception_is_a_json_500(partition):
         err = _assert_error(await r.json(), "internal_error", None)
         assert "tokenizer bug" not in err["message"]  # no internals leak to the client
         assert (await client.get("/health")).status == 200  # and the gateway goes on
+
+
+async def test_claude_code_headers_give_one_agent_with_a_subagent_and_idle_expiry(partition):
+    """Issue 23 part 2: Claude Code's headers (session, agent id) become a root branch and a
+    sub-agent; Claude Code never ends a session, so both end by idle expiry on the stream."""
+    bus = InMemoryBus(partition)
+    now = [100.0]
+    async with gateway(bus, MemoryTokens(partition), branch_ttl_s=60.0) as (gw, client):
+        gw.clock = lambda: now[0]
+        cc = {"x-claude-code-session-id": "cc-sess"}
+        hints = {"agent_hints": {"priority": 4, "osl": 5, "made_up_hint": 1}}
+        for headers, body in [(cc, CHAT), ({**cc, "x-claude-code-agent-id": "cc-agent"}, {**CHAT, "nvext": hints}),
+                              (cc, CHAT)]:
+            r = await client.post("/v1/chat/completions", json=body, headers=headers)
+            assert r.status == 200, await r.text()
+            now[0] += 1.0
+        assert gw.metrics.get("ei_gateway_unknown_agent_hints_total") == 1
+        evs = await _events(bus)
+        assert [type(e).__name__ for e in evs] == ["BranchOpened", "RequestSubmitted", "BranchOpened",
+                                                   "RequestSubmitted", "RequestSubmitted"]
+        root, sub = evs[0], evs[2]
+        assert (root.branch, root.parent, root.mode, root.session) == ("cc-sess", None, "root", "cc-sess")
+        assert (sub.branch, sub.parent, sub.mode, sub.session) == ("cc-agent", "cc-sess", "subagent", "cc-sess")
+        assert [e.branch for e in evs if isinstance(e, RequestSubmitted)] == ["cc-sess", "cc-agent", "cc-sess"]
+        assert (evs[3].priority, evs[3].osl, evs[3].expected_output_tokens()) == (4, 5, 5)
+        assert gw.table.open.keys() == {"cc-sess", "cc-agent"}
+        # the next request, 61 s after the sub-agent's: the sub-agent has expired, the session not
+        now[0] = 101.0 + 61.0
+        r = await client.post("/v1/chat/completions", json=CHAT, headers={"x-branch-id": "other"})
+        assert r.status == 200
+        now[0] = 200.0  # and the periodic check (what the ticker calls) ends the rest
+        await gw._expire(gw.clock())
+        ended = [e for e in await _events(bus) if isinstance(e, BranchEnded)]
+        assert [(e.branch, e.reason, e.ts) for e in ended] == [("cc-agent", "idle", 162.0),
+                                                                ("cc-sess", "idle", 200.0)]
+        assert gw.metrics.get("ei_gateway_branches_expired_total") == 2
+        # Claude Code resumes the session later: a fresh branch on the stream, same session
+        r = await client.post("/v1/chat/completions", json=CHAT, headers=cc)
+        assert r.status == 200
+        reopened = [e for e in await _events(bus) if isinstance(e, BranchOpened)][-1]
+        assert (reopened.branch, reopened.session) == ("cc-sess~2", "cc-sess")
+
+
+async def test_the_expiry_ticker_ends_idle_branches_without_requests(partition):
+    bus = InMemoryBus(partition)
+    now = [100.0]
+    async with gateway(bus, MemoryTokens(partition), branch_ttl_s=0.2) as (gw, client):
+        gw.clock = lambda: now[0]
+        r = await client.post("/v1/chat/completions", json=CHAT, headers={"session-id": "codex-1"})
+        assert r.status == 200
+        now[0] = 101.0
+        for _ in range(100):  # the ticker runs every TTL / 4 (0.05 s here)
+            if not gw.table.open:
+                break
+            await asyncio.sleep(0.02)
+        ended = [e for e in await _events(bus) if isinstance(e, BranchEnded)]
+        assert [(e.branch, e.reason) for e in ended] == [("codex-1", "idle")]

@@ -12,7 +12,7 @@ import json
 from aiohttp.test_utils import TestClient, TestServer
 
 from engine.profiles import load_profile
-from engine.worker import EngineWorker
+from engine.worker.loop import EngineWorker
 from events.catalog import BranchEnded, RequestFinished, RequestSubmitted, RouteDecided
 from services.adapters.bus import NatsBus
 from services.adapters.bus.tokens import NatsTokens

@@ -10,7 +10,7 @@ from engine.backend import PrefillJob
 from engine.backends.sglang.backend import SglangBackend, SglangConfig, bootstrap_room, prompt_ids
 from engine.backends.sglang.fake import FakeSglang
 from engine.profiles import load_profile
-from engine.worker import WallClockHost
+from engine.worker.host import WallClockHost
 from events.catalog import AnomalyReported, KvEvicted, KvStored, RequestFinished, RequestStarted, RoleSwitched
 from events.hashing import block_hashes
 

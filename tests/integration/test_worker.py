@@ -12,7 +12,8 @@ import sys
 import pytest
 
 from engine.profiles import load_profile
-from engine.worker import EngineWorker, WallClockHost
+from engine.worker.host import WallClockHost
+from engine.worker.loop import EngineWorker
 from events.catalog import (
     FirstToken,
     IterationDone,
@@ -170,7 +171,7 @@ def test_sglang_backend_without_a_server_says_so_in_one_line():
 def test_sglang_help_documents_every_option():
     r = subprocess.run([sys.executable, "-m", "engine.worker", "--help"], check=True, capture_output=True, text=True,
                        cwd=ROOT, timeout=60)
-    from engine.worker import build_parser
+    from engine.worker.__main__ import build_parser
 
     for action in build_parser()._actions:
         for flag in action.option_strings:

@@ -243,7 +243,12 @@ class SimNode:
                 job.ready_s = start + dur
                 job.fetched = got
                 self.host.schedule(job.ready_s, self._fetch_done, job)
-        self.pqueue.append(job)
+        # Higher priority (the agent hint) goes ahead of lower-priority jobs not yet started;
+        # equal priorities (all 0 without hints) keep arrival order.
+        i = len(self.pqueue)
+        while i > 0 and not self.pqueue[i - 1].started and self.pqueue[i - 1].priority < job.priority:
+            i -= 1
+        self.pqueue.insert(i, job)
         self._pin_prefill(job)
         if self._mixes_decode_into_prefill():
             self._cut_decode_run()  # the prefill need not wait for the decode run to end

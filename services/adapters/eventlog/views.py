@@ -52,7 +52,7 @@ def duck_type(annotation: Any) -> Any:
     if origin is Literal:
         return "VARCHAR"
     if origin in (typing.Union, types.UnionType):
-        args = [a for a in get_args(annotation) if a is not type(None)]
+        args = [a for a in get_args(annotation) if a is not type(None) and a is not msgspec.UnsetType]
         return duck_type(args[0]) if len(args) == 1 else "JSON"
     if origin is list:
         return [duck_type(get_args(annotation)[0])]

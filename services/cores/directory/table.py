@@ -148,11 +148,17 @@ class BlockTable:
         """Slots of ``blocks`` (``s``: already probed), allocating the unknown ones in bulk."""
         if len(blocks) <= _SMALL:
             return self._ensure_few(blocks, s)
+        given = s is not None
         if s is None:
             s = self.slots(blocks, len(blocks))
         missing = np.flatnonzero(s == 0)
         if not len(missing):
             return s
+        if given:  # a 0 of an earlier probe may have been allocated since: probe those again
+            s[missing] = self.slots([blocks[i] for i in missing.tolist()], len(missing))
+            missing = np.flatnonzero(s == 0)
+            if not len(missing):
+                return s
         if 4 * len(missing) > len(s):
             mk = np.fromiter(blocks, dtype=np.uint64, count=len(blocks))[missing]
         else:
@@ -187,8 +193,9 @@ class BlockTable:
         if s is None:
             get = self.index.get
             sl = [get(b, 0) for b in blocks]
-        else:
-            sl = s.tolist()
+        else:  # a 0 of an earlier probe may have been allocated since: probe those again
+            get = self.index.get
+            sl = [v or get(b, 0) for b, v in zip(blocks, s.tolist())]
         if 0 not in sl:
             return np.array(sl, dtype=np.intp)
         pos: dict[int, int] = {}

@@ -212,7 +212,7 @@ class PlannerBase:
 
     def _fold_submitted(self, ev: RequestSubmitted) -> None:
         s = self._slice(ev.ts)
-        s.on_submit(ev.prompt_tokens, ev.max_tokens)
+        s.on_submit(ev.prompt_tokens, ev.expected_output_tokens())  # osl hint, else max_tokens
         if ev.branch:
             prev = self.st.last_submit.get(ev.branch)
             if prev is not None and ev.ts >= prev:

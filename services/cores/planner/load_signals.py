@@ -92,7 +92,7 @@ class LoadTrackingPlanner(BaselinePlanner):
             if self.st.frozen:
                 self._sample()
         elif t is RequestSubmitted:
-            self.load.reqs[event.request] = _Req(prompt=event.prompt_tokens, out=event.max_tokens)
+            self.load.reqs[event.request] = _Req(prompt=event.prompt_tokens, out=event.expected_output_tokens())
         elif t is RouteDecided:
             self._routed(event)
         elif t is RequestStarted:

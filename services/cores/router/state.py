@@ -88,7 +88,7 @@ class NodeState(msgspec.Struct, kw_only=True):
     prefill_running: list[str] = []  # started, no first token yet, in start order
     busy_until: float = 0.0  # predicted end of the running prefill batch (absolute ts)
     decode_assigned: list[str] = []  # requests whose decode runs here, not finished
-    decode_tokens: int = 0  # sum of max_tokens of decode_assigned
+    decode_tokens: int = 0  # sum of expected output tokens (osl, else max_tokens) of decode_assigned
     accepted_tokens: int = 0  # decode tokens accepted, summed over iterations
     request_iterations: int = 0  # sum of batch sizes over decode iterations
 
@@ -116,7 +116,7 @@ class RequestState(msgspec.Struct, kw_only=True):
     request: str
     branch: str = ""
     prompt_tokens: int = 0
-    max_tokens: int = 0
+    max_tokens: int = 0  # expected output tokens: the osl hint if sent (<= max_tokens), else max_tokens
     blocks: list[int] = []  # kept while the request may still be (re-)routed
     submitted_ts: float = 0.0
     phase: str = PENDING
@@ -237,7 +237,7 @@ class ClusterState:
             return
         self.requests[ev.request] = RequestState(
             request=ev.request, branch=ev.branch, prompt_tokens=ev.prompt_tokens,
-            max_tokens=ev.max_tokens, blocks=ev.blocks, submitted_ts=ev.ts,
+            max_tokens=ev.expected_output_tokens(), blocks=ev.blocks, submitted_ts=ev.ts,
         )
 
     def assign(self, rd: RouteDecided) -> None:

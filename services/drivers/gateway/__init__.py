@@ -2,8 +2,9 @@
 
 Layer 3 (a driver). ``api`` (request Structs, error shape, parameter rules; pure),
 ``headers`` (branch signals, pure), ``tokenizer`` (byte-level / HF, chat template, pure),
-``auth`` (API keys), ``metrics`` (prometheus_client), ``app`` (aiohttp), ``drive`` (trace
-replay client), ``cli`` (``evolving drive``). The token channel it shares with the engines is an
+``auth`` (API keys), ``metrics`` (prometheus_client), ``app`` (aiohttp: ``Gateway``), ``config``,
+``guard``, ``routewatch``, ``meta``, ``openai_relay``, ``anthropic_relay`` (its parts), ``drive``
+(trace replay client), ``cli`` (``evolving drive``). The token channel it shares with the engines is an
 adapter, ``services.adapters.bus.tokens``. May import ``events``, the adapters (bus, logging)
 and ``replay.traces`` (drive); nothing imports this package but the CLI. See docs/gateway.md.
 """

@@ -114,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-keys-file", default=None,
                    help="file of API keys, one a line; requests to /v1/* then need 'Authorization: "
                         f"Bearer KEY' (keys may also come from env {ENV_VAR}, comma-separated)")
+    p.add_argument("--branch-ttl-s", type=float, default=GatewayConfig.branch_ttl_s,
+                   help="end an open branch after this many seconds (event clock) without a request: "
+                        "BranchEnded(reason=idle) (default: %(default)s; 0: never)")
     p.add_argument("--src", default="gateway", help="publisher id in the events' src field")
     p.add_argument("--log-format", choices=["console", "json"], default=None)
     p.add_argument("--log-level", default=None)
@@ -146,7 +149,8 @@ async def serve(args: argparse.Namespace) -> int:
                         route_timeout_s=args.route_timeout_s, token_timeout_s=args.token_timeout_s,
                         default_max_tokens=args.default_max_tokens, tokenizer=args.tokenizer, src=args.src,
                         time_scale=args.time_scale, clock_epoch=args.clock_epoch,
-                        context_length=context_length, max_body_bytes=max_body, api_keys=keys)
+                        context_length=context_length, max_body_bytes=max_body, api_keys=keys,
+                        branch_ttl_s=args.branch_ttl_s)
     lanes, extra = None, []
     names = [n.strip() for n in (args.partitions or "").split(",") if n.strip()]
     if len(names) > 1:

@@ -14,16 +14,20 @@ header (``x-branch-mode``), or is ``null`` when no single field is at fault.
 Parameters fall in three groups (docs/gateway.md, "Parameters"):
 
 - **honoured**: ``model``, ``messages`` / ``prompt``, ``max_tokens`` / ``max_completion_tokens``,
-  ``stream``, ``stream_options.include_usage``, ``n: 1``, ``ignore_eos``, ``min_tokens``.
+  ``stream``, ``stream_options.include_usage``, ``n: 1``, ``ignore_eos``, ``min_tokens``,
+  ``tools`` (function definitions, rendered into the prompt by the chat template) and
+  ``tool_choice`` ``"none"`` / ``"auto"``.
 - **refused** with a 400 naming them when set to anything but their neutral value, because the
   gateway cannot honour them: ``n > 1``, ``best_of > 1``, ``logprobs``, ``top_logprobs``,
-  ``echo``, ``suffix``, ``tools``, ``tool_choice``, ``functions``, ``function_call``,
+  ``echo``, ``suffix``, ``functions``, ``function_call`` (the legacy names of tools),
   ``response_format`` (other than text), ``logit_bias``, ``modalities`` (other than text),
   ``audio``, ``prediction``, ``web_search_options``.
 - **accepted, not applied**: sampling parameters (``temperature``, ``top_p``, ``top_k``,
   ``min_p``, ``seed``, ``presence_penalty``, ``frequency_penalty``, ``repetition_penalty``,
-  ``stop``) are range-checked, then listed in the response's ``evolving.unapplied`` and the
-  ``x-evolving-unapplied`` header, since the engine generates its tokens without them; and
+  ``stop``) and a forcing ``tool_choice`` (``"required"`` or a named function: nothing
+  constrains the engine's output) are range-checked, then listed in the response's
+  ``evolving.unapplied`` and the ``x-evolving-unapplied`` header, since the engine generates its
+  tokens without them; and
   bookkeeping fields with no effect on a response (``user``, ``metadata``, ``store``,
   ``service_tier``, ``parallel_tool_calls``, ``reasoning_effort``).
 
@@ -87,8 +91,51 @@ class Message(Struct):
     tool_call_id: str | None = None
 
 
+class FunctionDef(Struct):
+    """A function tool's definition (OpenAI ``tools[].function``)."""
+
+    name: Annotated[str, Meta(min_length=1)]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDef(Struct):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class ToolChoiceFunction(Struct):
+    name: Annotated[str, Meta(min_length=1)]
+
+
+class NamedToolChoice(Struct):
+    type: Literal["function"]
+    function: ToolChoiceFunction
+
+
+class AgentHints(Struct, kw_only=True):
+    """Dynamo's ``nvext.agent_hints`` (docs.nvidia.com/dynamo, "Agent Hints"): ``priority``
+    (higher is served earlier), ``osl`` (expected output tokens), ``speculative_prefill``
+    (accepted, not applied). Other hint names are ignored (and counted): :func:`agent_hints`."""
+
+    priority: int | None = None
+    osl: NonNegInt | None = None
+    speculative_prefill: bool | None = None
+
+
+AGENT_HINTS = ("priority", "osl", "speculative_prefill")
+
+
+class NvExt(Struct, forbid_unknown_fields=True):
+    """The ``nvext`` extension object; only ``agent_hints`` (any other field is a 400)."""
+
+    agent_hints: dict[str, Any] | None = None
+
+
 class _Common(Struct, kw_only=True):
     model: str | None = None
+    nvext: NvExt | None = None
     max_tokens: NonNegInt | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -114,8 +161,8 @@ class ChatRequest(_Common, kw_only=True):
     max_completion_tokens: NonNegInt | None = None
     logprobs: bool | None = None
     top_logprobs: NonNegInt | None = None
-    tools: list[Any] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
     function_call: str | dict[str, Any] | None = None
@@ -208,7 +255,8 @@ def decode_object(raw: bytes) -> dict[str, Any]:
     return obj
 
 
-def _convert(obj: dict[str, Any], cls: type[Struct]) -> Any:
+def convert(obj: dict[str, Any], cls: type[Struct]) -> Any:
+    """``obj`` as ``cls``: an unknown top-level field or a msgspec validation error is a 400."""
     unknown = [k for k in obj if k not in cls.__struct_fields__]
     if unknown:
         raise ApiError(400, f"unrecognized request argument(s) supplied: {', '.join(sorted(unknown))} "
@@ -238,12 +286,8 @@ def refused(req: ChatRequest | CompletionRequest) -> list[tuple[str, str]]:
             out.append(("logprobs", "logprobs are not supported"))
         if req.top_logprobs:
             out.append(("top_logprobs", "top_logprobs are not supported"))
-        if req.tools:
-            out.append(("tools", "tool calling is not supported (the engine returns text only)"))
         if req.functions:
-            out.append(("functions", "function calling is not supported"))
-        if not _neutral_choice(req.tool_choice):
-            out.append(("tool_choice", "tool_choice other than 'none'/'auto' is not supported"))
+            out.append(("functions", "'functions' (the legacy name) is not supported: use 'tools'"))
         if not _neutral_choice(req.function_call):
             out.append(("function_call", "function_call other than 'none'/'auto' is not supported"))
         if req.response_format is not None and req.response_format.get("type", "text") != "text":
@@ -281,13 +325,13 @@ def _check(req: ChatRequest | CompletionRequest) -> None:
 def parse_chat(raw: bytes) -> tuple[ChatRequest, dict[str, Any]]:
     """The validated request and the decoded object (the chat template renders its messages)."""
     obj = decode_object(raw)
-    req = _convert(obj, ChatRequest)
+    req = convert(obj, ChatRequest)
     _check(req)
     return req, obj
 
 
 def parse_completion(raw: bytes) -> CompletionRequest:
-    req = _convert(decode_object(raw), CompletionRequest)
+    req = convert(decode_object(raw), CompletionRequest)
     _check(req)
     p = req.prompt
     if isinstance(p, list):
@@ -305,9 +349,48 @@ def requested_max_tokens(req: ChatRequest | CompletionRequest) -> int | None:
     return req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
 
 
+def agent_hints(req: ChatRequest | CompletionRequest) -> tuple[AgentHints | None, list[str]]:
+    """The request's ``nvext.agent_hints`` and the hint names this gateway does not know (ignored,
+    not a 400: a harness may send hints of a newer Dynamo). A known hint of the wrong type or
+    range is a 400 naming it (``nvext.agent_hints.osl``)."""
+    raw = req.nvext.agent_hints if req.nvext is not None else None
+    if raw is None:
+        return None, []
+    unknown = sorted(k for k in raw if k not in AGENT_HINTS)
+    try:
+        hints = msgspec.convert({k: v for k, v in raw.items() if k in AGENT_HINTS}, AgentHints)
+    except msgspec.ValidationError as exc:
+        err = validation_error(exc)
+        param = f"nvext.agent_hints.{err.param}" if err.param != "body" else "nvext.agent_hints"
+        raise ApiError(400, err.message.replace(f"'{err.param}'", f"'{param}'", 1), param,
+                       code=err.code) from None
+    return hints, unknown
+
+
 def unapplied(req: ChatRequest | CompletionRequest) -> list[str]:
-    """The sampling parameters set on the request, which the engine does not apply."""
-    return [name for name in SAMPLING if getattr(req, name) is not None]
+    """The sampling parameters set on the request, which the engine does not apply, and a
+    ``tool_choice`` that would force a tool call (nothing constrains the engine's output)."""
+    out = [name for name in SAMPLING if getattr(req, name) is not None]
+    if isinstance(req, ChatRequest) and not _neutral_choice(req.tool_choice):
+        out.append("tool_choice")
+    return out
+
+
+def chat_tools(req: ChatRequest) -> list[dict[str, Any]] | None:
+    """The function definitions for the chat template: ``{"name", "description", "parameters"}``
+    (the keys that are set), the shape Anthropic's tools are mapped to as well."""
+    if not req.tools:
+        return None
+    return [function_def(t.function.name, t.function.description, t.function.parameters) for t in req.tools]
+
+
+def function_def(name: str, description: str | None, parameters: dict[str, Any] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": name}
+    if description is not None:
+        out["description"] = description
+    if parameters is not None:
+        out["parameters"] = parameters
+    return out
 
 
 def context_error(context: int, prompt: int, completion: int, param: str) -> ApiError:

@@ -1,7 +1,7 @@
-"""OpenAI-compatible HTTP gateway (aiohttp): harness signals in, events out, tokens back.
+"""OpenAI- and Anthropic-compatible HTTP gateway (aiohttp): harness signals in, events out, tokens back.
 
 Request lifecycle (one POST /v1/chat/completions or /v1/completions)
-0. From the headers alone, before the body is read (middleware ``_guard``, and the
+0. From the headers alone, before the body is read (``guard.Guard``: the middleware and the
    ``Expect: 100-continue`` handler): the API key on ``/v1/*`` (401) and the declared body
    size (413); a body without Content-Length is cut at the same limit while it is read.
 1. Decode and validate the JSON body into msgspec Structs (``services.drivers.gateway.api``: 400
@@ -10,22 +10,25 @@ Request lifecycle (one POST /v1/chat/completions or /v1/completions)
    has ended). Prompt + completion over ``context_length``: 400 ``context_length_exceeded``.
 2. Render the prompt (chat template, ``services.drivers.gateway.tokenizer``), tokenise it and compute
    the chained block hashes (``events.hashing.block_hashes``).
-3. Register the request with the route watcher and subscribe to its token subject
+3. Register the request with the route watcher (``routewatch``) and subscribe to its token subject
    (``services.adapters.bus.tokens``) *before* publishing, so neither answer can be missed.
 4. Publish ``BranchOpened`` (first sight), ``ContextCompacted`` (header or inferred) and
    ``RequestSubmitted`` on the partition's stream.
 5. Wait for the non-shadow ``RouteDecided`` of the request (``route_timeout_s``, then 503).
-6. Relay the engine's token messages: SSE chunks (``stream: true``) or one JSON body.
-   ``token_timeout_s`` of silence ends the request (504, or an error event in a stream).
+6. Relay the engine's token messages (``openai_relay``, ``anthropic_relay``; ``meta``): SSE chunks
+   (``stream: true``) or one JSON body. ``token_timeout_s`` of silence ends the request (504, or an error event in a stream).
 7. When the response completes, before the client sees its end (and after a failure): ``BranchEnded`` when ``x-branch-end`` /
    ``x-dynamo-session-final`` was true, or when the request had no branch headers (it is then
    served as a one-request branch and counted in ``ei_gateway_headerless_requests_total``).
 
 Every error, including aiohttp's own 404/405/413 and an unexpected exception (500), is
-OpenAI-style JSON ``{"error": {"message", "type", "param", "code"}}`` with a string ``code``.
+OpenAI-style JSON ``{"error": {"message", "type", "param", "code"}}`` with a string ``code``
+(Anthropic's ``{"type": "error", "error": {...}}`` on ``/v1/messages*``: ``anthropic_api``).
 
 A request with ``max_tokens: 0`` and a branch-end header is a *branch-end request* (Dynamo's
 "dedicated minimal request" when a session ends): it only publishes ``BranchEnded``.
+
+This module is the app and steps 1-5 and 7 (``Gateway``); ``config`` holds ``GatewayConfig``.
 """
 
 from __future__ import annotations
@@ -34,24 +37,24 @@ import asyncio
 import contextlib
 import itertools
 import json
-import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from aiohttp import web
 
 from events.catalog import Event, RouteDecided
 from events.hashing import block_hashes
-from events.subjects import token
-from events.wire import TokenMsg, sim_text
 from services.adapters.bus import Bus
 from services.adapters.logging import get_logger
 from services.cores.partitions import session_index
+from services.drivers.gateway import anthropic_api, anthropic_relay, openai_relay, openapi
 from services.drivers.gateway.api import (
+    AgentHints,
     ApiError,
     ChatRequest,
     CompletionRequest,
+    agent_hints,
+    chat_tools,
     context_error,
     parse_chat,
     parse_completion,
@@ -59,6 +62,8 @@ from services.drivers.gateway.api import (
     unapplied,
 )
 from services.drivers.gateway.auth import ApiKeys
+from services.drivers.gateway.config import GatewayConfig, scaled_clock
+from services.drivers.gateway.guard import Guard
 from services.drivers.gateway.headers import (
     BranchSignals,
     BranchStateError,
@@ -66,108 +71,14 @@ from services.drivers.gateway.headers import (
     HeaderError,
     parse_branch_headers,
 )
-from services.drivers.gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from services.drivers.gateway.meta import Meta
+from services.drivers.gateway.metrics import CONTENT_TYPE, GatewayMetrics, RequestObserver
+from services.drivers.gateway.routewatch import RouteWatcher
 from services.drivers.gateway.tokenizer import TemplateError, load_tokenizer, render_chat
 
 log = get_logger("gateway")
 
-MiB = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class GatewayConfig:
-    partition: str = "default"
-    model: str = "evolving-sim"
-    block_tokens: int = 64
-    route_timeout_s: float = 10.0
-    token_timeout_s: float = 60.0
-    default_max_tokens: int = 128
-    max_tokens_limit: int = 65_536
-    tokenizer: str | None = None
-    src: str = "gateway"
-    # Event ts = epoch + (wall - epoch) * time_scale: the scaled clock the sim engines and the
-    # planner's ticker share (engine/worker.py). 1.0 = wall-clock seconds.
-    time_scale: float = 1.0
-    clock_epoch: float | None = None
-    # Hardening (docs/gateway.md, "Limits and authentication"):
-    context_length: int = 262_144  # prompt + completion tokens a request may ask for
-    max_body_bytes: int = 8 * MiB  # larger bodies: 413 before a byte of them is read
-    api_keys: frozenset[str] = field(default_factory=frozenset)  # empty: no authentication
-
-
-def scaled_clock(time_scale: float, epoch: float | None) -> Callable[[], float]:
-    """``epoch + (time.time() - epoch) * time_scale`` (plain ``time.time`` at scale 1)."""
-    if time_scale == 1.0:
-        return time.time
-    e = time.time() if epoch is None else epoch
-    return lambda: e + (time.time() - e) * time_scale
-
-
-def error_response(exc: ApiError, headers: dict[str, str] | None = None) -> web.Response:
-    h = dict(headers or {})
-    if exc.status == 401:
-        h["WWW-Authenticate"] = "Bearer"
-    return web.json_response(exc.body(), status=exc.status, headers=h)
-
-
-def _http_error(exc: web.HTTPException, req: web.Request, max_body: int) -> ApiError:
-    """aiohttp's own errors (no route, wrong method, body over client_max_size) as OpenAI JSON."""
-    if exc.status == 404:
-        return ApiError(404, f"no such endpoint: {req.method} {req.path}", None, code="not_found")
-    if exc.status == 405:
-        allowed = exc.headers.get("Allow", "")
-        return ApiError(405, f"method {req.method} is not allowed on {req.path} (allowed: {allowed})", None,
-                        code="method_not_allowed")
-    if exc.status == 413:
-        return ApiError(413, f"the request body is larger than the limit of {max_body} bytes (--max-body-mb)",
-                        "body", code="request_too_large")
-    return ApiError(exc.status, exc.text or exc.reason, None, code=exc.reason.lower().replace(" ", "_"))
-
-
-class RouteWatcher:
-    """One ephemeral consumer of ``ei.<p>.route`` from the head at start; resolves the future
-    of each awaited request with its first non-shadow ``RouteDecided``."""
-
-    def __init__(self, bus: Bus, partition: str) -> None:
-        self.bus, self.partition = bus, partition
-        self._waiting: dict[str, asyncio.Future] = {}
-        self._task: asyncio.Task | None = None
-        self._ready = asyncio.Event()
-
-    async def start(self) -> None:
-        head = await self.bus.last_seq()
-        self._task = asyncio.create_task(self._run(head + 1), name="route-watcher")
-        await asyncio.wait_for(self._ready.wait(), 10.0)
-
-    async def _run(self, start: int) -> None:
-        subj = f"ei.{token(self.partition)}.route"
-        async with self.bus.consumer(None, start_seq=start, subjects=subj) as c:
-            self._ready.set()
-            async for d in c:
-                ev = d.event
-                if isinstance(ev, RouteDecided) and not ev.shadow:
-                    fut = self._waiting.get(ev.request)
-                    if fut is not None and not fut.done():
-                        fut.set_result(ev)
-
-    def expect(self, request: str) -> asyncio.Future:
-        fut = asyncio.get_running_loop().create_future()
-        self._waiting[request] = fut
-        return fut
-
-    def forget(self, request: str) -> None:
-        self._waiting.pop(request, None)
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):  # shutting down
-                await self._task
-
-
-# --------------------------------------------------------------------------- the gateway
 GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway")
-_STREAMING: web.RequestKey[bool] = web.RequestKey("ei_streaming")  # the SSE response is prepared
 
 
 class Gateway:
@@ -184,26 +95,33 @@ class Gateway:
         self.partitions = tuple(self.lanes)
         self.clock = clock or scaled_clock(self.cfg.time_scale, self.cfg.clock_epoch)
         self.tokenizer, self.tokenizer_note = load_tokenizer(self.cfg.tokenizer)
-        self.table = BranchTable(src=self.cfg.src)
+        self.table = BranchTable(src=self.cfg.src, ttl_s=self.cfg.branch_ttl_s)
+        self._expiry_task: asyncio.Task | None = None
+        self._hints_logged: set[str] = set()  # unknown agent hint names already logged
         self.keys = ApiKeys(self.cfg.api_keys)
         self.in_flight = 0
         self.metrics = GatewayMetrics(lambda: len(self.table.open), lambda: self.in_flight)
+        self.guard = Guard(self.keys, self.cfg.max_body_bytes, self.metrics)
         self.watchers = {p: RouteWatcher(b, p) for p, (b, _) in self.lanes.items()}
         self.watcher = self.watchers[self.partitions[0]]
         self.instance = uuid.uuid4().hex[:8]
         self._ids = itertools.count(1)
+        self._openapi: bytes | None = None  # GET /openapi.json, built on first use
 
     # ---------------------------------------------------------------- app wiring
     def make_app(self) -> web.Application:
         # client_max_size bounds a body without Content-Length (chunked) while it is read;
         # a declared Content-Length over the limit is refused before reading (_admit).
-        app = web.Application(client_max_size=self.cfg.max_body_bytes, middlewares=[self._guard])
-        app.router.add_post("/v1/chat/completions", self.chat_completions, expect_handler=self._expect)
-        app.router.add_post("/v1/completions", self.completions, expect_handler=self._expect)
+        app = web.Application(client_max_size=self.cfg.max_body_bytes, middlewares=[self.guard.middleware])
+        app.router.add_post("/v1/chat/completions", self.chat_completions, expect_handler=self.guard.expect)
+        app.router.add_post("/v1/completions", self.completions, expect_handler=self.guard.expect)
+        app.router.add_post("/v1/messages", self.messages, expect_handler=self.guard.expect)
+        app.router.add_post("/v1/messages/count_tokens", self.count_tokens, expect_handler=self.guard.expect)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/v1/models/{model:.+}", self.model_view)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics_view)
+        app.router.add_get("/openapi.json", self.openapi_view)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
         app[GATEWAY_KEY] = self
@@ -212,13 +130,54 @@ class Gateway:
     async def _on_startup(self, _app) -> None:
         for w in self.watchers.values():
             await w.start()
+        if self.table.ttl_s is not None:
+            self._expiry_task = asyncio.create_task(self._expiry_loop(), name="branch-expiry")
         log.info("gateway_ready", partition=",".join(self.partitions), tokenizer=self.tokenizer_note,
                  auth=f"{len(self.keys)} API key(s)" if self.keys.enabled else "off",
                  context_length=self.cfg.context_length, max_body_bytes=self.cfg.max_body_bytes)
 
     async def _on_cleanup(self, _app) -> None:
+        if self._expiry_task is not None:
+            self._expiry_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # shutting down
+                await self._expiry_task
         for w in self.watchers.values():
             await w.stop()
+
+    # ---------------------------------------------------------------- idle expiry
+    async def _expire(self, now: float) -> None:
+        """Publish ``BranchEnded(reason="idle")`` for the branches idle past the TTL at ``now``
+        (the table decides from event times only); each on its session's partition."""
+        for x in self.table.expire(now):
+            part = (self.partitions[0] if len(self.partitions) == 1
+                    else self.partitions[session_index(x.session, len(self.partitions))])
+            self.metrics.inc("ei_gateway_branches_expired_total")
+            self.metrics.inc("ei_gateway_branches_ended_total")
+            try:
+                await self._publish([x.event], part)
+            except ApiError:
+                pass  # already logged; the branch is gone from the table either way
+
+    async def _expiry_loop(self) -> None:
+        """The periodic check, so branches expire while no request arrives: every quarter TTL
+        (in wall seconds at the clock's scale), at most 30 s apart."""
+        ttl = self.table.ttl_s or 0.0
+        every = max(0.05, min(30.0, ttl / 4 / max(self.cfg.time_scale, 1e-9)))
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await self._expire(self.clock())
+            except Exception as exc:  # noqa: BLE001 - the loop must survive; the next tick retries
+                log.error("branch_expiry_failed", error=str(exc))
+
+    def _note_hints(self, unknown: list[str]) -> None:
+        """Unknown ``nvext.agent_hints`` are ignored: counted, and each name logged once."""
+        self.metrics.inc("ei_gateway_unknown_agent_hints_total", len(unknown))
+        new = [h for h in unknown if h not in self._hints_logged]
+        if new and len(self._hints_logged) < 1000:
+            self._hints_logged.update(new)
+            log.warning("unknown_agent_hints", hints=",".join(new)[:200],
+                        known="priority,osl,speculative_prefill", note="ignored; logged once per name")
 
     def partition_of(self, branch: str) -> str:
         """The partition of ``branch``'s session: by its root branch id (the session the branch
@@ -229,56 +188,6 @@ class Gateway:
         root = st.session if st is not None else branch
         return self.partitions[session_index(root, len(self.partitions))]
 
-    def _admit(self, req: web.Request) -> None:
-        """Checks made from the headers alone, before a byte of the body is read: the API key
-        (on ``/v1/*``), then the declared body size."""
-        if req.path.startswith("/v1/"):
-            self.keys.check(req.headers.get("Authorization"))
-        if req.content_length is not None and req.content_length > self.cfg.max_body_bytes:
-            raise ApiError(413, f"the request body ({req.content_length} bytes) is larger than the limit of "
-                                f"{self.cfg.max_body_bytes} bytes (--max-body-mb)", "body",
-                           code="request_too_large")
-
-    async def _expect(self, req: web.Request) -> web.Response | None:
-        """``Expect: 100-continue``: refuse (401/413) before the client sends the body."""
-        try:
-            self._admit(req)
-        except ApiError as exc:
-            return self._error(exc, {"Connection": "close"})
-        if req.headers.get("Expect", "").lower() != "100-continue":
-            return self._error(ApiError(417, f"unknown Expect: {req.headers.get('Expect')}", None,
-                                        code="expectation_failed"))
-        if req.version >= (1, 1):
-            await req.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        return None
-
-    @web.middleware
-    async def _guard(self, req: web.Request, handler) -> web.StreamResponse:
-        """Authentication and the body limit first; every error leaves as OpenAI JSON."""
-        try:
-            self._admit(req)
-            return await handler(req)
-        except ApiError as exc:
-            if req.get(_STREAMING):
-                raise
-            return self._error(exc)
-        except web.HTTPException as exc:
-            if exc.status < 400 or req.get(_STREAMING):
-                raise
-            allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-            return self._error(_http_error(exc, req, self.cfg.max_body_bytes), allow)
-        except (ConnectionResetError, asyncio.CancelledError):
-            raise
-        except Exception as exc:
-            if req.get(_STREAMING):
-                raise
-            log.exception("internal_error", path=req.path, error=str(exc))
-            return self._error(ApiError(500, f"internal error: {type(exc).__name__}", None,
-                                        code="internal_error"))
-
-    def _error(self, exc: ApiError, headers: dict[str, str] | None = None) -> web.Response:
-        self.metrics.inc("ei_gateway_errors_total", status=str(exc.status), code=exc.code)
-        return error_response(exc, headers)
 
     # ---------------------------------------------------------------- small endpoints
     def _model_card(self) -> dict:
@@ -324,16 +233,37 @@ class Gateway:
     async def metrics_view(self, _req: web.Request) -> web.Response:
         return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
 
+    async def openapi_view(self, _req: web.Request) -> web.Response:
+        """The OpenAPI 3.1 description (services/drivers/gateway/openapi.py), built once."""
+        if self._openapi is None:
+            self._openapi = json.dumps(openapi.build(self.cfg.model, self.cfg.max_tokens_limit)).encode()
+        return web.Response(body=self._openapi, content_type="application/json")
+
     # ---------------------------------------------------------------- completions
     async def chat_completions(self, req: web.Request) -> web.StreamResponse:
         self.metrics.inc("ei_gateway_requests_total", endpoint="chat")
         creq, obj = parse_chat(await req.read())
         model = self._model(creq.model)
         try:
-            prompt = render_chat(obj["messages"])
+            prompt = render_chat(obj["messages"], chat_tools(creq))
         except TemplateError as exc:
             raise ApiError(400, exc.message, exc.field, code="invalid_value") from None
         return await self._serve(req, creq, model, self.tokenizer.encode(prompt), chat=True)
+
+    async def messages(self, req: web.Request) -> web.StreamResponse:
+        """Anthropic's ``POST /v1/messages`` (services/drivers/gateway/anthropic_api.py)."""
+        self.metrics.inc("ei_gateway_requests_total", endpoint="messages")
+        mreq = anthropic_api.parse_messages(await req.read())
+        model = self._model(mreq.model)
+        ids = self.tokenizer.encode(anthropic_api.render_prompt(mreq))
+        return await self._serve(req, anthropic_api.budget_request(mreq), model, ids, chat=True, anthropic=mreq)
+
+    async def count_tokens(self, req: web.Request) -> web.Response:
+        """Anthropic's ``POST /v1/messages/count_tokens``: the rendered prompt's tokens."""
+        self.metrics.inc("ei_gateway_requests_total", endpoint="count_tokens")
+        creq = anthropic_api.parse_count_tokens(await req.read())
+        self._model(creq.model)
+        return web.json_response({"input_tokens": len(self.tokenizer.encode(anthropic_api.render_prompt(creq)))})
 
     async def completions(self, req: web.Request) -> web.StreamResponse:
         self.metrics.inc("ei_gateway_requests_total", endpoint="completions")
@@ -376,7 +306,23 @@ class Gateway:
         return n
 
     async def _serve(self, req: web.Request, r: ChatRequest | CompletionRequest, model: str, ids: list[int],
-                     chat: bool) -> web.StreamResponse:
+                     chat: bool, anthropic: anthropic_api.MessagesRequest | None = None) -> web.StreamResponse:
+        """:meth:`_serve_request` observed by the frontend metrics (``ei_frontend_*``, metrics.py)."""
+        endpoint = "anthropic_messages" if anthropic is not None else "chat_completions" if chat else "completions"
+        obs = self.metrics.request(model, endpoint, bool(r.stream))
+        ok = False
+        try:
+            resp = await self._serve_request(req, r, model, ids, chat, anthropic, obs)
+            ok = True
+            return resp
+        finally:
+            obs.finish(ok)
+
+    async def _serve_request(self, req: web.Request, r: ChatRequest | CompletionRequest, model: str,
+                             ids: list[int], chat: bool, anthropic: anthropic_api.MessagesRequest | None,
+                             obs: RequestObserver) -> web.StreamResponse:
+        """Admit, publish, await the route, relay the tokens; ``anthropic``: answer as
+        ``/v1/messages`` (``r`` then carries only its budget and ``stream``)."""
         try:
             sig = parse_branch_headers(req.headers)
         except HeaderError as exc:
@@ -387,16 +333,21 @@ class Gateway:
                 raise ApiError(400, "'max_tokens' must be >= 1 (0 is only allowed on a branch-end "
                                "request: x-branch-end or x-dynamo-session-final true)", "max_tokens",
                                code="invalid_value")
-            return await self._end_only(sig, model, chat)
+            return await self._end_only(sig, model, chat, anthropic is not None)
+        hints, unknown_hints = agent_hints(r)
+        if unknown_hints:
+            self._note_hints(unknown_hints)
         if sig.branch is None:
             self.metrics.inc("ei_gateway_headerless_requests_total")
         n = next(self._ids)
         branch = sig.branch or f"gw-{self.instance}-{n}"
         request_id = f"{branch}/{self.instance}-{n}"
         blocks = block_hashes(ids, self.cfg.block_tokens)
+        now = self.clock()
+        await self._expire(now)  # idle branches end before this request is admitted
         try:
             adm = self.table.admit(sig, branch, request_id, blocks, len(ids), max_tokens,
-                                   self.cfg.block_tokens, self.clock())
+                                   self.cfg.block_tokens, now, **_hint_fields(hints))
         except BranchStateError as exc:
             raise ApiError(409, str(exc), "x-branch-id", "conflict", code="branch_ended") from None
         if adm.compaction:
@@ -418,16 +369,25 @@ class Gateway:
                                f"{self.cfg.route_timeout_s:g} s: is the router of partition "
                                f"{part!r} running?", None, "service_unavailable",
                                code="route_timeout") from None
-            meta = _Meta(request_id, branch, adm.request.version, route, len(ids), len(blocks), model, chat,
-                         max_tokens, int(self.clock()), unapplied(r))
+            meta = Meta(request_id, branch, adm.request.version, route, len(ids), len(blocks), model, chat,
+                         max_tokens, int(self.clock()),
+                         unapplied(r) if anthropic is None else anthropic_api.unapplied(anthropic),
+                         cached_tokens=max(0, min(route.t_c, len(ids))), obs=obs)
 
             async def end_branch() -> None:
                 await self._end_after(adm.end_after, branch)
 
+            wait, metrics = self.cfg.token_timeout_s, self.metrics
+            if anthropic is not None:  # Anthropic's body and event sequence (anthropic_relay)
+                if r.stream:
+                    return await anthropic_relay.stream(req, tsub, meta, end_branch,
+                                                        timeout_s=wait, metrics=metrics)
+                return await anthropic_relay.collect(tsub, meta, end_branch, timeout_s=wait, metrics=metrics)
             if r.stream:
                 include_usage = r.stream_options is not None and r.stream_options.include_usage
-                return await self._stream(req, tsub, meta, include_usage, end_branch)
-            return await self._collect(tsub, meta, end_branch)
+                return await openai_relay.stream(req, tsub, meta, include_usage, end_branch,
+                                                 timeout_s=wait, metrics=metrics)
+            return await openai_relay.collect(tsub, meta, end_branch, timeout_s=wait, metrics=metrics)
         finally:
             self.in_flight -= 1
             watcher.forget(request_id)
@@ -448,163 +408,21 @@ class Gateway:
             except ApiError:
                 pass  # already logged; the response is on its way
 
-    async def _end_only(self, sig: BranchSignals, model: str, chat: bool) -> web.Response:
+    async def _end_only(self, sig: BranchSignals, model: str, chat: bool, anthropic: bool = False) -> web.Response:
         part = self.partition_of(sig.branch)
         ended = self.table.end(sig.branch, self.clock())
         if ended is not None:
             self.metrics.inc("ei_gateway_branches_ended_total")
             await self._publish([ended], part)
-        meta = _Meta("", sig.branch, 0, None, 0, 0, model, chat, 0, int(self.clock()), [])
+        meta = Meta("", sig.branch, 0, None, 0, 0, model, chat, 0, int(self.clock()), [])
+        if anthropic:
+            return web.json_response(anthropic_relay.make_reply(meta, False).message("", 0, "stop"), headers=meta.headers())
         return web.json_response(meta.full_body("", 0, "stop", False), headers=meta.headers())
 
-    # ---------------------------------------------------------------- token relay
-    async def _next(self, tsub, meta: _Meta) -> TokenMsg:
-        try:
-            return await tsub.get(self.cfg.token_timeout_s)
-        except TimeoutError:
-            raise ApiError(504, f"no tokens for request {meta.request!r} from node "
-                           f"{meta.route.decode_node!r} within {self.cfg.token_timeout_s:g} s",
-                           None, "timeout") from None
 
-    async def _collect(self, tsub, meta: _Meta, before_done) -> web.Response:
-        parts: list[str] = []
-        got, simulated = 0, False
-        while True:
-            m = await self._next(tsub, meta)
-            simulated |= m.simulated
-            if m.kind == "error":
-                raise ApiError(502, f"the engine failed request {meta.request!r}: {m.error}", None, "engine_error")
-            parts.append(m.text)
-            got += m.tokens
-            if m.kind == "done":
-                total = max(got, m.total)
-                if total > got and simulated:  # a lost chunk (core NATS is at-most-once)
-                    parts.append(sim_text(total - got))
-                self.metrics.inc("ei_gateway_output_tokens_total", total)
-                await before_done()
-                return web.json_response(meta.full_body("".join(parts), total, m.finish_reason or "length",
-                                                        simulated), headers=meta.headers())
+def _hint_fields(hints: AgentHints | None) -> dict:
+    """``RequestSubmitted``'s ``priority`` / ``osl`` from the agent hints (absent when not sent)."""
+    if hints is None:
+        return {}
+    return {k: v for k, v in (("priority", hints.priority), ("osl", hints.osl)) if v is not None}
 
-    async def _stream(self, req: web.Request, tsub, meta: _Meta, include_usage: bool,
-                      before_done) -> web.StreamResponse:
-        m = await self._next(tsub, meta)  # errors before the first byte are plain JSON errors
-        if m.kind == "error":
-            raise ApiError(502, f"the engine failed request {meta.request!r}: {m.error}", None, "engine_error")
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                           **meta.headers()})
-        req[_STREAMING] = True  # from here on, errors are events inside the stream
-        await resp.prepare(req)
-        got, first = 0, True
-        try:
-            while True:
-                if m.kind in ("first", "chunk"):
-                    got += m.tokens
-                    await resp.write(_sse(meta.chunk(m.text, None, first, m.simulated)))
-                    first = False
-                elif m.kind == "done":
-                    got += m.tokens
-                    total = max(got, m.total)
-                    self.metrics.inc("ei_gateway_output_tokens_total", total)
-                    text = m.text + (sim_text(total - got) if total > got and m.simulated else "")
-                    await resp.write(_sse(meta.chunk(text, m.finish_reason or "length", first, m.simulated)))
-                    if include_usage:
-                        await resp.write(_sse(meta.usage_chunk(total)))
-                    break
-                elif m.kind == "error":
-                    err = ApiError(502, f"the engine failed request {meta.request!r}: {m.error}", None,
-                                   "engine_error", code="engine_error")
-                    await resp.write(_sse(err.body()))
-                    self.metrics.inc("ei_gateway_errors_total", status="502", code=err.code)
-                    break
-                try:
-                    m = await self._next(tsub, meta)
-                except ApiError as exc:
-                    self.metrics.inc("ei_gateway_errors_total", status=str(exc.status), code=exc.code)
-                    await resp.write(_sse(exc.body()))
-                    break
-            await before_done()
-            await resp.write(b"data: [DONE]\n\n")
-        except (ConnectionResetError, asyncio.CancelledError):
-            log.info("client_gone", request=meta.request)
-            raise
-        await resp.write_eof()
-        return resp
-
-
-def _sse(obj: dict) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
-
-
-SIM_NOTE = "simulated engine: the text is 'tok ' per generated token, not model output"
-
-
-@dataclass
-class _Meta:
-    request: str
-    branch: str
-    version: int
-    route: RouteDecided | None
-    prompt_tokens: int
-    blocks: int
-    model: str
-    chat: bool
-    max_tokens: int
-    created: int
-    unapplied: list[str]
-
-    def headers(self) -> dict[str, str]:
-        h = {"x-branch-id": self.branch}
-        if self.request:
-            h["x-request-id"] = self.request
-        if self.route is not None:
-            h["x-prefill-node"] = self.route.prefill_node
-            h["x-decode-node"] = self.route.decode_node
-        if self.unapplied:
-            h["x-evolving-unapplied"] = ",".join(self.unapplied)
-        return h
-
-    def _id(self) -> str:
-        return ("chatcmpl-" if self.chat else "cmpl-") + (self.request or self.branch)
-
-    def extension(self, simulated: bool) -> dict:
-        ext = {"request": self.request, "branch": self.branch, "version": self.version,
-               "prompt_blocks": self.blocks, "simulated": simulated}
-        if self.route is not None:
-            ext.update(prefill_node=self.route.prefill_node, decode_node=self.route.decode_node,
-                       policy=self.route.policy)
-        if simulated:
-            ext["note"] = SIM_NOTE
-        if self.unapplied:  # accepted sampling parameters the engine did not apply (services/drivers/gateway/api.py)
-            ext["unapplied"] = list(self.unapplied)
-        return ext
-
-    def usage(self, completion: int) -> dict:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
-                "total_tokens": self.prompt_tokens + completion}
-
-    def full_body(self, text: str, completion: int, finish: str, simulated: bool) -> dict:
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        return {"id": self._id(), "object": "chat.completion" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": [choice],
-                "usage": self.usage(completion), "evolving": self.extension(simulated)}
-
-    def chunk(self, text: str, finish: str | None, first: bool, simulated: bool) -> dict:
-        if self.chat:
-            delta: dict = {"content": text}
-            if first:
-                delta["role"] = "assistant"
-            choice = {"index": 0, "delta": delta, "finish_reason": finish}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        out = {"id": self._id(), "object": "chat.completion.chunk" if self.chat else "text_completion",
-               "created": self.created, "model": self.model, "choices": [choice]}
-        if first or finish:
-            out["evolving"] = self.extension(simulated)
-        return out
-
-    def usage_chunk(self, completion: int) -> dict:
-        return {"id": self._id(), "object": "chat.completion.chunk" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": [], "usage": self.usage(completion)}

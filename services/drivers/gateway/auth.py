@@ -1,4 +1,5 @@
-"""Optional API keys for the gateway: ``Authorization: Bearer <key>`` on ``/v1/*``.
+"""Optional API keys for the gateway: ``Authorization: Bearer <key>`` or ``x-api-key: <key>``
+(Anthropic's clients send the latter) on ``/v1/*``.
 
 Keys come from a file (``--api-keys-file``: one key per line, blank lines and ``#`` comments
 skipped) and/or the environment (``EI_API_KEYS``: keys separated by commas or whitespace).
@@ -64,17 +65,25 @@ class ApiKeys:
     def __len__(self) -> int:
         return len(self._keys)
 
-    def check(self, authorization: str | None) -> None:
-        """Raise a 401 :class:`ApiError` unless the header carries a configured key."""
+    def check(self, authorization: str | None, x_api_key: str | None = None) -> None:
+        """Raise a 401 :class:`ApiError` unless a header carries a configured key: ``x-api-key``
+        when it is present, else ``Authorization: Bearer``."""
         if not self._keys:
             return
-        if not authorization:
-            raise ApiError(401, "You didn't provide an API key. Provide it in an Authorization header using "
-                                "Bearer auth (Authorization: Bearer YOUR_KEY).", None, code="missing_api_key")
-        scheme, _, given = authorization.strip().partition(" ")
-        if scheme.lower() != "bearer" or not given.strip():
-            raise ApiError(401, "the Authorization header must be 'Bearer YOUR_KEY'", None, code="invalid_api_key")
-        g = given.strip().encode()
+        if x_api_key is not None:
+            given = x_api_key
+        else:
+            if not authorization:
+                raise ApiError(401, "You didn't provide an API key. Provide it in an Authorization header using "
+                                    "Bearer auth (Authorization: Bearer YOUR_KEY) or in an x-api-key header.",
+                               None, code="missing_api_key")
+            scheme, _, given = authorization.strip().partition(" ")
+            if scheme.lower() != "bearer" or not given.strip():
+                raise ApiError(401, "the Authorization header must be 'Bearer YOUR_KEY'", None,
+                               code="invalid_api_key")
+        if not given.strip():
+            raise ApiError(401, "the x-api-key header is empty", None, code="missing_api_key")
+        g = given.strip().encode("utf-8", "surrogateescape")  # the bytes sent, UTF-8 or not (never a 500)
         ok = False
         for k in self._keys:  # every key is compared: the time does not say which key came close
             ok |= hmac.compare_digest(g, k)

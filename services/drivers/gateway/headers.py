@@ -1,29 +1,37 @@
 """Branch signals from HTTP headers, and the per-branch bookkeeping of the gateway (pure, no I/O).
 
 The harness tells the gateway which branch (unit of context with its own request sequence)
-a request belongs to. Two header families are read; ours win when both are present:
+a request belongs to. Six header families are read; when several are present the first one in
+this order wins and the others are ignored (docs/gateway.md, "Branch headers", has the table):
 
-====================================  ======================================  ===================
-ours                                  Dynamo (docs.nvidia.com/dynamo, agents)  meaning
-====================================  ======================================  ===================
-``x-branch-id``                       ``x-dynamo-session-id``                 branch id
-``x-parent-branch-id``                ``x-dynamo-parent-session-id``          parent branch
-``x-branch-mode`` (fork | subagent)   (none: a Dynamo child is a subagent)    how the child starts
-``x-branch-end`` (bool)               ``x-dynamo-session-final`` (bool)       branch ends after
-                                                                              this response
-``x-context-compacted`` (bool)        (none)                                  context rewritten
-====================================  ======================================  ===================
+=====================  =========================================================================
+family (``source``)    branch / parent / end
+=====================  =========================================================================
+``ei`` (ours)          ``x-branch-id`` / ``x-parent-branch-id`` (+ ``x-branch-mode``) / ``x-branch-end``
+``dynamo-trajectory``  ``x-dynamo-trajectory-id`` / ``x-dynamo-parent-trajectory-id`` /
+                       ``x-dynamo-trajectory-final``
+``dynamo``             ``x-dynamo-session-id`` / ``x-dynamo-parent-session-id`` / ``x-dynamo-session-final``
+``claude-code``        ``x-claude-code-agent-id`` when present (a sub-agent; its parent is
+                       ``x-claude-code-parent-agent-id``, else the session), else
+                       ``x-claude-code-session-id`` / - / (never: idle expiry ends it)
+``opencode``           ``x-session-id`` / ``x-parent-session-id`` / -
+``codex``              ``session-id`` / - / -
+=====================  =========================================================================
 
-Rules (docs/gateway.md has the full table):
+Rules:
 
+- Ids are 1-256 characters of valid UTF-8 without control characters.
 - A parent without a mode means ``subagent`` (a fresh context: it never claims reuse of the
   parent's KV it might not have). A mode without a parent is an error.
 - Booleans accept ``1/true/yes/on`` and ``0/false/no/off`` (any case); anything else is an error.
+  Any of the three end headers ends the branch, whichever family named it.
 - :class:`BranchTable` decides the harness events of one request: ``BranchOpened`` on first
   sight; ``ContextCompacted`` when ``x-context-compacted`` is true or when the prompt no longer
   extends the branch's previous prompt (the previous prompt's full blocks are not a prefix of
   the new prompt's blocks), never on a branch's first request; ``BranchEnded`` after the
-  response when the request ends the branch (or carried no branch headers at all).
+  response when the request ends the branch (or carried no branch headers at all), and
+  ``BranchEnded(reason="idle")`` from :meth:`BranchTable.expire` for a branch without a request
+  for longer than its TTL (decided from the ``ts`` values the caller passes, nothing else).
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+
+import msgspec
 
 from events.catalog import BranchEnded, BranchOpened, ContextCompacted, Event, RequestSubmitted
 from events.ids import BlockHash, BranchId, BranchMode, RequestId
@@ -41,14 +51,51 @@ H_MODE = "x-branch-mode"
 H_END = "x-branch-end"
 H_COMPACTED = "x-context-compacted"
 # Dynamo's canonical agent-session headers (dynamo-llm src/protocols/agents.rs, and
-# https://docs.nvidia.com/dynamo/dev/agents/session-i-ds).
+# https://docs.nvidia.com/dynamo/dev/agents/session-i-ds), and its newer trajectory names.
 H_DYN_SESSION = "x-dynamo-session-id"
 H_DYN_PARENT = "x-dynamo-parent-session-id"
 H_DYN_FINAL = "x-dynamo-session-final"
+H_DYN_TRAJ = "x-dynamo-trajectory-id"
+H_DYN_TRAJ_PARENT = "x-dynamo-parent-trajectory-id"
+H_DYN_TRAJ_FINAL = "x-dynamo-trajectory-final"
+# Agent-native headers (the constants HEADER_CLAUDE_CODE_*, HEADER_CODEX_SESSION_ID,
+# HEADER_OPENCODE_* in dynamo-llm's src/protocols/agents.rs).
+H_CC_SESSION = "x-claude-code-session-id"
+H_CC_AGENT = "x-claude-code-agent-id"
+H_CC_PARENT_AGENT = "x-claude-code-parent-agent-id"
+H_OC_SESSION = "x-session-id"
+H_OC_PARENT = "x-parent-session-id"
+H_CODEX_SESSION = "session-id"
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 MAX_ID_LEN = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """One header family: ``branch`` names the branch, ``parent`` its parent. ``child`` (Claude
+    Code's agent id) names the branch instead when present, a sub-agent whose parent is
+    ``parent`` or else the ``branch`` header's id (the session). ``strict``: a self-parent is an
+    error (families a client sets on purpose) rather than ignored (agent-native ones)."""
+
+    source: str
+    branch: str
+    parent: str | None = None
+    child: str | None = None
+    strict: bool = False
+
+
+#: Precedence order: the first family whose branch header is present wins.
+FAMILIES: tuple[Family, ...] = (
+    Family("ei", H_BRANCH, H_PARENT, strict=True),
+    Family("dynamo-trajectory", H_DYN_TRAJ, H_DYN_TRAJ_PARENT, strict=True),
+    Family("dynamo", H_DYN_SESSION, H_DYN_PARENT, strict=True),
+    Family("claude-code", H_CC_SESSION, H_CC_PARENT_AGENT, child=H_CC_AGENT),
+    Family("opencode", H_OC_SESSION, H_OC_PARENT),
+    Family("codex", H_CODEX_SESSION),
+)
+END_HEADERS = (H_END, H_DYN_TRAJ_FINAL, H_DYN_FINAL)
 
 
 class HeaderError(ValueError):
@@ -68,7 +115,7 @@ class BranchSignals:
     mode: BranchMode = "root"
     end: bool = False
     compacted: bool = False
-    source: str = "none"  # ei | dynamo | none
+    source: str = "none"  # a Family.source, or none
 
 
 def _get(headers: Mapping[str, str], name: str) -> str | None:
@@ -90,7 +137,9 @@ def parse_bool(headers: Mapping[str, str], name: str) -> bool:
     raise HeaderError(name, f"expected a boolean (true/false/1/0), got {v!r}")
 
 
-def _ident(headers: Mapping[str, str], name: str) -> str | None:
+def _ident(headers: Mapping[str, str], name: str | None) -> str | None:
+    if name is None:
+        return None
     v = _get(headers, name)
     if v is None:
         return None
@@ -100,39 +149,53 @@ def _ident(headers: Mapping[str, str], name: str) -> str | None:
         raise HeaderError(name, f"longer than {MAX_ID_LEN} characters")
     if any(ord(c) < 32 for c in v):
         raise HeaderError(name, "contains control characters")
+    if not v.isascii():
+        try:  # aiohttp keeps bytes that are not UTF-8 as lone surrogates; no event could carry them
+            v.encode()
+        except UnicodeEncodeError:
+            raise HeaderError(name, f"the {name} header is not valid UTF-8") from None
     return v
 
 
 def parse_branch_headers(headers: Mapping[str, str]) -> BranchSignals:
     """Read the branch signals of one request (``headers`` must be case-insensitive, like
     aiohttp's ``CIMultiDictProxy``, or have lower-case keys). Raises :class:`HeaderError`."""
-    ours = _ident(headers, H_BRANCH)
-    dyn = _ident(headers, H_DYN_SESSION)
-    branch = ours if ours is not None else dyn
-    source = "ei" if ours is not None else ("dynamo" if dyn is not None else "none")
-    parent = _ident(headers, H_PARENT)
-    if parent is None and ours is None:
-        parent = _ident(headers, H_DYN_PARENT)
-    raw_mode = _get(headers, H_MODE)
-    end = parse_bool(headers, H_END) or parse_bool(headers, H_DYN_FINAL)
+    ends = [parse_bool(headers, name) for name in END_HEADERS]  # every one is validated
+    end = any(ends)
     compacted = parse_bool(headers, H_COMPACTED)
-    if branch is None:
-        for name in (H_PARENT, H_MODE, H_DYN_PARENT):
-            if _get(headers, name) is not None:
-                raise HeaderError(name, f"given without {H_BRANCH} (or {H_DYN_SESSION})")
+    raw_mode = _get(headers, H_MODE)
+    fam = next((f for f in FAMILIES if _get(headers, f.branch) is not None), None)
+    if fam is None:
+        for f in FAMILIES:
+            for name in (f.parent, f.child):
+                if name is not None and _get(headers, name) is not None:
+                    raise HeaderError(name, f"given without {f.branch}")
+        if raw_mode is not None:
+            raise HeaderError(H_MODE, f"given without {H_BRANCH} (or another family's branch header)")
         return BranchSignals(branch=None, end=end, compacted=compacted)
+    branch = _ident(headers, fam.branch)
+    parent = _ident(headers, fam.parent)
+    child = _ident(headers, fam.child)
+    if fam.child is not None:  # Claude Code: the session, or a sub-agent of it
+        if child is not None and child != branch:
+            branch, parent = child, (parent if parent is not None and parent != child else branch)
+        else:
+            parent = None
+    assert branch is not None
+    if parent is not None and parent == branch:
+        if fam.strict:
+            raise HeaderError(fam.parent or H_PARENT, "a branch cannot be its own parent")
+        parent = None
     if raw_mode is not None:
         mode = raw_mode.lower()
         if mode not in ("fork", "subagent"):
             raise HeaderError(H_MODE, f"expected 'fork' or 'subagent', got {raw_mode!r}")
         if parent is None:
-            raise HeaderError(H_MODE, f"a {mode} needs {H_PARENT}")
+            raise HeaderError(H_MODE, f"a {mode} needs {fam.parent or H_PARENT}")
     else:
         mode = "subagent" if parent is not None else "root"
-    if parent is not None and parent == branch:
-        raise HeaderError(H_PARENT, "a branch cannot be its own parent")
     return BranchSignals(branch=branch, parent=parent, mode=mode, end=end, compacted=compacted,  # type: ignore[arg-type]
-                         source=source)
+                         source=fam.source)
 
 
 # --------------------------------------------------------------------------- branch table
@@ -147,9 +210,11 @@ class BranchStateError(ValueError):
 @dataclass(slots=True)
 class _Branch:
     session: str
+    eid: str = ""  # the branch id in the events: the header's id, or ``id~N`` once it expired
     version: int = 0
     blocks: list[BlockHash] = field(default_factory=list)  # previous prompt's full blocks
     requests: int = 0
+    last_ts: float = 0.0  # ts of its latest request (idle expiry)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +229,16 @@ class Admission:
     opened: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Expiry:
+    """A branch ended by :meth:`BranchTable.expire`: its session (the partition key) and the
+    ``BranchEnded(reason="idle")`` to publish."""
+
+    branch: str
+    session: str
+    event: BranchEnded
+
+
 def extends(previous: Sequence[BlockHash], new: Sequence[BlockHash]) -> bool:
     """True when ``new`` starts with every block of ``previous`` (the prompt grew)."""
     return len(new) >= len(previous) and list(new[: len(previous)]) == list(previous)
@@ -174,55 +249,99 @@ class BranchTable:
 
     Pure and deterministic: the caller passes ids and ``ts``. Ended branches are remembered
     (up to ``max_ended``, oldest forgotten first) so a late request on them is refused.
+
+    Idle expiry (``ttl_s``; None or <= 0: never): :meth:`expire` ends every open branch whose
+    latest request is more than ``ttl_s`` older than ``now`` with ``BranchEnded(reason="idle")``.
+    An expired branch is not refused later: a new request on its id opens it again under the
+    event id ``<id>~2`` (``~3``, ...), since a branch id that ended on the stream is never
+    reopened there; its session (and so its partition) stays the original one.
     """
 
-    def __init__(self, src: str = "gateway", max_ended: int = 100_000) -> None:
+    def __init__(self, src: str = "gateway", max_ended: int = 100_000, ttl_s: float | None = None) -> None:
         self.src = src
-        self.open: dict[str, _Branch] = {}
+        self.open: OrderedDict[str, _Branch] = OrderedDict()  # least recently active first
         self.ended: OrderedDict[str, None] = OrderedDict()
+        self.expired: OrderedDict[str, int] = OrderedDict()  # header id -> times it expired
         self.max_ended = max_ended
+        self.ttl_s = ttl_s if ttl_s is not None and ttl_s > 0 else None
+
+    def event_id(self, branch: str) -> str:
+        """The id the events give ``branch`` (its current generation's, if it is open)."""
+        st = self.open.get(branch)
+        if st is not None:
+            return st.eid
+        n = self.expired.get(branch, 0)
+        return branch if n == 0 else f"{branch}~{n + 1}"
 
     def admit(self, sig: BranchSignals, branch: str, request: str, blocks: list[BlockHash],
-              prompt_tokens: int, max_tokens: int, block_tokens: int, ts: float) -> Admission:
-        """``branch`` is ``sig.branch`` or, for a request without branch headers, a fresh id."""
+              prompt_tokens: int, max_tokens: int, block_tokens: int, ts: float, *,
+              priority: int | msgspec.UnsetType = msgspec.UNSET,
+              osl: int | msgspec.UnsetType = msgspec.UNSET) -> Admission:
+        """``branch`` is ``sig.branch`` or, for a request without branch headers, a fresh id.
+        ``priority`` / ``osl``: the request's agent hints, carried on ``RequestSubmitted``."""
         if branch in self.ended:
-            raise BranchStateError(branch, f"branch {branch!r} has ended (x-branch-end / "
-                                   f"x-dynamo-session-final was sent); use a new branch id")
+            raise BranchStateError(branch, f"branch {branch!r} has ended (an end header was sent: "
+                                   f"x-branch-end / x-dynamo-session-final / x-dynamo-trajectory-final); "
+                                   f"use a new branch id")
         before: list[Event] = []
         st = self.open.get(branch)
         opened = st is None
         compaction = ""
         if st is None:
             parent = sig.parent if sig.branch is not None else None
+            pst = self.open.get(parent) if parent is not None else None
             # a child joins its parent's session (the parent's own id if this gateway never saw it)
-            session = branch if parent is None else (self.open[parent].session if parent in self.open
-                                                     else parent)
-            st = self.open[branch] = _Branch(session=session)
-            before.append(BranchOpened(ts=ts, src=self.src, branch=BranchId(branch),
-                                       parent=BranchId(parent) if parent else None,
+            session = branch if parent is None else (pst.session if pst is not None else parent)
+            st = self.open[branch] = _Branch(session=session, eid=self.event_id(branch))
+            peid = None if parent is None else (pst.eid if pst is not None else parent)
+            before.append(BranchOpened(ts=ts, src=self.src, branch=BranchId(st.eid),
+                                       parent=BranchId(peid) if peid else None,
                                        mode=sig.mode if parent else "root", session=st.session))
-        elif sig.compacted:
-            compaction = "header"
-        elif not extends(st.blocks, blocks):
-            compaction = "inferred"
+        else:
+            self.open.move_to_end(branch)
+            if sig.compacted:
+                compaction = "header"
+            elif not extends(st.blocks, blocks):
+                compaction = "inferred"
         if compaction:
             st.version += 1
-            before.append(ContextCompacted(ts=ts, src=self.src, branch=BranchId(branch),
+            before.append(ContextCompacted(ts=ts, src=self.src, branch=BranchId(st.eid),
                                            version=st.version, blocks=list(blocks)))
         st.blocks = list(blocks)
         st.requests += 1
-        req = RequestSubmitted(ts=ts, src=self.src, request=RequestId(request), branch=BranchId(branch),
+        st.last_ts = max(st.last_ts, ts) if st.requests > 1 else ts
+        req = RequestSubmitted(ts=ts, src=self.src, request=RequestId(request), branch=BranchId(st.eid),
                                version=st.version, blocks=list(blocks), prompt_tokens=prompt_tokens,
-                               max_tokens=max_tokens, block_tokens=block_tokens)
+                               max_tokens=max_tokens, block_tokens=block_tokens, priority=priority, osl=osl)
         end_after = sig.end or sig.branch is None
         return Admission(before=before, request=req, end_after=end_after, compaction=compaction,
                          opened=opened)
 
     def end(self, branch: str, ts: float) -> BranchEnded | None:
         """Close ``branch``; returns the event to publish (None if it was not open)."""
-        if self.open.pop(branch, None) is None:
+        st = self.open.pop(branch, None)
+        if st is None:
             return None
         self.ended[branch] = None
         while len(self.ended) > self.max_ended:
             self.ended.popitem(last=False)
-        return BranchEnded(ts=ts, src=self.src, branch=BranchId(branch))
+        return BranchEnded(ts=ts, src=self.src, branch=BranchId(st.eid))
+
+    def expire(self, now: float) -> list[Expiry]:
+        """End every open branch idle for longer than ``ttl_s`` at time ``now`` (a request's
+        ``ts`` or a tick's): ``BranchEnded(ts=now, reason="idle")`` each, oldest first."""
+        if self.ttl_s is None:
+            return []
+        out: list[Expiry] = []
+        limit = now - self.ttl_s
+        while self.open:
+            branch, st = next(iter(self.open.items()))
+            if st.last_ts >= limit:  # idle for at most ttl_s
+                break
+            del self.open[branch]
+            self.expired[branch] = self.expired.pop(branch, 0) + 1
+            while len(self.expired) > self.max_ended:
+                self.expired.popitem(last=False)
+            out.append(Expiry(branch, st.session, BranchEnded(ts=now, src=self.src, branch=BranchId(st.eid),
+                                                              reason="idle")))
+        return out

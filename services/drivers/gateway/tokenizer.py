@@ -13,7 +13,10 @@ with the generation prompt ``<|assistant|>\\n``. The generation prompt is a pref
 rendered assistant message, so the next turn's prompt extends this turn's prompt (the
 gateway's compaction rule depends on that). Content may be a string or a list of parts;
 text parts are joined, other parts become ``[<type>]``. An assistant's ``tool_calls`` are
-appended as compact JSON; a tool message's ``tool_call_id`` is shown in its role tag.
+appended as compact JSON; a tool message's ``tool_call_id`` is shown in its role tag. Tool
+definitions (``tools``: OpenAI's ``function`` objects, or Anthropic's tools mapped to the same
+``{"name", "description", "parameters"}`` shape) come first, as one ``<|tools|>\n[...]<|end|>\n``
+block of compact JSON with sorted keys, so the same tools cost the same tokens on either API.
 """
 
 from __future__ import annotations
@@ -104,11 +107,19 @@ def _content_text(content: object, at: str) -> str:
     raise TemplateError(at, "must be a string, a list of parts or null")
 
 
-def render_chat(messages: object) -> str:
-    """Render OpenAI chat ``messages`` with the template above (see the module docstring)."""
+def render_tools(tools: Sequence[dict] | None) -> str:
+    """The tools block (empty without tools): ``<|tools|>\n{compact JSON}<|end|>\n``."""
+    if not tools:
+        return ""
+    return f"<|tools|>\n{json.dumps(list(tools), separators=(',', ':'), sort_keys=True)}<|end|>\n"
+
+
+def render_chat(messages: object, tools: Sequence[dict] | None = None) -> str:
+    """Render OpenAI chat ``messages`` (after the ``tools`` block, if any) with the template
+    above (see the module docstring)."""
     if not isinstance(messages, list) or not messages:
         raise TemplateError("messages", "must be a non-empty list of messages")
-    parts = []
+    parts = [render_tools(tools)]
     for i, m in enumerate(messages):
         at = f"messages[{i}]"
         if not isinstance(m, dict):

@@ -195,7 +195,9 @@ def plan_children(args, url: str, run_dir: Path, db: Path,
                 svc("directory", "directory", G_SERVICE, *mport("directory")),
                 svc("planner", "planner", G_SERVICE, "--planner", args.planner,
                     *[f"--planner-arg={a}" for a in args.planner_arg], "--tick-s", str(args.tick_s),
-                    "--heartbeat-timeout-s", str(args.heartbeat_timeout_s), "--time-scale", str(args.time_scale),
+                    # up's timeout is wall-clock seconds; the watcher compares event ts (model time)
+                    "--heartbeat-timeout-s", str(args.heartbeat_timeout_s * args.time_scale),
+                    "--time-scale", str(args.time_scale),
                     "--clock-epoch", repr(args.clock_epoch), *mport("planner")),
                 svc("router", "router", G_SERVICE, "--router", args.router,
                     *[f"--router-arg={a}" for a in args.router_arg], *mport("router"))]
@@ -212,8 +214,10 @@ def plan_children(args, url: str, run_dir: Path, db: Path,
         if args.kv_bytes:
             extra += ["--kv-bytes", "--kv-block-bytes", str(args.kv_block_bytes)]
         children.append(Child(f"engine-n{i}", [py, "-m", "engine.worker", "--node", f"n{i}", "--role", role,
-                                               *common, "--time-scale", str(args.time_scale), "--seed", str(i),
-                                               *extra, *args.engine_arg], G_ENGINE, logs / f"engine-n{i}.log"))
+                                               *common, "--time-scale", str(args.time_scale),
+                                               "--clock-epoch", repr(args.clock_epoch), "--seed", str(i),
+                                               *extra, *mport(f"engine-n{i}"), *args.engine_arg], G_ENGINE,
+                              logs / f"engine-n{i}.log"))
     urls: dict = {"nats": url, "db": str(db), "logs": str(logs),
                   "metrics": {k: f"http://127.0.0.1:{v}/metrics" for k, v in metrics.items()}}
     if not args.no_gateway:
@@ -296,11 +300,12 @@ class Up:
                     await self._wait_services(bus)
                     if self.failure is not None:
                         break  # a plug-in did not load: start nothing more
-                    await self._wait_metrics()  # the start line names the ports: they answer
+                    await self._wait_metrics(engines=False)  # the start line names the ports: they answer
             if self.failure is None:
+                await self._wait_metrics()  # the engines' too (their server starts before they register)
                 self.say("started", **start_fields(self.urls))
                 watch = asyncio.create_task(self._watch_stream(bus))
-                ready = asyncio.create_task(self._write_ready())
+                ready = asyncio.create_task(self._write_ready(bus))
                 try:
                     await self._supervise()
                 finally:
@@ -377,9 +382,10 @@ class Up:
                 return
             await asyncio.sleep(0.1)
 
-    async def _wait_metrics(self, timeout_s: float = 15.0) -> None:
-        """Wait until every service's metrics port accepts connections (bounded)."""
-        ports = [int(u.rsplit(":", 1)[1].split("/")[0]) for u in self.urls.get("metrics", {}).values()]
+    async def _wait_metrics(self, timeout_s: float = 15.0, engines: bool = True) -> None:
+        """Wait until every service's (and engine's) metrics port accepts connections (bounded)."""
+        ports = [int(u.rsplit(":", 1)[1].split("/")[0]) for name, u in self.urls.get("metrics", {}).items()
+                 if engines or not name.rsplit("/", 1)[-1].startswith("engine-")]
         deadline = time.monotonic() + timeout_s
         while ports and time.monotonic() < deadline and not self.stop.is_set():
             try:
@@ -400,7 +406,50 @@ class Up:
                 log.error("child_plugin_failed", child=c.name, log=str(c.log_path))
                 self.stop.set()
 
-    async def _write_ready(self) -> None:
+    async def _wait_engines(self, bus, timeout_s: float) -> bool:
+        """Wait until every engine's ``NodeRegistered`` is on its partition's stream (read from
+        sequence 1); after ``timeout_s`` (0: no limit) fail naming the engines still missing."""
+        want: dict[str, set[str]] = {}
+        for c in self.children:
+            if c.group == G_ENGINE:
+                want.setdefault(c.cmd[c.cmd.index("--partition") + 1], set()).add(c.cmd[c.cmd.index("--node") + 1])
+        seen: set[str] = set()
+
+        async def watch(part: str, nodes: set[str]) -> None:
+            b = bus if part == bus.partition else NatsBus(bus.nc, bus.js, part, bus.settings)
+            async with b.consumer(None, start_seq=1, subjects=f"ei.{part}.node.>") as c:
+                async for d in c:
+                    if isinstance(d.event, NodeRegistered) and d.event.node in nodes:
+                        seen.add(d.event.node)
+                        if nodes <= seen:
+                            return
+
+        if not want:
+            return True  # no engines (`--engines 0`): nothing to wait for
+        # tasks, not wait_for(gather(...)): when `up` stops first (the bus died, Ctrl-C), cancelling
+        # a gather leaves its CancelledError unretrieved and asyncio prints it after our last line
+        tasks = [asyncio.create_task(watch(p, n), name=f"wait-engines-{p}") for p, n in want.items()]
+        try:
+            _, pending = await asyncio.wait(tasks, timeout=timeout_s or None)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if not pending:  # every watch ended: all registered, or one failed with the bus (`up` is stopping)
+            return all(not t.cancelled() and t.exception() is None for t in tasks)
+        missing = sorted(set().union(*want.values()) - seen)
+        logs = ", ".join(str(c.log_path) for c in self.children if c.group == G_ENGINE
+                         and c.cmd[c.cmd.index("--node") + 1] in missing)
+        self.failure = (f"engine(s) {', '.join(missing)} did not register (NodeRegistered) within "
+                        f"--ready-timeout-s {timeout_s:g} s: no ready file (logs: {logs})")
+        self.exit_code = 1
+        log.error("engines_not_registered", missing=missing, timeout_s=timeout_s)
+        self.stop.set()
+        return False
+
+    async def _write_ready(self, bus) -> None:
+        if not await self._wait_engines(bus, getattr(self.args, "ready_timeout_s", 120.0)):
+            return
         gw = self.urls.get("gateway")
         if gw:
             async with aiohttp.ClientSession() as http:

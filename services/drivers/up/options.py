@@ -42,11 +42,15 @@ def add_up_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--planner", default="evolving")
     p.add_argument("--planner-arg", action="append", default=[], metavar="K=V")
     p.add_argument("--tick-s", type=float, default=1.0)
-    p.add_argument("--heartbeat-timeout-s", type=float, default=10.0)
+    p.add_argument("--heartbeat-timeout-s", type=float, default=10.0,
+                   help="remove an engine silent this long, wall-clock seconds at any --time-scale (0: never)")
     p.add_argument("--metrics-port", type=int, default=0,
                    help="first metrics port; services take consecutive ports (0: free ports; -1: off)")
     p.add_argument("--no-status", action="store_true", help="no rich status line (plain log lines)")
-    p.add_argument("--ready-file", default=None, help="write the URLs here as JSON once everything answers")
+    p.add_argument("--ready-file", default=None,
+                   help="write the URLs here as JSON once every engine has registered and the gateway answers")
+    p.add_argument("--ready-timeout-s", type=float, default=120.0,
+                   help="stop (exit 1, naming them) if the engines have not all registered by then (0: wait)")
     p.add_argument("--run-seconds", type=float, default=0.0, help="stop after this long (0: until Ctrl-C)")
     p.add_argument("--stop-timeout-s", type=float, default=10.0)
     p.add_argument("--nats-restarts", type=int, default=5,

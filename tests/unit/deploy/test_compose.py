@@ -98,7 +98,7 @@ def test_gpu_profile_runs_sglang_servers_behind_our_workers():
     from urllib.parse import urlparse
 
     from engine.backends.sglang.options import check_args
-    from engine.worker import build_parser
+    from engine.worker.__main__ import build_parser
 
     gpu = _services("gpu")
     servers = {k: v for k, v in gpu.items() if k.startswith("sglang-")}

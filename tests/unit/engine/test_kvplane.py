@@ -19,7 +19,8 @@ from engine.kvplane import KvBytesConfig, LocalExchange, TcpExchange, layout_for
 from engine.profiles import load_profile
 from engine.transfer import TransferError
 from engine.transfer.loopback import LoopbackFabric
-from engine.worker import EngineWorker, main
+from engine.worker.__main__ import main
+from engine.worker.loop import EngineWorker
 from events.catalog import (
     FetchStep,
     KvEvicted,

@@ -257,3 +257,27 @@ def test_a_collocated_node_not_switching_makes_the_same_prefills_wait_for_its_de
     ttft = max(e.ts for e in h.at(FirstToken) if e.request != "long")
     ttft_switched = max(e.ts for e in switched.at(FirstToken) if e.request != "long")
     assert ttft_switched < ttft
+
+
+def test_a_higher_priority_job_goes_ahead_of_queued_ones_equal_ones_keep_their_order():
+    """``nvext.agent_hints.priority`` (PrefillJob.priority): a queued, not started job of lower
+    priority waits behind it; the running one is never displaced. Each job fills a whole
+    iteration (16,384 tokens), so the first-token order is the queue order."""
+    h = Host()
+    n = h.add("a", "collocated")
+    big = 256 * 64  # one full prefill iteration each
+
+    def j(rid, base, prio):
+        return replace(job(rid, list(range(base, base + 256)), big, 1), priority=prio)
+
+    n.enqueue_prefill(j("first", 10_000, 0))  # running by the time the others arrive
+
+    def later():
+        for rid, base, prio in [("low", 20_000, 0), ("low2", 30_000, 0), ("high", 40_000, 5),
+                                ("neg", 50_000, -1), ("zero", 60_000, 0)]:
+            n.enqueue_prefill(j(rid, base, prio))
+
+    h.schedule(0.001, later)
+    h.run()
+    order = [e.request for e in sorted(h.at(FirstToken), key=lambda e: e.ts)]
+    assert order == ["first", "high", "low", "low2", "zero", "neg"]

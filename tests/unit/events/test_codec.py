@@ -38,6 +38,8 @@ def _strategy_for(tp):
         return st.one_of(*[_strategy_for(a) for a in args])
     if tp is type(None):
         return st.none()
+    if tp is msgspec.UnsetType:  # a field appended with msgspec.UNSET: absent from the payload
+        return st.just(msgspec.UNSET)
     if origin is list:
         return st.lists(_strategy_for(args[0]), max_size=5)
     if isinstance(tp, type) and issubclass(tp, msgspec.Struct):

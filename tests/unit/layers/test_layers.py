@@ -1,6 +1,6 @@
 """The layer rule (docs/contracts.md): imports only go down or sideways, never up; no circles.
 
-    3 drivers   services/drivers/, engine/worker.py, replay/ (sim, experiments, cli)
+    3 drivers   services/drivers/, engine/worker/, replay/ (sim, experiments, cli)
     2 adapters  services/adapters/, engine/ (backends, KV pool, transfer), kernels/, replay/traces/
     1 cores     services/cores/
     0 events    events/
@@ -40,7 +40,7 @@ LAYER_OF = {
     "replay.traces": ADAPTERS,  # the trace format and importers: the gateway's drive and the simulator share it
     "services": DRIVERS,  # services/__init__.py: the docstring only
     "services.drivers": DRIVERS,
-    "engine.worker": DRIVERS,  # the node worker process (ARCHITECTURE.md puts it in engine/)
+    "engine.worker": DRIVERS,  # the node worker process, engine/worker/ (ARCHITECTURE.md puts it in engine/)
     "replay": DRIVERS,
 }
 

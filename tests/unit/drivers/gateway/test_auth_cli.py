@@ -124,3 +124,14 @@ def test_two_gateways_keep_their_own_registries():
     assert fams["ei_gateway_output_tokens"].type == "counter"
     labels = {s.labels["endpoint"] for s in fams["ei_gateway_requests"].samples if s.name.endswith("_total")}
     assert labels == {"chat", "completions"}
+
+
+def test_regression_key_that_is_not_utf8_is_a_401_not_a_500():
+    """``x-api-key: \\xff`` (aiohttp: ``"\\udcff"``) raised UnicodeEncodeError in check (a 500)."""
+    keys = ApiKeys({"sk-alpha-0001"})
+    for header, x_api_key in ((None, "\udcff"), ("Bearer \udcff\udcfe\udcfd", None)):
+        with pytest.raises(ApiError) as ei:
+            keys.check(header, x_api_key)
+        assert (ei.value.status, ei.value.code) == (401, "invalid_api_key")
+    keys = ApiKeys({"sk-clé-00001"})  # a UTF-8 key still matches (aiohttp decodes UTF-8)
+    keys.check(None, "sk-clé-00001")

@@ -154,9 +154,29 @@ def test_ended_memory_is_bounded():
 def test_scaled_clock():
     import time
 
-    from services.drivers.gateway.app import scaled_clock
+    from services.drivers.gateway.config import scaled_clock
 
     assert scaled_clock(1.0, None) is time.time
     e = time.time() - 100.0
     c = scaled_clock(10.0, e)
     assert c() - e >= 1000.0  # 100 wall seconds since the epoch are >= 1000 model seconds
+
+
+# Found by bad input at the gateway (docs/gateway.md, "OpenAPI description and fuzzing"): aiohttp
+# keeps header bytes that are not UTF-8 as lone surrogates ("\xff\xfe" -> "\udcff\udcfe"); such
+# an id reached events.wire.token_key (500) or the bus encoder (503) instead of being a 400.
+@pytest.mark.parametrize("headers, field", [
+    ({"x-branch-id": "\udcff\udcfe"}, "x-branch-id"),
+    ({"x-claude-code-session-id": "\udc80"}, "x-claude-code-session-id"),
+    ({"session-id": "\udcff"}, "session-id"),
+    ({"x-branch-id": "a", "x-parent-branch-id": "\udcc3"}, "x-parent-branch-id"),
+    ({"x-claude-code-session-id": "s", "x-claude-code-agent-id": "a\udcff"}, "x-claude-code-agent-id"),
+])
+def test_regression_ids_that_are_not_utf8_are_refused(headers, field):
+    with pytest.raises(HeaderError, match="not valid UTF-8") as ei:
+        parse_branch_headers(headers)
+    assert ei.value.field == field
+
+
+def test_utf8_ids_are_fine():
+    assert parse_branch_headers({"x-branch-id": "é/ü"}).branch == "é/ü"

@@ -89,3 +89,11 @@ def test_token_msg_round_trip_and_sim_text():
     m = TokenMsg(request="r", kind="chunk", tokens=3, total=4, text=sim_text(3), simulated=True)
     assert decode(encode(m)) == m
     assert sim_text(2) == "tok tok " and sim_text(-1) == ""
+
+
+def test_tools_render_first_as_one_block_and_not_at_all_without_tools():
+    msgs = [{"role": "user", "content": "hi"}]
+    tools = [{"name": "f", "parameters": {"type": "object", "a": 1}}]
+    assert render_chat(msgs, tools) == ('<|tools|>\n[{"name":"f","parameters":{"a":1,"type":"object"}}]<|end|>\n'
+                                        + render_chat(msgs))
+    assert render_chat(msgs, []) == render_chat(msgs, None) == render_chat(msgs)

@@ -1,0 +1,125 @@
+"""An engine worker's Prometheus metrics (``/metrics`` on ``--metrics-port``, docs/live.md).
+
+One registry per worker (several workers share a process in tests). Every metric carries
+``node``. The gauges are read when scraped, from what the worker already knows: the backend's
+load (the numbers its heartbeat reports) and the worker's own directory view; the counters
+follow the events the node emits (:meth:`EngineMetrics.observe`, called for each of them
+before it is published). Gauge names follow SGLang's where one exists
+(``sglang:num_running_reqs`` / ``sglang:num_queue_reqs`` -> ``ei_engine_num_running_reqs`` /
+``ei_engine_num_queue_reqs``), counters SGLang's ``*_tokens_total``.
+
+======================================  =======  ===========================================
+metric                                  type     meaning
+======================================  =======  ===========================================
+``ei_engine_num_running_reqs``          gauge    requests running on the node (heartbeat's)
+``ei_engine_num_queue_reqs``            gauge    requests queued on the node (heartbeat's)
+``ei_engine_kv_used_tokens{tier}``      gauge    KV tokens held in ``L1`` (GPU) / ``L2`` (host)
+``ei_engine_kv_blocks{tier}``           gauge    KV blocks the worker's directory view says
+                                                 the node holds in ``tier``
+``ei_engine_role{role}``                gauge    1 for the node's current role, 0 for others
+``ei_engine_iterations_total{phase}``   counter  ``IterationDone`` by phase
+``ei_engine_iteration_seconds_total``   counter  their ``duration_s`` summed, by phase
+``ei_engine_requests_started_total``    counter  ``RequestStarted`` by phase
+``ei_engine_requests_finished_total``   counter  ``RequestFinished`` by status (ok|error)
+``ei_engine_prompt_tokens_total``       counter  prompt tokens the node prefilled, cached
+                                                 ones included (``RequestStarted`` prefill:
+                                                 the request's prompt length)
+``ei_engine_cached_tokens_total``       counter  of those, reused from cache
+                                                 (``RequestStarted.cached_tokens``)
+``ei_engine_generation_tokens_total``   counter  output tokens of finished requests
+``ei_engine_events_total{type}``        counter  events the node emitted, by type
+======================================  =======  ===========================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from engine.backend import NodeLoad
+from events.catalog import Event, IterationDone, RequestFinished, RequestStarted
+
+ROLES = ("collocated", "prefill", "decode")
+TIERS = ("L1", "L2")
+
+
+class _Gauges(Collector):
+    """The scrape-time gauges: one ``load()`` per scrape."""
+
+    def __init__(self, node: str, load: Callable[[], NodeLoad], kv_blocks: Callable[[str], int]) -> None:
+        self.node, self.load, self.kv_blocks = node, load, kv_blocks
+
+    def collect(self):
+        ld = self.load()
+        n = self.node
+        running = GaugeMetricFamily("ei_engine_num_running_reqs", "requests running on the node", labels=["node"])
+        running.add_metric([n], ld.running)
+        queued = GaugeMetricFamily("ei_engine_num_queue_reqs", "requests queued on the node", labels=["node"])
+        queued.add_metric([n], ld.queued)
+        used = GaugeMetricFamily("ei_engine_kv_used_tokens", "KV tokens held, by tier (L1 GPU, L2 host)",
+                                 labels=["node", "tier"])
+        used.add_metric([n, "L1"], ld.l1_used_tokens)
+        used.add_metric([n, "L2"], ld.l2_used_tokens)
+        blocks = GaugeMetricFamily("ei_engine_kv_blocks", "KV blocks the worker's directory view holds for the "
+                                   "node, by tier", labels=["node", "tier"])
+        for tier in TIERS:
+            blocks.add_metric([n, tier], self.kv_blocks(tier))
+        role = GaugeMetricFamily("ei_engine_role", "1 for the node's current role", labels=["node", "role"])
+        for r in ROLES:
+            role.add_metric([n, r], 1.0 if ld.role == r else 0.0)
+        yield from (running, queued, used, blocks, role)
+
+
+class EngineMetrics:
+    """The metrics of one engine worker, in a registry of its own. ``service`` names it in
+    the metrics server's log line (services/adapters/metrics.py, ``MetricsServer``)."""
+
+    def __init__(self, node: str, load: Callable[[], NodeLoad], kv_blocks: Callable[[str], int]) -> None:
+        self.node = node
+        self.service = f"engine-{node}"
+        self.registry = r = CollectorRegistry()
+        r.register(_Gauges(node, load, kv_blocks))
+        lab = ["node"]
+        self.iterations = Counter("ei_engine_iterations", "IterationDone by phase", lab + ["phase"], registry=r)
+        self.iteration_s = Counter("ei_engine_iteration_seconds", "IterationDone duration_s summed, by phase",
+                                   lab + ["phase"], registry=r)
+        self.started = Counter("ei_engine_requests_started", "RequestStarted by phase", lab + ["phase"], registry=r)
+        self.finished = Counter("ei_engine_requests_finished", "RequestFinished by status (ok|error)",
+                                lab + ["status"], registry=r)
+        self.prompt = Counter("ei_engine_prompt_tokens", "prompt tokens prefilled (cached ones included)", lab,
+                              registry=r)
+        self.cached = Counter("ei_engine_cached_tokens", "prompt tokens reused from cache", lab, registry=r)
+        self.generated = Counter("ei_engine_generation_tokens", "output tokens of finished requests", lab,
+                                 registry=r)
+        self.events = Counter("ei_engine_events", "events the node emitted, by type", lab + ["type"], registry=r)
+        for c in (self.prompt, self.cached, self.generated):
+            c.labels(node)  # export zeros from the start
+        for phase in ("prefill", "decode"):
+            self.iterations.labels(node, phase)
+            self.started.labels(node, phase)
+
+    def observe(self, event: Event, prompt_tokens: int = 0) -> None:
+        """One event the node emitted (``prompt_tokens``: the request's, for a prefill start)."""
+        n, t = self.node, type(event)
+        self.events.labels(n, t.__name__).inc()
+        if t is IterationDone:
+            self.iterations.labels(n, event.phase).inc()
+            self.iteration_s.labels(n, event.phase).inc(max(0.0, event.duration_s))
+        elif t is RequestStarted and event.node == n:
+            self.started.labels(n, event.phase).inc()
+            if event.phase == "prefill":
+                self.prompt.labels(n).inc(max(prompt_tokens, event.cached_tokens))
+                self.cached.labels(n).inc(event.cached_tokens)
+        elif t is RequestFinished:
+            self.finished.labels(n, "error" if event.error else "ok").inc()
+            self.generated.labels(n).inc(event.output_tokens)
+
+    def value(self, name: str, **labels: str) -> float:
+        """A sample's value (tests)."""
+        return float(self.registry.get_sample_value(name, {"node": self.node, **labels}) or 0.0)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

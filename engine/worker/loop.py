@@ -1,0 +1,224 @@
+"""``EngineWorker``: one node, an engine backend (engine/backend.py) on the bus. It owns the state
+(the worker's view, the queue of publications, the counters), the backend's ``WorkerHost``
+callbacks, and start and stop; folding the stream in is engine/worker/stream.py, publishing
+out engine/worker/publish.py (engine/worker/__init__.py tells the whole life)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from engine.backend import EngineBackend
+from engine.backends.sim.backend import SimBackend
+from engine.metrics import EngineMetrics
+from engine.profiles import Profile
+from engine.transfer import make_transfer
+from engine.worker.host import RemotePeer, WallClockHost
+from engine.worker.publish import Publishing
+from engine.worker.stream import StreamFolding
+from events.catalog import Event, FirstToken, NodeRegistered, NodeRemoved, RequestFinished, RequestStarted
+from events.ids import NodeId, Role
+from events.wire import TokenMsg
+from services.adapters.logging import get_logger
+from services.cores.directory.core import DirectoryCore
+from services.cores.directory.eviction import POLICIES
+from services.cores.worker_view import WorkerView
+
+if TYPE_CHECKING:  # torch is imported only with --kv-bytes
+    from engine.kvplane import KvBytesConfig
+
+log = get_logger("worker")
+ROLES = ("collocated", "prefill", "decode")
+BACKENDS = ("sim", "sglang", "vllm")
+
+
+class EngineWorker(StreamFolding, Publishing):
+    """One node: an engine backend, the worker's view of the partition, the bus and the token
+    channel. ``backend`` is ``"sim"`` or a factory ``(host, worker) -> EngineBackend``."""
+
+    def __init__(self, bus, tokens, node: str, role: Role, profile: Profile, *, seed: int = 0,
+                 time_scale: float = 1.0, fetch_mode: str = "async", eviction: str = "count_aware",
+                 heartbeat_s: float = 1.0, token_interval_s: float = 0.2, clock_epoch: float | None = None,
+                 epoch: float | None = None, backend: str | Callable = "sim", snapshot_every: int = 2000,
+                 kv_bytes: KvBytesConfig | None = None) -> None:
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+        self.bus, self.tokens = bus, tokens
+        self.node_id = NodeId(node)
+        self.src = node
+        self.profile = profile
+        self.view = WorkerView()
+        self.policy = POLICIES[eviction](profile.block_tokens)
+        if epoch is None and clock_epoch is not None:  # the clock every process of a run shares
+            epoch = clock_epoch + (time.time() - clock_epoch) * time_scale
+        self.host = WallClockHost(time_scale, self._on_emit, self._choose, self._peer, epoch=epoch,
+                                  token=self._out_token)
+        if backend == "sim":
+            self.backend: EngineBackend = SimBackend(self.host, node, role, profile, seed=seed, fetch_mode=fetch_mode)
+        elif callable(backend):
+            self.backend = backend(self.host, self)
+        else:
+            raise ValueError(f"backend must be one of {BACKENDS} or a factory, got {backend!r}")
+        self.heartbeat_s, self.token_interval_s = heartbeat_s, token_interval_s
+        self.snapshot_every = snapshot_every
+        self.snapshot_key = f"engine-{node}"
+        self._out: asyncio.Queue = asyncio.Queue()
+        self._decode_for: dict[str, str] = {}  # request -> prefill node, for requests we decode
+        self._queued_here: set[str] = set()
+        self._head = 0
+        self.applied_seq = 0  # last stream sequence folded into the view
+        self.restored_from = 0  # snapshot position the worker started from (0: folded from 1)
+        self._unechoed = 0  # own events published whose echo has not come back yet
+        self._since_snap = 0
+        self._tasks: list[asyncio.Task] = []
+        self._stopping = False
+        self.rejoins = 0  # registrations again after the stream said this node was removed
+        self.live = asyncio.Event()
+        self.published = 0
+        self.publish_retries = 0  # publications that failed at least once and were tried again
+        self._boot = uuid.uuid4().hex[:12]  # message ids of this run: a restart never reuses one
+        self._msg_seq = 0
+        self.kv = None  # engine.kvplane.KvDataPlane with --kv-bytes
+        self.metrics = EngineMetrics(node, self.backend.load, self._kv_blocks)
+        self._cached: dict[str, int] = {}  # request -> cached prompt tokens, until its "first" token message
+        if kv_bytes is not None:
+            if self.backend.name != "sim":
+                raise ValueError("--kv-bytes runs with the sim backend (SGLang moves its own KV)")
+            from engine.kvplane import KvDataPlane  # lazy: optional dependency (torch; --kv-bytes only)
+
+            transfer = make_transfer(kv_bytes.transfer, node=node, host=kv_bytes.host, fabric=kv_bytes.fabric)
+            self.kv = KvDataPlane(node, profile.block_tokens, profile.l1_capacity_tokens // profile.block_tokens,
+                                  profile.l2_capacity_tokens // profile.block_tokens, kv_bytes, transfer)
+
+    # ------------------------------------------------------------------ view
+    @property
+    def directory(self) -> DirectoryCore:
+        return self.view.directory
+
+    @property
+    def node(self):
+        """The sim node model (tests and the sim backend only)."""
+        return getattr(self.backend, "node", None)
+
+    # ------------------------------------------------------------------ WorkerHost callbacks
+    def _kv_blocks(self, tier: str) -> int:
+        return len(self.directory.copies(self.node_id, tier)) if self.node_id in self.directory.nodes() else 0
+
+    def _on_emit(self, event: Event) -> None:
+        if self.kv is not None:
+            self.kv.observe(event)  # bytes follow the fact before peers learn of it
+        t = type(event)
+        if t is RequestStarted and event.phase == "prefill" and event.node == self.node_id:
+            self._cached[event.request] = event.cached_tokens
+            req = self.view.requests.get(event.request)
+            self.metrics.observe(event, req.prompt_tokens if req is not None else 0)
+        else:
+            if t is RequestFinished:
+                self._cached.pop(event.request, None)
+            self.metrics.observe(event)
+        self.view.apply(event)
+        self._unechoed += 1
+        self._out.put_nowait(event)
+        if type(event) is FirstToken:
+            self._queued_here.discard(event.request)  # prefill done: no longer movable by a reroute
+
+    def _out_token(self, msg: TokenMsg) -> None:
+        if msg.kind == "first":
+            cached = self._cached.pop(msg.request, None)
+            if cached is not None:
+                msg = msgspec.structs.replace(msg, cached_tokens=cached)
+        self._out.put_nowait(msg)
+
+    def _choose(self, node, tier, tokens, pinned):
+        return self.policy.choose(self.directory, node, tier, tokens, pinned)
+
+    def _peer(self, node):
+        if node == self.node_id:
+            return self.backend
+        return RemotePeer(node, self.directory)
+
+    def _publish_own(self, event: Event) -> None:
+        self.metrics.observe(event)
+        self.view.apply(event)
+        self._unechoed += 1
+        self._out.put_nowait(event)
+
+    async def _progress(self) -> None:
+        while True:
+            await asyncio.sleep(self.token_interval_s)
+            self.host.catch_up()
+            self.backend.progress()
+
+    def health(self) -> dict:
+        """``/healthz``: ready (200) once registered and serving, else 503."""
+        return {"ready": self.live.is_set(), "node": self.node_id, "role": self.backend.role,
+                "backend": self.backend.name, "applied_seq": self.applied_seq, "published": self.published,
+                "publish_retries": self.publish_retries}
+
+    def registration(self) -> NodeRegistered:
+        p = self.profile
+        return NodeRegistered(ts=self.host.catch_up(), src=self.src, node=self.node_id, role=self.backend.role,
+                              gpus=p.gpus_per_node, l1_capacity_tokens=p.l1_capacity_tokens,
+                              l2_capacity_tokens=p.l2_capacity_tokens,
+                              prefill_token_budget=p.prefill_token_budget, max_running_requests=p.max_running,
+                              t_fwd=p.t_fwd, profile=p.name,
+                              transfer_endpoint=self.kv.endpoint if self.kv is not None else "")
+
+    async def start(self) -> None:
+        """Start the backend, restore snapshot + tail, register, and start serving."""
+        await self.backend.start()
+        if self.kv is not None:
+            await self.kv.start()
+        await self.load_snapshot()
+        self._head = await self.bus.last_seq()
+        caught_up = asyncio.Event()
+        self._tasks.append(asyncio.create_task(self._publisher(), name="publisher"))
+        self._tasks.append(asyncio.create_task(self._consume(caught_up), name="consumer"))
+        await caught_up.wait()
+        if self.node_id in self.directory.nodes():
+            self._publish_own(NodeRemoved(ts=self.host.catch_up(), src=self.src, node=self.node_id,
+                                          reason="restarted"))
+        self._publish_own(self.registration())
+        self._tasks.append(asyncio.create_task(self.host.run(), name="node"))
+        self._tasks.append(asyncio.create_task(self._progress(), name="progress"))
+        await self._out.join()
+        # heartbeats bypass the queue: start them once the registration is on the stream
+        self._tasks.append(asyncio.create_task(self._heartbeats(), name="heartbeat"))
+        self.live.set()
+        log.info("worker_up", node=self.node_id, role=self.backend.role, backend=self.backend.name,
+                 profile=self.profile.name, restored_from=self.restored_from, head=self._head,
+                 time_scale=self.host.scale)
+
+    async def stop(self, reason: str = "shutdown") -> None:
+        """Publish ``NodeRemoved``, flush everything queued, snapshot, cancel the tasks."""
+        self._stopping = True  # a removal seen from now on is not answered by registering again
+        for t in self._tasks[2:]:
+            t.cancel()
+        self._publish_own(NodeRemoved(ts=self.host.catch_up(), src=self.src, node=self.node_id, reason=reason))
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._out.join(), 10.0)
+        for _ in range(100):  # let the echoes come back, so the snapshot is consistent
+            if not self._unechoed:
+                break
+            await asyncio.sleep(0.02)
+        await self.snapshot()
+        if self.kv is not None:
+            await self.kv.drain()
+            summary = self.kv.summary()
+            (log.error if summary["failed"] else log.info)("kv_bytes_summary", node=self.node_id, **summary)
+            await self.kv.close()
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks.clear()
+        with contextlib.suppress(Exception):
+            await self.backend.close()
+        log.info("worker_stopped", node=self.node_id, reason=reason)

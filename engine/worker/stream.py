@@ -1,0 +1,171 @@
+"""The worker's way in from the stream: fold each delivery into the worker's view, and from the
+start head on act on it (a route enqueues or takes back a prefill job, a ``SwitchRole`` orders a
+switch, a peer's ``FirstToken`` admits the decode, a removal of this node registers it again);
+the view's snapshots (engine/worker/__init__.py, 1-3 and 6)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from engine.backend import DecodeJob, PrefillJob
+from events.catalog import (
+    Event,
+    FirstToken,
+    KvStored,
+    NodeHeartbeat,
+    NodeRegistered,
+    NodeRemoved,
+    RouteDecided,
+    SwitchRole,
+)
+from events.ids import NodeId
+from services.adapters.logging import get_logger
+from services.cores.contract import Sequenced
+from services.cores.worker_view import WorkerView
+
+log = get_logger("worker")
+
+
+class StreamFolding:
+    """``EngineWorker``'s stream input (engine/worker/loop.py holds the state: ``view``, ``backend``,
+    ``host``, ``_head``, ``applied_seq``, ``_unechoed``, ``_since_snap``, ``_decode_for``,
+    ``_queued_here``)."""
+
+    # ------------------------------------------------------------------ stream input
+    def fold(self, seq: int, event: Event) -> None:
+        """One delivery from the stream (in order). Up to the start head: the view only."""
+        own_echo = seq > self._head and getattr(event, "src", None) == self.src
+        self._peers_of(seq, event)
+        held = None
+        if (type(event) is NodeRemoved and event.node == self.node_id and not own_echo and seq > self._head
+                and self.live.is_set() and not self._stopping):
+            held = {tier: self.directory.copies(self.node_id, tier) for tier in ("L1", "L2")}
+        if own_echo:
+            if type(event) is not NodeHeartbeat:  # heartbeats skip the view and the count (_heartbeats)
+                self._unechoed = max(0, self._unechoed - 1)
+        else:
+            self.view.apply(event)
+        if held is not None and self.node_id not in self.directory.nodes():
+            self._rejoin(event, held)
+        self.applied_seq = max(self.applied_seq, seq)
+        self._since_snap += 1
+        if seq <= self._head:
+            return
+        t = type(event)
+        if t is RouteDecided and not event.shadow:
+            self._on_route(event)
+        elif t is SwitchRole and event.node == self.node_id:
+            self.host.catch_up()
+            log.info("switch_ordered", node=self.node_id, to_role=event.to_role, mechanism=event.mechanism)
+            self.backend.order_switch(event.to_role, event.mechanism)
+        elif t is FirstToken and event.node != self.node_id and event.request in self._decode_for:
+            self._admit_decode(event.request)
+
+    def _rejoin(self, removed: NodeRemoved, held: dict[str, dict[int, float]]) -> None:
+        """The stream says this node is gone (removed for silence while it was only late): register
+        again with the current role, and re-publish the KV it holds, which the directory dropped
+        (``KvStored`` without request, grouped by last access, so eviction order survives)."""
+        self.rejoins += 1
+        log.warning("removed_rejoining", node=self.node_id, removed_by=removed.src, reason=removed.reason,
+                    role=self.backend.role, l1_blocks=len(held["L1"]), l2_blocks=len(held["L2"]))
+        self._publish_own(self.registration())
+        for tier, copies in held.items():
+            by_ts: dict[float, list[int]] = {}
+            for block, last in copies.items():
+                by_ts.setdefault(last, []).append(block)
+            for last in sorted(by_ts):
+                blocks = sorted(by_ts[last])
+                for i in range(0, len(blocks), 4096):  # well under NATS's 1 MB message limit
+                    self._publish_own(KvStored(ts=last, src=self.src, node=self.node_id, tier=tier,
+                                               blocks=blocks[i:i + 4096]))
+
+    def _peers_of(self, seq: int, event: Event) -> None:
+        if self.kv is None:
+            return
+        # a NodeRemoved keeps the endpoint: liveness may remove a node that is only late (its
+        # next heartbeat revives it without a new registration); a dead peer fails the transfer
+        if type(event) is NodeRegistered:
+            self.kv.peer_registered(event.node, event.transfer_endpoint)
+
+    def _on_route(self, e: RouteDecided) -> None:
+        rid = e.request
+        if e.decode_node == self.node_id and e.prefill_node != self.node_id:
+            self._decode_for[rid] = e.prefill_node
+        else:
+            self._decode_for.pop(rid, None)
+        if rid in self._queued_here and e.prefill_node != self.node_id:
+            self.host.catch_up()
+            if self.backend.remove_queued(rid) is not None:
+                self._queued_here.discard(rid)
+            return
+        if e.prefill_node != self.node_id:
+            return
+        req = self.view.requests.get(rid)
+        if req is None:
+            log.warning("route_without_request", request=rid)
+            return
+        now = self.host.catch_up()
+        old = self.backend.remove_queued(rid) if rid in self._queued_here else None
+        job = old or PrefillJob(request=rid, blocks=req.blocks, prompt_tokens=req.prompt_tokens,
+                                max_tokens=req.max_tokens, decode_node=e.decode_node,
+                                fetch_plan=e.fetch_plan, enqueued_s=now, priority=req.queue_priority())
+        if old is not None:
+            job.decode_node, job.fetch_plan, job.fetched, job.fetch_s = e.decode_node, e.fetch_plan, [], 0.0
+        self._queued_here.add(rid)
+        self.backend.enqueue_prefill(job)
+
+    def _admit_decode(self, rid: str) -> None:
+        req = self.view.requests.get(rid)
+        src = self._decode_for.get(rid)
+        if req is None or src is None:
+            return
+        now = self.host.catch_up()
+        job = DecodeJob(request=rid, blocks=req.blocks, prompt_tokens=req.prompt_tokens,
+                        left=float(max(0, req.max_tokens - 1)), total_out=max(1, req.max_tokens),
+                        context=float(req.prompt_tokens + 1), src_node=NodeId(src))
+        self.host.schedule(now + self.profile.p2d_transfer_s(req.prompt_tokens), self.backend.kv_arrived, job)
+
+    # ------------------------------------------------------------------ snapshots
+    async def load_snapshot(self) -> None:
+        """Restore the view from ``engine-<node>`` when there is a readable one, else start at 0."""
+        data = await self.bus.get_snapshot(self.snapshot_key)
+        if data is None:
+            return
+        try:
+            seqd = Sequenced.restore(data, WorkerView)
+        except Exception as exc:  # noqa: BLE001 - any unreadable snapshot: fold from sequence 1
+            log.error("snapshot_unreadable", node=self.node_id, error=f"{type(exc).__name__}: {exc}",
+                      action="folding from sequence 1")
+            return
+        self.view, self.applied_seq = seqd.core, seqd.applied_seq
+        self.restored_from = seqd.applied_seq
+
+    async def snapshot(self) -> bool:
+        """Write the view's snapshot if it is consistent (no own event awaiting its echo)."""
+        if self._unechoed or self.applied_seq == 0:
+            return False
+        data = Sequenced(self.view, self.applied_seq).snapshot()
+        try:
+            await self.bus.put_snapshot(self.snapshot_key, data)
+        except Exception as exc:  # noqa: BLE001 - a lost snapshot only lengthens the next start
+            log.error("snapshot_failed", node=self.node_id, error=str(exc))
+            return False
+        self._since_snap = 0
+        return True
+
+    async def _consume(self, caught_up: asyncio.Event) -> None:
+        if self._head <= self.applied_seq:
+            caught_up.set()
+        async with self.bus.consumer(None, start_seq=self.applied_seq + 1) as c:
+            async for d in c:
+                if d.seq % 64 == 0:  # a buffered backlog folds without awaiting: let heartbeats run
+                    await asyncio.sleep(0)
+                try:
+                    self.fold(d.seq, d.event)
+                except Exception as exc:  # noqa: BLE001 - bad input never kills the node
+                    log.error("fold_failed", node=self.node_id, seq=d.seq, event=type(d.event).__name__,
+                              error=repr(exc))
+                if d.seq >= self._head:
+                    caught_up.set()
+                if self._since_snap >= self.snapshot_every and not self._unechoed:
+                    await self.snapshot()

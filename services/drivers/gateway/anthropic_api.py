@@ -1,0 +1,346 @@
+"""The Anthropic Messages API on the gateway: request Structs, the mapping onto the chat
+template, response bodies, the SSE event sequence and the error shape (pure: msgspec + stdlib).
+
+Routes (wired in ``services.drivers.gateway.app``): ``POST /v1/messages`` (non-streaming, or
+``stream: true`` for Anthropic's event sequence) and ``POST /v1/messages/count_tokens``.
+
+Mapping (docs/gateway.md, "Anthropic Messages API"): the request becomes OpenAI-style chat
+messages rendered by the one chat template (``services.drivers.gateway.tokenizer``), so a
+conversation costs the same tokens and hashes to the same blocks on either API:
+
+- ``system`` (a string or text blocks) -> a ``system`` message first;
+- ``tools`` (custom tools) -> ``{"name", "description", "parameters": input_schema}``, the shape
+  OpenAI's function tools are rendered in;
+- an assistant's ``tool_use`` blocks -> its ``tool_calls`` (``arguments``: the input as compact
+  JSON with sorted keys); a user's ``tool_result`` blocks -> ``tool`` messages (tag
+  ``tool:<tool_use_id>``, ``[error]`` before the content when ``is_error``), in order with the
+  user's other blocks;
+- text blocks are text; image, document and thinking blocks render as ``[<type>]``;
+- a last ``assistant`` message is a prefill: the prompt ends inside it (no end tag), and the
+  response continues it.
+
+Responses: one ``text`` content block (the engine's text; no model here chooses a tool),
+``stop_reason`` ``max_tokens`` when the engine stopped at the budget, else ``end_turn``
+(``tool_use`` if an engine ever reports ``tool_calls``); ``usage.cache_read_input_tokens`` is
+what the router's decision says the chosen node already held (``RouteDecided.t_c``), and
+``input_tokens`` the rest of the prompt (Anthropic's total input is their sum;
+``cache_creation_input_tokens`` is always 0: there is no explicit cache write).
+
+Errors on these routes are Anthropic's shape, ``{"type": "error", "error": {"type", "message"}}``
+(the HTTP status is the gateway's, see :data:`ERROR_TYPES`); inside a started stream, an
+``event: error`` with the same body.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+from services.drivers.gateway.api import (
+    ApiError,
+    ChatRequest,
+    Message,
+    convert,
+    decode_object,
+    function_def,
+)
+from services.drivers.gateway.tokenizer import GENERATION_PROMPT, TemplateError, render_chat
+
+PREFIX = "/v1/messages"  # the routes (and their 404/405s) answered in Anthropic's error shape
+
+# ----------------------------------------------------------------------------- request Structs
+
+
+class TextBlock(Struct, tag_field="type", tag="text"):
+    text: str
+
+
+class ImageBlock(Struct, tag_field="type", tag="image"):
+    source: dict[str, Any]
+
+
+class DocumentBlock(Struct, tag_field="type", tag="document"):
+    source: dict[str, Any]
+
+
+class SearchResultBlock(Struct, tag_field="type", tag="search_result"):
+    source: str
+    title: str | None = None
+    content: list[TextBlock] = []
+
+
+class ThinkingBlock(Struct, tag_field="type", tag="thinking"):
+    thinking: str
+    signature: str | None = None
+
+
+class RedactedThinkingBlock(Struct, tag_field="type", tag="redacted_thinking"):
+    data: str
+
+
+class ToolUseBlock(Struct, tag_field="type", tag="tool_use"):
+    id: Annotated[str, Meta(min_length=1)]
+    name: Annotated[str, Meta(min_length=1)]
+    input: dict[str, Any]
+
+
+class ToolResultBlock(Struct, tag_field="type", tag="tool_result"):
+    tool_use_id: Annotated[str, Meta(min_length=1)]
+    content: str | list[TextBlock | ImageBlock | DocumentBlock | SearchResultBlock] | None = None
+    is_error: bool = False
+
+
+Block = (TextBlock | ImageBlock | DocumentBlock | SearchResultBlock | ThinkingBlock | RedactedThinkingBlock
+         | ToolUseBlock | ToolResultBlock)
+
+
+class AMessage(Struct):
+    role: Literal["user", "assistant"]
+    content: str | list[Block]
+
+
+class Tool(Struct):
+    """A custom (client) tool; other fields (``cache_control``, ``strict``, ...) are ignored."""
+
+    name: Annotated[str, Meta(min_length=1)]
+    input_schema: dict[str, Any]
+    description: str | None = None
+    type: Literal["custom"] | None = None
+
+
+class ToolChoice(Struct):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
+class _Base(Struct, kw_only=True):
+    model: Annotated[str, Meta(min_length=1)]
+    messages: Annotated[list[AMessage], Meta(min_length=1)]
+    system: str | list[TextBlock] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: dict[str, Any] | None = None
+    cache_control: dict[str, Any] | None = None  # automatic prefix caching happens anyway
+
+
+class MessagesRequest(_Base, kw_only=True):
+    max_tokens: Annotated[int, Meta(ge=0)]
+    stream: bool = False
+    # accepted, range-checked, not applied (listed in evolving.unapplied / x-evolving-unapplied)
+    temperature: Annotated[float, Meta(ge=0, le=1)] | None = None
+    top_p: Annotated[float, Meta(ge=0, le=1)] | None = None
+    top_k: Annotated[int, Meta(ge=0)] | None = None
+    stop_sequences: list[str] | None = None
+    # bookkeeping: no effect on the response
+    metadata: dict[str, Any] | None = None
+    service_tier: str | None = None
+
+
+class CountTokensRequest(_Base, kw_only=True):
+    pass
+
+
+SAMPLING = ("temperature", "top_p", "top_k", "stop_sequences")
+
+
+# ----------------------------------------------------------------------------- parsing
+_SERVER_TOOL = ("server tools and Anthropic-defined tools run at Anthropic; this gateway renders only "
+                "custom tools ({'name', 'description', 'input_schema'})")
+
+
+def _decode(raw: bytes, cls: type[Struct]) -> Any:
+    obj = decode_object(raw)
+    tools = obj.get("tools")
+    if isinstance(tools, list):
+        for i, t in enumerate(tools):
+            kind = t.get("type") if isinstance(t, dict) else None
+            if kind not in (None, "custom"):
+                raise ApiError(400, f"'tools[{i}].type': tool type {kind!r} is not supported: {_SERVER_TOOL}",
+                               f"tools[{i}].type", code="unsupported_parameter")
+    try:
+        req = convert(obj, cls)
+    except ApiError as exc:
+        if exc.param and exc.param.endswith(".role"):  # not OpenAI's list of roles
+            exc.message = exc.message.split(" (expected", 1)[0] + " (expected 'user' or 'assistant'; " \
+                "a system prompt goes in the top-level 'system' field)"
+        raise
+    tc = req.tool_choice
+    if tc is not None and tc.type == "tool" and not tc.name:
+        raise ApiError(400, "'tool_choice.name': required when tool_choice.type is 'tool'", "tool_choice.name",
+                       code="missing_required_parameter")
+    return req
+
+
+def parse_messages(raw: bytes) -> MessagesRequest:
+    """The validated ``POST /v1/messages`` body (400 :class:`ApiError` naming the field)."""
+    return _decode(raw, MessagesRequest)
+
+
+def parse_count_tokens(raw: bytes) -> CountTokensRequest:
+    return _decode(raw, CountTokensRequest)
+
+
+def unapplied(req: MessagesRequest) -> list[str]:
+    """Parameters set on the request that the engine does not apply."""
+    out = [name for name in SAMPLING if getattr(req, name) is not None]
+    if req.tool_choice is not None and req.tool_choice.type in ("any", "tool"):
+        out.append("tool_choice")  # nothing forces the engine to call a tool
+    if req.thinking is not None and req.thinking.get("type") != "disabled":
+        out.append("thinking")  # no thinking blocks are produced
+    return out
+
+
+# ----------------------------------------------------------------------------- the chat template
+def _part(block: Struct) -> dict[str, Any]:
+    """A content part for ``render_chat``: text as text, anything else as ``[<type>]``."""
+    if isinstance(block, TextBlock):
+        return {"type": "text", "text": block.text}
+    return {"type": type(block).__struct_config__.tag}
+
+
+def _arguments(data: dict[str, Any]) -> str:
+    return json.dumps(data, separators=(",", ":"), sort_keys=True)
+
+
+def chat_messages(req: _Base) -> list[dict[str, Any]]:
+    """The request as OpenAI-style chat messages (the module docstring has the mapping)."""
+    out: list[dict[str, Any]] = []
+    if req.system:
+        system = req.system if isinstance(req.system, str) else "".join(b.text for b in req.system)
+        out.append({"role": "system", "content": system})
+    for m in req.messages:
+        if isinstance(m.content, str):
+            out.append({"role": m.role, "content": m.content})
+            continue
+        if m.role == "assistant":
+            msg: dict[str, Any] = {"role": "assistant",
+                                   "content": [_part(b) for b in m.content if not isinstance(b, ToolUseBlock)]}
+            calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": _arguments(b.input)}}
+                     for b in m.content if isinstance(b, ToolUseBlock)]
+            if calls:
+                msg["tool_calls"] = calls
+            out.append(msg)
+            continue
+        run: list[dict[str, Any]] = []  # the user's blocks since the last tool_result
+        for b in m.content:
+            if isinstance(b, ToolResultBlock):
+                if run:
+                    out.append({"role": "user", "content": run})
+                    run = []
+                parts = [{"type": "error"}] if b.is_error else []
+                if isinstance(b.content, str):
+                    parts.append({"type": "text", "text": b.content})
+                elif b.content:
+                    parts += [_part(c) for c in b.content]
+                out.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": parts})
+            else:
+                run.append(_part(b))
+        if run or not m.content:
+            out.append({"role": "user", "content": run})
+    return out
+
+
+def render_prompt(req: _Base) -> str:
+    """The prompt text: the chat template over :func:`chat_messages` and the tools; a last
+    assistant message is continued (prefill), so the prompt ends inside it."""
+    tools = [function_def(t.name, t.description, t.input_schema) for t in req.tools] if req.tools else None
+    msgs = chat_messages(req)
+    try:
+        text = render_chat(msgs, tools)
+    except TemplateError as exc:  # our own mapping produced it: a bug, but still answered as a 400
+        raise ApiError(400, exc.message, exc.field, code="invalid_value") from None
+    if req.messages[-1].role == "assistant":
+        tail = "<|end|>\n" + GENERATION_PROMPT
+        assert text.endswith(tail)
+        text = text[: -len(tail)]
+    return text
+
+
+def budget_request(req: MessagesRequest) -> ChatRequest:
+    """The request as the gateway's budget and streaming logic sees it (``max_tokens``,
+    ``stream``); the prompt itself comes from :func:`render_prompt`."""
+    return ChatRequest(model=req.model, messages=msgspec.convert(chat_messages(req), list[Message]),
+                       max_tokens=req.max_tokens, stream=req.stream)
+
+
+# ----------------------------------------------------------------------------- responses
+STOP_REASONS = {"length": "max_tokens", "stop": "end_turn", "eos": "end_turn", "tool_calls": "tool_use"}
+
+
+def stop_reason(finish: str | None) -> str:
+    """The engine's finish reason as Anthropic's ``stop_reason``."""
+    return STOP_REASONS.get(finish or "length", "end_turn")
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What a ``/v1/messages`` answer says besides the text: ids, usage, our extension."""
+
+    id: str
+    model: str
+    prompt_tokens: int
+    cache_read: int  # prompt tokens the chosen node already held (RouteDecided.t_c), <= prompt_tokens
+    extension: dict[str, Any]
+
+    def usage(self, output_tokens: int) -> dict[str, Any]:
+        cached = min(self.cache_read, self.prompt_tokens)
+        return {"input_tokens": self.prompt_tokens - cached, "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": cached, "output_tokens": output_tokens}
+
+    def message(self, text: str, output_tokens: int, finish: str | None, *, streaming: bool = False) -> dict:
+        """The ``message`` object: the full response, or (``streaming``) message_start's skeleton."""
+        return {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
+                "content": [] if streaming or not text else [{"type": "text", "text": text}],
+                "stop_reason": None if streaming else stop_reason(finish), "stop_sequence": None,
+                "usage": self.usage(output_tokens), "evolving": self.extension}
+
+    # the event sequence: start, deltas, end, then message_stop
+    def start(self, output_tokens: int) -> bytes:
+        return (sse("message_start", {"type": "message_start",
+                                      "message": self.message("", output_tokens, None, streaming=True)})
+                + sse("content_block_start", {"type": "content_block_start", "index": 0,
+                                              "content_block": {"type": "text", "text": ""}})
+                + sse("ping", {"type": "ping"}))
+
+    @staticmethod
+    def delta(text: str) -> bytes:
+        if not text:
+            return b""
+        return sse("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                           "delta": {"type": "text_delta", "text": text}})
+
+    def end(self, output_tokens: int, finish: str | None) -> bytes:
+        return (sse("content_block_stop", {"type": "content_block_stop", "index": 0})
+                + sse("message_delta", {"type": "message_delta",
+                                        "delta": {"stop_reason": stop_reason(finish), "stop_sequence": None},
+                                        "usage": self.usage(output_tokens)}))
+
+    @staticmethod
+    def stop() -> bytes:
+        return sse("message_stop", {"type": "message_stop"})
+
+
+def sse(event: str, data: dict) -> bytes:
+    """One server-sent event as Anthropic sends it: ``event: <type>`` then ``data: <json>``."""
+    return f"event: {event}\ndata: ".encode() + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+
+# ----------------------------------------------------------------------------- errors
+#: HTTP status -> Anthropic error type (any other 4xx: invalid_request_error, 5xx: api_error).
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
+               502: "api_error", 503: "overloaded_error", 504: "api_error", 529: "overloaded_error"}
+
+
+def error_body(exc: ApiError) -> dict:
+    kind = ERROR_TYPES.get(exc.status, "invalid_request_error" if exc.status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": exc.message}}
+
+
+def error_event(exc: ApiError) -> bytes:
+    return sse("error", error_body(exc))

@@ -1,0 +1,102 @@
+"""The engine's tokens back as an Anthropic ``/v1/messages`` response (step 6 of app.py's lifecycle).
+
+``collect``: one message body; ``stream``: Anthropic's event sequence. The shapes are
+``anthropic_api``'s (pure); this is the relay over the token channel, as ``openai_relay`` is for
+the OpenAI endpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from aiohttp import web
+
+from events.wire import sim_text, token_key
+from services.adapters.logging import get_logger
+from services.drivers.gateway import anthropic_api
+from services.drivers.gateway.api import ApiError
+from services.drivers.gateway.guard import STREAMING
+from services.drivers.gateway.meta import Meta, next_token
+from services.drivers.gateway.metrics import GatewayMetrics
+
+log = get_logger("gateway")
+
+
+async def pieces(tsub, meta: Meta, timeout_s: float, metrics: GatewayMetrics):
+    """The engine's messages as ``(text, simulated, end)``; ``end`` is ``(total tokens,
+    finish_reason)`` on the last one (a lost chunk filled in from ``done.total``). An engine
+    error is a 502 :class:`ApiError`, silence a 504."""
+    got = 0
+    while True:
+        m = await next_token(tsub, meta, timeout_s)
+        if m.kind == "error":
+            raise ApiError(502, f"the engine failed request {meta.request!r}: {m.error}", None,
+                           "engine_error", code="engine_error")
+        got += m.tokens
+        if m.kind == "done":
+            total = max(got, m.total)
+            metrics.inc("ei_gateway_output_tokens_total", total)
+            fill = sim_text(total - got) if total > got and m.simulated else ""
+            yield m.text + fill, m.simulated, (total, m.finish_reason or "length")
+            return
+        yield m.text, m.simulated, None
+
+
+def make_reply(meta: Meta, simulated: bool) -> anthropic_api.Reply:
+    return anthropic_api.Reply("msg_" + token_key(meta.request or meta.branch), meta.model,
+                               meta.prompt_tokens, meta.cached_tokens, meta.extension(simulated))
+
+
+def messages_headers(meta: Meta) -> dict[str, str]:
+    return {**meta.headers(), "request-id": meta.request} if meta.request else meta.headers()
+
+
+async def collect(tsub, meta: Meta, before_done, *,
+                  timeout_s: float, metrics: GatewayMetrics) -> web.Response:
+    parts, simulated, end = [], False, None
+    async with contextlib.aclosing(pieces(tsub, meta, timeout_s, metrics)) as relay:
+        while end is None:
+            text, sim, end = await anext(relay)
+            parts.append(text)
+            simulated |= sim
+    await before_done()
+    body = make_reply(meta, simulated).message("".join(parts), end[0], end[1])
+    return web.json_response(body, headers=messages_headers(meta))
+
+
+async def stream(req: web.Request, tsub, meta: Meta, before_done, *,
+                  timeout_s: float, metrics: GatewayMetrics) -> web.StreamResponse:
+    """Anthropic's sequence: message_start, content_block_start, ping, content_block_delta...,
+    content_block_stop, message_delta, message_stop (an ``error`` event if it fails midway)."""
+    relay = pieces(tsub, meta, timeout_s, metrics)
+    try:
+        text, simulated, end = await anext(relay)  # errors before the first byte are plain JSON errors
+    except BaseException:
+        await relay.aclose()
+        raise
+    reply = make_reply(meta, simulated)
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                       **messages_headers(meta)})
+    req[STREAMING] = True  # from here on, errors are events inside the stream
+    await resp.prepare(req)
+    try:
+        await resp.write(reply.start(end[0] if end else 1) + reply.delta(text))
+        try:
+            while end is None:
+                text, _sim, end = await anext(relay)
+                await resp.write(reply.delta(text))
+        except ApiError as exc:
+            metrics.inc("ei_gateway_errors_total", status=str(exc.status), code=exc.code)
+            await resp.write(anthropic_api.error_event(exc))
+        else:
+            await resp.write(reply.end(*end))
+            await before_done()
+            await resp.write(reply.stop())
+    except (ConnectionResetError, asyncio.CancelledError):
+        log.info("client_gone", request=meta.request)
+        raise
+    finally:
+        await relay.aclose()
+    await resp.write_eof()
+    return resp

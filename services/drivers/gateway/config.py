@@ -1,0 +1,42 @@
+"""The gateway's settings (``GatewayConfig``) and the event clock it stamps events with."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    partition: str = "default"
+    model: str = "evolving-sim"
+    block_tokens: int = 64
+    route_timeout_s: float = 10.0
+    token_timeout_s: float = 60.0
+    default_max_tokens: int = 128
+    max_tokens_limit: int = 65_536
+    tokenizer: str | None = None
+    src: str = "gateway"
+    # Event ts = epoch + (wall - epoch) * time_scale: the scaled clock the sim engines and the
+    # planner's ticker share (engine/worker/host.py). 1.0 = wall-clock seconds.
+    time_scale: float = 1.0
+    clock_epoch: float | None = None
+    # Hardening (docs/gateway.md, "Limits and authentication"):
+    context_length: int = 262_144  # prompt + completion tokens a request may ask for
+    max_body_bytes: int = 8 * MiB  # larger bodies: 413 before a byte of them is read
+    api_keys: frozenset[str] = field(default_factory=frozenset)  # empty: no authentication
+    # Idle expiry of open branches (docs/gateway.md, "Branch headers"), in event-clock seconds;
+    # None or <= 0: never. Harnesses such as Claude Code never send an end.
+    branch_ttl_s: float | None = 1800.0
+
+
+def scaled_clock(time_scale: float, epoch: float | None) -> Callable[[], float]:
+    """``epoch + (time.time() - epoch) * time_scale`` (plain ``time.time`` at scale 1)."""
+    if time_scale == 1.0:
+        return time.time
+    e = time.time() if epoch is None else epoch
+    return lambda: e + (time.time() - e) * time_scale
+

@@ -1,0 +1,119 @@
+"""What one request's responses carry, and the wait for its next token message (step 6 of app.py).
+
+``Meta``: the request, its branch and route, the prompt and cached token counts, the
+response headers, the ``evolving`` extension, usage, and the OpenAI bodies and chunks;
+``next_token``: the next token message of the request, ``token_timeout_s`` of silence a 504.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from events.catalog import RouteDecided
+from events.wire import TokenMsg
+from services.drivers.gateway.api import ApiError
+from services.drivers.gateway.metrics import RequestObserver
+
+SIM_NOTE = "simulated engine: the text is 'tok ' per generated token, not model output"
+
+
+@dataclass
+class Meta:
+    request: str
+    branch: str
+    version: int
+    route: RouteDecided | None
+    prompt_tokens: int
+    blocks: int
+    model: str
+    chat: bool
+    max_tokens: int
+    created: int
+    unapplied: list[str]
+    # prompt tokens whose KV was reused: the engine's count from its "first" token message when
+    # it sends one, else the router's plan (RouteDecided.t_c); usage.prompt_tokens_details
+    cached_tokens: int = 0
+    obs: RequestObserver | None = None  # the frontend metrics of this request
+
+    def observe(self, m: TokenMsg) -> None:
+        """A token message arrived: the engine's cached count, the frontend metrics."""
+        if m.kind == "first" and isinstance(m.cached_tokens, int):
+            self.cached_tokens = max(0, min(m.cached_tokens, self.prompt_tokens))
+        if self.obs is None:
+            return
+        if m.kind == "error":
+            self.obs.fail()
+            return
+        n = max(m.tokens, m.total - self.obs.output) if m.kind == "done" else m.tokens  # a lost chunk
+        self.obs.tokens(n, self.prompt_tokens, self.cached_tokens)
+
+    def headers(self) -> dict[str, str]:
+        h = {"x-branch-id": self.branch}
+        if self.request:
+            h["x-request-id"] = self.request
+        if self.route is not None:
+            h["x-prefill-node"] = self.route.prefill_node
+            h["x-decode-node"] = self.route.decode_node
+        if self.unapplied:
+            h["x-evolving-unapplied"] = ",".join(self.unapplied)
+        return h
+
+    def _id(self) -> str:
+        return ("chatcmpl-" if self.chat else "cmpl-") + (self.request or self.branch)
+
+    def extension(self, simulated: bool) -> dict:
+        ext = {"request": self.request, "branch": self.branch, "version": self.version,
+               "prompt_blocks": self.blocks, "simulated": simulated}
+        if self.route is not None:
+            ext.update(prefill_node=self.route.prefill_node, decode_node=self.route.decode_node,
+                       policy=self.route.policy)
+        if simulated:
+            ext["note"] = SIM_NOTE
+        if self.unapplied:  # accepted sampling parameters the engine did not apply (services/drivers/gateway/api.py)
+            ext["unapplied"] = list(self.unapplied)
+        return ext
+
+    def usage(self, completion: int) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
+                "total_tokens": self.prompt_tokens + completion,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+
+    def full_body(self, text: str, completion: int, finish: str, simulated: bool) -> dict:
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        return {"id": self._id(), "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": [choice],
+                "usage": self.usage(completion), "evolving": self.extension(simulated)}
+
+    def chunk(self, text: str, finish: str | None, first: bool, simulated: bool) -> dict:
+        if self.chat:
+            delta: dict = {"content": text}
+            if first:
+                delta["role"] = "assistant"
+            choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        out = {"id": self._id(), "object": "chat.completion.chunk" if self.chat else "text_completion",
+               "created": self.created, "model": self.model, "choices": [choice]}
+        if first or finish:
+            out["evolving"] = self.extension(simulated)
+        return out
+
+    def usage_chunk(self, completion: int) -> dict:
+        return {"id": self._id(), "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": [], "usage": self.usage(completion)}
+
+
+async def next_token(tsub, meta: Meta, timeout_s: float) -> TokenMsg:
+    try:
+        m = await tsub.get(timeout_s)
+    except TimeoutError:
+        if meta.obs is not None:
+            meta.obs.fail()
+        raise ApiError(504, f"no tokens for request {meta.request!r} from node "
+                       f"{meta.route.decode_node!r} within {timeout_s:g} s",
+                       None, "timeout") from None
+    meta.observe(m)
+    return m

@@ -1,0 +1,93 @@
+"""The engine's tokens back as an OpenAI response (step 6 of app.py's lifecycle).
+
+``collect``: one JSON body (``/v1/chat/completions``, ``/v1/completions``); ``stream``: SSE chunks
+(``stream: true``), the usage chunk when ``stream_options.include_usage``, then ``[DONE]``. Both
+call ``before_done`` (the branch's end) before the client sees the end of the response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from aiohttp import web
+
+from events.wire import sim_text
+from services.adapters.logging import get_logger
+from services.drivers.gateway.api import ApiError
+from services.drivers.gateway.guard import STREAMING
+from services.drivers.gateway.meta import Meta, next_token
+from services.drivers.gateway.metrics import GatewayMetrics
+
+log = get_logger("gateway")
+
+
+async def collect(tsub, meta: Meta, before_done, *,
+                  timeout_s: float, metrics: GatewayMetrics) -> web.Response:
+    parts: list[str] = []
+    got, simulated = 0, False
+    while True:
+        m = await next_token(tsub, meta, timeout_s)
+        simulated |= m.simulated
+        if m.kind == "error":
+            raise ApiError(502, f"the engine failed request {meta.request!r}: {m.error}", None, "engine_error")
+        parts.append(m.text)
+        got += m.tokens
+        if m.kind == "done":
+            total = max(got, m.total)
+            if total > got and simulated:  # a lost chunk (core NATS is at-most-once)
+                parts.append(sim_text(total - got))
+            metrics.inc("ei_gateway_output_tokens_total", total)
+            await before_done()
+            return web.json_response(meta.full_body("".join(parts), total, m.finish_reason or "length",
+                                                    simulated), headers=meta.headers())
+
+
+async def stream(req: web.Request, tsub, meta: Meta, include_usage: bool, before_done, *,
+                  timeout_s: float, metrics: GatewayMetrics) -> web.StreamResponse:
+    m = await next_token(tsub, meta, timeout_s)  # errors before the first byte are plain JSON errors
+    if m.kind == "error":
+        raise ApiError(502, f"the engine failed request {meta.request!r}: {m.error}", None, "engine_error")
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                       **meta.headers()})
+    req[STREAMING] = True  # from here on, errors are events inside the stream
+    await resp.prepare(req)
+    got, first = 0, True
+    try:
+        while True:
+            if m.kind in ("first", "chunk"):
+                got += m.tokens
+                await resp.write(sse(meta.chunk(m.text, None, first, m.simulated)))
+                first = False
+            elif m.kind == "done":
+                got += m.tokens
+                total = max(got, m.total)
+                metrics.inc("ei_gateway_output_tokens_total", total)
+                text = m.text + (sim_text(total - got) if total > got and m.simulated else "")
+                await resp.write(sse(meta.chunk(text, m.finish_reason or "length", first, m.simulated)))
+                if include_usage:
+                    await resp.write(sse(meta.usage_chunk(total)))
+                break
+            elif m.kind == "error":
+                err = ApiError(502, f"the engine failed request {meta.request!r}: {m.error}", None,
+                               "engine_error", code="engine_error")
+                await resp.write(sse(err.body()))
+                metrics.inc("ei_gateway_errors_total", status="502", code=err.code)
+                break
+            try:
+                m = await next_token(tsub, meta, timeout_s)
+            except ApiError as exc:
+                metrics.inc("ei_gateway_errors_total", status=str(exc.status), code=exc.code)
+                await resp.write(sse(exc.body()))
+                break
+        await before_done()
+        await resp.write(b"data: [DONE]\n\n")
+    except (ConnectionResetError, asyncio.CancelledError):
+        log.info("client_gone", request=meta.request)
+        raise
+    await resp.write_eof()
+    return resp
+
+
+def sse(obj: dict) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
