@@ -165,7 +165,7 @@ async def test_reroute_aborts_a_request_that_has_no_token_yet():
 
 
 async def test_a_decode_server_reports_the_requests_its_peers_sent_it():
-    from engine.backends.sglang.backend import prom_sum
+    from engine.backends.attached import prom_sum
 
     text = ('# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{dp="0"} 3.0\n'
             'sglang:num_running_reqs{dp="1"} 2.0\nsglang:num_running_reqs_other 9\n')

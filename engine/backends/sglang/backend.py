@@ -43,10 +43,9 @@ from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 import aiohttp
-import zmq
-import zmq.asyncio
 
-from engine.backend import BackendUnavailable, DecodeJob, NodeLoad, PrefillJob, WorkerHost
+from engine.backend import BackendUnavailable, DecodeJob, PrefillJob, WorkerHost
+from engine.backends.attached import AttachedServer
 from engine.backends.sglang.kvmap import PageMap
 from engine.backends.sglang.logparse import parse_decode_line
 from engine.backends.sglang.wire import parse_frames
@@ -62,7 +61,6 @@ from events.catalog import (
 )
 from events.hashing import block_hashes
 from events.ids import NodeId, RequestId, Role, SwitchMechanism
-from events.wire import TokenMsg
 from services.adapters.logging import get_logger
 
 log = get_logger("sglang")
@@ -122,8 +120,13 @@ def bootstrap_room(request: str) -> int:
     return int.from_bytes(hashlib.blake2b(request.encode(), digest_size=8).digest(), "little") >> 1
 
 
-class SglangBackend:
+class SglangBackend(AttachedServer):
     """``EngineBackend`` driving one SGLang server (module docstring)."""
+
+    engine_name = "sglang"
+    running_metric, queued_metric = "sglang:num_running_reqs", "sglang:num_queue_reqs"
+    metrics_off_note = "start SGLang with --enable-metrics"
+    parse_frames = staticmethod(parse_frames)
 
     name = "sglang"
 
@@ -150,18 +153,6 @@ class SglangBackend:
         self._bg: list[asyncio.Task] = []
 
     # ------------------------------------------------------------------ helpers
-    def _now(self) -> float:
-        catch_up = getattr(self.host, "catch_up", None)
-        return catch_up() if catch_up is not None else self.host.now
-
-    @property
-    def role(self) -> Role:
-        return self._role
-
-    @property
-    def id(self) -> NodeId:
-        return self.node_id
-
     @staticmethod
     async def preflight(cfg: SglangConfig) -> None:
         """Attach mode: is something answering ``/health`` at the URL? One line if not."""
@@ -300,32 +291,6 @@ class SglangBackend:
     def queued(self) -> list[RequestId]:
         return [r for r in self.jobs if r not in self.started]
 
-    def load(self) -> NodeLoad:
-        """Requests this worker sent, or the server's own gauges when larger (a decode server
-        also runs the requests its prefill peers sent it)."""
-        running, queued = len(self.started), len(self.jobs) - len(self.started)
-        if self.server_load is not None:
-            running, queued = max(running, self.server_load[0]), max(queued, self.server_load[1])
-        return NodeLoad(role=self._role, running=running, queued=queued,
-                        l1_used_tokens=self.pool.used_tokens("L1"), l2_used_tokens=self.pool.used_tokens("L2"))
-
-    async def _poll_metrics(self) -> None:
-        """``sglang:num_running_reqs`` / ``sglang:num_queue_reqs`` from ``/metrics``, summed over
-        the scheduler's label sets (one per DP rank). A server without ``--enable-metrics``
-        answers 404: polling stops and the load counts only this worker's requests."""
-        while True:
-            await asyncio.sleep(self.cfg.metrics_interval_s)
-            try:
-                async with self._http.get(f"{self.cfg.url}/metrics") as r:
-                    if r.status == 404:
-                        log.warning("sglang_metrics_off", url=self.cfg.url, note="start SGLang with --enable-metrics")
-                        return
-                    text = await r.text()
-            except (aiohttp.ClientError, TimeoutError, OSError):
-                continue  # restarting: keep the last reading
-            self.server_load = (int(prom_sum(text, "sglang:num_running_reqs")),
-                                int(prom_sum(text, "sglang:num_queue_reqs")))
-
     def progress(self) -> None:
         """Tokens are reported as the server streams them."""
 
@@ -336,9 +301,6 @@ class SglangBackend:
                 return r.status, json.loads(text) if text else {}
             except ValueError:
                 return r.status, {"message": text[:200]}
-
-    def _token(self, **kw) -> None:
-        self.host.token(TokenMsg(node=self.node_id, ts=self._now(), **kw))
 
     async def _serve(self, job: PrefillJob) -> None:
         try:
@@ -452,40 +414,6 @@ class SglangBackend:
                                      iterations=self.cfg.decode_log_interval))
 
     # ------------------------------------------------------------------ KV events
-    async def _kv_events(self, endpoints: list[str], topic: str) -> None:
-        sock = zmq.asyncio.Context.instance().socket(zmq.SUB)
-        for ep in endpoints:
-            sock.connect(ep)
-        sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
-        try:
-            while True:
-                parts = await sock.recv_multipart()
-                try:
-                    _, seq, batch = parse_frames(parts)
-                except Exception as exc:  # noqa: BLE001 - a bad message is counted, not fatal
-                    log.error("kv_event_unreadable", error=str(exc))
-                    continue
-                rank = batch.attn_dp_rank or 0  # one publisher, one sequence per DP rank
-                last = self.kv_seq.get(rank, -1)
-                if 0 <= seq <= last:  # the publisher restarted (a relaunch): its sequence starts over
-                    last = -1
-                if last >= 0 and seq != last + 1:
-                    self.kv_gaps += 1
-                    log.warning("kv_event_gap", rank=rank, expected=last + 1, got=seq)
-                self.kv_seq[rank] = seq
-                self.apply_kv(batch)
-        finally:
-            sock.close(linger=0)
-
-    def apply_kv(self, batch) -> None:
-        for ch in self.pagemap.apply(batch):
-            if ch.kind == "stored":
-                self.pool.observe_stored(ch.tier, ch.blocks)
-            elif ch.kind == "evicted":
-                self.pool.observe_removed(ch.tier, ch.blocks)
-            else:
-                self.pool.drop_all()
-
     # ------------------------------------------------------------------ role switch
     def order_switch(self, to_role: Role, mechanism: SwitchMechanism) -> None:
         if self.status != "up":
@@ -554,18 +482,6 @@ class SglangBackend:
     def apply_kv_cleared(self) -> None:
         self.pagemap.pages.clear()
         self.pool.drop_all()
-
-
-def prom_sum(text: str, metric: str) -> float:
-    """Sum of every sample of ``metric`` in Prometheus text exposition (0 when absent)."""
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(metric) and line[len(metric):len(metric) + 1] in ("{", " "):
-            try:
-                total += float(line.rsplit(" ", 1)[1])
-            except (IndexError, ValueError):
-                continue
-    return total
 
 
 def _host_of(url: str | None) -> str:

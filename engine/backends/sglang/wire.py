@@ -17,6 +17,8 @@ from typing import Any, Union
 
 import msgspec
 
+from engine.backends import kv_frames
+
 #: ``medium`` values (SGLang's ``StorageMedium``): our tiers.
 MEDIUM_GPU = "GPU"  # L1
 MEDIUM_CPU = "CPU_PINNED"  # L2 (HiCache host tier)
@@ -73,17 +75,13 @@ def decode_batch(payload: bytes) -> KVEventBatch:
 
 def frames(topic: str, seq: int, batch: KVEventBatch) -> list[bytes]:
     """The three ZMQ frames of one message, as SGLang's publisher sends them."""
-    return [topic.encode(), seq.to_bytes(8, "big"), encode_batch(batch)]
+    return kv_frames.join(topic, seq, encode_batch(batch))
 
 
 def parse_frames(parts: list[bytes]) -> tuple[str, int, KVEventBatch]:
     """``(topic, seq, batch)`` from one received message (3 frames)."""
-    if len(parts) != 3:
-        raise ValueError(f"KV-event message has {len(parts)} frames, expected 3 (topic, seq, payload)")
-    topic, seq, payload = parts
-    if len(seq) != 8:
-        raise ValueError(f"KV-event sequence frame has {len(seq)} bytes, expected 8")
-    return topic.decode(), int.from_bytes(seq, "big", signed=True), decode_batch(payload)
+    topic, seq, payload = kv_frames.split(parts)
+    return topic, seq, decode_batch(payload)
 
 
 def as_builtins(batch: KVEventBatch) -> Any:

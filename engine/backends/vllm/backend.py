@@ -37,11 +37,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import aiohttp
-import zmq
-import zmq.asyncio
 
-from engine.backend import BackendUnavailable, DecodeJob, NodeLoad, PrefillJob, WorkerHost
-from engine.backends.sglang.backend import prom_sum, prompt_ids
+from engine.backend import BackendUnavailable, DecodeJob, PrefillJob, WorkerHost
+from engine.backends.attached import AttachedServer
+from engine.backends.sglang.backend import prompt_ids
 from engine.backends.sglang.kvmap import PageMap
 from engine.backends.vllm.wire import MEDIUM_CPU, MEDIUM_GPU, parse_frames
 from engine.kvpool import KvPool
@@ -49,7 +48,6 @@ from engine.profiles import Profile
 from events.catalog import AnomalyReported, FirstToken, RequestFinished, RequestStarted, RoleSwitched
 from events.hashing import block_hashes
 from events.ids import NodeId, RequestId, Role, SwitchMechanism
-from events.wire import TokenMsg
 from services.adapters.logging import get_logger
 
 log = get_logger("vllm")
@@ -79,8 +77,12 @@ def config_from_args(args) -> VllmConfig:
                       metrics_interval_s=args.metrics_interval_s, request_timeout_s=args.request_timeout_s)
 
 
-class VllmBackend:
+class VllmBackend(AttachedServer):
     """``EngineBackend`` attached to one vLLM server (module docstring)."""
+
+    engine_name = "vllm"
+    running_metric, queued_metric = "vllm:num_requests_running", "vllm:num_requests_waiting"
+    parse_frames = staticmethod(parse_frames)
 
     name = "vllm"
 
@@ -106,18 +108,6 @@ class VllmBackend:
         self.skipped: Counter[str] = Counter()
         self._http: aiohttp.ClientSession | None = None
         self._bg: list[asyncio.Task] = []
-
-    def _now(self) -> float:
-        catch_up = getattr(self.host, "catch_up", None)
-        return catch_up() if catch_up is not None else self.host.now
-
-    @property
-    def role(self) -> Role:
-        return self._role
-
-    @property
-    def id(self) -> NodeId:
-        return self.node_id
 
     def _headers(self) -> dict:
         return {"Authorization": f"Bearer {self.cfg.api_key}"} if self.cfg.api_key else {}
@@ -195,31 +185,6 @@ class VllmBackend:
 
     def progress(self) -> None:
         """Tokens are reported as the server streams them."""
-
-    def load(self) -> NodeLoad:
-        running, queued = len(self.started), len(self.jobs) - len(self.started)
-        if self.server_load is not None:
-            running, queued = max(running, self.server_load[0]), max(queued, self.server_load[1])
-        return NodeLoad(role=self._role, running=running, queued=queued,
-                        l1_used_tokens=self.pool.used_tokens("L1"), l2_used_tokens=self.pool.used_tokens("L2"))
-
-    async def _poll_metrics(self) -> None:
-        """vLLM's ``vllm:num_requests_running`` / ``vllm:num_requests_waiting`` (always exported)."""
-        while True:
-            await asyncio.sleep(self.cfg.metrics_interval_s)
-            try:
-                async with self._http.get(f"{self.cfg.url}/metrics") as r:
-                    if r.status == 404:
-                        log.warning("vllm_metrics_off", url=self.cfg.url)
-                        return
-                    text = await r.text()
-            except (aiohttp.ClientError, TimeoutError, OSError):
-                continue
-            self.server_load = (int(prom_sum(text, "vllm:num_requests_running")),
-                                int(prom_sum(text, "vllm:num_requests_waiting")))
-
-    def _token(self, **kw) -> None:
-        self.host.token(TokenMsg(node=self.node_id, ts=self._now(), **kw))
 
     async def _serve(self, job: PrefillJob) -> None:
         try:
@@ -307,31 +272,6 @@ class VllmBackend:
                                        output_tokens=total))
 
     # ------------------------------------------------------------------ KV events
-    async def _kv_events(self, endpoints: list[str], topic: str) -> None:
-        sock = zmq.asyncio.Context.instance().socket(zmq.SUB)
-        for ep in endpoints:
-            sock.connect(ep)
-        sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
-        try:
-            while True:
-                parts = await sock.recv_multipart()
-                try:
-                    _, seq, batch = parse_frames(parts)
-                except Exception as exc:  # noqa: BLE001 - a bad message is counted, not fatal
-                    log.error("kv_event_unreadable", error=str(exc))
-                    continue
-                rank = batch.data_parallel_rank or 0
-                last = self.kv_seq.get(rank, -1)
-                if 0 <= seq <= last:  # the publisher restarted: its sequence starts over
-                    last = -1
-                if last >= 0 and seq != last + 1:
-                    self.kv_gaps += 1
-                    log.warning("kv_event_gap", rank=rank, expected=last + 1, got=seq)
-                self.kv_seq[rank] = seq
-                self.apply_kv(batch)
-        finally:
-            sock.close(linger=0)
-
     def _followed(self, ev) -> bool:
         """Events of the KV-cache group we follow (module docstring, 3)."""
         group = getattr(ev, "group_idx", None)
@@ -346,13 +286,7 @@ class VllmBackend:
 
     def apply_kv(self, batch) -> None:
         batch.events = [ev for ev in batch.events if self._followed(ev)]
-        for ch in self.pagemap.apply(batch):
-            if ch.kind == "stored":
-                self.pool.observe_stored(ch.tier, ch.blocks)
-            elif ch.kind == "evicted":
-                self.pool.observe_removed(ch.tier, ch.blocks)
-            else:
-                self.pool.drop_all()
+        self._observe(self.pagemap.apply(batch))
 
     # ------------------------------------------------------------------ role switch
     def order_switch(self, to_role: Role, mechanism: SwitchMechanism) -> None:
