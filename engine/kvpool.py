@@ -24,16 +24,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from itertools import islice, takewhile
 
+from engine import _kvscan
 from events.catalog import Event, KvEvicted, KvStored
 from events.ids import BlockHash, NodeId, RequestId, Tier
 
 #: Share of a tier freed by one eviction (low watermark).
 EVICT_BATCH = 0.02
-#: Blocks per ``set.issuperset`` test in :meth:`KvPool.prefix_len`.
-_PREFIX_CHUNK = 64
-
 #: Lists remembered per tier by :meth:`KvPool.held_run` before the memo starts afresh.
 _RUN_MEMO = 4096
 
@@ -77,22 +74,10 @@ class KvPool:
 
     @staticmethod
     def prefix_len(blocks: Sequence[BlockHash], start: int, store: set) -> int:
-        """End of the run of ``blocks[start:]`` held in ``store``.
-
-        Chunks of ``_PREFIX_CHUNK`` blocks are tested with ``set.issuperset`` (a C loop with no
-        per-block call), and only the first chunk that is not wholly held is walked block by
-        block: 2-3x faster on a ~1,500-block prompt than walking it all, the same answer."""
-        n = len(blocks)
-        if start >= n:
-            return start
-        held = store.issuperset
-        i = start
-        while i < n:
-            j = i + _PREFIX_CHUNK
-            if not held(blocks[i:j]):
-                return i + len(list(takewhile(store.__contains__, islice(blocks, i, j))))
-            i = j
-        return n
+        """End of the run of ``blocks[start:]`` held in ``store``: one compiled loop over the
+        list asking the set (``engine/_kvscan.pyx``, issue 24; it replaced ``set.issuperset``
+        of 64-block slices, see docs/simulator.md §8)."""
+        return _kvscan.prefix_len(blocks, start, store)
 
     def held_run(self, blocks: Sequence[BlockHash], start: int, store: set) -> int:
         """:meth:`prefix_len` of one of this pool's tiers, remembering the run it found per list.
@@ -129,7 +114,7 @@ class KvPool:
         k = self.held_run(blocks, 0, store)
         if k == len(blocks):
             return []
-        return [b for b in dict.fromkeys(islice(blocks, k, None)) if b not in store]
+        return _kvscan.missing_after(blocks, k, store)
 
     # ------------------------------------------------------------------ pins
     def pin(self, owner: Hashable, blocks: Sequence[BlockHash]) -> None:
@@ -162,7 +147,7 @@ class KvPool:
         pinned = self.pinned() | frozenset(also_pinned)
         want = max(over, int(cap * self.evict_batch))
         chosen = self._choose(tier, want * self.bt, pinned)
-        victims = [b for b in chosen if b in store and b not in pinned]
+        victims = _kvscan.held_unpinned(chosen, store, pinned)  # held and not pinned, in order
         if victims:
             store.difference_update(victims)
             self._removed(store)

@@ -342,6 +342,7 @@ def _cmd_bench(args) -> int:
             if r["stack"] == ref["stack"] and not r["run"].endswith("--fast"):  # same run, other code path
                 r["same_log_as_baseline"] = r["digest"] == ref["digest"]
         rows += case
+    rows += _calibration_rows(args, out)
     if getattr(args, "partitions", 1) > 1:  # issue 16: one cluster as 1 vs N partitions (replay/sim/partitioned.py)
         for r in bench_rows(args, args.partition_nodes, args.partitions, args.partition_agents_per_node, args.jobs,
                             baseline=not args.no_partition_baseline):
@@ -354,19 +355,103 @@ def _cmd_bench(args) -> int:
         return 0
     t = Table(title=f"evolving bench sim: CC-like agents, simulated seconds per second (load {os.getloadavg()[0]:.1f})")
     for col in ("nodes", "agents", "run", "simulated s", "wall s", "x real time", "CPU s", "x per CPU s",
-                "events/s", "events", "finished", "gen s", "vs baseline (CPU)", "same log"):
+                "events/s", "events", "finished", "gen s", "log MB/sim min", "log write s", "close wait s",
+                "vs baseline (CPU)", "same log"):
         t.add_column(col, justify="right")
     for r in rows:
         cpu = r.get("cpu_s")
         same = r.get("same_log_as_baseline")
+        per_min = r.get("log_bytes_per_sim_min")
         t.add_row(str(r["nodes"]), str(r["agents"]), r["run"], f"{r['simulated_s']:.0f}", f"{r['wall_s']:.1f}",
                   f"{r['x_real_time']:.1f}", f"{cpu:.1f}" if cpu else "-",
                   f"{r['simulated_s'] / cpu:.1f}" if cpu else "-", f"{r['events_per_s']:.0f}", str(r["events"]),
-                  str(r["finished"]), f"{r['gen_s']:.1f}",
+                  str(r["finished"]), f"{r['gen_s']:.1f}", "-" if per_min is None else f"{per_min / 1e6:.2f}",
+                  f"{r['log_write_s']:.1f}" if "log_write_s" in r else "-",
+                  f"{r['log_close_wait_s']:.1f}" if "log_close_wait_s" in r else "-",
                   f"{r['vs_baseline_cpu']:.2f}x" if "vs_baseline_cpu" in r else "-",
                   "-" if same is None else ("yes" if same else "NO"))
     Console(width=170).print(t)
     return 0
+
+
+#: ``bench sim``'s rows on recorded sessions (issue 24): label -> (log format, written in the
+#: simulation's thread, log level, writes a log). ``before`` is today's path before format 2.
+CALIBRATION_RUNS = {
+    "nolog": ("no log", None, False, "full", False),
+    "before": ("log v1 inline (before)", "1", True, "full", True),
+    "full": ("log v2 full", "2", False, "full", True),
+    "decisions": ("log v2 decisions", "2", False, "decisions", True),
+}
+DEFAULT_CALIBRATION = Path(__file__).resolve().parents[3] / "shared" / "traces" / "weka-claude-code-calibration"
+
+
+def _calibration_rows(args, out) -> list[dict]:
+    """The calibration sessions at agent pace on 9 nodes, each run once per ``--calibration-runs``
+    entry, with the event log written to a temporary folder: wall, CPU, events/s, x real time,
+    log bytes per simulated minute, the writer's busy time and how long closing the log waited
+    after the last simulated event; ``vs_nolog_wall``: the run's wall over the no-log run's."""
+    import tempfile  # lazy: only the calibration rows
+
+    from replay.sim.runs import run_one  # lazy: start-up (evolving --help skips DuckDB: +55 ms)
+
+    path = args.calibration
+    if not path:
+        return []
+    if not Path(path).exists():
+        print(f"note: no calibration sessions at {path}: their rows are left out (--calibration PATH)", file=out)
+        return []
+    names = [x.strip() for x in args.calibration_runs.split(",") if x.strip()]
+    unknown = [x for x in names if x not in CALIBRATION_RUNS]
+    if unknown:
+        raise SystemExit(f"error: bench sim --calibration-runs: unknown run {unknown[0]!r}; "
+                         f"known: {', '.join(CALIBRATION_RUNS)}")
+    base = argparse.Namespace(**vars(args))
+    base.nodes, base.agents, base.arrivals, base.trace, base.workload = 9, args.agents, None, str(path), None
+    base.pace, base.partitions = "agent", 1
+    source, what = session_source(base)
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="ei-bench-sim-") as tmp:
+        for name in names:
+            label, fmt, sync, level, logged = CALIBRATION_RUNS[name]
+            a = argparse.Namespace(**vars(base))
+            a.log_format, a.log_sync, a.log_level = fmt, sync, level
+            log_path = Path(tmp) / f"{name}.duckdb" if logged else None
+            _, res = run_one("evolving", a, source, log_path, progress=False)
+            wall, cpu, sim_s = max(1e-9, res.wall_s), max(1e-9, res.cpu_s), res.config.end_s
+            st = res.log_stats
+            r = {"nodes": 9, "agents": args.agents, "run": f"calib {label}", "stack": "evolving",
+                 "workload": what, "simulated_s": sim_s, "wall_s": wall, "x_real_time": sim_s / wall, "cpu_s": cpu,
+                 "x_real_time_cpu": sim_s / cpu, "events": len(res.log), "events_per_s": len(res.log) / wall,
+                 "events_per_cpu_s": len(res.log) / cpu, "finished": res.finished, "gen_s": 0.0,
+                 "baseline": name == "before", "calibration": name, "digest": _log_digest(res.log),
+                 "load_avg_1m": os.getloadavg()[0], **st}
+            if logged:
+                r["log_bytes_per_sim_min"] = st["log_bytes"] / (sim_s / 60)
+                r["log_bytes_per_sim_hour"] = st["log_bytes"] / (sim_s / 3600)
+                if level == "full" and st["log_events"] != len(res.log):
+                    raise SystemExit(f"error: bench sim: {label}: {st['log_events']} events stored of {len(res.log)}")
+            rows.append(r)
+            log_txt = (f"; log {st['log_bytes'] / 1e6:.1f} MB ({r['log_bytes_per_sim_hour'] / 1e6:.1f} MB per simulated "
+                       f"hour), writer busy {st['log_write_s']:.1f} s ({st['log_write_cpu_s']:.1f} s CPU), close waited "
+                       f"{st['log_close_wait_s']:.1f} s"
+                       if logged else "")
+            print(f"9 nodes, {args.agents} agents, calibration, {label}: {r['x_real_time']:.1f}x real time "
+                  f"({sim_s:.0f} s simulated in {wall:.1f} s wall, {cpu:.1f} s CPU; {len(res.log)} events{log_txt}; "
+                  f"load {r['load_avg_1m']:.1f})", flush=True, file=out)
+            del res
+    ref = next((r for r in rows if r["calibration"] == "nolog"), None)
+    before = next((r for r in rows if r["calibration"] == "before"), None)
+    for r in rows:
+        if ref is not None:
+            r["vs_nolog_wall"] = r["wall_s"] / ref["wall_s"]
+            r["vs_nolog_cpu"] = r["cpu_s"] / ref["cpu_s"]
+            r["same_log_as_baseline"] = r["digest"] == ref["digest"]
+        if before is not None and "log_bytes" in r:
+            r["log_bytes_vs_before"] = r["log_bytes"] / before["log_bytes"]
+        if before is not None:
+            r["vs_baseline_wall"] = before["wall_s"] / r["wall_s"]
+            r["vs_baseline_cpu"] = before["cpu_s"] / r["cpu_s"]
+    return rows
 
 
 def _cmd_report(args) -> int:
@@ -399,6 +484,13 @@ def _cmd_report(args) -> int:
     return 0
 
 
+def _add_log_level(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--log-level", choices=("full", "decisions"), default="full",
+                   help="full (default): every event, what `evolving verify` replays; decisions: the decisions and "
+                        "what the tables need (requests, iterations, nodes), no KV facts, ticks or heartbeats "
+                        "(replay/sim/simlog.py)")
+
+
 def register_sim(sub, bench) -> None:
     rep = sub.add_parser("sim-report", help="the comparison table (and plots) recomputed from recorded runs")
     rep.add_argument("logs", nargs="+", help="DuckDB event logs written by replay/compare (first = baseline of ratios)")
@@ -412,6 +504,7 @@ def register_sim(sub, bench) -> None:
     rp.add_argument("--stack", default="evolving", help="evolving, dynamo, arrow, static:4P5D, ablations, "
                                                          "BASE+PART... (e.g. static:4P5D+round_robin+async)")
     rp.add_argument("--out", default=None, help="DuckDB file for the full event log")
+    _add_log_level(rp)
     rp.set_defaults(func=_cmd_replay)
 
     cp = sub.add_parser("compare", help="several stacks on the identical trace: one table, plots, event logs")
@@ -419,6 +512,7 @@ def register_sim(sub, bench) -> None:
     cp.add_argument("--stacks", default="evolving,dynamo,arrow,static:4P5D",
                     help="comma-separated stacks (see replay --stack)")
     cp.add_argument("--out-dir", default="runs/compare", help="event logs (DuckDB) and PNG plots go here")
+    _add_log_level(cp)
     cp.set_defaults(func=_cmd_compare)
 
     sp = sub.add_parser("sweep-static", help="find the best static split for a workload")
@@ -451,6 +545,12 @@ def register_sim(sub, bench) -> None:
     bp.add_argument("--only-partitions", action="store_true", help="only the partition rows")
     bp.add_argument("--no-partition-baseline", action="store_true",
                     help="skip the 1-partition baseline row (a 768-node single process does not fit here)")
+    bp.add_argument("--calibration", default=str(DEFAULT_CALIBRATION),
+                    help="recorded sessions for the calibration rows (126 agents at agent pace, 9 nodes, the event "
+                         "log written; default ../shared/traces/weka-claude-code-calibration; '' skips them)")
+    bp.add_argument("--calibration-runs", default="nolog,before,full,decisions",
+                    help="calibration rows, comma-separated: nolog, before (log format 1 in the simulation's thread: "
+                         "the path before format 2), full, decisions (format 2, writer thread, --log-level)")
     bp.add_argument("--json", action="store_true", help="the rows as JSON on stdout (progress on stderr)")
     bp.set_defaults(func=_cmd_bench, profile=None, start=None, fast=False, json=False, no_progress=True,
                     trace=None, arrivals=None)

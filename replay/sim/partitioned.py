@@ -49,7 +49,8 @@ from replay.sim.inputs import run_profile, session_source, sim_config
 from replay.sim.simlog import SimLog
 from replay.sim.simulation import RunResult, SessionSource, SimConfig, Simulation
 from replay.sim.stacks import get_stack
-from services.adapters.eventlog import DuckDbEventLog
+from services.adapters.eventlog import DuckDbEventLog, EventLogError
+from services.adapters.eventlog.columnar import FORMAT
 from services.adapters.logging import get_logger
 from services.cores.partitions import PartitionMap
 
@@ -140,7 +141,7 @@ def simulate_partition(stack_name: str, args, partitions: int, index: int, out: 
     source = base if partitions == 1 else PartitionSource(base, pmap, index)
     cfg = partition_config(sim_config(args), pmap, index)
     stack = get_stack(stack_name, start=getattr(args, "start", None))
-    rec = SimLog(out, pmap.names[index]) if out is not None else None
+    rec = SimLog(out, pmap.names[index], level=(getattr(args, "log_level", None) or "full")) if out is not None else None
     sim = Simulation(run_profile(args), stack, source, cfg, record=rec, keep_log=keep_log)
     t0 = time.perf_counter()
     try:
@@ -208,7 +209,9 @@ def merged_events(parts: Sequence[Path], types=None):
 
 def merge_logs(parts: Sequence[Path], out: Path, config: dict) -> int:
     """One DuckDB log from the partitions' logs, ordered by ``(ts, partition index, seq)`` and
-    renumbered 1..n; returns n."""
+    renumbered 1..n; returns n. Format 2 (services/adapters/eventlog/columnar.py): the block
+    dictionaries are concatenated (partition ``i``'s ids shifted by the sizes before it) and the
+    runs of every event shifted with them, all in DuckDB."""
     if out.exists():
         out.unlink()
     log = DuckDbEventLog(str(out))
@@ -216,15 +219,29 @@ def merge_logs(parts: Sequence[Path], out: Path, config: dict) -> int:
     log.close()
     con = duckdb.connect(str(out))
     try:
+        sizes = []
         for i, p in enumerate(parts):
+            part = DuckDbEventLog(str(p), read_only=True)
+            fmt = part.format
+            part.close()
+            if fmt != FORMAT:
+                raise EventLogError(f"{p}: a partition log of format {fmt}; the merge reads format {FORMAT}")
             path = str(p).replace("'", "''")
             con.execute(f"ATTACH '{path}' AS part{i} (READ_ONLY)")
-        union = " UNION ALL ".join(f"SELECT {i} AS part, seq, ts, type, src, subject, payload FROM part{i}.events"
-                                   for i in range(len(parts)))
+            sizes.append(con.execute(f"SELECT count(*) FROM part{i}.block_dict").fetchone()[0])
+        offsets = [sum(sizes[:i]) for i in range(len(parts))]
+        union = " UNION ALL ".join(
+            f"SELECT {i} AS part, seq, ts, type, src, subject, payload, "
+            f"CAST(list_transform(block_starts, lambda x: x + {offsets[i]}) AS UINTEGER[]) AS block_starts, "
+            f"block_lens, block_segs FROM part{i}.event_rows" for i in range(len(parts)))
         con.execute("BEGIN")
-        con.execute("INSERT INTO events SELECT CAST(row_number() OVER (ORDER BY ts, part, seq) AS UBIGINT), "
-                    f"ts, type, src, subject, payload FROM ({union}) ORDER BY ts, part, seq")
-        (n,) = con.execute("SELECT count(*) FROM events").fetchone()
+        for i in range(len(parts)):
+            con.execute(f"INSERT INTO block_dict SELECT CAST(id + {offsets[i]} AS UINTEGER), hash "
+                        f"FROM part{i}.block_dict ORDER BY id")
+        con.execute("INSERT INTO event_rows SELECT CAST(row_number() OVER (ORDER BY ts, part, seq) AS UBIGINT), "
+                    f"ts, type, src, subject, payload, block_starts, block_lens, block_segs FROM ({union}) "
+                    "ORDER BY ts, part, seq")
+        (n,) = con.execute("SELECT count(*) FROM event_rows").fetchone()
         con.execute("UPDATE log_meta SET value = ? WHERE key = 'applied_seq'", [str(n)])
         con.execute("COMMIT")
         for i in range(len(parts)):
@@ -314,7 +331,8 @@ def run_partitioned(stack_name: str, args, out: Path | None, progress: bool = Tr
                   "agents": cfg.agents, "arrivals_per_min": cfg.arrivals_per_min,
                   "partitions": {name: [ns[0], ns[-1], len(ns)] for name, ns in zip(pmap.names, pmap.nodes,
                                                                                     strict=True)},
-                  "merge_order": MERGE_ORDER, **stack.core_config(prof, cfg)}
+                  "merge_order": MERGE_ORDER, "log_level": (getattr(args, "log_level", None) or "full"),
+                  **stack.core_config(prof, cfg)}
         with ThreadPoolExecutor(1, thread_name_prefix="merge") as merger:  # the merge beside the figures
             merging = merger.submit(merge_logs, parts, final, config)
             try:

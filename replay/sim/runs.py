@@ -4,7 +4,8 @@
 row of ``evolving experiments`` (replay/experiments/run.py) call it with their parsed flags: the
 profile with the KV flags, the stack composition, the simulator, and (given a path) the full event
 log written to DuckDB through the recorder's :class:`~services.adapters.eventlog.DuckDbEventLog`
-(the same code the live recorder uses), in batches. ``--partitions N`` hands the run to
+(the same code the live recorder uses), in batches, by a writer thread (replay/sim/simlog.py;
+``--log-level decisions`` keeps only what the tables need). ``--partitions N`` hands the run to
 replay/sim/partitioned.py.
 """
 
@@ -22,6 +23,7 @@ from replay.sim.partitioned import run_partitioned
 from replay.sim.simlog import SimLog
 from replay.sim.simulation import SessionSource, Simulation
 from replay.sim.stacks import get_stack
+from services.adapters.eventlog.columnar import FORMAT
 
 
 def run_one(stack_name: str, args, source: SessionSource, out: Path | None, progress: bool = True,
@@ -32,8 +34,9 @@ def run_one(stack_name: str, args, source: SessionSource, out: Path | None, prog
     cfg = sim_config(args)
     stack = get_stack(stack_name, start=getattr(args, "start", None))
     rec = None
-    if out is not None:
-        rec = SimLog(out, config={"driver": "simulator", "stack": stack.describe(), "profile": prof.name,
+    if out is not None:  # --log-level; bench sim's baseline row: log_format "1", written in this thread
+        rec = SimLog(out, level=(getattr(args, "log_level", None) or "full"), format=getattr(args, "log_format", None) or FORMAT,
+                     background=not getattr(args, "log_sync", False), config={"driver": "simulator", "stack": stack.describe(), "profile": prof.name,
                               "kv_gpu_tokens": prof.l1_capacity_tokens, "kv_host_tokens": prof.l2_capacity_tokens,
                               "nodes": cfg.nodes, "seed": cfg.seed, "warmup_s": cfg.warmup_s,
                               "duration_s": cfg.duration_s, "agents": cfg.agents,
@@ -65,6 +68,8 @@ def run_one(stack_name: str, args, source: SessionSource, out: Path | None, prog
             rec.close()
     res.wall_s = time.perf_counter() - t0
     res.cpu_s = time.process_time() - c0
+    if rec is not None:
+        res.log_stats = rec.stats()
     m = compute_metrics(res.log, cfg.warmup_s, cfg.end_s, stack.name)
     m.unfinished = len(res.unfinished)
     return m, res

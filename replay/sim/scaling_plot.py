@@ -24,11 +24,12 @@ matplotlib.use("Agg")  # no display (pyplot picks its backend at the first figur
 
 
 def series(rows: list[dict]) -> dict[str, list[dict]]:
-    """Rows grouped into plot lines (sorted by nodes); static-split rows are dropped."""
+    """Rows grouped into plot lines (sorted by nodes); static-split rows and the calibration
+    rows (one size, recorded sessions, event log written) are dropped."""
     out: dict[str, list[dict]] = {}
     for r in rows:
         run = str(r.get("run", ""))
-        if run.startswith("static:"):
+        if run.startswith("static:") or "calibration" in r:
             continue
         if "partitions" in r:  # a partition row (replay.sim.partitioned.bench_rows)
             n = int(r["partitions"])

@@ -128,6 +128,7 @@ class RunResult:
     anomalies: dict[str, int] = field(default_factory=dict)
     wall_s: float = 0.0
     cpu_s: float = 0.0  # this process's CPU time for the run (set by the driver, like wall_s)
+    log_stats: dict = field(default_factory=dict)  # the event log writer's figures (replay/sim/simlog.py)
 
 
 class Simulation:

@@ -41,7 +41,7 @@ from events.catalog import (
 )
 from events.codec import encode
 from events.subjects import subject_for
-from services.adapters.eventlog import DuckDbEventLog, EventLog, InMemoryEventLog
+from services.adapters.eventlog import DuckDbEventLog, EventLog, EventLogError, InMemoryEventLog
 
 BIG = 2**64 - 1
 
@@ -218,14 +218,51 @@ class TestDuckDbEventLog(EventLogContract):
             ro.append(ticks([100]))
         ro.close()
 
+    def test_a_failed_insert_leaves_rows_position_and_block_dictionary_unchanged(self, tmp_path):
+        log = self.make(tmp_path)
+        assert log.format == "2"
+        first = [RequestSubmitted(ts=1.0, request=f"r{i}", branch="b", blocks=[10, 11, 12 + i]) for i in (1, 2)]
+        log.append(rows(first))
+        bad = [RequestSubmitted(ts=2.0, request="r3", branch="b", blocks=[10, 99, 98]),
+               RequestSubmitted(ts=2.0, request="r4", branch="b", blocks=[97], src=None)]  # NOT NULL src
+        with pytest.raises(duckdb.ConstraintException):
+            log.append([(3, "s", bad[0]), (4, "s", bad[1])])  # the whole batch rolls back, new hashes too
+        assert log.last_seq() == 2
+        again = RequestSubmitted(ts=3.0, request="r5", branch="b", blocks=[96, 10, 99])
+        log.append([(3, "s", again)])
+        log = self.reopen(log, tmp_path)
+        assert [(s, e) for s, _, e in log.read()] == [(1, first[0]), (2, first[1]), (3, again)]
+        (n,) = log.con.execute("SELECT count(*) FROM block_dict").fetchone()
+        assert n == 6  # 10, 11, 13, 14, 96, 99: nothing of the failed batch
+
+    def test_an_unknown_format_is_refused_by_name(self, tmp_path):
+        log = self.make(tmp_path)
+        log.con.execute("UPDATE log_meta SET value = '9' WHERE key = 'format'")
+        log.close()
+        for read_only in (False, True):
+            with pytest.raises(EventLogError, match="event log of format 9; this version reads formats 1, 2"):
+                DuckDbEventLog(tmp_path / "run.duckdb", read_only=read_only)
+
+
+class TestDuckDbEventLogFormat1(EventLogContract):
+    """Logs written before format 2 (and the benchmarks' baseline) still read and append."""
+
+    def make(self, tmp_path):
+        return DuckDbEventLog(tmp_path / "run.duckdb", format="1")
+
+    def reopen(self, log, tmp_path):
+        log.close()
+        return DuckDbEventLog(tmp_path / "run.duckdb")  # the file keeps its format
+
     def test_a_failed_insert_leaves_rows_and_position_unchanged(self, tmp_path):
         log = self.make(tmp_path)
+        assert log.format == "1"
         log.append(ticks([1, 2]))
         log.con.execute("INSERT INTO events VALUES (4, 0, 'Tick', '', 'x', '{\"type\":\"Tick\",\"ts\":0.0}')")
         with pytest.raises(duckdb.ConstraintException):
             log.append(ticks([3, 4]))  # 4 collides on the primary key: the whole batch rolls back
         log = self.reopen(log, tmp_path)
-        assert log.last_seq() == 2
+        assert log.format == "1" and log.last_seq() == 2
         assert [s for s, _, _ in log.read()] == [1, 2, 4]
 
 

@@ -13,7 +13,7 @@ SHORT = ["--duration", "30s", "--warmup", "15s"]
 
 
 def test_partition_rows_measure_the_partitioned_run(tmp_path, capsys):
-    assert main(["bench", "sim", "--only-partitions", "--partitions", "2", "--partition-nodes", "4",
+    assert main(["bench", "sim", "--calibration", "", "--only-partitions", "--partitions", "2", "--partition-nodes", "4",
                  "--partition-agents-per-node", "2", "--jobs", "1", "--json", *SHORT]) == 0
     rows = json.loads(capsys.readouterr().out)  # progress lines go to stderr with --json
     assert [r["partitions"] for r in rows] == [1, 2]
@@ -36,7 +36,7 @@ def test_partition_rows_measure_the_partitioned_run(tmp_path, capsys):
 
 
 def test_no_partition_baseline_leaves_only_the_partitioned_row(capsys):
-    assert main(["bench", "sim", "--only-partitions", "--partitions", "2", "--partition-nodes", "4",
+    assert main(["bench", "sim", "--calibration", "", "--only-partitions", "--partitions", "2", "--partition-nodes", "4",
                  "--no-partition-baseline", "--jobs", "1", "--json", "--duration", "10s", "--warmup", "5s"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [(r["partitions"], r["nodes"], r["agents"]) for r in rows] == [(2, 4, 8)]
@@ -46,7 +46,7 @@ def test_no_partition_baseline_leaves_only_the_partitioned_row(capsys):
 def test_size_rows_stay_single_process_beside_partition_rows(capsys):
     """--sizes with --partitions: the size rows are plain runs (they once went through the
     partitioned path and crashed), the partition rows come after them."""
-    assert main(["bench", "sim", "--sizes", "4:8", "--runs", "evolving", "--partitions", "2", "--partition-nodes",
+    assert main(["bench", "sim", "--calibration", "", "--sizes", "4:8", "--runs", "evolving", "--partitions", "2", "--partition-nodes",
                  "4", "--no-partition-baseline", "--jobs", "1", "--json", "--duration", "10s", "--warmup", "5s"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert (rows[0]["run"], rows[0].get("partitions")) == ("evolving", None)

@@ -12,7 +12,7 @@ Both logs pass the same contract tests (``tests/contract/test_eventlog.py``). Th
 service that fills a log from the bus, ``evolving verify`` and ``evolving sql`` are drivers
 (``services/drivers/recorder/``).
 
-Layer 2 (adapter: DuckDB). May import: ``events``, DuckDB.
+Layer 2 (adapter: DuckDB). May import: ``events``, DuckDB, pyarrow (writers of format 2, lazily).
 """
 
 from services.adapters.eventlog.duckdb_log import DuckDbEventLog, open_sources

@@ -5,10 +5,13 @@ twin :class:`services.adapters.eventlog.memory.InMemoryEventLog`. Table ``events
 views of :mod:`services.adapters.eventlog.views`; read-only query sessions are sandboxed by
 :mod:`services.adapters.eventlog.sandbox`.
 
-DuckDB bulk path: a batch becomes a dict of NumPy arrays (object arrays for strings) that is
-registered as a relation and inserted with one ``INSERT ... SELECT``; ``executemany`` is about
-1,000x slower, and Arrow would need pyarrow (not a dependency). ``evolving bench recorder``
-measures the choice against an NDJSON + ``read_json`` baseline.
+Two storage formats (``log_meta.format``; docs/recorder.md, "Format"). **Format 2** (what a new
+log is): ``event_rows`` + ``block_dict``, written from Arrow tables, every block hash stored once
+(:mod:`services.adapters.eventlog.columnar`); ``events`` is a view that gives the format-1
+relation back, so the typed views and ``evolving sql`` read both formats alike. **Format 1**
+(logs written before, and ``format="1"``: the benchmark's baseline): table ``events`` with the
+whole event as JSON, a batch inserted as a dict of NumPy arrays. A file of another format is
+refused with an error naming it.
 """
 
 from __future__ import annotations
@@ -27,13 +30,23 @@ import numpy as np
 
 from events.catalog import Event
 from events.codec import SCHEMA_VERSION, CodecError, from_json, to_json
+from services.adapters.eventlog.columnar import (
+    FORMAT,
+    FORMATS,
+    SCHEMA_V2,
+    BlockDict,
+    decode_blocks,
+    decode_row,
+    encode_rows,
+    events_view_sql,
+)
 from services.adapters.eventlog.port import EventLogError, EventLogLocked, Row, new_rows
 from services.adapters.eventlog.sandbox import connect_file, connect_sources, expand_parquet
 from services.adapters.eventlog.views import create_views
 
 _READ_CHUNK = 4096
 
-#: The events table (and its indexes) of every log; the recorder bench builds the same table.
+#: Format 1: the events table (and its indexes); the recorder bench builds the same table.
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
     seq UBIGINT PRIMARY KEY,
@@ -51,10 +64,16 @@ CREATE TABLE IF NOT EXISTS run_config (key VARCHAR PRIMARY KEY, value JSON NOT N
 class DuckDbEventLog:
     """The event log in one DuckDB file: table ``events`` plus typed views (see
     :mod:`services.adapters.eventlog.views`). One writer process at a time (DuckDB's file lock);
-    ``read_only=True`` opens a finished run for queries and replay."""
+    ``read_only=True`` opens a finished run for queries and replay. ``format``: of a new file
+    (default 2; ``"1"`` writes the previous format, the benchmarks' baseline); an existing file
+    keeps its own."""
 
-    def __init__(self, path: str | os.PathLike, read_only: bool = False, *, sandbox: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike, read_only: bool = False, *, sandbox: bool = False,
+                 format: str = FORMAT, memory_limit: str | None = None) -> None:
+        if format not in FORMATS:
+            raise ValueError(f"event log format {format!r}: this version writes {', '.join(FORMATS)}")
         self.path = os.fspath(path)
+        self._blocks: BlockDict | None = None
         self.read_only = read_only or sandbox
         if self.read_only:
             _check_file(self.path)
@@ -63,37 +82,77 @@ class DuckDbEventLog:
         elif read_only:
             self.con = _connect_or_explain(lambda p: duckdb.connect(p, read_only=True), self.path)
         else:
-            self.con = duckdb.connect(self.path)
+            # memory_limit caps DuckDB's buffer pool, which otherwise keeps written data cached
+            # up to 80% of RAM: a long-running recorder's RSS then grows with the log
+            self.con = duckdb.connect(self.path, config={"memory_limit": memory_limit} if memory_limit else {})
         # one connection, used from the event loop and from worker threads (run_recorder
         # appends in one): a transaction must not interleave with another thread's statements
         self._lock = threading.RLock()
         if self.read_only:
             try:
                 self._check_schema()
-                create_views(self.con, temp=True)
+                self.format = self._read_format()
+                create_views(self.con, temp=True, events_sql=self._events_sql())
                 self._applied = self._read_applied()
             except (duckdb.Error, ValueError) as exc:  # a truncated or corrupt file fails on its first read
                 self.con.close()
                 raise EventLogError(f"{self.path} is not a readable event log: {_first_line(exc)}") from exc
         else:
-            self._create()
+            tables = self._tables()
+            if tables & {"events", "event_rows", "log_meta"}:
+                self._check_schema()
+                self.format = self._read_format()
+            else:
+                self.format = format
+                self._create()
             self._applied = self._read_applied()
 
     # -- setup
     def _create(self) -> None:
         self.con.execute("BEGIN")
-        self.con.execute(SCHEMA)
+        self.con.execute(SCHEMA_V2 if self.format == FORMAT else SCHEMA)
         self.con.execute(
             "INSERT OR IGNORE INTO log_meta VALUES ('applied_seq', '0'), ('schema', ?)", [SCHEMA_VERSION]
         )
-        create_views(self.con)
+        if self.format == FORMAT:
+            self.con.execute("INSERT OR IGNORE INTO log_meta VALUES ('format', ?)", [FORMAT])
+        create_views(self.con, events_sql=self._events_sql())
         self.con.execute("COMMIT")
 
+    def _tables(self) -> set[str]:
+        return {r[0] for r in self.con.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_type = 'BASE TABLE'").fetchall()}
+
     def _check_schema(self) -> None:
-        tables = {r[0] for r in self.con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-        if not {"events", "log_meta"} <= tables:
+        tables = self._tables()
+        if "log_meta" not in tables or not tables & {"events", "event_rows"}:
             self.con.close()
             raise EventLogError(f"{self.path} is not an event log (tables: {sorted(tables)})")
+
+    def _read_format(self) -> str:
+        """``log_meta.format`` (format 1 logs have none); an unknown one is refused by name."""
+        row = self.con.execute("SELECT value FROM log_meta WHERE key = 'format'").fetchall()
+        fmt = row[0][0] if row else "1"
+        if fmt not in FORMATS:
+            self.con.close()
+            raise EventLogError(f"{self.path} is an event log of format {fmt}; this version reads formats "
+                                f"{', '.join(FORMATS)} (upgrade evolving-infra to read it)")
+        if (fmt == FORMAT) != ("event_rows" in self._tables()):
+            self.con.close()
+            raise EventLogError(f"{self.path} is not a readable event log: log_meta says format {fmt} "
+                                "but its tables are another format's")
+        return fmt
+
+    def _events_sql(self) -> str | None:
+        """The ``events`` view of a format-2 log (format 1: ``events`` is the table itself)."""
+        return events_view_sql() if self.format == FORMAT else None
+
+    def _block_dict(self) -> BlockDict:
+        if self._blocks is None:
+            with self._lock:
+                (hashes,) = self.con.execute("SELECT coalesce(list(hash ORDER BY id), []) FROM block_dict").fetchone()
+            self._blocks = BlockDict(np.asarray(hashes, dtype=np.uint64))
+        return self._blocks
 
     def _read_applied(self) -> int:
         row = self.con.execute("SELECT value FROM log_meta WHERE key = 'applied_seq'").fetchall()
@@ -108,6 +167,8 @@ class DuckDbEventLog:
         rows = new_rows(batch, self._applied)
         if not rows:
             return 0
+        if self.format == FORMAT:
+            return self._append_v2(rows)
         columns = _columns(rows)
         con = self.con
         con.execute("BEGIN")
@@ -126,10 +187,36 @@ class DuckDbEventLog:
         self._applied = rows[-1][0]
         return len(rows)
 
+    def _append_v2(self, rows: list[Row]) -> int:
+        bd = self._block_dict()
+        table, added, new = encode_rows(rows, bd)
+        con = self.con
+        con.execute("BEGIN")
+        try:
+            con.register("_ei_rows", table)
+            con.register("_ei_dict", added)
+            con.execute("INSERT INTO block_dict SELECT id, hash FROM _ei_dict")
+            con.execute("INSERT INTO event_rows SELECT * FROM _ei_rows")
+            con.execute("UPDATE log_meta SET value = ? WHERE key = 'applied_seq'", [str(rows[-1][0])])
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            bd.undo(new)
+            raise
+        finally:
+            con.unregister("_ei_rows")
+            con.unregister("_ei_dict")
+        bd.commit(new)
+        self._applied = rows[-1][0]
+        return len(rows)
+
     def last_seq(self) -> int:
         return self._applied
 
     def read(self, from_seq: int = 1, types: Collection[str] | None = None) -> Iterator[Row]:
+        if self.format == FORMAT:
+            yield from self._read_v2(from_seq, types)
+            return
         with self._lock:
             cur = self.con.cursor()  # its own connection: reading does not hold the lock
         try:
@@ -144,9 +231,28 @@ class DuckDbEventLog:
         finally:
             cur.close()
 
-    def count_by_type(self) -> dict[str, int]:
+    def _read_v2(self, from_seq: int, types: Collection[str] | None) -> Iterator[Row]:
+        hashes = self._block_dict().hashes()
         with self._lock:
-            rows = self.con.execute("SELECT type, count(*) FROM events GROUP BY type ORDER BY type").fetchall()
+            cur = self.con.cursor()  # its own connection: reading does not hold the lock
+        try:
+            cols = "seq, subject, payload, block_starts, block_lens, block_segs"
+            if types is None:
+                cur.execute(f"SELECT {cols} FROM event_rows WHERE seq >= ? ORDER BY seq", [from_seq])
+            else:
+                cur.execute(f"SELECT {cols} FROM event_rows WHERE seq >= ? AND list_contains(?, type) "
+                            "ORDER BY seq", [from_seq, sorted(types)])
+            while chunk := cur.fetchmany(_READ_CHUNK):
+                for seq, subject, payload, starts, lens, segs in chunk:
+                    blocks = None if starts is None else decode_blocks(hashes, starts, lens, segs)
+                    yield int(seq), subject, decode_row(int(seq), payload, blocks)
+        finally:
+            cur.close()
+
+    def count_by_type(self) -> dict[str, int]:
+        table = "event_rows" if self.format == FORMAT else "events"
+        with self._lock:
+            rows = self.con.execute(f"SELECT type, count(*) FROM {table} GROUP BY type ORDER BY type").fetchall()
         return {t: int(n) for t, n in rows}
 
     def run_config(self) -> dict[str, Any]:
@@ -274,13 +380,29 @@ def open_sources(sources: Sequence[str]):
             db_files.append(os.path.abspath(src))
     con = _connect_or_explain(lambda _: connect_sources(db_files, [f for fs in parquet for f in fs]),
                               ", ".join(db_files))
-    parts = [f"SELECT * FROM src{i}.main.events" for i in range(len(db_files))]
+    parts = [_source_events(con, i, path) for i, path in enumerate(db_files)]
     for files in parquet:
         listed = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
         parts.append(f"SELECT seq, ts, type, src, subject, payload::JSON AS payload FROM read_parquet([{listed}])")
     con.execute("CREATE TEMP VIEW events AS " + " UNION ALL ".join(parts))
     create_views(con, temp=True)
     return con
+
+
+def _source_events(con, i: int, path: str) -> str:
+    """The ``events`` relation of attached source ``src<i>``, by its format (this version's SQL)."""
+    qual = f"src{i}.main."
+    try:
+        row = con.execute(f"SELECT value FROM {qual}log_meta WHERE key = 'format'").fetchall()
+    except duckdb.Error as exc:
+        con.close()
+        raise EventLogError(f"{path} is not an event log: {_first_line(exc)}") from exc
+    fmt = row[0][0] if row else "1"
+    if fmt not in FORMATS:
+        con.close()
+        raise EventLogError(f"{path} is an event log of format {fmt}; this version reads formats "
+                            f"{', '.join(FORMATS)} (upgrade evolving-infra to read it)")
+    return f"SELECT * FROM {qual}events" if fmt == "1" else events_view_sql(qual)
 
 
 def _connect_or_explain(connect, path: str):

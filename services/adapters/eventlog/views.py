@@ -198,11 +198,14 @@ def _named_view_sql(body: str) -> str:
     return body.replace("{AT}", _AT).replace("{STARTED_EXTRA}", extra).replace("{STARTED_COLS}", cols)
 
 
-def create_views(con, temp: bool = False) -> None:
+def create_views(con, temp: bool = False, events_sql: str | None = None) -> None:
     """(Re)create every view on ``con`` (inside the caller's transaction, if any). ``temp``:
     session-only views that shadow the ones stored in a file opened read-only, so a reader
-    always sees the views of its own catalog version."""
+    always sees the views of its own catalog version. ``events_sql``: the ``events`` relation
+    itself, as a view (a format-2 log, services/adapters/eventlog/columnar.py), made first."""
     kind = "TEMP VIEW" if temp else "VIEW"
+    if events_sql is not None:
+        con.execute(f"CREATE OR REPLACE {kind} events AS {events_sql}")
     for event_type in EVENT_TYPES:
         con.execute(event_view_sql(event_type).replace("CREATE OR REPLACE VIEW", f"CREATE OR REPLACE {kind}", 1))
     for name, body in NAMED_VIEWS.items():

@@ -59,6 +59,8 @@ from events.catalog import (
     RouteDecided,
 )
 from events.ids import BlockHash, BranchId, NodeId, Tier
+from services.cores.directory._native import dropped as dropped_blocks
+from services.cores.directory._native import fresh as fresh_blocks
 from services.cores.directory.lookup import LiveNodes, Lookup
 from services.cores.directory.table import TIER_INDEX, BlockTable
 
@@ -475,16 +477,15 @@ class DirectoryCore:
         tail_slots = None
         if append:  # continuation: only the appended blocks can be new
             tail = blocks[len(old):]
-            if not b.excluded and len(set(tail)) == len(tail) and b.counted.isdisjoint(tail):
-                added = tail  # the common case, decided in C
+            # the tail's blocks counted nowhere yet, in order, each once (a compiled loop)
+            added = fresh_blocks(tail, b.counted, b.excluded)
+            if not b.excluded and len(added) == len(tail):
+                added = tail  # the common case: every appended block is new and distinct
                 tail_slots = self._cached_tail(r, len(tail))
-            else:
-                added = [x for x in dict.fromkeys(tail) if x not in b.counted and x not in b.excluded]
             dropped: list[int] = []
         else:
-            new = set(blocks) - b.excluded
-            added = [x for x in dict.fromkeys(blocks) if x in new and x not in b.counted]
-            dropped = [x for x in dict.fromkeys(old) if x in b.counted and x not in new]
+            added = fresh_blocks(blocks, b.counted, b.excluded)
+            dropped = dropped_blocks(old, b.counted, set(blocks), b.excluded)
         b.ctx = blocks
         holders = sorted({h for h in b.holders if h >= 0})
         if added:

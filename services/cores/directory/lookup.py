@@ -16,6 +16,7 @@ import numpy as np
 
 from events.catalog import FetchStep
 from events.ids import NodeId
+from services.cores.directory._native import runs as equal_runs
 
 
 class NodeMatch(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -40,10 +41,8 @@ def _runs(masks: np.ndarray) -> tuple[list[int], list[int]]:
     n, words = masks.shape
     if not n:
         return [], []
-    if words == 1:
-        col = masks[:, 0]
-        starts = [0, *(np.flatnonzero(col[1:] != col[:-1]) + 1).tolist()]
-        return starts, col[starts].tolist()
+    if words == 1:  # one compiled pass (``_native.runs``)
+        return equal_runs(masks[:, 0])
     change = masks[1:, 0] != masks[:-1, 0]
     for w in range(1, words):  # OR of per-word compares: cheaper than a 2-D any(axis=1)
         change |= masks[1:, w] != masks[:-1, w]

@@ -3,9 +3,9 @@
 Layout (``S`` slots; node ``n``'s copy in tier ``t`` (0 = L1, 1 = L2) is bit ``j = 2n + t``,
 stored in word ``j // 64`` at bit ``j % 64``; ``W`` words cover ``32 W`` nodes):
 
-- ``index: dict`` (block hash -> slot): a request's block list is resolved by one
-  ``np.fromiter(map(index.get, ...))`` (issue 16: cheaper than the vectorised open-addressing
-  table it replaced for the tens of appended blocks a lookup or store resolves).
+- ``index: SlotMap`` (block hash -> slot; compiled, ``_native.pyx``): a request's block list
+  is resolved by one C loop over the Python list (issue 24: it replaced a ``dict`` read through
+  ``np.fromiter(map(index.get, ...))`` and a vectorised numpy copy of it for long lists).
   Slot 0 is a sentinel that holds nothing, so an unknown block maps to 0 and numpy code needs
   no special case.
 - ``held[S, W]`` uint64 — bit set: the node holds the block in that tier. A request's holder
@@ -22,26 +22,24 @@ Slot numbers never leak into outputs: everything returned is keyed or sorted by 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from itertools import repeat
 
 import numpy as np
 
+from services.cores.directory._native import SlotMap, bucket_valid, held_prefix
+from services.cores.directory._native import mark as mark_copies
+from services.cores.directory._native import read as read_copies
+from services.cores.directory._native import touch as touch_prefixes
 from services.cores.directory.eviction import CopyOrder
-from services.cores.directory.index import HashIndex
 
 TIER_INDEX = {"L1": 0, "L2": 1}
 
 
 class BlockTable:
-    __slots__ = ("_vindex", "_vpend", "block", "free", "gen", "held", "index", "last", "n_nodes", "orders",
-                 "refs", "size")
+    __slots__ = ("_mark", "block", "free", "gen", "held", "index", "last", "n_nodes", "orders", "refs", "size")
 
     def __init__(self, capacity: int = 1024, node_capacity: int = 4) -> None:
-        self.index: dict[int, int] = {}  # block hash -> slot
-        # a vectorised copy of ``index`` for long lists (a cold lookup's thousand blocks), built
-        # at the first one and brought up to date in bulk: ``_vpend`` = keys changed since
-        self._vindex: HashIndex | None = None
-        self._vpend: set[int] = set()
+        self.index = SlotMap(4 * capacity)  # block hash -> slot
+        self._mark = np.zeros(capacity, dtype=np.uint8)  # scratch of the eviction order's bucket reads
         self.block = np.zeros(capacity, dtype=np.uint64)
         self.held = np.zeros((capacity, -(-node_capacity // 32)), dtype=np.uint64)
         # column-major: the fold reads and writes one copy column (node, tier) at a time, and a
@@ -73,6 +71,7 @@ class BlockTable:
         cap = len(self.block)
         new = max(need, 2 * cap)
         self.block = np.resize(self.block, new)
+        self._mark = np.zeros(new, dtype=np.uint8)
         for name in ("held", "last", "refs"):
             old = getattr(self, name)
             arr = np.zeros((new, old.shape[1]), dtype=old.dtype, order="C" if name == "held" else "F")
@@ -81,52 +80,8 @@ class BlockTable:
 
     # ------------------------------------------------------------------------- slots
     def slots(self, blocks: Iterable[int], n: int) -> np.ndarray:
-        """Slots of ``n`` blocks (0 for an unknown block)."""
-        if n >= _VECTOR:
-            try:
-                keys = np.fromiter(blocks, dtype=np.uint64, count=n)
-            except OverflowError:  # a hash outside 64 bits: in no table (slot 0)
-                pass
-            else:
-                return self._vslots(keys)
-        return np.fromiter(map(self.index.get, blocks, repeat(0)), dtype=np.intp, count=n)
-
-    def _vslots(self, keys: np.ndarray) -> np.ndarray:
-        """Slots of many blocks from the vectorised copy of the index (its probe rounds overlap
-        the cache misses a dict takes one at a time). The copy holds a subset of the dict with
-        the same slots: a freed key leaves it at once, an added one joins it in bulk later."""
-        if self._vindex is None:
-            self._vsync()
-        s = self._vindex.find(keys)
-        if self._vpend:  # the copy lacks only keys added since its update: read misses in the dict
-            miss = np.flatnonzero(s == 0)
-            if len(miss):
-                get = self.index.get
-                s[miss] = [get(b, 0) for b in keys[miss].tolist()]
-        return s
-
-    def _vmark(self, keys: Iterable[int]) -> None:
-        """Keys added to the dict; folded into the vectorised copy in bulk past ``_VSYNC``, here
-        in the fold rather than inside a lookup (a router's decision stays flat)."""
-        self._vpend.update(keys)
-        if len(self._vpend) > _VSYNC:
-            self._vsync()
-
-    def _vsync(self) -> None:
-        """Bring the vectorised copy up to date (built from the dict the first time)."""
-        if self._vindex is None:
-            self._vindex = HashIndex(4 * max(1024, len(self.index)))
-            keys = np.fromiter(self.index.keys(), dtype=np.uint64, count=len(self.index))
-            vals = np.fromiter(self.index.values(), dtype=np.intp, count=len(self.index))
-        else:
-            # A pending key is in the dict and not in the copy: it joined the dict unknown (no
-            # slot, so not in the copy either), and a free removes a key from both the copy and
-            # the pending set. Read twice, the unchanged set yields its keys in the same order.
-            n = len(self._vpend)
-            keys = np.fromiter(self._vpend, dtype=np.uint64, count=n)
-            vals = np.fromiter(map(self.index.__getitem__, self._vpend), dtype=np.intp, count=n)
-        self._vindex.insert(keys, vals)
-        self._vpend.clear()
+        """Slots of ``n`` blocks (0 for an unknown block or a hash outside 64 bits)."""
+        return self.index.find_seq(blocks, n)
 
     def find(self, block: int) -> int | None:
         """Slot of one block, ``None`` if unknown."""
@@ -146,8 +101,6 @@ class BlockTable:
 
     def ensure(self, blocks: Sequence[int], s: np.ndarray | None = None) -> np.ndarray:
         """Slots of ``blocks`` (``s``: already probed), allocating the unknown ones in bulk."""
-        if len(blocks) <= _SMALL:
-            return self._ensure_few(blocks, s)
         given = s is not None
         if s is None:
             s = self.slots(blocks, len(blocks))
@@ -164,12 +117,8 @@ class BlockTable:
         else:
             mk = np.fromiter(map(blocks.__getitem__, missing.tolist()), dtype=np.uint64, count=len(missing))
         new, inverse = _distinct(mk)  # a block may repeat inside one list
-        ks = self._alloc(len(new))
-        ks_arr = np.asarray(ks, dtype=np.intp)
-        nl = new.tolist()
-        self.index.update(zip(nl, ks))
-        if self._vindex is not None:
-            self._vmark(nl)
+        ks_arr = np.asarray(self._alloc(len(new)), dtype=np.intp)
+        self.index.insert(new, ks_arr)
         self.block[ks_arr] = new
         s[missing] = ks_arr[inverse]
         return s
@@ -186,30 +135,6 @@ class BlockTable:
             self.size += k - take
         return ks
 
-    def _ensure_few(self, blocks: Sequence[int], s: np.ndarray | None) -> np.ndarray:
-        """:meth:`ensure` of a short list in plain Python (a live event's handful of blocks):
-        a dozen numpy calls cost more than the loop. Same slots in the same order (new blocks
-        in first-occurrence order, as ``_distinct`` orders short lists)."""
-        if s is None:
-            get = self.index.get
-            sl = [get(b, 0) for b in blocks]
-        else:  # a 0 of an earlier probe may have been allocated since: probe those again
-            get = self.index.get
-            sl = [v or get(b, 0) for b, v in zip(blocks, s.tolist())]
-        if 0 not in sl:
-            return np.array(sl, dtype=np.intp)
-        pos: dict[int, int] = {}
-        for b, v in zip(blocks, sl):
-            if not v:
-                pos.setdefault(b, len(pos))
-        new = np.fromiter(pos, dtype=np.uint64, count=len(pos))  # refuses a hash outside 64 bits first
-        ks = self._alloc(len(new))
-        self.index.update(zip(pos, ks))
-        if self._vindex is not None:
-            self._vmark(pos)
-        self.block[ks] = new
-        return np.array([v or ks[pos[b]] for b, v in zip(blocks, sl)], dtype=np.intp)
-
     def release(self, s: np.ndarray) -> None:
         """Free the slots among ``s`` that no node holds and no branch references."""
         s = s[s > 0]
@@ -222,13 +147,7 @@ class BlockTable:
             return
         dead = np.unique(dead)
         self.gen += 1
-        pop = self.index.pop
-        dk = self.block[dead].tolist()
-        for k in dk:
-            pop(k, None)
-        if self._vindex is not None:
-            self._vindex.delete(self.block[dead])
-            self._vpend.difference_update(dk)
+        self.index.delete(self.block[dead])
         # ``last`` of a freed slot is left as it is: every read of ``last`` is guarded by the
         # copy's held bit, and a store sets it (zeroing 2N columns per slot cost ms at 96 nodes)
         self.free.extend(dead.tolist())
@@ -241,9 +160,12 @@ class BlockTable:
             return np.zeros(0, dtype=np.intp)
         s = self.ensure(blocks, s)
         j = 2 * n + TIER_INDEX[tier]
-        h = self.held[:, j >> 6]  # 1-D column views: numpy's fast fancy-index path
-        h[s] = h[s] | _BIT[j & 63]  # fancy, not take: take copies a non-contiguous column whole
-        self.last[:, j][s] = ts
+        if isinstance(ts, float):  # one compiled pass sets the bit and the last access
+            mark_copies(self.held[:, j >> 6], s, _BIT[j & 63], self.last[:, j], ts)
+        else:  # per-block times (a snapshot's restore)
+            h = self.held[:, j >> 6]  # 1-D column views: numpy's fast fancy-index path
+            h[s] = h[s] | _BIT[j & 63]  # fancy, not take: take copies a non-contiguous column whole
+            self.last[:, j][s] = ts
         if j in self.orders:
             self._track(j, s, ts if isinstance(ts, float) else None)
         return s
@@ -276,13 +198,12 @@ class BlockTable:
         prefix's host copies of the blocks with slots ``s`` on node ``n``."""
         if not len(s):
             return
-        word = self.held[:, (2 * n) >> 6][s]
-        for j in (2 * n, 2 * n + 1):
-            c = (word & _BIT[j & 63]).astype(bool)
-            k = len(c) if c.all() else int(c.argmin())
-            if k:
-                self.last[:, j][s[:k]] = ts
-                if j in self.orders:
+        j0 = 2 * n
+        ks = touch_prefixes(self.held[:, j0 >> 6], s, _BIT[j0 & 63], _BIT[(j0 + 1) & 63], self.last[:, j0],
+                           self.last[:, j0 + 1], float(ts))
+        if self.orders:
+            for j, k in zip((j0, j0 + 1), ks):
+                if k and j in self.orders:
                     self._track(j, s[:k], float(ts))
 
     def read(self, n: int, blocks: Sequence[int], ts: float, s: np.ndarray | None = None) -> int:
@@ -291,15 +212,15 @@ class BlockTable:
             return 0
         if s is None:
             s = self.slots(blocks, len(blocks))
-        known = s > 0
-        hit = np.zeros(len(s), dtype=bool)
-        for j in (2 * n, 2 * n + 1):
-            c = self.column(s, j) & known
-            self.last[:, j][s[c]] = ts
-            hit |= c
-            if j in self.orders:
-                self._track(j, s[c], float(ts))
-        return int(len(s) - hit.sum())
+        j0 = 2 * n
+        tracked = j0 in self.orders or j0 + 1 in self.orders
+        missing, c0, c1 = read_copies(self.held[:, j0 >> 6], s, _BIT[j0 & 63], _BIT[(j0 + 1) & 63],
+                                       self.last[:, j0], self.last[:, j0 + 1], float(ts), tracked)
+        if tracked:
+            for j, c in ((j0, c0), (j0 + 1, c1)):
+                if j in self.orders:
+                    self._track(j, s[c], float(ts))
+        return missing
 
     # ------------------------------------------------------------------------- counts
     def add_refs(self, n: int, s: np.ndarray, delta: int) -> None:
@@ -379,10 +300,10 @@ class BlockTable:
             for c, last in group:
                 arrays = o.buckets[(c, last)]
                 arr = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-                ok = (self.held[arr, w] & bit).astype(bool)
-                ok &= (self.refs[arr, n] > 0) == bool(c)
-                ok &= self.last[arr, j] == last
-                valid = np.unique(arr[ok])  # a copy appended twice with the same key: once
+                # still held, same count class and last access, each slot once (a copy appended
+                # twice with the same key): one compiled pass, no sort (the blocks are sorted below)
+                valid = bucket_valid(self.held[:, w], bit, self.refs[:, n], bool(c), self.last[:, j],
+                                             last, arr, self._mark)
                 if not len(valid):
                     o.drop(c, last)
                     continue
@@ -435,15 +356,11 @@ class BlockTable:
                 s[k:] = self.slots(blocks[k:], len(blocks) - k)
         else:
             s = self.slots(blocks, len(blocks))
-        h = self.held.take(s, axis=0)
-        pool = _held_prefix(h)
-        return pool, h[:pool], s
+        pool = held_prefix(self.held, s)  # one pass, stops at the first unheld block
+        return pool, self.held.take(s[:pool], axis=0), s
 
 
 _BIT = [np.uint64(1 << i) for i in range(64)]
-_SMALL = 64  # lists up to this many blocks are resolved and allocated in plain Python
-_VECTOR = 256  # lists of at least this many blocks are probed in the vectorised copy of the index
-_VSYNC = 512  # changed keys folded into the vectorised copy in bulk
 
 
 def _any_word(h: np.ndarray) -> np.ndarray:
@@ -455,12 +372,6 @@ def _any_word(h: np.ndarray) -> np.ndarray:
         for w in range(1, h.shape[1]):
             a |= h[:, w]
     return a.astype(bool)
-
-
-def _held_prefix(h: np.ndarray) -> int:
-    """Rows of ``[k, W]`` holder words before the first row no copy bit is set in."""
-    a = _any_word(h)
-    return len(a) if a.all() else int(a.argmin())
 
 
 def _distinct(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -6,10 +6,15 @@ Input: an ``.npz`` with ``ids`` (every request's block ids, densely renumbered t
 fit SGLang's token tensors) and ``offsets`` (request boundaries). Per request, as the bare-dict
 baseline does: ``match_prefix`` of the block list, then ``insert`` of it (page size 1: one tree
 token per block). Prints ``{"wall_s": ..., "cpu_s": ..., "requests": ...}`` as JSON.
+
+GC: the same setting as the directory's side of the bench (``directory.run``): the cyclic GC stays
+on, and the loaded input is frozen out of it (``gc.freeze()``) before the timed loop, so neither
+side's collections scan the other's millions of input ints.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import time
@@ -33,6 +38,8 @@ def main(path: str) -> int:
     keys = [array("q", ids[a:b].tolist()) for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
     tree = RadixCache(CacheInitParams(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=None,
                                       page_size=1))
+    gc.collect()
+    gc.freeze()  # as the directory's side does (see the module docstring)
     t0, c0 = time.perf_counter(), time.thread_time()
     for key, a in zip(keys, offsets[:-1].tolist()):
         tree.match_prefix(MatchPrefixParams(key=RadixKey(key)))

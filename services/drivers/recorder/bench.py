@@ -5,7 +5,10 @@ a RouteDecided with scores and a fetch plan, start/first-token/finish facts, KV 
 iterations; plus heartbeats, ticks and planner decisions. Every path writes the same columns
 into the same table layout in a fresh file:
 
-- ``eventlog``: :class:`DuckDbEventLog.append` (msgspec JSON + NumPy column arrays), batches of 4096;
+- ``eventlog``: :class:`DuckDbEventLog.append` (format 2: Arrow tables, block hashes stored once),
+  batches of 4096;
+- ``eventlog_v1``: the same with ``format="1"`` (the whole event as JSON, NumPy column arrays:
+  the path before format 2);
 - ``ndjson``: the same rows as NDJSON written with the standard ``json`` module, loaded by
   ``read_json`` (DuckDB's own bulk JSON path), batches of 4096;
 - ``executemany``: ``executemany`` of parameter tuples on a small sample (it is ~1,000x slower).
@@ -88,8 +91,8 @@ def _row_tuple(seq: int, subject: str, ev: Event) -> tuple:
     return (seq, ev.ts, type(ev).__name__, ev.src, subject, json.dumps(msgspec.to_builtins(ev)))
 
 
-def _bench_eventlog(rows, path: str) -> float:
-    log = DuckDbEventLog(path)
+def _bench_eventlog(rows, path: str, fmt: str = "2") -> float:
+    log = DuckDbEventLog(path, format=fmt)
     t0 = time.perf_counter()
     for chunk in batched(rows, BATCH):
         log.append(chunk)
@@ -126,11 +129,17 @@ def _bench_executemany(rows, path: str) -> float:
     return dt
 
 
+def _file_bytes(path: str) -> int:
+    return sum(os.path.getsize(f) for f in (path, path + ".wal") if os.path.exists(f))
+
+
 def run(n_requests: int = 2000, sample: int = 300, blocks_per_request: int = 1000) -> dict[str, Any]:
     rows = workload(n_requests, blocks_per_request=blocks_per_request)
     payload_mb = sum(len(msgspec.json.encode(r[2])) for r in rows) / 1e6
     with tempfile.TemporaryDirectory(prefix="ei-bench-rec-") as tmp:
         t_log = _bench_eventlog(rows, os.path.join(tmp, "log.duckdb"))
+        t_v1 = _bench_eventlog(rows, os.path.join(tmp, "v1.duckdb"), "1")
+        bytes_v2, bytes_v1 = (_file_bytes(os.path.join(tmp, f)) for f in ("log.duckdb", "v1.duckdb"))
         t_nd = _bench_ndjson(rows, os.path.join(tmp, "nd.duckdb"), tmp)
         small = rows[:sample]
         t_em = _bench_executemany(small, os.path.join(tmp, "em.duckdb"))
@@ -147,6 +156,10 @@ def run(n_requests: int = 2000, sample: int = 300, blocks_per_request: int = 100
         "batch": BATCH,
         "eventlog_events_per_s": round(ours),
         "eventlog_mb_per_s": round(payload_mb / t_log, 1),
+        "eventlog_bytes": bytes_v2,
+        "eventlog_v1_events_per_s": round(n / t_v1),
+        "eventlog_v1_bytes": bytes_v1,
+        "ratio_vs_v1": round(ours / (n / t_v1), 2),
         "ndjson_read_json_events_per_s": round(n / t_nd),
         "executemany_events_per_s": round(sample / t_em),
         "executemany_sample": sample,

@@ -197,6 +197,11 @@ def cmd_verify(args) -> int:
             print(f"error: {args.db} holds no events (a copy taken without its .wal while the run was going? "
                   "copy it after the run stopped, or query the live run with `evolving sql --live`)", file=sys.stderr)
             return 2
+        level = log.run_config().get("log_level", "full")
+        if level != "full":  # --log-level decisions dropped the KV facts the cores fold
+            print(f"error: {args.db} was recorded with --log-level {level} (no KV facts, ticks or heartbeats): "
+                  "verify replays full logs only (--log-level full, the default)", file=sys.stderr)
+            return 2
         report = verify_log(log, names, keep_going=args.keep_going, strict=args.strict)
     except CodecError as exc:
         print(f"error: unreadable log: {_one_line(exc)}", file=sys.stderr)
@@ -249,7 +254,9 @@ def cmd_bench(args) -> int:
     print(f"{res['events']} events ({res['payload_mb']} MB of JSON, {args.blocks} blocks per RequestSubmitted), "
           f"batches of {res['batch']}")
     print(f"  DuckDbEventLog.append      {res['eventlog_events_per_s']:>10,} events/s  "
-          f"({res['eventlog_mb_per_s']} MB/s)")
+          f"({res['eventlog_mb_per_s']} MB/s of JSON; file {res['eventlog_bytes'] / 1e6:.1f} MB)")
+    print(f"  format 1 (before)          {res['eventlog_v1_events_per_s']:>10,} events/s  "
+          f"(ours {res['ratio_vs_v1']}x; file {res['eventlog_v1_bytes'] / 1e6:.1f} MB)")
     print(f"  NDJSON + read_json         {res['ndjson_read_json_events_per_s']:>10,} events/s  "
           f"(ours {res['ratio_vs_ndjson']}x)")
     print(f"  executemany ({res['executemany_sample']} rows)     {res['executemany_events_per_s']:>10,} events/s  "

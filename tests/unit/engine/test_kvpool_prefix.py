@@ -1,13 +1,17 @@
-"""KvPool.prefix_len (chunked ``issuperset`` scan) equals its definition: the end of the run of
-``blocks[start:]`` held in the store, walked block by block."""
+"""KvPool.prefix_len (a compiled loop, engine/_kvscan.pyx) equals its definition: the end of the
+run of ``blocks[start:]`` held in the store, walked block by block; ``missing`` equals the
+ordered, de-duplicated filter it replaced."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine import kvpool
+from engine import _kvscan
 from engine.kvpool import KvPool
+
+_CHUNK = 64  # the chunk of the set-test scan it replaced: its boundaries stay worth testing
 
 
 def _walk(blocks, start, store) -> int:
@@ -17,8 +21,8 @@ def _walk(blocks, start, store) -> int:
     return max(i, start)
 
 
-@given(blocks=st.lists(st.integers(0, 2**64 - 1) | st.integers(0, 30), max_size=3 * kvpool._PREFIX_CHUNK + 5),
-       held=st.data(), start=st.integers(0, 3 * kvpool._PREFIX_CHUNK + 10))
+@given(blocks=st.lists(st.integers(0, 2**64 - 1) | st.integers(0, 30), max_size=3 * _CHUNK + 5),
+       held=st.data(), start=st.integers(0, 3 * _CHUNK + 10))
 def test_prefix_len_is_the_held_run(blocks, held, start):
     store = set(held.draw(st.lists(st.sampled_from(blocks), unique=True))) if blocks else set()
     store |= set(held.draw(st.lists(st.integers(0, 30), max_size=5)))
@@ -26,7 +30,7 @@ def test_prefix_len_is_the_held_run(blocks, held, start):
 
 
 def test_prefix_len_at_chunk_boundaries():
-    c = kvpool._PREFIX_CHUNK
+    c = _CHUNK
     blocks = list(range(3 * c))
     for k in (0, 1, c - 1, c, c + 1, 2 * c, 3 * c - 1, 3 * c):
         store = set(blocks[:k])
@@ -34,6 +38,20 @@ def test_prefix_len_at_chunk_boundaries():
             assert KvPool.prefix_len(blocks, start, store) == _walk(blocks, start, store), (k, start)
     assert KvPool.prefix_len(blocks, 0, set(blocks)) == 3 * c
     assert KvPool.prefix_len((5, 6, 7), 1, {6}) == 2  # any sequence, not only lists
+    assert KvPool.prefix_len([5, 6], 0, frozenset({5, 6})) == 2
+    with pytest.raises(TypeError, match="must be a set"):
+        KvPool.prefix_len([5], 0, {5: 1})
+
+
+@given(blocks=st.lists(st.integers(0, 2**64 - 1) | st.integers(0, 30), max_size=200), held=st.data(),
+       start=st.integers(0, 210))
+def test_missing_after_is_the_ordered_distinct_filter(blocks, held, start):
+    store = set(held.draw(st.lists(st.sampled_from(blocks), unique=True))) if blocks else set()
+    want = [b for b in dict.fromkeys(blocks[start:]) if b not in store]
+    assert _kvscan.missing_after(blocks, start, store) == want
+    assert _kvscan.missing_after(tuple(blocks), start, frozenset(store)) == want
+    pinned = set(blocks[::3])
+    assert _kvscan.held_unpinned(blocks, store, pinned) == [b for b in blocks if b in store and b not in pinned]
 
 
 _OPS = st.lists(st.tuples(st.sampled_from(["scan", "store", "add", "evict", "observe_removed", "drop_all"]),

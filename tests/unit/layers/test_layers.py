@@ -75,6 +75,12 @@ def first_party_modules() -> list[Path]:
     return out
 
 
+def compiled_modules() -> set[str]:
+    """Our compiled modules (``*.pyx``, built by setup.py): import targets with no Python source
+    to parse (their purity is checked by tests/unit/cores/directory/test_snapshot_purity.py)."""
+    return {module_name(p) for top in FIRST_PARTY for p in (ROOT / top).rglob("*.pyx")}
+
+
 def _absolute(path: Path, node: ast.ImportFrom) -> str:
     mod = module_name(path)
     if not node.level:
@@ -100,7 +106,7 @@ def imports_of(path: Path) -> list[tuple[int, str, bool]]:
     """(line, absolute name, nested) for every import statement; ``from a import b`` gives
     ``a.b`` when that is a module of ours, else ``a``."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    known = {module_name(p) for p in first_party_modules()}
+    known = {module_name(p) for p in first_party_modules()} | compiled_modules()
     found = []
     for node, nested in _nodes(tree):
         if isinstance(node, ast.Import):
@@ -137,7 +143,7 @@ def violations() -> list[str]:
 
 def import_graph() -> dict[str, set[str]]:
     """Our module -> our modules it imports (at module level or inside functions)."""
-    known = {module_name(p) for p in first_party_modules()}
+    known = {module_name(p) for p in first_party_modules()} | compiled_modules()
     graph: dict[str, set[str]] = {}
     for path in first_party_modules():
         mod = module_name(path)

@@ -111,7 +111,7 @@ def test_kind_view_has_typed_columns(con):
 
 
 def test_a_field_missing_from_an_old_payload_reads_as_its_default(tmp_path):
-    log = DuckDbEventLog(tmp_path / "old.duckdb")
+    log = DuckDbEventLog(tmp_path / "old.duckdb", format="1")  # a log written before format 2
     log.con.execute("""INSERT INTO events VALUES (1, 5.0, 'RequestSubmitted', '', 's',
                        '{"type":"RequestSubmitted","ts":5.0,"request":"r","branch":"b"}')""")
     assert q(log.con, "SELECT max_tokens, block_tokens, blocks FROM ev_request_submitted") == [
@@ -191,7 +191,7 @@ def test_views_over_parquet_segments_and_a_tail_file_match_the_single_file(tmp_p
 
 
 def test_a_read_only_open_sees_the_views_of_its_own_catalog_not_stale_stored_ones(tmp_path):
-    log = DuckDbEventLog(tmp_path / "old.duckdb")
+    log = DuckDbEventLog(tmp_path / "old.duckdb", format="1")  # a log written before format 2
     log.append(scenario())
     log.con.execute("CREATE OR REPLACE VIEW requests AS SELECT 1 AS stale")
     log.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -123,12 +124,12 @@ def test_snapshot_refuses_another_version():
 
 
 PKG = Path(__file__).resolve().parents[4] / "services" / "cores" / "directory"
-PURE = ["core.py", "lookup.py", "eviction.py", "table.py", "index.py"]
+PURE = ["core.py", "lookup.py", "eviction.py", "table.py"]
 FORBIDDEN = {"asyncio", "nats", "duckdb", "time", "random", "uuid", "structlog", "socket", "os"}
 ALLOWED_THIRD_PARTY = {"numpy", "msgspec", "events"}
 ALLOWED_SERVICES = {"services.cores.contract", "services.cores.directory", "services.cores.directory.core",
                     "services.cores.directory.lookup", "services.cores.directory.eviction",
-                    "services.cores.directory.table", "services.cores.directory.index"}
+                    "services.cores.directory.table", "services.cores.directory._native"}
 
 
 @pytest.mark.parametrize("module", PURE)
@@ -149,3 +150,19 @@ def test_core_imports_only_stdlib_numpy_msgspec_events(module):
         else:
             assert root in ALLOWED_THIRD_PARTY or root in sys.stdlib_module_names or root == "__future__", (
                 f"{module} imports {name}")
+
+
+def test_compiled_modules_import_only_c_and_numpy():
+    """The compiled parts of the core (``*.pyx``, issue 24) stay pure too: the Python C API, libc
+    and numpy, nothing that does I/O or reads a clock."""
+    pyx = sorted(PKG.glob("*.pyx"))
+    assert pyx, "no compiled module found"
+    allowed = {"cpython", "libc", "numpy"}
+    for path in pyx:
+        text = path.read_text()
+        names = re.findall(r"^\s*(?:from\s+(\S+)\s+c?import|c?import\s+(\S+))", text, flags=re.MULTILINE)
+        assert names, f"{path.name}: the parser found no imports at all"
+        for a, b in names:
+            root = (a or b).split(".")[0]
+            assert root in allowed, f"{path.name} imports {a or b}"
+        assert not re.search(r"\b(fopen|open|time|clock|rand|getenv|printf)\s*\(", text), path.name

@@ -99,7 +99,7 @@ def test_sql_over_parquet_segments(tmp_path, capsys):
 def test_verify_names_an_unreadable_row(tmp_path, capsys):
     make_run(tmp_path / "run.duckdb")
     log = DuckDbEventLog(tmp_path / "run.duckdb")
-    log.con.execute("""UPDATE events SET payload = '{"type":"NoSuchEvent","ts":1.0}' WHERE seq = 7""")
+    log.con.execute("""UPDATE event_rows SET payload = '{"type":"NoSuchEvent","ts":1.0}' WHERE seq = 7""")
     log.close()
     assert main(["verify", str(tmp_path / "run.duckdb")]) == 2
     assert "seq=7" in capsys.readouterr().err
@@ -111,8 +111,8 @@ def _wide_run(path):
     make_run(path)
     log = DuckDbEventLog(path)
     long_id = "r-" + "x" * 400 + "-end"
-    log.con.execute(f"UPDATE events SET payload = json_merge_patch(payload, '{{\"request\": \"{long_id}\"}}') "
-                    "WHERE seq = (SELECT min(seq) FROM events WHERE type = 'RouteDecided')")
+    log.con.execute(f"UPDATE event_rows SET payload = json_merge_patch(payload, '{{\"request\": \"{long_id}\"}}') "
+                    "WHERE seq = (SELECT min(seq) FROM event_rows WHERE type = 'RouteDecided')")
     log.close()
     return long_id
 

@@ -1,0 +1,429 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
+"""The directory's block index ``uint64 block hash -> slot``, compiled (pure: C and numpy, no I/O).
+
+Why compiled (issue 24, measured in docs/directory.md "Compiled inner loops"): a request carries
+hundreds to thousands of block hashes, and every event that names blocks resolves them to table
+slots. A Python ``dict`` answers one interpreter step per block and needs a numpy array built
+around it (``np.fromiter``); the earlier vectorised numpy table overlapped the cache misses but
+paid a dozen array passes per batch and a bulk re-sync. Here one C loop reads the hashes straight
+out of the Python list (or a uint64 array) and probes an open-addressing table.
+
+Layout: one array of ``(key, value)`` cells, 16 bytes each (a probe reads one cache line).
+Value 0 marks an empty cell and -1 a deleted one (a tombstone keeps probe chains intact); stored
+values (slots) are >= 1, so an unknown block resolves to slot 0, the table's sentinel. Position:
+Fibonacci hashing (multiply by 2^64/phi, keep the top bits), then linear probing. The table
+doubles at 1/2 load (used + deleted cells) and is rebuilt at <= 1/4 load, so chains stay short.
+
+A hash outside ``[0, 2**64)`` (or not an integer) is in no table: it resolves to 0, and
+:meth:`SlotMap.insert` refuses it (the caller converts keys to uint64 first, which raises
+``OverflowError``). Nothing here depends on insertion order: lookups return the same slots as a
+dict holding the same pairs (tests/property/test_directory_index.py checks it on random inputs).
+"""
+
+from cpython.long cimport PyLong_CheckExact
+from cpython.exc cimport PyErr_Clear, PyErr_Occurred
+from cpython.ref cimport PyObject
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from libc.stdint cimport int32_t, int64_t, uint64_t
+from libc.string cimport memset
+
+import numpy as np
+
+cdef extern from "Python.h":
+    PyObject* PySequence_Fast(object o, const char* m) except NULL
+    Py_ssize_t PySequence_Fast_GET_SIZE(object o)
+    PyObject** PySequence_Fast_ITEMS(object o)
+    # no exception check here: the callers test PyErr_Occurred themselves and clear it
+    unsigned long long PyLong_AsUnsignedLongLong(object o) noexcept
+    int PySet_Contains(object anyset, object key) except -1
+    int PySet_Add(object set, object key) except -1
+
+ctypedef struct Cell:
+    uint64_t key
+    int64_t val
+
+cdef uint64_t PHI = 0x9E3779B97F4A7C15ULL
+
+
+cdef inline bint _as_u64(object o, uint64_t* out):
+    """``o`` as a uint64 hash; False (no error left set) if it is not one."""
+    cdef uint64_t v
+    if not PyLong_CheckExact(o):
+        try:
+            o = o.__index__()
+        except Exception:
+            return False
+    v = PyLong_AsUnsignedLongLong(o)
+    if v == <uint64_t>-1 and PyErr_Occurred():
+        PyErr_Clear()
+        return False
+    out[0] = v
+    return True
+
+
+cdef class SlotMap:
+    """``uint64 -> slot >= 1`` with batch lookups from Python sequences and uint64 arrays."""
+
+    cdef Cell* cells
+    cdef int bits
+    cdef uint64_t mask
+    cdef Py_ssize_t used, deleted
+
+    def __cinit__(self, Py_ssize_t capacity=1024):
+        cdef int bits = 4
+        while (1 << bits) < capacity:
+            bits += 1
+        self.cells = NULL
+        self._alloc(bits)
+
+    def __dealloc__(self):
+        if self.cells != NULL:
+            PyMem_Free(self.cells)
+
+    cdef int _alloc(self, int bits) except -1:
+        cdef Cell* c = <Cell*>PyMem_Malloc((<size_t>1 << bits) * sizeof(Cell))
+        if c == NULL:
+            raise MemoryError()
+        memset(c, 0, (<size_t>1 << bits) * sizeof(Cell))
+        if self.cells != NULL:
+            PyMem_Free(self.cells)
+        self.cells = c
+        self.bits = bits
+        self.mask = (<uint64_t>1 << bits) - 1
+        self.used = 0
+        self.deleted = 0
+        return 0
+
+    cdef inline int64_t _get(self, uint64_t k) noexcept nogil:
+        cdef uint64_t p = (k * PHI) >> (64 - self.bits)
+        cdef Cell* c
+        while True:
+            c = &self.cells[p]
+            if c.val == 0:
+                return 0
+            if c.key == k and c.val > 0:
+                return c.val
+            p = (p + 1) & self.mask
+
+    cdef inline void _put(self, uint64_t k, int64_t v) noexcept nogil:
+        """Insert or overwrite (the table has room: callers keep load <= 1/2)."""
+        cdef uint64_t p = (k * PHI) >> (64 - self.bits)
+        cdef Py_ssize_t tomb = -1
+        cdef Cell* c
+        while True:
+            c = &self.cells[p]
+            if c.val == 0:
+                break
+            if c.val < 0:
+                if tomb < 0:
+                    tomb = <Py_ssize_t>p
+            elif c.key == k:
+                c.val = v
+                return
+            p = (p + 1) & self.mask
+        if tomb >= 0:
+            c = &self.cells[tomb]
+            self.deleted -= 1
+        c.key = k
+        c.val = v
+        self.used += 1
+
+    cdef int _reserve(self, Py_ssize_t extra) except -1:
+        """Room for ``extra`` more keys at <= 1/2 load (rebuilt at <= 1/4 load when full)."""
+        cdef Cell* old
+        cdef Py_ssize_t i, n_old
+        cdef int bits
+        if 2 * (self.used + self.deleted + extra) <= (<Py_ssize_t>1 << self.bits):
+            return 0
+        bits = 4
+        while (<Py_ssize_t>1 << bits) < 4 * (self.used + extra):
+            bits += 1
+        old, n_old = self.cells, <Py_ssize_t>1 << self.bits
+        self.cells = NULL
+        try:
+            self._alloc(bits)
+        except MemoryError:
+            self.cells = old
+            raise
+        for i in range(n_old):
+            if old[i].val > 0:
+                self._put(old[i].key, old[i].val)
+        PyMem_Free(old)
+        return 0
+
+    def __len__(self):
+        return self.used
+
+    def get(self, key, default=None):
+        """The slot of one block, ``default`` if unknown."""
+        cdef uint64_t k = 0
+        cdef int64_t v
+        if not _as_u64(key, &k):
+            return default
+        v = self._get(k)
+        return v if v else default
+
+    def find_seq(self, blocks, Py_ssize_t n=-1):
+        """Slots of the blocks of a sequence (0 for an unknown block or a non-uint64 hash);
+        ``n``: its length if known (must match). A list or tuple is read in place."""
+        cdef object fast = <object>PySequence_Fast(blocks, "block hashes must be a sequence")
+        cdef Py_ssize_t i, m = PySequence_Fast_GET_SIZE(fast)
+        cdef PyObject** items = PySequence_Fast_ITEMS(fast)
+        cdef uint64_t k = 0
+        cdef object o
+        if n >= 0 and n != m:
+            raise ValueError(f"find_seq: {m} blocks, expected {n}")
+        out = np.empty(m, dtype=np.intp)
+        cdef int64_t[::1] po = out
+        for i in range(m):
+            o = <object>items[i]
+            if PyLong_CheckExact(o):
+                k = PyLong_AsUnsignedLongLong(o)
+                if k == <uint64_t>-1 and PyErr_Occurred():
+                    PyErr_Clear()
+                    po[i] = 0
+                    continue
+            elif not _as_u64(o, &k):
+                po[i] = 0
+                continue
+            po[i] = self._get(k)
+        return out
+
+    def find(self, const uint64_t[::1] keys):
+        """Slots of a uint64 array of hashes (0 where unknown)."""
+        cdef Py_ssize_t i, m = keys.shape[0]
+        out = np.empty(m, dtype=np.intp)
+        cdef int64_t[::1] po = out
+        with nogil:
+            for i in range(m):
+                po[i] = self._get(keys[i])
+        return out
+
+    def insert(self, const uint64_t[::1] keys, const int64_t[::1] vals):
+        """Add (or overwrite) ``keys[i] -> vals[i]``; values must be >= 1."""
+        cdef Py_ssize_t i, m = keys.shape[0]
+        if vals.shape[0] != m:
+            raise ValueError(f"insert: {m} keys but {vals.shape[0]} values")
+        for i in range(m):
+            if vals[i] < 1:
+                raise ValueError(f"insert: slot {vals[i]} of key {keys[i]} is not >= 1")
+        self._reserve(m)
+        with nogil:
+            for i in range(m):
+                self._put(keys[i], vals[i])
+
+    def delete(self, const uint64_t[::1] keys):
+        """Remove keys (absent ones are ignored)."""
+        cdef Py_ssize_t i, m = keys.shape[0]
+        cdef uint64_t p, k
+        cdef Cell* c
+        with nogil:
+            for i in range(m):
+                k = keys[i]
+                p = (k * PHI) >> (64 - self.bits)
+                while True:
+                    c = &self.cells[p]
+                    if c.val == 0:
+                        break
+                    if c.key == k and c.val > 0:
+                        c.val = -1
+                        self.used -= 1
+                        self.deleted += 1
+                        break
+                    p = (p + 1) & self.mask
+
+    def items(self):
+        """``(keys uint64, slots intp)`` of every entry, in cell order."""
+        cdef Py_ssize_t i, j = 0, size = <Py_ssize_t>1 << self.bits
+        ks_arr = np.empty(self.used, dtype=np.uint64)
+        vs_arr = np.empty(self.used, dtype=np.intp)
+        cdef uint64_t[::1] ks = ks_arr
+        cdef int64_t[::1] vs = vs_arr
+        for i in range(size):
+            if self.cells[i].val > 0:
+                ks[j] = self.cells[i].key
+                vs[j] = self.cells[i].val
+                j += 1
+        return ks_arr, vs_arr
+
+    @property
+    def capacity(self):
+        return <Py_ssize_t>1 << self.bits
+
+    @property
+    def load(self):
+        """(used, deleted) cells."""
+        return self.used, self.deleted
+
+
+# ----------------------------------------------------------------------------- table kernels
+# Fused loops over a request's slots for BlockTable (table.py): each replaces a handful of numpy
+# calls (gather, mask, compare, argmin, scatter) on arrays of ~1,500 slots with one pass. ``h`` is
+# one word column of the held-bit table (a strided view above 32 nodes), ``l0``/``l1`` the
+# last-access columns of a node's two tiers (column-major, so contiguous).
+
+def mark(uint64_t[:] h, const int64_t[:] s, uint64_t bit, double[:] last, double ts):
+    """Copy bit ``bit`` set and last access ``ts`` for every slot of ``s`` (a store)."""
+    cdef Py_ssize_t i, x
+    with nogil:
+        for i in range(s.shape[0]):
+            x = s[i]
+            h[x] |= bit
+            last[x] = ts
+
+
+def touch(const uint64_t[:] h, const int64_t[:] s, uint64_t b0, uint64_t b1, double[:] l0, double[:] l1,
+          double ts):
+    """Last access ``ts`` on the longest run of ``s`` holding bit ``b0`` (into ``l0``) and on the
+    longest holding ``b1`` (into ``l1``); returns both run lengths."""
+    cdef Py_ssize_t i, n = s.shape[0], k0 = n, k1 = n
+    with nogil:
+        for i in range(n):
+            if not (h[s[i]] & b0):
+                k0 = i
+                break
+        for i in range(n):
+            if not (h[s[i]] & b1):
+                k1 = i
+                break
+        for i in range(k0):
+            l0[s[i]] = ts
+        for i in range(k1):
+            l1[s[i]] = ts
+    return k0, k1
+
+
+def read(const uint64_t[:] h, const int64_t[:] s, uint64_t b0, uint64_t b1, double[:] l0, double[:] l1,
+         double ts, bint masks):
+    """Last access ``ts`` on every copy of ``s`` (slot > 0) holding ``b0`` / ``b1``; returns
+    ``(slots holding neither, mask b0, mask b1)``, the masks (bool arrays) only if ``masks``."""
+    cdef Py_ssize_t i, x, n = s.shape[0], miss = 0
+    cdef uint64_t w
+    cdef bint hit
+    m0_arr = m1_arr = None
+    cdef unsigned char[:] m0
+    cdef unsigned char[:] m1
+    if masks:
+        m0_arr = np.zeros(n, dtype=np.bool_)
+        m1_arr = np.zeros(n, dtype=np.bool_)
+        m0 = m0_arr.view(np.uint8)
+        m1 = m1_arr.view(np.uint8)
+    with nogil:
+        for i in range(n):
+            x = s[i]
+            if x <= 0:
+                miss += 1
+                continue
+            w = h[x]
+            hit = False
+            if w & b0:
+                l0[x] = ts
+                hit = True
+                if masks:
+                    m0[i] = 1
+            if w & b1:
+                l1[x] = ts
+                hit = True
+                if masks:
+                    m1[i] = 1
+            if not hit:
+                miss += 1
+    return miss, m0_arr, m1_arr
+
+
+def held_prefix(const uint64_t[:, ::1] held, const int64_t[:] s):
+    """Slots of ``s`` before the first one no copy bit is set in (the pool prefix)."""
+    cdef Py_ssize_t i, w, x, n = s.shape[0], words = held.shape[1], k = n
+    cdef uint64_t acc
+    with nogil:
+        for i in range(n):
+            x = s[i]
+            acc = 0
+            for w in range(words):
+                acc |= held[x, w]
+            if not acc:
+                k = i
+                break
+    return k
+
+
+def runs(const uint64_t[:] col):
+    """One-word holder masks along a prompt as runs of equal rows: ``(starts, rows)``."""
+    cdef Py_ssize_t i, n = col.shape[0]
+    cdef list starts = [], rows = []
+    if not n:
+        return starts, rows
+    starts.append(0)
+    rows.append(col[0])
+    for i in range(1, n):
+        if col[i] != col[i - 1]:
+            starts.append(i)
+            rows.append(col[i])
+    return starts, rows
+
+
+# ----------------------------------------------------------------------------- branch contexts
+# The set arithmetic of DirectoryCore._set_context (core.py) on a new context: the same answers
+# as its list comprehensions over ``dict.fromkeys`` (ordered, de-duplicated), one C loop each.
+
+def fresh(blocks, counted, excluded):
+    """Blocks of ``blocks`` in neither set, in order, each once."""
+    cdef object fast = <object>PySequence_Fast(blocks, "blocks must be a sequence")
+    cdef Py_ssize_t i, n = PySequence_Fast_GET_SIZE(fast)
+    cdef PyObject** items = PySequence_Fast_ITEMS(fast)
+    cdef list out = []
+    cdef set seen = set()
+    cdef object x
+    cdef bint check_ex = len(excluded) > 0
+    for i in range(n):
+        x = <object>items[i]
+        if PySet_Contains(counted, x) or (check_ex and PySet_Contains(excluded, x)) or PySet_Contains(seen, x):
+            continue
+        PySet_Add(seen, x)
+        out.append(x)
+    return out
+
+
+def dropped(old, counted, keep, excluded):
+    """Blocks of ``old`` in ``counted`` that are not kept (absent from ``keep`` or in
+    ``excluded``), in order, each once."""
+    cdef object fast = <object>PySequence_Fast(old, "blocks must be a sequence")
+    cdef Py_ssize_t i, n = PySequence_Fast_GET_SIZE(fast)
+    cdef PyObject** items = PySequence_Fast_ITEMS(fast)
+    cdef list out = []
+    cdef set seen = set()
+    cdef object x
+    cdef bint check_ex = len(excluded) > 0
+    for i in range(n):
+        x = <object>items[i]
+        if not PySet_Contains(counted, x):
+            continue
+        if PySet_Contains(keep, x) and not (check_ex and PySet_Contains(excluded, x)):
+            continue
+        if PySet_Contains(seen, x):
+            continue
+        PySet_Add(seen, x)
+        out.append(x)
+    return out
+
+
+# ----------------------------------------------------------------------------- eviction order
+def bucket_valid(const uint64_t[:] h, uint64_t bit, const int32_t[:] refs, bint counted, const double[:] last,
+                 double key, const int64_t[:] arr, unsigned char[:] mark):
+    """The entries of one eviction bucket ``(counted, key)`` of a copy column that are still valid
+    (held there, in that count class, last access ``key``), each slot once, in first-occurrence
+    order. ``mark``: an all-zero scratch byte per table slot, left all-zero."""
+    cdef Py_ssize_t i, x, k = 0, n = arr.shape[0]
+    out_arr = np.empty(n, dtype=np.intp)
+    cdef int64_t[::1] out = out_arr
+    with nogil:
+        for i in range(n):
+            x = arr[i]
+            if mark[x] or not (h[x] & bit) or (refs[x] > 0) != counted or last[x] != key:
+                continue
+            mark[x] = 1
+            out[k] = x
+            k += 1
+        for i in range(k):
+            mark[out[i]] = 0
+    return out_arr[:k]

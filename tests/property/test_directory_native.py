@@ -1,0 +1,115 @@
+"""Hypothesis: the directory's compiled table kernels (``_native``: mark, touch, read, held_prefix,
+runs, fresh, dropped) give exactly what their numpy / Python definitions give (the code they
+replaced in table.py, lookup.py and core.py), on random tables, slot lists and contexts."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.cores.directory import _native
+
+SLOTS = 16
+
+
+@st.composite
+def tables(draw):
+    words = draw(st.integers(1, 3))
+    held = np.array(draw(st.lists(st.lists(st.integers(0, 2**64 - 1) | st.sampled_from([0, 1, 2, 3]),
+                                           min_size=words, max_size=words), min_size=SLOTS, max_size=SLOTS)),
+                    dtype=np.uint64)
+    held[0] = 0  # the sentinel slot holds nothing
+    s = np.array(draw(st.lists(st.integers(0, SLOTS - 1), max_size=40)), dtype=np.intp)
+    j = draw(st.integers(0, 64 * words - 2)) & ~1
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))  # seeded by hypothesis: reproducible
+    last = np.asfortranarray(rng.random((SLOTS, 64 * words)))
+    return held, s, j, last, draw(st.floats(10, 20))
+
+
+def _bit(j: int) -> np.uint64:
+    return np.uint64(1 << (j & 63))
+
+
+@settings(max_examples=100, deadline=None)
+@given(tables())
+def test_mark_touch_read_match_their_numpy_definitions(t):
+    held, s, j, last, ts = t
+    col = held[:, j >> 6]  # a strided column view above one word
+
+    h1, l1 = held.copy(), last.copy()
+    _native.mark(h1[:, j >> 6], s, _bit(j), l1[:, j], ts)
+    h2, l2 = held.copy(), last.copy()
+    c2 = h2[:, j >> 6]
+    c2[s] = c2[s] | _bit(j)
+    l2[:, j][s] = ts
+    assert (h1 == h2).all() and (l1 == l2).all()
+
+    l1 = last.copy()
+    ks = _native.touch(col, s, _bit(j), _bit(j + 1), l1[:, j], l1[:, j + 1], ts)
+    l2 = last.copy()
+    word = col[s]
+    want = []
+    for jj in (j, j + 1):
+        c = (word & _bit(jj)).astype(bool)
+        k = len(c) if c.all() else int(c.argmin())
+        want.append(k)
+        l2[:, jj][s[:k]] = ts
+    assert list(ks) == want and (l1 == l2).all()
+
+    l1 = last.copy()
+    missing, m0, m1 = _native.read(col, s, _bit(j), _bit(j + 1), l1[:, j], l1[:, j + 1], ts, True)
+    l2 = last.copy()
+    hit = np.zeros(len(s), dtype=bool)
+    masks = []
+    for jj in (j, j + 1):
+        c = (col[s] & _bit(jj)).astype(bool) & (s > 0)
+        l2[:, jj][s[c]] = ts
+        hit |= c
+        masks.append(c)
+    assert missing == int(len(s) - hit.sum()) and (l1 == l2).all()
+    assert (m0 == masks[0]).all() and (m1 == masks[1]).all()
+    assert _native.read(col, s, _bit(j), _bit(j + 1), l1[:, j], l1[:, j + 1], ts, False)[1:] == (None, None)
+
+    a = np.zeros(len(s), dtype=bool)
+    for w in range(held.shape[1]):
+        a |= held[s, w].astype(bool)
+    assert _native.held_prefix(held, s) == (len(a) if a.all() else int(a.argmin()))
+
+    masks1 = held.take(s, axis=0)[:, 0]
+    starts = [0, *(np.flatnonzero(masks1[1:] != masks1[:-1]) + 1).tolist()] if len(s) else []
+    assert _native.runs(masks1) == (starts, masks1[starts].tolist() if len(s) else [])
+
+
+BLOCK = st.integers(0, 30) | st.integers(0, 2**64 - 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(BLOCK, max_size=50), st.lists(BLOCK, max_size=50), st.sets(BLOCK, max_size=30),
+       st.frozensets(BLOCK, max_size=10))
+def test_fresh_and_dropped_match_the_comprehensions(blocks, old, counted, excluded):
+    counted |= set(old[::2])
+    new = set(blocks) - excluded
+    assert _native.fresh(blocks, counted, excluded) == [x for x in dict.fromkeys(blocks)
+                                                        if x in new and x not in counted]
+    assert _native.fresh(tuple(blocks), frozenset(counted), frozenset()) == [
+        x for x in dict.fromkeys(blocks) if x not in counted]
+    assert _native.dropped(old, counted, set(blocks), excluded) == [x for x in dict.fromkeys(old)
+                                                                    if x in counted and x not in new]
+
+
+@settings(max_examples=100, deadline=None)
+@given(tables(), st.booleans(), st.lists(st.integers(0, SLOTS - 1), max_size=40))
+def test_bucket_valid_matches_its_numpy_definition(t, counted, arr):
+    held, _, j, last, _ = t
+    arr = np.array(arr, dtype=np.intp)
+    cols = 32 * held.shape[1]  # node columns
+    refs = np.asfortranarray(np.arange(SLOTS * cols, dtype=np.int32).reshape(SLOTS, cols) % 3)
+    key = float(last[arr[0], j]) if len(arr) else 0.5
+    last[arr[::2], j] = key  # some entries carry the bucket's key
+    mark = np.zeros(SLOTS, dtype=np.uint8)
+    bit = _bit(j)
+    got = _native.bucket_valid(held[:, j >> 6], bit, refs[:, j >> 1], counted, last[:, j], key, arr, mark)
+    ok = (held[arr, j >> 6] & bit).astype(bool) & ((refs[arr, j >> 1] > 0) == counted) & (last[arr, j] == key)
+    assert got.tolist() == list(dict.fromkeys(arr[ok].tolist()))  # valid, each once, first occurrence
+    assert not mark.any()

@@ -1,0 +1,144 @@
+"""Format 2 of the DuckDB event log (services/adapters/eventlog/columnar.py): block lists stored
+once, every event read back exactly (Python and SQL), format-1 logs still read beside it."""
+
+from __future__ import annotations
+
+import duckdb
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from events.catalog import KvEvicted, KvMoved, KvStored, RequestSubmitted, Tick
+from events.codec import to_json
+from services.adapters.eventlog import DuckDbEventLog, open_sources
+
+BIG = 2**64 - 1
+hashes = st.integers(min_value=0, max_value=BIG)
+# lists as the simulator makes them: random, an ascending run (the eviction order), a chain
+# that extends an earlier list, duplicates, empty
+block_lists = st.one_of(
+    st.lists(hashes, max_size=40),
+    st.lists(hashes, min_size=16, max_size=60).map(sorted),
+    st.lists(st.lists(hashes, min_size=1, max_size=30).map(sorted), min_size=1, max_size=3).map(
+        lambda parts: [h for p in parts for h in p]),
+    st.lists(st.sampled_from([1, 2, 3, BIG]), max_size=20),
+)
+
+
+def _events(lists: list[list[int]]) -> list:
+    out = []
+    chain: list[int] = []
+    for i, blocks in enumerate(lists):
+        kind = i % 4
+        if kind == 0:
+            chain = chain + blocks  # a branch's next prompt: the previous one plus new blocks
+            out.append(RequestSubmitted(ts=float(i), src="trace", request=f"r{i}", branch="b", blocks=chain,
+                                        prompt_tokens=64 * len(chain) + 5))
+        elif kind == 1:
+            out.append(KvEvicted(ts=float(i), node="n1", tier="L2", blocks=blocks))
+        elif kind == 2:
+            out.append(KvMoved(ts=float(i), src_node="n1", dst_node="n2", blocks=chain[len(chain) // 3:]))
+        else:
+            out.append(Tick(ts=float(i)) if not blocks else KvStored(ts=float(i), node="n2", tier="L1", blocks=blocks))
+    return out
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lists=st.lists(block_lists, min_size=1, max_size=24), cut=st.integers(min_value=0, max_value=24))
+def test_every_event_reads_back_exactly_from_python_and_sql(tmp_path_factory, lists, cut):
+    path = tmp_path_factory.mktemp("v2") / "run.duckdb"
+    evs = _events(lists)
+    rows = [(i + 1, f"ei.default.x{i % 3}", e) for i, e in enumerate(evs)]
+    log = DuckDbEventLog(path)
+    log.append(rows[:cut])
+    log.close()
+    log = DuckDbEventLog(path)  # reopened for writing: the dictionary is read back, ids go on
+    log.append(rows[cut:])
+    assert [(s, subj, e) for s, subj, e in log.read()] == rows
+    (distinct,) = log.con.execute("SELECT count(*) FROM block_dict").fetchone()
+    assert distinct == len({h for e in evs for h in getattr(e, "blocks", [])})  # each hash stored once
+    log.close()
+    ro = DuckDbEventLog(path, read_only=True)
+    sql = ro.con.execute("SELECT seq, subject, payload::VARCHAR FROM events ORDER BY seq").fetchall()
+    ro.close()
+    assert sql == [(s, subj, to_json(e).decode()) for s, subj, e in rows]  # the format-1 payload, byte for byte
+
+
+def test_a_prompt_chain_is_stored_as_runs_of_its_first_ids(tmp_path):
+    log = DuckDbEventLog(tmp_path / "run.duckdb")
+    chain, rows = [], []
+    for i in range(50):
+        chain = chain + [(i * 1_000_003 + j * 7919) % BIG for j in range(40)]
+        rows.append((i + 1, "s", RequestSubmitted(ts=float(i), request=f"r{i}", branch="b", blocks=chain)))
+    log.append(rows)
+    runs = log.con.execute("SELECT max(len(block_starts)), sum(len(block_starts)), count(*) FROM event_rows").fetchone()
+    assert runs == (1, 50, 50)  # 1,275 block hashes in one run per prompt: ids 0..40i-1
+    assert log.con.execute("SELECT count(*) FROM block_dict").fetchone() == (2000,)
+    assert [e for _, _, e in log.read(types={"RequestSubmitted"})] == [r[2] for r in rows]
+    log.close()
+
+
+def test_the_views_read_format_1_and_format_2_logs_alike_and_together(tmp_path):
+    evs = _events([[5, 6, 7], [9, 8], [], [], [10, 11], list(range(100, 140)), [], [3]])
+    rows = [(i + 1, "ei.default.x", e) for i, e in enumerate(evs)]
+    for fmt, name in (("1", "v1.duckdb"), ("2", "v2.duckdb")):
+        log = DuckDbEventLog(tmp_path / name, format=fmt)
+        log.append(rows)
+        assert log.format == fmt
+        log.close()
+    # one run in two files: seq 1..4 in a format-1 log, 5..8 in a format-2 log
+    old, new = DuckDbEventLog(tmp_path / "old.duckdb", format="1"), DuckDbEventLog(tmp_path / "new.duckdb")
+    old.append(rows[:4])
+    new.append(rows[4:])
+    old.close()
+    new.close()
+    q = ("SELECT seq, len(blocks) AS n, blocks FROM ev_request_submitted UNION ALL "
+         "SELECT seq, len(blocks), blocks FROM ev_kv_evicted ORDER BY seq")
+    results = []
+    for sources in ([tmp_path / "v1.duckdb"], [tmp_path / "v2.duckdb"], [tmp_path / "old.duckdb", tmp_path / "new.duckdb"]):
+        con = open_sources([str(s) for s in sources])
+        results.append((con.execute(q).fetchall(),
+                        con.execute("SELECT seq, payload::VARCHAR FROM events ORDER BY seq").fetchall()))
+        con.close()
+    assert results[0] == results[1] == results[2]
+    assert results[0][1] == [(s, to_json(e).decode()) for s, _, e in rows]
+
+
+def test_export_parquet_of_a_format_2_log_has_the_format_1_columns(tmp_path):
+    rows = [(i + 1, "s", e) for i, e in enumerate(_events([[1, 2, 3], [3, 2], [], [7]]))]
+    log = DuckDbEventLog(tmp_path / "run.duckdb")
+    log.append(rows)
+    assert log.export_parquet(tmp_path / "seg.parquet") == 4
+    log.close()
+    con = duckdb.connect()
+    got = con.execute(f"SELECT seq, payload FROM read_parquet('{tmp_path / 'seg.parquet'}') ORDER BY seq").fetchall()
+    assert got == [(s, to_json(e).decode()) for s, _, e in rows]
+
+
+def test_a_bad_format_value_in_a_new_log_is_refused():
+    with pytest.raises(ValueError, match="event log format '3'"):
+        DuckDbEventLog(":memory:", format="3")
+
+
+@settings(max_examples=40, deadline=None)
+@given(batches=st.lists(st.tuples(st.lists(st.integers(0, 40) | hashes, max_size=30), st.booleans()), max_size=40))
+def test_the_block_dictionary_numbers_hashes_by_first_appearance_and_undoes_failed_batches(batches):
+    """BlockDict against a dict: ids dense by first appearance, a batch not stored gives its ids back."""
+    import numpy as np
+
+    from services.adapters.eventlog.columnar import BlockDict
+
+    bd, model = BlockDict(), {}
+    for blocks, stored in batches:
+        ids, new = bd.encode(np.asarray(blocks, dtype=np.uint64))
+        trial = dict(model)
+        for h in blocks:
+            trial.setdefault(h, len(trial))
+        assert ids.tolist() == [trial[h] for h in blocks]
+        assert new.tolist() == list(trial)[len(model):]
+        if stored:
+            bd.commit(new)
+            model = trial
+        else:
+            bd.undo(new)
+        assert bd.size == len(model) and bd.hashes().tolist() == list(model)
