@@ -12,6 +12,10 @@ What it does, in order, for every batch of deliveries:
    input's stream sequence, ``i`` the index in the core's output) so JetStream drops a
    re-publication inside its duplicate window. A router in shadow publishes under
    ``ei.<p>.shadow.<name>.>``. An empty ``src`` is stamped with the service name.
+   Every confirmed decision must come back on the runner's own consumer (it reads the whole
+   partition): one whose acknowledged sequence the consumer passes without its echo (a retry
+   answered "duplicate" for a message a new stream leader never stored) is published again
+   under ``<id>~<n>``; either id's echo confirms it.
 3. **Ack** the batch's last sequence once every publication of the batch is confirmed.
 4. **Snapshot** every ``snapshot_every`` events or ``snapshot_interval_s`` seconds, and on a
    clean stop: ``put_snapshot(service, ...)`` with the core's state, the sequence it covers and
@@ -173,6 +177,13 @@ class ServiceRunner:
         #: snapshot); fault injection (services/drivers/chaos/faults.py) and tests hook in here.
         self.after_publish: Callable[[int], None] | None = None
         self._bus_dead_letters = 0
+        #: own decisions acknowledged by the bus whose echo has not come back on the consumer yet
+        #: (message id -> (acknowledged sequence, event)); own message ids seen recently
+        self._unechoed: dict[str, tuple[int, Event]] = {}
+        self._own_seen: deque[str] = deque(maxlen=8192)
+        self._own_seen_set: set[str] = set()
+        self._seen_to = 0  # last stream sequence the consumer delivered
+        self._republish_n = 0
         self._upload: asyncio.Task | None = None
         self._running = True
         m, name = self.metrics, cfg.name
@@ -292,6 +303,9 @@ class ServiceRunner:
         out, folded = await self._fold_batch(batch)
         if self.recovering and end_recovery:
             out = self._end_recovery() + out
+        lost = self._passed_unechoed()
+        if lost:
+            await self._publish(self._republish_ids(lost), count=False)
         if out:
             await self._publish(out)
         if batch:
@@ -307,6 +321,7 @@ class ServiceRunner:
         folded = 0
         seqd = self.seqd
         for d in batch:
+            self._note_echo(d)
             if self.recovering and self._held:
                 self._release_republished(d)
             if d.seq <= seqd.applied_seq:
@@ -333,8 +348,49 @@ class ServiceRunner:
         """A decision held during recovery that is already on the stream (its message id comes
         back) is not published again."""
         mid = d.headers.get(MSG_ID) if d.headers else None
-        if mid is not None and self._held.pop(mid, None) is not None:
+        if mid is not None and self._held.pop(base_msg_id(mid), None) is not None:
             self.metrics.republish_skipped.labels(self.cfg.name).inc()
+
+    def _note_echo(self, d: Delivery) -> None:
+        """Remember the consumer's position and the echo of an own decision."""
+        self._seen_to = max(self._seen_to, d.seq)
+        mid = d.headers.get(MSG_ID) if d.headers else None
+        if mid is None or not mid.startswith(self.cfg.name + ":"):
+            return
+        mid = base_msg_id(mid)
+        self._unechoed.pop(mid, None)
+        if mid not in self._own_seen_set:
+            if len(self._own_seen) == self._own_seen.maxlen:
+                self._own_seen_set.discard(self._own_seen[0])
+            self._own_seen.append(mid)
+            self._own_seen_set.add(mid)
+
+    def _track_echoes(self, items: list[tuple[str, Event]], seqs: list[int]) -> list[tuple[str, Event]]:
+        """After a publish: what the bus acknowledged must come back on the consumer. An ack at
+        a sequence the consumer already passed without this id (a retry after a killed stream
+        leader can be answered "duplicate" for a message the new leader never stored) is a
+        lost decision: returned, to publish again. The others wait for their echo."""
+        if self.cfg.subjects is not None or len(seqs) != len(items):
+            return []  # a filtered consumer does not see every sequence: nothing to compare
+        lost = []
+        for (mid, ev), seq in zip(items, seqs, strict=True):
+            base = base_msg_id(mid)
+            if base in self._own_seen_set:
+                continue
+            if seq > self._seen_to:
+                self._unechoed[base] = (seq, ev)
+            else:
+                lost.append((base, ev))
+        return lost
+
+    def _passed_unechoed(self) -> list[tuple[str, Event]]:
+        """Own decisions whose acknowledged sequence the consumer passed without their echo."""
+        if not self._unechoed:
+            return []
+        gone = [(mid, ev) for mid, (seq, ev) in self._unechoed.items() if seq <= self._seen_to]
+        for mid, _ev in gone:
+            del self._unechoed[mid]
+        return gone
 
     async def _core_failed(self, d: Delivery, exc: Exception) -> list[Event]:
         """The core raised on ``d``: dead-letter it and move past it (rule 7)."""
@@ -373,8 +429,28 @@ class ServiceRunner:
                  republished=len(held), skipped=int(self.metrics.value("ei_service_republish_skipped_total")))
         return held
 
-    async def _publish(self, items: list[tuple[str, Event]]) -> None:
-        await publish_with_ids(self.bus, items, self.cfg.shadow)
+    def _republish_ids(self, lost: list[tuple[str, Event]]) -> list[tuple[str, Event]]:
+        """Lost decisions under a fresh id (``<id>~<n>``: the bus remembers the old one as
+        stored); the echo of either id confirms the decision."""
+        out = []
+        for mid, ev in lost:
+            self._republish_n += 1
+            out.append((f"{mid}~{self._republish_n}", ev))
+        log.warning("decisions_lost_republished", service=self.cfg.name, n=len(out),
+                    ids=[m for m, _ in out[:5]])
+        return out
+
+    async def _publish(self, items: list[tuple[str, Event]], count: bool = True) -> None:
+        seqs = await publish_with_ids(self.bus, items, self.cfg.shadow)
+        sent = items
+        for _ in range(3):  # a re-publication can be lost the same way: bounded
+            lost = self._track_echoes(sent, seqs)
+            if not lost:
+                break
+            sent = self._republish_ids(lost)
+            seqs = await publish_with_ids(self.bus, sent, self.cfg.shadow)
+        if not count:
+            return
         m, name = self.metrics, self.cfg.name
         for _mid, ev in items:
             if isinstance(ev, AnomalyReported):
@@ -447,6 +523,11 @@ async def cancel_all(tasks, grace_s: float = 2.0) -> None:
         if not pending:
             return
     log.warning("tasks_left_running", tasks=sorted(t.get_name() for t in pending))
+
+
+def base_msg_id(mid: str) -> str:
+    """The decision's own message id without a re-publication suffix (``<id>~<n>``)."""
+    return mid.split("~", 1)[0]
 
 
 class _Restorer:

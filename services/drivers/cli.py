@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "services.drivers.recorder.cli",
     "services.drivers.up.cli",
     "services.drivers.chaos.cli",
+    "services.drivers.soak.cli",
     "services.drivers.bench.kv_cli",
 )
 

@@ -25,6 +25,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from nats.errors import Error as NatsError
+from nats.js.errors import APIError, ServiceUnavailableError
+
 from events.catalog import Tick
 from services.adapters.bus import NatsBus, StreamSettings
 from services.adapters.bus.security import CredentialsError
@@ -134,9 +137,12 @@ async def ticker(bus, period_s: float, stop: asyncio.Event, src: str = "planner"
 
 
 async def run_core_service(kind: str, args, bus, stop: asyncio.Event,
-                           started: asyncio.Event | None = None) -> ServiceRunner:
-    """Run one directory/planner/router service on ``bus`` until ``stop``."""
+                           started: asyncio.Event | None = None, runners: list | None = None) -> ServiceRunner:
+    """Run one directory/planner/router service on ``bus`` until ``stop`` (``runners``, when
+    given, receives the runner as soon as it is built)."""
     runner = build_runner(kind, args, bus)
+    if runners is not None:
+        runners.append(runner)
     svc = SERVICES[kind]
     conf = svc.configure(args)
     await bus.put_snapshot(f"config.{conf.key}", json.dumps(conf.entry, sort_keys=True).encode())
@@ -186,15 +192,23 @@ async def collect_run_config(bus, explicit: dict[str, Any] | None = None) -> dic
 async def run_recorder_service(args, bus, stop: asyncio.Event, started: asyncio.Event | None = None):
     """Record the stream into ``args.db`` until ``stop``; run_config merged at start and stop."""
     explicit = _load_run_config(args.run_config)
-    event_log = DuckDbEventLog(args.db)
+    event_log = DuckDbEventLog(args.db, memory_limit=getattr(args, "memory_limit", "") or None)
     metrics = ServiceMetrics("recorder")
     recorded = metrics.applied.labels("recorder")
     lag = metrics.lag.labels("recorder")
 
     async def merge_config() -> None:
         cfg = await collect_run_config(bus, explicit)
-        if cfg != {"cores": []} and cfg != event_log.run_config():
-            await asyncio.to_thread(event_log.set_run_config, cfg)
+        if cfg == {"cores": []}:
+            return
+        # a union with what the log holds: an entry missed by one read (a snapshot store that
+        # answered "not found" while a cluster elected its leaders) never drops a core's config
+        have = event_log.run_config()
+        merged = {**have, **cfg}
+        if "cores" not in (explicit or {}):
+            merged["cores"] = [k for k in CONFIG_KEYS if k in merged]
+        if merged != have:
+            await asyncio.to_thread(event_log.set_run_config, merged)
 
     def health() -> dict[str, Any]:
         return {"service": "recorder", "ready": True, "applied_seq": event_log.last_seq()}
@@ -247,31 +261,65 @@ async def run_recorder_service(args, bus, stop: asyncio.Event, started: asyncio.
     return stats
 
 
+#: how long a service keeps trying to start through transient bus errors before it exits 1
+START_RETRY_S = 60.0
+
+
+def transient_bus_error(exc: BaseException) -> bool:
+    """An error a later try may not meet: the bus unreachable, a request that timed out, no
+    JetStream responder (a cluster electing a leader, a server busy). Not a refused request
+    (a bad configuration, a missing permission: JetStream API errors other than 503)."""
+    if isinstance(exc, ServiceUnavailableError):
+        return True
+    if isinstance(exc, APIError):
+        return False
+    return isinstance(exc, NatsError | TimeoutError | OSError | ConnectionError)
+
+
 async def serve_async(kind: str, args) -> int:
+    """Run the service until SIGTERM/SIGINT. Its start (connect, stream setup, snapshot read,
+    consumer creation, the replay up to ready) is tried again, on a fresh connection, while it
+    fails on a transient bus error (:func:`transient_bus_error`), for up to
+    :data:`START_RETRY_S`: under heavy load or during an election a JetStream request can time
+    out, and one such timeout used to exit the service with status 1 (a restarted planner in
+    `evolving chaos`). Once the service is ready, an error ends it as before."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    try:
-        bus = await connect_bus(args, f"evolving-{kind}")
-    except CredentialsError as exc:
-        print(f"evolving serve {kind}: {exc}", file=sys.stderr)
-        return 2
-    try:
-        if SERVICES[kind].records:
-            await run_recorder_service(args, bus, stop)
-        else:
-            await run_core_service(kind, args, bus, stop)
-    except PluginLoadError as exc:
-        log.error("plugin_load_failed", service=kind, error=str(exc))
-        print(f"evolving serve {kind}: {exc}", file=sys.stderr)
-        return EXIT_PLUGIN
-    finally:
+    deadline = loop.time() + START_RETRY_S
+    attempt = 0
+    while True:
+        attempt += 1
+        runners: list[ServiceRunner] = []
+        bus = None
         try:
-            await bus.close()
-        except Exception as exc:  # noqa: BLE001 - NATS already gone: nothing left to flush
-            log.warning("bus_close_failed", service=kind, error=f"{type(exc).__name__}: {exc}")
-    return 0
+            bus = await connect_bus(args, f"evolving-{kind}")
+            if SERVICES[kind].records:
+                await run_recorder_service(args, bus, stop)
+            else:
+                await run_core_service(kind, args, bus, stop, runners=runners)
+            return 0
+        except CredentialsError as exc:
+            print(f"evolving serve {kind}: {exc}", file=sys.stderr)
+            return 2
+        except PluginLoadError as exc:
+            log.error("plugin_load_failed", service=kind, error=str(exc))
+            print(f"evolving serve {kind}: {exc}", file=sys.stderr)
+            return EXIT_PLUGIN
+        except Exception as exc:
+            started = bool(runners) and runners[0].ready.is_set()
+            if started or stop.is_set() or not transient_bus_error(exc) or loop.time() > deadline:
+                raise
+            log.warning("service_start_retry", service=kind, attempt=attempt,
+                        error=f"{type(exc).__name__}: {exc}", action="connecting again")
+        finally:
+            if bus is not None:
+                try:
+                    await bus.close()
+                except Exception as exc:  # noqa: BLE001 - NATS already gone: nothing left to flush
+                    log.warning("bus_close_failed", service=kind, error=f"{type(exc).__name__}: {exc}")
+        await asyncio.sleep(min(2.0, 0.25 * attempt))
 
 
 def main(kind: str, argv: Sequence[str] | None = None) -> int:

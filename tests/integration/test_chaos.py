@@ -106,7 +106,8 @@ def test_quick_suite_prints_an_all_zero_table_and_leaves_nothing_running(tmp_pat
     rows = {r["name"]: r for r in report["scenarios"]}
     assert set(rows) == QUICK
     bad = {n: r for n, r in rows.items()
-           if not r["survived"] or r["lost"] or r["duplicated"] or r["diverged"] or r["recover_s"] is None}
+           if not r["survived"] or r["lost"] or r["hung"] or r["duplicated"] or r["diverged"]
+           or r["recover_s"] is None}
     assert not bad, json.dumps(bad, indent=1)
     assert report["verify"]["ok"] and report["verify"]["divergences"] == 0, report["verify"]
     assert report["verify"]["reproduced"]["RouteDecided"] >= report["requests"] > 100
@@ -158,7 +159,7 @@ def test_every_service_and_snapshot_kind_has_a_scenario():
     assert {f"kill-{k}" for k in SERVICES} <= names
     assert {"corrupt-directory-snapshot", "corrupt-planner-snapshot", "corrupt-router-snapshot"} <= names
     assert {"kill-nats-leader", "partition-engine", "duplicate-publish", "rewind-consumer",
-            "malformed-events"} <= names
+            "malformed-events", "restart-all-nats", "kill-engine-prefill", "kill-engine-decode"} <= names
     assert {s.name for s in scenarios() if s.quick} | {"steady-load"} == QUICK
 
 
@@ -199,6 +200,35 @@ def test_accounting_counts_losses_duplicates_and_divergences_per_window():
     assert second.counts == {"ids_missing": 2, "requests_undecided": 2, "not_recorded": 1, "ids_twice": 0,
                              "requests_decided_twice": 0}
     assert (second.lost, second.duplicated, second.diverged) == (5, 0, 2)
+
+
+def test_with_engines_a_decided_request_that_never_ends_is_hung_and_one_failed_with_an_error_is_not():
+    from events.catalog import RequestFinished
+
+    pubs = [Published(f"load:{i}", _req(f"r{i}"), i + 1, 0.0) for i in range(3)]
+    stream = [Delivery(i + 1, "s", p.event, {MSG_ID: p.msg_id}) for i, p in enumerate(pubs)]
+    stream += [Delivery(4 + i, "r", _route(f"r{i}"), {}) for i in range(3)]
+    stream += [Delivery(7, "n", RequestFinished(ts=2.0, request="r0", node="d0"), {}),
+               Delivery(8, "n", RequestFinished(ts=2.0, request="r1", node="d0", error="decode node d0 removed"), {})]
+    res = ScenarioResult("k", "x", survived=True, window=(0, 8), published=(0, 3))
+    account([res], _Load(pubs), stream, recorded_seqs=set(range(1, 9)), divergence_seqs=[], engines=True)
+    assert (res.hung, res.counts["requests_unfinished"], res.counts["requests_failed"]) == (1, 1, 1)
+    assert res.lost == 0 and not res.all_zero
+    plain = ScenarioResult("k", "x", survived=True, window=(0, 8), published=(0, 3))
+    account([plain], _Load(pubs), stream, recorded_seqs=set(range(1, 9)), divergence_seqs=[])
+    assert plain.hung == 0 and plain.all_zero  # the load generator's nodes run nothing: no hang to count
+
+
+def test_engine_scenarios_run_only_with_engines():
+    from services.drivers.chaos.suite import select
+
+    known = scenarios()
+    engine_only = {s.name for s in known if s.engines_only}
+    assert engine_only == {"kill-engine-prefill", "kill-engine-decode"}
+    assert not engine_only & {s.name for s in select(known)}
+    assert engine_only <= {s.name for s in select(known, engines=True)}
+    with pytest.raises(ValueError, match="run them with --engines"):
+        select(known, only=["kill-engine-decode"])
 
 
 @pytest.mark.asyncio

@@ -331,6 +331,11 @@ class _NatsConsumer:
         self._ack_msgs: dict[int, object] = {}
         self.reused = False  # the durable was kept from an earlier run (tests, logs)
         self._gone = False  # the ephemeral consumer no longer exists on the server (see _recreate)
+        self._last_cseq = 0  # consumer sequence of the last message taken from this consumer
+        #: reading the whole partition: every stream sequence comes to it, so a skipped one is a loss
+        self._whole = subjects == all_subjects(bus.partition)
+        self._reopen = False  # deliveries were lost in transit: start again after _last_seen
+        self.gaps = 0  # times that happened (tests, logs)
 
     async def _open_durable(self) -> int:
         """Keep or (re)create the durable; return the start sequence of a new one (0 = kept)."""
@@ -351,18 +356,51 @@ class _NatsConsumer:
         await js.delete_consumer(stream, self.durable)
         return max(self.start_seq if self.start_seq is not None else floor + 1, 1)
 
+    async def _create_durable(self, start: int) -> None:
+        # ``name`` too: nats-py then sends the filtered create subject, the only one a secured
+        # bus grants (services/adapters/bus/security.py, READS)
+        await self.bus.js.add_consumer(self.bus.stream, config=api.ConsumerConfig(
+            name=self.durable, durable_name=self.durable, ack_policy=api.AckPolicy.ALL, max_ack_pending=100_000,
+            ack_wait=30.0, deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=start, filter_subject=self.subjects, max_waiting=16))
+
+    async def _reopen_after_gap(self) -> None:
+        """Deliveries were lost on the way (the consumer sequence jumped, or a stream sequence
+        was skipped by a consumer of the whole partition: messages the server handed out while
+        the connection died, e.g. every server of the cluster restarted). The first message
+        of the new consumer is taken as it comes (a range deleted by the stream's limits is
+        skipped once, not reopened for ever). A
+        durable would acknowledge them unseen with the next cumulative ack, an ephemeral one
+        would never send them again: start a consumer again right after the last message
+        handed out (the recorder lost 3 events this way in `evolving chaos`, restart-all-nats)."""
+        start = self._last_seen + 1
+        try:
+            if self.durable:
+                with contextlib.suppress(NotFoundError):
+                    await self.bus.js.delete_consumer(self.bus.stream, self.durable)
+                await self._create_durable(start)
+            else:
+                with contextlib.suppress(Exception):  # the old one expires by itself
+                    await self.bus.js.delete_consumer(self.bus.stream, self._consumer)
+                self._consumer = await self._add_ephemeral(start)
+        except Exception as exc:  # noqa: BLE001 - JetStream not back yet: try again on the next wake-up
+            log.debug("consumer_reopen_failed", consumer=self.name, error=str(exc) or type(exc).__name__)
+            await asyncio.sleep(0.5)
+            return
+        self._reopen, self._gone = False, False
+        self._buf.clear()  # the old consumer's: the new one delivers them again
+        self._owed.clear()
+        self._last_cseq = 0
+        self._ack_msgs.clear()  # acks of the old consumer's messages mean nothing to the new one
+        self._acked = self._ack_target
+        log.warning("consumer_recreated", consumer=self.name, start_seq=start, reason="deliveries lost in transit")
+
     async def __aenter__(self) -> Self:
-        js, stream = self.bus.js, self.bus.stream
         if self.durable:
             start = await self._open_durable()
             self._consumer = self.durable
             if start:
-                # ``name`` too: nats-py then sends the filtered create subject, the only one a
-                # secured bus grants (services/adapters/bus/security.py, READS)
-                await js.add_consumer(stream, config=api.ConsumerConfig(
-                    name=self.durable, durable_name=self.durable, ack_policy=api.AckPolicy.ALL, max_ack_pending=100_000,
-                    ack_wait=30.0, deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
-                    opt_start_seq=start, filter_subject=self.subjects, max_waiting=16))
+                await self._create_durable(start)
         else:
             self._consumer = await self._add_ephemeral(max(self.start_seq or 1, 1))
         nc = self.bus.nc
@@ -406,6 +444,7 @@ class _NatsConsumer:
             await asyncio.sleep(0.5)
             return
         self._owed.clear()
+        self._last_cseq = 0
         log.info("consumer_recreated", consumer=self.name, start_seq=start, reason="ephemeral consumer lost")
 
     async def fetch(self, batch: int | None = None) -> None:
@@ -439,6 +478,9 @@ class _NatsConsumer:
     async def _iter(self) -> AsyncIterator[Delivery]:
         buf = self._buf
         while True:
+            if self._reopen:
+                await self._reopen_after_gap()
+                continue
             if self._gone and not buf:
                 await self._recreate()
             if len(buf) < self.batch // 2 and self._may_fetch():
@@ -458,7 +500,13 @@ class _NatsConsumer:
                 timer.cancel()
                 continue
             msg = buf.popleft()
-            seq = msg.metadata.sequence.stream
+            meta = msg.metadata
+            seq, cseq = meta.sequence.stream, meta.sequence.consumer
+            if self._last_cseq and seq > self._last_seen + 1 and (cseq > self._last_cseq + 1 or self._whole):
+                self.gaps += 1
+                self._reopen = True  # consumer sequences skipped: deliveries lost, read them again
+                continue
+            self._last_cseq = max(self._last_cseq, cseq)
             if seq <= self._last_seen:
                 continue  # redelivery of something already handed out
             self._last_seen = seq

@@ -15,7 +15,10 @@ choice of the prefill node:
   nothing.
 - **Switches and removals.** When a node stops taking a phase (``RoleSwitchOrdered``,
   ``NodeRemoved``), its queued requests of that phase are re-decided among the other nodes of
-  the phase and emitted with ``reroute=True``; running requests finish in place.
+  the phase and emitted with ``reroute=True``; running requests finish in place. A removed
+  node's running prefills are re-decided too (the prefill is lost with it, and nothing had
+  reached the client), and a prefill elsewhere that was to decode on it gets a decode-only
+  re-route.
 - **Cold start.** A request of an unknown branch or with no blocks still gets a decision, and
   an ``AnomalyReported`` (counted in :attr:`anomalies`). With no prefill node at all, the
   request waits (``no_prefill_node``) and is decided when a node becomes available.
@@ -47,7 +50,7 @@ from events.catalog import (
 )
 from services.cores.directory.core import DirectoryCore
 from services.cores.directory.lookup import Lookup
-from services.cores.router.state import PENDING, QUEUED, ClusterState, RequestState, StateSnapshot
+from services.cores.router.state import PENDING, PREFILLING, QUEUED, ClusterState, RequestState, StateSnapshot
 
 _ENC = msgspec.msgpack.Encoder(order="deterministic")
 
@@ -289,9 +292,13 @@ class RouterBase:
         prefill_ok = set(self.state.eligible("prefill"))
         for rid in displaced:
             r = self.state.requests.get(rid)
-            if r is None or r.phase != QUEUED:
+            if r is None or r.phase not in (QUEUED, PREFILLING):
                 continue
-            if r.prefill_node in prefill_ok:
+            if r.phase == PREFILLING:  # prefill running on a live node: only its decode node moves
+                if r.decode_started or r.prefill_node not in prefill_ok:
+                    continue
+                rd = self._decode_only(r, now)
+            elif r.prefill_node in prefill_ok:
                 rd = self._decode_only(r, now)
             else:
                 rd = self.decide(r, now, reroute=True)

@@ -9,7 +9,8 @@ What is folded, and from which event:
 event                       effect
 ==========================  ==================================================================
 NodeRegistered              node joins (or re-joins) with its role, token budget and ``t_fwd``
-NodeRemoved                 node leaves; its queued requests are *displaced* (to re-route)
+NodeRemoved                 node leaves; its queued and prefilling requests are *displaced*
+                            (to re-route), and so are prefills elsewhere that were to decode there
 RoleSwitchOrdered           node is *switching*: it keeps serving only the phases its old and
                             new role share (an ``in_place`` switch to prefill takes prefills
                             at once); queued work of the phases it drops is displaced
@@ -408,7 +409,20 @@ class ClusterState:
         if ns is None:
             return []
         displaced = self._displaced(ns, frozenset({"prefill", "decode"}))
-        # requests running there are lost with the node; an engine error (RequestFinished) ends them
+        # a prefill running there is lost with the node (no first token yet, so nothing reached
+        # the client): it is prefilled again elsewhere, as a queued request is
+        for rid in ns.prefill_running:
+            r = self.requests.get(rid)
+            if r is not None and r.phase == PREFILLING and r.prefill_node == ev.node and rid not in displaced:
+                r.phase = QUEUED
+                displaced.append(rid)
+        ns.prefill_running = []
+        # a prefill running elsewhere whose decode node this was: its decode moves (a decode past
+        # its first token is lost with the node: the liveness watcher fails it, RequestFinished)
+        for rid in ns.decode_assigned:
+            r = self.requests.get(rid)
+            if r is not None and r.phase == PREFILLING and not r.decode_started and rid not in displaced:
+                displaced.append(rid)
         ns.switching_to = None
         ns.role = "removed"
         self._eligible = None

@@ -30,12 +30,17 @@ rewind-consumer             delete the router's durable consumer and re-create i
 malformed-events            garbage bytes, an event of a newer major schema, a request with a
                             negative block hash: each must land in the dead-letter stream of
                             every consumer while the services go on
+restart-all-nats            SIGKILL all three servers, start them again: the stream comes back
+kill-engine-prefill         (``--engines`` only) SIGKILL a prefill worker mid-prefill, restart
+                            it: its requests are re-routed, its KV forgotten by the directory
+kill-engine-decode          (``--engines`` only) the same mid-decode: its requests fail with a
+                            clear error (RequestFinished(error=...)), none hangs
 ==========================  ====================================================================
 
 For each scenario the table says: survived (no unplanned exit, recovered, the scenario's own
 check holds), events lost (harness ids acknowledged by the bus but absent from the stream,
-requests never decided, stream events absent from the recorder's DuckDB log), events
-duplicated (harness ids stored twice, requests decided more than once), decisions diverged
+requests never decided, stream events absent from the recorder's DuckDB log), requests hung
+(``--engines``: decided but never finished, not even with an error), events duplicated (harness ids stored twice, requests decided more than once), decisions diverged
 (``verify_log`` of the recorder's DuckDB file, divergences attributed to the scenario whose
 window holds their sequence) and the time to recover (seconds from the fault until every
 service has folded past the stream head seen at the fault and a request published after the

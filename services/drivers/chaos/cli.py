@@ -16,7 +16,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 def _cmd(args) -> int:
     from services.drivers.chaos.report import render  # lazy: evolving --help +300 ms (nats: the suite)
     from services.drivers.chaos.scenarios import scenarios  # lazy: evolving --help +300 ms (nats: the suite)
-    from services.drivers.chaos.suite import run_chaos  # lazy: evolving --help +360 ms (nats, duckdb)
+    from services.drivers.chaos.suite import run_chaos, select  # lazy: evolving --help +360 ms (nats, duckdb)
 
     err = Console(stderr=True)
     # SIGTERM stops the run like Ctrl-C: the finally blocks stop every child (nothing left behind)
@@ -24,8 +24,8 @@ def _cmd(args) -> int:
     # nats-py logs every refused reconnect with a traceback: expected while a server is down
     logging.getLogger("nats").setLevel(logging.CRITICAL)
     only = [s.strip() for s in args.only.split(",")] if args.only else None
-    n = len([s for s in scenarios() if (s.name in only if only else (s.quick or not args.quick))]) + 3
     try:
+        n = len(select(scenarios(), quick=args.quick, only=only, engines=args.engines)) + 3
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                       TimeElapsedColumn(), console=err, transient=True) as progress:
             task = progress.add_task("chaos", total=n)

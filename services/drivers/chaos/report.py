@@ -12,14 +12,20 @@ from services.drivers.chaos.accounting import ChaosReport
 
 def render(report: ChaosReport, console=None) -> None:
     console = console or Console(width=None if sys.stdout.isatty() else 110)  # a log file: no squeezed columns
-    table = Table(title=f"evolving chaos{' --quick' if report.quick else ''}: {report.events} events, "
+    flags = (" --quick" if report.quick else "") + (" --engines" if report.engines else "")
+    table = Table(title=f"evolving chaos{flags}: {report.events} events, "
                         f"{report.requests} requests, {report.elapsed_s:.0f} s")
-    for col in ("scenario", "survived", "lost", "duplicated", "diverged", "recover s"):
+    cols = ["scenario", "survived", "lost", "hung", "duplicated", "diverged", "recover s"]
+    if not report.engines:
+        cols.remove("hung")  # the load generator's nodes run nothing: nothing can hang
+    for col in cols:
         table.add_column(col, justify="left" if col == "scenario" else "right", no_wrap=True)
     for r in report.results:
-        table.add_row(r.name, "[green]yes[/]" if r.survived else "[red]no[/]",
-                      _num(r.lost), _num(r.duplicated), _num(r.diverged),
-                      "-" if r.recover_s is None else f"{r.recover_s:.2f}")
+        row = [r.name, "[green]yes[/]" if r.survived else "[red]no[/]", _num(r.lost), _num(r.hung),
+               _num(r.duplicated), _num(r.diverged), "-" if r.recover_s is None else f"{r.recover_s:.2f}"]
+        if not report.engines:
+            del row[3]
+        table.add_row(*row)
     console.print(table)
     v = report.verify
     console.print(f"verify (recorder's DuckDB log): {'ok' if v.get('ok') else 'FAILED'}, "
@@ -29,7 +35,7 @@ def render(report: ChaosReport, console=None) -> None:
                   f"{', '.join(report.unplanned_exits) or 'none'}; nodes removed for silence and registered "
                   f"again: {', '.join(report.rejoins) or 'none'}")
     for r in report.results:
-        nonzero = ", ".join(f"{k}={v}" for k, v in r.counts.items() if v)
+        nonzero = ", ".join(f"{k}={v}" for k, v in r.counts.items() if v and k != "requests_failed")
         console.print(f"  {r.name}: {r.fault}" + (f" - {r.detail}" if r.detail else "")
                       + (f" [red]({nonzero})[/]" if nonzero else ""))
     console.print("[green]all zero[/]" if report.ok else "[red]NOT all zero[/]")

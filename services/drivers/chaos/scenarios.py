@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -12,10 +13,19 @@ import msgspec
 from nats.js import api
 
 from events import codec
-from events.catalog import NodeRegistered, NodeRemoved, RequestSubmitted
+from events.catalog import (
+    FirstToken,
+    NodeRegistered,
+    NodeRemoved,
+    RequestFinished,
+    RequestStarted,
+    RequestSubmitted,
+    RoleSwitched,
+)
 from events.subjects import subject_for
+from services.cores.directory.core import DirectoryCore
 from services.drivers.chaos.accounting import ScenarioResult
-from services.drivers.chaos.load import LOAD_SRC, PARTITIONED
+from services.drivers.chaos.load import LOAD_SRC, NODES, PARTITIONED
 from services.drivers.chaos.supervisor import SERVICES, SNAPSHOT_KINDS, Stack
 
 
@@ -25,6 +35,7 @@ class Scenario:
     fault: str
     run: Callable[[Stack, ScenarioResult], Awaitable[None]]
     quick: bool = False
+    engines_only: bool = False  # kills or restarts an engine worker: only with --engines
 
 
 async def recover(stack: Stack, t_fault: float, head: int, timeout_s: float = 45.0) -> float:
@@ -144,6 +155,139 @@ async def partition_engine(stack: Stack, res: ScenarioResult) -> None:
         res.detail += "; after SIGCONT the worker did not register again within 10 s (left out of routing)"
 
 
+def _in_flight(stack: Stack, node: str, phase: str) -> set[str]:
+    """Requests the harness's copy of the stream shows running ``phase`` on ``node`` now: a
+    prefill started without its first token, a decode started without its end."""
+    started: set[str] = set()
+    for d in stack.tail.deliveries[-4000:]:  # what runs now started recently (and the scan stays cheap)
+        ev, t = d.event, type(d.event)
+        if t is RequestStarted and ev.node == node and ev.phase == phase:
+            started.add(ev.request)
+        elif (t is FirstToken and phase == "prefill") or t is RequestFinished:
+            started.discard(ev.request)
+    return started
+
+
+def _role_of(stack: Stack, node: str) -> str:
+    """The node's role as the stream last said (a planner switch may have moved it)."""
+    role = dict(NODES)[node]
+    for d in stack.tail.deliveries:
+        ev = d.event
+        if type(ev) in (NodeRegistered, RoleSwitched) and ev.node == node:
+            role = ev.role
+    return role
+
+
+def _serving(stack: Stack, phase: str) -> str:
+    """The first node (sorted, the one partition-engine stops last) whose role, as the stream
+    last said, serves ``phase``: the planner may have switched the nodes' roles meanwhile."""
+    nodes = [n for n, _ in sorted(NODES) if n != PARTITIONED] + [PARTITIONED]
+    for n in nodes:
+        if _role_of(stack, n) in (phase, "collocated"):
+            return n
+    return nodes[0]
+
+
+def kill_engine(phase: str) -> Callable[[Stack, ScenarioResult], Awaitable[None]]:
+    """SIGKILL the worker of a node serving ``phase`` (:func:`_serving`) while the stream shows
+    requests running ``phase`` on it (its
+    queue, its running batch and the events it had not published yet die with it), start it
+    again at once. Each of those requests must end: re-routed and finished elsewhere (a
+    prefill: nothing had reached the client), or failed with an error (a decode: the liveness
+    watcher's ``RequestFinished(error=...)``); the hung column counts any that never ends. A
+    ``NodeRemoved`` of the node must come before the restarted worker's registration (its own
+    ``restarted``, or the watcher's when the restart outlasted the heartbeat timeout), and a
+    directory folding the stream must hold none of the node's old KV at that point."""
+
+    async def run(stack: Stack, res: ScenarioResult) -> None:
+        node = _serving(stack, phase)
+
+        async def busy() -> bool:
+            return bool(_in_flight(stack, node, phase))
+
+        with contextlib.suppress(TimeoutError):  # under little load: kill it anyway
+            await stack.wait(busy, 20, f"a request in {phase} on {node}", every_s=0.05)
+        victims = _in_flight(stack, node, phase)
+        role = _role_of(stack, node)
+        head = await stack.bus.last_seq()
+        mark = len(stack.tail.deliveries)
+        t = time.monotonic()
+        stack.kill_engine(node)
+        stack.spawn_engine(node, role)
+
+        async def registered() -> bool:
+            return any(type(d.event) is NodeRegistered and d.event.node == node for d in stack.tail.deliveries[mark:])
+
+        await stack.wait(registered, 45, f"the restarted {node} to register")
+        res.recover_s = await recover(stack, t, head)
+
+        def ended() -> dict[str, str]:
+            """victim -> "" when it finished, else the error it failed with"""
+            out: dict[str, str] = {}
+            for d in stack.tail.deliveries[mark:]:
+                if type(d.event) is RequestFinished and d.event.request in victims:
+                    out[d.event.request] = min(out.get(d.event.request, d.event.error), d.event.error, key=len)
+            return out
+
+        async def all_ended() -> bool:
+            return len(ended()) == len(victims)
+
+        with contextlib.suppress(TimeoutError):
+            await stack.wait(all_ended, 60, f"the {len(victims)} requests in {phase} on {node} to end")
+        done = ended()
+        failed = sum(1 for e in done.values() if e)
+        forgot, why = await asyncio.to_thread(_kv_forgotten, stack, node, mark)
+        res.survived = len(done) == len(victims) and forgot
+        res.detail = (f"killed {node} ({role}) with {len(victims)} requests in {phase}: "
+                      f"{len(done) - failed} re-routed and finished, {failed} failed with an error, "
+                      f"{len(victims) - len(done)} never ended; {why}")
+    return run
+
+
+def _kv_forgotten(stack: Stack, node: str, mark: int) -> tuple[bool, str]:
+    """Fold the harness's stream through a fresh directory: at the restarted worker's
+    registration (after ``mark``), is every block of the node's old KV gone from it?"""
+    deliveries = list(stack.tail.deliveries)  # a copy: the tail grows meanwhile
+    reg = next((d for d in deliveries[mark:]
+                if type(d.event) is NodeRegistered and d.event.node == node), None)
+    if reg is None:
+        return False, f"{node} did not register again"
+    removed = [d for d in deliveries[mark:]
+               if type(d.event) is NodeRemoved and d.event.node == node and d.seq < reg.seq]
+    if not removed:  # the worker's own (restarted), or the watcher's if it was silent that long
+        return False, f"no NodeRemoved({node}) before its registration"
+    directory = DirectoryCore()
+    held_before = 0
+    for d in deliveries:
+        if d.seq == removed[0].seq and node in directory.nodes():
+            held_before = sum(len(directory.copies(node, tier)) for tier in ("L1", "L2"))
+        if d.seq >= reg.seq:
+            break
+        directory.apply(d.event)
+    left = sum(len(directory.copies(node, tier)) for tier in ("L1", "L2")) if node in directory.nodes() else 0
+    return left == 0, (f"the directory forgot its {held_before} blocks at the restart" if left == 0
+                       else f"the directory still held {left} blocks of {node} after its restart")
+
+
+async def restart_all_nats(stack: Stack, res: ScenarioResult) -> None:
+    """SIGKILL all three servers of the cluster (their stores stay, as after a power cut), then
+    start all three again: the stream (file storage, R3) must come back whole, and every client
+    reconnects by itself."""
+    head = await stack.bus.last_seq()
+    n = len(stack.cluster.servers)
+    t = time.monotonic()
+    for i in range(n):
+        stack.cluster.kill(i)
+    await asyncio.sleep(1.0)  # every client sees the outage
+    for i in range(n):
+        await asyncio.to_thread(stack.cluster.restart, i)
+    res.recover_s = await recover(stack, t, head, timeout_s=60.0)
+    last = await asyncio.wait_for(stack.bus.last_seq(), 10)
+    info = await asyncio.wait_for(stack.bus.js.stream_info(stack.bus.stream), 10)
+    res.survived = last >= head and info.config.num_replicas == n
+    res.detail = f"all {n} servers killed and started again; stream head {head} -> {last}, R{info.config.num_replicas}"
+
+
 async def duplicate_publish(stack: Stack, res: ScenarioResult, window: int = 50) -> None:
     recent = stack.load.published[-window:]
     head = await stack.bus.last_seq()
@@ -232,5 +376,10 @@ def scenarios() -> list[Scenario]:
         Scenario("duplicate-publish", "republish the last 50 events with their ids", duplicate_publish, True),
         Scenario("rewind-consumer", "re-create the router's durable 100 behind its ack floor", rewind_consumer),
         Scenario("malformed-events", "garbage, newer major schema, negative block hash", malformed_events, True),
+        Scenario("restart-all-nats", "SIGKILL all 3 NATS servers, start them again", restart_all_nats),
+        Scenario("kill-engine-prefill", "SIGKILL a prefill worker mid-prefill, restart it", kill_engine("prefill"),
+                 engines_only=True),
+        Scenario("kill-engine-decode", "SIGKILL a decode worker mid-decode, restart it", kill_engine("decode"),
+                 engines_only=True),
     ]
     return out

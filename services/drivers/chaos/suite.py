@@ -13,7 +13,7 @@ from typing import Any
 
 from services.adapters.eventlog import DuckDbEventLog
 from services.adapters.logging import get_logger
-from services.drivers.chaos.accounting import ChaosReport, ScenarioResult, account
+from services.drivers.chaos.accounting import ChaosReport, ScenarioResult, account, finished_requests
 from services.drivers.chaos.scenarios import Scenario, recover, scenarios
 from services.drivers.chaos.supervisor import Stack
 from services.drivers.recorder.verify import verify_log
@@ -22,17 +22,28 @@ from services.drivers.up.testing import acting_route_counts
 log = get_logger("chaos")
 
 
+def select(known: list[Scenario], *, quick: bool = False, only: list[str] | None = None,
+           engines: bool = False) -> list[Scenario]:
+    """The scenarios a run plays: ``only`` (each must exist, and an engines-only one needs
+    ``engines``), else the quick ones or all, without the engines-only ones unless ``engines``."""
+    if only:
+        unknown = set(only) - {s.name for s in known}
+        if unknown:
+            raise ValueError(f"unknown scenario(s) {', '.join(sorted(unknown))}; known: "
+                             f"{', '.join(s.name for s in known)}")
+        need = sorted(s.name for s in known if s.name in only and s.engines_only and not engines)
+        if need:
+            raise ValueError(f"scenario(s) {', '.join(need)} kill engine workers: run them with --engines")
+        return [s for s in known if s.name in only]
+    return [s for s in known if (s.quick or not quick) and (engines or not s.engines_only)]
+
+
 async def run_chaos(*, quick: bool = False, only: list[str] | None = None, workdir: Path | None = None,
                     rate: float = 20.0, dwell_s: float | None = None, engines: bool = False,
                     on_progress: Callable[[str], None] | None = None) -> ChaosReport:
     """Start the stack, run the scenarios one after the other under load, stop everything, and
     account for every event. ``on_progress(name)`` is called as each scenario starts."""
-    chosen = [s for s in scenarios() if (s.name in only if only else (s.quick or not quick))]
-    if only:
-        unknown = set(only) - {s.name for s in scenarios()}
-        if unknown:
-            raise ValueError(f"unknown scenario(s) {', '.join(sorted(unknown))}; known: "
-                             f"{', '.join(s.name for s in scenarios())}")
+    chosen = select(scenarios(), quick=quick, only=only, engines=engines)
     dwell_s = (0.5 if quick else 3.0) if dwell_s is None else dwell_s
     t_start = time.monotonic()
     tmp = None
@@ -91,10 +102,30 @@ async def run_chaos(*, quick: bool = False, only: list[str] | None = None, workd
             if stack.tail.cursor < head:
                 return False  # the harness's copy of the stream is not complete yet
             decided = acting_route_counts(stack.tail.deliveries)
+            if engines:  # and run to their end (or failed with an error) on the engines
+                done = finished_requests(stack.tail.deliveries)
+                if not all(r in done for r in wanted if decided[r]):
+                    return False
             return await stack.caught_up(head) and all(decided[r] for r in wanted)
 
-        with contextlib.suppress(TimeoutError):
-            await stack.wait(settled, 30, "every request decided")
+        if engines:
+            # the engines finish what they queued at their own pace (minutes behind on a busy
+            # machine): wait while requests keep finishing, up to 240 s; "hung" is what is still
+            # in flight after 30 s without any request finishing
+            progress = {"n": -1, "t": time.monotonic()}
+            t_end = time.monotonic() + 240
+
+            async def settled_or_stalled() -> bool:
+                n = len(finished_requests(stack.tail.deliveries))
+                if n != progress["n"]:
+                    progress["n"], progress["t"] = n, time.monotonic()
+                now = time.monotonic()
+                return await settled() or now - progress["t"] > 30 or now > t_end
+
+            await stack.wait(settled_or_stalled, 300, "every request finished", every_s=0.5)
+        else:
+            with contextlib.suppress(TimeoutError):
+                await stack.wait(settled, 30, "every request decided")
         # the last decisions land after the load's last event: the last window ends where the
         # harness's copy of the stream ends once everything is decided
         results[-1].window = (results[-1].window[0], max(head, stack.tail.cursor))
@@ -113,11 +144,11 @@ async def run_chaos(*, quick: bool = False, only: list[str] | None = None, workd
         except Exception as exc:  # noqa: BLE001 - an unreadable log is a failed verify, reported
             verify = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         verify["stop_exit_codes"] = rcs
-        account(results, stack.load, stream, recorded, div_seqs)
+        account(results, stack.load, stream, recorded, div_seqs, engines=engines)
         return ChaosReport(results, events=len(stream), requests=len(wanted), verify=verify,
                            publish_retries=stack.load.retries, unplanned_exits=list(stack.unplanned),
                            rejoins=list(stack.load.rejoins),
-                           elapsed_s=time.monotonic() - t_start, quick=quick)
+                           elapsed_s=time.monotonic() - t_start, quick=quick, engines=engines)
     finally:
         await stack.close()
         if tmp is not None:

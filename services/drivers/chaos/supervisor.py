@@ -103,6 +103,13 @@ class Stack:
         self.engine_procs[node] = proc
         return proc
 
+    def kill_engine(self, node: str) -> None:
+        proc = self.engine_procs.get(node)
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)  # a stopped worker dies of SIGKILL all the same; be explicit
+            proc.kill()
+            proc.wait()
+
     def kill(self, kind: str) -> None:
         proc = self.procs.get(kind)
         if proc is not None and proc.poll() is None:
@@ -180,7 +187,9 @@ class Stack:
         self.load.tail = self.tail
         self._tasks = [asyncio.create_task(self.load.run(self._stop_load), name="chaos-load"),
                        asyncio.create_task(self.tail.run(self._stop_tail), name="chaos-tail")]
-        await self.wait(lambda: self.decided_since(0.0), 30, "a first decision")
+        # four workers starting on a busy 2-core machine take a while to register (one run at
+        # load average 19 missed a 30 s deadline)
+        await self.wait(lambda: self.decided_since(0.0), 90 if self.engines else 30, "a first decision")
 
     async def decided_since(self, t: float) -> bool:
         return self.tail.first_decision_after(self.load.published, t) is not None
@@ -211,9 +220,10 @@ class Stack:
     async def stop_services(self) -> dict[str, int | None]:
         """SIGTERM every service (the recorder drains to the head) and wait."""
         rcs: dict[str, int | None] = {}
-        for node, proc in self.engine_procs.items():
+        for proc in self.engine_procs.values():  # all at once: each flushes its own queue meanwhile
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
+        for node, proc in self.engine_procs.items():
             try:
                 rcs[f"engine-{node}"] = await asyncio.wait_for(asyncio.to_thread(proc.wait), 30)
             except TimeoutError:

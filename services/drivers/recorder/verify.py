@@ -14,7 +14,12 @@ How it works (docs/recorder.md has the long form):
 3. A core's emitted decisions (the types its spec ``checks``) queue up, in order, as
    predictions. When the log holds a decision owned by that core, it is compared with the head
    of the queue *before* being folded: equal msgpack bytes, or a divergence. An owned decision
-   with nothing predicted is a divergence too ("not reproduced").
+   with nothing predicted is a divergence too ("not reproduced"). A decision equal byte for
+   byte to a later prediction in the queue is reproduced too, counted as ``reordered``: the
+   bus stores a batch's decisions out of their emission order when one publication of the
+   batch is lost and retried (a killed stream leader). Only exact bytes match, and the
+   recorded order is what the fresh cores fold: if the order changed a later decision, that
+   one diverges and is reported.
 4. Predictions still queued when the log ends are reported (the run stopped before they were
    published); they fail the check only with ``strict=True``.
 
@@ -102,6 +107,9 @@ class VerifyReport:
     divergences: list[Divergence] = field(default_factory=list)
     not_recorded: list[Divergence] = field(default_factory=list)
     strict: bool = False
+    #: decisions reproduced byte for byte but recorded after a later one of the same core (the
+    #: bus stored them out of emission order: a publication retried after a lost ack)
+    reordered: int = 0
 
     @property
     def ok(self) -> bool:
@@ -120,6 +128,7 @@ class VerifyReport:
             "events": self.events,
             "reproduced": dict(sorted(self.checked.items())),
             "divergences": len(self.divergences),
+            "reordered": self.reordered,
             "not_recorded": len(self.not_recorded),
             "first_divergence": first.to_dict() if first else None,
         }
@@ -135,6 +144,7 @@ def verify_rows(
     """Fold ``rows`` through ``cores`` (fresh ones) and compare every recorded decision."""
     report = VerifyReport(strict=strict)
     pending: dict[str, deque[tuple[int, Event]]] = {spec.name: deque() for spec, _ in cores}
+    overtaken: dict[int, int] = {}  # id(pending entry) -> seq of the later decision recorded before it
     for seq, _subject, recorded in rows:
         report.events += 1
         for spec, _core in cores:
@@ -145,13 +155,25 @@ def verify_rows(
                 report.divergences.append(Divergence(seq, spec.name, "not_reproduced", recorded=recorded,
                                                      detail="the fresh core emitted no pending decision"))
                 continue
-            after, predicted = queue.popleft()
+            after, predicted = queue[0]
             if not predicted.src and recorded.src:
                 predicted = msgspec.structs.replace(predicted, src=recorded.src)
-            if encode(predicted) == encode(recorded):
+            want = encode(recorded)
+            if encode(predicted) == want:
+                overtaken.pop(id(queue.popleft()), None)
                 report.checked[type(recorded).__name__] += 1
-            else:
-                report.divergences.append(Divergence(seq, spec.name, "mismatch", recorded, predicted, after))
+                continue
+            later = _find_equal(queue, want, recorded.src)
+            if later is not None:  # stored out of emission order (a publish retried): same bytes
+                for i in range(later):  # each one it overtook must still come, or it diverged here
+                    overtaken.setdefault(id(queue[i]), seq)
+                overtaken.pop(id(queue[later]), None)
+                del queue[later]
+                report.checked[type(recorded).__name__] += 1
+                report.reordered += 1
+                continue
+            overtaken.pop(id(queue.popleft()), None)
+            report.divergences.append(Divergence(seq, spec.name, "mismatch", recorded, predicted, after))
         if report.divergences and not keep_going:
             return report
         for spec, core in cores:
@@ -165,11 +187,28 @@ def verify_rows(
                 continue
             pending[spec.name].extend((seq, e) for e in out if spec.checks(e))
     for spec, _ in cores:
-        for after, predicted in pending[spec.name]:
+        for entry in pending[spec.name]:
+            after, predicted = entry
+            if id(entry) in overtaken:  # a later decision was recorded, this one never: dropped
+                report.divergences.append(Divergence(overtaken[id(entry)], spec.name, "mismatch",
+                                                     predicted=predicted, predicted_after_seq=after,
+                                                     detail="a later decision was recorded, this one never"))
+                continue
             report.not_recorded.append(Divergence(0, spec.name, "not_recorded", predicted=predicted,
                                                   predicted_after_seq=after,
                                                   detail="predicted, but the log ends before it"))
+    report.divergences.sort(key=lambda d: d.seq)
     return report
+
+
+def _find_equal(queue: deque[tuple[int, Event]], want: bytes, src: str) -> int | None:
+    """Index of a pending prediction whose bytes equal ``want`` (``src`` stamped as above)."""
+    for i, (_after, predicted) in enumerate(queue):
+        if not predicted.src and src:
+            predicted = msgspec.structs.replace(predicted, src=src)
+        if encode(predicted) == want:
+            return i
+    return None
 
 
 def build_cores(

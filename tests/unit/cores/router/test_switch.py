@@ -129,3 +129,27 @@ def test_in_place_switch_to_prefill_takes_prefills_at_once(mechanism, takes_pref
     assert nxt.decode_node == "d01"
     feed(r, [RoleSwitched(ts=3.0, node="d00", role="prefill")])
     assert r.state.nodes["d00"].phases() == frozenset({"prefill"})
+
+
+@pytest.mark.parametrize("cls", [LeastTtftRouter, RoundRobinRouter])
+def test_a_removed_nodes_running_prefills_are_rerouted_and_prefills_bound_for_it_move_their_decode(cls):
+    # issue 26: an engine killed mid-prefill left its running requests undecided for good
+    r = cls()
+    feed(r, s.register(2, 2) + [s.branch("b", 0.0)])
+    first = routes(feed(r, [s.submit(f"r{i}", "b", s.blocks(1_000 * i, 20), 1.0) for i in range(4)]))
+    by = {d.request: d for d in first}
+    on_p00 = [q for q, d in by.items() if d.prefill_node == "p00"]
+    elsewhere = [q for q, d in by.items() if d.prefill_node != "p00"]
+    feed(r, [RequestStarted(ts=1.1, request=q, node=by[q].prefill_node, phase="prefill") for q in by])
+    out = routes(feed(r, [NodeRemoved(ts=2.0, node="p00", reason="restarted")]))
+    assert sorted(d.request for d in out) == sorted(on_p00)  # prefilled again, nothing else moved
+    assert all(d.reroute and d.prefill_node != "p00" and d.ts == 2.0 for d in out)
+    assert r.state.requests[on_p00[0]].phase == QUEUED
+    # the decode node of a running prefill elsewhere goes: only its decode moves
+    victim = by[elsewhere[0]].decode_node
+    moved = routes(feed(r, [NodeRemoved(ts=3.0, node=victim)]))
+    bound = [q for q in elsewhere if by[q].decode_node == victim]
+    assert bound and sorted(d.request for d in moved if d.request in bound) == sorted(bound)
+    assert all(d.reroute and d.decode_node != victim for d in moved)
+    assert all(d.prefill_node == by[d.request].prefill_node for d in moved if d.request in bound)
+    assert not routes(feed(r, [NodeRemoved(ts=4.0, node=victim)]))  # a second removal moves nothing
