@@ -1,8 +1,9 @@
 """The engine port: what the worker (engine/worker/) needs from an engine, whatever runs it.
 
-Three backends implement it (``engine/backends/``): ``sim`` (the simulated node model over the
-shared KV pool), ``sglang`` (one SGLang server, launched by the worker or attached by URL) and
-``vllm`` (one running vLLM server, attached by URL).
+Four backends implement it (``engine/backends/``): ``sim`` (the simulated node model over the
+shared KV pool), ``sglang`` (one SGLang server, launched by the worker or attached by URL),
+``vllm`` (one running vLLM server, attached by URL) and ``torch`` (the reference engine
+computing with a Llama model in torch).
 The worker never reaches behind the port; tests/contract/test_backend.py runs the same
 contract against each (SGLang and vLLM through their protocol-faithful fakes).
 
@@ -50,6 +51,9 @@ class PrefillJob:
     fetch_plan: Sequence[FetchStep]
     enqueued_s: float
     priority: int = 0  # nvext.agent_hints.priority: higher is served earlier (sim node's queue)
+    # the prompt's real token ids (from the gateway's prompt store); None for a replayed trace
+    # that carries no tokens (a backend then makes ids from the block hashes)
+    tokens: Sequence[int] | None = None
     ready_s: float = 0.0  # async fetch done
     fetch_start_s: float = 0.0
     fetch_s: float = 0.0
@@ -74,6 +78,7 @@ class DecodeJob:
     total_out: int
     context: float
     src_node: NodeId
+    tokens: Sequence[int] | None = None  # the prompt's token ids, as PrefillJob.tokens
 
 
 @dataclass(frozen=True, slots=True)

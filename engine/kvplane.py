@@ -112,11 +112,13 @@ _LEN = struct.Struct(">I")
 
 
 class LocalExchange:
-    """Control messages between planes of one process (tests; the loopback fabric's partner)."""
+    """Control messages between planes of one process (tests; the loopback fabric's partner).
+    ``messages``: the message union its planes speak (default this plane's ``Message``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, messages=None) -> None:
         self.handlers: dict[str, Handler] = {}
         self._n = itertools.count()
+        self.decoder = msgspec.msgpack.Decoder(messages) if messages is not None else _MSG
 
     def endpoint(self) -> LocalEndpoint:
         return LocalEndpoint(self, f"local-{next(self._n)}")
@@ -133,7 +135,7 @@ class LocalEndpoint:
         handler = self.hub.handlers.get(address)
         if handler is None:
             raise TransferError(f"no KV plane at {address}")
-        return await asyncio.wait_for(handler(_MSG.decode(_ENC.encode(msg))), timeout)
+        return await asyncio.wait_for(handler(self.hub.decoder.decode(_ENC.encode(msg))), timeout)
 
     async def close(self) -> None:
         self.hub.handlers.pop(self.address, None)
@@ -141,10 +143,13 @@ class LocalEndpoint:
 
 class TcpExchange:
     """Control messages over TCP: 4-byte length + msgpack, one connection per peer, requests
-    on one connection answered in order (a lock per connection)."""
+    on one connection answered in order (a lock per connection). ``messages`` / ``replies``:
+    the types spoken (default this plane's ``Message`` and ``Reply``; the torch engine has its own)."""
 
-    def __init__(self, host: str = "127.0.0.1") -> None:
+    def __init__(self, host: str = "127.0.0.1", messages=None, replies=None) -> None:
         self.host = host
+        self._msg = msgspec.msgpack.Decoder(messages) if messages is not None else _MSG
+        self._reply = msgspec.msgpack.Decoder(replies) if replies is not None else _REPLY
         self.address = ""
         self._server: asyncio.Server | None = None
         self._conns: dict[str, tuple[asyncio.StreamReader, asyncio.StreamWriter, asyncio.Lock]] = {}
@@ -161,7 +166,7 @@ class TcpExchange:
         try:
             while True:
                 head = await reader.readexactly(_LEN.size)
-                msg = _MSG.decode(await reader.readexactly(_LEN.unpack(head)[0]))
+                msg = self._msg.decode(await reader.readexactly(_LEN.unpack(head)[0]))
                 assert self._handler is not None
                 try:
                     reply = await self._handler(msg)
@@ -192,7 +197,7 @@ class TcpExchange:
                 writer.write(_LEN.pack(len(data)) + data)
                 await writer.drain()
                 head = await asyncio.wait_for(reader.readexactly(_LEN.size), timeout)
-                return _REPLY.decode(await asyncio.wait_for(reader.readexactly(_LEN.unpack(head)[0]), timeout))
+                return self._reply.decode(await asyncio.wait_for(reader.readexactly(_LEN.unpack(head)[0]), timeout))
         except (TimeoutError, OSError, asyncio.IncompleteReadError) as exc:
             self._conns.pop(address, None)
             writer.close()

@@ -195,7 +195,10 @@ class IterationDone(Event, frozen=True, kw_only=True, gc=False):
 
     Prefill: ``sum_t_uc`` new tokens, ``sum_A`` query-key pairs, ``sum_t_rst`` tokens restored
     from host memory, ``sum_t_c`` cached tokens. Decode: ``batch`` running requests,
-    ``t_fwd`` tokens fed per request, ``accepted_tokens`` tokens emitted in total.
+    ``t_fwd`` tokens fed per request, ``accepted_tokens`` tokens emitted in total; ``sum_t_c``
+    the context tokens the batch attends over, where the engine measures it (the torch engine;
+    the simulator leaves it 0). The planner's eq. 2 does not read it; the dense-decode context
+    term of ``evolving bench planner --engine torch`` does.
     """
 
     node: NodeId

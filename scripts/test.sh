@@ -9,7 +9,9 @@ if ! .venv/bin/ruff check . ; then
   exit 1
 fi
 set +e
-.venv/bin/python -m pytest -p no:cacheprovider "$@"
+# Both cores (pytest-xdist): most tests wait on processes, servers and sockets, so two workers
+# take ~45% off the wall time on a 2-core machine. EI_TEST_WORKERS=0 runs in one process.
+.venv/bin/python -m pytest -p no:cacheprovider -n "${EI_TEST_WORKERS:-2}" "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

@@ -3,6 +3,7 @@
 ``python -m engine.worker --node n1 --role collocated --profile gb300-glm52 --nats-url URL``
 ``python -m engine.worker --backend sglang --sglang-url http://h:30000 ...`` (engine/backends/sglang)
 ``python -m engine.worker --backend vllm --vllm-url http://h:8000 --kv-events-endpoint tcp://h:5557`` (engine/backends/vllm)
+``python -m engine.worker --backend torch [--model PATH] [--device cuda]`` (engine/backends/torch)
 
 The worker depends only on the port: ``--backend sim`` runs the simulated node model in
 wall-clock time, ``--backend sglang`` drives one SGLang server. What it does (the numbers are
@@ -17,7 +18,9 @@ the order of a request's life on this node)
    (its own events are applied at once, before their echo: a snapshot taken between the two
    would apply them twice after a restart).
 2. From the head on, act on the stream: a non-shadow ``RouteDecided`` with ``prefill_node`` =
-   this node enqueues a prefill job (``RequestSubmitted`` gave its blocks and lengths); a
+   this node enqueues a prefill job (``RequestSubmitted`` gave its blocks and lengths; with
+   ``--prompt-store``, on for every backend but sim, its token ids are read from the gateway's
+   prompt bucket first, off the event loop: ``prompts``, docs/engines.md "Prompts"); a
    reroute away from this node takes the queued job off; ``SwitchRole`` on
    ``ei.<p>.cmd.<node>`` drains and switches (``backend.order_switch``; the backend
    acknowledges with ``RoleSwitched``).
@@ -62,6 +65,7 @@ The package: ``__main__`` (``python -m engine.worker``: arguments, preflight che
 construction, ``main``; as the gateway's services/drivers/gateway/__main__.py), ``loop``
 (``EngineWorker``: its state, the backend's callbacks, start and stop), ``stream`` (folding the
 stream: routes, switches, decode admission, rejoin after a removal, snapshots), ``publish``
-(the retrying publisher and the heartbeats), ``host`` (``WallClockHost``, the scaled clock the
+(the retrying publisher and the heartbeats), ``prompts`` (``PromptFetch``: the jobs' token ids
+from the prompt store), ``host`` (``WallClockHost``, the scaled clock the
 backend runs on, and ``RemotePeer``).
 """

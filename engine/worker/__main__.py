@@ -15,20 +15,25 @@ from collections.abc import Callable
 from engine.backend import BackendUnavailable
 from engine.backends.sglang.backend import SglangBackend, config_from_args
 from engine.backends.sglang.options import add_arguments, check_args
+from engine.backends.torch import options as torch_options
 from engine.backends.vllm import options as vllm_options
 from engine.backends.vllm.backend import VllmBackend
 from engine.backends.vllm.backend import config_from_args as vllm_config_from_args
 from engine.profiles import load_profile
 from engine.transfer import TransferError
 from engine.worker.loop import BACKENDS, ROLES, EngineWorker
+from engine.worker.publish import _retryable
 from kernels.layout import KvLayoutError
 from services.adapters.bus import NatsBus, StreamSettings
+from services.adapters.bus.nats_prompts import NatsPromptStore
 from services.adapters.bus.security import CredentialsError, add_cli_options
 from services.adapters.bus.tokens import NatsTokens
-from services.adapters.logging import configure_logging
+from services.adapters.logging import configure_logging, get_logger
 from services.adapters.metrics import MetricsServer
 from services.cores.directory.eviction import POLICIES
 from services.drivers.options import bus_auth
+
+log = get_logger("worker")
 
 
 def _env_epoch() -> float | None:
@@ -54,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partition", default="default", help="bus partition (default: default)")
     p.add_argument("--backend", choices=BACKENDS, default="sim",
                    help="sim: simulated node; sglang: drive one SGLang server; vllm: attach to one running vLLM "
-                        "server (options below)")
+                        "server; torch: the reference engine computing in torch (options below)")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="model seconds per wall-clock second (1 = real time, 10 = ten times faster; "
                         "sglang needs 1)")
@@ -82,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--kv-bytes: transfer backend between worker processes (loopback is in-process only)")
     p.add_argument("--transfer-host", default="127.0.0.1",
                    help="--kv-bytes: address the transfer engine and the KV control channel listen on")
+    p.add_argument("--prompt-store", choices=("auto", "on", "off"), default="auto",
+                   help="read each job's token ids from the gateway's prompt bucket EI_PROMPTS_<P> (docs/engines.md, "
+                        "Prompts); auto: on for every backend but sim")
     p.add_argument("--metrics-port", type=int, default=-1,
                    help="serve /metrics and /healthz on this port (0: a free port; -1, the default: off)")
     p.add_argument("--metrics-host", default="127.0.0.1", help="address of --metrics-port (default 127.0.0.1)")
@@ -90,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default=None, help="debug, info, warning or error (default info)")
     add_arguments(p)
     vllm_options.add_arguments(p)
+    torch_options.add_arguments(p)
     add_cli_options(p)
     return p
 
@@ -115,14 +124,25 @@ async def run(args: argparse.Namespace) -> int:
         except BackendUnavailable as exc:
             print(f"engine.worker: {exc}", file=sys.stderr)
             return 2
+    elif args.backend == "torch":
+        backend = torch_options.make_backend(args, profile)
     try:
         creds = bus_auth(args).credentials()
     except CredentialsError as exc:
         print(f"engine.worker: {exc}", file=sys.stderr)
         return 2
-    bus = await NatsBus.connect(args.nats_url, partition=args.partition, name=f"engine-{args.node}",
-                                credentials=None if creds.empty else creds,
-                                settings=StreamSettings(replicas=args.stream_replicas))
+    deadline = asyncio.get_running_loop().time() + 60.0
+    while True:  # a transient bus error at start (a busy or electing cluster) is tried again
+        try:
+            bus = await NatsBus.connect(args.nats_url, partition=args.partition, name=f"engine-{args.node}",
+                                        credentials=None if creds.empty else creds,
+                                        settings=StreamSettings(replicas=args.stream_replicas))
+            break
+        except Exception as exc:
+            if not _retryable(exc) or asyncio.get_running_loop().time() > deadline:
+                raise
+            log.warning("connect_retry", node=args.node, error=f"{type(exc).__name__}: {exc}")
+            await asyncio.sleep(0.5)
     kv = None
     if args.kv_bytes:
         import torch  # lazy: optional dependency (torch; --kv-bytes only)
@@ -138,7 +158,8 @@ async def run(args: argparse.Namespace) -> int:
                               seed=args.seed, time_scale=args.time_scale, fetch_mode=args.fetch_mode,
                               eviction=args.eviction, heartbeat_s=args.heartbeat_s,
                               token_interval_s=args.token_interval_s, clock_epoch=args.clock_epoch,
-                              backend=backend, snapshot_every=args.snapshot_every, kv_bytes=kv)
+                              backend=backend, snapshot_every=args.snapshot_every, kv_bytes=kv,
+                              prompts=_prompt_store(args, bus))
     except (TransferError, KvLayoutError) as exc:
         print(f"engine.worker: --kv-bytes: {exc}", file=sys.stderr)
         await bus.close()
@@ -164,6 +185,13 @@ async def run(args: argparse.Namespace) -> int:
         await server.stop()
     await bus.close()
     return 0
+
+
+def _prompt_store(args: argparse.Namespace, bus) -> NatsPromptStore | None:
+    """The prompt store this worker reads job token ids from (``--prompt-store``), or None."""
+    if args.prompt_store == "off" or (args.prompt_store == "auto" and args.backend == "sim"):
+        return None
+    return NatsPromptStore(bus.nc, args.partition)
 
 
 def _kv_bytes_preflight(args: argparse.Namespace) -> str:
@@ -196,8 +224,9 @@ def main(argv: list[str] | None = None) -> int:
         if err:
             print(f"engine.worker: {err}", file=sys.stderr)
             return 2
-    if args.backend in ("sglang", "vllm"):
-        err = check_args(args) if args.backend == "sglang" else vllm_options.check_args(args)
+    if args.backend in ("sglang", "vllm", "torch"):
+        checks = {"sglang": check_args, "vllm": vllm_options.check_args, "torch": torch_options.check_args}
+        err = checks[args.backend](args)
         if err:
             print(f"engine.worker: {err}", file=sys.stderr)
             return 2

@@ -20,12 +20,14 @@ from engine.metrics import EngineMetrics
 from engine.profiles import Profile
 from engine.transfer import make_transfer
 from engine.worker.host import RemotePeer, WallClockHost
+from engine.worker.prompts import PromptFetch
 from engine.worker.publish import Publishing
 from engine.worker.stream import StreamFolding
 from events.catalog import Event, FirstToken, NodeRegistered, NodeRemoved, RequestFinished, RequestStarted
 from events.ids import NodeId, Role
 from events.wire import TokenMsg
 from services.adapters.logging import get_logger
+from services.adapters.runner import cancel_all
 from services.cores.directory.core import DirectoryCore
 from services.cores.directory.eviction import POLICIES
 from services.cores.worker_view import WorkerView
@@ -35,7 +37,7 @@ if TYPE_CHECKING:  # torch is imported only with --kv-bytes
 
 log = get_logger("worker")
 ROLES = ("collocated", "prefill", "decode")
-BACKENDS = ("sim", "sglang", "vllm")
+BACKENDS = ("sim", "sglang", "vllm", "torch")
 
 
 class EngineWorker(StreamFolding, Publishing):
@@ -46,7 +48,7 @@ class EngineWorker(StreamFolding, Publishing):
                  time_scale: float = 1.0, fetch_mode: str = "async", eviction: str = "count_aware",
                  heartbeat_s: float = 1.0, token_interval_s: float = 0.2, clock_epoch: float | None = None,
                  epoch: float | None = None, backend: str | Callable = "sim", snapshot_every: int = 2000,
-                 kv_bytes: KvBytesConfig | None = None) -> None:
+                 kv_bytes: KvBytesConfig | None = None, prompts=None) -> None:
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         self.bus, self.tokens = bus, tokens
@@ -66,6 +68,8 @@ class EngineWorker(StreamFolding, Publishing):
         else:
             raise ValueError(f"backend must be one of {BACKENDS} or a factory, got {backend!r}")
         self.heartbeat_s, self.token_interval_s = heartbeat_s, token_interval_s
+        # token ids of the jobs from the prompt store (``prompts``: a PromptStore, None: none)
+        self.prompt_fetch = PromptFetch(self, prompts)
         self.snapshot_every = snapshot_every
         self.snapshot_key = f"engine-{node}"
         self._out: asyncio.Queue = asyncio.Queue()
@@ -85,6 +89,8 @@ class EngineWorker(StreamFolding, Publishing):
         self._boot = uuid.uuid4().hex[:12]  # message ids of this run: a restart never reuses one
         self._msg_seq = 0
         self.kv = None  # engine.kvplane.KvDataPlane with --kv-bytes
+        # a backend that moves its own KV bytes (torch) gives the same hooks: endpoint, peers, summary
+        self.kv = getattr(self.backend, "data_plane", None)
         self.metrics = EngineMetrics(node, self.backend.load, self._kv_blocks)
         self._cached: dict[str, int] = {}  # request -> cached prompt tokens, until its "first" token message
         if kv_bytes is not None:
@@ -207,17 +213,17 @@ class EngineWorker(StreamFolding, Publishing):
             if not self._unechoed:
                 break
             await asyncio.sleep(0.02)
-        await self.snapshot()
+        with contextlib.suppress(asyncio.TimeoutError):  # a lost snapshot only lengthens the next start
+            await asyncio.wait_for(self.snapshot(), 10.0)
         if self.kv is not None:
             await self.kv.drain()
             summary = self.kv.summary()
             (log.error if summary["failed"] else log.info)("kv_bytes_summary", node=self.node_id, **summary)
             await self.kv.close()
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        # bounded: nats-py swallows a cancellation that lands inside a publish, and the publisher
+        # task then waits on its queue for good (two workers of `evolving chaos --engines` never
+        # exited on SIGTERM, each killed after 30 s, mid-publication of a backlog)
+        await cancel_all(self._tasks)
         self._tasks.clear()
         with contextlib.suppress(Exception):
             await self.backend.close()

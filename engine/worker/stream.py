@@ -29,7 +29,7 @@ log = get_logger("worker")
 class StreamFolding:
     """``EngineWorker``'s stream input (engine/worker/loop.py holds the state: ``view``, ``backend``,
     ``host``, ``_head``, ``applied_seq``, ``_unechoed``, ``_since_snap``, ``_decode_for``,
-    ``_queued_here``)."""
+    ``_queued_here``, ``prompt_fetch``)."""
 
     # ------------------------------------------------------------------ stream input
     def fold(self, seq: int, event: Event) -> None:
@@ -95,7 +95,7 @@ class StreamFolding:
             self._decode_for.pop(rid, None)
         if rid in self._queued_here and e.prefill_node != self.node_id:
             self.host.catch_up()
-            if self.backend.remove_queued(rid) is not None:
+            if self.prompt_fetch.remove_queued(rid) is not None:
                 self._queued_here.discard(rid)
             return
         if e.prefill_node != self.node_id:
@@ -105,14 +105,16 @@ class StreamFolding:
             log.warning("route_without_request", request=rid)
             return
         now = self.host.catch_up()
-        old = self.backend.remove_queued(rid) if rid in self._queued_here else None
+        old = self.prompt_fetch.remove_queued(rid) if rid in self._queued_here else None
+        if old is None and rid in self._queued_here:
+            return  # its prefill runs here already: a decode-only re-route (the decode worker follows it)
         job = old or PrefillJob(request=rid, blocks=req.blocks, prompt_tokens=req.prompt_tokens,
                                 max_tokens=req.max_tokens, decode_node=e.decode_node,
                                 fetch_plan=e.fetch_plan, enqueued_s=now, priority=req.queue_priority())
         if old is not None:
             job.decode_node, job.fetch_plan, job.fetched, job.fetch_s = e.decode_node, e.fetch_plan, [], 0.0
         self._queued_here.add(rid)
-        self.backend.enqueue_prefill(job)
+        self.prompt_fetch.enqueue(job)  # with its token ids from the prompt store, if any (prompts.py)
 
     def _admit_decode(self, rid: str) -> None:
         req = self.view.requests.get(rid)
@@ -123,7 +125,7 @@ class StreamFolding:
         job = DecodeJob(request=rid, blocks=req.blocks, prompt_tokens=req.prompt_tokens,
                         left=float(max(0, req.max_tokens - 1)), total_out=max(1, req.max_tokens),
                         context=float(req.prompt_tokens + 1), src_node=NodeId(src))
-        self.host.schedule(now + self.profile.p2d_transfer_s(req.prompt_tokens), self.backend.kv_arrived, job)
+        self.prompt_fetch.kv_arrived_at(now + self.profile.p2d_transfer_s(req.prompt_tokens), job, self.host.schedule)
 
     # ------------------------------------------------------------------ snapshots
     async def load_snapshot(self) -> None:

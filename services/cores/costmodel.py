@@ -200,6 +200,14 @@ def _fit(X: np.ndarray, y: np.ndarray, prior: Sequence[float], min_train: int) -
     )
 
 
+def fit_columns(X: np.ndarray, y: np.ndarray, min_train: int = MIN_TRAIN_SAMPLES) -> Fit:
+    """The same NNLS fit (relative residuals, unit-norm columns, every fifth sample held back)
+    over any design ``X`` (rows: iterations, columns: terms) and measured durations ``y``;
+    an all-zero column gets coefficient 0. For comparing model forms on measured iterations."""
+    X = np.asarray(X, dtype=float)
+    return _fit(X, np.asarray(y, dtype=float), [0.0] * X.shape[1], min_train)
+
+
 def prefill_design(samples: Iterable[Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:
     """Rows ``(sum_t_uc, sum_A, sum_t_rst, duration_s)`` -> (X, y) for eq. 1."""
     arr = np.asarray(list(samples), dtype=float).reshape(-1, 4)

@@ -1,6 +1,7 @@
 """The engine port's contract (engine/backend.py), one class per backend: the simulated node,
-the SGLang backend driving the protocol-faithful fake server (ZMQ KV events included), and the
-attach-only vLLM backend on its fake (collocated only: an ordered switch is refused).
+the SGLang backend driving the protocol-faithful fake server (ZMQ KV events included), the
+attach-only vLLM backend on its fake (collocated only: an ordered switch is refused), and the
+torch reference engine computing with a tiny random Llama checkpoint it reads from a GGUF file.
 
 Every backend, driven only through the port, must: serve a request (RequestStarted(prefill),
 FirstToken, RequestFinished with the asked output length; tokens first..done adding up to it),
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+
+import pytest
 
 from engine.backend import EngineBackend, NodeLoad, PrefillJob
 from engine.profiles import load_profile
@@ -64,6 +67,7 @@ class BackendContract:
     """Subclasses build a backend in a role through ``make(harness, role)``."""
 
     time_scale = 1.0
+    big_blocks = 2000  # the long request that keeps the queue busy (a computing engine: fewer)
 
     async def make(self, h: Harness, role: str) -> EngineBackend:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -114,7 +118,8 @@ class BackendContract:
         h = await self.start("collocated")
         try:
             h.host.catch_up()
-            h.backend.enqueue_prefill(job("big", max_tokens=2, blocks=range(100, 2100), prompt=2000 * 64))
+            big = self.big_blocks
+            h.backend.enqueue_prefill(job("big", max_tokens=2, blocks=range(100, 100 + big), prompt=big * 64))
             h.backend.enqueue_prefill(job("small", max_tokens=2, blocks=range(5000, 5002)))
             assert "small" in h.backend.queued()
             taken = h.backend.remove_queued("small")
@@ -208,3 +213,26 @@ class TestVllmBackendOnTheFake(BackendContract):
             assert h.backend.role == "collocated"
         finally:
             await self.stop(h)
+
+
+class TestTorchBackend(BackendContract):
+    """The torch reference engine on a tiny random checkpoint (GGUF written by the test)."""
+
+    big_blocks = 12
+    ckpt = None
+
+    @pytest.fixture(autouse=True)
+    def _checkpoint(self, tmp_path_factory):
+        from tests.unit.engine.torch.cluster import tiny_checkpoint
+
+        if TestTorchBackend.ckpt is None:
+            TestTorchBackend.ckpt = tiny_checkpoint(tmp_path_factory.mktemp("torch-engine") / "tiny.gguf")
+
+    async def make(self, h, role):
+        from engine.backends.torch.backend import Message, TorchBackend, TorchConfig
+        from engine.kvplane import LocalExchange
+        from engine.transfer.loopback import LoopbackFabric
+
+        cfg = TorchConfig(l1_blocks=64, l2_blocks=128, staging_blocks=8, fabric=LoopbackFabric(),
+                          exchange=LocalExchange(messages=Message))
+        return TorchBackend(h.host, "n1", role, PROFILE, cfg, checkpoint=self.ckpt)

@@ -13,12 +13,15 @@ from events import codec
 from events.catalog import NodeHeartbeat, RouteDecided, SwitchRole
 from events.subjects import stream_name, subject_for
 from services.adapters.bus import NatsBus
+from services.adapters.bus.nats_prompts import NatsPromptStore
 from services.adapters.bus.natsserver import EmbeddedNats
+from services.adapters.bus.prompts import prompt_key
 from services.adapters.bus.security import (
     Credentials,
     CredentialsError,
     ServiceSpec,
     generate_accounts,
+    prompt_bucket,
     service_permissions,
     write_credentials,
 )
@@ -143,6 +146,40 @@ async def test_only_the_gateway_reads_tokens_and_nobody_pulls_another_services_c
         await nc.close()
         for b in (engine, gateway, router):
             await b.close()
+
+
+async def test_only_the_gateway_writes_prompts_and_only_engines_read_them(secured):
+    """The prompt bucket EI_PROMPTS_<P> (docs/engines.md, "Prompts"): the gateway creates it and
+    puts token ids; an engine reads them and cannot write; a service account (the router) and
+    the gateway itself cannot read them."""
+    srv, accounts = secured
+    ncs = {u: await nats.connect(srv.url, allow_reconnect=False, error_cb=_quiet,
+                                 **accounts[u].credentials().connect_options())
+           for u in ("gateway", "engine-n1", "router", "admin")}
+    stores = {u: NatsPromptStore(nc, P, ttl_s=60, timeout_s=0.5) for u, nc in ncs.items()}
+    key = f"$KV.{prompt_bucket(P)}.{prompt_key('r1')}"
+    direct = f"$JS.API.DIRECT.GET.KV_{prompt_bucket(P)}.{key}"
+    try:
+        await stores["gateway"].put("r1", [11, 22, 33])
+        assert await stores["engine-n1"].get("r1") == [11, 22, 33]
+        with pytest.raises((TimeoutError, nats.errors.TimeoutError)):  # an engine cannot write
+            await stores["engine-n1"].put("r2", [6, 6, 6])
+        with pytest.raises((TimeoutError, nats.errors.TimeoutError)):  # nor purge the bucket
+            await ncs["engine-n1"].jetstream(timeout=0.5).purge_stream(f"KV_{prompt_bucket(P)}")
+        for u in ("router", "gateway"):  # neither a service account nor the gateway reads prompts
+            with pytest.raises((TimeoutError, nats.errors.TimeoutError)):
+                await ncs[u].request(direct, b"", timeout=0.5)
+        with pytest.raises((TimeoutError, nats.errors.TimeoutError)):  # the router cannot even look
+            await ncs["router"].jetstream(timeout=0.5).stream_info(f"KV_{prompt_bucket(P)}")
+        assert await stores["admin"].get("r2") is None  # nothing the engine tried landed
+        assert await stores["admin"].get("r1") == [11, 22, 33]
+    finally:
+        for nc in ncs.values():
+            await nc.close()
+
+
+async def _quiet(exc) -> None:
+    """The refusals above are expected: nats-py reports each permission violation here."""
 
 
 def test_permissions_deny_other_durables_and_grant_the_own_inbox():

@@ -88,6 +88,40 @@ async def test_prefill_pairs_with_its_decode_peer_through_the_bootstrap_room():
         await dfake.stop()
 
 
+async def test_a_job_with_the_prompts_real_ids_sends_them_and_its_kv_names_their_blocks():
+    """``job.tokens`` (from the gateway's prompt store) go out as ``input_ids``; their blocks are
+    the request's blocks, so no alias is needed. A job without tokens (a replayed trace) still
+    sends the ids made from its hashes."""
+    h = Host()
+    fake = FakeSglang(mode="null", kv_events_port=0)
+    seen = []
+    orig = fake._generate
+
+    async def spy(request):
+        seen.append(await request.json())
+        return await orig(request)
+
+    fake._generate = spy
+    b, _ = await backend(h, "c1", fake)
+    try:
+        real = [(i * 37) % 49_000 + 3 for i in range(64 * 3 + 5)]  # three full blocks and a tail
+        blocks = block_hashes(real, 64)
+        j = job("real", blocks, decode="c1", max_tokens=2)
+        j.tokens = real
+        b.enqueue_prefill(j)
+        await h.wait(lambda e: isinstance(e, RequestFinished) and e.request == "real")
+        stored = await h.wait(lambda e: isinstance(e, KvStored))
+        assert seen[0]["input_ids"] == real and seen[0]["rid"] == "real"
+        assert set(stored.blocks) <= set(blocks) and stored.blocks and not b.pagemap.aliases
+        b.enqueue_prefill(job("trace", [11, 12], decode="c1", max_tokens=2))
+        await h.wait(lambda e: isinstance(e, RequestFinished) and e.request == "trace")
+        assert seen[1]["input_ids"] == prompt_ids([11, 12], 2 * 64 + 7, 64, "trace")
+        assert len(b.pagemap.aliases) == 2  # the made-up ids' blocks map back to the trace's
+    finally:
+        await b.close()
+        await fake.stop()
+
+
 async def test_in_place_switch_drops_the_kv_and_says_how():
     h = Host()
     fake = FakeSglang(mode="prefill", kv_events_port=0)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 from engine.backend import PrefillJob
+from engine.backends.sglang.backend import prompt_ids
 from engine.backends.vllm.backend import VllmBackend, VllmConfig
 from engine.backends.vllm.fake import FakeVllm
 from engine.backends.vllm.wire import BlockRemoved, BlockStored, KVEventBatch
@@ -29,6 +30,7 @@ from events.catalog import (
     RouteDecided,
     SwitchRole,
 )
+from events.hashing import block_hashes
 from services.adapters.bus import InMemoryBus
 from services.adapters.bus.tokens import MemoryTokens
 
@@ -121,6 +123,31 @@ async def test_a_request_through_the_worker_on_a_fake_vllm(partition):
         assert why.kind == "role_switch_refused" and why.component == "engine.vllm"
     finally:
         await w.stop()
+        await fake.stop()
+
+
+async def test_a_job_with_the_prompts_real_ids_sends_them_as_the_prompt():
+    """``job.tokens`` (from the gateway's prompt store) go out as the completion's ``prompt``;
+    their 64-token blocks are the request's blocks, so no alias is registered. A job without
+    tokens (a replayed trace) still sends the ids made from its block hashes."""
+    h = Host()
+    fake = FakeVllm(kv_events_port=0, block_size=64)
+    b = await backend(h, fake, metrics_interval_s=0)
+    try:
+        real = [(i * 37) % 49_000 + 3 for i in range(64 * 3 + 5)]  # three full blocks and a tail
+        blocks = block_hashes(real, 64)
+        j = job("real", blocks, max_tokens=2)
+        j.prompt_tokens, j.tokens = len(real), real
+        b.enqueue_prefill(j)
+        await h.wait(lambda e: isinstance(e, RequestFinished) and e.request == "real")
+        assert fake.requests[0]["prompt"] == real and fake.requests[0]["request_id"] == "real"
+        assert not b.pagemap.aliases
+        b.enqueue_prefill(job("trace", [11, 12], max_tokens=2))
+        await h.wait(lambda e: isinstance(e, RequestFinished) and e.request == "trace")
+        assert fake.requests[1]["prompt"] == prompt_ids([11, 12], 2 * 64 + 7, 64, "trace")
+        assert len(b.pagemap.aliases) == 2  # the made-up ids' blocks map back to the trace's
+    finally:
+        await b.close()
         await fake.stop()
 
 

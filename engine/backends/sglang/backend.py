@@ -1,10 +1,11 @@
 """The SGLang backend: one SGLang server (launched or attached by URL) behind the engine port.
 
 A request's life (docs/engines.md has the picture)
-1. ``enqueue_prefill``: the prompt's token ids are made from its block hashes (the bus carries
-   hashes, not text: :func:`prompt_ids`; equal blocks give equal ids, so SGLang's radix cache
-   sees the trace's reuse) and the ids' own block hashes are registered as aliases of the
-   request's blocks in the page map. Collocated (``--disaggregation-mode null``): one streamed
+1. ``enqueue_prefill``: ``input_ids`` are the prompt's real token ids when the job carries them
+   (``job.tokens``, read by the worker from the gateway's prompt store); a job without them (a
+   replayed trace) gets ids made from its block hashes (:func:`prompt_ids`; equal blocks give
+   equal ids, so SGLang's radix cache sees the trace's reuse), and the ids' own block hashes are
+   registered as aliases of the request's blocks in the page map. Collocated (``--disaggregation-mode null``): one streamed
    ``POST /generate`` to our server. Prefill: the request goes to our server *and* to the decode
    node's server (``--peer-url``) with the same ``bootstrap_host/port/room`` - what SGLang's
    router does to pair a prefill and a decode server; the decode server streams the text.
@@ -322,7 +323,11 @@ class SglangBackend(AttachedServer):
 
     async def _serve_one(self, job: PrefillJob) -> None:
         rid = job.request
-        ids = prompt_ids(job.blocks, job.prompt_tokens, self.bt, rid)
+        if job.tokens is not None:  # the prompt's real ids (the gateway's prompt store)
+            ids = list(job.tokens)
+        else:  # a replayed trace carries no tokens: ids made from its block hashes
+            ids = prompt_ids(job.blocks, job.prompt_tokens, self.bt, rid)
+        # with the real ids the sent blocks hash to the request's blocks (no alias); else map them
         for sent, ours in zip(block_hashes(ids, self.bt), job.blocks, strict=False):
             self.pagemap.alias(sent, ours)
         body = {"input_ids": ids, "rid": rid, "stream": True,

@@ -1,9 +1,11 @@
 """The vLLM backend: one running vLLM server, attached by URL, behind the engine port.
 
 Attach only (``--backend vllm --vllm-url URL``): the worker never launches vLLM.
-1. ``enqueue_prefill``: the prompt's token ids are made from its block hashes, as for SGLang
-   (engine/backends/sglang/backend.py :func:`prompt_ids`; the bus carries hashes, not text),
-   and their block hashes are registered as aliases of the request's blocks in the page map.
+1. ``enqueue_prefill``: the prompt's token ids are the job's own (``job.tokens``, read by the
+   worker from the gateway's prompt store); a job without them (a replayed trace) gets ids
+   made from its block hashes, as for SGLang (engine/backends/sglang/backend.py
+   :func:`prompt_ids`), whose block hashes are registered as aliases of the request's blocks in
+   the page map.
    One streamed ``POST /v1/completions`` (vLLM's OpenAI-compatible API) with the ids as
    ``prompt``, ``max_tokens``, ``ignore_eos``, ``temperature 0``, ``request_id`` (our request id,
    also ``X-Request-Id``) and ``stream_options {include_usage, continuous_usage_stats}``.
@@ -205,7 +207,11 @@ class VllmBackend(AttachedServer):
 
     async def _serve_one(self, job: PrefillJob) -> None:
         rid = job.request
-        ids = prompt_ids(job.blocks, job.prompt_tokens, self.bt, rid)
+        if job.tokens is not None:  # the prompt's real ids (the gateway's prompt store)
+            ids = list(job.tokens)
+        else:  # a replayed trace carries no tokens: ids made from its block hashes
+            ids = prompt_ids(job.blocks, job.prompt_tokens, self.bt, rid)
+        # with the real ids the sent blocks hash to the request's blocks (no alias); else map them
         for sent, ours in zip(block_hashes(ids, self.bt), job.blocks, strict=False):
             self.pagemap.alias(sent, ours)
         cached = self.pool.prefix_len(job.blocks, 0, self.pool.l1) * self.bt

@@ -7,6 +7,8 @@
 - :mod:`.nats_bus` - ``NatsBus`` and ``StreamSettings``, the bus on NATS JetStream;
 - :mod:`.natsserver` - ``EmbeddedNats`` / ``NatsCluster``: the real ``nats-server`` started locally;
 - :mod:`.security` - accounts, permissions and credentials of a secured bus;
+- :mod:`.prompts` / :mod:`.nats_prompts` - the prompt store: a prompt's token ids by request id,
+  gateway -> engine (port, codec and ``InMemoryPromptStore``; ``NatsPromptStore``, a KV bucket);
 - :mod:`.tokens` - the token channel from engines to the gateway on core NATS (``NatsTokens``) and
   its in-process twin (``MemoryTokens``).
 

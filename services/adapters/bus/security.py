@@ -19,9 +19,10 @@ planner       durable ``ei.<p>.>``    ``ei.<p>.plan``, ``ei.<p>.cmd.*`` (SwitchR
 router        durable ``ei.<p>.>``    ``ei.<p>.route`` (in charge) or ``ei.<p>.shadow.<name>.>``
                                       (shadow), anomalies
 recorder      durable ``ei.<p>.>``    nothing on the stream; answers ``eictl.<p>.recorder.>``
-gateway       ephemeral               ``ei.<p>.agent.>``; the only one that reads ``eitok.<p>.>``
-              ``ei.<p>.route``
-engine N      ephemeral ``ei.<p>.>``  ``ei.<p>.kv.N``, ``ei.<p>.node.N``, tokens ``eitok.<p>.>``
+gateway       ephemeral               ``ei.<p>.agent.>``; the only one that reads ``eitok.<p>.>``;
+              ``ei.<p>.route``        the only writer of the prompt bucket ``EI_PROMPTS_<P>``
+engine N      ephemeral ``ei.<p>.>``  ``ei.<p>.kv.N``, ``ei.<p>.node.N``, tokens ``eitok.<p>.>``;
+                                      the only readers of the prompt bucket
 operator      nothing                 ``eictl.<p>.>`` (``sql --live`` requests)
 admin         everything              everything (``evolving up`` itself, stream creation, tests)
 ============  ======================  ==================================================
@@ -268,10 +269,26 @@ READS: dict[str, StreamReads] = {
     "admin": StreamReads((">",), durable=True, ephemeral=True, why="everything"),
 }
 
-#: Reserved for a prompt store (a later issue): core subjects ``eiprompt.<p>.>`` published by the
-#: gateway and read by the engines only, and the bucket ``EI_PROMPTS_<P>`` (granted to nobody yet).
-PROMPT_SUBJECTS = "eiprompt.<p>.>"
+#: The prompt store (services/adapters/bus/prompts.py): the KV bucket ``EI_PROMPTS_<P>`` of token
+#: ids by request id, written by the gateway alone (it may create it) and read by the engines alone.
 PROMPT_BUCKET = "EI_PROMPTS_<P>"
+
+
+def prompt_bucket(partition: str) -> str:
+    """The partition's prompt bucket (a KV bucket: stream ``KV_<bucket>``)."""
+    return f"EI_PROMPTS_{token(partition).upper()}".replace("-", "_")
+
+
+def _prompts_write(partition: str) -> list[str]:
+    """The gateway's: put values, look at and create the bucket's stream; no read (no GET)."""
+    b = prompt_bucket(partition)
+    return [f"$KV.{b}.>", f"$JS.API.STREAM.INFO.KV_{b}", f"$JS.API.STREAM.CREATE.KV_{b}"]
+
+
+def _prompts_read(partition: str) -> list[str]:
+    """An engine's: direct gets of one key (any replica answers) and the stream's info; no put."""
+    b = prompt_bucket(partition)
+    return [f"$JS.API.STREAM.INFO.KV_{b}", f"$JS.API.DIRECT.GET.KV_{b}.>"]
 
 
 def _js_reads(stream: str, user: str, reads: StreamReads, partition: str) -> list[str]:
@@ -335,7 +352,7 @@ def _role_events(spec: ServiceSpec, p: str) -> list[str]:
                     *own]
         return [f"ei.{p}.route", anomaly, f"ei.{p}.anomaly.router", *own]
     if spec.role == "gateway":
-        return [f"ei.{p}.agent.>", PROMPT_SUBJECTS.replace("<p>", p)]
+        return [f"ei.{p}.agent.>"]
     if spec.role == "engine":  # the SGLang backend reports as component "engine.sglang"
         n = token(spec.node or "")
         return [f"ei.{p}.kv.{n}", f"ei.{p}.node.{n}", f"eitok.{p}.>", f"ei.{p}.anomaly.engine_sglang", *own]
@@ -345,12 +362,12 @@ def _role_events(spec: ServiceSpec, p: str) -> list[str]:
 
 
 def _role_subscribes(spec: ServiceSpec, p: str) -> list[str]:
-    """Core NATS subscriptions besides the private inbox: tokens for the gateway alone, prompts
-    (reserved) and its own commands for an engine, ``sql --live`` requests for the recorder."""
+    """Core NATS subscriptions besides the private inbox: tokens for the gateway alone, its own
+    commands for an engine, ``sql --live`` requests for the recorder."""
     if spec.role == "gateway":
         return [f"eitok.{p}.>"]
     if spec.role == "engine":
-        return [f"ei.{p}.cmd.{token(spec.node or '')}", PROMPT_SUBJECTS.replace("<p>", p)]
+        return [f"ei.{p}.cmd.{token(spec.node or '')}"]
     if spec.role == "recorder":
         return [f"eictl.{p}.recorder.>"]  # sql --live requests; answered via allow_responses
     return []
@@ -373,6 +390,10 @@ def service_permissions(spec: ServiceSpec, partition: str, other_durables: Itera
         pub += _snapshots(snapshot_bucket(partition, config_key(spec)))
     if spec.role == "recorder":
         pub += [a for key in RECORDED_CONFIGS for a in _snapshots_read(snapshot_bucket(partition, key))]
+    if spec.role == "gateway":
+        pub += _prompts_write(partition)
+    if spec.role == "engine":
+        pub += _prompts_read(partition)
     pub += _role_events(spec, p)
     sub = [f"{inbox_prefix(spec.name)}.>", *_role_subscribes(spec, p)]
     others = sorted({token(d) for d in other_durables} - {user})

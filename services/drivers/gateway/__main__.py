@@ -18,12 +18,14 @@ from pathlib import Path
 from aiohttp import web
 
 from services.adapters.bus import NatsBus, StreamSettings
+from services.adapters.bus.nats_prompts import NatsPromptStore
 from services.adapters.bus.natsserver import EmbeddedNats
 from services.adapters.bus.security import CredentialsError, add_cli_options
 from services.adapters.bus.tokens import NatsTokens
 from services.adapters.logging import configure_logging, get_logger
 from services.drivers.gateway.app import Gateway, GatewayConfig
 from services.drivers.gateway.auth import ENV_VAR, ApiKeyConfigError, load_api_keys
+from services.drivers.gateway.model import ModelError, load_model
 from services.drivers.options import bus_auth
 
 
@@ -93,9 +95,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replicas of the partition's stream (default: env EI_STREAM_REPLICAS, else 1)")
     p.add_argument("--model", default="evolving-sim", help="model name served by /v1/models")
     p.add_argument("--block-tokens", type=int, default=64)
-    p.add_argument("--tokenizer", default=None,
-                   help="path of a Hugging Face tokenizer.json (needs the 'tokenizers' package); "
-                        "default: the byte-level tokenizer")
+    p.add_argument("--tokenizer", "--model-path", dest="tokenizer", default=os.environ.get("EI_TOKENIZER") or None,
+                   metavar="PATH",
+                   help="the model's tokenizer and chat template: a GGUF file, a tokenizer.json or a model folder "
+                        "(tokenizer.json + tokenizer_config.json); needs 'tokenizers' and 'jinja2' (pip install -e "
+                        "'.[engine]'); default: env EI_TOKENIZER, else the byte-level tokenizer and simple template")
+    p.add_argument("--prompt-store", choices=("auto", "on", "off"), default="auto",
+                   help="put each prompt's token ids into the partition's prompt bucket EI_PROMPTS_<P> for the "
+                        "engine that prefills it (docs/engines.md, Prompts); auto: on when --tokenizer names a model")
+    p.add_argument("--prompt-ttl-s", type=float, default=600.0,
+                   help="seconds a prompt stays in the store (the bucket's max age; default %(default)s)")
     p.add_argument("--route-timeout-s", type=float, default=10.0)
     p.add_argument("--token-timeout-s", type=float, default=60.0)
     p.add_argument("--default-max-tokens", type=int, default=128)
@@ -127,6 +136,13 @@ def build_parser() -> argparse.ArgumentParser:
 async def serve(args: argparse.Namespace) -> int:
     log = get_logger("gateway")
     context_length, max_body, keys, ctx_from = resolve_limits(args)
+    try:  # before the bus: a named model that cannot load is one line, exit 2
+        model = load_model(args.tokenizer)
+    except ModelError as exc:
+        raise SystemExit(f"python -m services.drivers.gateway: {exc}") from None
+    if not args.prompt_ttl_s > 0:
+        raise SystemExit(f"python -m services.drivers.gateway: --prompt-ttl-s must be > 0, got {args.prompt_ttl_s}")
+    store_prompts = args.prompt_store == "on" or (args.prompt_store == "auto" and bool(args.tokenizer))
     if not keys and args.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("no_api_keys", host=args.host,
                     hint=f"anyone who reaches {args.host}:{args.port} can submit requests: "
@@ -164,14 +180,20 @@ async def serve(args: argparse.Namespace) -> int:
             if b is not bus:
                 extra.append(b)
             lanes[name] = (b, NatsTokens(b.nc, name))
-    gw = Gateway(bus, NatsTokens(bus.nc, args.partition), cfg, lanes=lanes)
+    prompts = None
+    if store_prompts:
+        buses = {n: b for n, (b, _) in lanes.items()} if lanes else {args.partition: bus}
+        prompts = {n: NatsPromptStore(b.nc, n, ttl_s=args.prompt_ttl_s, replicas=b.settings.replicas)
+                   for n, b in buses.items()}
+    gw = Gateway(bus, NatsTokens(bus.nc, args.partition), cfg, lanes=lanes, prompts=prompts, model=model)
     runner = web.AppRunner(gw.make_app())
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
     await site.start()
     log.info("gateway_listening", host=args.host, port=args.port, nats=url, partition=args.partition,
              context_length=context_length, context_from=ctx_from, max_body_bytes=max_body,
-             auth=f"{len(keys)} key(s)" if keys else "off")
+             auth=f"{len(keys)} key(s)" if keys else "off", tokenizer=model.note,
+             prompt_store=f"EI_PROMPTS_* ttl {args.prompt_ttl_s:g} s" if prompts else "off")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

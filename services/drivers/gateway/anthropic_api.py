@@ -245,16 +245,20 @@ def chat_messages(req: _Base) -> list[dict[str, Any]]:
     return out
 
 
-def render_prompt(req: _Base) -> str:
-    """The prompt text: the chat template over :func:`chat_messages` and the tools; a last
-    assistant message is continued (prefill), so the prompt ends inside it."""
+def render_prompt(req: _Base, template=None) -> str:
+    """The prompt text: the chat template (``template.render``: the model's, or the simple
+    :func:`render_chat` when None) over :func:`chat_messages` and the tools; a last assistant
+    message is continued (prefill), so the prompt ends inside it."""
     tools = [function_def(t.name, t.description, t.input_schema) for t in req.tools] if req.tools else None
     msgs = chat_messages(req)
+    prefill = req.messages[-1].role == "assistant"
     try:
+        if template is not None:
+            return template.render(msgs, tools, continue_final=prefill)
         text = render_chat(msgs, tools)
-    except TemplateError as exc:  # our own mapping produced it: a bug, but still answered as a 400
+    except TemplateError as exc:  # our mapping or the model's template refused it: a 400
         raise ApiError(400, exc.message, exc.field, code="invalid_value") from None
-    if req.messages[-1].role == "assistant":
+    if prefill:
         tail = "<|end|>\n" + GENERATION_PROMPT
         assert text.endswith(tail)
         text = text[: -len(tail)]

@@ -8,12 +8,15 @@ Request lifecycle (one POST /v1/chat/completions or /v1/completions)
    naming the field, 400 for parameters it cannot honour, 404 ``model_not_found``) and parse
    the branch headers (``services.drivers.gateway.headers``; 400 on a bad value, 409 on a branch that
    has ended). Prompt + completion over ``context_length``: 400 ``context_length_exceeded``.
-2. Render the prompt (chat template, ``services.drivers.gateway.tokenizer``), tokenise it and compute
-   the chained block hashes (``events.hashing.block_hashes``).
+2. Render the prompt (the model's chat template, or the simple one: ``model``, ``chat_template``),
+   tokenise it with the model's tokenizer and compute the chained block hashes of those ids
+   (``events.hashing.block_hashes``).
 3. Register the request with the route watcher (``routewatch``) and subscribe to its token subject
    (``services.adapters.bus.tokens``) *before* publishing, so neither answer can be missed.
-4. Publish ``BranchOpened`` (first sight), ``ContextCompacted`` (header or inferred) and
-   ``RequestSubmitted`` on the partition's stream.
+4. Put the token ids into the partition's prompt store when there is one (the engine that
+   prefills reads them: docs/engines.md, "Prompts"), then publish ``BranchOpened`` (first
+   sight), ``ContextCompacted`` (header or inferred) and ``RequestSubmitted`` on the
+   partition's stream.
 5. Wait for the non-shadow ``RouteDecided`` of the request (``route_timeout_s``, then 503).
 6. Relay the engine's token messages (``openai_relay``, ``anthropic_relay``; ``meta``): SSE chunks
    (``stream: true``) or one JSON body. ``token_timeout_s`` of silence ends the request (504, or an error event in a stream).
@@ -45,6 +48,7 @@ from aiohttp import web
 from events.catalog import Event, RouteDecided
 from events.hashing import block_hashes
 from services.adapters.bus import Bus
+from services.adapters.bus.prompts import PromptStore
 from services.adapters.logging import get_logger
 from services.cores.partitions import session_index
 from services.drivers.gateway import anthropic_api, anthropic_relay, openai_relay, openapi
@@ -73,8 +77,9 @@ from services.drivers.gateway.headers import (
 )
 from services.drivers.gateway.meta import Meta
 from services.drivers.gateway.metrics import CONTENT_TYPE, GatewayMetrics, RequestObserver
+from services.drivers.gateway.model import PromptModel, load_model
 from services.drivers.gateway.routewatch import RouteWatcher
-from services.drivers.gateway.tokenizer import TemplateError, load_tokenizer, render_chat
+from services.drivers.gateway.tokenizer import TemplateError
 
 log = get_logger("gateway")
 
@@ -86,7 +91,8 @@ class Gateway:
     MemoryTokens; ``clock`` gives event timestamps (seconds)."""
 
     def __init__(self, bus: Bus, tokens, config: GatewayConfig | None = None,
-                 clock: Callable[[], float] | None = None, lanes: dict[str, tuple[Bus, object]] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, lanes: dict[str, tuple[Bus, object]] | None = None,
+                 prompts: dict[str, PromptStore] | None = None, model: PromptModel | None = None) -> None:
         self.bus, self.tokens = bus, tokens
         self.cfg = config or GatewayConfig()
         # partition -> (bus, tokens) of that partition (docs/partitions.md); one partition by default.
@@ -94,7 +100,11 @@ class Gateway:
         self.lanes: dict[str, tuple[Bus, object]] = dict(lanes) if lanes else {self.cfg.partition: (bus, tokens)}
         self.partitions = tuple(self.lanes)
         self.clock = clock or scaled_clock(self.cfg.time_scale, self.cfg.clock_epoch)
-        self.tokenizer, self.tokenizer_note = load_tokenizer(self.cfg.tokenizer)
+        # the model's tokenizer and chat template (model.py; a named model that cannot load raises ModelError)
+        self.model = model or load_model(self.cfg.tokenizer)
+        self.tokenizer, self.template, self.tokenizer_note = self.model.tokenizer, self.model.template, self.model.note
+        # partition -> the prompt store its engines read the token ids from (None: ids not stored)
+        self.prompts: dict[str, PromptStore] = dict(prompts or {})
         self.table = BranchTable(src=self.cfg.src, ttl_s=self.cfg.branch_ttl_s)
         self._expiry_task: asyncio.Task | None = None
         self._hints_logged: set[str] = set()  # unknown agent hint names already logged
@@ -245,7 +255,7 @@ class Gateway:
         creq, obj = parse_chat(await req.read())
         model = self._model(creq.model)
         try:
-            prompt = render_chat(obj["messages"], chat_tools(creq))
+            prompt = self.template.render(obj["messages"], chat_tools(creq))
         except TemplateError as exc:
             raise ApiError(400, exc.message, exc.field, code="invalid_value") from None
         return await self._serve(req, creq, model, self.tokenizer.encode(prompt), chat=True)
@@ -255,7 +265,7 @@ class Gateway:
         self.metrics.inc("ei_gateway_requests_total", endpoint="messages")
         mreq = anthropic_api.parse_messages(await req.read())
         model = self._model(mreq.model)
-        ids = self.tokenizer.encode(anthropic_api.render_prompt(mreq))
+        ids = self.tokenizer.encode(anthropic_api.render_prompt(mreq, self.template))
         return await self._serve(req, anthropic_api.budget_request(mreq), model, ids, chat=True, anthropic=mreq)
 
     async def count_tokens(self, req: web.Request) -> web.Response:
@@ -263,13 +273,13 @@ class Gateway:
         self.metrics.inc("ei_gateway_requests_total", endpoint="count_tokens")
         creq = anthropic_api.parse_count_tokens(await req.read())
         self._model(creq.model)
-        return web.json_response({"input_tokens": len(self.tokenizer.encode(anthropic_api.render_prompt(creq)))})
+        return web.json_response({"input_tokens": len(self.tokenizer.encode(anthropic_api.render_prompt(creq, self.template)))})
 
     async def completions(self, req: web.Request) -> web.StreamResponse:
         self.metrics.inc("ei_gateway_requests_total", endpoint="completions")
         creq = parse_completion(await req.read())
         model = self._model(creq.model)
-        ids = self.tokenizer.encode(creq.prompt) if isinstance(creq.prompt, str) else list(creq.prompt)
+        ids = self.model.completion_ids(creq.prompt) if isinstance(creq.prompt, str) else list(creq.prompt)
         return await self._serve(req, creq, model, ids, chat=False)
 
     async def _publish(self, events: list[Event], partition: str | None = None) -> None:
@@ -281,6 +291,20 @@ class Gateway:
             log.error("publish_failed", error=str(exc))
             raise ApiError(503, f"the event bus is unavailable: {exc}", None, "service_unavailable",
                            code="bus_unavailable") from None
+
+    async def _store_prompt(self, partition: str, request_id: str, ids: list[int]) -> None:
+        """The token ids into the partition's prompt store, before the request is published, so
+        the engine a RouteDecided names finds them (docs/engines.md, "Prompts")."""
+        store = self.prompts.get(partition)
+        if store is None:
+            return
+        try:
+            n = await store.put(request_id, ids)
+        except Exception as exc:  # noqa: BLE001 - a store that cannot take the prompt: 503, nothing published
+            log.error("prompt_store_failed", request=request_id, error=f"{type(exc).__name__}: {exc}")
+            raise ApiError(503, f"the prompt store is unavailable: {exc}", None, "service_unavailable",
+                           code="bus_unavailable") from None
+        self.metrics.inc("ei_gateway_prompt_bytes_total", n)
 
     def _max_tokens(self, r: ChatRequest | CompletionRequest, prompt: int, chat: bool) -> int:
         """The completion budget: the requested one (checked against the limit and the context),
@@ -360,6 +384,7 @@ class Gateway:
         tsub = await tokens.subscribe(request_id)
         self.in_flight += 1
         try:
+            await self._store_prompt(part, request_id, ids)
             await self._publish([*adm.before, adm.request], part)
             try:
                 route: RouteDecided = await asyncio.wait_for(fut, self.cfg.route_timeout_s)

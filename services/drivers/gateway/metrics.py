@@ -42,6 +42,7 @@ COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "ei_gateway_route_timeouts_total": ("requests with no RouteDecided in time", ()),
     "ei_gateway_branches_expired_total": ("BranchEnded(reason=idle) published (idle past --branch-ttl-s)", ()),
     "ei_gateway_unknown_agent_hints_total": ("nvext.agent_hints entries not known here (ignored)", ()),
+    "ei_gateway_prompt_bytes_total": ("bytes of token ids put into the prompt store", ()),
 }
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 

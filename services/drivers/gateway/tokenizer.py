@@ -3,12 +3,13 @@
 - :class:`ByteTokenizer` (default): the UTF-8 bytes of the text are the token ids (0..255),
   so one ASCII character is one token. Deterministic, dependency-free, and it makes prompt
   lengths and shared prefixes exact, which ``evolving drive`` relies on (docs/gateway.md).
-- :class:`HfTokenizer`: a Hugging Face ``tokenizer.json`` through the optional ``tokenizers``
-  package, used when ``--tokenizer PATH`` names a file that exists and the package imports.
-  :func:`load_tokenizer` says why it fell back to bytes otherwise.
+- :class:`HfTokenizer`: a Hugging Face ``tokenizers`` tokenizer: the model's own, which
+  ``--model`` / ``--tokenizer`` name (a GGUF file, a ``tokenizer.json`` or a model folder;
+  :mod:`services.drivers.gateway.model` loads it with the model's Jinja chat template).
 
-Chat template (:func:`render_chat`), deliberately simple and documented rather than a model's
-Jinja template: every message becomes ``<|{role}|>\\n{content}<|end|>\\n`` and the prompt ends
+The simple chat template (:func:`render_chat`), kept for the byte tokenizer and the simulated
+engines (a named model uses its own Jinja template, ``chat_template.py``): every message
+becomes ``<|{role}|>\\n{content}<|end|>\\n`` and the prompt ends
 with the generation prompt ``<|assistant|>\\n``. The generation prompt is a prefix of the
 rendered assistant message, so the next turn's prompt extends this turn's prompt (the
 gateway's compaction rule depends on that). Content may be a string or a list of parts;
@@ -51,32 +52,24 @@ class ByteTokenizer:
 
 
 class HfTokenizer:
-    """A Hugging Face ``tokenizers`` tokenizer loaded from ``tokenizer.json``."""
+    """A Hugging Face ``tokenizers`` tokenizer (from a ``tokenizer.json``, or built from a GGUF
+    file's metadata by :mod:`services.drivers.gateway.model`). ``encode`` adds no special
+    tokens: a chat template writes its own (``apply_chat_template`` tokenises the same way)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, tok, name: str) -> None:
+        self._tok, self.name = tok, name
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> HfTokenizer:
         from tokenizers import Tokenizer as _HfTok  # lazy: optional dependency (tokenizers)
 
-        self._tok = _HfTok.from_file(str(path))
-        self.name = f"hf:{Path(path).name}"
+        return cls(_HfTok.from_file(str(path)), f"hf:{Path(path).name}")
 
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False).ids)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids))
-
-
-def load_tokenizer(path: str | None) -> tuple[Tokenizer, str]:
-    """The tokenizer to use and a one-line reason (for logs and /health)."""
-    if not path:
-        return ByteTokenizer(), "byte-level tokenizer (default)"
-    p = Path(path)
-    if not p.is_file():
-        return ByteTokenizer(), f"byte-level tokenizer: {path} does not exist"
-    try:
-        return HfTokenizer(p), f"tokenizers: {path}"
-    except ImportError:
-        return ByteTokenizer(), "byte-level tokenizer: the 'tokenizers' package is not installed"
 
 
 class TemplateError(ValueError):
@@ -87,7 +80,8 @@ class TemplateError(ValueError):
         super().__init__(f"{field}: {message}")
 
 
-def _content_text(content: object, at: str) -> str:
+def content_text(content: object, at: str) -> str:
+    """A message's content as text: text parts joined, other parts as ``[<type>]``."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -127,7 +121,7 @@ def render_chat(messages: object, tools: Sequence[dict] | None = None) -> str:
         role = m.get("role")
         if role not in ROLES:
             raise TemplateError(f"{at}.role", f"must be one of {', '.join(ROLES)}, got {role!r}")
-        text = _content_text(m.get("content"), f"{at}.content")
+        text = content_text(m.get("content"), f"{at}.content")
         if m.get("tool_calls"):
             text += json.dumps(m["tool_calls"], separators=(",", ":"), sort_keys=True)
         tag = role if role != "tool" or not m.get("tool_call_id") else f"tool:{m['tool_call_id']}"

@@ -68,6 +68,6 @@ def run_config(args) -> dict:
         **{key: SERVICES[key].entry(args) for key in CONFIG_KEYS},
         "cores": list(CONFIG_KEYS),
         "live": {"engines": int(args.engines), "engine_backend": getattr(args.engines, "kind", "sim"),
-                 "prefill": args.prefill, "time_scale": args.time_scale,
+                 "model": getattr(args, "model", None), "prefill": args.prefill, "time_scale": args.time_scale,
                  "shadows": list(args.shadow), "partition": args.partition},
     }

@@ -40,6 +40,7 @@ COMPOSE_SPECS = (
     ServiceSpec("recorder", "recorder"),
     ServiceSpec("gateway", "gateway"),
     *[ServiceSpec("engine", f"engine-n{i}", node=f"n{i}") for i in (1, 2, 3)],
+    *[ServiceSpec("engine", f"engine-t{i}", node=f"t{i}") for i in (1, 2, 3)],
     *[ServiceSpec("engine", f"engine-g{i}", node=f"g{i}") for i in (1, 2)],
     ServiceSpec("operator", "operator"),
 )

@@ -59,6 +59,7 @@ from services.adapters.plugins import PluginNotFound
 from services.drivers.options import bus_auth
 from services.drivers.serve import EXIT_PLUGIN
 from services.drivers.services import CORES, SERVICES
+from services.drivers.up import models
 from services.drivers.up.children import (
     G_ENGINE,
     G_GATEWAY,
@@ -69,6 +70,7 @@ from services.drivers.up.children import (
     child_env,
     run_config,
 )
+from services.drivers.up.options import engine_kind, ready_timeout_s
 from services.drivers.up.partitions import check_partitions, plan_partitioned, wait_partitions
 
 log = get_logger("up")
@@ -204,13 +206,15 @@ def plan_children(args, url: str, run_dir: Path, db: Path,
     for name in args.shadow:
         children.append(svc(f"shadow-{name}", "router", G_SERVICE, "--router", name, "--shadow", name,
                             *mport(f"shadow-{name}")))
-    fake_ports = [(free_port(), free_port()) for _ in range(args.engines)] \
-        if getattr(args.engines, "kind", "sim") == "sglang-fake" else []
+    kind = engine_kind(args)
+    fake_ports = [(free_port(), free_port()) for _ in range(args.engines)] if kind == "sglang-fake" else []
     for i in range(args.engines):
         role = "collocated" if args.prefill is None else ("prefill" if i < args.prefill else "decode")
         extra = ["--profile", args.profile] if args.profile else []
         if fake_ports:
             extra += _sglang_fake_args(i, role, fake_ports)
+        if kind == "torch":
+            extra += models.engine_args(args.model)
         if args.kv_bytes:
             extra += ["--kv-bytes", "--kv-block-bytes", str(args.kv_block_bytes)]
         children.append(Child(f"engine-n{i}", [py, "-m", "engine.worker", "--node", f"n{i}", "--role", role,
@@ -222,8 +226,9 @@ def plan_children(args, url: str, run_dir: Path, db: Path,
                   "metrics": {k: f"http://127.0.0.1:{v}/metrics" for k, v in metrics.items()}}
     if not args.no_gateway:
         port = args.gateway_port or free_port()
+        model = models.gateway_args(args.model) if kind == "torch" else []
         children.append(Child("gateway", [py, "-m", "services.drivers.gateway", "--host", "127.0.0.1", "--port", str(port),
-                                          *common], G_GATEWAY, logs / "gateway.log"))
+                                          *common, *model], G_GATEWAY, logs / "gateway.log"))
         urls["gateway"] = f"http://127.0.0.1:{port}"
     if credentials is not None:
         for c in children:
@@ -448,7 +453,7 @@ class Up:
         return False
 
     async def _write_ready(self, bus) -> None:
-        if not await self._wait_engines(bus, getattr(self.args, "ready_timeout_s", 120.0)):
+        if not await self._wait_engines(bus, ready_timeout_s(self.args)):
             return
         gw = self.urls.get("gateway")
         if gw:
@@ -566,6 +571,17 @@ def start_fields(urls: dict) -> dict[str, str]:
     return out
 
 
+def prepare_torch(args) -> str | None:
+    """``--engines torch``: check it can run, then fix the model path (absolute, or the default)
+    and the planner's settings (models.TORCH_PLANNER_DEFAULTS under the user's) on ``args``, so
+    the children and the recorded run configuration say the same."""
+    problem = models.check_torch(args)
+    if problem is None:
+        args.model = models.model_path(args)
+        args.planner_arg = models.planner_args(args.planner_arg)
+    return problem
+
+
 def check_args(args) -> str | None:
     """A reason to refuse to start, found before anything is started (plug-in names, arguments)."""
     plugins = [("router", "router", SERVICES["router"].entry(args)),
@@ -581,8 +597,10 @@ def check_args(args) -> str | None:
             return f"cannot load {what} plug-in {entry['plugin']!r}: {type(exc).__name__}: {exc}"
     if (problem := check_partitions(args)) is not None:
         return problem
-    if getattr(args.engines, "kind", "sim") == "sglang-fake" and args.time_scale != 1.0:
+    if engine_kind(args) == "sglang-fake" and args.time_scale != 1.0:
         return "--engines sglang-fake runs in real time: --time-scale must be 1"
+    if args.model is not None and engine_kind(args) != "torch":
+        return "--model names the checkpoint of --engines torch[:N]"
     if args.engines and importlib.util.find_spec("engine.worker") is None:
         return "engine.worker is not installed: use --engines 0"
     if not args.no_gateway and importlib.util.find_spec("services.drivers.gateway") is None:
@@ -591,7 +609,8 @@ def check_args(args) -> str | None:
 
 
 def cmd_up(args) -> int:
-    problem = check_args(args)
+    problem = prepare_torch(args) if engine_kind(args) == "torch" else None
+    problem = problem or check_args(args)
     if problem:
         print(f"evolving up: {problem}", file=sys.stderr)
         return 2

