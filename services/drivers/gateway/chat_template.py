@@ -30,9 +30,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from services.drivers.gateway.tokenizer import (
     GENERATION_PROMPT,
-    ROLES,
     TemplateError,
-    content_text,
+    checked_messages,
     render_chat,
 )
 
@@ -101,17 +100,9 @@ class JinjaTemplate:
 
 def _messages(messages: object) -> list[dict]:
     """The messages as the template sees them (validated as ``render_chat`` does)."""
-    if not isinstance(messages, list) or not messages:
-        raise TemplateError("messages", "must be a non-empty list of messages")
     out = []
-    for i, m in enumerate(messages):
-        at = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise TemplateError(at, "must be an object")
-        role = m.get("role")
-        if role not in ROLES:
-            raise TemplateError(f"{at}.role", f"must be one of {', '.join(ROLES)}, got {role!r}")
-        msg = {"role": role, "content": content_text(m.get("content"), f"{at}.content")}
+    for m, role, text in checked_messages(messages):
+        msg = {"role": role, "content": text}
         for k in ("tool_calls", "tool_call_id", "name"):
             if m.get(k) is not None:
                 msg[k] = m[k]

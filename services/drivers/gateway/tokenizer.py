@@ -108,12 +108,12 @@ def render_tools(tools: Sequence[dict] | None) -> str:
     return f"<|tools|>\n{json.dumps(list(tools), separators=(',', ':'), sort_keys=True)}<|end|>\n"
 
 
-def render_chat(messages: object, tools: Sequence[dict] | None = None) -> str:
-    """Render OpenAI chat ``messages`` (after the ``tools`` block, if any) with the template
-    above (see the module docstring)."""
+def checked_messages(messages: object) -> list[tuple[dict, str, str]]:
+    """OpenAI chat ``messages`` validated (``TemplateError`` names the field): each as
+    ``(message, role, content text)``. Both templates (this one and the model's) take them so."""
     if not isinstance(messages, list) or not messages:
         raise TemplateError("messages", "must be a non-empty list of messages")
-    parts = [render_tools(tools)]
+    out = []
     for i, m in enumerate(messages):
         at = f"messages[{i}]"
         if not isinstance(m, dict):
@@ -121,7 +121,16 @@ def render_chat(messages: object, tools: Sequence[dict] | None = None) -> str:
         role = m.get("role")
         if role not in ROLES:
             raise TemplateError(f"{at}.role", f"must be one of {', '.join(ROLES)}, got {role!r}")
-        text = content_text(m.get("content"), f"{at}.content")
+        out.append((m, role, content_text(m.get("content"), f"{at}.content")))
+    return out
+
+
+def render_chat(messages: object, tools: Sequence[dict] | None = None) -> str:
+    """Render OpenAI chat ``messages`` (after the ``tools`` block, if any) with the template
+    above (see the module docstring)."""
+    checked = checked_messages(messages)
+    parts = [render_tools(tools)]
+    for m, role, text in checked:
         if m.get("tool_calls"):
             text += json.dumps(m["tool_calls"], separators=(",", ":"), sort_keys=True)
         tag = role if role != "tool" or not m.get("tool_call_id") else f"tool:{m['tool_call_id']}"
