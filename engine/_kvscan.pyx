@@ -11,7 +11,9 @@ set directly (``PySet_Contains``: the same hash and equality as ``in``, so the s
 from cpython.ref cimport PyObject
 
 cdef extern from "Python.h":
-    PyObject* PySequence_Fast(object o, const char* m) except NULL
+    # a new reference, owned (and released) by the object it is assigned to: declared as
+    # PyObject* and cast with <object>, Cython added a reference of its own and leaked every list
+    object PySequence_Fast(object o, const char* m)
     Py_ssize_t PySequence_Fast_GET_SIZE(object o)
     PyObject** PySequence_Fast_ITEMS(object o)
     int PySet_Contains(object anyset, object key) except -1
@@ -20,7 +22,7 @@ cdef extern from "Python.h":
 
 def prefix_len(blocks, Py_ssize_t start, store):
     """End of the run of ``blocks[start:]`` held in the set ``store``."""
-    cdef object fast = <object>PySequence_Fast(blocks, "blocks must be a sequence")
+    cdef object fast = PySequence_Fast(blocks, "blocks must be a sequence")
     cdef Py_ssize_t i, n = PySequence_Fast_GET_SIZE(fast)
     cdef PyObject** items = PySequence_Fast_ITEMS(fast)
     if not isinstance(store, (set, frozenset)):
@@ -35,7 +37,7 @@ def prefix_len(blocks, Py_ssize_t start, store):
 
 def missing_after(blocks, Py_ssize_t start, store):
     """Blocks of ``blocks[start:]`` not in ``store``, in order, without duplicates."""
-    cdef object fast = <object>PySequence_Fast(blocks, "blocks must be a sequence")
+    cdef object fast = PySequence_Fast(blocks, "blocks must be a sequence")
     cdef Py_ssize_t i, n = PySequence_Fast_GET_SIZE(fast)
     cdef PyObject** items = PySequence_Fast_ITEMS(fast)
     cdef list out = []
@@ -54,7 +56,7 @@ def missing_after(blocks, Py_ssize_t start, store):
 
 def held_unpinned(blocks, store, pinned):
     """Blocks of ``blocks`` in ``store`` and not in ``pinned``, in order (an eviction's victims)."""
-    cdef object fast = <object>PySequence_Fast(blocks, "blocks must be a sequence")
+    cdef object fast = PySequence_Fast(blocks, "blocks must be a sequence")
     cdef Py_ssize_t i, n = PySequence_Fast_GET_SIZE(fast)
     cdef PyObject** items = PySequence_Fast_ITEMS(fast)
     cdef list out = []

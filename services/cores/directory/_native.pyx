@@ -30,7 +30,9 @@ from libc.string cimport memset
 import numpy as np
 
 cdef extern from "Python.h":
-    PyObject* PySequence_Fast(object o, const char* m) except NULL
+    # a new reference, owned (and released) by the object it is assigned to: declared as
+    # PyObject* and cast with <object>, Cython added a reference of its own and leaked every list
+    object PySequence_Fast(object o, const char* m)
     Py_ssize_t PySequence_Fast_GET_SIZE(object o)
     PyObject** PySequence_Fast_ITEMS(object o)
     # no exception check here: the callers test PyErr_Occurred themselves and clear it
@@ -166,7 +168,7 @@ cdef class SlotMap:
     def find_seq(self, blocks, Py_ssize_t n=-1):
         """Slots of the blocks of a sequence (0 for an unknown block or a non-uint64 hash);
         ``n``: its length if known (must match). A list or tuple is read in place."""
-        cdef object fast = <object>PySequence_Fast(blocks, "block hashes must be a sequence")
+        cdef object fast = PySequence_Fast(blocks, "block hashes must be a sequence")
         cdef Py_ssize_t i, m = PySequence_Fast_GET_SIZE(fast)
         cdef PyObject** items = PySequence_Fast_ITEMS(fast)
         cdef uint64_t k = 0
@@ -368,7 +370,7 @@ def runs(const uint64_t[:] col):
 
 def fresh(blocks, counted, excluded):
     """Blocks of ``blocks`` in neither set, in order, each once."""
-    cdef object fast = <object>PySequence_Fast(blocks, "blocks must be a sequence")
+    cdef object fast = PySequence_Fast(blocks, "blocks must be a sequence")
     cdef Py_ssize_t i, n = PySequence_Fast_GET_SIZE(fast)
     cdef PyObject** items = PySequence_Fast_ITEMS(fast)
     cdef list out = []
@@ -387,7 +389,7 @@ def fresh(blocks, counted, excluded):
 def dropped(old, counted, keep, excluded):
     """Blocks of ``old`` in ``counted`` that are not kept (absent from ``keep`` or in
     ``excluded``), in order, each once."""
-    cdef object fast = <object>PySequence_Fast(old, "blocks must be a sequence")
+    cdef object fast = PySequence_Fast(old, "blocks must be a sequence")
     cdef Py_ssize_t i, n = PySequence_Fast_GET_SIZE(fast)
     cdef PyObject** items = PySequence_Fast_ITEMS(fast)
     cdef list out = []
