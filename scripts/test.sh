@@ -9,8 +9,9 @@ if ! .venv/bin/ruff check . ; then
   exit 1
 fi
 set +e
-# Both cores (pytest-xdist): most tests wait on processes, servers and sockets, so two workers
-# take ~45% off the wall time on a 2-core machine. EI_TEST_WORKERS=0 runs in one process.
+# Both cores (pytest-xdist): most tests wait on processes, servers and sockets. Measured on this
+# 2-core machine: 1,487 tests in 6 min 37 s with two workers, where one process took 8 min 56 s
+# for 1,338 of them. EI_TEST_WORKERS=0 runs in one process.
 .venv/bin/python -m pytest -p no:cacheprovider -n "${EI_TEST_WORKERS:-2}" "$@"
 rc=$?
 set -e

@@ -106,21 +106,14 @@ def build_parser() -> argparse.ArgumentParser:
 async def run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
     backend: str | Callable = "sim"
-    if args.backend == "sglang":
-        cfg = config_from_args(args)
-        backend = lambda host, w: SglangBackend(host, w.src, args.role, profile, cfg)
+    attached = {"sglang": (SglangBackend, config_from_args), "vllm": (VllmBackend, vllm_config_from_args)}
+    if args.backend in attached:  # an SGLang or vLLM server: check it before touching the bus
+        cls, config = attached[args.backend]
+        cfg = config(args)
+        backend = lambda host, w: cls(host, w.src, args.role, profile, cfg)
         try:
             if not cfg.wait_s:  # fail before touching the bus: one line, exit 2
-                await SglangBackend.preflight(cfg)
-        except BackendUnavailable as exc:
-            print(f"engine.worker: {exc}", file=sys.stderr)
-            return 2
-    elif args.backend == "vllm":
-        vcfg = vllm_config_from_args(args)
-        backend = lambda host, w: VllmBackend(host, w.src, args.role, profile, vcfg)
-        try:
-            if not vcfg.wait_s:  # fail before touching the bus: one line, exit 2
-                await VllmBackend.preflight(vcfg)
+                await cls.preflight(cfg)
         except BackendUnavailable as exc:
             print(f"engine.worker: {exc}", file=sys.stderr)
             return 2
