@@ -1,26 +1,62 @@
-"""What every backend attached to an engine server shares (SGLang, vLLM): the server's load from
-its Prometheus ``/metrics``, its KV events over ZMQ folded into the node's pool, the token
-channel and the engine-port properties. A subclass sets the class attributes below and holds
-``host``, ``node_id``, ``_role``, ``cfg`` (``url``, ``metrics_interval_s``), ``_http``, ``jobs``,
-``started``, ``pool``, ``pagemap``, ``server_load``, ``kv_seq`` and ``kv_gaps``.
+"""What every backend attached to an engine server shares (SGLang, vLLM): the health check and
+the wait for a server still loading, the server's load from its Prometheus ``/metrics``, its KV
+events over ZMQ folded into the node's pool, a request's retry while the server restarts, its
+streamed ``data:`` lines, the prompt ids it is sent, the events of its first token and its end,
+the token channel and the engine-port properties. A subclass sets the class attributes below
+and holds ``host``, ``node_id``, ``_role``, ``bt``, ``cfg`` (``url``, ``wait_s``, ``retry_s``,
+``metrics_interval_s``), ``_http``, ``jobs``, ``tasks``, ``started``, ``_bg``, ``pool``,
+``pagemap``, ``server_load``, ``kv_seq`` and ``kv_gaps``, and implements ``_serve_one``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+import contextlib
+import hashlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, ClassVar
 
 import aiohttp
 import zmq
 import zmq.asyncio
 
-from engine.backend import NodeLoad
-from events.ids import NodeId, Role
+from engine.backend import BackendUnavailable, NodeLoad, PrefillJob
+from events.catalog import FirstToken, RequestFinished, RequestStarted
+from events.hashing import block_hashes
+from events.ids import NodeId, RequestId, Role
 from events.wire import TokenMsg
 from services.adapters.logging import get_logger
 
 log = get_logger("engine")
+
+VOCAB = 32000  # synthetic ids stay below every tokenizer's vocabulary size we serve
+
+
+def prompt_ids(blocks, prompt_tokens: int, block_tokens: int, request: str) -> list[int]:
+    """Token ids for a prompt known by its block hashes: ``block_tokens`` ids per block, drawn
+    from SHAKE-256 of the block hash (equal hashes, equal ids), then a tail from the request id."""
+    out: list[int] = []
+    for b in blocks:
+        digest = hashlib.shake_256(int(b).to_bytes(8, "little")).digest(2 * block_tokens)
+        out.extend(1 + int.from_bytes(digest[2 * i:2 * i + 2], "little") % (VOCAB - 1) for i in range(block_tokens))
+    tail = max(1, prompt_tokens - len(out))
+    digest = hashlib.blake2b(request.encode(), digest_size=64).digest()
+    out.extend(1 + digest[i % 64] for i in range(tail))
+    return out
+
+
+async def sse_data(content: aiohttp.StreamReader) -> AsyncIterator[dict]:
+    """The JSON of each ``data:`` line of a server-sent-event stream, up to ``data: [DONE]``."""
+    async for raw in content:
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            return
+        yield json.loads(data)
 
 
 def prom_sum(text: str, metric: str) -> float:
@@ -43,6 +79,112 @@ class AttachedServer:
     queued_metric: ClassVar[str]  # ... and of queued ones
     metrics_off_note: ClassVar[str] = ""  # what to tell the operator when /metrics is 404
     parse_frames: ClassVar[Callable[[list[bytes]], tuple[Any, int, Any]]]  # the three ZMQ frames
+    server_label: ClassVar[str]  # "SGLang" / "vLLM": what the operator's messages call the server
+    url_flag: ClassVar[str]  # the worker's flag that names the server's URL
+
+    # ------------------------------------------------------------------ health
+    @classmethod
+    async def check_health(cls, url: str) -> None:
+        """Is something answering ``/health`` at ``url``? :class:`BackendUnavailable` in one line if not."""
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s, \
+                    s.get(f"{url}/health") as r:
+                if r.status != 200:
+                    raise BackendUnavailable(f"{cls.server_label} server at {url} is not healthy: "
+                                             f"GET /health -> {r.status}")
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            reason = type(exc).__name__ if not str(exc) else str(exc).splitlines()[0]
+            raise BackendUnavailable(f"no {cls.server_label} server at {url} ({reason}); "
+                                     f"start one or fix {cls.url_flag}") from None
+
+    async def _wait_healthy(self) -> None:
+        """Attach: wait up to ``cfg.wait_s`` for ``/health`` (a server still loading its model)."""
+        deadline = time.monotonic() + self.cfg.wait_s
+        while True:
+            try:
+                await self.check_health(self.cfg.url)
+                return
+            except BackendUnavailable:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(1.0)
+
+    async def _cancel_all(self) -> None:
+        """Cancel every request and background task, wait for them, close the HTTP session."""
+        tasks = [*self.tasks.values(), *self._bg]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        if self._http is not None:
+            await self._http.close()
+
+    # ------------------------------------------------------------------ requests
+    def queued(self) -> list[RequestId]:
+        return [r for r in self.jobs if r not in self.started]
+
+    def progress(self) -> None:
+        """Tokens are reported as the server streams them."""
+
+    def _request_ids(self, job: PrefillJob) -> list[int]:
+        """The ids sent: the prompt's real ids (the gateway's prompt store), or for a replayed trace
+        (no tokens) ids made from its block hashes, whose own block hashes are then registered as
+        aliases of the request's blocks in the page map (with real ids they are the same)."""
+        if job.tokens is not None:
+            ids = list(job.tokens)
+        else:
+            ids = prompt_ids(job.blocks, job.prompt_tokens, self.bt, job.request)
+        for sent, ours in zip(block_hashes(ids, self.bt), job.blocks, strict=False):
+            self.pagemap.alias(sent, ours)
+        return ids
+
+    def _failed_node(self, job: PrefillJob) -> NodeId:
+        """The node a request that failed before its first token is reported finished on."""
+        return self.node_id
+
+    async def _serve(self, job: PrefillJob) -> None:
+        """One request, retried while the server cannot be reached and nothing was sent yet (a
+        server restarting, e.g. a peer's role switch); any other failure ends it with an error."""
+        try:
+            deadline = time.monotonic() + self.cfg.retry_s
+            while True:
+                try:
+                    await self._serve_one(job)
+                    break
+                except aiohttp.ClientConnectorError:
+                    if job.request in self.started or time.monotonic() >= deadline:
+                        raise
+                    await asyncio.sleep(0.5)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one failed request never stops the node
+            log.error(f"{self.engine_name}_request_failed", request=job.request, error=f"{type(exc).__name__}: {exc}")
+            self._finish(job, self._failed_node(job), 0, f"{type(exc).__name__}: {exc}")
+
+    def _first(self, job: PrefillJob, decode_node: NodeId, cached: int, text: str) -> None:
+        """The first streamed chunk: prefill started (with the server's cached prefix) and its first
+        token on this node, decode started on ``decode_node``."""
+        rid = job.request
+        self.started.add(rid)
+        now = self._now()
+        self.host.emit(RequestStarted(ts=now, src=self.node_id, request=rid, node=self.node_id, phase="prefill",
+                                      cached_tokens=min(cached, max(0, job.prompt_tokens - 1))))
+        self.host.emit(FirstToken(ts=now, src=self.node_id, request=rid, node=self.node_id))
+        self._token(request=rid, kind="first", tokens=1, total=1, text=text)
+        self.host.emit(RequestStarted(ts=now, src=self.node_id, request=rid, node=decode_node, phase="decode"))
+
+    def _finish(self, job: PrefillJob, decode_node: NodeId, total: int, error: str | None) -> None:
+        rid = job.request
+        self.jobs.pop(rid, None)
+        self.tasks.pop(rid, None)
+        self.started.discard(rid)
+        if error is not None:
+            self._token(request=rid, kind="error", error=error)
+        else:
+            self._token(request=rid, kind="done", tokens=0, total=total, finish_reason="length")
+        self.host.emit(RequestFinished(ts=self._now(), src=self.node_id, request=rid, node=decode_node,
+                                       output_tokens=total))
 
     def _now(self) -> float:
         catch_up = getattr(self.host, "catch_up", None)

@@ -6,35 +6,14 @@ from __future__ import annotations
 
 import asyncio
 
-from engine.backend import PrefillJob
 from engine.backends.sglang.backend import SglangBackend, SglangConfig, bootstrap_room, prompt_ids
 from engine.backends.sglang.fake import FakeSglang
 from engine.profiles import load_profile
-from engine.worker.host import WallClockHost
 from events.catalog import AnomalyReported, KvEvicted, KvStored, RequestFinished, RequestStarted, RoleSwitched
 from events.hashing import block_hashes
+from tests.integration.attached_host import Host, job
 
 PROFILE = load_profile("gb300-glm52")
-
-
-class Host:
-    def __init__(self):
-        self.events, self.tokens = [], []
-        self.host = WallClockHost(1.0, self.events.append, lambda *a: [], lambda n: None, token=self.tokens.append)
-
-    async def wait(self, pred, timeout=20.0):
-        async def poll():
-            while True:
-                for e in self.events:
-                    if pred(e):
-                        return e
-                await asyncio.sleep(0.01)
-        return await asyncio.wait_for(poll(), timeout)
-
-
-def job(rid, blocks, decode="d1", max_tokens=5):
-    return PrefillJob(request=rid, blocks=list(blocks), prompt_tokens=len(blocks) * 64 + 7, max_tokens=max_tokens,
-                      decode_node=decode, fetch_plan=[], enqueued_s=0.0)
 
 
 async def backend(h, node, fake, **cfg):

@@ -10,13 +10,11 @@ import os
 import subprocess
 import sys
 
-from engine.backend import PrefillJob
 from engine.backends.sglang.backend import prompt_ids
 from engine.backends.vllm.backend import VllmBackend, VllmConfig
 from engine.backends.vllm.fake import FakeVllm
 from engine.backends.vllm.wire import BlockRemoved, BlockStored, KVEventBatch
 from engine.profiles import load_profile
-from engine.worker.host import WallClockHost
 from engine.worker.loop import EngineWorker
 from events.catalog import (
     AnomalyReported,
@@ -33,29 +31,10 @@ from events.catalog import (
 from events.hashing import block_hashes
 from services.adapters.bus import InMemoryBus
 from services.adapters.bus.tokens import MemoryTokens
+from tests.integration.attached_host import Host, job
 
 PROFILE = load_profile("gb300-glm52")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-class Host:
-    def __init__(self):
-        self.events, self.tokens = [], []
-        self.host = WallClockHost(1.0, self.events.append, lambda *a: [], lambda n: None, token=self.tokens.append)
-
-    async def wait(self, pred, timeout=20.0):
-        async def poll():
-            while True:
-                for e in self.events:
-                    if pred(e):
-                        return e
-                await asyncio.sleep(0.01)
-        return await asyncio.wait_for(poll(), timeout)
-
-
-def job(rid, blocks, max_tokens=5):
-    return PrefillJob(request=rid, blocks=list(blocks), prompt_tokens=len(blocks) * 64 + 7, max_tokens=max_tokens,
-                      decode_node="c1", fetch_plan=[], enqueued_s=0.0)
 
 
 async def backend(h, fake, **cfg):

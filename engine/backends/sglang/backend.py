@@ -46,26 +46,18 @@ from urllib.parse import urlparse
 import aiohttp
 
 from engine.backend import BackendUnavailable, DecodeJob, PrefillJob, WorkerHost
-from engine.backends.attached import AttachedServer
+from engine.backends.attached import VOCAB, AttachedServer, prompt_ids, sse_data
 from engine.backends.sglang.kvmap import PageMap
 from engine.backends.sglang.logparse import parse_decode_line
 from engine.backends.sglang.wire import parse_frames
 from engine.kvpool import KvPool
 from engine.profiles import Profile
-from events.catalog import (
-    AnomalyReported,
-    FirstToken,
-    IterationDone,
-    RequestFinished,
-    RequestStarted,
-    RoleSwitched,
-)
-from events.hashing import block_hashes
+from events.catalog import AnomalyReported, IterationDone, RoleSwitched
 from events.ids import NodeId, RequestId, Role, SwitchMechanism
 from services.adapters.logging import get_logger
 
 log = get_logger("sglang")
-VOCAB = 32000  # synthetic ids stay below every tokenizer's vocabulary size we serve
+__all__ = ["VOCAB", "SglangBackend", "SglangConfig", "bootstrap_room", "config_from_args", "prompt_ids"]
 
 
 @dataclass
@@ -103,19 +95,6 @@ def config_from_args(args) -> SglangConfig:
                         metrics_interval_s=args.metrics_interval_s, decode_log_interval=args.decode_log_interval)
 
 
-def prompt_ids(blocks, prompt_tokens: int, block_tokens: int, request: str) -> list[int]:
-    """Token ids for a prompt known by its block hashes: ``block_tokens`` ids per block, drawn
-    from SHAKE-256 of the block hash (equal hashes, equal ids), then a tail from the request id."""
-    out: list[int] = []
-    for b in blocks:
-        digest = hashlib.shake_256(int(b).to_bytes(8, "little")).digest(2 * block_tokens)
-        out.extend(1 + int.from_bytes(digest[2 * i:2 * i + 2], "little") % (VOCAB - 1) for i in range(block_tokens))
-    tail = max(1, prompt_tokens - len(out))
-    digest = hashlib.blake2b(request.encode(), digest_size=64).digest()
-    out.extend(1 + digest[i % 64] for i in range(tail))
-    return out
-
-
 def bootstrap_room(request: str) -> int:
     """A stable 63-bit room id per request (SGLang pairs prefill and decode by it)."""
     return int.from_bytes(hashlib.blake2b(request.encode(), digest_size=8).digest(), "little") >> 1
@@ -128,6 +107,7 @@ class SglangBackend(AttachedServer):
     running_metric, queued_metric = "sglang:num_running_reqs", "sglang:num_queue_reqs"
     metrics_off_note = "start SGLang with --enable-metrics"
     parse_frames = staticmethod(parse_frames)
+    server_label, url_flag = "SGLang", "--sglang-url"
 
     name = "sglang"
 
@@ -154,35 +134,19 @@ class SglangBackend(AttachedServer):
         self._bg: list[asyncio.Task] = []
 
     # ------------------------------------------------------------------ helpers
-    @staticmethod
-    async def preflight(cfg: SglangConfig) -> None:
+    @classmethod
+    async def preflight(cls, cfg: SglangConfig) -> None:
         """Attach mode: is something answering ``/health`` at the URL? One line if not."""
         if cfg.launch or not cfg.url:
             return
-        try:
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s, \
-                    s.get(f"{cfg.url}/health") as r:
-                if r.status != 200:
-                    raise BackendUnavailable(f"SGLang server at {cfg.url} is not healthy: GET /health -> {r.status}")
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            reason = type(exc).__name__ if not str(exc) else str(exc).splitlines()[0]
-            raise BackendUnavailable(f"no SGLang server at {cfg.url} ({reason}); start one or fix --sglang-url") \
-                from None
+        await cls.check_health(cfg.url)
 
     async def start(self) -> None:
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.cfg.request_timeout_s))
         if self.cfg.launch:
             await self._launch(self.cfg.launch)
         else:
-            deadline = time.monotonic() + self.cfg.wait_s
-            while True:
-                try:
-                    await self.preflight(self.cfg)
-                    break
-                except BackendUnavailable:
-                    if time.monotonic() >= deadline:
-                        raise
-                    await asyncio.sleep(1.0)
+            await self._wait_healthy()
         await self._read_server_info()
         endpoints, topic = self.kv_endpoints()
         if endpoints:
@@ -237,19 +201,13 @@ class SglangBackend(AttachedServer):
             if self._proc.returncode is not None:
                 raise BackendUnavailable(f"SGLang launch exited with code {self._proc.returncode}: {cmd}")
             with contextlib.suppress(BackendUnavailable):
-                await self.preflight(SglangConfig(url=self.cfg.url))
+                await self.check_health(self.cfg.url)
                 return
             await asyncio.sleep(1.0)
         raise BackendUnavailable(f"SGLang at {self.cfg.url} not healthy after {self.cfg.launch_timeout_s:.0f} s: {cmd}")
 
     async def close(self) -> None:
-        for t in [*self.tasks.values(), *self._bg]:
-            t.cancel()
-        for t in [*self.tasks.values(), *self._bg]:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
-        if self._http is not None:
-            await self._http.close()
+        await self._cancel_all()
         await self._stop_server()
 
     async def _stop_server(self) -> None:
@@ -289,12 +247,6 @@ class SglangBackend(AttachedServer):
     def kv_arrived(self, job: DecodeJob) -> None:
         """SGLang moves the KV itself (bootstrap pairing): nothing to do here."""
 
-    def queued(self) -> list[RequestId]:
-        return [r for r in self.jobs if r not in self.started]
-
-    def progress(self) -> None:
-        """Tokens are reported as the server streams them."""
-
     async def _post(self, path: str, body: dict, url: str | None = None) -> tuple[int, dict]:
         async with self._http.post(f"{url or self.cfg.url}{path}", json=body) as r:
             text = await r.text()
@@ -303,33 +255,12 @@ class SglangBackend(AttachedServer):
             except ValueError:
                 return r.status, {"message": text[:200]}
 
-    async def _serve(self, job: PrefillJob) -> None:
-        try:
-            deadline = time.monotonic() + self.cfg.retry_s
-            while True:
-                try:
-                    await self._serve_one(job)
-                    break
-                except aiohttp.ClientConnectorError:
-                    # a server restarting (a peer's role switch): nothing was sent yet, try again
-                    if job.request in self.started or time.monotonic() >= deadline:
-                        raise
-                    await asyncio.sleep(0.5)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - one failed request never stops the node
-            log.error("sglang_request_failed", request=job.request, error=f"{type(exc).__name__}: {exc}")
-            self._finish(job, job.decode_node, 0, f"{type(exc).__name__}: {exc}")
+    def _failed_node(self, job: PrefillJob) -> NodeId:
+        return job.decode_node
 
     async def _serve_one(self, job: PrefillJob) -> None:
         rid = job.request
-        if job.tokens is not None:  # the prompt's real ids (the gateway's prompt store)
-            ids = list(job.tokens)
-        else:  # a replayed trace carries no tokens: ids made from its block hashes
-            ids = prompt_ids(job.blocks, job.prompt_tokens, self.bt, rid)
-        # with the real ids the sent blocks hash to the request's blocks (no alias); else map them
-        for sent, ours in zip(block_hashes(ids, self.bt), job.blocks, strict=False):
-            self.pagemap.alias(sent, ours)
+        ids = self._request_ids(job)
         body = {"input_ids": ids, "rid": rid, "stream": True,
                 "sampling_params": {"max_new_tokens": max(1, job.max_tokens), "ignore_eos": True, "temperature": 0}}
         decode_node, decode_url = self.node_id, self.cfg.url
@@ -345,14 +276,7 @@ class SglangBackend(AttachedServer):
             async with self._http.post(f"{decode_url}/generate", json=body) as r:
                 if r.status != 200:
                     raise RuntimeError(f"POST {decode_url}/generate -> {r.status}: {(await r.text())[:200]}")
-                async for raw in r.content:
-                    line = raw.strip()
-                    if not line.startswith(b"data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
-                        break
-                    out = json.loads(data)
+                async for out in sse_data(r.content):
                     meta = out.get("meta_info") or {}
                     text = out.get("text") or ""
                     total = int(meta.get("completion_tokens", total))
@@ -374,28 +298,6 @@ class SglangBackend(AttachedServer):
         except Exception as exc:  # noqa: BLE001 - one failed request never stops the node
             log.error("sglang_request_failed", request=rid, error=str(exc))
             self._finish(job, decode_node, total, str(exc))
-
-    def _first(self, job: PrefillJob, decode_node: NodeId, cached: int, text: str) -> None:
-        rid = job.request
-        self.started.add(rid)
-        now = self._now()
-        self.host.emit(RequestStarted(ts=now, src=self.node_id, request=rid, node=self.node_id, phase="prefill",
-                                      cached_tokens=min(cached, max(0, job.prompt_tokens - 1))))
-        self.host.emit(FirstToken(ts=now, src=self.node_id, request=rid, node=self.node_id))
-        self._token(request=rid, kind="first", tokens=1, total=1, text=text)
-        self.host.emit(RequestStarted(ts=now, src=self.node_id, request=rid, node=decode_node, phase="decode"))
-
-    def _finish(self, job: PrefillJob, decode_node: NodeId, total: int, error: str | None) -> None:
-        rid = job.request
-        self.jobs.pop(rid, None)
-        self.tasks.pop(rid, None)
-        self.started.discard(rid)
-        if error is not None:
-            self._token(request=rid, kind="error", error=error)
-        else:
-            self._token(request=rid, kind="done", tokens=0, total=total, finish_reason="length")
-        self.host.emit(RequestFinished(ts=self._now(), src=self.node_id, request=rid, node=decode_node,
-                                       output_tokens=total))
 
     # ------------------------------------------------------------------ iteration timing
     async def _server_log(self, stream: asyncio.StreamReader) -> None:

@@ -41,9 +41,9 @@ import json
 import time
 from collections import OrderedDict
 
-import zmq
 from aiohttp import web
 
+from engine.backends.fake_server import FakeServer
 from engine.backends.sglang.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, frames
 
 #: Decode servers wait for the prefill of the same bootstrap room (in-process pairing).
@@ -54,8 +54,10 @@ def _room(room: int) -> asyncio.Event:
     return _ROOMS.setdefault(room, asyncio.Event())
 
 
-class FakeSglang:
+class FakeSglang(FakeServer):
     """One fake server (module docstring)."""
+
+    frames = staticmethod(frames)
 
     def __init__(self, *, mode: str = "null", enable_role_switch: bool = True, page_size: int = 64,
                  capacity_pages: int = 4096, kv_events_port: int | None = None, topic: str = "",
@@ -63,21 +65,16 @@ class FakeSglang:
                  chunk_tokens: int = 4, pair_wait_s: float = 30.0, log_decode: bool = False,
                  decode_log_interval: int = 40) -> None:
         assert mode in ("null", "prefill", "decode"), mode
+        super().__init__(kv_events_port, topic)
         self.mode, self.enable_role_switch = mode, enable_role_switch
         self.page_size, self.capacity_pages = page_size, capacity_pages
-        self.kv_events_port, self.topic, self.bootstrap_port = kv_events_port, topic, bootstrap_port
+        self.bootstrap_port = bootstrap_port
         self.prefill_s, self.decode_s, self.chunk_tokens = prefill_s_per_token, decode_s_per_token, chunk_tokens
         self.pair_wait_s = pair_wait_s  # decode: how long to wait for the prefill of the room (in-process)
         self.log_decode, self.decode_log_interval = log_decode, decode_log_interval
         self._steps, self._gen_tokens, self._log_t = 0, 0, time.monotonic()
         self.pages: OrderedDict[int, tuple[int | None, int]] = OrderedDict()  # hash -> (parent, children), LRU
-        self.inflight: dict[str, asyncio.Task] = {}
-        self.seq = 0
-        self.published: list[KVEventBatch] = []
         self.switches: list[dict] = []
-        self._pub = None
-        self._runner: web.AppRunner | None = None
-        self.port = 0
 
     # ------------------------------------------------------------------ lifecycle
     def app(self) -> web.Application:
@@ -91,37 +88,8 @@ class FakeSglang:
         app.router.add_get("/metrics", self._metrics)
         return app
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
-        if self.kv_events_port is not None:
-            self._pub = zmq.Context.instance().socket(zmq.PUB)
-            if self.kv_events_port == 0:
-                self.kv_events_port = self._pub.bind_to_random_port(f"tcp://{host}")
-            else:
-                self._pub.bind(f"tcp://{host}:{self.kv_events_port}")
-        self._runner = web.AppRunner(self.app(), access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]
-        return f"http://{host}:{self.port}"
-
-    async def stop(self) -> None:
-        for t in list(self.inflight.values()):
-            t.cancel()
-        if self._runner is not None:
-            await self._runner.cleanup()
-        if self._pub is not None:
-            self._pub.close(linger=0)
-
-    # ------------------------------------------------------------------ KV events
-    def _publish(self, events: list) -> None:
-        if not events:
-            return
-        batch = KVEventBatch(ts=time.time(), events=events, attn_dp_rank=0)
-        self.published.append(batch)
-        if self._pub is not None:
-            self._pub.send_multipart(frames(self.topic, self.seq, batch))
-        self.seq += 1
+    def _batch(self, events: list) -> KVEventBatch:
+        return KVEventBatch(ts=time.time(), events=events, attn_dp_rank=0)
 
     @staticmethod
     def page_hash(parent: int | None, tokens: list[int]) -> int:
@@ -317,15 +285,7 @@ def main(argv: list[str] | None = None) -> int:
                       pair_wait_s=args.pair_wait_s, decode_s_per_token=args.decode_s_per_token, log_decode=True,
                       decode_log_interval=args.decode_log_interval)
 
-    async def serve() -> None:
-        url = await fake.start(args.host, args.port)
-        print(f"fake sglang at {url}", flush=True)
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.Event().wait()
-
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve())
-    return 0
+    return fake.serve_forever(args.host, args.port, "fake sglang")
 
 
 if __name__ == "__main__":

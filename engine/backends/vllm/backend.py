@@ -31,24 +31,19 @@ Attach only (``--backend vllm --vllm-url URL``): the worker never launches vLLM.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import os
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 
 import aiohttp
 
 from engine.backend import BackendUnavailable, DecodeJob, PrefillJob, WorkerHost
-from engine.backends.attached import AttachedServer
-from engine.backends.sglang.backend import prompt_ids
+from engine.backends.attached import AttachedServer, sse_data
 from engine.backends.sglang.kvmap import PageMap
 from engine.backends.vllm.wire import MEDIUM_CPU, MEDIUM_GPU, parse_frames
 from engine.kvpool import KvPool
 from engine.profiles import Profile
-from events.catalog import AnomalyReported, FirstToken, RequestFinished, RequestStarted, RoleSwitched
-from events.hashing import block_hashes
+from events.catalog import AnomalyReported, RoleSwitched
 from events.ids import NodeId, RequestId, Role, SwitchMechanism
 from services.adapters.logging import get_logger
 
@@ -85,6 +80,7 @@ class VllmBackend(AttachedServer):
     engine_name = "vllm"
     running_metric, queued_metric = "vllm:num_requests_running", "vllm:num_requests_waiting"
     parse_frames = staticmethod(parse_frames)
+    server_label, url_flag = "vLLM", "--vllm-url"
 
     name = "vllm"
 
@@ -114,29 +110,13 @@ class VllmBackend(AttachedServer):
     def _headers(self) -> dict:
         return {"Authorization": f"Bearer {self.cfg.api_key}"} if self.cfg.api_key else {}
 
-    @staticmethod
-    async def preflight(cfg: VllmConfig) -> None:
+    @classmethod
+    async def preflight(cls, cfg: VllmConfig) -> None:
         """Is a server answering ``/health`` at the URL? One line if not."""
-        try:
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s, \
-                    s.get(f"{cfg.url}/health") as r:
-                if r.status != 200:
-                    raise BackendUnavailable(f"vLLM server at {cfg.url} is not healthy: GET /health -> {r.status}")
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            reason = type(exc).__name__ if not str(exc) else str(exc).splitlines()[0]
-            raise BackendUnavailable(f"no vLLM server at {cfg.url} ({reason}); start one or fix --vllm-url") \
-                from None
+        await cls.check_health(cfg.url)
 
     async def start(self) -> None:
-        deadline = time.monotonic() + self.cfg.wait_s
-        while True:
-            try:
-                await self.preflight(self.cfg)
-                break
-            except BackendUnavailable:
-                if time.monotonic() >= deadline:
-                    raise
-                await asyncio.sleep(1.0)
+        await self._wait_healthy()
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.cfg.request_timeout_s),
                                            headers=self._headers())
         if not self.model:
@@ -158,13 +138,7 @@ class VllmBackend(AttachedServer):
             self._bg.append(asyncio.create_task(self._poll_metrics(), name="vllm-metrics"))
 
     async def close(self) -> None:
-        for t in [*self.tasks.values(), *self._bg]:
-            t.cancel()
-        for t in [*self.tasks.values(), *self._bg]:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
-        if self._http is not None:
-            await self._http.close()
+        await self._cancel_all()
 
     # ------------------------------------------------------------------ requests
     def enqueue_prefill(self, job: PrefillJob) -> None:
@@ -182,38 +156,9 @@ class VllmBackend(AttachedServer):
     def kv_arrived(self, job: DecodeJob) -> None:
         """Collocated only: never called with work to do."""
 
-    def queued(self) -> list[RequestId]:
-        return [r for r in self.jobs if r not in self.started]
-
-    def progress(self) -> None:
-        """Tokens are reported as the server streams them."""
-
-    async def _serve(self, job: PrefillJob) -> None:
-        try:
-            deadline = time.monotonic() + self.cfg.retry_s
-            while True:
-                try:
-                    await self._serve_one(job)
-                    break
-                except aiohttp.ClientConnectorError:  # the server restarting: nothing was sent yet
-                    if job.request in self.started or time.monotonic() >= deadline:
-                        raise
-                    await asyncio.sleep(0.5)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - one failed request never stops the node
-            log.error("vllm_request_failed", request=job.request, error=f"{type(exc).__name__}: {exc}")
-            self._finish(job, 0, f"{type(exc).__name__}: {exc}")
-
     async def _serve_one(self, job: PrefillJob) -> None:
         rid = job.request
-        if job.tokens is not None:  # the prompt's real ids (the gateway's prompt store)
-            ids = list(job.tokens)
-        else:  # a replayed trace carries no tokens: ids made from its block hashes
-            ids = prompt_ids(job.blocks, job.prompt_tokens, self.bt, rid)
-        # with the real ids the sent blocks hash to the request's blocks (no alias); else map them
-        for sent, ours in zip(block_hashes(ids, self.bt), job.blocks, strict=False):
-            self.pagemap.alias(sent, ours)
+        ids = self._request_ids(job)
         cached = self.pool.prefix_len(job.blocks, 0, self.pool.l1) * self.bt
         body = {"model": self.model, "prompt": ids, "max_tokens": max(1, job.max_tokens), "stream": True,
                 "stream_options": {"include_usage": True, "continuous_usage_stats": True},
@@ -224,14 +169,7 @@ class VllmBackend(AttachedServer):
                                        headers={"X-Request-Id": rid}) as r:
                 if r.status != 200:
                     raise RuntimeError(f"POST {self.cfg.url}/v1/completions -> {r.status}: {(await r.text())[:200]}")
-                async for raw in r.content:
-                    line = raw.strip()
-                    if not line.startswith(b"data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
-                        break
-                    out = json.loads(data)
+                async for out in sse_data(r.content):
                     if "error" in out and not out.get("choices"):
                         raise RuntimeError(str(out["error"].get("message", out["error"]))
                                            if isinstance(out["error"], dict) else str(out["error"]))
@@ -243,39 +181,17 @@ class VllmBackend(AttachedServer):
                     text = choices[0].get("text") or ""
                     total = int(usage["completion_tokens"]) if "completion_tokens" in usage else total + 1
                     if rid not in self.started:
-                        self._first(job, cached, text)
+                        self._first(job, self.node_id, cached, text)
                         continue
                     if text or total > sent:
                         self._token(request=rid, kind="chunk", tokens=max(0, total - sent), total=total, text=text)
                         sent = max(sent, total)
-            self._finish(job, total, None)
+            self._finish(job, self.node_id, total, None)
         except (asyncio.CancelledError, aiohttp.ClientConnectorError):
             raise
         except Exception as exc:  # noqa: BLE001 - one failed request never stops the node
             log.error("vllm_request_failed", request=rid, error=str(exc))
-            self._finish(job, total, str(exc))
-
-    def _first(self, job: PrefillJob, cached: int, text: str) -> None:
-        rid = job.request
-        self.started.add(rid)
-        now = self._now()
-        self.host.emit(RequestStarted(ts=now, src=self.node_id, request=rid, node=self.node_id, phase="prefill",
-                                      cached_tokens=min(cached, max(0, job.prompt_tokens - 1))))
-        self.host.emit(FirstToken(ts=now, src=self.node_id, request=rid, node=self.node_id))
-        self._token(request=rid, kind="first", tokens=1, total=1, text=text)
-        self.host.emit(RequestStarted(ts=now, src=self.node_id, request=rid, node=self.node_id, phase="decode"))
-
-    def _finish(self, job: PrefillJob, total: int, error: str | None) -> None:
-        rid = job.request
-        self.jobs.pop(rid, None)
-        self.tasks.pop(rid, None)
-        self.started.discard(rid)
-        if error is not None:
-            self._token(request=rid, kind="error", error=error)
-        else:
-            self._token(request=rid, kind="done", tokens=0, total=total, finish_reason="length")
-        self.host.emit(RequestFinished(ts=self._now(), src=self.node_id, request=rid, node=self.node_id,
-                                       output_tokens=total))
+            self._finish(job, self.node_id, total, str(exc))
 
     # ------------------------------------------------------------------ KV events
     def _followed(self, ev) -> bool:

@@ -21,36 +21,33 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import hashlib
 import json
 import time
 import uuid
 from collections import OrderedDict
 
-import zmq
 from aiohttp import web
 
+from engine.backends.fake_server import FakeServer
 from engine.backends.vllm.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, frames
 
 
-class FakeVllm:
+class FakeVllm(FakeServer):
     """One fake server (module docstring)."""
+
+    frames = staticmethod(frames)
+    handler_cancellation = True  # a client that goes away cancels its handler (vLLM aborts the request)
 
     def __init__(self, *, model: str = "fake/model", block_size: int = 16, capacity_blocks: int = 4096,
                  kv_events_port: int | None = None, topic: str = "", int_hashes: bool = False,
                  dp_rank: int = 0, prefill_s_per_token: float = 2e-6, decode_s_per_token: float = 0.002) -> None:
+        super().__init__(kv_events_port, topic)
         self.model, self.block_size, self.capacity = model, block_size, capacity_blocks
-        self.kv_events_port, self.topic, self.int_hashes, self.dp_rank = kv_events_port, topic, int_hashes, dp_rank
+        self.int_hashes, self.dp_rank = int_hashes, dp_rank
         self.prefill_s, self.decode_s = prefill_s_per_token, decode_s_per_token
         self.blocks: OrderedDict = OrderedDict()  # hash -> [parent, children], LRU order
-        self.inflight: dict[str, asyncio.Task] = {}
         self.requests: list[dict] = []  # bodies received
-        self.published: list[KVEventBatch] = []
-        self.seq = 0
-        self._pub = None
-        self._runner: web.AppRunner | None = None
-        self.port = 0
 
     # ------------------------------------------------------------------ lifecycle
     def app(self) -> web.Application:
@@ -62,38 +59,8 @@ class FakeVllm:
         app.router.add_get("/metrics", self._metrics)
         return app
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
-        if self.kv_events_port is not None:
-            self._pub = zmq.Context.instance().socket(zmq.PUB)
-            if self.kv_events_port == 0:
-                self.kv_events_port = self._pub.bind_to_random_port(f"tcp://{host}")
-            else:
-                self._pub.bind(f"tcp://{host}:{self.kv_events_port}")
-        # handler_cancellation: a client that goes away cancels its handler (vLLM aborts the request)
-        self._runner = web.AppRunner(self.app(), access_log=None, handler_cancellation=True)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]
-        return f"http://{host}:{self.port}"
-
-    async def stop(self) -> None:
-        for t in list(self.inflight.values()):
-            t.cancel()
-        if self._runner is not None:
-            await self._runner.cleanup()
-        if self._pub is not None:
-            self._pub.close(linger=0)
-
-    # ------------------------------------------------------------------ KV events
-    def _publish(self, events: list) -> None:
-        if not events:
-            return
-        batch = KVEventBatch(ts=time.time(), events=events, data_parallel_rank=self.dp_rank)
-        self.published.append(batch)
-        if self._pub is not None:
-            self._pub.send_multipart(frames(self.topic, self.seq, batch))
-        self.seq += 1
+    def _batch(self, events: list) -> KVEventBatch:
+        return KVEventBatch(ts=time.time(), events=events, data_parallel_rank=self.dp_rank)
 
     def block_hash(self, parent, tokens: list[int]):
         h = hashlib.sha256(parent if isinstance(parent, bytes) else (parent or 0).to_bytes(8, "big"))
@@ -239,15 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                     kv_events_port=args.kv_events_port, int_hashes=args.int_hashes,
                     decode_s_per_token=args.decode_s_per_token)
 
-    async def serve() -> None:
-        url = await fake.start(args.host, args.port)
-        print(f"fake vllm at {url}", flush=True)
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.Event().wait()
-
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve())
-    return 0
+    return fake.serve_forever(args.host, args.port, "fake vllm")
 
 
 if __name__ == "__main__":
