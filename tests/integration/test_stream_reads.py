@@ -95,7 +95,8 @@ def test_the_table_is_the_one_source():
     consumer-create subject the server cannot check (legacy or unfiltered)."""
     for kind in SERVICES.values():
         assert kind.consumes == READS[kind.role].filters
-    assert READS["gateway"].filters == ("ei.<p>.route",) and not READS["gateway"].durable
+    assert READS["gateway"].filters == ("ei.<p>.route", "ei.<p>.node.*", "ei.<p>.agent.>")
+    assert not READS["gateway"].durable
     assert READS["operator"].filters == ()
     for spec in SPECS:
         allow = service_permissions(spec, P, [s.name for s in SPECS]).publish
@@ -152,7 +153,10 @@ async def test_the_gateway_reads_route_decisions_only_and_cannot_hijack_a_durabl
     c = await Client.of(secured, "gateway")
     try:
         assert await c.create(f"ei.{P}.route", name="gw-route")
-        assert not await c.create(f"ei.{P}.agent.>", name="gw-agent")
+        # RequestFinished errors (node.*) and its branch table at start (agent.>), nothing else
+        assert await c.create(f"ei.{P}.node.*", name="gw-node")
+        assert await c.create(f"ei.{P}.agent.>", name="gw-agent")
+        assert not await c.create(f"ei.{P}.kv.>", name="gw-kv")
         assert not await c.create(f"ei.{P}.*", name="gw-star")
         # a config whose filter is not the one in the subject: the server refuses it (400)
         req = {"stream_name": STREAM, "config": {"name": "gw-lie", "filter_subject": WHOLE, "ack_policy": "none"}}

@@ -20,7 +20,9 @@ router        durable ``ei.<p>.>``    ``ei.<p>.route`` (in charge) or ``ei.<p>.s
                                       (shadow), anomalies
 recorder      durable ``ei.<p>.>``    nothing on the stream; answers ``eictl.<p>.recorder.>``
 gateway       ephemeral               ``ei.<p>.agent.>``; the only one that reads ``eitok.<p>.>``;
-              ``ei.<p>.route``        the only writer of the prompt bucket ``EI_PROMPTS_<P>``
+              ``ei.<p>.route``,       the only writer of the prompt bucket ``EI_PROMPTS_<P>``
+              ``ei.<p>.node.*``,
+              ``ei.<p>.agent.>``
 engine N      ephemeral ``ei.<p>.>``  ``ei.<p>.kv.N``, ``ei.<p>.node.N``, tokens ``eitok.<p>.>``;
                                       the only readers of the prompt bucket
 operator      nothing                 ``eictl.<p>.>`` (``sql --live`` requests)
@@ -261,7 +263,9 @@ READS: dict[str, StreamReads] = {
     "router": StreamReads(WHOLE_PARTITION, durable=True,
                           why="agent, kv, node, route and plan events (its directory, ModelFitted, RoleSwitchOrdered)"),
     "recorder": StreamReads(WHOLE_PARTITION, durable=True, why="lands every event in DuckDB"),
-    "gateway": StreamReads(("ei.<p>.route",), ephemeral=True, why="waits for each request's RouteDecided",
+    "gateway": StreamReads(("ei.<p>.route", "ei.<p>.node.*", "ei.<p>.agent.>"), ephemeral=True,
+                           why="waits for each request's RouteDecided; ends the requests a RequestFinished "
+                               "error fails (node.*); rebuilds its branch table at start (agent.>)",
                            snapshots=False),
     "engine": StreamReads(WHOLE_PARTITION, ephemeral=True,
                           why="its worker view (a DirectoryCore), its route decisions and commands"),

@@ -179,9 +179,25 @@ def _register_engine(bench) -> None:
     p.set_defaults(func=_bench_engine)
 
 
+def _bench_gateway(args: argparse.Namespace) -> int:
+    from services.drivers.bench import gateway  # lazy: --help (aiohttp, nats-py, the gateway's model)
+
+    return gateway.main(args)
+
+
+def _register_gateway(bench) -> None:
+    from services.drivers.bench.gateway import add_arguments  # lazy: keeps the bench modules' imports apart
+
+    p = bench.add_parser("gateway", help="TTFT through gateway + bus + router vs the engine alone, p50/p95/p99 and "
+                                         "the paired overhead (docs/gateway.md)")
+    add_arguments(p)
+    p.set_defaults(func=_bench_gateway)
+
+
 def register(sub, bench) -> None:
     _register_directory(bench)
     _register_planner(bench)
     _register_router(bench)
     _register_prompts(bench)
     _register_engine(bench)
+    _register_gateway(bench)

@@ -21,11 +21,11 @@ from services.adapters.bus import NatsBus, StreamSettings
 from services.adapters.bus.nats_prompts import NatsPromptStore
 from services.adapters.bus.natsserver import EmbeddedNats
 from services.adapters.bus.security import CredentialsError, add_cli_options
-from services.adapters.bus.tokens import NatsTokens
 from services.adapters.logging import configure_logging, get_logger
 from services.drivers.gateway.app import Gateway, GatewayConfig
 from services.drivers.gateway.auth import ENV_VAR, ApiKeyConfigError, load_api_keys
 from services.drivers.gateway.model import ModelError, load_model
+from services.drivers.gateway.tokenmux import TokenMux
 from services.drivers.options import bus_auth
 
 
@@ -56,9 +56,12 @@ def context_from_profile(name_or_path: str) -> tuple[int | None, str]:
     return v, f"profile {p.name}"
 
 
-def resolve_limits(args: argparse.Namespace) -> tuple[int, int, frozenset[str], str]:
+def resolve_limits(args: argparse.Namespace, model_context: tuple[int | None, str] = (None, "")
+                   ) -> tuple[int, int, frozenset[str], str]:
     """(context length, body limit in bytes, API keys, where the context length came from);
-    a bad value exits with one line."""
+    a bad value exits with one line. The context length: ``--context-length``, else the
+    smaller of the model's own (``model_context``: its GGUF metadata or config.json) and the
+    ``--profile``'s, else the default."""
     prog = "python -m services.drivers.gateway"
     if args.context_length is not None:
         if args.context_length < 1:
@@ -68,6 +71,8 @@ def resolve_limits(args: argparse.Namespace) -> tuple[int, int, frozenset[str], 
         ctx, why = None, "default"
         if args.profile:
             ctx, why = context_from_profile(args.profile)
+        if model_context[0] is not None and (ctx is None or model_context[0] <= ctx):
+            ctx, why = model_context[0], f"model: {model_context[1]}"
         if ctx is None:
             ctx, why = DEFAULT_CONTEXT, f"default ({why})" if args.profile else "default"
     if not args.max_body_mb > 0:
@@ -113,8 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clock-epoch", type=float, default=_env_epoch(),
                    help="epoch of the scaled clock (default: env EI_CLOCK_EPOCH, else now)")
     p.add_argument("--context-length", type=int, default=None,
-                   help="prompt + completion tokens a request may use (default: the --profile's "
-                        f"context_length, else {DEFAULT_CONTEXT})")
+                   help="prompt + completion tokens a request may use (default: the model's own, from its "
+                        "GGUF metadata or config.json, or the --profile's context_length if smaller; "
+                        f"else {DEFAULT_CONTEXT})")
     p.add_argument("--profile", default=os.environ.get("EI_PROFILE") or None,
                    help="engine profile (deploy/profiles/NAME.toml or a path) whose context_length "
                         "bounds prompts (default: env EI_PROFILE)")
@@ -126,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--branch-ttl-s", type=float, default=GatewayConfig.branch_ttl_s,
                    help="end an open branch after this many seconds (event clock) without a request: "
                         "BranchEnded(reason=idle) (default: %(default)s; 0: never)")
+    p.add_argument("--shutdown-grace-s", type=float, default=5.0,
+                   help="on SIGTERM/SIGINT, seconds the requests in flight may still finish; the rest end "
+                        "with a 503 / an error event in their stream (default: %(default)s)")
     p.add_argument("--src", default="gateway", help="publisher id in the events' src field")
     p.add_argument("--log-format", choices=["console", "json"], default=None)
     p.add_argument("--log-level", default=None)
@@ -135,11 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def serve(args: argparse.Namespace) -> int:
     log = get_logger("gateway")
-    context_length, max_body, keys, ctx_from = resolve_limits(args)
     try:  # before the bus: a named model that cannot load is one line, exit 2
         model = load_model(args.tokenizer)
     except ModelError as exc:
         raise SystemExit(f"python -m services.drivers.gateway: {exc}") from None
+    context_length, max_body, keys, ctx_from = resolve_limits(args, (model.context_length, model.context_from))
     if not args.prompt_ttl_s > 0:
         raise SystemExit(f"python -m services.drivers.gateway: --prompt-ttl-s must be > 0, got {args.prompt_ttl_s}")
     store_prompts = args.prompt_store == "on" or (args.prompt_store == "auto" and bool(args.tokenizer))
@@ -179,13 +188,13 @@ async def serve(args: argparse.Namespace) -> int:
                 settings=StreamSettings(replicas=replicas))
             if b is not bus:
                 extra.append(b)
-            lanes[name] = (b, NatsTokens(b.nc, name))
+            lanes[name] = (b, TokenMux(b.nc, name))
     prompts = None
     if store_prompts:
         buses = {n: b for n, (b, _) in lanes.items()} if lanes else {args.partition: bus}
         prompts = {n: NatsPromptStore(b.nc, n, ttl_s=args.prompt_ttl_s, replicas=b.settings.replicas)
                    for n, b in buses.items()}
-    gw = Gateway(bus, NatsTokens(bus.nc, args.partition), cfg, lanes=lanes, prompts=prompts, model=model)
+    gw = Gateway(bus, TokenMux(bus.nc, args.partition), cfg, lanes=lanes, prompts=prompts, model=model)
     runner = web.AppRunner(gw.make_app())
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
@@ -199,7 +208,17 @@ async def serve(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    log.info("gateway_stopping")
+    log.info("gateway_stopping", in_flight=gw.in_flight)
+    # the requests in flight get a grace period, then end with a clean error
+    deadline = loop.time() + max(0.0, args.shutdown_grace_s)
+    while gw.in_flight and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    failed = gw.fail_in_flight("the gateway is shutting down; send the request again")
+    if failed:  # their relays write the error (503 / an error event in the stream) and end
+        log.warning("requests_failed_at_stop", requests=failed)
+        end = loop.time() + 2.0
+        while gw.in_flight and loop.time() < end:
+            await asyncio.sleep(0.02)
     await runner.cleanup()
     for b in extra:
         await b.close()

@@ -341,6 +341,16 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
                502: "api_error", 503: "overloaded_error", 504: "api_error", 529: "overloaded_error"}
 
 
+def context_error(context: int, prompt: int, max_tokens: int | None) -> ApiError:
+    """Anthropic's context-limit errors (its API's wording), a 400 ``invalid_request_error``."""
+    if not max_tokens or prompt >= context:
+        return ApiError(400, f"prompt is too long: {prompt} tokens > {context - 1} maximum", "messages",
+                        code="context_length_exceeded")
+    return ApiError(400, f"input length and `max_tokens` exceed context limit: {prompt} + {max_tokens} > {context}, "
+                         "decrease input length or `max_tokens` and try again", "messages",
+                    code="context_length_exceeded")
+
+
 def error_body(exc: ApiError) -> dict:
     kind = ERROR_TYPES.get(exc.status, "invalid_request_error" if exc.status < 500 else "api_error")
     return {"type": "error", "error": {"type": kind, "message": exc.message}}

@@ -17,8 +17,9 @@ from services.adapters.logging import get_logger
 from services.drivers.gateway import anthropic_api
 from services.drivers.gateway.api import ApiError
 from services.drivers.gateway.guard import STREAMING
-from services.drivers.gateway.meta import Meta, next_token
+from services.drivers.gateway.meta import Meta, engine_failure, next_token
 from services.drivers.gateway.metrics import GatewayMetrics
+from services.drivers.gateway.openai_relay import SseResponse
 
 log = get_logger("gateway")
 
@@ -31,8 +32,7 @@ async def pieces(tsub, meta: Meta, timeout_s: float, metrics: GatewayMetrics):
     while True:
         m = await next_token(tsub, meta, timeout_s)
         if m.kind == "error":
-            raise ApiError(502, f"the engine failed request {meta.request!r}: {m.error}", None,
-                           "engine_error", code="engine_error")
+            raise engine_failure(meta, m)
         got += m.tokens
         if m.kind == "done":
             total = max(got, m.total)
@@ -76,8 +76,8 @@ async def stream(req: web.Request, tsub, meta: Meta, before_done, *,
         await relay.aclose()
         raise
     reply = make_reply(meta, simulated)
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                       **messages_headers(meta)})
+    resp = SseResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                **messages_headers(meta)})
     req[STREAMING] = True  # from here on, errors are events inside the stream
     await resp.prepare(req)
     try:
@@ -88,15 +88,15 @@ async def stream(req: web.Request, tsub, meta: Meta, before_done, *,
                 await resp.write(reply.delta(text))
         except ApiError as exc:
             metrics.inc("ei_gateway_errors_total", status=str(exc.status), code=exc.code)
-            await resp.write(anthropic_api.error_event(exc))
+            tail = anthropic_api.error_event(exc)
         else:
-            await resp.write(reply.end(*end))
-            await before_done()
-            await resp.write(reply.stop())
+            tail = reply.end(*end)
+            await before_done()  # BranchEnded before the client sees message_stop
+            tail += reply.stop()
+        await resp.write_eof(tail)  # the last events and the end of the response: one write
     except (ConnectionResetError, asyncio.CancelledError):
         log.info("client_gone", request=meta.request)
         raise
     finally:
         await relay.aclose()
-    await resp.write_eof()
     return resp

@@ -43,6 +43,7 @@ import json
 import uuid
 from collections.abc import Callable
 
+import msgspec
 from aiohttp import web
 
 from events.catalog import Event, RouteDecided
@@ -79,6 +80,7 @@ from services.drivers.gateway.meta import Meta
 from services.drivers.gateway.metrics import CONTENT_TYPE, GatewayMetrics, RequestObserver
 from services.drivers.gateway.model import PromptModel, load_model
 from services.drivers.gateway.routewatch import RouteWatcher
+from services.drivers.gateway.streamwatch import FailWatcher, rebuild
 from services.drivers.gateway.tokenizer import TemplateError
 
 log = get_logger("gateway")
@@ -87,8 +89,8 @@ GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway")
 
 
 class Gateway:
-    """The HTTP app's state. ``bus``: NatsBus or InMemoryBus; ``tokens``: NatsTokens or
-    MemoryTokens; ``clock`` gives event timestamps (seconds)."""
+    """The HTTP app's state. ``bus``: NatsBus or InMemoryBus; ``tokens``: tokenmux.TokenMux,
+    NatsTokens or MemoryTokens; ``clock`` gives event timestamps (seconds)."""
 
     def __init__(self, bus: Bus, tokens, config: GatewayConfig | None = None,
                  clock: Callable[[], float] | None = None, lanes: dict[str, tuple[Bus, object]] | None = None,
@@ -114,6 +116,9 @@ class Gateway:
         self.guard = Guard(self.keys, self.cfg.max_body_bytes, self.metrics)
         self.watchers = {p: RouteWatcher(b, p) for p, (b, _) in self.lanes.items()}
         self.watcher = self.watchers[self.partitions[0]]
+        # requests the stream says failed (RequestFinished with an error) end here too (streamwatch)
+        self.failures = {p: FailWatcher(b, p) for p, (b, _) in self.lanes.items()}
+        self.rebuilt = 0  # harness events folded into the branch table at start (a restart)
         self.instance = uuid.uuid4().hex[:8]
         self._ids = itertools.count(1)
         self._openapi: bytes | None = None  # GET /openapi.json, built on first use
@@ -138,8 +143,14 @@ class Gateway:
         return app
 
     async def _on_startup(self, _app) -> None:
+        for _, tokens in self.lanes.values():
+            if hasattr(tokens, "start"):  # tokenmux.TokenMux: one subscription per partition
+                await tokens.start()
+        await self._rebuild()
         for w in self.watchers.values():
             await w.start()
+        for f in self.failures.values():
+            await f.start()
         if self.table.ttl_s is not None:
             self._expiry_task = asyncio.create_task(self._expiry_loop(), name="branch-expiry")
         log.info("gateway_ready", partition=",".join(self.partitions), tokenizer=self.tokenizer_note,
@@ -153,6 +164,36 @@ class Gateway:
                 await self._expiry_task
         for w in self.watchers.values():
             await w.stop()
+        for f in self.failures.values():
+            await f.stop()
+        for _, tokens in self.lanes.values():
+            if hasattr(tokens, "stop"):
+                await tokens.stop()
+
+    def fail_in_flight(self, error: str) -> int:
+        """End every request in flight with a 503 / an error event naming ``error`` (a stopping
+        gateway, after its grace period); how many."""
+        return sum(f.fail_all(error) for f in self.failures.values())
+
+    async def _rebuild(self) -> None:
+        """The branch table from the stream (a restarted gateway: streamwatch.rebuild); the dead
+        instance's one-request branches end (``BranchEnded(reason="gateway_restart")``)."""
+        for part, (bus, _) in self.lanes.items():
+            self.rebuilt += await rebuild(bus, self.table)
+        orphans = self.table.orphans("gw-", self.instance)
+        now = self.clock()
+        for b in orphans:
+            st = self.table.open[b]
+            part = (self.partitions[0] if len(self.partitions) == 1
+                    else self.partitions[session_index(st.session, len(self.partitions))])
+            ended = self.table.end(b, now)
+            if ended is not None:
+                self.metrics.inc("ei_gateway_branches_ended_total")
+                with contextlib.suppress(ApiError):  # logged; the branch is gone from the table either way
+                    await self._publish([msgspec.structs.replace(ended, reason="gateway_restart")], part)
+        if self.rebuilt:
+            log.info("branches_rebuilt", events=self.rebuilt, open=len(self.table.open),
+                     ended=len(self.table.ended), orphans_ended=len(orphans))
 
     # ---------------------------------------------------------------- idle expiry
     async def _expire(self, now: float) -> None:
@@ -285,8 +326,10 @@ class Gateway:
     async def _publish(self, events: list[Event], partition: str | None = None) -> None:
         bus = self.bus if partition is None else self.lanes[partition][0]
         try:
-            for e in events:
-                await bus.publish(e)
+            if len(events) == 1:
+                await bus.publish(events[0])
+            else:  # pipelined, in order: one round trip for BranchOpened + RequestSubmitted
+                await bus.publish_many(events)
         except Exception as exc:  # noqa: BLE001 - any bus failure is a 503 to the client
             log.error("publish_failed", error=str(exc))
             raise ApiError(503, f"the event bus is unavailable: {exc}", None, "service_unavailable",
@@ -351,7 +394,12 @@ class Gateway:
             sig = parse_branch_headers(req.headers)
         except HeaderError as exc:
             raise ApiError(400, exc.message, exc.field, code="invalid_header") from None
-        max_tokens = self._max_tokens(r, len(ids), chat)
+        try:
+            max_tokens = self._max_tokens(r, len(ids), chat)
+        except ApiError as exc:
+            if anthropic is not None and exc.code == "context_length_exceeded":  # Anthropic's wording
+                raise anthropic_api.context_error(self.cfg.context_length, len(ids), requested_max_tokens(r)) from None
+            raise
         if max_tokens == 0:
             if sig.branch is None or not sig.end:
                 raise ApiError(400, "'max_tokens' must be >= 1 (0 is only allowed on a branch-end "
@@ -382,6 +430,8 @@ class Gateway:
         watcher, tokens = self.watchers[part], self.lanes[part][1]
         fut = watcher.expect(request_id)
         tsub = await tokens.subscribe(request_id)
+        fails = self.failures[part]
+        fails.watch(request_id, tsub, fut)
         self.in_flight += 1
         try:
             await self._store_prompt(part, request_id, ids)
@@ -416,6 +466,7 @@ class Gateway:
         finally:
             self.in_flight -= 1
             watcher.forget(request_id)
+            fails.forget(request_id)
             await tsub.close()
             await self._end_after(adm.end_after, branch)  # also after a failure; no-op if done
 

@@ -345,3 +345,58 @@ class BranchTable:
             out.append(Expiry(branch, st.session, BranchEnded(ts=now, src=self.src, branch=BranchId(st.eid),
                                                               reason="idle")))
         return out
+
+    # ------------------------------------------------------------ rebuilt from the stream
+    def _header_id(self, eid: str) -> str:
+        """The header id of the event id ``eid``: ``x`` for ``x~N`` when ``x`` expired N-1 times
+        (its N-th generation), else ``eid`` itself (an id that merely contains ``~``)."""
+        base, sep, n = eid.rpartition("~")
+        if sep and n.isdigit() and int(n) >= 2 and self.expired.get(base, 0) == int(n) - 1:
+            return base
+        return eid
+
+    def fold(self, ev: Event) -> None:
+        """Apply one harness event of the partition's stream, in stream order: a restarted
+        gateway rebuilds its table from ``ei.<p>.agent.>`` (``BranchOpened``, ``ContextCompacted``,
+        ``RequestSubmitted``, ``BranchEnded``), so a branch's next request continues its version
+        and prefix (no second ``BranchOpened``, no spurious compaction) and an ended branch stays
+        ended. Whichever gateway published them; other events are ignored."""
+        if isinstance(ev, BranchOpened):
+            hid = self._header_id(ev.branch)
+            self.ended.pop(hid, None)
+            self.open[hid] = _Branch(session=ev.session or hid, eid=ev.branch, last_ts=ev.ts)
+            self.open.move_to_end(hid)
+            return
+        if not isinstance(ev, RequestSubmitted | ContextCompacted | BranchEnded):
+            return
+        hid = self._header_id(ev.branch)
+        st = self.open.get(hid)
+        if st is None or st.eid != ev.branch:
+            if isinstance(ev, BranchEnded):
+                return
+            # its BranchOpened is gone (stream limits): the branch is known from its requests
+            st = self.open[hid] = _Branch(session=hid, eid=ev.branch, last_ts=ev.ts)
+        if isinstance(ev, BranchEnded):
+            del self.open[hid]
+            if ev.reason == "idle":
+                self.expired[hid] = self.expired.pop(hid, 0) + 1
+                while len(self.expired) > self.max_ended:
+                    self.expired.popitem(last=False)
+            else:
+                self.ended[hid] = None
+                while len(self.ended) > self.max_ended:
+                    self.ended.popitem(last=False)
+        elif isinstance(ev, ContextCompacted):
+            st.version = max(st.version, ev.version)
+        else:
+            st.version = max(st.version, ev.version)
+            st.blocks = list(ev.blocks)
+            st.requests += 1
+            st.last_ts = max(st.last_ts, ev.ts)
+            self.open.move_to_end(hid)
+
+    def orphans(self, prefix: str, instance: str) -> list[str]:
+        """Open one-request branches (``<prefix><instance>-<n>``, no branch headers) of another
+        gateway instance: no request can name them again, so a restarted gateway ends them."""
+        own = f"{prefix}{instance}-"
+        return [b for b in self.open if b.startswith(prefix) and not b.startswith(own)]

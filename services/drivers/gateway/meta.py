@@ -16,6 +16,26 @@ from services.drivers.gateway.metrics import RequestObserver
 
 SIM_NOTE = "simulated engine: the text is 'tok ' per generated token, not model output"
 
+#: ``TokenMsg.finish_reason`` of an error the gateway made from the stream's ``RequestFinished``
+#: (streamwatch.FailWatcher): answered 503 ``request_failed`` instead of the engine's own 502
+STREAM_FAILURE = "stream_failure"
+
+
+def failure_error(request: str, node: str, error: str) -> ApiError:
+    """The control plane failed the request (e.g. its decode node was removed), or the gateway
+    is stopping (``node`` empty): 503."""
+    where = f" on node {node!r}" if node else ""
+    return ApiError(503, f"request {request!r} failed{where}: {error}", None, "service_unavailable",
+                    code="request_failed")
+
+
+def engine_failure(meta: Meta, m: TokenMsg) -> ApiError:
+    """The error of an ``error`` token message: the stream's failure (503) or the engine's (502)."""
+    if m.finish_reason == STREAM_FAILURE:
+        return failure_error(meta.request, m.node, m.error)
+    return ApiError(502, f"the engine failed request {meta.request!r}: {m.error}", None, "engine_error",
+                    code="engine_error")
+
 
 @dataclass
 class Meta:

@@ -47,6 +47,10 @@ class PromptModel:
     template: object  # chat_template.SimpleTemplate | chat_template.JinjaTemplate (render(...))
     note: str  # one line for logs and /health
     bos_id: int | None = None  # prepended to a /v1/completions text prompt when the model asks for it
+    # the model's context length in tokens (GGUF ``<arch>.context_length``, config.json's
+    # ``max_position_embeddings``) and where it was read; None: the model files do not say
+    context_length: int | None = None
+    context_from: str = ""
 
     def completion_ids(self, text: str) -> list[int]:
         ids = self.tokenizer.encode(text)
@@ -143,18 +147,19 @@ def _from_tokenizer_json(tok_path: Path, folder: Path, required_template: bool) 
     if not source and jinja_file.is_file():
         source, where = jinja_file.read_text(), str(jinja_file)
     hf = HfTokenizer(tok, f"hf:{tok_path.name}")
+    ctx = _folder_context(folder, cfg)
     bos = _token_text(cfg.get("bos_token"))
     bos_id = tok.token_to_id(bos) if bos and cfg.get("add_bos_token") else None
     if not source:
         if required_template:
             raise ModelError(f"--tokenizer {folder}: no chat template (tokenizer_config.json or chat_template.jinja)")
         return PromptModel(hf, SimpleTemplate(), f"tokenizers: {tok_path} (no chat template beside it: "
-                                                 "the simple template)", bos_id)
+                                                 "the simple template)", bos_id, *ctx)
     try:
         tpl = JinjaTemplate(source, bos_token=bos, eos_token=_token_text(cfg.get("eos_token")), where=where)
     except ValueError as exc:
         raise ModelError(f"--tokenizer {exc}") from None
-    return PromptModel(hf, tpl, f"tokenizers: {tok_path}, chat template from {where}", bos_id)
+    return PromptModel(hf, tpl, f"tokenizers: {tok_path}, chat template from {where}", bos_id, *ctx)
 
 
 def gguf_tokenizer(meta: dict, where: str):
@@ -173,7 +178,7 @@ def gguf_tokenizer(meta: dict, where: str):
         raise ModelError(f"--tokenizer {where}: tokenizer.ggml.model {kind!r} is not built from GGUF metadata here "
                          "(byte-level BPE 'gpt2' only): give the model's tokenizer.json instead")
     tokens = meta.get("tokenizer.ggml.tokens")
-    merges = meta.get("tokenizer.ggml.merges")
+    merges = meta.get("tokenizer.ggml.merges", [])  # none: a byte-level vocabulary without merges
     if not isinstance(tokens, list) or not isinstance(merges, list):
         raise ModelError(f"--tokenizer {where}: no tokenizer.ggml.tokens / tokenizer.ggml.merges in its metadata")
     vocab = {t: i for i, t in enumerate(tokens)}
@@ -223,12 +228,42 @@ def _from_gguf(p: Path) -> PromptModel:
 
     (bos, bos_i), (eos, _) = special("bos"), special("eos")
     bos_id = bos_i if meta.get("tokenizer.ggml.add_bos_token") else None
+    key = f"{meta.get('general.architecture')}.context_length"
+    ctx = (_positive(meta.get(key)), f"{p.name} {key}") if _positive(meta.get(key)) else (None, "")
     source = meta.get("tokenizer.chat_template")
     if not isinstance(source, str) or not source:
         return PromptModel(hf, SimpleTemplate(), f"gguf: {p} (no tokenizer.chat_template: the simple template)",
-                           bos_id)
+                           bos_id, *ctx)
     try:
         tpl = JinjaTemplate(source, bos_token=bos, eos_token=eos, where=f"{p} tokenizer.chat_template")
     except ValueError as exc:
         raise ModelError(f"--tokenizer {exc}") from None
-    return PromptModel(hf, tpl, f"gguf: {p} ({len(tokens)} tokens, chat template from its metadata)", bos_id)
+    return PromptModel(hf, tpl, f"gguf: {p} ({len(tokens)} tokens, chat template from its metadata)", bos_id, *ctx)
+
+
+def _positive(v) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+#: config.json keys that hold a model's context length, in the order they are looked for
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def _folder_context(folder: Path, tok_cfg: dict) -> tuple[int | None, str]:
+    """The context length a Hugging Face model folder declares: ``config.json`` (its
+    ``text_config`` too), else ``tokenizer_config.json``'s ``model_max_length`` when it is a
+    real bound (transformers writes 1e30 for "unset")."""
+    path = folder / "config.json"
+    if path.is_file():
+        try:
+            c = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ModelError(f"--tokenizer {path}: {exc}") from None
+        for d in (c, c.get("text_config") if isinstance(c.get("text_config"), dict) else {}):
+            for k in CONTEXT_KEYS:
+                if _positive(d.get(k)):
+                    return d[k], f"{path.name} {k}"
+    m = tok_cfg.get("model_max_length")
+    if _positive(m) and m < 10_000_000:
+        return m, "tokenizer_config.json model_max_length"
+    return None, ""

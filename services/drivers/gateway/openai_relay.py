@@ -8,15 +8,15 @@ call ``before_done`` (the branch's end) before the client sees the end of the re
 from __future__ import annotations
 
 import asyncio
-import json
 
+import msgspec
 from aiohttp import web
 
 from events.wire import sim_text
 from services.adapters.logging import get_logger
 from services.drivers.gateway.api import ApiError
 from services.drivers.gateway.guard import STREAMING
-from services.drivers.gateway.meta import Meta, next_token
+from services.drivers.gateway.meta import Meta, engine_failure, next_token
 from services.drivers.gateway.metrics import GatewayMetrics
 
 log = get_logger("gateway")
@@ -30,7 +30,7 @@ async def collect(tsub, meta: Meta, before_done, *,
         m = await next_token(tsub, meta, timeout_s)
         simulated |= m.simulated
         if m.kind == "error":
-            raise ApiError(502, f"the engine failed request {meta.request!r}: {m.error}", None, "engine_error")
+            raise engine_failure(meta, m)
         parts.append(m.text)
         got += m.tokens
         if m.kind == "done":
@@ -47,12 +47,11 @@ async def stream(req: web.Request, tsub, meta: Meta, include_usage: bool, before
                   timeout_s: float, metrics: GatewayMetrics) -> web.StreamResponse:
     m = await next_token(tsub, meta, timeout_s)  # errors before the first byte are plain JSON errors
     if m.kind == "error":
-        raise ApiError(502, f"the engine failed request {meta.request!r}: {m.error}", None, "engine_error")
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                       **meta.headers()})
+        raise engine_failure(meta, m)
+    resp = SseResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **meta.headers()})
     req[STREAMING] = True  # from here on, errors are events inside the stream
-    await resp.prepare(req)
-    got, first = 0, True
+    await resp.prepare(req)  # the headers go out with the first chunk (one write)
+    got, first, tail = 0, True, b""
     try:
         while True:
             if m.kind in ("first", "chunk"):
@@ -64,30 +63,38 @@ async def stream(req: web.Request, tsub, meta: Meta, include_usage: bool, before
                 total = max(got, m.total)
                 metrics.inc("ei_gateway_output_tokens_total", total)
                 text = m.text + (sim_text(total - got) if total > got and m.simulated else "")
-                await resp.write(sse(meta.chunk(text, m.finish_reason or "length", first, m.simulated)))
+                tail = sse(meta.chunk(text, m.finish_reason or "length", first, m.simulated))
                 if include_usage:
-                    await resp.write(sse(meta.usage_chunk(total)))
+                    tail += sse(meta.usage_chunk(total))
                 break
             elif m.kind == "error":
-                err = ApiError(502, f"the engine failed request {meta.request!r}: {m.error}", None,
-                               "engine_error", code="engine_error")
-                await resp.write(sse(err.body()))
-                metrics.inc("ei_gateway_errors_total", status="502", code=err.code)
+                err = engine_failure(meta, m)
+                tail = sse(err.body())
+                metrics.inc("ei_gateway_errors_total", status=str(err.status), code=err.code)
                 break
             try:
                 m = await next_token(tsub, meta, timeout_s)
             except ApiError as exc:
                 metrics.inc("ei_gateway_errors_total", status=str(exc.status), code=exc.code)
-                await resp.write(sse(exc.body()))
+                tail = sse(exc.body())
                 break
-        await before_done()
-        await resp.write(b"data: [DONE]\n\n")
+        await before_done()  # BranchEnded before the client sees the end
+        await resp.write_eof(tail + b"data: [DONE]\n\n")  # the last chunk, [DONE] and the end: one write
     except (ConnectionResetError, asyncio.CancelledError):
         log.info("client_gone", request=meta.request)
         raise
-    await resp.write_eof()
     return resp
 
 
+class SseResponse(web.StreamResponse):
+    """A streamed response whose headers are written with its first chunk, not on their own
+    (aiohttp's ``Response`` does the same): one socket write less before the first token."""
+
+    _send_headers_immediately = False
+
+
 def sse(obj: dict) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + _json(obj) + b"\n\n"
+
+
+_json = msgspec.json.Encoder().encode
