@@ -46,6 +46,12 @@ from services.adapters.eventlog.views import create_views
 
 _READ_CHUNK = 4096
 
+#: WAL size at which a streaming writer (one opened with a ``memory_limit``: the recorder)
+#: checkpoints. DuckDB's default, 16 MiB, holds that much of the newest rows uncompressed in
+#: memory between checkpoints: the soak's recorder rose ~12 MB and fell every ~2.7 minutes at
+#: 20 req/s (docs/chaos.md, soak run 6); at 2 MB it checkpoints every ~20 s and holds ~1.5 MB.
+STREAM_CHECKPOINT_THRESHOLD = "2MB"
+
 #: Format 1: the events table (and its indexes); the recorder bench builds the same table.
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -66,10 +72,13 @@ class DuckDbEventLog:
     :mod:`services.adapters.eventlog.views`). One writer process at a time (DuckDB's file lock);
     ``read_only=True`` opens a finished run for queries and replay. ``format``: of a new file
     (default 2; ``"1"`` writes the previous format, the benchmarks' baseline); an existing file
-    keeps its own."""
+    keeps its own. ``memory_limit``: DuckDB's cap for a long-running writer; it also sets
+    ``checkpoint_threshold`` (default :data:`STREAM_CHECKPOINT_THRESHOLD`), so the rows not yet
+    checkpointed stay few."""
 
     def __init__(self, path: str | os.PathLike, read_only: bool = False, *, sandbox: bool = False,
-                 format: str = FORMAT, memory_limit: str | None = None) -> None:
+                 format: str = FORMAT, memory_limit: str | None = None,
+                 checkpoint_threshold: str | None = None) -> None:
         if format not in FORMATS:
             raise ValueError(f"event log format {format!r}: this version writes {', '.join(FORMATS)}")
         self.path = os.fspath(path)
@@ -84,7 +93,13 @@ class DuckDbEventLog:
         else:
             # memory_limit caps DuckDB's buffer pool, which otherwise keeps written data cached
             # up to 80% of RAM: a long-running recorder's RSS then grows with the log
-            self.con = duckdb.connect(self.path, config={"memory_limit": memory_limit} if memory_limit else {})
+            config = {}
+            if memory_limit:
+                config = {"memory_limit": memory_limit,
+                          "checkpoint_threshold": checkpoint_threshold or STREAM_CHECKPOINT_THRESHOLD}
+            elif checkpoint_threshold:
+                config = {"checkpoint_threshold": checkpoint_threshold}
+            self.con = duckdb.connect(self.path, config=config)
         # one connection, used from the event loop and from worker threads (run_recorder
         # appends in one): a transaction must not interleave with another thread's statements
         self._lock = threading.RLock()

@@ -32,6 +32,7 @@ answered with :class:`events.AnomalyReported`; it never raises and never makes a
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Self
@@ -153,7 +154,12 @@ class DirectoryCore:
 
     name = "directory"
 
-    def __init__(self) -> None:
+    #: Ended branches remembered (oldest forgotten first), as the gateway's branch table does.
+    MAX_ENDED = 100_000
+
+    def __init__(self, max_ended: int = MAX_ENDED) -> None:
+        assert max_ended >= 0, "max_ended counts branches"
+        self._max_ended = max_ended
         self._t = BlockTable()
         # the last lookup's (blocks list, slots, table gen): the RequestSubmitted that carries
         # the same list object reuses its slots instead of probing the table again
@@ -164,7 +170,12 @@ class DirectoryCore:
         self._live: tuple[int, LiveNodes] | None = None
         self._node_idx: dict[str, int] = {}
         self._branches: dict[str, _Branch] = {}
+        # ended branch ids (a late KV report of one is quiet, a request or a reopening is an
+        # anomaly), at most max_ended: the oldest end is forgotten first (an unknown branch
+        # again). ``_end_order`` keeps the order and travels in the snapshot, so a restored core
+        # forgets the same ids as one that folded the whole history.
         self._ended: set[str] = set()
+        self._end_order: deque[str] = deque()
         self._requests: dict[str, _Request] = {}
         self._anomalies: dict[str, int] = {}
         self._out: list[Event] = []
@@ -312,14 +323,15 @@ class DirectoryCore:
 
     # ------------------------------------------------------------------------- snapshot
     def snapshot(self) -> bytes:
-        """Whole state as msgpack; byte-identical for identical histories (everything sorted)."""
+        """Whole state as msgpack; byte-identical for identical histories (everything sorted,
+        but the ended branches: in the order they ended, which the bound forgets by)."""
         snap = _Snapshot(
             version=SNAPSHOT_VERSION,
             nodes=[_NodeSnap(n.id, n.role, n.alive, sorted(self.copies(n.id, "L1").items()),
                              sorted(self.copies(n.id, "L2").items())) for n in self._nodes],
             branches=[_BranchSnap(b.id, b.parent, b.mode, b.version, list(b.ctx), sorted(b.excluded),
                                   list(b.holders)) for _, b in sorted(self._branches.items())],
-            ended=sorted(self._ended),
+            ended=list(self._end_order),  # in end order (what the bound forgets first)
             requests=[_RequestSnap(r.id, r.branch, list(r.blocks), list(r.nodes), sorted(r.pins))
                       for _, r in sorted(self._requests.items())],
             anomalies=sorted(self._anomalies.items()),
@@ -327,11 +339,11 @@ class DirectoryCore:
         return _ENC.encode(snap)
 
     @classmethod
-    def from_snapshot(cls, data: bytes) -> Self:
+    def from_snapshot(cls, data: bytes, max_ended: int = MAX_ENDED) -> Self:
         snap = _DEC.decode(data)
         if snap.version != SNAPSHOT_VERSION:
             raise ValueError(f"directory snapshot version {snap.version}, expected {SNAPSHOT_VERSION}")
-        core = cls()
+        core = cls(max_ended)
         for ns in snap.nodes:
             n = core._add_node(ns.id, ns.role)
             n.alive = ns.alive
@@ -348,7 +360,9 @@ class DirectoryCore:
             for h in sorted(set(bs.holders) - {-1}):
                 core._t.add_refs(h, core._branch_slots(b), +1)
             b.holders = bs.holders
-        core._ended = set(snap.ended)
+        core._end_order = deque(dict.fromkeys(snap.ended))  # (before the bound: sorted, one each)
+        core._ended = set(core._end_order)
+        core._trim_ended()
         for rs in snap.requests:
             r = _Request(rs.id, rs.branch, rs.blocks)
             r.nodes, r.pins = rs.nodes, set(rs.pins)
@@ -591,6 +605,12 @@ class DirectoryCore:
             self._set_holder(b, ph, -1)
         del self._branches[ev.branch]
         self._ended.add(ev.branch)
+        self._end_order.append(ev.branch)
+        self._trim_ended()
+
+    def _trim_ended(self) -> None:
+        while len(self._end_order) > self._max_ended:
+            self._ended.discard(self._end_order.popleft())
 
     # ------------------------------------------------------------------------- requests
     def _request(self, event: Event, request: str | None) -> _Request | None:

@@ -20,6 +20,7 @@ import math
 from typing import ClassVar
 
 import msgspec
+import numpy as np
 
 from events.catalog import (
     BranchEnded,
@@ -50,6 +51,7 @@ from services.cores.costmodel import (
     fit_decode,
     fit_prefill,
 )
+from services.cores.planner.samples import Samples, packed_msgpack, width_of
 from services.cores.planner.window import SliceStats
 
 #: The planners' snapshot encoder (sorted keys, so equal histories give equal bytes).
@@ -127,7 +129,8 @@ class PlannerState(msgspec.Struct, kw_only=True):
     last_switch_at: float | None = None
     next_window_k: int | None = None  # slice index at which the current window ends
     nodes: dict[str, NodeInfo] = {}
-    samples: dict[str, list[list[float]]] = {}  # "node|phase" -> rows
+    # "node|phase" -> rows; in the snapshot only (a live core packs them: PlannerBase._samples)
+    samples: dict[str, list[list[float]]] = {}
     fits: dict[str, FitState] = {}  # "node|phase" and "*|phase" (pool)
     slices: dict[int, SliceStats] = {}
     extra: dict[str, float] = {}  # planner-specific scalars
@@ -156,10 +159,15 @@ class PlannerBase:
         assert self.cfg.slices >= 2 and self.cfg.window_s > 0, "a window needs at least two slices"
         self.name = self.cfg.name
         self.st = PlannerState()
+        # warm-up fitting samples, "node|phase" -> its rows packed in a float64 array: up to
+        # max_samples rows per key; a row as a list of Python floats costs ~130-185 bytes (the
+        # warm-up store is the planner's largest state), packed 24-32
+        self._samples: dict[str, Samples] = {}
 
     # ------------------------------------------------------------------ snapshot
     def snapshot(self) -> bytes:
-        state = msgspec.structs.replace(self.st, slices={})
+        samples = {k: msgspec.Raw(packed_msgpack(rows)) for k, rows in self._samples.items()}
+        state = msgspec.structs.replace(self.st, slices={}, samples=samples)
         slices = sorted(self.st.slices.items())
         return SNAPSHOT_ENCODER.encode(_Snapshot(type(self).__name__, SNAPSHOT_ENCODER.encode(self.cfg), state, slices))
 
@@ -170,6 +178,8 @@ class PlannerBase:
         self = cls(**msgspec.to_builtins(msgspec.msgpack.decode(snap.config)))
         self.st = snap.state
         self.st.slices = dict(snap.slices)
+        self._samples = {k: Samples.of(rows, width_of(k)) for k, rows in self.st.samples.items()}
+        self.st.samples = {}
         return self
 
     # ------------------------------------------------------------------ folding
@@ -261,10 +271,13 @@ class PlannerBase:
         row = self._prefill_sample(ev) if ev.phase == "prefill" else self._decode_sample(ev)
         if row is None or self.st.frozen:
             return
-        rows = self.st.samples.setdefault(f"{ev.node}|{ev.phase}", [])
+        key = f"{ev.node}|{ev.phase}"
+        rows = self._samples.get(key)
+        if rows is None:
+            rows = self._samples[key] = Samples(len(row))
         rows.append(row)
-        if len(rows) > self.cfg.max_samples:
-            del rows[::2]
+        if rows.n > self.cfg.max_samples:
+            rows.thin()
 
     def _prefill_sample(self, ev: IterationDone) -> list[float] | None:
         if ev.sum_t_uc <= 0 and ev.sum_A <= 0 and ev.sum_t_rst <= 0:
@@ -289,11 +302,11 @@ class PlannerBase:
     # ------------------------------------------------------------------ fitting
     def _fit_all(self) -> list[Event]:
         out: list[Event] = []
-        pool: dict[str, list[list[float]]] = {"prefill": [], "decode": []}
-        for key in sorted(self.st.samples):
+        pool: dict[str, list[np.ndarray]] = {"prefill": [], "decode": []}
+        for key in sorted(self._samples):
             node, phase = key.split("|")
-            rows = self.st.samples[key]
-            pool[phase].extend(rows)
+            rows = self._samples[key].view()
+            pool[phase].append(rows)
             fit = self._fit(phase, rows)
             prev = self.st.fits.get(key)
             self.st.fits[key] = FitState(
@@ -311,7 +324,8 @@ class PlannerBase:
                         mape=fit.mape,
                     )
                 )
-        for phase, rows in pool.items():
+        for phase, parts in pool.items():
+            rows = np.concatenate(parts) if parts else []
             stride = max(1, len(rows) // (4 * self.cfg.max_samples))  # bound the pooled fit's size
             fit = self._fit(phase, rows[::stride])
             self.st.fits[f"*|{phase}"] = FitState(
@@ -366,6 +380,7 @@ class PlannerBase:
             return out
         st.frozen = True
         st.samples = {}
+        self._samples = {}
         k_end = math.floor(ts / cfg.slice_s)
         out += self._on_warmup_end(ts, k_end)
         self._close_window(k_end)
