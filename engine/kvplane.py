@@ -17,7 +17,11 @@ block) and carries out every KV fact of the node with real transfers:
 
 Bytes never change decisions: the node model emits exactly the events it emits without bytes;
 the plane follows them, and a transfer that fails or a checksum that differs is counted and
-logged as an error (``failed``, ``unavailable``), never fed back into the model.
+logged as an error (``failed``, ``unavailable``). One thing goes back: a read whose checksums
+differ from the owner's is refused by the transfer layer (``TransferCorrupt``: a transfer cut
+mid-way), and ``on_refused(event, blocks)`` names the blocks of that ``KvFetched``/``KvMoved``
+that have no verified bytes here, so the worker can have its request recompute them
+(engine/worker/kvgate.py).
 
 Control messages (lease, release, push) go over a small TCP channel of the plane's own
 (``TcpExchange``: length-prefixed msgpack, one connection per peer), in-process over
@@ -39,7 +43,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from engine.kvbytes import KvBytes, checksums
-from engine.transfer.base import PoolDescriptor, TransferBackend, TransferError
+from engine.transfer.base import PoolDescriptor, TransferBackend, TransferCorrupt, TransferError
 from events.catalog import Event, KvEvicted, KvFetched, KvMoved, KvStored
 from kernels.layout import KvLayout, KvLayoutError
 from kernels.ops import copy_blocks
@@ -279,6 +283,9 @@ class KvDataPlane:
         self._lease_ids = itertools.count(1)
         self._tasks: set[asyncio.Task] = set()
         self._landed = asyncio.Event()
+        #: ``(event, blocks)`` once a transfer into this node ends: the blocks of the event's
+        #: that have no verified bytes here (refused, lost), ``[]`` when all landed (module doc)
+        self.on_landed: Callable[[Event, list[int]], None] | None = None
 
     # ------------------------------------------------------------------ life
     async def start(self) -> None:
@@ -322,9 +329,9 @@ class KvDataPlane:
             self.stats.evicted_blocks += len(event.blocks)
             self.tiers[event.tier].observe(event)
         elif t is KvFetched and event.dst_node == self.node:
-            self._spawn(self._fetch(event.src_node, event.blocks, ("L2", "L1")))
+            self._spawn(self._fetch(event.src_node, event.blocks, ("L2", "L1"), event=event))
         elif t is KvMoved and event.dst_node == self.node and event.src_node != self.node:
-            self._spawn(self._fetch(event.src_node, event.blocks, (event.dst_tier,), push=True))
+            self._spawn(self._fetch(event.src_node, event.blocks, (event.dst_tier,), push=True, event=event))
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -337,12 +344,15 @@ class KvDataPlane:
             self.stats.errors.append(f"{kind} {kw}")
 
     # ------------------------------------------------------------------ receiving
-    async def _fetch(self, src: str, blocks: Sequence[int], tiers: tuple[str, ...], push: bool = False) -> None:
+    async def _fetch(self, src: str, blocks: Sequence[int], tiers: tuple[str, ...], push: bool = False,
+                     event: Event | None = None) -> None:
         """Give ``blocks`` bytes in ``tiers`` (the first is filled from ``src``, the others by a
-        local copy from it). ``push``: the owner writes (P->D), else we read (peer fetch)."""
+        local copy from it). ``push``: the owner writes (P->D), else we read (peer fetch).
+        Then ``on_landed(event, blocks without verified bytes in the first tier)``."""
         first = self.tiers[tiers[0]]
         pairs = {t: self.tiers[t].expect(blocks) for t in tiers}
         if not any(pairs.values()):
+            self._report(event, [])
             return
         need = [b for b, _ in pairs[tiers[0]]]
         # blocks held only in a later tier: copy source is this node's own first tier
@@ -367,6 +377,15 @@ class KvDataPlane:
         finally:
             self.stats.transfer_s += time.perf_counter() - t0
             self._landed.set()
+            # also when the transfer failed or was cancelled: a job waiting for it goes on
+            self._report(event, [b for b, _ in pairs[tiers[0]] if not first.has_bytes(b)])
+
+    def _report(self, event: Event | None, missing: list[int]) -> None:
+        if event is not None and self.on_landed is not None:
+            try:
+                self.on_landed(event, missing)
+            except Exception as exc:  # noqa: BLE001 - the worker's reaction must not kill the transfer task
+                self._error("kv_landed_callback_failed", error=f"{type(exc).__name__}: {exc}")
 
     def _peer_ctl(self, src: str) -> tuple[str, str]:
         endpoint = self.peers.get(src)
@@ -400,12 +419,22 @@ class KvDataPlane:
                     rs, ls = groups.setdefault(where, ([], []))
                     rs.append(slot)
                     ls.append(dst_of[b])
+            sums = dict(zip(need, reply.checksums, strict=True))
+            slot_block = {dst_of[b]: b for b in need}
+            refused: set[int] = set()
             for where, (rs, ls) in groups.items():
                 desc = reply.pools[where]
                 self._check_pool(src, address, desc)
-                stats = await asyncio.to_thread(self.transfer.read_blocks, desc, rs, local, ls)
+                expect = [sums[slot_block[s]] for s in ls]
+                try:  # the transfer layer checks every block against the owner's checksum
+                    stats = await asyncio.to_thread(self.transfer.read_blocks, desc, rs, local, ls, expect)
+                except TransferCorrupt as exc:
+                    refused.update(slot_block[s] for s in exc.slots)
+                    self.stats.failed += len(exc.slots)
+                    self._error("kv_transfer_refused", src=src, blocks=len(exc.slots), error=str(exc))
+                    stats = None
                 self.stats.transfers += 1
-                self.stats.bytes_in += stats.nbytes
+                self.stats.bytes_in += stats.nbytes if stats is not None else 0
         except (TransferError, KvLayoutError) as exc:
             self.stats.unavailable += len(need)
             self._error("kv_fetch_failed", src=src, blocks=len(need), error=str(exc))
@@ -413,8 +442,8 @@ class KvDataPlane:
         finally:
             with contextlib.suppress(TransferError):
                 await self.exchange.request(ctl, Release(lease=reply.lease), self.cfg.timeout_s)
-        got = {b: c for b, w, c in zip(need, reply.where, reply.checksums, strict=True) if w}
-        self.stats.unavailable += len(need) - len(got)
+        got = {b: c for b, w, c in zip(need, reply.where, reply.checksums, strict=True) if w and b not in refused}
+        self.stats.unavailable += len(need) - len(got) - len(refused)
         self.stats.fetched_blocks += len(got)
         return got
 

@@ -6,13 +6,16 @@
 
 A node registers its host pool and publishes the returned ``PoolDescriptor`` (endpoint, base
 address, slot size, layout); a peer that has the descriptor reads blocks from that pool into
-its own slots (peer fetch) or writes its blocks into it (prefill -> decode transfer).
+its own slots (peer fetch) or writes its blocks into it (prefill -> decode transfer). Every
+block travels with its checksum and a receiver refuses one that differs (``TransferCorrupt``;
+``common.verify_landed``, which needs torch like the backends).
 """
 
 from engine.transfer.base import (
     PeerUnreachable,
     PoolDescriptor,
     TransferBackend,
+    TransferCorrupt,
     TransferError,
     TransferFailed,
     TransferStats,
@@ -25,6 +28,7 @@ __all__ = [
     "PeerUnreachable",
     "PoolDescriptor",
     "TransferBackend",
+    "TransferCorrupt",
     "TransferError",
     "TransferFailed",
     "TransferStats",

@@ -11,6 +11,15 @@ Life of a transfer (the same for every backend):
 4. ``unregister_pool(pool_id)`` withdraws one pool (peers' transfers to it then fail);
    ``close()`` unregisters everything and the backend is unusable afterwards.
 
+Checksums (BLAKE2b, 8 bytes per block, ``kernels.checksum.block_checksum``'s values): a read
+given ``expect`` (the owner's checksums of the blocks, in the order of ``remote_slots``)
+checksums what landed and raises ``TransferCorrupt`` when any block differs; a write with
+``checksums=True`` returns the checksums of the bytes it sent, for the receiver to check what
+landed with ``engine.transfer.verify_landed`` (a one-sided write cannot be checked by its sender).
+Either way a receiver refuses a transfer whose checksums do not match. ``cut_transfers = N``
+(a test and chaos hook on every backend) makes the next N transfers move only the first half of
+their bytes and report success, as a link cut mid-way that the transport did not notice.
+
 Bad input (unknown local pool, slot out of range, two layouts) raises ``KvLayoutError`` or
 ``TransferError`` before anything moves. Calls are synchronous: a worker hides them under queue
 wait by running them in a thread (``asyncio.to_thread``), as SGLang's transfer threads do.
@@ -43,6 +52,16 @@ class TransferFailed(TransferError):
     """The backend reported a failed transfer."""
 
 
+class TransferCorrupt(TransferFailed):
+    """The bytes that landed are not the sender's: their checksums differ (a transfer cut
+    mid-way, torn or misplaced). The receiver refuses them: the slots hold garbage, and the
+    blocks must be recomputed. ``slots`` are the receiving slots that differ."""
+
+    def __init__(self, message: str, slots: Sequence[int] = ()) -> None:
+        super().__init__(message)
+        self.slots = list(slots)
+
+
 class PoolDescriptor(msgspec.Struct, frozen=True, kw_only=True):
     """Where a registered pool lives, as peers need it (small enough for ``NodeRegistered``)."""
 
@@ -54,10 +73,13 @@ class PoolDescriptor(msgspec.Struct, frozen=True, kw_only=True):
     layout: str  # KvLayout.fingerprint(): both sides must agree
 
 
-class TransferStats(msgspec.Struct, frozen=True, kw_only=True):
+class TransferStats(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     nbytes: int
     blocks: int
     runs: int  # transfers issued after coalescing consecutive slots
+    #: per block, in the order of the slots asked: a verified read's landed checksums, a write's
+    #: checksums of the bytes sent (``checksums=True``); empty otherwise
+    checksums: list[int] = []
 
 
 @runtime_checkable
@@ -74,11 +96,13 @@ class TransferBackend(Protocol):
     def resolve(self, peer: PoolDescriptor) -> None: ...
 
     def read_blocks(
-        self, peer: PoolDescriptor, remote_slots: Sequence[int], local: BlockPool, local_slots: Sequence[int]
+        self, peer: PoolDescriptor, remote_slots: Sequence[int], local: BlockPool, local_slots: Sequence[int],
+        expect: Sequence[int] | None = None,
     ) -> TransferStats: ...
 
     def write_blocks(
-        self, local: BlockPool, local_slots: Sequence[int], peer: PoolDescriptor, remote_slots: Sequence[int]
+        self, local: BlockPool, local_slots: Sequence[int], peer: PoolDescriptor, remote_slots: Sequence[int],
+        checksums: bool = False,
     ) -> TransferStats: ...
 
     def close(self) -> None: ...

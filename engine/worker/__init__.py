@@ -48,7 +48,8 @@ the order of a request's life on this node)
    KV fact the node emits goes through the data plane before it is published: stores write
    bytes, a ``KvFetched`` reads the blocks from the peer's host pool, a ``KvMoved`` has the
    prefill node write them into this node's slots (Mooncake over TCP between processes), every
-   checksum verified. ``NodeRegistered.transfer_endpoint`` tells peers where; the counts are
+   checksum verified; a transfer whose checksums differ is refused and the request recomputes
+   those blocks (``kvgate``: a queued prefill waits for its fetched bytes). ``NodeRegistered.transfer_endpoint`` tells peers where; the counts are
    logged (``kv_bytes`` every 10 heartbeats, ``kv_bytes_summary`` at stop).
 8. ``--metrics-port P`` (0: a free port; -1, the default: off): ``/metrics`` and ``/healthz`` on
    ``--metrics-host`` (services/adapters/metrics.py's server), the node's gauges and counters
@@ -66,6 +67,6 @@ construction, ``main``; as the gateway's services/drivers/gateway/__main__.py), 
 (``EngineWorker``: its state, the backend's callbacks, start and stop), ``stream`` (folding the
 stream: routes, switches, decode admission, rejoin after a removal, snapshots), ``publish``
 (the retrying publisher and the heartbeats), ``prompts`` (``PromptFetch``: the jobs' token ids
-from the prompt store), ``host`` (``WallClockHost``, the scaled clock the
+from the prompt store), ``kvgate`` (``--kv-bytes``: refused transfers recomputed), ``host`` (``WallClockHost``, the scaled clock the
 backend runs on, and ``RemotePeer``).
 """

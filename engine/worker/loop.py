@@ -20,6 +20,7 @@ from engine.metrics import EngineMetrics
 from engine.profiles import Profile
 from engine.transfer import make_transfer
 from engine.worker.host import RemotePeer, WallClockHost
+from engine.worker.kvgate import KvGate
 from engine.worker.prompts import PromptFetch
 from engine.worker.publish import Publishing
 from engine.worker.stream import StreamFolding
@@ -74,6 +75,7 @@ class EngineWorker(StreamFolding, Publishing):
         self.snapshot_key = f"engine-{node}"
         self._out: asyncio.Queue = asyncio.Queue()
         self._decode_for: dict[str, str] = {}  # request -> prefill node, for requests we decode
+        self._prefill_at: dict[str, str] = {}  # request -> node its prefill started on (stream.py)
         self._queued_here: set[str] = set()
         self._head = 0
         self.applied_seq = 0  # last stream sequence folded into the view
@@ -89,6 +91,7 @@ class EngineWorker(StreamFolding, Publishing):
         self._boot = uuid.uuid4().hex[:12]  # message ids of this run: a restart never reuses one
         self._msg_seq = 0
         self.kv = None  # engine.kvplane.KvDataPlane with --kv-bytes
+        self.kvgate: KvGate | None = None  # with --kv-bytes on the sim backend
         # a backend that moves its own KV bytes (torch) gives the same hooks: endpoint, peers, summary
         self.kv = getattr(self.backend, "data_plane", None)
         self.metrics = EngineMetrics(node, self.backend.load, self._kv_blocks)
@@ -101,6 +104,9 @@ class EngineWorker(StreamFolding, Publishing):
             transfer = make_transfer(kv_bytes.transfer, node=node, host=kv_bytes.host, fabric=kv_bytes.fabric)
             self.kv = KvDataPlane(node, profile.block_tokens, profile.l1_capacity_tokens // profile.block_tokens,
                                   profile.l2_capacity_tokens // profile.block_tokens, kv_bytes, transfer)
+            # a job waits for its fetched bytes; refused ones are recomputed (engine/worker/kvgate.py)
+            self.kvgate = KvGate(self)
+            self.kv.on_landed = self.kvgate.landed
 
     # ------------------------------------------------------------------ view
     @property
@@ -119,6 +125,8 @@ class EngineWorker(StreamFolding, Publishing):
     def _on_emit(self, event: Event) -> None:
         if self.kv is not None:
             self.kv.observe(event)  # bytes follow the fact before peers learn of it
+            if self.kvgate is not None:
+                self.kvgate.emitted(event)
         t = type(event)
         if t is RequestStarted and event.phase == "prefill" and event.node == self.node_id:
             self._cached[event.request] = event.cached_tokens

@@ -15,6 +15,8 @@ from events.catalog import (
     NodeHeartbeat,
     NodeRegistered,
     NodeRemoved,
+    RequestFinished,
+    RequestStarted,
     RouteDecided,
     SwitchRole,
 )
@@ -24,6 +26,7 @@ from services.cores.contract import Sequenced
 from services.cores.worker_view import WorkerView
 
 log = get_logger("worker")
+_DONE = "\x00first-token"  # _prefill_at: the prefill ended (a FirstToken), wherever it ran
 
 
 class StreamFolding:
@@ -49,9 +52,10 @@ class StreamFolding:
             self._rejoin(event, held)
         self.applied_seq = max(self.applied_seq, seq)
         self._since_snap += 1
+        t = type(event)
+        self._prefill_facts(event, t)
         if seq <= self._head:
             return
-        t = type(event)
         if t is RouteDecided and not event.shadow:
             self._on_route(event)
         elif t is SwitchRole and event.node == self.node_id:
@@ -59,7 +63,7 @@ class StreamFolding:
             log.info("switch_ordered", node=self.node_id, to_role=event.to_role, mechanism=event.mechanism)
             self.backend.order_switch(event.to_role, event.mechanism)
         elif t is FirstToken and event.node != self.node_id and event.request in self._decode_for:
-            self._admit_decode(event.request)
+            self._admit_decode(event.request, event.node)
 
     def _rejoin(self, removed: NodeRemoved, held: dict[str, dict[int, float]]) -> None:
         """The stream says this node is gone (removed for silence while it was only late): register
@@ -87,10 +91,33 @@ class StreamFolding:
         if type(event) is NodeRegistered:
             self.kv.peer_registered(event.node, event.transfer_endpoint)
 
+    def _prefill_facts(self, event: Event, t: type) -> None:
+        """Where each request's prefill started and whether it ended (``FirstToken``), from the
+        stream: a re-route the router decided before it saw the prefill start elsewhere must not
+        run it twice (a worker's events reach the stream seconds late on a loaded machine: the
+        planner's switch of p0 re-routed six requests p0 had begun, p1 prefilled them again 30 s
+        later and their decode node took its KV from p1, which had none, in `evolving chaos
+        --engines`)."""
+        if t is RequestStarted and event.phase == "prefill":
+            self._prefill_at[event.request] = event.node
+        elif t is FirstToken:
+            self._prefill_at[event.request] = _DONE
+        elif t is RequestFinished:
+            self._prefill_at.pop(event.request, None)
+        elif t is NodeRemoved:  # a prefill running on a removed node never ends: re-routes then count
+            for rid in [r for r, n in self._prefill_at.items() if n == event.node]:
+                del self._prefill_at[rid]
+
+    def _runs_elsewhere(self, e: RouteDecided) -> bool:
+        at = self._prefill_at.get(e.request)
+        return e.reroute and at is not None and at != self.node_id and (
+            at == _DONE or at in self.directory.nodes())
+
     def _on_route(self, e: RouteDecided) -> None:
         rid = e.request
         if e.decode_node == self.node_id and e.prefill_node != self.node_id:
-            self._decode_for[rid] = e.prefill_node
+            if self._prefill_at.get(rid) != _DONE:  # after its first token only a rerun would admit it
+                self._decode_for[rid] = e.prefill_node
         else:
             self._decode_for.pop(rid, None)
         if rid in self._queued_here and e.prefill_node != self.node_id:
@@ -99,6 +126,11 @@ class StreamFolding:
                 self._queued_here.discard(rid)
             return
         if e.prefill_node != self.node_id:
+            return
+        if rid not in self._queued_here and self._runs_elsewhere(e):
+            log.info("reroute_ignored", node=self.node_id, request=rid,
+                     reason="its prefill started on a live node (or ended) before this re-route reached the stream",
+                     prefill_at=self._prefill_at[rid])
             return
         req = self.view.requests.get(rid)
         if req is None:
@@ -116,10 +148,12 @@ class StreamFolding:
         self._queued_here.add(rid)
         self.prompt_fetch.enqueue(job)  # with its token ids from the prompt store, if any (prompts.py)
 
-    def _admit_decode(self, rid: str) -> None:
+    def _admit_decode(self, rid: str, src: str) -> None:
+        """The first ``FirstToken`` of a request to decode here admits it, with its KV from the
+        node that sent that token (a re-route may have named another prefill node that never
+        ran it); a later one (a prefill run twice) is ignored."""
         req = self.view.requests.get(rid)
-        src = self._decode_for.get(rid)
-        if req is None or src is None:
+        if req is None or self._decode_for.pop(rid, None) is None:
             return
         now = self.host.catch_up()
         job = DecodeJob(request=rid, blocks=req.blocks, prompt_tokens=req.prompt_tokens,

@@ -20,9 +20,11 @@ from engine.transfer import (
     PeerUnreachable,
     PoolDescriptor,
     TransferBackend,
+    TransferCorrupt,
     TransferError,
     make_transfer,
 )
+from engine.transfer.common import verify_landed
 from engine.transfer.loopback import LoopbackFabric
 from engine.transfer.mooncake import mooncake_available
 from kernels.checksum import block_checksums
@@ -156,6 +158,62 @@ class TransferContract(abc.ABC):
 
     @abc.abstractmethod
     def dead_endpoint(self) -> str: ...
+
+    # ------------------------------------------------------------------ checksums (issue 26)
+    def test_a_read_given_the_owners_checksums_verifies_what_landed(self, nodes):
+        _, b, pa, pb, da, _ = nodes
+        want = block_checksums(pa, [3, 4, 9])
+        stats = b.read_blocks(da, [3, 4, 9], pb, [10, 11, 0], expect=want)
+        assert stats.checksums == want == block_checksums(pb, [10, 11, 0])
+
+    def test_a_read_cut_mid_way_is_refused_and_the_next_one_lands(self, nodes):
+        _, b, pa, pb, da, _ = nodes
+        want = block_checksums(pa, [0, 1, 2, 3])
+        b.cut_transfers = 1
+        with pytest.raises(TransferCorrupt, match="refused") as err:
+            b.read_blocks(da, [0, 1, 2, 3], pb, [4, 5, 6, 7], expect=want)
+        # the first half of the bytes arrived, the rest did not: the last two blocks differ
+        assert err.value.slots == [6, 7]
+        assert block_checksums(pb, [4, 5]) == want[:2]
+        assert b.read_blocks(da, [0, 1, 2, 3], pb, [4, 5, 6, 7], expect=want).checksums == want
+
+    def test_a_cut_falling_inside_a_block_is_refused(self, nodes):
+        _, b, pa, pb, da, _ = nodes
+        want = block_checksums(pa, [5, 6, 7])  # 1.5 blocks arrive: the middle one torn
+        b.cut_transfers = 1
+        with pytest.raises(TransferCorrupt) as err:
+            b.read_blocks(da, [5, 6, 7], pb, [8, 9, 10], expect=want)
+        assert err.value.slots == [9, 10]
+        assert torch.equal(pb.bytes[9][: LAYOUT.block_bytes // 2], pa.bytes[6][: LAYOUT.block_bytes // 2])
+
+    def test_without_checksums_a_cut_transfer_goes_unnoticed(self, nodes):
+        """Why the checksums: the transport reports a cut transfer as done."""
+        _, b, pa, pb, da, _ = nodes
+        b.cut_transfers = 1
+        stats = b.read_blocks(da, [0, 1], pb, [12, 13])
+        assert stats.blocks == 2 and stats.checksums == []
+        assert block_checksums(pb, [12]) == block_checksums(pa, [0])
+        assert block_checksums(pb, [13]) != block_checksums(pa, [1])
+
+    def test_a_write_gives_its_checksums_and_the_receiver_refuses_a_cut_one(self, nodes):
+        a, _, pa, pb, _, db = nodes
+        want = block_checksums(pa, [7, 8])
+        stats = a.write_blocks(pa, [7, 8], db, [14, 15], checksums=True)
+        assert stats.checksums == want
+        assert verify_landed(pb, [14, 15], stats.checksums, "test") == want
+        a.cut_transfers = 1
+        cut = a.write_blocks(pa, [9, 10], db, [1, 2], checksums=True)
+        assert cut.checksums == block_checksums(pa, [9, 10])
+        with pytest.raises(TransferCorrupt) as err:
+            verify_landed(pb, [1, 2], cut.checksums, "P->D push")
+        assert err.value.slots == [2]
+
+    def test_checksums_of_another_length_are_refused_before_anything_moves(self, nodes):
+        _, b, _, pb, da, _ = nodes
+        before = pb.bytes.clone()
+        with pytest.raises(KvLayoutError, match="2 checksums for 3 slots"):
+            b.read_blocks(da, [0, 1, 2], pb, [3, 4, 5], expect=[1, 2])
+        assert torch.equal(pb.bytes, before)
 
     @settings(
         max_examples=15,

@@ -224,7 +224,7 @@ def test_engine_scenarios_run_only_with_engines():
 
     known = scenarios()
     engine_only = {s.name for s in known if s.engines_only}
-    assert engine_only == {"kill-engine-prefill", "kill-engine-decode"}
+    assert engine_only == {"kill-engine-prefill", "kill-engine-decode", "cut-kv-transfer", "restart-gateway"}
     assert not engine_only & {s.name for s in select(known)}
     assert engine_only <= {s.name for s in select(known, engines=True)}
     with pytest.raises(ValueError, match="run them with --engines"):

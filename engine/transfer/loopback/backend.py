@@ -3,13 +3,14 @@
 It keeps the port's whole contract (descriptors, resolve, slot checks, run coalescing, stale
 descriptors refused) and moves the bytes with ``kernels.ops.copy_blocks``, so tests of the
 logic above the port need no network and no Mooncake. ``fail_reads`` lets a test make the
-next N transfers fail as a broken link would.
+next N transfers fail as a broken link would; ``cut_transfers`` (every backend) makes them
+move half of their bytes and succeed, for the checksums to refuse.
 """
 
 from __future__ import annotations
 
 from engine.transfer.base import PeerUnreachable, PoolDescriptor, TransferFailed, TransferStats
-from engine.transfer.common import ReadWriteByTransfer, Registry, plan
+from engine.transfer.common import ReadWriteByTransfer, Registry, cut_bytes, plan
 from kernels.ops import copy_blocks
 from kernels.pool import BlockPool
 
@@ -68,7 +69,14 @@ class LoopbackTransfer(ReadWriteByTransfer):
             raise TransferFailed(f"loopback transfer to {peer.endpoint} failed (injected)")
         rs = [r + i for r, _, n in runs for i in range(n)]
         ls = [loc + i for _, loc, n in runs for i in range(n)]
-        if read:
+        src, dst = (remote, local) if read else (local, remote)
+        if self._cut_next():  # the first half of the bytes, then nothing (base.py: cut_transfers)
+            bb = local.block_bytes
+            for r, loc, nbytes in cut_bytes(runs, bb):
+                s0, d0 = (r, loc) if read else (loc, r)
+                flat_src, flat_dst = src.bytes.view(-1), dst.bytes.view(-1)
+                flat_dst[d0 * bb:d0 * bb + nbytes].copy_(flat_src[s0 * bb:s0 * bb + nbytes])
+        elif read:
             copy_blocks(remote, rs, local, ls).wait()
         else:
             copy_blocks(local, ls, remote, rs).wait()

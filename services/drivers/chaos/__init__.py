@@ -4,7 +4,9 @@ Modules: :mod:`.tail` (the harness's copy of the stream), :mod:`.load` (the load
 :mod:`.supervisor` (the cluster and the services as child processes), :mod:`.scenarios` (the
 faults), :mod:`.accounting` (what was lost, duplicated, diverged), :mod:`.suite` (the run),
 :mod:`.report` (the table), :mod:`.cli` (``evolving chaos``); :mod:`.faults` arms one fault
-inside a service process.
+inside a service process, :mod:`.engine_faults` one inside an engine worker (a cut KV transfer);
+:mod:`.engine_scenarios` and :mod:`.gateway_scenario` hold the engine and gateway rows,
+:mod:`.recovery` the recovery measure.
 
 
 It starts its own stack on loopback - a 3-server NATS cluster (services.adapters.bus.natsserver.NatsCluster)
@@ -35,6 +37,12 @@ kill-engine-prefill         (``--engines`` only) SIGKILL a prefill worker mid-pr
                             it: its requests are re-routed, its KV forgotten by the directory
 kill-engine-decode          (``--engines`` only) the same mid-decode: its requests fail with a
                             clear error (RequestFinished(error=...)), none hangs
+cut-kv-transfer             (``--engines`` only; the workers then run ``--kv-bytes``) the next
+                            KV transfer of a prefill node moves half of its bytes and reports
+                            success: the receiver's checksums refuse it, the request recomputes
+restart-gateway             (``--engines`` only) SIGTERM a gateway mid-stream, start it again:
+                            the client sees the stream end (no hang), the branch's next request
+                            works on the restarted gateway (branch table rebuilt from the stream)
 ==========================  ====================================================================
 
 For each scenario the table says: survived (no unplanned exit, recovered, the scenario's own

@@ -28,6 +28,9 @@ class Load:
         self.branch_len, self.bpr, self.retry_for_s = branch_len, blocks_per_request, retry_for_s
         self.published: list[Published] = []
         self.silent: set[str] = set()
+        #: no new requests while set (heartbeats go on): restart-gateway lets the engines' queues
+        #: drain so its own client's tokens come within the gateway's timeouts
+        self.paused = False
         self.nodes = NODES  # () when sim engine workers register and heartbeat themselves
         self.tail: Tail | None = None  # set by the stack: where the generator sees NodeRemoved
         self.rejoins: list[str] = []  # nodes registered again after an unintended removal
@@ -102,7 +105,8 @@ class Load:
                         await self.publish(NodeHeartbeat(ts=time.time(), src=LOAD_SRC, node=node, role=role))
                 next_hb = max(next_hb + self.heartbeat_s, now)
             if now >= next_req:
-                await self.next_request()
+                if not self.paused:
+                    await self.next_request()
                 next_req = max(next_req + 1.0 / self.rate, now - 1.0)  # after a stall: no burst
             wait = max(0.0, min(next_req, next_hb) - loop.time())
             with contextlib.suppress(TimeoutError):

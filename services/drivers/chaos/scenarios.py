@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -13,20 +12,16 @@ import msgspec
 from nats.js import api
 
 from events import codec
-from events.catalog import (
-    FirstToken,
-    NodeRegistered,
-    NodeRemoved,
-    RequestFinished,
-    RequestStarted,
-    RequestSubmitted,
-    RoleSwitched,
-)
+from events.catalog import NodeRegistered, NodeRemoved, RequestSubmitted
 from events.subjects import subject_for
-from services.cores.directory.core import DirectoryCore
 from services.drivers.chaos.accounting import ScenarioResult
-from services.drivers.chaos.load import LOAD_SRC, NODES, PARTITIONED
+from services.drivers.chaos.engine_scenarios import cut_kv_transfer, kill_engine
+from services.drivers.chaos.gateway_scenario import restart_gateway
+from services.drivers.chaos.load import LOAD_SRC, PARTITIONED
+from services.drivers.chaos.recovery import recover
 from services.drivers.chaos.supervisor import SERVICES, SNAPSHOT_KINDS, Stack
+
+__all__ = ["Scenario", "recover", "scenarios"]
 
 
 @dataclass
@@ -36,17 +31,7 @@ class Scenario:
     run: Callable[[Stack, ScenarioResult], Awaitable[None]]
     quick: bool = False
     engines_only: bool = False  # kills or restarts an engine worker: only with --engines
-
-
-async def recover(stack: Stack, t_fault: float, head: int, timeout_s: float = 45.0) -> float:
-    """Seconds from ``t_fault`` until every service folded past ``head`` and a request
-    published after the fault is decided."""
-
-    async def done() -> bool:
-        return await stack.caught_up(head) and await stack.decided_since(t_fault)
-
-    t = await stack.wait(done, timeout_s, "recovery")
-    return t - t_fault
+    kv_bytes: bool = False  # needs workers moving real KV bytes (the stack then runs them with --kv-bytes)
 
 
 def kill_service(kind: str) -> Callable[[Stack, ScenarioResult], Awaitable[None]]:
@@ -153,120 +138,6 @@ async def partition_engine(stack: Stack, res: ScenarioResult) -> None:
         res.detail += "; the worker registered again after SIGCONT"
     except TimeoutError:
         res.detail += "; after SIGCONT the worker did not register again within 10 s (left out of routing)"
-
-
-def _in_flight(stack: Stack, node: str, phase: str) -> set[str]:
-    """Requests the harness's copy of the stream shows running ``phase`` on ``node`` now: a
-    prefill started without its first token, a decode started without its end."""
-    started: set[str] = set()
-    for d in stack.tail.deliveries[-4000:]:  # what runs now started recently (and the scan stays cheap)
-        ev, t = d.event, type(d.event)
-        if t is RequestStarted and ev.node == node and ev.phase == phase:
-            started.add(ev.request)
-        elif (t is FirstToken and phase == "prefill") or t is RequestFinished:
-            started.discard(ev.request)
-    return started
-
-
-def _role_of(stack: Stack, node: str) -> str:
-    """The node's role as the stream last said (a planner switch may have moved it)."""
-    role = dict(NODES)[node]
-    for d in stack.tail.deliveries:
-        ev = d.event
-        if type(ev) in (NodeRegistered, RoleSwitched) and ev.node == node:
-            role = ev.role
-    return role
-
-
-def _serving(stack: Stack, phase: str) -> str:
-    """The first node (sorted, the one partition-engine stops last) whose role, as the stream
-    last said, serves ``phase``: the planner may have switched the nodes' roles meanwhile."""
-    nodes = [n for n, _ in sorted(NODES) if n != PARTITIONED] + [PARTITIONED]
-    for n in nodes:
-        if _role_of(stack, n) in (phase, "collocated"):
-            return n
-    return nodes[0]
-
-
-def kill_engine(phase: str) -> Callable[[Stack, ScenarioResult], Awaitable[None]]:
-    """SIGKILL the worker of a node serving ``phase`` (:func:`_serving`) while the stream shows
-    requests running ``phase`` on it (its
-    queue, its running batch and the events it had not published yet die with it), start it
-    again at once. Each of those requests must end: re-routed and finished elsewhere (a
-    prefill: nothing had reached the client), or failed with an error (a decode: the liveness
-    watcher's ``RequestFinished(error=...)``); the hung column counts any that never ends. A
-    ``NodeRemoved`` of the node must come before the restarted worker's registration (its own
-    ``restarted``, or the watcher's when the restart outlasted the heartbeat timeout), and a
-    directory folding the stream must hold none of the node's old KV at that point."""
-
-    async def run(stack: Stack, res: ScenarioResult) -> None:
-        node = _serving(stack, phase)
-
-        async def busy() -> bool:
-            return bool(_in_flight(stack, node, phase))
-
-        with contextlib.suppress(TimeoutError):  # under little load: kill it anyway
-            await stack.wait(busy, 20, f"a request in {phase} on {node}", every_s=0.05)
-        victims = _in_flight(stack, node, phase)
-        role = _role_of(stack, node)
-        head = await stack.bus.last_seq()
-        mark = len(stack.tail.deliveries)
-        t = time.monotonic()
-        stack.kill_engine(node)
-        stack.spawn_engine(node, role)
-
-        async def registered() -> bool:
-            return any(type(d.event) is NodeRegistered and d.event.node == node for d in stack.tail.deliveries[mark:])
-
-        await stack.wait(registered, 45, f"the restarted {node} to register")
-        res.recover_s = await recover(stack, t, head)
-
-        def ended() -> dict[str, str]:
-            """victim -> "" when it finished, else the error it failed with"""
-            out: dict[str, str] = {}
-            for d in stack.tail.deliveries[mark:]:
-                if type(d.event) is RequestFinished and d.event.request in victims:
-                    out[d.event.request] = min(out.get(d.event.request, d.event.error), d.event.error, key=len)
-            return out
-
-        async def all_ended() -> bool:
-            return len(ended()) == len(victims)
-
-        with contextlib.suppress(TimeoutError):
-            await stack.wait(all_ended, 60, f"the {len(victims)} requests in {phase} on {node} to end")
-        done = ended()
-        failed = sum(1 for e in done.values() if e)
-        forgot, why = await asyncio.to_thread(_kv_forgotten, stack, node, mark)
-        res.survived = len(done) == len(victims) and forgot
-        res.detail = (f"killed {node} ({role}) with {len(victims)} requests in {phase}: "
-                      f"{len(done) - failed} re-routed and finished, {failed} failed with an error, "
-                      f"{len(victims) - len(done)} never ended; {why}")
-    return run
-
-
-def _kv_forgotten(stack: Stack, node: str, mark: int) -> tuple[bool, str]:
-    """Fold the harness's stream through a fresh directory: at the restarted worker's
-    registration (after ``mark``), is every block of the node's old KV gone from it?"""
-    deliveries = list(stack.tail.deliveries)  # a copy: the tail grows meanwhile
-    reg = next((d for d in deliveries[mark:]
-                if type(d.event) is NodeRegistered and d.event.node == node), None)
-    if reg is None:
-        return False, f"{node} did not register again"
-    removed = [d for d in deliveries[mark:]
-               if type(d.event) is NodeRemoved and d.event.node == node and d.seq < reg.seq]
-    if not removed:  # the worker's own (restarted), or the watcher's if it was silent that long
-        return False, f"no NodeRemoved({node}) before its registration"
-    directory = DirectoryCore()
-    held_before = 0
-    for d in deliveries:
-        if d.seq == removed[0].seq and node in directory.nodes():
-            held_before = sum(len(directory.copies(node, tier)) for tier in ("L1", "L2"))
-        if d.seq >= reg.seq:
-            break
-        directory.apply(d.event)
-    left = sum(len(directory.copies(node, tier)) for tier in ("L1", "L2")) if node in directory.nodes() else 0
-    return left == 0, (f"the directory forgot its {held_before} blocks at the restart" if left == 0
-                       else f"the directory still held {left} blocks of {node} after its restart")
 
 
 async def restart_all_nats(stack: Stack, res: ScenarioResult) -> None:
@@ -380,6 +251,10 @@ def scenarios() -> list[Scenario]:
         Scenario("kill-engine-prefill", "SIGKILL a prefill worker mid-prefill, restart it", kill_engine("prefill"),
                  engines_only=True),
         Scenario("kill-engine-decode", "SIGKILL a decode worker mid-decode, restart it", kill_engine("decode"),
+                 engines_only=True),
+        Scenario("cut-kv-transfer", "cut a KV transfer mid-way (half of its bytes)", cut_kv_transfer,
+                 engines_only=True, kv_bytes=True),
+        Scenario("restart-gateway", "SIGTERM the gateway mid-stream, start it again", restart_gateway,
                  engines_only=True),
     ]
     return out

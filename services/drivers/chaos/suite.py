@@ -52,7 +52,8 @@ async def run_chaos(*, quick: bool = False, only: list[str] | None = None, workd
         workdir = Path(tmp.name)
     # real workers on a loaded 2-core machine miss a 2 s heartbeat deadline (all four were removed
     # within 20 s in a trial run): give them 6 s
-    stack = Stack(Path(workdir), rate=rate, engines=engines, heartbeat_timeout_s=6.0 if engines else 2.0)
+    stack = Stack(Path(workdir), rate=rate, engines=engines, heartbeat_timeout_s=6.0 if engines else 2.0,
+                  kv_bytes=engines and any(s.kv_bytes for s in chosen))
     results: list[ScenarioResult] = []
     try:
         if on_progress:

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,6 +26,9 @@ from services.drivers.chaos.tail import Tail
 from services.drivers.up.testing import REPO, spawn_service
 
 log = get_logger("chaos")
+#: ``2026-...Z [warning  ] kv_recompute    key=value key='a value'`` (structlog's console lines)
+_CONSOLE = re.compile(r"^\S+ \[\s*\w+\s*\] (?P<event>\S+)(?P<rest>.*)$")
+_FIELD = re.compile(r"(\w+)=('[^']*'|\"[^\"]*\"|\S+)")
 
 SERVICES = ("directory", "planner", "router", "recorder")
 SNAPSHOT_KINDS = ("directory", "planner", "router")
@@ -52,9 +56,14 @@ class Stack:
 
     def __init__(self, workdir: Path, *, partition: str = "chaos", rate: float = 20.0,
                  heartbeat_s: float = 0.5, heartbeat_timeout_s: float = 2.0, tick_s: float = 0.5,
-                 engines: bool = False) -> None:
+                 engines: bool = False, kv_bytes: bool = False) -> None:
         self.workdir, self.partition, self.engines = workdir, partition, engines
+        #: the workers move real KV bytes (``--kv-bytes``, Mooncake over TCP) and arm a cut
+        #: transfer on SIGUSR1 (services/drivers/chaos/engine_faults.py)
+        self.kv_bytes = kv_bytes
         self.engine_procs: dict[str, subprocess.Popen] = {}
+        #: processes a scenario starts for itself (the gateway of restart-gateway): not supervised
+        self.extra_procs: dict[str, subprocess.Popen] = {}
         self.rate, self.heartbeat_s = rate, heartbeat_s
         self.heartbeat_timeout_s, self.tick_s = heartbeat_timeout_s, tick_s
         self.db = workdir / "chaos.duckdb"
@@ -94,14 +103,47 @@ class Stack:
 
     def spawn_engine(self, node: str, role: str) -> subprocess.Popen:
         """A sim engine worker for ``node`` (``python -m engine.worker``)."""
-        cmd = [sys.executable, "-m", "engine.worker", "--node", node, "--role", role, "--nats-url", self.cluster.url,
+        module = "services.drivers.chaos.engine_faults" if self.kv_bytes else "engine.worker"
+        cmd = [sys.executable, "-m", module, "--node", node, "--role", role, "--nats-url", self.cluster.url,
                "--partition", self.partition, "--stream-replicas", "3", "--heartbeat-s", str(self.heartbeat_s),
                "--seed", str(len(self.engine_procs)), "--log-format", "json"]
+        if self.kv_bytes:
+            cmd += ["--kv-bytes", "--transfer", "mooncake", "--transfer-host", "127.0.0.1"]
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         with open(self.workdir / f"engine-{node}.log", "ab") as out:
             proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
         self.engine_procs[node] = proc
         return proc
+
+    def cut_transfer(self, node: str) -> None:
+        """Arm a cut on ``node``'s next KV transfer (``kv_bytes`` workers only)."""
+        proc = self.engine_procs.get(node)
+        if not self.kv_bytes or proc is None or proc.poll() is not None:
+            raise RuntimeError(f"no --kv-bytes worker for {node} to cut a transfer of")
+        proc.send_signal(signal.SIGUSR1)
+
+    def engine_log(self, node: str, offset: int = 0) -> list[dict]:
+        """The JSON log records of ``node``'s worker after byte ``offset`` of its log."""
+        path = self.workdir / f"engine-{node}.log"
+        out = []
+        if not path.exists():
+            return out
+        with open(path, "rb") as f:
+            f.seek(offset)
+            for line in f.read().decode(errors="replace").splitlines():
+                try:
+                    rec = json.loads(line)
+                except ValueError:  # a console line: the worker's loggers are bound before --log-format
+                    m = _CONSOLE.match(line)
+                    rec = None if m is None else {"event": m["event"], **{
+                        k: v.strip("'\"") for k, v in _FIELD.findall(m["rest"])}}
+                if isinstance(rec, dict):
+                    out.append(rec)
+        return out
+
+    def engine_log_size(self, node: str) -> int:
+        path = self.workdir / f"engine-{node}.log"
+        return path.stat().st_size if path.exists() else 0
 
     def kill_engine(self, node: str) -> None:
         proc = self.engine_procs.get(node)
@@ -189,7 +231,10 @@ class Stack:
                        asyncio.create_task(self.tail.run(self._stop_tail), name="chaos-tail")]
         # four workers starting on a busy 2-core machine take a while to register (one run at
         # load average 19 missed a 30 s deadline)
-        await self.wait(lambda: self.decided_since(0.0), 90 if self.engines else 30, "a first decision")
+        # (--kv-bytes workers import torch and start Mooncake first: one run at load average 25-34
+        # had none registered after 90 s)
+        await self.wait(lambda: self.decided_since(0.0), (240 if self.kv_bytes else 90) if self.engines else 30,
+                        "a first decision")
 
     async def decided_since(self, t: float) -> bool:
         return self.tail.first_decision_after(self.load.published, t) is not None
@@ -220,6 +265,14 @@ class Stack:
     async def stop_services(self) -> dict[str, int | None]:
         """SIGTERM every service (the recorder drains to the head) and wait."""
         rcs: dict[str, int | None] = {}
+        for name, proc in self.extra_procs.items():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    rcs[name] = await asyncio.wait_for(asyncio.to_thread(proc.wait), 30)
+                except TimeoutError:
+                    proc.kill()
+                    rcs[name] = None
         for proc in self.engine_procs.values():  # all at once: each flushes its own queue meanwhile
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -251,6 +304,10 @@ class Stack:
                 await asyncio.wait_for(t, 5)
         for kind in list(self.procs):
             self.kill(kind)
+        for proc in self.extra_procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         for proc in self.engine_procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGCONT)  # a stopped worker cannot die of SIGKILL's cleanup

@@ -27,6 +27,7 @@ from events.catalog import (
     KvStored,
     NodeRegistered,
     RequestFinished,
+    RequestStarted,
     RequestSubmitted,
     RouteDecided,
 )
@@ -114,7 +115,10 @@ async def test_p2d_move_and_peer_fetch_move_verified_bytes(cluster):
             await w.stop()
 
 
-async def test_a_corrupted_block_is_counted_failed_and_kept_without_bytes(cluster):
+async def test_a_corrupted_block_is_refused_and_the_prefill_recomputes_it(cluster):
+    """The owner's copy is torn: the read lands bytes whose checksum is not the owner's, the
+    transfer layer refuses them (issue 26: before, the block was kept without bytes and the
+    prefill counted it as cached), the block is evicted and the prefill computes it."""
     bus, worker = cluster
     p1, p2 = worker("p1", "collocated"), worker("p2", "collocated")
     for w in (p1, p2):
@@ -132,9 +136,16 @@ async def test_a_corrupted_block_is_counted_failed_and_kept_without_bytes(cluste
         await wait_for(bus, lambda e: isinstance(e, RequestFinished) and e.request == "rb")
         await settled(p1, p2)
         s = p2.kv.stats
-        assert s.failed == 1 and s.fetched_blocks == 4
-        assert any("kv_checksum_mismatch" in e for e in s.errors)
-        assert not p2.kv.tiers["L2"].has_bytes(blocks[2]) and p2.kv.tiers["L2"].has_bytes(blocks[1])
+        assert s.failed == 1 and s.fetched_blocks == 3
+        assert any("kv_transfer_refused" in e for e in s.errors)
+        started = await wait_for(bus, lambda e: isinstance(e, RequestStarted) and e.request == "rb"
+                                 and e.phase == "prefill")
+        assert started.node == "p2" and started.cached_tokens == 2 * PROFILE.block_tokens  # up to the gap
+        evicted = await wait_for(bus, lambda e: isinstance(e, KvEvicted) and e.node == "p2")
+        assert evicted.blocks == [blocks[2]]
+        # computed by the prefill: its bytes are the block's own again
+        assert p2.kv.tiers["L2"].checksum_of[blocks[2]] == expected(blocks[2])
+        assert p2.kvgate.recomputed_blocks == 1
     finally:
         for w in (p1, p2):
             await w.stop()

@@ -1,0 +1,47 @@
+"""An engine worker with a fault it arms on cue, for ``evolving chaos --engines``.
+
+``python -m services.drivers.chaos.engine_faults [engine.worker options...]`` runs
+``python -m engine.worker`` unchanged, except that SIGUSR1 arms ``cut_transfers`` on the
+worker's KV transfer backend (``--kv-bytes``; engine/transfer/base.py): its next transfer moves
+only the first half of its bytes and reports success, as a link cut mid-way would. The receiver's
+checksums must refuse it and the request recompute the blocks (engine/worker/kvgate.py).
+Production entry points never read a fault switch; only this wrapper arms one (as
+:mod:`services.drivers.chaos.faults` does for the services).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Sequence
+
+import engine.worker.loop as worker_loop
+from engine.worker.__main__ import main as worker_main
+
+
+def install() -> list:
+    """Record every transfer backend the worker makes; SIGUSR1 cuts each one's next transfer."""
+    made: list = []
+    make = worker_loop.make_transfer
+
+    def recording(*args, **kwargs):
+        backend = make(*args, **kwargs)
+        made.append(backend)
+        return backend
+
+    def arm(signum, frame) -> None:  # only an attribute write: safe between any two bytecodes
+        for backend in made:
+            backend.cut_transfers += 1
+
+    worker_loop.make_transfer = recording
+    signal.signal(signal.SIGUSR1, arm)
+    return made
+
+
+def main(argv: Sequence[str]) -> int:
+    install()
+    return worker_main(list(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

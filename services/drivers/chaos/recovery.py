@@ -1,0 +1,16 @@
+"""The recovery measure every scenario reports (``recover s`` in the table)."""
+
+from __future__ import annotations
+
+from services.drivers.chaos.supervisor import Stack
+
+
+async def recover(stack: Stack, t_fault: float, head: int, timeout_s: float = 45.0) -> float:
+    """Seconds from ``t_fault`` until every service folded past ``head`` and a request
+    published after the fault is decided."""
+
+    async def done() -> bool:
+        return await stack.caught_up(head) and await stack.decided_since(t_fault)
+
+    t = await stack.wait(done, timeout_s, "recovery")
+    return t - t_fault
