@@ -355,6 +355,23 @@ class AnomalyReported(Event, frozen=True, kw_only=True, gc=False):
     detail: str = ""
 
 
+class KvStageOrdered(Event, frozen=True, kw_only=True, gc=False):
+    """Decision (router, issue 25 part 3): during the tool wait after ``request`` finished,
+    stage its KV (prompt + output, held by its decode node ``src_node``) into ``dst_node``'s
+    ``tier``, the node the router predicts for the branch's next turn. The destination pulls
+    what it lacks over its fetch link and reports ``KvMoved(src_phase=decode,
+    dst_phase=prefill, dst_tier=tier, branch=...)`` for what landed (nothing if the source no
+    longer holds it). Published on ``ei.<p>.route`` with the router's other decisions."""
+
+    request: RequestId
+    src_node: NodeId
+    dst_node: NodeId
+    branch: BranchId | None = None
+    tier: Tier = "L2"
+    predicted_ttft_s: float = 0.0
+    policy: str = ""
+
+
 # --------------------------------------------------------------------------- commands and acks
 class SwitchRole(Event, frozen=True, kw_only=True, gc=False):
     """Command (on ``ei.<partition>.cmd.<node>``): drain and change role."""
@@ -407,6 +424,7 @@ AnyEvent = Union[  # noqa: UP007 - a typing.Union alias: msgspec and get_args() 
     SwitchRole,
     RoleSwitched,
     Tick,
+    KvStageOrdered,
 ]
 
 EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__  # type: ignore[attr-defined]

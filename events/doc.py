@@ -18,7 +18,7 @@ GROUPS = [
     ("KV facts", ["KvStored", "KvEvicted", "KvMoved", "KvFetched"]),
     ("Engine facts", ["NodeRegistered", "NodeHeartbeat", "NodeRemoved", "IterationDone", "RequestStarted",
                       "FirstToken", "RequestFinished"]),
-    ("Decisions", ["RouteDecided", "ModelFitted", "PlanEvaluated", "RoleSwitchOrdered", "AnomalyReported"]),
+    ("Decisions", ["RouteDecided", "KvStageOrdered", "ModelFitted", "PlanEvaluated", "RoleSwitchOrdered", "AnomalyReported"]),
     ("Commands and acks", ["SwitchRole", "RoleSwitched"]),
     ("Clock", ["Tick"]),
 ]

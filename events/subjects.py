@@ -9,7 +9,7 @@ subject                                events
 ``ei.<p>.kv.<node>``                   KvStored, KvEvicted, KvMoved, KvFetched
 ``ei.<p>.node.<node>``                 NodeRegistered, NodeHeartbeat, NodeRemoved, IterationDone,
                                        RequestStarted, FirstToken, RequestFinished, RoleSwitched
-``ei.<p>.route``                       RouteDecided
+``ei.<p>.route``                       RouteDecided, KvStageOrdered
 ``ei.<p>.plan``                        ModelFitted, PlanEvaluated, RoleSwitchOrdered
 ``ei.<p>.cmd.<node>``                  SwitchRole (commands to one engine)
 ``ei.<p>.clock``                       Tick
@@ -36,6 +36,7 @@ from events.catalog import (
     KvEvicted,
     KvFetched,
     KvMoved,
+    KvStageOrdered,
     KvStored,
     ModelFitted,
     NodeHeartbeat,
@@ -116,7 +117,7 @@ def subject_for(event: Event, partition: str = DEFAULT_PARTITION, shadow: str | 
         return f"ei.{p}.kv.{token(event.dst_node)}"
     if isinstance(event, _NODE):
         return f"ei.{p}.node.{token(event.node)}"
-    if isinstance(event, RouteDecided):
+    if isinstance(event, (RouteDecided, KvStageOrdered)):
         return f"ei.{p}.route"
     if isinstance(event, _PLAN):
         return f"ei.{p}.plan"

@@ -24,6 +24,18 @@ window length.
 - Splits: a node's role changes at its ``RoleSwitched``; a switch is a ``RoleSwitched`` that
   changed the role, leaving out the end of the warm-up (collocated -> first split); its time is
   ``duration_s`` (order to ack, drain included).
+- The next turn's KV (issue 25 part 3, docs/simulator.md "The next turn's KV"). A
+  *continuation* is a request whose branch had an earlier request (warm-up included); its TTFT
+  P50/P95 are over the window's continuations. Speculative prefill requests (id ending in
+  ``SPEC_SUFFIX``, ``+specprefill``) are the stack's own traffic, not the agents': every other
+  figure leaves them out (not submitted, not finished, not in the ideal cache), and their
+  cost is counted apart: tokens they prefilled (``RequestStarted`` prompt - cached), fetched
+  (``KvFetched``) and moved P->D (``KvMoved``). ``+prestage``'s traffic: the tokens its stage
+  orders moved (``KvMoved`` with ``dst_phase=prefill``). Both over the window (by the event's
+  ``ts``), in tokens; the staged share of continuations = continuations whose prefill started
+  on the node their branch's last stage order or speculative prefill went to. These read the
+  KV events, which a ``decisions`` log and ``sim-report`` (``METRIC_TYPES``) leave out: there
+  they are 0 / nan.
 """
 
 from __future__ import annotations
@@ -43,12 +55,16 @@ from events.catalog import (
     Event,
     FirstToken,
     IterationDone,
+    KvFetched,
+    KvMoved,
+    KvStageOrdered,
     NodeRegistered,
     RequestFinished,
     RequestStarted,
     RequestSubmitted,
     RoleSwitched,
 )
+from replay.sim.nextturn import SPEC_SUFFIX, NextTurn
 
 
 @dataclass
@@ -85,6 +101,16 @@ class RunMetrics:
     kv_demand_mean_gpu: float = float("nan")
     kv_demand_peak_host: float = float("nan")  # peak demand / host (L2) capacity of the cluster
     unfinished: int = 0
+    # the next turn's KV (module docstring)
+    continuations: int = 0
+    ttft_cont_p50_s: float = float("nan")
+    ttft_cont_p95_s: float = float("nan")
+    staged_tokens: int = 0  # +prestage: tokens moved by stage orders inside the window
+    stage_orders: int = 0
+    spec_requests: int = 0  # +specprefill: speculative prefills submitted inside the window
+    spec_prefilled_tokens: int = 0  # ... tokens they computed
+    spec_moved_tokens: int = 0  # ... tokens they fetched or moved P->D
+    next_turn_on_staged: float = float("nan")  # continuations prefilled where their KV was staged
     # a partitioned run: per partition, split_figures() of its nodes (replay/sim/partitioned.py)
     partitions: dict[str, dict] = field(default_factory=dict)
     # series for plots (not printed in the table)
@@ -141,8 +167,13 @@ class _Fold:
     ttft: list[float] = field(default_factory=list)
     e2e: list[float] = field(default_factory=list)
     tpot: list[float] = field(default_factory=list)
+    nt: NextTurn = field(default_factory=lambda: NextTurn())
 
     def submitted_ev(self, e: RequestSubmitted) -> None:
+        if e.request.endswith(SPEC_SUFFIX):
+            self.nt.spec_submitted(e, self)
+            return
+        self.nt.submitted(e, self)
         n = KvPool.prefix_len(e.blocks, 0, self.seen)  # the run seen before: chunked set tests
         ideal = min(n * e.block_tokens, max(0, e.prompt_tokens - 1))
         self.seen.update(islice(e.blocks, n, None))
@@ -152,7 +183,7 @@ class _Fold:
             self.submitted += 1
 
     def started(self, e: RequestStarted) -> None:
-        if e.phase == "prefill":
+        if e.phase == "prefill" and self.nt.started(e, self):
             self.cached[e.request] = e.cached_tokens
             self.pstart[e.request] = (e.ts, e.node)
 
@@ -160,8 +191,10 @@ class _Fold:
         self.first[e.request] = e.ts
 
     def finished_ev(self, e: RequestFinished) -> None:
-        self.done.add(e.request)
         s = self.sub.get(e.request)
+        if s is None and e.request.endswith(SPEC_SUFFIX):
+            return
+        self.done.add(e.request)
         if s is None or e.error:
             return
         if self.warmup_s <= e.ts <= self.end_s:
@@ -173,6 +206,8 @@ class _Fold:
         ft = self.first.get(e.request)
         if ft is not None:
             self.ttft.append(ft - s[0])
+            if e.request in self.nt.cont:
+                self.nt.ttft.append(ft - s[0])
             if e.output_tokens > 1:
                 self.tpot.append((e.ts - ft) / (e.output_tokens - 1))
 
@@ -264,7 +299,8 @@ def _branch_context(f: _Fold, e) -> None:
 
 def _submitted_and_context(f: _Fold, e: RequestSubmitted) -> None:
     f.submitted_ev(e)
-    _branch_context(f, e)
+    if not e.request.endswith(SPEC_SUFFIX):
+        _branch_context(f, e)
 
 
 def _branch_opened(f: _Fold, e: BranchOpened) -> None:
@@ -293,15 +329,34 @@ _STEPS = {
 #: The event types the figures fold: a log may be read with ``read(types=METRIC_TYPES)``
 #: (the KV and routing events, most of a log's bytes, are then not decoded).
 METRIC_TYPES = frozenset(t.__name__ for t in _STEPS)
+#: Folded too when the log has them (the next-turn traffic; not in ``METRIC_TYPES``, so a
+#: ``decisions`` log and ``sim-report`` stay as they were)
+_KV_STEPS = {
+    KvMoved: lambda f, e: f.nt.moved(e, f),
+    KvFetched: lambda f, e: f.nt.fetched(e, f),
+    KvStageOrdered: lambda f, e: f.nt.stage_ordered(e, f),
+}
+_ALL_STEPS = {**_STEPS, **_KV_STEPS}
 
 
 def _fold(log: Iterable[Event], warmup_s: float, end_s: float) -> _Fold:
     f = _Fold(warmup_s, end_s)
+    steps = _ALL_STEPS
     for e in log:
-        step = _STEPS.get(type(e))
+        step = steps.get(type(e))
         if step is not None:
             step(f, e)
     return f
+
+
+def _next_turn(m: RunMetrics, f: _Fold) -> None:
+    nt = f.nt
+    m.continuations = len(nt.ttft)
+    m.ttft_cont_p50_s, m.ttft_cont_p95_s = _pct(nt.ttft, 50), _pct(nt.ttft, 95)
+    m.staged_tokens, m.stage_orders = nt.staged_tokens, nt.stage_orders
+    m.spec_requests, m.spec_prefilled_tokens, m.spec_moved_tokens = nt.spec_requests, nt.spec_prefilled, nt.spec_moved
+    if nt.judged:
+        m.next_turn_on_staged = nt.on_staged / nt.judged
 
 
 def _latencies(m: RunMetrics, f: _Fold) -> None:
@@ -422,4 +477,5 @@ def compute_metrics(log: Iterable[Event], warmup_s: float, end_s: float, stack: 
     _kv_reuse_and_waits(m, f)
     _splits(m, f)
     _kv_demand(m, f)
+    _next_turn(m, f)
     return m

@@ -41,6 +41,16 @@ ROWS: list[tuple[str, str, str, bool | None]] = [
     ("KV demand peak / host KV", "kv_demand_peak_host", "{:.1%}", None),
     ("unfinished at end", "unfinished", "{:d}", None),
 ]
+#: The next turn's KV (issue 25 part 3; replay/sim/figures.py): shown when a stack of the table
+#: has ``+prestage`` or ``+specprefill``
+NEXT_TURN_ROWS: list[tuple[str, str, str, bool | None]] = [
+    ("continuation TTFT P50 (s)", "ttft_cont_p50_s", "{:.3f}", True),
+    ("continuation TTFT P95 (s)", "ttft_cont_p95_s", "{:.3f}", True),
+    ("next turn on staged node", "next_turn_on_staged", "{:.1%}", None),
+    ("staged KV (tokens)", "staged_tokens", "{:d}", None),
+    ("spec prefill computed (tokens)", "spec_prefilled_tokens", "{:d}", None),
+    ("spec prefill moved (tokens)", "spec_moved_tokens", "{:d}", None),
+]
 
 
 def _fmt(fmt: str, v) -> str:
@@ -66,7 +76,8 @@ def _splits(m: RunMetrics, top: int = 3) -> str:
 def table_rows(runs: Sequence[RunMetrics]) -> list[list[str]]:
     base = runs[0]
     out = []
-    for label, attr, fmt, _ in ROWS:
+    rows = ROWS + (NEXT_TURN_ROWS if any(m.stage_orders or m.spec_requests for m in runs) else [])
+    for label, attr, fmt, _ in rows:
         row = [label]
         for i, m in enumerate(runs):
             v = getattr(m, attr)

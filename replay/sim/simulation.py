@@ -48,6 +48,7 @@ from engine.backends.sim.node import PrefillJob, SimNode
 from engine.profiles import Profile
 from events.catalog import (
     Event,
+    KvStageOrdered,
     NodeRegistered,
     RequestFinished,
     RequestSubmitted,
@@ -56,6 +57,7 @@ from events.catalog import (
     Tick,
 )
 from events.ids import NodeId, Role
+from replay.sim.nextturn import SPEC_SUFFIX, output_blocks
 from replay.traces.format import Compact, Request, Session, SessionCursor, reblock
 from services.cores.directory.core import DirectoryCore
 
@@ -179,6 +181,15 @@ class Simulation:
         self.finished_ids: set[str] = set()
         self.stopped = False
         self.progress: Callable[[float, Simulation], None] | None = None
+        # issue 25 part 3 (docs/simulator.md, "The next turn's KV"): with ``+prestage`` a decode
+        # node keeps a finished turn's output KV (``output_kv``) and the router's stage orders
+        # move prompt + output; with ``+specprefill`` the frontend sends the speculative prefill
+        self.prestage = bool(getattr(stack, "prestage", False))
+        self.specprefill = bool(getattr(stack, "specprefill", False))
+        self._turn_kv: dict[str, list[int]] = {}  # the request just finished -> prompt + output blocks
+        if self.prestage:
+            for node in self.nodes.values():
+                node.output_kv = self.output_kv
 
     def bind_source_clock(self) -> None:
         """A session source whose sessions depend on when they start (a shifting composition,
@@ -250,6 +261,8 @@ class Simulation:
             self.submitted += 1
         elif t is RequestFinished:
             self._finished(e)
+        elif t is KvStageOrdered:
+            self._stage(e)
 
     def _route(self, e: RouteDecided) -> None:
         req = self.requests.get(e.request)
@@ -282,11 +295,44 @@ class Simulation:
         self.finished_ids.add(rid)
         self.finished += 1
         self.where.pop(rid, None)
-        self.requests.pop(rid, None)
+        req = self.requests.pop(rid, None)
         cur = self.cursors.pop(rid, None)
         if cur is None:
             return
+        if self.specprefill and req is not None and not e.error:
+            self._speculative_prefill(cur, req, e)
         self._take(cur, cur.on_finished(rid, self.now))
+
+    # ------------------------------------------------------------------ the next turn's KV
+    def output_kv(self, request: str, prompt_blocks: list[int]) -> list[int]:
+        """The output's full blocks of a finishing request (``+prestage``: its decode node
+        keeps them), recorded with the prompt's for the stage order that may follow."""
+        req = self.requests.get(request)
+        cur = self.cursors.get(request)
+        out: list[int] = []
+        if req is not None and cur is not None:
+            out = output_blocks(cur, request, prompt_blocks, req.prompt_tokens, req.max_tokens, self.p.block_tokens)
+        self._turn_kv = {request: list(prompt_blocks) + out}
+        return out
+
+    def _stage(self, order: KvStageOrdered) -> None:
+        """A stage order (the router's, right after the turn's ``RequestFinished``): the
+        destination pulls the KV over its fetch link (engine/backends/sim/node.py ``stage_in``)."""
+        blocks = self._turn_kv.pop(order.request, None)
+        dst, src = self.nodes.get(order.dst_node), self.nodes.get(order.src_node)
+        if blocks and dst is not None and src is not None:
+            dst.stage_in(order, src, blocks)
+
+    def _speculative_prefill(self, cur: SessionCursor, req: RequestSubmitted, e: RequestFinished) -> None:
+        """Dynamo's speculative next-turn prefill: the frontend sends the predicted next prompt
+        (prompt + the output the next prompt keeps) as a ``max_tokens=1`` request, routed like any
+        other, so its KV is cached where the router sends it (docs/simulator.md)."""
+        bt = self.p.block_tokens
+        blocks = list(req.blocks) + output_blocks(cur, req.request, req.blocks, req.prompt_tokens, e.output_tokens, bt)
+        spec = RequestSubmitted(ts=self.now, src="frontend", request=f"{req.request}{SPEC_SUFFIX}", branch=req.branch,
+                                version=req.version, blocks=blocks, prompt_tokens=req.prompt_tokens + e.output_tokens,
+                                max_tokens=1, block_tokens=req.block_tokens)
+        self.q.schedule(self.now, self._harness, spec)
 
     # ------------------------------------------------------------------ sessions
     def _take(self, cur: SessionCursor, events: Iterable[Event]) -> None:

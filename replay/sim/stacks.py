@@ -22,6 +22,9 @@ part named by its value (the kinds never share a name)::
     data plane  async (fetch from peers while queued), at_start (fetch when prefill starts), local
     eviction    lru, count_aware
     switch      in_place, restart, drop_kv
+    next turn   prestage (the router stages a finished turn's KV in the predicted node's host
+                tier), specprefill (Dynamo's speculative next-turn prefill, a max_tokens=1
+                request); docs/simulator.md, "The next turn's KV"
 
 e.g. ``static:4P5D+round_robin+async`` (a fixed split, round-robin routing, the shared pool
 with asynchronous fetch) or ``dynamo+count_aware``. A spec that starts with a part applies it
@@ -64,6 +67,11 @@ class Stack:
     planner_args: dict[str, Any] = field(default_factory=dict)
     router_args: dict[str, Any] = field(default_factory=dict)
     shared_directory: bool = False  # eviction reads the router's embedded directory (speed)
+    # issue 25 part 3 (docs/simulator.md, "The next turn's KV"): the router orders a finished
+    # turn's KV into the predicted next prefill node's host tier (``+prestage``); the frontend
+    # sends Dynamo's speculative next-turn prefill, a max_tokens=1 request (``+specprefill``)
+    prestage: bool = False
+    specprefill: bool = False
 
     @property
     def plans_fetch(self) -> bool:
@@ -93,10 +101,17 @@ class Stack:
             pargs["initial"] = f"{roles.count('prefill')}P{roles.count('decode')}D"
         pargs.update(self.planner_args)
         rargs = {"name": self.router, "shadow": False, "block_tokens": profile.block_tokens, **self.router_args}
+        router = ROUTERS[self.router]
+        if self.prestage:
+            if router not in PRESTAGING:
+                raise KeyError(f"stack {self.name!r}: router {self.router!r} has no prestaging variant "
+                               f"(its choice advances its state); routers with one: "
+                               f"{', '.join(n for n, p in ROUTERS.items() if p in PRESTAGING)}")
+            router = PRESTAGING[router]
         return {"cores": ["directory", "planner", "router"],
                 "directory": {"class": CORES["directory"].default, "kwargs": {}},
                 "planner": {"class": PLANNERS[self.planner], "kwargs": _accepted(PLANNERS[self.planner], pargs)},
-                "router": {"class": ROUTERS[self.router], "kwargs": rargs}}
+                "router": {"class": router, "kwargs": rargs}}
 
     def make_cores(self, profile: Profile, cfg) -> list:
         """[directory, planner, router], fresh, configured for this run."""
@@ -109,8 +124,9 @@ class Stack:
     def describe(self) -> str:
         first = self.start if self.start is not None else self.split
         start = "collocated warm-up" if first is None else f"{first[0]}P{first[1]}D"
+        extra = "".join(f" {k}=on" for k in ("prestage", "specprefill") if getattr(self, k))
         return (f"{self.name}: planner={self.planner} router={self.router} eviction={self.eviction} "
-                f"pool={self.fetch_mode} switch={self.mechanism} start={start}")
+                f"pool={self.fetch_mode} switch={self.mechanism} start={start}{extra}")
 
 
 def _accepted(path: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -153,11 +169,19 @@ def parse_split(text: str) -> tuple[int, int]:
     return p, d
 
 
+#: router class path -> its prestaging variant (services/cores/router/prestage.py), for the
+#: routers whose choice has no side effect (sticky and round robin advance state when they choose)
+PRESTAGING: dict[str, str] = {
+    ROUTERS[name]: f"services.cores.router.prestage:{cls}"
+    for name, cls in (("evolving", "PrestageLeastTtftRouter"), ("cache_aware", "PrestageCacheAwareRouter"),
+                      ("dynamo_kv", "PrestageDynamoKvRouter"), ("least_loaded", "PrestageLeastLoadedRouter"))
+}
+
 #: Routers that plan peer fetches themselves; for every other router the data plane does.
 ROUTERS_PLANNING_FETCH = frozenset({"evolving"})
 
 #: Parts of a composed stack (``BASE+PART+...``): part name -> (Stack field, value).
-PARTS: dict[str, tuple[str, str]] = {
+PARTS: dict[str, tuple[str, Any]] = {
     **{name: ("router", name) for name in ROUTERS if name != "evolving"},
     "least_ttft": ("router", "evolving"),
     "async": ("fetch_mode", "async"),
@@ -168,6 +192,8 @@ PARTS: dict[str, tuple[str, str]] = {
     "in_place": ("mechanism", "in_place"),
     "restart": ("mechanism", "restart"),
     "drop_kv": ("mechanism", "in_place_drop_kv"),
+    "prestage": ("prestage", True),
+    "specprefill": ("specprefill", True),
 }
 
 

@@ -25,6 +25,14 @@ Request lifecycle on a node (numbers match the docstring of replay/sim/simulatio
    request is admitted. One ``IterationDone(iterations=n)`` per run.
 7. ``RequestFinished``; the prompt's KV stays cached in L1 and is written to L2 for later
    requests ("decode nodes only write to the pool").
+8. ``+prestage`` (issue 25 part 3): the output's full blocks are written to L2 with the
+   prompt's (``output_kv``); a ``KvStageOrdered`` naming this node as the destination is
+   carried out by ``stage_in``: the finished turn's blocks that this node lacks and the source
+   holds in L2 are pulled over this node's fetch link (``fetch_s``) at low priority: staging
+   transfers queue among themselves after the requests' fetches already queued, and a
+   request's fetch issued later goes ahead of them (the staging in flight lands that much
+   later). They land in the ordered tier (room made through the eviction policy; no room:
+   nothing lands), reported as ``KvMoved(src_phase=decode, dst_phase=prefill)``.
 
 Role switch (``SwitchRole``): stop nothing, drain the work of the phase the node leaves
 (queued and running), then ``in_place`` (0.7 s, KV kept), ``restart`` (down ``restart_s``,
@@ -58,6 +66,7 @@ from events.catalog import (
     IterationDone,
     KvFetched,
     KvMoved,
+    KvStageOrdered,
     KvStored,
     RequestFinished,
     RequestStarted,
@@ -133,6 +142,13 @@ class SimNode:
         self.busy_start = 0.0
         self.prefill_wait_s = 0.0
         self.prefill_started = 0
+        # ``+prestage`` (issue 25 part 3): (request, prompt blocks) -> the output's full blocks,
+        # kept with the prompt's in host memory when the request finishes; None: output KV is not
+        # cached (the default model, docs/simulator.md §2.7)
+        self.output_kv = None
+        self.staged_tokens = 0  # tokens landed by stage orders (tests, figures read KvMoved)
+        self.stage_link_free_s = 0.0  # the fetch link's staging queue (behind the requests' fetches)
+        self.stage_shift = 0.0  # fetch time that went ahead of the staging in flight, in total
 
     # ------------------------------------------------------------------ small helpers
     def _noise(self, rel: float) -> float:
@@ -238,6 +254,9 @@ class SimNode:
                 start = max(now, self.fetch_link_free_s)
                 dur = self.p.fetch_s(tokens)
                 self.fetch_link_free_s = start + dur
+                if self.stage_link_free_s > start:  # a request's fetch goes ahead of staging (8.)
+                    self.stage_link_free_s += dur
+                    self.stage_shift += dur
                 job.fetch_start_s, job.fetch_s = now, start + dur - now
                 job.fetch_busy_mark = self._busy_total(now)
                 job.ready_s = start + dur
@@ -335,7 +354,11 @@ class SimNode:
         if self.does_decode() or self.running or self.dwaiting:
             self._admit()
             dec_ok = bool(self.running)
-        if pre_ok and dec_ok and self._mixes_decode_into_prefill():
+        # A node that is not collocated and holds decodes (the router's "no decode node"
+        # fallback, a transfer landing after a switch) runs them along its prefill iterations:
+        # choosing prefill whenever one is eligible starved them behind a steady flow of
+        # prefills (`evolving chaos --engines`: a worker ran no decode for minutes)
+        if pre_ok and dec_ok and (self._mixes_decode_into_prefill() or self.role != "collocated"):
             self._start_prefill_iteration(carry_decode=True)
         elif pre_ok and (not dec_ok or self.last_was_decode or self.role != "collocated"):
             self._start_prefill_iteration()
@@ -585,11 +608,57 @@ class SimNode:
         del self.running[job.request]
         self.pool.unpin(("d", job.request))
         self.working_tokens -= self._job_working_tokens(job)
-        self._store("L2", job.blocks, (), job.request)  # before the request is forgotten
+        blocks = job.blocks
+        if self.output_kv is not None:  # +prestage: the output's KV stays too (module docstring, 8)
+            out = self.output_kv(job.request, job.blocks)
+            if out:
+                blocks = list(job.blocks) + out
+        self._store("L2", blocks, (), job.request)  # before the request is forgotten
         self._emit(RequestFinished(ts=now, src=self.id, request=job.request, node=self.id,
                                    output_tokens=job.total_out))
         if self.status == "draining":
             self.drained += 1
+
+    # ------------------------------------------------------------------ 8. stage orders
+    def stage_in(self, order: KvStageOrdered, src: SimNode, blocks: Sequence[BlockHash]) -> None:
+        """Carry out a stage order addressed to this node (module docstring, 8): pull, over
+        this node's fetch link (behind the requests' fetches), the run of ``blocks`` (a
+        finished turn's prompt + output) that this node or ``src``'s host tier holds, the
+        blocks this node lacks. They land in ``order.tier`` at the end of the transfer."""
+        if src is self or src.status == "down" or self.status == "down":
+            return
+        mine_1, mine_2, theirs = self.l1, self.l2, src.l2
+        want = []
+        for b in blocks:
+            if b in mine_1 or b in mine_2:
+                continue
+            if b not in theirs:
+                break  # the run stops at the first block neither holds: later ones are no prefix
+            want.append(b)
+        if not want:
+            return
+        now = self.host.now
+        start = max(now, self.fetch_link_free_s, self.stage_link_free_s)
+        dur = self.p.fetch_s(len(want) * self.bt)
+        self.stage_link_free_s = start + dur
+        self.host.schedule(start + dur, self._stage_done, order, src, want, self.stage_shift)
+
+    def _stage_done(self, order: KvStageOrdered, src: SimNode, want: list, shift: float) -> None:
+        if self.stage_shift > shift:  # requests' fetches went ahead meanwhile: it lands later
+            self.host.schedule(self.host.now + (self.stage_shift - shift), self._stage_done, order, src, want,
+                               self.stage_shift)
+            return
+        tier = order.tier
+        store, other = (self.l2, self.l1) if tier == "L2" else (self.l1, self.l2)
+        # what the source still holds (it may have evicted meanwhile: the read would have failed)
+        # and this node still lacks
+        got = [b for b in want if b in src.l2 and b not in store and b not in other]
+        if not got or self.status == "down" or not self._make_room(tier, len(got)):
+            return
+        self.pool.add(tier, got)
+        self.staged_tokens += len(got) * self.bt
+        self._emit(KvMoved(ts=self.host.now, src=self.id, src_node=src.id, dst_node=self.id, blocks=got,
+                           src_phase="decode", dst_phase="prefill", dst_tier=tier, branch=order.branch))
 
     # ------------------------------------------------------------------ role switch
     def order_switch(self, to_role: Role, mechanism: SwitchMechanism) -> None:

@@ -36,7 +36,7 @@ from typing import Any
 
 import msgspec
 
-from events.catalog import Event, RouteDecided
+from events.catalog import Event, KvStageOrdered, RouteDecided
 from events.codec import encode, to_json
 from services.drivers.services import CORES, VERIFIED_CORES
 
@@ -50,7 +50,7 @@ def _checks_planner(event: Event) -> bool:
 
 
 def _checks_router(event: Event) -> bool:
-    return isinstance(event, RouteDecided) and not event.shadow
+    return (isinstance(event, RouteDecided) and not event.shadow) or isinstance(event, KvStageOrdered)
 
 
 def _checks_nothing(event: Event) -> bool:
