@@ -38,7 +38,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from replay.sim.cli import parse_duration
+from replay.sim.cli import DEFAULT_CALIBRATION, parse_duration, parse_tokens
+from replay.traces.pacing import parse_pace
 
 
 def _cmd(args) -> int:
@@ -149,3 +150,108 @@ def register(sub, bench) -> None:
                         "(default: 4m,4m with --quick, 30m,1h otherwise)")
     p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # tests: seconds, not minutes
     p.set_defaults(func=_cmd)
+    _register_regimes(sub)
+
+
+# --------------------------------------------------------------------------- evolving regimes
+def _token_list(text: str) -> list[int]:
+    xs = [parse_tokens(x) for x in text.split(",") if x.strip()]  # a bad one: ArgumentTypeError
+    if not xs:
+        raise argparse.ArgumentTypeError(f"bad list {text!r}: token counts, comma-separated")
+    return xs
+
+
+def _number_list(kind):
+    def arg(text: str) -> list:
+        try:
+            xs = [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            xs = []
+        if not xs or any(x <= 0 for x in xs):
+            raise argparse.ArgumentTypeError(f"bad list {text!r}: positive numbers, comma-separated")
+        return xs
+
+    return arg
+
+
+def _pace(text: str) -> str:
+    try:
+        parse_pace(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _cmd_regimes(args) -> int:
+    from replay.experiments.regimes import (  # lazy: start-up (--help skips the simulator)
+        Thresholds,
+        grid,
+        markdown,
+        parse_cells,
+        run_grid,
+        summarise,
+    )
+    from replay.experiments.regimes_plot import plot_map  # lazy: start-up (--help skips matplotlib: +370 ms)
+
+    out = Path(args.out)
+    t = Thresholds(loaded_idle=args.loaded_idle, loaded_wait_s=args.loaded_wait, near_demand=args.near_demand, thrash_lost=args.thrash_lost,
+                   kv_bound_rate=args.kv_bound_rate, near_of=args.near_of)
+    if args.replot:
+        doc = summarise(json.loads(out.read_text()), t)
+        out.write_text(json.dumps(doc, indent=2))
+    else:
+        try:
+            cells = (parse_cells(args.cells, parse_tokens) if args.cells
+                     else grid(args.gpu, args.host_ratios, args.agents))
+        except (ValueError, argparse.ArgumentTypeError) as exc:
+            print(f"evolving regimes: {exc}")
+            return 2
+        stacks = [s.strip() for s in args.stacks.split(",") if s.strip()]
+        t0 = time.perf_counter()
+        doc = run_grid(args, cells, stacks, out, t)
+        print(f"grid done in {(time.perf_counter() - t0) / 60:.1f} min wall")
+    png = plot_map(doc, out.with_suffix(".png"))
+    if args.markdown:
+        print(markdown(doc))
+    for c in doc["cells"]:
+        print(f"{c['gpu_tokens'] / 1e6:g}M GPU / {c['host_tokens'] / 1e6:g}M host per node, {c['agents']} agents: "
+              f"{c['regime']} ({', '.join(c['stacks'])})")
+    print(f"rows: {out}; map: {png}")
+    return 0
+
+
+def _register_regimes(sub) -> None:
+    p = sub.add_parser("regimes", help="the regime map: KV capacity x agents on recorded sessions, per stack "
+                                       "(agent-bound / loaded-roomy / near capacity / thrashing), JSON + PNG")
+    p.add_argument("--trace", default=str(DEFAULT_CALIBRATION),
+                   help="workload spec (default: the 100 calibration sessions, ../shared/traces/"
+                        "weka-claude-code-calibration)")
+    p.add_argument("--pace", type=_pace, default="agent", help="client pauses (default agent: tool time kept)")
+    p.add_argument("--nodes", type=int, default=9)
+    p.add_argument("--profile", default=None, help="base profile (default gb300-glm52); capacities come from the grid")
+    p.add_argument("--gpu", type=_token_list, default=_token_list("1M,2M,3.5M,5M"),
+                   help="per-node GPU KV capacities, comma-separated (e.g. 1M,2M,3.5M,5M)")
+    p.add_argument("--host-ratios", type=_number_list(float), default=[4.0],
+                   help="host:GPU KV ratios, comma-separated (default 4 [M §4.1]; add 1 for the 1:1 column)")
+    p.add_argument("--agents", type=_number_list(int), default=[64, 126], help="concurrencies, comma-separated")
+    p.add_argument("--cells", default="", help="instead of the grid: GPU:RATIO:AGENTS,... (e.g. 2M:4:126)")
+    p.add_argument("--stacks", default="evolving,dynamo", help="comma-separated stacks run at every cell")
+    p.add_argument("--warmup", type=parse_duration, default=parse_duration("5m"))
+    p.add_argument("--duration", type=parse_duration, default=parse_duration("10m"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-fast", dest="fast", action="store_false",
+                   help="keep the separate directory core (default --fast, as the comparisons)")
+    p.add_argument("--out", default="runs/regimes/regimes.json",
+                   help="the rows (a later call with the same settings reuses them); the PNG map beside it")
+    p.add_argument("--replot", action="store_true", help="re-classify and redraw --out, run nothing")
+    p.add_argument("--markdown", action="store_true", help="also print the rows as a Markdown table")
+    p.add_argument("--loaded-idle", type=float, default=0.25, help="loaded below this idle share of the busier phase")
+    p.add_argument("--loaded-wait", type=float, default=1.0,
+                   help="loaded as well from this mean prefill queue wait (s)")
+    p.add_argument("--near-demand", type=float, default=0.70, help="near capacity from this peak KV demand share")
+    p.add_argument("--near-of", choices=("gpu", "kept"), default="gpu",
+                   help="near capacity's share of: the GPU tier (default) or the KV the cluster keeps (host pool)")
+    p.add_argument("--thrash-lost", type=float, default=0.10, help="thrashing from this lost KV reuse")
+    p.add_argument("--kv-bound-rate", type=float, default=0.80,
+                   help="thrashing (KV-bound) below this share of the req/s at the roomiest capacity")
+    p.set_defaults(func=_cmd_regimes)

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 from engine.profiles import load_profile
 from services.cores.planner.evolving import EvolvingConfig
 
-PRESSURE_PROFILE = "gb300-glm52-pressure"  # CC at 126 agents: the paper's 86% KV demand (deploy/profiles)
+PRESSURE_PROFILE = "gb300-glm52-pressure"  # the regime map's near-capacity cell: 86% KV demand (deploy/profiles)
 SLO_TTFT_P95_S = 10.0  # open arrivals: the P95 TTFT a stack must keep (our choice, docs/experiments.md)
 
 
