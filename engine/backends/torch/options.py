@@ -18,6 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default="cpu", help="torch device of the model and the L1 KV pool (cpu, cuda, cuda:1)")
     g.add_argument("--torch-dtype", choices=("fp32", "bf16", "fp16"), default="fp32",
                    help="compute and KV dtype (default fp32)")
+    g.add_argument("--torch-linear", choices=("auto", "onednn", "aten"), default="auto",
+                   help="linear layers: oneDNN with the weights packed once (auto: on a CPU) or F.linear")
     g.add_argument("--torch-l1-blocks", type=int, default=0,
                    help="L1 KV blocks (64 tokens each; default: the profile's L1, at most 512 MiB)")
     g.add_argument("--torch-l2-blocks", type=int, default=0,
@@ -49,15 +51,28 @@ def check_args(args: argparse.Namespace) -> str:
 def make_backend(args: argparse.Namespace, profile):
     """A factory ``(host, worker) -> TorchBackend``; the model is loaded when the worker builds it.
     Between processes the KV moves with Mooncake over TCP; without Mooncake the node moves no KV
-    (a decode node then recomputes the prompt it was sent)."""
+    (a decode node then recomputes the prompt it was sent). The worker registers the pools' real
+    capacities (``registering``)."""
     from engine.backends.torch.backend import TorchBackend, TorchConfig  # lazy: optional dependency (torch)
     from engine.transfer.mooncake import mooncake_available  # lazy: optional dependency (torch, mooncake)
 
     ok, why = mooncake_available()
     if not ok:
         log.warning("torch_no_transfer", reason=why, effect="KV is not moved between nodes; decode nodes recompute")
-    cfg = TorchConfig(model=args.model, device=args.device, dtype=args.torch_dtype, l1_blocks=args.torch_l1_blocks,
-                      l2_blocks=args.torch_l2_blocks, token_budget=args.torch_token_budget,
+    cfg = TorchConfig(model=args.model, device=args.device, dtype=args.torch_dtype, linear=args.torch_linear,
+                      l1_blocks=args.torch_l1_blocks, l2_blocks=args.torch_l2_blocks, token_budget=args.torch_token_budget,
                       transfer="mooncake" if ok else "none", host=args.transfer_host,
                       ignore_eos=args.torch_ignore_eos)
-    return lambda host, w: TorchBackend(host, w.src, args.role, profile, cfg)
+    return registering(lambda host, w: TorchBackend(host, w.src, args.role, profile, cfg))
+
+
+def registering(factory):
+    """A backend factory whose worker registers the capacities the backend really allocated
+    (``TorchBackend.registered_profile``: L1/L2 tokens of its pools, not the profile's)."""
+
+    def build(host, worker):
+        backend = factory(host, worker)
+        worker.profile = backend.registered_profile()
+        return backend
+
+    return build

@@ -9,6 +9,12 @@ scheduler builds it, K/V written into and gathered from the paged L1 pool); the 
 ``--prefill`` tokens (tokens/s = tokens / time). Rounds alternate ours / baseline; the best of
 ``--repeats`` is kept. Before timing, both generate ``--steps`` tokens greedily from the same
 prompt and must agree token for token (a wrong fast path fails the benchmark).
+
+Beside the wall-clock tokens/s, each row carries the process CPU time per decode step of both
+sides (``*_cpu_ms``): on a shared machine the wall time swings with the load, the CPU time
+much less; the load average is recorded before and after. ``--ours-linear aten`` runs our
+side with ``F.linear`` (the kernels transformers uses) instead of oneDNN's packed GEMM, to
+show what each part of the difference is worth (docs/engines.md).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import time
 
 
@@ -28,6 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill", type=int, default=512, help="tokens of the prefill measurement")
     p.add_argument("--repeats", type=int, default=3, help="timed rounds per path; the best is kept")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    p.add_argument("--ours-linear", choices=("auto", "onednn", "aten"), default="auto",
+                   help="our side's linear layers: oneDNN with packed weights (auto on a CPU) or F.linear")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -77,12 +86,12 @@ def _hf_model(ck):
 class _Ours:
     """The engine's forward path on sequences whose slots are taken from its own pool."""
 
-    def __init__(self, ck, max_tokens: int, batch: int) -> None:
+    def __init__(self, ck, max_tokens: int, batch: int, linear: str = "auto") -> None:
         from engine.backends.torch import backend as tb  # lazy: optional dependency (torch)
         from engine.profiles import load_profile  # lazy: with the rest of the engine
 
         blocks = batch * math.ceil(max_tokens / 64) + 1
-        cfg = tb.TorchConfig(l1_blocks=blocks, l2_blocks=1, staging_blocks=1, transfer="none")
+        cfg = tb.TorchConfig(l1_blocks=blocks, l2_blocks=1, staging_blocks=1, transfer="none", linear=linear)
         self.b = tb.TorchBackend(_Host(), "bench", "collocated", load_profile("gb300-glm52"), cfg, checkpoint=ck)
         self.max_tokens = max_tokens
 
@@ -114,36 +123,37 @@ class _Ours:
         return greedy(logits)
 
 
-def _hf_decode(m, torch, prompts, steps: int) -> tuple[list[list[int]], float]:
-    """Prefill the batch, then ``steps`` greedy steps with HF's KV cache; (tokens, decode seconds)."""
+def _hf_decode(m, torch, prompts, steps: int) -> tuple[list[list[int]], float, float]:
+    """Prefill the batch, then ``steps`` greedy steps with HF's KV cache (``DynamicCache``, passed
+    back as ``past_key_values``); (tokens, decode wall seconds, decode CPU seconds)."""
     with torch.inference_mode():
         out = m(torch.tensor(prompts), use_cache=True)
-        cache, nxt = out.cache, out.logits[:, -1].argmax(-1)
+        cache, nxt = out.past_key_values, out.logits[:, -1].argmax(-1)
         toks = [nxt.tolist()]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(steps):
-            out = m(nxt[:, None], cache=cache, use_cache=True)
-            cache, nxt = out.cache, out.logits[:, -1].argmax(-1)
+            out = m(nxt[:, None], past_key_values=cache, use_cache=True)
+            cache, nxt = out.past_key_values, out.logits[:, -1].argmax(-1)
             toks.append(nxt.tolist())
-        return toks, time.perf_counter() - t0
+        return toks, time.perf_counter() - t0, time.process_time() - c0
 
 
-def _ours_decode(ck, prompts, steps: int) -> tuple[list[list[int]], float]:
-    eng = _Ours(ck, len(prompts[0]) + steps + 2, len(prompts))
+def _ours_decode(ck, prompts, steps: int, linear: str = "auto") -> tuple[list[list[int]], float, float]:
+    eng = _Ours(ck, len(prompts[0]) + steps + 2, len(prompts), linear)
     seqs = [eng.new(p) for p in prompts]
     last = eng.prefill(seqs)
     toks = [last]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(steps):
         last = eng.step(seqs, last)
         toks.append(last)
-    dt = time.perf_counter() - t0
+    dt, dc = time.perf_counter() - t0, time.process_time() - c0
     eng.free(seqs)
-    return toks, dt
+    return toks, dt, dc
 
 
 def run(model: str | None = None, batches=(1, 8, 32), prompt: int = 128, steps: int = 16, prefill: int = 512,
-        repeats: int = 3, threads: int = 0, seed: int = 0, progress=None) -> dict:
+        repeats: int = 3, threads: int = 0, seed: int = 0, progress=None, linear: str = "auto") -> dict:
     import torch  # lazy: optional dependency (torch)
 
     from engine.backends.torch.loader import load  # lazy: optional dependency (torch)
@@ -159,28 +169,35 @@ def run(model: str | None = None, batches=(1, 8, 32), prompt: int = 128, steps: 
 
     # the same greedy tokens, or no figures
     check = [ids(prompt)]
-    ours_t, _ = _ours_decode(ck, check, steps)
-    hf_t, _ = _hf_decode(hf, torch, check, steps)
+    load0 = os.getloadavg()[0]
+    ours_t = _ours_decode(ck, check, steps, linear)[0]
+    hf_t = _hf_decode(hf, torch, check, steps)[0]
     agree = [a[0] for a in ours_t] == [b[0] for b in hf_t]
     if not agree:
         raise RuntimeError(f"ours and transformers disagree: {[a[0] for a in ours_t]} vs {[b[0] for b in hf_t]}")
+    model = ck.models.get(("cpu", "fp32", linear))
     result = {"model": ck.path, "threads": torch.get_num_threads(), "prompt": prompt, "steps": steps,
-              "greedy_agree": agree, "decode": [], "prefill": {}}
+              "ours_linear": model.linear if model is not None else linear,
+              "greedy_agree": agree, "decode": [], "prefill": {}, "load_before": load0}
     for b in batches:
         prompts = [ids(prompt) for _ in range(b)]
-        best = {"ours": math.inf, "hf": math.inf}
+        best = {"ours": (math.inf, math.inf), "hf": (math.inf, math.inf)}
         for _ in range(repeats):
-            best["ours"] = min(best["ours"], _ours_decode(ck, prompts, steps)[1])
-            best["hf"] = min(best["hf"], _hf_decode(hf, torch, prompts, steps)[1])
-        row = {"batch": b, "ours_tok_s": b * steps / best["ours"], "hf_tok_s": b * steps / best["hf"]}
+            o = _ours_decode(ck, prompts, steps, linear)[1:]
+            h = _hf_decode(hf, torch, prompts, steps)[1:]
+            best["ours"] = min(best["ours"], o)
+            best["hf"] = min(best["hf"], h)
+        row = {"batch": b, "ours_tok_s": b * steps / best["ours"][0], "hf_tok_s": b * steps / best["hf"][0],
+               "ours_cpu_ms": 1e3 * best["ours"][1] / steps, "hf_cpu_ms": 1e3 * best["hf"][1] / steps}
         row["ratio"] = row["ours_tok_s"] / row["hf_tok_s"]
+        row["cpu_ratio"] = row["hf_cpu_ms"] / row["ours_cpu_ms"]
         result["decode"].append(row)
         if progress:
             progress(f"decode batch {b}: ours {row['ours_tok_s']:.1f} tok/s, transformers {row['hf_tok_s']:.1f}")
     p = [ids(prefill)]
     best = {"ours": math.inf, "hf": math.inf}
     for _ in range(repeats):
-        eng = _Ours(ck, prefill + 1, 1)
+        eng = _Ours(ck, prefill + 1, 1, linear)
         seqs = [eng.new(p[0])]
         t0 = time.perf_counter()
         eng.prefill(seqs)
@@ -192,17 +209,20 @@ def run(model: str | None = None, batches=(1, 8, 32), prompt: int = 128, steps: 
             best["hf"] = min(best["hf"], time.perf_counter() - t0)
     result["prefill"] = {"tokens": prefill, "ours_tok_s": prefill / best["ours"], "hf_tok_s": prefill / best["hf"],
                          "ratio": best["hf"] / best["ours"]}
+    result["load_after"] = os.getloadavg()[0]
     return result
 
 
 def format_report(r: dict) -> str:
-    head = (f"model {r['model']}  (torch threads {r['threads']}, prompt {r['prompt']} tokens, {r['steps']} steps; "
-            f"greedy tokens equal to transformers: {r['greedy_agree']})")
+    head = (f"model {r['model']}  (torch threads {r['threads']}, prompt {r['prompt']} tokens, {r['steps']} steps, "
+            f"our linear layers: {r['ours_linear']}; greedy tokens equal to transformers: {r['greedy_agree']}; "
+            f"load average {r['load_before']:.1f} -> {r['load_after']:.1f})")
     lines = [head,
-             f"{'path':<18}{'ours tok/s':>12}{'transformers':>14}{'ratio':>8}"]
+             f"{'path':<18}{'ours tok/s':>12}{'transformers':>14}{'ratio':>8}{'cpu ms/step ours / theirs':>30}"]
     for row in r["decode"]:
         lines.append(f"{'decode batch ' + str(row['batch']):<18}{row['ours_tok_s']:>12.1f}{row['hf_tok_s']:>14.1f}"
-                     f"{row['ratio']:>7.2f}x")
+                     f"{row['ratio']:>7.2f}x{row['ours_cpu_ms']:>14.1f} / {row['hf_cpu_ms']:.1f}"
+                     f" ({row['cpu_ratio']:.2f}x)")
     p = r["prefill"]
     lines.append(f"{'prefill ' + str(p['tokens']):<18}{p['ours_tok_s']:>12.1f}{p['hf_tok_s']:>14.1f}{p['ratio']:>7.2f}x")
     return "\n".join(lines)
@@ -216,6 +236,6 @@ def main(args: argparse.Namespace) -> int:
         return 2
     progress = None if args.json else (lambda line: print(line, flush=True))
     r = run(args.model, tuple(int(x) for x in args.batches.split(",") if x), args.prompt, args.steps, args.prefill,
-            args.repeats, args.threads, args.seed, progress)
+            args.repeats, args.threads, args.seed, progress, args.ours_linear)
     print(json.dumps(r, indent=2) if args.json else format_report(r))
     return 0

@@ -1,0 +1,289 @@
+"""The torch engine between nodes (engine/transfer/: Mooncake over TCP or the loopback fake;
+control messages over the KV plane's exchange, engine/kvplane.py), a mixin of ``TorchBackend``:
+
+- *peer fetch* while the request queues: the router's fetch plan names blocks in a peer's L2;
+  this node leases them (``Lease``), reads them into its own L2 (``read_blocks``), copies them on
+  into L1 and releases them; ``KvFetched``; the request becomes eligible when they have landed.
+- *prefill -> decode*: the prefill node keeps the request's KV (and its first token) after
+  ``FirstToken``; the decode node, when the worker calls ``kv_arrived``, sends ``Pull`` with the
+  blocks it lacks and staging slots of its own; the prefill node writes the blocks there
+  (``write_blocks``: full blocks from its L2, the rest through its staging pool) and answers
+  with the first token id. The decode node copies them into L1 (``KvMoved``) and decodes. If
+  the pull fails, the decode node recomputes the prompt: same tokens, same output.
+- serving peers: ``Lease`` / ``Release`` of L2 blocks and ``Pull`` of a hand-off.
+
+``DataPlane``: the worker's data-plane hooks, played by the backend (it moves its own KV).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import msgspec
+
+from engine.backends.torch.state import Seq
+from engine.kvplane import parse_endpoint
+from engine.transfer import PoolDescriptor, TransferError
+from events.catalog import KvFetched, KvMoved
+from events.ids import BlockHash, NodeId
+from kernels.layout import KvLayoutError
+from kernels.ops import copy_blocks
+from services.adapters.logging import get_logger
+
+log = get_logger("torch_engine")
+
+
+class Lease(msgspec.Struct, tag="lease"):
+    blocks: list[int]
+
+
+class Release(msgspec.Struct, tag="release"):
+    lease: int
+
+
+class Pull(msgspec.Struct, tag="pull"):
+    """The decode node asks for a request's KV: block indices (a full block, or the partial
+    last one at index ``len(blocks)``) written into its staging ``slots``."""
+
+    request: str
+    indices: list[int]
+    pool: PoolDescriptor
+    slots: list[int]
+
+
+class Reply(msgspec.Struct):
+    slots: list[int] = []
+    pool: PoolDescriptor | None = None
+    lease: int = 0
+    first_token: int = -1
+    error: str = ""
+
+
+Message = Lease | Release | Pull
+
+
+class PeerTransfers:
+    """``TorchBackend``'s KV moves between nodes (module docstring); uses the backend's
+    ``kv``, ``transfer``, ``exchange``, ``descs``, ``host``, ``cfg`` and scheduler hooks."""
+
+    # ------------------------------------------------------------------ peer fetch (while queued)
+    def _peer(self, node: str) -> str:
+        if self.transfer is None:
+            raise TransferError("this node moves no KV (transfer none)")
+        endpoint = self.cfg.peers.get(node)
+        if not endpoint:
+            raise TransferError(f"peer {node} registered no transfer endpoint")
+        backend, _, ctl = parse_endpoint(endpoint)
+        if backend != self.transfer.name:
+            raise TransferError(f"peer {node} moves KV with {backend}, this node with {self.transfer.name}")
+        return ctl
+
+    async def _fetch(self, s: Seq) -> None:
+        """The router's fetch plan: lease the blocks in the peer's L2, read them into ours, copy
+        them on into L1 (``KvFetched``); the request is eligible when done (or when it failed)."""
+        t0 = time.perf_counter()
+        try:
+            pos = self.kv.held_prefix(s.hashes, "L1")
+            for step in sorted(s.job.fetch_plan, key=lambda st: st.first_block):
+                end = min(step.first_block + step.n_blocks, len(s.hashes))
+                if end <= pos:
+                    continue
+                if step.first_block > pos or step.src_node == self.node_id:
+                    break
+                blocks = s.hashes[pos:end]
+                got = await self._fetch_from(step.src_node, s, blocks)
+                if got:
+                    s.fetched_tokens += 64 * len(got)
+                    dur = time.perf_counter() - t0
+                    self.host.emit(KvFetched(ts=self._now(), src=self.node_id, request=s.request,
+                                             src_node=step.src_node, dst_node=self.node_id, blocks=got,
+                                             duration_s=dur, hidden_s=dur))
+                if len(got) < len(blocks):
+                    break
+                pos = end
+        except (TransferError, KvLayoutError, OSError) as exc:
+            log.warning("torch_fetch_failed", node=self.node_id, request=s.request, error=str(exc),
+                        action="prefill recomputes the missing blocks")
+        finally:
+            s.ready = True
+            if s in self.pqueue:
+                self._pin_queued(s)
+            self._kick()
+
+    async def _fetch_from(self, src: str, s: Seq, blocks: list[BlockHash]) -> list[BlockHash]:
+        ctl = self._peer(src)
+        reply = await self.exchange.request(ctl, Lease(blocks=list(blocks)), self.cfg.timeout_s)
+        try:
+            if reply.error:
+                raise TransferError(f"peer {src}: {reply.error}")
+            n = len(reply.slots)  # the prefix of the blocks the peer holds in L2
+            blocks = blocks[:n]
+            if not n:
+                return []
+            pinned = s.hashes
+            pool = self.kv.pool
+            new2 = [b for b in blocks if b not in self.kv.slot["L2"]]
+            new1 = [b for b in blocks if b not in self.kv.slot["L1"]]
+            if not (pool.make_room("L2", len(new2), pinned) and pool.make_room("L1", len(new1), pinned)):
+                return []  # no room in one tier: the blocks are recomputed
+            mine = dict(self.kv.add_l2(blocks, pinned) or [])
+            todo = [(b, r) for b, r in zip(blocks, reply.slots, strict=True) if b in mine]
+            if todo:
+                await asyncio.to_thread(self.transfer.read_blocks, reply.pool, [r for _, r in todo],
+                                        self.kv.pools["L2"], [mine[b] for b, _ in todo])
+            l1 = self.kv.add_l1(blocks, pinned) or []
+            if l1:
+                copy_blocks(self.kv.pools["L2"], [self.kv.slot["L2"][b] for b, _ in l1],
+                            self.kv.pools["L1"], [sl for _, sl in l1]).wait()
+            self.counters["fetched_blocks"] += len(blocks)
+            return list(blocks)
+        finally:
+            with contextlib.suppress(TransferError, OSError, TimeoutError):
+                await self.exchange.request(ctl, Release(lease=reply.lease), self.cfg.timeout_s)
+
+    # ------------------------------------------------------------------ prefill -> decode
+    async def _pull(self, s: Seq, src: NodeId) -> None:
+        """Decode admission of a request prefilled on ``src``: pull its KV and first token."""
+        held = self.kv.held_prefix(s.hashes, "L1")
+        need = list(range(held, len(s.hashes))) + ([len(s.hashes)] if s.prompt % 64 else [])
+        stage: list[int] = []
+        self.kv.pool.pin(s.owner(), s.hashes[:held])  # the prefix already here stays while we pull
+        try:
+            ctl = self._peer(src)
+            private = self.kv.take_private(s.total_blocks(True) - len(s.hashes), s.hashes)
+            if private is None:
+                raise TransferError("no room in L1 for the request's working memory")
+            s.private = set(private)
+            s.slots = [-1] * len(s.hashes) + private
+            stage = self.kv.alloc["stage"].alloc(len(need))
+            reply = await self.exchange.request(
+                ctl, Pull(request=s.request, indices=need, pool=self.descs["stage"], slots=stage), self.cfg.timeout_s)
+            if reply.error:
+                raise TransferError(f"peer {src}: {reply.error}")
+            full = [i for i in need if i < len(s.hashes)]
+            moved = self.kv.add_l1([s.hashes[i] for i in full], s.hashes) if full else []
+            if moved is None:
+                raise TransferError("no room in L1 for the request's blocks")
+            dst = dict(moved)
+            pairs = [(st, dst[s.hashes[i]]) for i, st in zip(need, stage, strict=False)
+                     if i < len(s.hashes) and s.hashes[i] in dst]
+            if s.prompt % 64:
+                pairs.append((stage[-1], private[0]))
+            if pairs:
+                copy_blocks(self.kv.pools["stage"], [a for a, _ in pairs], self.kv.pools["L1"],
+                            [b for _, b in pairs]).wait()
+            for i, h in enumerate(s.hashes):
+                s.slots[i] = self.kv.slot["L1"][h]
+            self.kv.pool.pin(s.owner(), s.hashes)
+            s.n, s.out = s.prompt, [reply.first_token]
+            s.sent, s.sent_text = 1, self._text(s.out)
+            self.counters["pulled_blocks"] += len(need)
+            self.host.emit(KvMoved(ts=self._now(), src=self.node_id, src_node=src, dst_node=self.node_id,
+                                   blocks=[h for h, _ in moved], src_phase="prefill", dst_phase="decode",
+                                   dst_tier="L1", request=s.request))
+            self._start_decode(s)
+        except (TimeoutError, TransferError, KvLayoutError, OSError) as exc:
+            log.warning("torch_kv_pull_failed", node=self.node_id, request=s.request, src=src, error=str(exc),
+                        action="recomputing the prompt here")
+            self.counters["recomputed"] += 1
+            self._release(s)
+            s.slots, s.n, s.started, s.recompute = [], 0, False, True
+            self.pqueue.insert(0, s)
+            self._pin_queued(s)
+            self._kick()
+        finally:
+            if stage:
+                self.kv.alloc["stage"].free(stage)
+
+    # ------------------------------------------------------------------ serving peers
+    async def _handle(self, msg) -> Reply:
+        now = time.monotonic()
+        for lid, (t0, owner) in list(self._leases.items()):
+            if now - t0 > self.cfg.handoff_ttl_s:
+                del self._leases[lid]
+                self.kv.pool.unpin(owner)
+        if isinstance(msg, Release):
+            owner = self._leases.pop(msg.lease, (0.0, None))[1]
+            if owner is not None:
+                self.kv.pool.unpin(owner)
+            return Reply()
+        if isinstance(msg, Lease):
+            held = []
+            for b in msg.blocks:
+                if b not in self.kv.slot["L2"]:
+                    break
+                held.append(b)
+            lid = next(self._lease_ids)
+            self._leases[lid] = (now, ("l", lid))
+            self.kv.pool.pin(("l", lid), held)
+            self.counters["served_blocks"] += len(held)
+            return Reply(slots=[self.kv.slot["L2"][b] for b in held], pool=self.descs["L2"], lease=lid)
+        return await self._serve_pull(msg)
+
+    async def _serve_pull(self, msg: Pull) -> Reply:
+        entry = self.handoffs.get(msg.request)
+        if entry is None:
+            return Reply(error=f"no KV of request {msg.request} here (expired or dropped)")
+        s = entry[1]
+        if len(msg.indices) != len(msg.slots):
+            return Reply(error="pull: indices and slots differ in length")
+        from_l2, l2_dst, from_l1, l1_dst = [], [], [], []
+        for i, d in zip(msg.indices, msg.slots, strict=True):
+            if not 0 <= i < len(s.slots) or i > len(s.hashes):
+                return Reply(error=f"pull: block index {i} outside the request's {len(s.hashes)} blocks")
+            h = s.hashes[i] if i < len(s.hashes) else None
+            if h is not None and h in self.kv.slot["L2"]:
+                from_l2.append(self.kv.slot["L2"][h])
+                l2_dst.append(d)
+            else:
+                from_l1.append(s.slots[i])
+                l1_dst.append(d)
+        stage: list[int] = []
+        try:
+            if from_l1:
+                stage = self.kv.alloc["stage"].alloc(len(from_l1))
+                copy_blocks(self.kv.pools["L1"], from_l1, self.kv.pools["stage"], stage).wait()
+                await asyncio.to_thread(self.transfer.write_blocks, self.kv.pools["stage"], stage, msg.pool, l1_dst)
+            if from_l2:
+                await asyncio.to_thread(self.transfer.write_blocks, self.kv.pools["L2"], from_l2, msg.pool, l2_dst)
+        except (TransferError, KvLayoutError) as exc:
+            return Reply(error=str(exc))
+        finally:
+            if stage:
+                self.kv.alloc["stage"].free(stage)
+        self.counters["served_blocks"] += len(msg.indices)
+        first = s.out[0]
+        self._drop_handoff(msg.request)
+        return Reply(first_token=first)
+
+
+class DataPlane:
+    """The worker's data-plane hooks (engine/worker: ``kv``): the endpoint it registers, the
+    peers' endpoints it folds, a summary at stop. The backend moves its own KV."""
+
+    def __init__(self, backend) -> None:
+        self.b = backend
+
+    async def start(self) -> None:
+        return None
+
+    @property
+    def endpoint(self) -> str:
+        return self.b.transfer_endpoint
+
+    def peer_registered(self, node: str, endpoint: str) -> None:
+        self.b.peer_registered(node, endpoint)
+
+    def observe(self, event) -> None:
+        return None
+
+    async def drain(self, timeout: float = 10.0) -> None:
+        return None
+
+    def summary(self) -> dict:
+        return dict(self.b.counters)
+
+    async def close(self) -> None:
+        return None
