@@ -315,10 +315,15 @@ class _NatsConsumer:
     """
 
     def __init__(self, bus: NatsBus, durable: str | None, start_seq: int | None, subjects: str,
-                 batch_acks: int, batch: int = 2048, expires_s: float = 5.0) -> None:
+                 batch_acks: int, batch: int = 2048, expires_s: float = 5.0,
+                 ack_delay_s: float = 0.1) -> None:
         self.bus, self.durable, self.start_seq, self.subjects = bus, durable, start_seq, subjects
         self.name = durable or "ephemeral"
         self.batch_acks, self.batch, self.expires_s = batch_acks, batch, expires_s
+        #: an idle consumer sends its pending ack this long after the oldest unsent one, not at
+        #: every wake-up: one socket write per wake-up was most of the router's CPU per request
+        self.ack_delay_s = ack_delay_s
+        self._ack_due: float | None = None  # loop time the pending ack is due (None: nothing pending)
         self._consumer: str | None = None
         self._buf: deque = deque()
         self._wake = asyncio.Event()
@@ -392,7 +397,7 @@ class _NatsConsumer:
         self._owed.clear()
         self._last_cseq = 0
         self._ack_msgs.clear()  # acks of the old consumer's messages mean nothing to the new one
-        self._acked = self._ack_target
+        self._acked, self._ack_due = self._ack_target, None
         log.warning("consumer_recreated", consumer=self.name, start_seq=start, reason="deliveries lost in transit")
 
     async def __aenter__(self) -> Self:
@@ -491,11 +496,20 @@ class _NatsConsumer:
                 await asyncio.sleep(0)
                 if buf:
                     continue
-                await self.flush()
+                loop = asyncio.get_running_loop()
+                wait = self.expires_s
+                if self.durable and self._ack_target > self._acked:
+                    now = loop.time()
+                    if self._ack_due is None:
+                        self._ack_due = now + self.ack_delay_s
+                    if now >= self._ack_due:
+                        await self.flush()
+                    else:
+                        wait = self._ack_due - now  # wake to send it if nothing comes first
                 self._wake.clear()
                 # Bounded sleep: a request whose expiry status got lost (a reconnect) must not
                 # park the consumer for good; a timer handle is cheaper than wait_for's task.
-                timer = asyncio.get_running_loop().call_later(self.expires_s, self._wake.set)
+                timer = loop.call_later(wait, self._wake.set)
                 await self._wake.wait()
                 timer.cancel()
                 continue
@@ -520,8 +534,9 @@ class _NatsConsumer:
             yield Delivery(seq, msg.subject, event, msg.headers or {})
 
     async def ack(self, seq: int) -> None:
-        """Cumulative ack up to ``seq``; sent every ``batch_acks`` messages, and whenever the
-        consumer waits for more (so an idle consumer never holds an unsent ack)."""
+        """Cumulative ack up to ``seq``; sent every ``batch_acks`` messages, and by an idle
+        consumer ``ack_delay_s`` after the oldest unsent one (so an idle consumer never holds an
+        unsent ack for longer, and a steady trickle of events costs no write per event)."""
         if seq <= self._ack_target or not self.durable:
             return
         self._ack_target = seq
@@ -545,6 +560,7 @@ class _NatsConsumer:
         else:
             await msg.ack()
         self._acked = target
+        self._ack_due = None
         for s in [s for s in self._ack_msgs if s <= target]:
             del self._ack_msgs[s]
 
