@@ -15,7 +15,7 @@ pyx_changed() { [ setup.py -nt "$stamp" ] || [ -n "$(find services engine -name 
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || pyx_changed; then
   echo "installing evolving-infra and its dev tools into .venv (log: .venv/install.log) ..." >&2
   if ! { .venv/bin/python -m pip install --disable-pip-version-check --upgrade pip &&
-         .venv/bin/python -m pip install --disable-pip-version-check -e '.[dev,engine]'; } > .venv/install.log 2>&1; then
+         .venv/bin/python -m pip install --disable-pip-version-check -e '.[dev,engine,bench-engine]'; } > .venv/install.log 2>&1; then
     tail -40 .venv/install.log >&2
     echo "ERROR: installation failed (full log: .venv/install.log)" >&2
     exit 1

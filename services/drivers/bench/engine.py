@@ -123,17 +123,25 @@ class _Ours:
         return greedy(logits)
 
 
+def _hf_cache(out) -> tuple[object, str]:
+    """HF's KV cache of a forward's output and the keyword that passes it back: ``cache`` from
+    transformers 5.24 on (``past_key_values`` is deprecated there, removed in 5.40), else
+    ``past_key_values`` (5.23 has no ``cache``)."""
+    cache = getattr(out, "cache", None)
+    return (cache, "cache") if cache is not None else (out.past_key_values, "past_key_values")
+
+
 def _hf_decode(m, torch, prompts, steps: int) -> tuple[list[list[int]], float, float]:
     """Prefill the batch, then ``steps`` greedy steps with HF's KV cache (``DynamicCache``, passed
-    back as ``past_key_values``); (tokens, decode wall seconds, decode CPU seconds)."""
+    back each step); (tokens, decode wall seconds, decode CPU seconds)."""
     with torch.inference_mode():
         out = m(torch.tensor(prompts), use_cache=True)
-        cache, nxt = out.past_key_values, out.logits[:, -1].argmax(-1)
+        (cache, kw), nxt = _hf_cache(out), out.logits[:, -1].argmax(-1)
         toks = [nxt.tolist()]
         t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(steps):
-            out = m(nxt[:, None], past_key_values=cache, use_cache=True)
-            cache, nxt = out.past_key_values, out.logits[:, -1].argmax(-1)
+            out = m(nxt[:, None], use_cache=True, **{kw: cache})
+            (cache, kw), nxt = _hf_cache(out), out.logits[:, -1].argmax(-1)
             toks.append(nxt.tolist())
         return toks, time.perf_counter() - t0, time.process_time() - c0
 
