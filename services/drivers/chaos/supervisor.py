@@ -57,6 +57,8 @@ class Stack:
     def __init__(self, workdir: Path, *, partition: str = "chaos", rate: float = 20.0,
                  heartbeat_s: float = 0.5, heartbeat_timeout_s: float = 2.0, tick_s: float = 0.5,
                  engines: bool = False, kv_bytes: bool = False) -> None:
+        # ``--workdir`` may name a folder that does not exist yet (it was a traceback at the first log)
+        workdir.mkdir(parents=True, exist_ok=True)
         self.workdir, self.partition, self.engines = workdir, partition, engines
         #: the workers move real KV bytes (``--kv-bytes``, Mooncake over TCP) and arm a cut
         #: transfer on SIGUSR1 (services/drivers/chaos/engine_faults.py)
