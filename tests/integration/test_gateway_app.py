@@ -8,7 +8,6 @@ import contextlib
 import json
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
 from events.catalog import (
     BranchEnded,
@@ -21,6 +20,7 @@ from events.hashing import block_hashes
 from services.adapters.bus import InMemoryBus, NatsBus
 from services.adapters.bus.tokens import MemoryTokens, NatsTokens, TokenMsg, sim_text
 from services.drivers.gateway.app import Gateway, GatewayConfig
+from tests.integration.gateway_harness import serving as serve_app
 
 
 async def fake_cluster(bus, tokens, chunk: int = 3, shadow_first: bool = True, fail: set[str] = frozenset(),
@@ -58,14 +58,8 @@ async def fake_cluster(bus, tokens, chunk: int = 3, shadow_first: bool = True, f
 @contextlib.asynccontextmanager
 async def gateway(bus, tokens, _fake: dict | None = None, **cfg):
     gw = Gateway(bus, tokens, GatewayConfig(partition=bus.partition, **cfg), clock=lambda: 100.0)
-    task = asyncio.create_task(fake_cluster(bus, tokens, **(_fake or {})))
-    try:
-        async with TestClient(TestServer(gw.make_app())) as client:
-            yield gw, client
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    async with serve_app(gw, fake_cluster(bus, tokens, **(_fake or {}))) as client:
+        yield gw, client
 
 
 async def _events(bus, types=(BranchOpened, RequestSubmitted, ContextCompacted, BranchEnded)):

@@ -34,6 +34,7 @@ from services.adapters.bus.natsserver import free_port
 from services.adapters.bus.tokens import MemoryTokens, NatsTokens, TokenMsg, sim_text
 from services.drivers.gateway.app import Gateway, GatewayConfig
 from services.drivers.up.testing import read_all
+from tests.integration.gateway_harness import serving as serve_app
 
 REPO = Path(__file__).resolve().parents[2]
 LOST = "decode node n2 was removed mid-decode (heartbeat timeout: 10.2 s); the request is lost"
@@ -75,14 +76,8 @@ async def cluster(bus, tokens, lose_after_first=frozenset(), lose_before_route=f
 @contextlib.asynccontextmanager
 async def serving(bus, tokens, **fake):
     gw = Gateway(bus, tokens, GatewayConfig(partition=bus.partition, token_timeout_s=30, route_timeout_s=30))
-    task = asyncio.create_task(cluster(bus, tokens, **fake))
-    try:
-        async with TestClient(TestServer(gw.make_app())) as client:
-            yield gw, client
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    async with serve_app(gw, cluster(bus, tokens, **fake)) as client:
+        yield gw, client
 
 
 CHAT = {"model": "evolving-sim", "messages": [{"role": "user", "content": "hello " * 20}], "max_tokens": 4}

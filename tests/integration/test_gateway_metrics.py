@@ -14,6 +14,7 @@ from events.catalog import RequestSubmitted, RouteDecided
 from services.adapters.bus import InMemoryBus
 from services.adapters.bus.tokens import MemoryTokens, TokenMsg, sim_text
 from services.drivers.gateway.app import Gateway, GatewayConfig
+from tests.integration.gateway_harness import serving as serve_app
 
 T_C = 64  # what the fake router plans as cached
 ENGINE_CACHED = 128  # what the fake engine says it found, on branches named "engine*"
@@ -42,14 +43,8 @@ async def fake_cluster(bus, tokens):
 async def gateway(partition):
     bus, tokens = InMemoryBus(partition), MemoryTokens(partition)
     gw = Gateway(bus, tokens, GatewayConfig(partition=partition, model="m1"), clock=lambda: 100.0)
-    task = asyncio.create_task(fake_cluster(bus, tokens))
-    try:
-        async with TestClient(TestServer(gw.make_app())) as client:
-            yield gw, client
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    async with serve_app(gw, fake_cluster(bus, tokens)) as client:
+        yield gw, client
 
 
 def _sse(text: str) -> list:
