@@ -34,6 +34,7 @@ import argparse
 import json
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -62,6 +63,15 @@ def _cmd(args) -> int:
             return 2
         by_name = {e.name: e for e in exps}
         exps = [by_name[n] for n in dict.fromkeys(names)]  # in the order asked
+    if args.rows:
+        want = {n.strip() for n in args.rows.split(",") if n.strip()}
+        have = {r.label for e in exps for r in e.runs}
+        if want - have:
+            print(f"evolving experiments: no row {', '.join(sorted(want - have))} in "
+                  f"{', '.join(e.name for e in exps)}; rows: {', '.join(sorted(have))}")
+            return 2
+        exps = [replace(e, runs=[r for r in e.runs if r.label in want]) for e in exps]
+        exps = [e for e in exps if e.runs]
     if args.list:
         parser = run_parser()
         seen: set[str] = set()
@@ -103,7 +113,7 @@ def _cmd(args) -> int:
     try:
         summary = run_matrix(exps, out_dir, console, report=report, jobs=jobs,
                              progress=not args.no_progress and jobs == 1, seed=args.seed,
-                             quick=args.quick or args.tiny, on_experiment=write)
+                             quick=args.quick or args.tiny, on_experiment=write, resume=args.resume)
     except KeyboardInterrupt:
         console.print(f"[red]interrupted after {(time.perf_counter() - t0) / 60:.1f} min; "
                       f"summary of the experiments done: {out_dir / 'summary.json'}")
@@ -140,6 +150,11 @@ def register(sub, bench) -> None:
     p.add_argument("--out-dir", default="runs/experiments", help="DuckDB logs, PNG plots and summary.json go here")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--list", action="store_true", help="list the experiments and their run counts, run nothing")
+    p.add_argument("--rows", default="",
+                   help="comma-separated row labels: run only these rows of the experiments chosen (e.g. dynamo,arrow)")
+    p.add_argument("--resume", action="store_true",
+                   help="rows whose log in --out-dir holds the same simulation run to the end are read back from "
+                        "it, not run again (a stopped matrix, or --rows run earlier, completes its tables)")
     p.add_argument("--no-progress", action="store_true", help="no per-run progress bar")
     p.add_argument("--json", action="store_true", help="also print the summary as JSON")
     p.add_argument("--jobs", type=int, default=None,

@@ -12,12 +12,26 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from engine.profiles import load_profile
+from replay.sim.cli import DEFAULT_CALIBRATION
 from services.cores.planner.evolving import EvolvingConfig
 
 PRESSURE_PROFILE = "gb300-glm52-pressure"  # the regime map's near-capacity cell: 86% KV demand (deploy/profiles)
+#: The recorded Claude Code sessions (issue 25): the 100 calibration sessions beside the checkout where
+#: they are (../shared/traces), else the 34 of them bundled with the repository (deploy/traces/calibration).
+CALIBRATION_FULL = DEFAULT_CALIBRATION
+CALIBRATION_BUNDLED = Path(__file__).resolve().parents[2] / "deploy" / "traces" / "calibration"
+
+
+def calibration_trace(tiny: bool = False) -> Path:
+    """The calibration sessions the ``calib-126`` rows replay: the full 100 where they are, else (and in
+    the tests' tiny matrix, which must not depend on the machine) the bundled 34."""
+    return CALIBRATION_FULL if CALIBRATION_FULL.is_dir() and not tiny else CALIBRATION_BUNDLED
+
+
 SLO_TTFT_P95_S = 10.0  # open arrivals: the P95 TTFT a stack must keep (our choice, docs/experiments.md)
 
 
@@ -64,7 +78,7 @@ WINDOW = {"full": ("30m", "1h"), "quick": ("4m", "4m"), "tiny": ("60", "60")}
 CORE = ["evolving", "dynamo", "arrow"]  # every stationary table: ours and the two baselines, then a static split
 
 #: The experiments, in the matrix's order; ``cc-90`` and ``cc-108`` are in the full matrix only.
-ORDER = ["cc-90", "cc-108", "cc-126", "kv-capacity", "putnam-224", "osworld-128", "ablation-4p5d",
+ORDER = ["calib-126", "cc-90", "cc-108", "cc-126", "kv-capacity", "putnam-224", "osworld-128", "ablation-4p5d",
          "start-split", "shifting", "open-arrivals", "objective"]
 FULL_ONLY = {"cc-90", "cc-108"}
 
@@ -84,9 +98,18 @@ class Stationary:
     claim: str
     quick_stacks: list[str] | None = None
     third: bool = False
+    statics: tuple[str, ...] = ()  # more static splits beside ``static`` (full matrix only)
+    recorded: bool = False  # the calibration sessions at agent pace (:func:`calibration_trace`), not a generator
+    profile: str | None = None
 
 
 STATIONARY = {
+    "calib-126": Stationary("calibration sessions", 126, "static:4P5D",
+                            "issue 25: at the pressure profile ours should lead every baseline on throughput, "
+                            "P95 TTFT (several times lower than Dynamo's) and lost KV reuse (at most a fifth of "
+                            "Dynamo's; M §5: 81-95% lower)",
+                            quick_stacks=["evolving", "dynamo"], statics=("static:3P6D",), recorded=True,
+                            profile=PRESSURE_PROFILE),
     "cc-90": Stationary("cc", 90, "static:4P5D", CC_CLAIM),
     "cc-108": Stationary("cc", 108, "static:4P5D", CC_CLAIM),
     "cc-126": Stationary("cc", 126, "static:4P5D", CC_CLAIM),
@@ -209,16 +232,23 @@ class _Mode:
 
 def _stationary(m: _Mode, name: str) -> Experiment:
     e = STATIONARY[name]
-    stacks = CORE + [e.static]
+    stacks = CORE + [e.static] + ([] if m.quick else list(e.statics))
     if m.quick and e.quick_stacks is not None:
         stacks = e.quick_stacks
     note, extra, n = "", (), e.agents
+    workload: str | None = e.workload
+    if e.recorded:
+        workload, extra = None, ("--trace", str(calibration_trace(m.tiny)), "--pace", "agent")
+    if e.profile:
+        extra = (*extra, "--profile", e.profile)
     if m.quick and e.third:
         stacks = [_third_split(s) for s in stacks]
         n, extra = -(-e.agents // 3), ("--nodes", "3")
         note = f"{m.agents(n)} agents on 3 nodes, a third of {m.agents(e.agents)} on 9: {QUICK_THIRD}"
-    return Experiment(name, f"{e.workload}-like, {e.agents} agents, stationary", e.claim,
-                      [Run(s, s, m.flags(e.workload, m.agents(n), *extra)) for s in stacks], quick_note=note)
+    title = (f"{e.workload} ({calibration_trace(m.tiny).name}), {e.agents} agents at agent pace, {e.profile}" if e.recorded
+             else f"{e.workload}-like, {e.agents} agents, stationary")
+    return Experiment(name, title, e.claim,
+                      [Run(s, s, m.flags(workload, m.agents(n), *extra)) for s in stacks], quick_note=note)
 
 
 def _kv_capacity(m: _Mode) -> Experiment:

@@ -128,6 +128,7 @@ class Result:
     sessions: dict[str, int] = field(default_factory=dict)  # shifting: sessions per workload per phase
     same_as: str = ""  # "exp / label" of the identical row whose run this reuses
     cpu_s: float = 0.0  # CPU seconds of the process that ran it
+    resumed: bool = False  # read back from the log an earlier call wrote (--resume), not run now
 
 
 def safe(name: str) -> str:
@@ -181,13 +182,53 @@ def _row_line(tag: str, exp: Experiment, r: Result) -> str:
     m = r.metrics
     return (f"{head}: {m.throughput_rps:.2f} req/s, TTFT P95 {m.ttft_p95_s:.2f} s, "
             f"{r.wall_s:.0f} s wall, {r.cpu_s:.0f} s CPU" + (f" (same run as {r.same_as})" if r.same_as else "")
-            + f" -> {r.log}")
+            + (" (read back from an earlier run's log)" if r.resumed else "") + f" -> {r.log}")
+
+
+def _key_file(log: str) -> Path:
+    return Path(log + ".key")
+
+
+def recorded(log: str, key: str, seed: int) -> Result | None:
+    """The row ``log`` already holds (``--resume``): its key file says the same simulation (:func:`run_key`,
+    seed) ran to the end into it, so its metrics are recomputed from the log alone, as ``sim-report``
+    does. None when there is no such run (no log, no key file, another key: the row runs again)."""
+    kf = _key_file(log)
+    if not (Path(log).exists() and kf.exists()):
+        return None
+    try:
+        doc = json.loads(kf.read_text())
+    except (OSError, ValueError):
+        return None
+    if doc.get("key") != key or doc.get("seed") != seed:
+        return None
+    from replay.sim.figures import METRIC_TYPES, compute_metrics
+    from services.adapters.eventlog import DuckDbEventLog  # lazy: only when resuming
+
+    ev_log = DuckDbEventLog(log, read_only=True)
+    try:
+        cfg = ev_log.run_config()
+        warm, dur = float(cfg["warmup_s"]), float(cfg["duration_s"])
+        m = compute_metrics((ev for _, _, ev in ev_log.read(types=METRIC_TYPES)), warm, warm + dur, doc["label"])
+    finally:
+        ev_log.close()
+    m.unfinished = int(doc.get("unfinished", 0))
+    return Result(Run(doc["label"], doc["stack"], []), m, "ok", float(doc.get("wall_s", 0.0)), log,
+                  dict(doc.get("sessions", {})), cpu_s=float(doc.get("cpu_s", 0.0)), resumed=True)
+
+
+def _keep(r: Result, key: str, seed: int) -> None:
+    """After a row ran to the end: its key file beside its log, for ``--resume``."""
+    if r.status == "ok" and r.log:
+        _key_file(r.log).write_text(json.dumps({
+            "key": key, "seed": seed, "label": r.run.label, "stack": r.run.stack, "wall_s": r.wall_s,
+            "cpu_s": r.cpu_s, "sessions": r.sessions, "unfinished": getattr(r.metrics, "unfinished", 0)}))
 
 
 def run_matrix(exps: list[Experiment], out_dir: Path, console, *,
                report: Callable[[Experiment, list[Result], Path, object, bool], dict], jobs: int = 1,
                progress: bool = False, seed: int = 0, quick: bool = False,
-               on_experiment: Callable[[list[dict]], None] | None = None) -> list[dict]:
+               on_experiment: Callable[[list[dict]], None] | None = None, resume: bool = False) -> list[dict]:
     """Every row of ``exps``: available rows run once each (identical rows once in all, see
     :func:`run_key`), ``jobs`` at a time in worker processes (1: here, in order); each experiment
     is reported as soon as its rows are done, the first in the matrix's order among those done:
@@ -195,7 +236,8 @@ def run_matrix(exps: list[Experiment], out_dir: Path, console, *,
     table and plots) returns its JSON summary (then ``on_experiment(summaries so far)``); rows
     are submitted in the matrix's order.
     Returns the experiments' JSON summaries. Interrupted (Ctrl-C, SIGTERM), the workers are
-    stopped and the experiments done so far stay reported."""
+    stopped and the experiments done so far stay reported. ``resume``: a row whose log already
+    holds the same simulation run to the end (:func:`recorded`) is read back, not run again."""
     parser = run_parser()
     total = sum(len(e.runs) for e in exps)
     plan: list[tuple[Experiment, Run, str, str]] = []  # (exp, run, log, status or key)
@@ -211,14 +253,19 @@ def run_matrix(exps: list[Experiment], out_dir: Path, console, *,
             key = run_key(run, parser)
             first.setdefault(key, (log, f"{exp.name} / {run.label}"))
             plan.append((exp, run, log, key))
+    done: dict[str, Result] = {}
+    if resume:
+        for _exp, _run, log, key in plan:
+            if key in first and first[key][0] == log and (old := recorded(log, key, seed)) is not None:
+                old.run, old.same_as = _run, ""
+                done[key] = old
     pool = None
     futures: dict[str, object] = {}
     if jobs > 1:
         pool = ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"))
         for _exp, _run, log, key in plan:
-            if key in first and first[key][0] == log and key not in futures:
+            if key in first and first[key][0] == log and key not in futures and key not in done:
                 futures[key] = pool.submit(execute, _run, log, seed, False)
-    done: dict[str, Result] = {}
     summaries: list[dict] = []
     index = {id(run): k for k, (_e, run, _l, _k) in enumerate(plan, start=1)}
 
@@ -238,6 +285,7 @@ def run_matrix(exps: list[Experiment], out_dir: Path, console, *,
             else:
                 r = futures[key].result()
                 r.run = run
+            _keep(r, key, seed)
             done[key] = r
         console.print(_row_line(f"[{index[id(run)]}/{total}] ", exp, r))
         return r

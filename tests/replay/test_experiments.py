@@ -12,7 +12,7 @@ import duckdb
 import pytest
 
 from replay.experiments.cli import _window_arg
-from replay.experiments.matrix import PRESSURE_PROFILE, Run, _third_split, matrix
+from replay.experiments.matrix import CALIBRATION_BUNDLED, PRESSURE_PROFILE, Run, _third_split, matrix
 from replay.experiments.plots import max_rate_within_slo
 from replay.experiments.run import Result, ScheduleSource, execute, missing_piece, run_parser
 from replay.sim.figures import RunMetrics
@@ -59,7 +59,11 @@ def test_the_whole_tiny_matrix_runs_in_worker_processes_and_identical_rows_run_o
     cc, kv, obj = by["cc-126"], by["kv-capacity"], by["objective"]
     assert [r["label"] for r in cc["runs"]] == ["evolving", "dynamo", "arrow", "static:4P5D"]
     runs = [r for e in summary["experiments"] for r in e["runs"]]
-    assert [r["status"] for r in runs] == ["ok"] * 30
+    assert [r["label"] for r in by["calib-126"]["runs"]] == ["evolving", "dynamo"]
+    calib = next(e for e in matrix(True, tiny=True) if e.name == "calib-126")  # the bundled sessions, recorded pace
+    assert all(r.argv[r.argv.index("--trace") + 1] == str(CALIBRATION_BUNDLED) and PRESSURE_PROFILE in r.argv
+               and "agent" in r.argv for r in calib.runs)
+    assert [r["status"] for r in runs] == ["ok"] * 32
     for r in runs:  # one real event log per simulation
         con = duckdb.connect(r["log"], read_only=True)
         try:
@@ -69,7 +73,7 @@ def test_the_whole_tiny_matrix_runs_in_worker_processes_and_identical_rows_run_o
         assert n > 0 and r["metrics"]["throughput_rps"] > 0, r["label"]
     assert "highest swept rate with P95 TTFT" in text and "sessions started per phase" in text
     flat = " ".join(text.split())  # titles wrap
-    assert flat.count("[QUICK: 1 min after a 1 min warm-up, subset of rows") == 9
+    assert flat.count("[QUICK: 1 min after a 1 min warm-up, subset of rows") == 10
     assert flat.count("on 3 nodes, a third of") == 2 and "same load per node" in flat
     assert [Path(p).name for p in obj["plots"]] == ["objective.png"]
     reused = [r for r in kv["runs"] if r["same_as"]]
@@ -88,6 +92,7 @@ def test_the_whole_tiny_matrix_runs_in_worker_processes_and_identical_rows_run_o
     assert len(sweep_rows) == 4 and all(re.search(r"\d+\.\d% / \d+\.\d%", row) for row in sweep_rows)  # idle P / D
     assert all(Path(p).exists() for e in summary["experiments"] for p in e["plots"])
     assert "(same run as cc-126 / evolving)" in text
+    assert "calibration sessions (calibration), 126 agents at agent pace" in flat
 
 
 def test_every_row_of_the_matrix_is_available_and_a_failing_row_does_not_stop_it(tmp_path):
@@ -173,3 +178,28 @@ def test_window_overrides_every_run_and_the_shifting_phases():
             assert r.argv[r.argv.index("--warmup") + 1] == "60" and r.argv[r.argv.index("--duration") + 1] == "90"
         if e.name == "shifting":
             assert e.runs[0].schedule == [(0.0, "putnam"), (90.0, "mixed"), (120.0, "osworld")]
+
+
+def test_rows_run_alone_and_resume_reads_them_back_from_their_logs(tmp_path, capsys):
+    """``--rows`` runs some rows of an experiment; ``--resume`` later completes the table, reading
+    the rows already run back from their logs (metrics recomputed from the log, equal to the run's)
+    and running only the rest. A row whose log holds another simulation runs again."""
+    out = tmp_path / "exp"
+    base = ["experiments", "--tiny", "--only", "start-split", "--out-dir", str(out), "--no-progress", "--jobs", "1"]
+    assert main([*base, "--rows", "start 1P8D"]) == 0
+    first = json.loads((out / "summary.json").read_text())["experiments"][0]["runs"]
+    assert [r["label"] for r in first] == ["start 1P8D"]
+    capsys.readouterr()
+    assert main([*base, "--resume"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    runs = json.loads((out / "summary.json").read_text())["experiments"][0]["runs"]
+    assert [r["label"] for r in runs] == ["start 1P8D", "start 8P1D"]
+    assert text.count("(read back from an earlier run's log)") == 1
+    assert runs[0]["metrics"] == first[0]["metrics"] and runs[0]["cpu_s"] == first[0]["cpu_s"]
+    key = out / "start-split" / "start_8P1D.duckdb.key"
+    doc = json.loads(key.read_text())
+    key.write_text(json.dumps({**doc, "key": "another simulation"}))
+    capsys.readouterr()
+    assert main([*base, "--resume"]) == 0
+    assert " ".join(capsys.readouterr().out.split()).count("(read back from an earlier run's log)") == 1
+    assert main([*base, "--rows", "no such row"]) == 2
