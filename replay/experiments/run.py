@@ -29,7 +29,7 @@ import numpy as np
 from replay.experiments.matrix import Experiment, Run
 from replay.sim import stacks
 from replay.sim.cli import add_run_args
-from replay.sim.figures import RunMetrics
+from replay.sim.figures import METRIC_TYPES, RunMetrics, compute_metrics
 from replay.sim.inputs import run_profile, session_source
 from replay.sim.runs import run_one
 from replay.sim.simulation import SessionSource, Simulation
@@ -202,7 +202,6 @@ def recorded(log: str, key: str, seed: int) -> Result | None:
         return None
     if doc.get("key") != key or doc.get("seed") != seed:
         return None
-    from replay.sim.figures import METRIC_TYPES, compute_metrics
     from services.adapters.eventlog import DuckDbEventLog  # lazy: only when resuming
 
     ev_log = DuckDbEventLog(log, read_only=True)
