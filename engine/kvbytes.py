@@ -122,7 +122,7 @@ class KvBytes:
     def observe(self, event: Event) -> None:
         if isinstance(event, KvEvicted) and event.node == self.node and event.tier == self.tier:
             self._drop(event.blocks)
-        elif isinstance(event, KvStored) and event.node == self.node and event.tier == self.tier:
+        elif isinstance(event, KvStored) and event.node == self.node and self.tier in event.tiers():
             self._store(event.blocks)
 
     def _store(self, blocks: Sequence[int]) -> None:

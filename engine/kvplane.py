@@ -321,10 +321,11 @@ class KvDataPlane:
         """One KV fact of this node, before it is published (the worker's emit path)."""
         t = type(event)
         if t is KvStored and event.node == self.node:
-            kb = self.tiers[event.tier]
-            before = len(kb.slot_of)
-            kb.observe(event)
-            self.stats.stored_blocks += len(kb.slot_of) - before
+            for tier in event.tiers():  # a write-through store lands in both (issue 24)
+                kb = self.tiers[tier]
+                before = len(kb.slot_of)
+                kb.observe(event)
+                self.stats.stored_blocks += len(kb.slot_of) - before
         elif t is KvEvicted and event.node == self.node:
             self.stats.evicted_blocks += len(event.blocks)
             self.tiers[event.tier].observe(event)

@@ -13,9 +13,11 @@ What it guarantees (tests/unit/engine/test_kvpool.py pins each point)
    KV, a running request) pins it (``pin``/``unpin``, counted per owner), or while a call
    passes it as ``also_pinned``.
 4. Every change a peer must know about is an event, emitted in the order it happens:
-   ``KvStored`` for blocks added by ``store`` (never a block already held), ``KvEvicted`` for
-   evicted or dropped blocks. ``add`` changes a tier silently: the caller reports the change
-   with its own event (``KvFetched``, ``KvMoved``), which the directory folds the same way.
+   ``KvStored`` for blocks added by ``store`` (never a block already held; ``store_through``
+   writes L1 and L2 and sends one ``KvStored`` with ``write_through`` where the pair would say
+   one thing), ``KvEvicted`` for evicted or dropped blocks. ``add`` changes a tier silently:
+   the caller reports the change with its own event (``KvFetched``, ``KvMoved``), which the
+   directory folds the same way.
 5. ``observe_stored`` / ``observe_removed`` mirror a tier an engine manages itself (SGLang's
    radix cache and HiCache evict on their own): no capacity check, only the events.
 """
@@ -158,24 +160,59 @@ class KvPool:
               request: RequestId | None = None) -> list[BlockHash]:
         """Add the blocks not held yet to ``tier`` (after eviction); returns those added. When
         not all fit, the prefix that fits is kept (it still helps later lookups)."""
-        store = self.tier(tier)
-        new = self.missing(blocks, store)
+        new = self._put(tier, self.missing(blocks, self.tier(tier)), pinned)
+        if new:
+            self._emit(KvStored(ts=self._now(), src=self.node, node=self.node, tier=tier, blocks=new,
+                                request=request))
+        return new
+
+    def store_through(self, blocks: Sequence[BlockHash], pinned: Sequence[BlockHash] = (),
+                      request: RequestId | None = None) -> tuple[list[BlockHash], list[BlockHash]]:
+        """``store("L1", ...)`` then ``store("L2", ...)`` (write-through): the same tiers, the same
+        evictions in the same order, and the blocks each added (returned); only when both add
+        the same blocks and L2 has room for them without an eviction, the two ``KvStored`` are
+        one, ``write_through`` (issue 24: it folds as the pair, events/catalog.py)."""
+        new1 = self._put("L1", self.missing(blocks, self.l1), pinned)
+        miss2 = self.missing(blocks, self.l2)  # the L1 write left L2 as it was
+        if new1 and miss2 == new1 and len(self.l2) + len(miss2) <= self.l2_cap_blocks:
+            self.l2.update(miss2)  # what _put("L2") does when make_room has nothing to evict
+            self._emit(KvStored(ts=self._now(), src=self.node, node=self.node, tier="L1", blocks=new1,
+                                request=request, write_through=True))
+            return new1, miss2
+        if new1:
+            self._emit(KvStored(ts=self._now(), src=self.node, node=self.node, tier="L1", blocks=new1,
+                                request=request))
+        new2 = self._put("L2", miss2, pinned)
+        if new2:
+            self._emit(KvStored(ts=self._now(), src=self.node, node=self.node, tier="L2", blocks=new2,
+                                request=request))
+        return new1, new2
+
+    def _put(self, tier: Tier, new: list[BlockHash], pinned: Sequence[BlockHash]) -> list[BlockHash]:
+        """Make room for ``new`` (blocks ``tier`` lacks, in order) and add them, or the prefix
+        of them that fits; returns those added. No ``KvStored``: the caller emits it."""
         if not new:
             return []
+        store = self.tier(tier)
         if not self.make_room(tier, len(new), pinned):
             room = max(0, self.capacity_blocks(tier) - len(store) - self._reserved_blocks(tier, 0))
             new = new[:room]
             if not new:
                 return []
         store.update(new)
-        self._emit(KvStored(ts=self._now(), src=self.node, node=self.node, tier=tier, blocks=new,
-                            request=request))
         return new
 
     def add(self, tier: Tier, blocks: Iterable[BlockHash]) -> None:
         """Hold ``blocks`` in ``tier`` without an event (the caller emits the fact: a fetch or
         a P->D move). Room must have been made first."""
         self.tier(tier).update(blocks)
+
+    def forget(self, tier: Tier, blocks: Iterable[BlockHash]) -> None:
+        """Stop holding ``blocks`` without an event: the inverse of :meth:`add` when the bytes
+        the caller was to announce never landed (a refused transfer)."""
+        store = self.tier(tier)
+        store.difference_update(blocks)
+        self._removed(store)
 
     def drop_all(self) -> None:
         """Drop every block of both tiers (a restart): one ``KvEvicted`` per non-empty tier."""

@@ -108,13 +108,28 @@ class BranchEnded(Event, frozen=True, kw_only=True, gc=False):
 
 # --------------------------------------------------------------------------- KV facts
 class KvStored(Event, frozen=True, kw_only=True, gc=False):
-    """``node`` now holds ``blocks`` in ``tier``. ``request``/``branch`` name the producer if known."""
+    """``node`` now holds ``blocks`` in ``tier``. ``request``/``branch`` name the producer if known.
+
+    ``write_through`` (schema 1.1, issue 24), only with ``tier`` L1: the blocks were written to
+    L1 and through to L2, one event for what earlier producers sent as two, ``KvStored`` L1 then
+    ``KvStored`` L2 with the same ``ts``, blocks, request and branch; it folds exactly as that pair
+    (:meth:`tiers`, in order). Logs written before hold the pairs and replay unchanged. Absent
+    when only ``tier`` was written (``false`` reads the same); ignored with ``tier`` L2.
+    """
 
     node: NodeId
     tier: Tier
     blocks: list[WireBlockHash] = []
     request: RequestId | None = None
     branch: BranchId | None = None
+    # Appended (issue 24) with msgspec's UNSET default: a single-tier store's payload is
+    # byte-identical to one written before the field existed.
+    write_through: bool | msgspec.UnsetType = msgspec.UNSET
+
+    def tiers(self) -> tuple[Tier, ...]:
+        """The tiers the blocks landed in, in the order they are folded: ``(L1, L2)`` for a
+        write-through store, else ``(tier,)``."""
+        return ("L1", "L2") if self.write_through is True and self.tier == "L1" else (self.tier,)
 
 
 class KvEvicted(Event, frozen=True, kw_only=True, gc=False):

@@ -14,8 +14,9 @@ Request lifecycle on a node (numbers match the docstring of replay/sim/simulatio
    iteration). ``RequestStarted(phase=prefill)`` carries the tokens actually reused.
 3. Prefill iterations take up to ``token_budget`` new tokens (running chunk first, then queued
    eligible requests FCFS); time = eq. 1 with the profile's coefficients x noise.
-4. Last chunk done: ``KvStored`` (L1 and, write-through, L2) for the new blocks, ``FirstToken``,
-   then KV transfer to the decode node over the GPU path (``p2d_transfer_s``).
+4. Last chunk done: ``KvStored`` (L1 and, write-through, L2: one event with ``write_through``
+   when both tiers add the same blocks, ``KvPool.store_through``) for the new blocks,
+   ``FirstToken``, then KV transfer to the decode node over the GPU path (``p2d_transfer_s``).
 5. Decode admission (``kv_arrived``): when the decode L1 holds the prompt's blocks plus the
    request's working tokens (evicting through the policy), ``KvMoved`` P->D and
    ``RequestStarted(phase=decode)``.
@@ -312,19 +313,32 @@ class SimNode:
         self.kick()
 
     def _receive(self, job: PrefillJob, got: list, duration: float, hidden: float) -> list:
-        """Land fetched blocks in own L2 and L1 (``KvFetched``: the directory records both)."""
+        """Land fetched blocks in own L2, then L1 (peer L2 -> own L2 -> GPU, METHOD §4.1;
+        ``KvFetched``: the directory records both). When the GPU tier has no room (its blocks
+        pinned by the running and the queued requests), the blocks stay in host memory
+        (``KvMoved`` P2P into L2: the count moves as a fetch's does) and are restored into the
+        GPU when the prefill starts (``t_rst``). Before (issue 25 part 2), no GPU room meant
+        the whole prompt was recomputed: on the calibration sessions at the pressure profile,
+        336-425K-token prompts whose KV was in the pool took minutes of prefill each and
+        queued their nodes behind them (docs/experiments.md, "Why ours loses reuse")."""
         pins = job.blocks
         kept = []
         for src, blocks in got:
             new2 = self._missing(blocks, self.l2)
+            if not self._make_room("L2", len(new2), pins):
+                break  # no room even in host memory: the rest is recomputed
             new1 = self._missing(blocks, self.l1)
-            if not (self._make_room("L2", len(new2), pins) and self._make_room("L1", len(new1), pins)):
-                break  # no room: the rest is recomputed
+            to_gpu = self._make_room("L1", len(new1), pins)
             self.pool.add("L2", blocks)
-            self.pool.add("L1", blocks)
             kept.append((src, blocks))
-            self._emit(KvFetched(ts=self.host.now, src=self.id, request=job.request, src_node=src,
-                                 dst_node=self.id, blocks=list(blocks), duration_s=duration, hidden_s=hidden))
+            if to_gpu:
+                self.pool.add("L1", blocks)
+                self._emit(KvFetched(ts=self.host.now, src=self.id, request=job.request, src_node=src,
+                                     dst_node=self.id, blocks=list(blocks), duration_s=duration, hidden_s=hidden))
+            else:
+                self._emit(KvMoved(ts=self.host.now, src=self.id, src_node=src, dst_node=self.id,
+                                   blocks=list(blocks), src_phase="prefill", dst_phase="prefill", dst_tier="L2",
+                                   request=job.request))
         return kept
 
     def _busy_total(self, t: float) -> float:
@@ -492,8 +506,7 @@ class SimNode:
 
     def _finish_prefill(self, job: PrefillJob) -> None:
         now = self.host.now
-        self._store("L1", job.blocks, job.blocks, job.request)
-        self._store("L2", job.blocks, job.blocks, job.request)
+        self.pool.store_through(job.blocks, job.blocks, job.request)  # L1, written through to L2
         self._emit(FirstToken(ts=now, src=self.id, request=job.request, node=self.id))
         djob = DecodeJob(request=job.request, blocks=job.blocks, prompt_tokens=job.prompt_tokens,
                          left=float(max(0, job.max_tokens - 1)), total_out=max(1, job.max_tokens),

@@ -708,10 +708,16 @@ class DirectoryCore:
         return self._cached_tail(r, k)
 
     def _on_kv_stored(self, ev: KvStored) -> None:
+        """A write-through store (``write_through``, issue 24) folds as the pair it replaces:
+        the L1 store, then the L2 store, each step as its own event did."""
+        for tier in ev.tiers():
+            self._fold_stored(ev, tier)
+
+    def _fold_stored(self, ev: KvStored, tier: str) -> None:
         n = self._node_for_kv(ev, ev.node)
         r = self._request(ev, ev.request)
         cached = self._kv_slots(r, ev.blocks)
-        s = self._t.store(n.idx, ev.tier, ev.blocks, float(ev.ts), cached)
+        s = self._t.store(n.idx, tier, ev.blocks, float(ev.ts), cached)
         if cached is not None:
             self._update_cache(r, s)
         branch = r.branch if r is not None else ev.branch

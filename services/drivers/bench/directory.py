@@ -8,10 +8,10 @@ least ``min_requests`` requests and ``min_blocks`` prompt blocks, replicas stagg
 placed on 4 prefill + 5 decode nodes. Per request the stream carries what a live cluster
 reports: ``RequestSubmitted`` (version bumped when the context is not a pure append),
 ``RouteDecided`` (prefill on the node with the longest local prefix, ties and every 5th request
-of a branch round-robin, decode sticky per branch), ``RequestStarted``, ``KvStored`` L1+L2 of
-what the prefill node lacked, ``KvMoved`` prefill->decode of what the decode node lacked plus
-its L2 write-through, ``FirstToken``, ``RequestFinished``; ``BranchEnded`` after a branch's
-last request.
+of a branch round-robin, decode sticky per branch), ``RequestStarted``, ``KvStored`` L1+L2
+(one write-through event, issue 24) of what the prefill node lacked, ``KvMoved``
+prefill->decode of what the decode node lacked plus its L2 write-through, ``FirstToken``,
+``RequestFinished``; ``BranchEnded`` after a branch's last request.
 
 Measured: prompt blocks per second for lookup + update (one ``lookup`` of the prompt and the
 fold of the request's events); GC as for SGLang's side (``sglang_radix.py``): on, with the loaded
@@ -175,8 +175,7 @@ def build_stream(w: Workload) -> tuple[list[Event], list[tuple[list[int], list[E
         after = [
             RouteDecided(ts=t, request=rid, prefill_node=best, decode_node=dec, branch=branch),
             RequestStarted(ts=t, request=rid, node=best, phase="prefill"),
-            KvStored(ts=t + 0.5, node=best, tier="L1", blocks=tail_p, request=rid),
-            KvStored(ts=t + 0.5, node=best, tier="L2", blocks=tail_p, request=rid),
+            KvStored(ts=t + 0.5, node=best, tier="L1", blocks=tail_p, request=rid, write_through=True),
             KvMoved(ts=t + 0.6, src_node=best, dst_node=dec, blocks=tail_d, request=rid),
             KvStored(ts=t + 0.6, node=dec, tier="L2", blocks=tail_d, request=rid),
             RequestStarted(ts=t + 0.6, request=rid, node=dec, phase="decode"),

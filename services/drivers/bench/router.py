@@ -51,7 +51,7 @@ def _setup(prefill: int, agents: int, context_blocks: int) -> tuple[list[Event],
         contexts.append(ctx)
         evs.append(BranchOpened(ts=0.0, branch=f"a{a}"))
         node = f"p{a % prefill:02d}"
-        evs += [KvStored(ts=0.0, node=node, tier=t, blocks=ctx) for t in ("L1", "L2")]
+        evs.append(KvStored(ts=0.0, node=node, tier="L1", blocks=ctx, write_through=True))  # L1 and L2
     return evs, contexts
 
 

@@ -35,7 +35,8 @@ class Host:
         self.dir.apply(e)
         t = type(e)
         if t is KvStored:
-            self.held[e.node, e.tier].update(e.blocks)
+            for tier in e.tiers():  # a write-through store: L1 and L2 (issue 24)
+                self.held[e.node, tier].update(e.blocks)
         elif t is KvEvicted:
             assert set(e.blocks) <= self.held[e.node, e.tier]
             self.held[e.node, e.tier].difference_update(e.blocks)

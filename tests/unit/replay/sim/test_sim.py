@@ -85,7 +85,8 @@ def test_conservation_and_capacities(stack, evolving_run):
     for e in res.log:
         t = type(e)
         if t is KvStored:
-            held[e.node, e.tier].update(e.blocks)
+            for tier in e.tiers():  # a write-through store: L1 and L2 (issue 24)
+                held[e.node, tier].update(e.blocks)
         elif t is KvEvicted:
             assert set(e.blocks) <= held[e.node, e.tier], "evicted a block the node does not hold"
             held[e.node, e.tier].difference_update(e.blocks)
