@@ -1,5 +1,5 @@
 """``evolving replay`` / ``compare`` / ``sweep-static`` / ``sim-report`` / ``bench sim``: the
-simulator's commands (their flags and handlers).
+simulator's commands (their flags and handlers; ``bench sim``'s rows are replay/sim/bench.py).
 
 Registered by ``replay.cli._register_sim``. A run's inputs (session source, configuration,
 profile) are read from the flags by replay/sim/inputs.py; every run is one
@@ -11,39 +11,22 @@ uses), in batches.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import os
 import re
-import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
-import msgspec
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
+from replay.sim.bench import DEFAULT_CALIBRATION, cmd_bench
 from replay.sim.figures import METRIC_TYPES, RunMetrics, compute_metrics
-from replay.sim.inputs import profile_name, run_profile, session_source, sim_config
+from replay.sim.inputs import parse_duration, profile_name, run_profile, session_source, sim_config
 from replay.sim.report import print_table, to_json, write_plots
 from replay.sim.stacks import parse_split
 from replay.traces.importers.spec import WorkloadSpecError, parse_spec
 from replay.traces.pacing import parse_pace
-
-
-def parse_duration(text: str) -> float:
-    """``1h``, ``30m``, ``90s``, ``1h30m`` or plain seconds."""
-    t = str(text).strip().lower()
-    try:
-        return float(t)
-    except ValueError:
-        pass
-    parts = re.findall(r"(\d+(?:\.\d+)?)\s*([hms])", t)
-    if not parts or "".join(a + b for a, b in parts) != t.replace(" ", ""):
-        raise argparse.ArgumentTypeError(f"bad duration {text!r}: use like 1h, 30m, 90s, 1h30m")
-    return sum(float(v) * {"h": 3600, "m": 60, "s": 1}[u] for v, u in parts)
 
 
 def parse_tokens(text: str) -> int:
@@ -253,207 +236,6 @@ def _cmd_sweep(args) -> int:
     return 0
 
 
-#: ``bench sim`` runs per cluster size: label, stack, --fast, two directories (today's path before
-#: the shared directory, the baseline every other row of its size is compared with)
-BENCH_RUNS = {
-    "evolving": ("evolving", "evolving", False, False),
-    "baseline": ("evolving, two directories (before)", "evolving", False, True),
-    "fast": ("evolving --fast", "evolving", True, False),
-}
-
-
-def _log_digest(log) -> str:
-    """sha256 of the log's events (type + msgpack): equal digests = the same run, decision for decision."""
-    enc, h = msgspec.msgpack.Encoder(order="deterministic"), hashlib.sha256()
-    for e in log:
-        h.update(type(e).__name__.encode())
-        h.update(enc.encode(e))
-    return h.hexdigest()
-
-
-def _bench_runs(spec: str, nodes: int) -> list[tuple[str, str, bool, bool]]:
-    out = []
-    for name in (x.strip() for x in spec.split(",") if x.strip()):
-        if name == "static":
-            split = f"static:{nodes * 2 // 3}P{nodes - nodes * 2 // 3}D"
-            out.append((split, split, False, False))
-        elif name in BENCH_RUNS:
-            out.append(BENCH_RUNS[name])
-        else:
-            raise SystemExit(f"error: bench sim --runs: unknown run {name!r}; known: {', '.join(BENCH_RUNS)}, static")
-    return out
-
-
-def _cmd_bench(args) -> int:
-    """Simulated seconds per second, each cluster size's runs side by side with today's baseline.
-
-    Every row is a dict (``--json`` prints the list; replay/sim/scaling_plot.py reads it). Sessions are
-    generated once per cluster size and shared by its runs (timed apart: ``gen_s``); ``cpu_s`` is
-    this process's CPU time for the run without generation, which a loaded machine moves much less
-    than wall time; ``same_log_as_baseline``: the run's event log digest equals the baseline's."""
-    from replay.sim.partitioned import bench_rows  # lazy: start-up (evolving --help skips DuckDB: +55 ms)
-    from replay.sim.runs import run_one  # lazy: start-up (evolving --help skips DuckDB: +55 ms)
-
-    out = sys.stderr if args.json else sys.stdout
-    rows: list[dict] = []
-    big_agents = args.big_agents if args.big_agents is not None else 2 * args.big_nodes
-    cases = [(9, args.agents), (args.big_nodes, big_agents)]
-    if args.sizes:  # NODES[:AGENTS],... instead (agents default: 2 per node)
-        cases = []
-        for part in (x.strip() for x in args.sizes.split(",") if x.strip()):
-            n, _, ag = part.partition(":")
-            if not n.isdigit() or int(n) < 1 or (ag and not ag.isdigit()):
-                raise SystemExit(f"error: bench sim --sizes: bad size {part!r}; expected NODES or NODES:AGENTS")
-            cases.append((int(n), int(ag) if ag else 2 * int(n)))
-    if getattr(args, "only_partitions", False):  # just the partition rows below
-        cases = []
-    for nodes, agents in cases:
-        base = argparse.Namespace(**vars(args))
-        base.nodes, base.agents, base.arrivals, base.trace = nodes, agents, None, None
-        base.partitions = 1  # the size rows are single-process runs; --partitions adds its own rows
-        base.workload = "cc"
-        source, _ = session_source(base)
-        source.memoize()  # generated once, shared by this size's runs
-        case: list[dict] = []
-        for label, stack, fast, two in _bench_runs(args.runs, nodes):
-            a = argparse.Namespace(**vars(base))
-            a.fast, a.two_directories = fast, two
-            gen0, gcpu0 = source.make_s, source.make_cpu_s
-            _, res = run_one(stack, a, source, None, progress=False)
-            gen, gen_cpu = source.make_s - gen0, source.make_cpu_s - gcpu0
-            wall = max(1e-9, res.wall_s - gen)  # session generation reported apart
-            cpu = max(1e-9, res.cpu_s - gen_cpu)
-            r = {"nodes": nodes, "agents": agents, "run": label, "stack": stack, "simulated_s": res.config.end_s,
-                 "wall_s": wall, "x_real_time": res.config.end_s / wall, "cpu_s": cpu,
-                 "x_real_time_cpu": res.config.end_s / cpu, "events": len(res.log),
-                 "events_per_s": len(res.log) / wall, "events_per_cpu_s": len(res.log) / cpu,
-                 "finished": res.finished, "gen_s": gen, "gen_cpu_s": gen_cpu, "baseline": two,
-                 "digest": _log_digest(res.log), "load_avg_1m": os.getloadavg()[0]}
-            case.append(r)
-            print(f"{nodes} nodes, {agents} agents, {label}: {r['x_real_time']:.1f}x real time, "
-                  f"{r['x_real_time_cpu']:.1f}x per CPU s ({res.config.end_s:.0f} s simulated in {wall:.1f} s wall, "
-                  f"{cpu:.1f} s CPU, + {gen:.1f} s generating sessions; {len(res.log)} events; "
-                  f"load {r['load_avg_1m']:.1f})", flush=True, file=out)
-            del res
-        ref = next((r for r in case if r["baseline"]), None)
-        for r in case if ref is not None else ():
-            r["vs_baseline_wall"] = r["x_real_time"] / ref["x_real_time"]
-            r["vs_baseline_cpu"] = r["x_real_time_cpu"] / ref["x_real_time_cpu"]
-            if r["stack"] == ref["stack"] and not r["run"].endswith("--fast"):  # same run, other code path
-                r["same_log_as_baseline"] = r["digest"] == ref["digest"]
-        rows += case
-    rows += _calibration_rows(args, out)
-    if getattr(args, "partitions", 1) > 1:  # issue 16: one cluster as 1 vs N partitions (replay/sim/partitioned.py)
-        for r in bench_rows(args, args.partition_nodes, args.partitions, args.partition_agents_per_node, args.jobs,
-                            baseline=not args.no_partition_baseline):
-            rows.append(r)
-            print(f"{r['nodes']} nodes, {r['agents']} agents, {r['run']}: {r['x_real_time']:.2f}x real time "
-                  f"({r['wall_s']:.1f} s wall end to end, {r['cpu_s']:.1f} s CPU, {r['events']} events)",
-                  flush=True, file=out)
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    t = Table(title=f"evolving bench sim: CC-like agents, simulated seconds per second (load {os.getloadavg()[0]:.1f})")
-    for col in ("nodes", "agents", "run", "simulated s", "wall s", "x real time", "CPU s", "x per CPU s",
-                "events/s", "events", "finished", "gen s", "log MB/sim min", "log write s", "close wait s",
-                "vs baseline (CPU)", "same log"):
-        t.add_column(col, justify="right")
-    for r in rows:
-        cpu = r.get("cpu_s")
-        same = r.get("same_log_as_baseline")
-        per_min = r.get("log_bytes_per_sim_min")
-        t.add_row(str(r["nodes"]), str(r["agents"]), r["run"], f"{r['simulated_s']:.0f}", f"{r['wall_s']:.1f}",
-                  f"{r['x_real_time']:.1f}", f"{cpu:.1f}" if cpu else "-",
-                  f"{r['simulated_s'] / cpu:.1f}" if cpu else "-", f"{r['events_per_s']:.0f}", str(r["events"]),
-                  str(r["finished"]), f"{r['gen_s']:.1f}", "-" if per_min is None else f"{per_min / 1e6:.2f}",
-                  f"{r['log_write_s']:.1f}" if "log_write_s" in r else "-",
-                  f"{r['log_close_wait_s']:.1f}" if "log_close_wait_s" in r else "-",
-                  f"{r['vs_baseline_cpu']:.2f}x" if "vs_baseline_cpu" in r else "-",
-                  "-" if same is None else ("yes" if same else "NO"))
-    Console(width=170).print(t)
-    return 0
-
-
-#: ``bench sim``'s rows on recorded sessions (issue 24): label -> (log format, written in the
-#: simulation's thread, log level, writes a log). ``before`` is today's path before format 2.
-CALIBRATION_RUNS = {
-    "nolog": ("no log", None, False, "full", False),
-    "before": ("log v1 inline (before)", "1", True, "full", True),
-    "full": ("log v2 full", "2", False, "full", True),
-    "decisions": ("log v2 decisions", "2", False, "decisions", True),
-}
-DEFAULT_CALIBRATION = Path(__file__).resolve().parents[3] / "shared" / "traces" / "weka-claude-code-calibration"
-
-
-def _calibration_rows(args, out) -> list[dict]:
-    """The calibration sessions at agent pace on 9 nodes, each run once per ``--calibration-runs``
-    entry, with the event log written to a temporary folder: wall, CPU, events/s, x real time,
-    log bytes per simulated minute, the writer's busy time and how long closing the log waited
-    after the last simulated event; ``vs_nolog_wall``: the run's wall over the no-log run's."""
-    import tempfile  # lazy: only the calibration rows
-
-    from replay.sim.runs import run_one  # lazy: start-up (evolving --help skips DuckDB: +55 ms)
-
-    path = args.calibration
-    if not path:
-        return []
-    if not Path(path).exists():
-        print(f"note: no calibration sessions at {path}: their rows are left out (--calibration PATH)", file=out)
-        return []
-    names = [x.strip() for x in args.calibration_runs.split(",") if x.strip()]
-    unknown = [x for x in names if x not in CALIBRATION_RUNS]
-    if unknown:
-        raise SystemExit(f"error: bench sim --calibration-runs: unknown run {unknown[0]!r}; "
-                         f"known: {', '.join(CALIBRATION_RUNS)}")
-    base = argparse.Namespace(**vars(args))
-    base.nodes, base.agents, base.arrivals, base.trace, base.workload = 9, args.agents, None, str(path), None
-    base.pace, base.partitions = "agent", 1
-    source, what = session_source(base)
-    rows: list[dict] = []
-    with tempfile.TemporaryDirectory(prefix="ei-bench-sim-") as tmp:
-        for name in names:
-            label, fmt, sync, level, logged = CALIBRATION_RUNS[name]
-            a = argparse.Namespace(**vars(base))
-            a.log_format, a.log_sync, a.log_level = fmt, sync, level
-            log_path = Path(tmp) / f"{name}.duckdb" if logged else None
-            _, res = run_one("evolving", a, source, log_path, progress=False)
-            wall, cpu, sim_s = max(1e-9, res.wall_s), max(1e-9, res.cpu_s), res.config.end_s
-            st = res.log_stats
-            r = {"nodes": 9, "agents": args.agents, "run": f"calib {label}", "stack": "evolving",
-                 "workload": what, "simulated_s": sim_s, "wall_s": wall, "x_real_time": sim_s / wall, "cpu_s": cpu,
-                 "x_real_time_cpu": sim_s / cpu, "events": len(res.log), "events_per_s": len(res.log) / wall,
-                 "events_per_cpu_s": len(res.log) / cpu, "finished": res.finished, "gen_s": 0.0,
-                 "baseline": name == "before", "calibration": name, "digest": _log_digest(res.log),
-                 "load_avg_1m": os.getloadavg()[0], **st}
-            if logged:
-                r["log_bytes_per_sim_min"] = st["log_bytes"] / (sim_s / 60)
-                r["log_bytes_per_sim_hour"] = st["log_bytes"] / (sim_s / 3600)
-                if level == "full" and st["log_events"] != len(res.log):
-                    raise SystemExit(f"error: bench sim: {label}: {st['log_events']} events stored of {len(res.log)}")
-            rows.append(r)
-            log_txt = (f"; log {st['log_bytes'] / 1e6:.1f} MB ({r['log_bytes_per_sim_hour'] / 1e6:.1f} MB per simulated "
-                       f"hour), writer busy {st['log_write_s']:.1f} s ({st['log_write_cpu_s']:.1f} s CPU), close waited "
-                       f"{st['log_close_wait_s']:.1f} s"
-                       if logged else "")
-            print(f"9 nodes, {args.agents} agents, calibration, {label}: {r['x_real_time']:.1f}x real time "
-                  f"({sim_s:.0f} s simulated in {wall:.1f} s wall, {cpu:.1f} s CPU; {len(res.log)} events{log_txt}; "
-                  f"load {r['load_avg_1m']:.1f})", flush=True, file=out)
-            del res
-    ref = next((r for r in rows if r["calibration"] == "nolog"), None)
-    before = next((r for r in rows if r["calibration"] == "before"), None)
-    for r in rows:
-        if ref is not None:
-            r["vs_nolog_wall"] = r["wall_s"] / ref["wall_s"]
-            r["vs_nolog_cpu"] = r["cpu_s"] / ref["cpu_s"]
-            r["same_log_as_baseline"] = r["digest"] == ref["digest"]
-        if before is not None and "log_bytes" in r:
-            r["log_bytes_vs_before"] = r["log_bytes"] / before["log_bytes"]
-        if before is not None:
-            r["vs_baseline_wall"] = before["wall_s"] / r["wall_s"]
-            r["vs_baseline_cpu"] = before["cpu_s"] / r["cpu_s"]
-    return rows
-
-
 def _cmd_report(args) -> int:
     """Recompute the table and plots from recorded runs (metrics come from the log alone)."""
     from services.adapters.eventlog import DuckDbEventLog  # lazy: start-up (--help skips DuckDB: +55 ms)
@@ -530,7 +312,8 @@ def register_sim(sub, bench) -> None:
                     help="CC-like agents on the large cluster (default 2 per node: the paper-scale run's "
                          "1,536 agents on 768 nodes)")
     bp.add_argument("--sizes", default=None,
-                    help="cluster sizes instead of 9 and --big-nodes: NODES[:AGENTS],... (e.g. 9:126,96:192)")
+                    help="cluster sizes instead of 9 and --big-nodes: NODES[:AGENTS][@WARMUP+DURATION],... "
+                         "(e.g. 9:126,96:192@1m+1m; the span defaults to --warmup/--duration)")
     bp.add_argument("--runs", default="evolving,baseline",
                     help="runs per size, comma-separated: evolving, baseline (two directories: the path before "
                          "the shared directory), fast (--fast), static (a 2/3 prefill static split)")
@@ -543,6 +326,11 @@ def register_sim(sub, bench) -> None:
     bp.add_argument("--jobs", type=_positive_int, default=None,
                     help="processes for the partition rows (default: one per core available)")
     bp.add_argument("--only-partitions", action="store_true", help="only the partition rows")
+    bp.add_argument("--partition-warmup", type=parse_duration, default=None,
+                    help="the partition rows' warm-up (default --warmup): a short span for 768 nodes, whose hour "
+                         "the rows extrapolate")
+    bp.add_argument("--partition-duration", type=parse_duration, default=None,
+                    help="the partition rows' measured span (default --duration)")
     bp.add_argument("--no-partition-baseline", action="store_true",
                     help="skip the 1-partition baseline row (a 768-node single process does not fit here)")
     bp.add_argument("--calibration", default=str(DEFAULT_CALIBRATION),
@@ -552,5 +340,5 @@ def register_sim(sub, bench) -> None:
                     help="calibration rows, comma-separated: nolog, before (log format 1 in the simulation's thread: "
                          "the path before format 2), full, decisions (format 2, writer thread, --log-level)")
     bp.add_argument("--json", action="store_true", help="the rows as JSON on stdout (progress on stderr)")
-    bp.set_defaults(func=_cmd_bench, profile=None, start=None, fast=False, json=False, no_progress=True,
+    bp.set_defaults(func=cmd_bench, profile=None, start=None, fast=False, json=False, no_progress=True,
                     trace=None, arrivals=None)

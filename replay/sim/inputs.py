@@ -7,6 +7,8 @@ Shared by the commands (replay/sim/cli.py), one run (replay/sim/runs.py), the pa
 
 from __future__ import annotations
 
+import argparse
+import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -23,6 +25,19 @@ from replay.traces.workloads import WORKLOADS
 #: Bundled real Claude Code sessions (kv-cache-tester, Apache-2.0): the default trace.
 BUNDLED_TRACE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "traces" / "weka-claude-code"
 WORKLOAD_PROFILE = {"cc": "gb300-glm52", "putnam": "gb300-glm52", "osworld": "gb300-kimi-k26"}
+
+
+def parse_duration(text: str) -> float:
+    """``1h``, ``30m``, ``90s``, ``1h30m`` or plain seconds."""
+    t = str(text).strip().lower()
+    try:
+        return float(t)
+    except ValueError:
+        pass
+    parts = re.findall(r"(\d+(?:\.\d+)?)\s*([hms])", t)
+    if not parts or "".join(a + b for a, b in parts) != t.replace(" ", ""):
+        raise argparse.ArgumentTypeError(f"bad duration {text!r}: use like 1h, 30m, 90s, 1h30m")
+    return sum(float(v) * {"h": 3600, "m": 60, "s": 1}[u] for v, u in parts)
 
 
 def profile_name(args) -> str:

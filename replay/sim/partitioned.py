@@ -209,9 +209,10 @@ def merged_events(parts: Sequence[Path], types=None):
 
 def merge_logs(parts: Sequence[Path], out: Path, config: dict) -> int:
     """One DuckDB log from the partitions' logs, ordered by ``(ts, partition index, seq)`` and
-    renumbered 1..n; returns n. Format 2 (services/adapters/eventlog/columnar.py): the block
-    dictionaries are concatenated (partition ``i``'s ids shifted by the sizes before it) and the
-    runs of every event shifted with them, all in DuckDB."""
+    renumbered 1..n; returns n. Format 3 (services/adapters/eventlog/columnar.py): the block
+    dictionaries are concatenated (partition ``i``'s ids shifted by the sizes before it, rounded
+    up to a multiple of 64) and the runs and bitmap words of every event shifted with them, all
+    in DuckDB."""
     if out.exists():
         out.unlink()
     log = DuckDbEventLog(str(out))
@@ -229,18 +230,27 @@ def merge_logs(parts: Sequence[Path], out: Path, config: dict) -> int:
             path = str(p).replace("'", "''")
             con.execute(f"ATTACH '{path}' AS part{i} (READ_ONLY)")
             sizes.append(con.execute(f"SELECT count(*) FROM part{i}.block_dict").fetchone()[0])
-        offsets = [sum(sizes[:i]) for i in range(len(parts))]
+        # each part's ids start at a multiple of 64 (format 3's bitmaps number words, id // 64);
+        # the ids between parts are filler rows (hash 0, never referenced): ids stay dense
+        offsets = [0]
+        for n in sizes[:-1]:
+            offsets.append(-(-(offsets[-1] + n) // 64) * 64)
         union = " UNION ALL ".join(
             f"SELECT {i} AS part, seq, ts, type, src, subject, payload, "
             f"CAST(list_transform(block_starts, lambda x: x + {offsets[i]}) AS UINTEGER[]) AS block_starts, "
-            f"block_lens, block_segs FROM part{i}.event_rows" for i in range(len(parts)))
+            f"block_lens, block_segs, "
+            f"CAST(list_transform(bitmap_words, lambda x: x + {offsets[i] // 64}) AS UINTEGER[]) AS bitmap_words, "
+            f"bitmap_segs, bitmap_bits FROM part{i}.event_rows" for i in range(len(parts)))
         con.execute("BEGIN")
         for i in range(len(parts)):
             con.execute(f"INSERT INTO block_dict SELECT CAST(id + {offsets[i]} AS UINTEGER), hash "
                         f"FROM part{i}.block_dict ORDER BY id")
+            if i + 1 < len(parts) and offsets[i] + sizes[i] < offsets[i + 1]:
+                con.execute(f"INSERT INTO block_dict SELECT CAST(range AS UINTEGER), 0::UBIGINT "
+                            f"FROM range({offsets[i] + sizes[i]}, {offsets[i + 1]})")
         con.execute("INSERT INTO event_rows SELECT CAST(row_number() OVER (ORDER BY ts, part, seq) AS UBIGINT), "
-                    f"ts, type, src, subject, payload, block_starts, block_lens, block_segs FROM ({union}) "
-                    "ORDER BY ts, part, seq")
+                    f"ts, type, src, subject, payload, block_starts, block_lens, block_segs, bitmap_words, "
+                    f"bitmap_segs, bitmap_bits FROM ({union}) ORDER BY ts, part, seq")
         (n,) = con.execute("SELECT count(*) FROM event_rows").fetchone()
         con.execute("UPDATE log_meta SET value = ? WHERE key = 'applied_seq'", [str(n)])
         con.execute("COMMIT")

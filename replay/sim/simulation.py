@@ -37,11 +37,9 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-import msgspec
 import numpy as np
 
 from engine.backends.sim.node import PrefillJob, SimNode
@@ -58,7 +56,8 @@ from events.catalog import (
 )
 from events.ids import NodeId, Role
 from replay.sim.nextturn import SPEC_SUFFIX, output_blocks
-from replay.traces.format import Compact, Request, Session, SessionCursor, reblock
+from replay.sim.sessions import SessionSource, _salt_blocks  # noqa: F401  (re-exported: the simulation's source)
+from replay.traces.format import Session, SessionCursor, reblock
 from services.cores.directory.core import DirectoryCore
 
 # kinds: only a tie-break after (time, seq); documented for the heap order.
@@ -437,73 +436,6 @@ class _RouterDirectory:
 
     def snapshot(self) -> bytes:
         return self.core.snapshot()
-
-
-_MASK = (1 << 64) - 1
-
-
-def _salt_blocks(blocks: list[int], salt: int) -> list[int]:
-    """A bijective 64-bit remap (odd multiplier, xor): a replayed copy of a session gets its own
-    block hashes, so copies never share KV that distinct agents would not share."""
-    mul = 0x9E3779B97F4A7C15
-    x = (salt * 0xD6E8FEB86659FD93) & _MASK
-    return [((h * mul) & _MASK) ^ x for h in blocks]
-
-
-class SessionSource:
-    """The pool of agents: session ``k`` for the ``k``-th start.
-
-    A list of recorded sessions is cycled; the ``c``-th pass (c >= 1) over it re-salts every
-    block hash (``_salt_blocks``), so a few hundred real single-agent sessions make a 126-agent
-    load without agents sharing each other's KV. ``make`` generates session ``k`` on demand
-    (synthetic workloads: an endless pool, never a repeat).
-    """
-
-    def __init__(self, sessions: Sequence[Session] | None = None, make: Callable[[int], Session] | None = None):
-        if not sessions and make is None:
-            raise ValueError("a simulation needs at least one session")
-        self.sessions = list(sessions or [])
-        self.make = make
-        self.make_s = 0.0  # wall time spent generating sessions (reported apart by the bench)
-        self.make_cpu_s = 0.0  # the same in CPU time
-        self._memo: dict[int, Session] | None = None
-
-    def memoize(self) -> SessionSource:
-        """Keep generated sessions: a later run on this source gets the same ones without
-        generating them again (the bench's runs side by side). Returns ``self``."""
-        if self.make is not None and self._memo is None:
-            self._memo = {}
-        return self
-
-    def label(self, k: int) -> str:
-        """The agent id of the ``k``-th start (every id of its session starts with it)."""
-        return f"a{k}"
-
-    def get(self, k: int) -> Session:
-        if self.make is not None:
-            if self._memo is not None and k in self._memo:
-                return self._memo[k]
-            t0, c0 = time.perf_counter(), time.process_time()  # measurement only: never influences the simulation
-            s = self.make(k)
-            self.make_s += time.perf_counter() - t0
-            self.make_cpu_s += time.process_time() - c0
-            if self._memo is not None:
-                self._memo[k] = s
-            return s
-        n = len(self.sessions)
-        s = self.sessions[k % n]
-        c = k // n
-        if c == 0:
-            return s
-        branches = []
-        for b in s.branches:
-            steps = []
-            for st in b.steps:
-                if isinstance(st, (Request, Compact)):
-                    st = msgspec.structs.replace(st, blocks=_salt_blocks(st.blocks, c))
-                steps.append(st)
-            branches.append(msgspec.structs.replace(b, steps=steps))
-        return msgspec.structs.replace(s, id=f"{s.id}~{c}", branches=branches)
 
 
 def node_roles(prefill: int, decode: int, nodes: int) -> list[Role]:

@@ -77,7 +77,7 @@ import msgspec
 
 from events.catalog import BranchEnded, BranchOpened, ContextCompacted, Event, RequestSubmitted
 from events.hashing import hash_block_tokens, namespace_root
-from events.ids import BlockHash, BranchId, RequestId
+from events.ids import BranchId, RequestId
 
 FORMAT_VERSION = 1
 _MAX_U64 = (1 << 64) - 1
@@ -494,7 +494,7 @@ class SessionCursor:
                 rid = f"{st.gid}/{i}"
                 out.append(RequestSubmitted(
                     ts=due, src=_SRC, request=RequestId(rid), branch=BranchId(st.gid),
-                    version=st.version, blocks=[BlockHash(h) for h in step.blocks],
+                    version=st.version, blocks=list(step.blocks),  # BlockHash is a NewType: the ints
                     prompt_tokens=prompt_tokens(step, self.session.block_tokens),
                     max_tokens=step.output_tokens, block_tokens=self.session.block_tokens))
                 st.next += 1
@@ -520,7 +520,7 @@ class SessionCursor:
                 st.version += 1
                 out.append(ContextCompacted(ts=st.ready, src=_SRC, branch=BranchId(st.gid),
                                             version=st.version,
-                                            blocks=[BlockHash(h) for h in step.blocks]))
+                                            blocks=list(step.blocks)))
         if st.waiting_req is None and not st.ended:
             self._end(local, out)
 

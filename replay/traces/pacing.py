@@ -88,9 +88,13 @@ def pace_session(s: Session, pace: Pace) -> Session:
         for st in b.steps:
             if isinstance(st, Request):
                 at = st.at_s * pace.factor if (st.at_s is not None and pace.mode == "scale") else st.at_s
-                st = msgspec.structs.replace(st, pause_s=round(_pause(st.pause_s, st.pause_kind, pace), 3), at_s=at)
+                p = round(_pause(st.pause_s, st.pause_kind, pace), 3)
+                if p != st.pause_s or at != st.at_s:  # an unchanged step is kept (an equal struct, not copied)
+                    st = msgspec.structs.replace(st, pause_s=p, at_s=at)
             elif isinstance(st, (Fork, Spawn)):
-                st = msgspec.structs.replace(st, pause_s=round(_pause(st.pause_s, "tool", pace), 3))
+                p = round(_pause(st.pause_s, "tool", pace), 3)
+                if p != st.pause_s:
+                    st = msgspec.structs.replace(st, pause_s=p)
             steps.append(st)
         branches.append(msgspec.structs.replace(b, steps=steps))
     return msgspec.structs.replace(s, branches=branches)

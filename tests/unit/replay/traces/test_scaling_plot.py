@@ -49,3 +49,32 @@ def test_bad_input_is_one_line(tmp_path):
         load_rows([bad])
     with pytest.raises(SystemExit, match="not a `evolving bench sim --json` output"):
         load_rows([tmp_path / "missing.json"])
+
+
+CALIB = [
+    {"nodes": 9, "agents": 126, "run": "calib no log", "calibration": "nolog", "simulated_s": 360.0, "wall_s": 20.0,
+     "x_real_time": 18.0, "cpu_s": 18.0, "events": 20000, "finished": 900, "gen_s": 0.0, "target": ">= 100x real time"},
+    {"nodes": 9, "agents": 126, "run": "calib log v2 full", "calibration": "full", "simulated_s": 360.0,
+     "wall_s": 21.0, "x_real_time": 17.0, "cpu_s": 19.0, "events": 20000, "finished": 900, "gen_s": 0.0},
+    {"nodes": 9, "agents": 126, "run": "calib log v1 inline (before)", "calibration": "before", "simulated_s": 360.0,
+     "wall_s": 22.0, "x_real_time": 16.0, "events": 20000, "finished": 900, "gen_s": 0.0},
+]
+
+
+def test_calibration_rows_are_drawn_beside_the_synthetic_ones():
+    s = series(ROWS + CALIB)
+    assert [r["run"] for r in s["calibration sessions, no log"]] == ["calib no log"]
+    assert [r["run"] for r in s["calibration sessions, full log (DuckDB)"]] == ["calib log v2 full"]
+    assert not any("before" in k for k in s)  # the log-format baseline row is not a speed line
+
+
+def test_several_files_keep_their_lines_apart(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(ROWS[:1]))
+    b.write_text(json.dumps(ROWS[:1] + CALIB[:1]))
+    s = series(load_rows([a, b], ["before (HEAD)"]))
+    assert set(s) == {"evolving (1 process, log in memory) [before (HEAD)]", "evolving (1 process, log in memory) [b]",
+                      "calibration sessions, no log [b]"}
+    out = tmp_path / "p.png"
+    assert main([str(a), str(b), "--label", "before (HEAD)", "--label", "after", "-o", str(out)]) == 0
+    assert out.read_bytes()[:4] == b"\x89PNG"
