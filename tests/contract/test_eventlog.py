@@ -223,7 +223,7 @@ class TestDuckDbEventLog(EventLogContract):
 
     def test_a_failed_insert_leaves_rows_position_and_block_dictionary_unchanged(self, tmp_path):
         log = self.make(tmp_path)
-        assert log.format == "2"
+        assert log.format == "3"
         first = [RequestSubmitted(ts=1.0, request=f"r{i}", branch="b", blocks=[10, 11, 12 + i]) for i in (1, 2)]
         log.append(rows(first))
         bad = [RequestSubmitted(ts=2.0, request="r3", branch="b", blocks=[10, 99, 98]),
@@ -243,7 +243,7 @@ class TestDuckDbEventLog(EventLogContract):
         log.con.execute("UPDATE log_meta SET value = '9' WHERE key = 'format'")
         log.close()
         for read_only in (False, True):
-            with pytest.raises(EventLogError, match="event log of format 9; this version reads formats 1, 2"):
+            with pytest.raises(EventLogError, match="event log of format 9; this version reads formats 1, 2, 3"):
                 DuckDbEventLog(tmp_path / "run.duckdb", read_only=read_only)
 
 

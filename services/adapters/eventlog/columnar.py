@@ -1,22 +1,27 @@
-"""Format 2 of the DuckDB event log: columnar batches from Arrow, block lists stored once.
+"""Formats 2 and 3 of the DuckDB event log: columnar batches from Arrow, block lists stored once.
 
 Measured on a simulated run of the calibration sessions (docs/recorder.md, "Format"): 97% of
 a format-1 log's JSON was block hashes (``blocks`` of RequestSubmitted, KvStored, KvEvicted,
 KvMoved, KvFetched, ContextCompacted), each one written again in every event that names it
 (a prompt's hashes come back in every later prompt of its branch, in its stores, moves and
-fetches). Format 2 writes each distinct hash **once**, in ``block_dict(id, hash)`` (ids dense,
-0, 1, 2, ... in order of first appearance), and an event's list as the ids
-(``event_rows.block_ids UINTEGER[]``): a prompt's ids are consecutive runs, which DuckDB's
-delta bit-packing stores in a few bits each.
+fetches). Format 2 writes each distinct hash once, in ``block_dict(id, hash)`` (ids dense,
+0, 1, 2, ... in order of first appearance), and an event's list as runs of ids
+(``block_starts``, ``block_lens``): a prompt's ids are consecutive runs. A writer with a bounded
+dictionary (:class:`BlockDict` ``max_entries``: the recorder) stores a hash again, under a new
+id, when it comes back after a generation unseen; readers decode by id and never notice.
 
 Order is kept exactly. A list whose hashes come in ascending runs (the eviction policies order
-ties by hash) is stored with its ids sorted within each run and ``block_keys`` holding each
-id's run number; reading sorts each run by hash again. ``block_keys`` is NULL for the other
-lists (kept in their order). An event without blocks (or with an empty list) has
-``block_ids`` NULL and its payload as it was; an event with blocks has them taken out of its
-payload (``"blocks":[]``, a key that can only be the event's own: a string value would carry
-its quotes escaped) and put back in its place by the ``events`` view (SQL: the payload text is
-the format-1 one, byte for byte) and by :func:`decode_row` (Python).
+ties by hash) is *keyed*: stored with its ids sorted within each ascending segment and
+``block_segs`` holding each run's segment; reading sorts each segment by hash again.
+``block_segs`` is NULL for the other lists (kept in their order). **Format 3** adds sparse
+bitmaps for the keyed lists where they are smaller (an eviction is a scattered subset of its
+prompts' ids, ~2.7 ids a run): per 64-bit word with a bit set, ``bitmap_words`` (``id // 64``),
+``bitmap_segs`` (its segment) and ``bitmap_bits`` (the word); the run columns are NULL then.
+An event without blocks (or with an empty list) has every list column NULL and its payload as
+it was; an event with blocks has them taken out of its payload (``"blocks":[]``, a key that can
+only be the event's own: a string value would carry its quotes escaped) and put back in its
+place by the ``events`` view (SQL: the payload text is the format-1 one, byte for byte) and by
+:func:`decode_row` (Python).
 
 Everything here is pure encoding (Arrow tables in, Arrow tables out); the DuckDB side is in
 :mod:`services.adapters.eventlog.duckdb_log`.
@@ -32,10 +37,21 @@ import numpy as np
 
 from events.catalog import Event
 from events.codec import CodecError, from_json, to_json
+from services.adapters.eventlog.blockdict import BlockDict
 
-#: ``log_meta.format`` of the logs this module writes (format 1: no key, ``events`` a table).
-FORMAT = "2"
-FORMATS = ("1", FORMAT)
+__all__ = ["FORMAT", "FORMATS", "SCHEMA_V2", "SCHEMA_V3", "BlockDict", "decode_bitmap", "decode_blocks", "decode_row",
+           "encode_rows", "events_view_sql"]
+
+#: ``log_meta.format`` of the logs this module writes (format 1: no key, ``events`` a table;
+#: format 2: runs only; format 3: runs, and bitmaps for the keyed lists where smaller).
+FORMAT = "3"
+FORMATS = ("1", "2", FORMAT)
+
+#: Bits a stored run costs, roughly (a start and a length, bit-packed), and a bitmap word (the
+#: word, its number, its segment): a keyed list is stored as a sparse bitmap when
+#: ``_WORD_BITS * words < _RUN_BITS * runs``.
+_RUN_BITS = 30
+_WORD_BITS = 82
 
 #: A list is stored by ascending-hash runs when it has at most one run per this many blocks.
 _RUN_FACTOR = 8
@@ -57,147 +73,59 @@ CREATE TABLE IF NOT EXISTS log_meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT 
 CREATE TABLE IF NOT EXISTS run_config (key VARCHAR PRIMARY KEY, value JSON NOT NULL);
 """
 
-def events_view_sql(prefix: str = "") -> str:
+#: Format 3: format 2's tables, and a keyed list's segments as sparse bitmaps of ids (an
+#: eviction's blocks are a scattered subset of their prompts' ids: ~2.7 blocks a run, 95% of a
+#: format-2 log's runs): per 64-bit word with a bit set, its word number (``id // 64``), its
+#: segment and the word (bit ``j``: id ``64 * word + j``). The run columns are NULL for such a list.
+SCHEMA_V3 = SCHEMA_V2.replace("""    block_segs UINTEGER[]
+);""", """    block_segs UINTEGER[],
+    bitmap_words UINTEGER[],
+    bitmap_segs UINTEGER[],
+    bitmap_bits UBIGINT[]
+);""")
+
+_RUNS_SQL = """SELECT seq, keyed, unnest(ids) AS id, unnest(keys) AS k
+    FROM (SELECT seq, block_segs IS NOT NULL AS keyed,
+                 flatten(list_transform(range(len(block_starts)),
+                     lambda i: range(block_starts[i + 1], block_starts[i + 1] + block_lens[i + 1]))) AS ids,
+                 CASE WHEN block_segs IS NULL THEN range(list_sum(block_lens)::BIGINT)
+                 ELSE flatten(list_transform(range(len(block_segs)),
+                     lambda i: list_resize([]::BIGINT[], block_lens[i + 1], block_segs[i + 1]))) END AS keys
+          FROM {prefix}event_rows WHERE block_starts IS NOT NULL)"""
+
+_BITS_SQL = """SELECT seq, true AS keyed, x.id AS id, x.k AS k
+    FROM (SELECT seq, unnest(flatten(list_transform(range(len(bitmap_bits)), lambda w:
+                 list_transform(list_filter(range(64), lambda j: ((bitmap_bits[w + 1] >> j) & 1) = 1),
+                     lambda j: {{'id': 64 * bitmap_words[w + 1] + j, 'k': bitmap_segs[w + 1]::BIGINT}})))) AS x
+          FROM {prefix}event_rows WHERE bitmap_bits IS NOT NULL)"""
+
+
+def events_view_sql(prefix: str = "", fmt: str = FORMAT) -> str:
     """The format-1 ``events`` relation (``seq, ts, type, src, subject, payload JSON``, the
-    payload whole) over the format-2 tables; ``prefix``: a database qualifier (``src0.main.``)."""
+    payload whole) over the format-2 or format-3 tables; ``prefix``: a database qualifier
+    (``src0.main.``)."""
+    u = _RUNS_SQL.format(prefix=prefix)
+    plain = "r.block_starts IS NULL"
+    if fmt != "2":
+        u = f"{u}\n    UNION ALL\n    {_BITS_SQL.format(prefix=prefix)}"
+        plain += " AND r.bitmap_bits IS NULL"
     return f"""
 SELECT r.seq, r.ts, r.type, r.src, r.subject,
-       CAST(CASE WHEN r.block_starts IS NULL THEN r.payload
+       CAST(CASE WHEN {plain} THEN r.payload
             ELSE replace(r.payload, '"blocks":[]', '"blocks":' || CAST(to_json(b.blocks) AS VARCHAR)) END
             AS JSON) AS payload
 FROM {prefix}event_rows r
 LEFT JOIN (
     SELECT u.seq, list(d.hash ORDER BY u.k, CASE WHEN u.keyed THEN d.hash ELSE 0 END) AS blocks
-    FROM (SELECT seq, keyed, unnest(ids) AS id, unnest(keys) AS k
-          FROM (SELECT seq, block_segs IS NOT NULL AS keyed,
-                       flatten(list_transform(range(len(block_starts)),
-                           lambda i: range(block_starts[i + 1], block_starts[i + 1] + block_lens[i + 1]))) AS ids,
-                       CASE WHEN block_segs IS NULL THEN range(list_sum(block_lens)::BIGINT)
-                       ELSE flatten(list_transform(range(len(block_segs)),
-                           lambda i: list_resize([]::BIGINT[], block_lens[i + 1], block_segs[i + 1]))) END AS keys
-                FROM {prefix}event_rows WHERE block_starts IS NOT NULL)) u
+    FROM ({u}) u
     JOIN {prefix}block_dict d ON d.id = u.id
     GROUP BY u.seq) b ON b.seq = r.seq"""
 
 
-class BlockDict:
-    """The log's hash -> id dictionary (ids dense from 0, in order of first appearance).
-
-    Lookups are vectorized: an open-addressing hash table in NumPy arrays (the hashes are
-    uniformly random 64-bit values, so their low bits are the slot; linear probing, at most 60%
-    full). A batch's new hashes enter the table when the batch is stored (:meth:`commit`)."""
-
-    _MAX_LOAD = 0.6
-
-    def __init__(self, hashes: np.ndarray | Sequence[int] = ()) -> None:
-        arr = np.asarray(hashes, dtype=np.uint64)
-        self._by_id = [arr]
-        self._flat: np.ndarray | None = arr
-        self.size = len(arr)
-        self._alloc(len(arr))
-        self._insert(arr, np.arange(len(arr), dtype=np.uint32))
-
-    def _alloc(self, n: int) -> None:
-        cap = 1024
-        while cap * self._MAX_LOAD < n:
-            cap *= 2
-        self._mask = np.uint64(cap - 1)
-        self._keys = np.zeros(cap, dtype=np.uint64)
-        self._vals = np.zeros(cap, dtype=np.uint32)  # id + 1; 0: an empty slot
-        self._claim = np.empty(cap, dtype=np.intp)  # scratch of _insert (read only where just written)
-
-    def _insert(self, keys: np.ndarray, ids: np.ndarray) -> None:
-        """Put ``keys`` (distinct, not in the table) with their ``ids`` in the table."""
-        slot = (keys & self._mask).astype(np.intp)
-        todo = np.arange(len(keys))
-        mask = int(self._mask)
-        claim = self._claim
-        while len(todo):
-            s = slot[todo]
-            free = self._vals[s] == 0
-            cand, cs = todo[free], s[free]
-            claim[cs] = cand  # one key per free slot this round: whichever write landed
-            win = cand[claim[cs] == cand]
-            self._keys[slot[win]] = keys[win]
-            self._vals[slot[win]] = ids[win] + 1
-            placed = np.zeros(len(keys), dtype=bool)
-            placed[win] = True
-            todo = todo[~placed[todo]]
-            slot[todo] = (slot[todo] + 1) & mask
-
-    def hashes(self) -> np.ndarray:
-        """Every hash by id (``hashes()[i]`` is id ``i``'s)."""
-        if self._flat is None or len(self._flat) != self.size:
-            self._flat = np.concatenate(self._by_id)
-            self._by_id = [self._flat]
-        return self._flat
-
-    def lookup(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(ids, found)``: the id of each of ``h`` where known."""
-        slot = (h & self._mask).astype(np.intp)
-        v = self._vals[slot]  # the first probe over the whole batch (most keys end here)
-        occupied = v != 0
-        found = occupied & (self._keys[slot] == h)
-        ids = np.where(found, v - 1, 0).astype(np.uint32)
-        todo = np.flatnonzero(occupied & ~found)
-        mask = int(self._mask)
-        slot[todo] = (slot[todo] + 1) & mask
-        while len(todo):
-            s = slot[todo]
-            v = self._vals[s]
-            occupied = v != 0
-            hit = occupied & (self._keys[s] == h[todo])
-            ids[todo[hit]] = v[hit] - 1
-            found[todo[hit]] = True
-            todo = todo[occupied & ~hit]
-            slot[todo] = (slot[todo] + 1) & mask
-        return ids, found
-
-    def encode(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The ids of ``h``; hashes never seen get the next ids. Returns ``(ids, new hashes)``;
-        call :meth:`commit` once they are stored, :meth:`undo` if not."""
-        ids, found = self.lookup(h)
-        if found.all():
-            return ids, np.empty(0, dtype=np.uint64)
-        miss = np.flatnonzero(~found)
-        hm = h[miss]
-        order = np.argsort(hm)  # equal hashes together (any order among them)
-        sh = hm[order]
-        head = np.ones(len(sh), dtype=bool)
-        head[1:] = sh[1:] != sh[:-1]
-        starts = np.flatnonzero(head)
-        first = np.minimum.reduceat(order, starts)  # each distinct hash's first position
-        group = np.cumsum(head) - 1  # sorted position -> distinct hash
-        by_first = np.argsort(first)  # ids in order of first appearance (positions are distinct)
-        rank = np.empty(len(starts), dtype=np.uint32)
-        rank[by_first] = np.arange(len(starts), dtype=np.uint32)
-        inv = np.empty(len(hm), dtype=np.intp)
-        inv[order] = group
-        ids[miss] = self.size + rank[inv]
-        new = sh[starts][by_first]
-        self.size += len(new)
-        return ids, new
-
-    def commit(self, new: np.ndarray) -> None:
-        """The ids given to ``new`` (the last :meth:`encode`'s) are stored: keep them."""
-        if not len(new):
-            return
-        self._by_id.append(new)
-        first = self.size - len(new)
-        if self.size > len(self._keys) * self._MAX_LOAD:  # grow: every hash again
-            self._alloc(self.size)
-            self._insert(self.hashes(), np.arange(self.size, dtype=np.uint32))
-        else:
-            self._insert(new, np.arange(first, self.size, dtype=np.uint32))
-
-    def undo(self, new: np.ndarray) -> None:
-        """The batch that gave ``new`` their ids was not stored: give the ids back."""
-        self.size -= len(new)
-
-
-def encode_rows(rows: Sequence[tuple[int, str, Event]], bd: BlockDict) -> tuple[object, object, np.ndarray]:
+def encode_rows(rows: Sequence[tuple[int, str, Event]], bd: BlockDict, fmt: str = FORMAT) -> tuple[object, object, np.ndarray]:
     """A batch as ``(event_rows table, block_dict rows to add, the new hashes)``; the new hashes'
-    ids are taken in ``bd`` (call ``bd.commit(new)`` once stored, ``bd.undo(new)`` if not)."""
+    ids are taken in ``bd`` (call ``bd.commit(new)`` once stored, ``bd.undo(new)`` if not).
+    ``fmt``: the log's format (``"2"``: runs only, no bitmap columns)."""
     import pyarrow as pa  # lazy: 0.3-0.6 s to import; writers only (readers of a log never need it)
 
     n = len(rows)
@@ -219,16 +147,22 @@ def encode_rows(rows: Sequence[tuple[int, str, Event]], bd: BlockDict) -> tuple[
         else:
             payload.append(to_json(ev).decode())
     first_new = bd.size
-    starts, lens, segs, new = _runs(lists, bd)
+    starts, lens, segs, new, bits = _runs(lists, bd, bitmaps=fmt != "2")
     try:
         u32 = pa.list_(pa.uint32())
-        schema = pa.schema([("seq", pa.uint64()), ("ts", pa.float64()), ("type", pa.string()), ("src", pa.string()),
-                            ("subject", pa.string()), ("payload", pa.string()),
-                            ("block_starts", u32), ("block_lens", u32), ("block_segs", u32)])
-        events = pa.Table.from_arrays(
-            [pa.array(seq), pa.array(ts), pa.array(typ, pa.string()), pa.array(src, pa.string()),
-             pa.array(subject, pa.string()), pa.array(payload, pa.string()),
-             *_lists(pa, has, starts, lens, segs)], schema=schema)
+        fields = [("seq", pa.uint64()), ("ts", pa.float64()), ("type", pa.string()), ("src", pa.string()),
+                  ("subject", pa.string()), ("payload", pa.string()),
+                  ("block_starts", u32), ("block_lens", u32), ("block_segs", u32)]
+        bm, wnums, wsegs, words = bits
+        runs_null = ~has
+        runs_null[np.flatnonzero(has)[bm]] = True
+        cols = [pa.array(seq), pa.array(ts), pa.array(typ, pa.string()), pa.array(src, pa.string()),
+                pa.array(subject, pa.string()), pa.array(payload, pa.string()),
+                *_lists(pa, has, starts, lens, segs, null=runs_null)]
+        if fmt != "2":
+            fields += [("bitmap_words", u32), ("bitmap_segs", u32), ("bitmap_bits", pa.list_(pa.uint64()))]
+            cols += _bitmap_lists(pa, has, bm, wnums, wsegs, words)
+        events = pa.Table.from_arrays(cols, schema=pa.schema(fields))
         added = pa.Table.from_arrays([pa.array(np.arange(first_new, first_new + len(new), dtype=np.uint32)),
                                       pa.array(new, pa.uint64())], names=["id", "hash"])
     except BaseException:
@@ -237,18 +171,22 @@ def encode_rows(rows: Sequence[tuple[int, str, Event]], bd: BlockDict) -> tuple[
     return events, added, new
 
 
-def _runs(lists: list[list[int]], bd: BlockDict):
-    """Per list: run starts, run lengths (over ids) and run segment numbers (None: in order).
+def _runs(lists: list[list[int]], bd: BlockDict, bitmaps: bool = True):
+    """Per list: run starts, run lengths (over ids) and run segment numbers (None: in order),
+    or (``bitmaps``) for a keyed list where smaller, its segments as bitmaps.
 
-    Returned flat with per-list run counts: ``(starts, lens, segs, new)`` where ``starts`` etc.
-    are ``(values, counts_per_list)`` and ``segs`` holds a mask of the keyed lists."""
+    Returned flat with per-list run counts: ``(starts, lens, segs, new, bits)`` where ``starts``
+    etc. are ``(values, counts_per_list)``, ``segs`` holds a mask of the keyed lists and
+    ``bits`` is ``(bitmap mask per list, word numbers, word segments, words)`` of the lists
+    stored as bitmaps (no runs: their run counts are 0)."""
     m = len(lists)
     sizes = np.fromiter((len(b) for b in lists), dtype=np.int64, count=m)
     total = int(sizes.sum())
     h = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.uint64, count=total)
     ids, new = bd.encode(h)
+    no_bits = (np.zeros(m, dtype=bool), [], [], [])
     if not m:
-        return (ids, sizes), (ids, sizes), (np.zeros(0, bool), ids, sizes), new
+        return (ids, sizes), (ids, sizes), (np.zeros(0, bool), ids, sizes), new, no_bits
     off = np.zeros(m + 1, dtype=np.int64)
     np.cumsum(sizes, out=off[1:])
     lst = np.repeat(np.arange(m), sizes)  # list index of each element
@@ -274,17 +212,71 @@ def _runs(lists: list[list[int]], bd: BlockDict):
     rcount = np.bincount(lst[rpos], minlength=m)
     seg_first = seg_global[off[:-1]]  # each list's first segment number
     rsegs = (seg_global[rpos] - seg_first[lst[rpos]]).astype(np.uint32)
-    return (ids[rpos], rcount), (rlens, rcount), (keyed, rsegs, rcount), new
+    bits = _bitmaps(h, ids, off, seg_global, keyed, rcount) if bitmaps and keyed.any() else no_bits
+    bm = bits[0]
+    if bm.any():  # those lists' runs are not stored
+        keep = ~bm[lst[rpos]]
+        rpos, rlens, rsegs = rpos[keep], rlens[keep], rsegs[keep]
+        rcount = np.where(bm, 0, rcount)
+        keyed = keyed & ~bm
+    return (ids[rpos], rcount), (rlens, rcount), (keyed, rsegs, rcount), new, bits
 
 
-def _lists(pa, has: np.ndarray, starts, lens, segs) -> list:
-    """The three list columns (NULL where an event has no blocks; segs NULL unless keyed)."""
+def _bitmaps(h: np.ndarray, ids: np.ndarray, off: np.ndarray, seg_global: np.ndarray, keyed: np.ndarray,
+             rcount: np.ndarray):
+    """The keyed lists that are smaller as sparse bitmaps (``_WORD_BITS * words < _RUN_BITS *
+    runs``) and whose segments hold distinct hashes (a bitmap is a set), as ``(mask, word
+    numbers, word segments, words)``: per such list, each word with a bit set."""
+    bm = np.zeros(len(keyed), dtype=bool)
+    wnums: list[np.ndarray] = []
+    wsegs: list[np.ndarray] = []
+    words: list[np.ndarray] = []
+    for i in np.flatnonzero(keyed & (rcount >= 3)):
+        a, b = int(off[i]), int(off[i + 1])
+        seg = seg_global[a:b] - seg_global[a]
+        inner = seg[1:] == seg[:-1]
+        if (h[a + 1:b][inner] <= h[a:b - 1][inner]).any():  # a repeated hash in a segment
+            continue
+        lid = ids[a:b].astype(np.int64)  # sorted within each segment
+        key = seg * (1 << 27) + lid // 64  # (segment, word): ascending (ids < 2**32, words < 2**26)
+        head = np.concatenate(([True], key[1:] != key[:-1]))
+        nw = int(head.sum())
+        if _WORD_BITS * nw >= _RUN_BITS * int(rcount[i]):
+            continue
+        w = np.zeros(nw, dtype=np.uint64)
+        np.bitwise_or.at(w, np.cumsum(head) - 1, np.left_shift(np.uint64(1), (lid % 64).astype(np.uint64)))
+        bm[i] = True
+        wnums.append((lid[head] // 64).astype(np.uint32))
+        wsegs.append(seg[head].astype(np.uint32))
+        words.append(w)
+    return bm, wnums, wsegs, words
+
+
+def _bitmap_lists(pa, has: np.ndarray, bm: np.ndarray, wnums, wsegs, words) -> list:
+    """The three bitmap columns (NULL but for the lists stored as bitmaps)."""
+    n = len(has)
+    rows = np.flatnonzero(has)[bm]
+    isbm = np.zeros(n, dtype=bool)
+    isbm[rows] = True
+    counts = np.zeros(n, dtype=np.int32)
+    counts[rows] = [len(x) for x in words]
+    offs = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(counts, out=offs[1:])
+    out = []
+    for parts, dtype in ((wnums, np.uint32), (wsegs, np.uint32), (words, np.uint64)):
+        flat = np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype=dtype)
+        out.append(pa.ListArray.from_arrays(pa.array(offs), pa.array(flat), mask=pa.array(~isbm)))
+    return out
+
+
+def _lists(pa, has: np.ndarray, starts, lens, segs, null: np.ndarray | None = None) -> list:
+    """The three list columns (NULL where an event has no blocks, or ``null``; segs NULL unless keyed)."""
     n = len(has)
     counts = np.zeros(n, dtype=np.int32)
     counts[has] = starts[1]
     off = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(counts, out=off[1:])
-    mask = pa.array(~has)
+    mask = pa.array(~has if null is None else null)
     out = [pa.ListArray.from_arrays(pa.array(off), pa.array(starts[0].astype(np.uint32)), mask=mask),
            pa.ListArray.from_arrays(pa.array(off), pa.array(lens[0]), mask=mask)]
     keyed_list, rsegs, rcount = segs
@@ -310,6 +302,15 @@ def decode_blocks(hashes: np.ndarray, starts: Sequence[int], lens: Sequence[int]
     if segs is not None:
         h = h[np.lexsort((h, np.repeat(np.asarray(segs, dtype=np.int64), lens)))]
     return h.tolist()
+
+
+def decode_bitmap(hashes: np.ndarray, wnums: Sequence[int], wsegs: Sequence[int], bits: Sequence[int]) -> list[int]:
+    """An event's block list from its sparse bitmap (each segment in hash order)."""
+    w = np.asarray(bits, dtype="<u8")
+    pos = np.flatnonzero(np.unpackbits(w.view(np.uint8), bitorder="little"))  # set bits, word-major
+    word = pos // 64
+    h = hashes[64 * np.asarray(wnums, dtype=np.int64)[word] + pos % 64]
+    return h[np.lexsort((h, np.asarray(wsegs, dtype=np.int64)[word]))].tolist()
 
 
 def decode_row(seq: int, payload: str, blocks: list[int] | None) -> Event:

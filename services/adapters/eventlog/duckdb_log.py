@@ -5,10 +5,11 @@ twin :class:`services.adapters.eventlog.memory.InMemoryEventLog`. Table ``events
 views of :mod:`services.adapters.eventlog.views`; read-only query sessions are sandboxed by
 :mod:`services.adapters.eventlog.sandbox`.
 
-Two storage formats (``log_meta.format``; docs/recorder.md, "Format"). **Format 2** (what a new
-log is): ``event_rows`` + ``block_dict``, written from Arrow tables, every block hash stored once
+Three storage formats (``log_meta.format``; docs/recorder.md, "Format"). **Format 3** (what a
+new log is) and **format 2**: ``event_rows`` + ``block_dict``, written from Arrow tables, block
+hashes stored once and referenced by id, format 3 with eviction lists as sparse bitmaps
 (:mod:`services.adapters.eventlog.columnar`); ``events`` is a view that gives the format-1
-relation back, so the typed views and ``evolving sql`` read both formats alike. **Format 1**
+relation back, so the typed views and ``evolving sql`` read every format alike. **Format 1**
 (logs written before, and ``format="1"``: the benchmark's baseline): table ``events`` with the
 whole event as JSON, a batch inserted as a dict of NumPy arrays. A file of another format is
 refused with an error naming it.
@@ -34,7 +35,9 @@ from services.adapters.eventlog.columnar import (
     FORMAT,
     FORMATS,
     SCHEMA_V2,
+    SCHEMA_V3,
     BlockDict,
+    decode_bitmap,
     decode_blocks,
     decode_row,
     encode_rows,
@@ -51,6 +54,12 @@ _READ_CHUNK = 4096
 #: memory between checkpoints: the soak's recorder rose ~12 MB and fell every ~2.7 minutes at
 #: 20 req/s (docs/chaos.md, soak run 6); at 2 MB it checkpoints every ~20 s and holds ~1.5 MB.
 STREAM_CHECKPOINT_THRESHOLD = "2MB"
+
+#: Hashes per generation of a streaming writer's block dictionary (:class:`BlockDict`'s
+#: ``max_entries``): two tables of 2**17 slots, 3.1 MB in all, allocated once. A hash unseen for
+#: a generation (~11 minutes of the soak's 20 req/s: ~5,900 new hashes a minute) is stored again
+#: when it comes back. A replay's writer keeps every hash (unbounded).
+STREAM_BLOCK_DICT_ENTRIES = 65_536
 
 #: Format 1: the events table (and its indexes); the recorder bench builds the same table.
 SCHEMA = """
@@ -74,15 +83,20 @@ class DuckDbEventLog:
     (default 2; ``"1"`` writes the previous format, the benchmarks' baseline); an existing file
     keeps its own. ``memory_limit``: DuckDB's cap for a long-running writer; it also sets
     ``checkpoint_threshold`` (default :data:`STREAM_CHECKPOINT_THRESHOLD`), so the rows not yet
-    checkpointed stay few."""
+    checkpointed stay few, and bounds the block dictionary (``block_dict_entries``, default
+    :data:`STREAM_BLOCK_DICT_ENTRIES`; ``0``: unbounded)."""
 
     def __init__(self, path: str | os.PathLike, read_only: bool = False, *, sandbox: bool = False,
                  format: str = FORMAT, memory_limit: str | None = None,
-                 checkpoint_threshold: str | None = None) -> None:
+                 checkpoint_threshold: str | None = None, block_dict_entries: int | None = None) -> None:
         if format not in FORMATS:
             raise ValueError(f"event log format {format!r}: this version writes {', '.join(FORMATS)}")
         self.path = os.fspath(path)
         self._blocks: BlockDict | None = None
+        if block_dict_entries is None and memory_limit:
+            block_dict_entries = STREAM_BLOCK_DICT_ENTRIES
+        self._block_dict_entries = block_dict_entries or None
+        self._hashes: np.ndarray | None = None  # id -> hash, for reading (loaded on first read)
         self.read_only = read_only or sandbox
         if self.read_only:
             _check_file(self.path)
@@ -125,12 +139,12 @@ class DuckDbEventLog:
     # -- setup
     def _create(self) -> None:
         self.con.execute("BEGIN")
-        self.con.execute(SCHEMA_V2 if self.format == FORMAT else SCHEMA)
+        self.con.execute({"1": SCHEMA, "2": SCHEMA_V2}.get(self.format, SCHEMA_V3))
         self.con.execute(
             "INSERT OR IGNORE INTO log_meta VALUES ('applied_seq', '0'), ('schema', ?)", [SCHEMA_VERSION]
         )
-        if self.format == FORMAT:
-            self.con.execute("INSERT OR IGNORE INTO log_meta VALUES ('format', ?)", [FORMAT])
+        if self.format != "1":
+            self.con.execute("INSERT OR IGNORE INTO log_meta VALUES ('format', ?)", [self.format])
         create_views(self.con, events_sql=self._events_sql())
         self.con.execute("COMMIT")
 
@@ -152,22 +166,35 @@ class DuckDbEventLog:
             self.con.close()
             raise EventLogError(f"{self.path} is an event log of format {fmt}; this version reads formats "
                                 f"{', '.join(FORMATS)} (upgrade evolving-infra to read it)")
-        if (fmt == FORMAT) != ("event_rows" in self._tables()):
+        if (fmt != "1") != ("event_rows" in self._tables()):
             self.con.close()
             raise EventLogError(f"{self.path} is not a readable event log: log_meta says format {fmt} "
                                 "but its tables are another format's")
         return fmt
 
     def _events_sql(self) -> str | None:
-        """The ``events`` view of a format-2 log (format 1: ``events`` is the table itself)."""
-        return events_view_sql() if self.format == FORMAT else None
+        """The ``events`` view of a format-2/3 log (format 1: ``events`` is the table itself)."""
+        return events_view_sql(fmt=self.format) if self.format != "1" else None
 
     def _block_dict(self) -> BlockDict:
+        """The writer's dictionary, read back from the file (bounded: its newest entries)."""
         if self._blocks is None:
             with self._lock:
-                (hashes,) = self.con.execute("SELECT coalesce(list(hash ORDER BY id), []) FROM block_dict").fetchone()
-            self._blocks = BlockDict(np.asarray(hashes, dtype=np.uint64))
+                (n,) = self.con.execute("SELECT count(*) FROM block_dict").fetchone()  # ids are 0..n-1
+                lo = 0 if self._block_dict_entries is None else max(0, n - self._block_dict_entries)
+                got = self.con.execute("SELECT hash, id FROM block_dict WHERE id >= ?", [lo]).fetchnumpy()
+            self._blocks = BlockDict(got["hash"].astype(np.uint64), got["id"].astype(np.uint32), size=int(n),
+                                     max_entries=self._block_dict_entries)
         return self._blocks
+
+    def _hashes_by_id(self) -> np.ndarray:
+        """Every stored hash by id (``[i]`` is id ``i``'s), read from the file: the writer's
+        dictionary does not keep them (a bounded one forgets)."""
+        (n,) = self.con.execute("SELECT count(*) FROM block_dict").fetchone()
+        if self._hashes is None or len(self._hashes) != n:
+            got = self.con.execute("SELECT hash FROM block_dict ORDER BY id").fetchnumpy()
+            self._hashes = got["hash"].astype(np.uint64)
+        return self._hashes
 
     def _read_applied(self) -> int:
         row = self.con.execute("SELECT value FROM log_meta WHERE key = 'applied_seq'").fetchall()
@@ -182,7 +209,7 @@ class DuckDbEventLog:
         rows = new_rows(batch, self._applied)
         if not rows:
             return 0
-        if self.format == FORMAT:
+        if self.format != "1":
             return self._append_v2(rows)
         columns = _columns(rows)
         con = self.con
@@ -204,7 +231,7 @@ class DuckDbEventLog:
 
     def _append_v2(self, rows: list[Row]) -> int:
         bd = self._block_dict()
-        table, added, new = encode_rows(rows, bd)
+        table, added, new = encode_rows(rows, bd, self.format)
         con = self.con
         con.execute("BEGIN")
         try:
@@ -229,7 +256,7 @@ class DuckDbEventLog:
         return self._applied
 
     def read(self, from_seq: int = 1, types: Collection[str] | None = None) -> Iterator[Row]:
-        if self.format == FORMAT:
+        if self.format != "1":
             yield from self._read_v2(from_seq, types)
             return
         with self._lock:
@@ -247,25 +274,31 @@ class DuckDbEventLog:
             cur.close()
 
     def _read_v2(self, from_seq: int, types: Collection[str] | None) -> Iterator[Row]:
-        hashes = self._block_dict().hashes()
-        with self._lock:
-            cur = self.con.cursor()  # its own connection: reading does not hold the lock
-        try:
+        with self._lock:  # the dictionary and the rows at one position (no append between)
+            hashes = self._hashes_by_id()
+            cur = self.con.cursor()  # its own connection: fetching does not hold the lock
             cols = "seq, subject, payload, block_starts, block_lens, block_segs"
+            cols += ", bitmap_words, bitmap_segs, bitmap_bits" if self.format != "2" else ", NULL, NULL, NULL"
             if types is None:
                 cur.execute(f"SELECT {cols} FROM event_rows WHERE seq >= ? ORDER BY seq", [from_seq])
             else:
                 cur.execute(f"SELECT {cols} FROM event_rows WHERE seq >= ? AND list_contains(?, type) "
                             "ORDER BY seq", [from_seq, sorted(types)])
+        try:
             while chunk := cur.fetchmany(_READ_CHUNK):
-                for seq, subject, payload, starts, lens, segs in chunk:
-                    blocks = None if starts is None else decode_blocks(hashes, starts, lens, segs)
+                for seq, subject, payload, starts, lens, segs, wnums, wsegs, bits in chunk:
+                    if starts is not None:
+                        blocks = decode_blocks(hashes, starts, lens, segs)
+                    elif bits is not None:
+                        blocks = decode_bitmap(hashes, wnums, wsegs, bits)
+                    else:
+                        blocks = None
                     yield int(seq), subject, decode_row(int(seq), payload, blocks)
         finally:
             cur.close()
 
     def count_by_type(self) -> dict[str, int]:
-        table = "event_rows" if self.format == FORMAT else "events"
+        table = "event_rows" if self.format != "1" else "events"
         with self._lock:
             rows = self.con.execute(f"SELECT type, count(*) FROM {table} GROUP BY type ORDER BY type").fetchall()
         return {t: int(n) for t, n in rows}
@@ -417,7 +450,7 @@ def _source_events(con, i: int, path: str) -> str:
         con.close()
         raise EventLogError(f"{path} is an event log of format {fmt}; this version reads formats "
                             f"{', '.join(FORMATS)} (upgrade evolving-infra to read it)")
-    return f"SELECT * FROM {qual}events" if fmt == "1" else events_view_sql(qual)
+    return f"SELECT * FROM {qual}events" if fmt == "1" else events_view_sql(qual, fmt)
 
 
 def _connect_or_explain(connect, path: str):

@@ -5,7 +5,7 @@ a RouteDecided with scores and a fetch plan, start/first-token/finish facts, KV 
 iterations; plus heartbeats, ticks and planner decisions. Every path writes the same columns
 into the same table layout in a fresh file:
 
-- ``eventlog``: :class:`DuckDbEventLog.append` (format 2: Arrow tables, block hashes stored once),
+- ``eventlog``: :class:`DuckDbEventLog.append` (format 3: Arrow tables, block hashes stored once),
   batches of 4096;
 - ``eventlog_v1``: the same with ``format="1"`` (the whole event as JSON, NumPy column arrays:
   the path before format 2);
@@ -45,6 +45,7 @@ from events.catalog import (
 )
 from events.subjects import subject_for
 from services.adapters.eventlog import DuckDbEventLog, batched
+from services.adapters.eventlog.columnar import FORMAT
 from services.adapters.eventlog.duckdb_log import SCHEMA
 
 BATCH = 4096
@@ -91,7 +92,7 @@ def _row_tuple(seq: int, subject: str, ev: Event) -> tuple:
     return (seq, ev.ts, type(ev).__name__, ev.src, subject, json.dumps(msgspec.to_builtins(ev)))
 
 
-def _bench_eventlog(rows, path: str, fmt: str = "2") -> float:
+def _bench_eventlog(rows, path: str, fmt: str = FORMAT) -> float:
     log = DuckDbEventLog(path, format=fmt)
     t0 = time.perf_counter()
     for chunk in batched(rows, BATCH):

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import json
 import os
 import time
@@ -47,10 +49,12 @@ async def run_recorder(
     stop: asyncio.Event | None = None,
     subjects: str | None = None,
     live: bool = True,
+    trim_interval_s: float | None = 10.0,
 ) -> RecorderStats:
     """Record the stream until ``stop`` is set (then flush what is buffered) or the task is
     cancelled (what was committed stays; the rest is redelivered on restart). ``live``: answer
-    ``evolving sql --live`` while recording (NATS bus and DuckDB log only)."""
+    ``evolving sql --live`` while recording (NATS bus and DuckDB log only). ``trim_interval_s``:
+    after an append at most this often, hand the C heap's free pages back (:func:`release_free_heap`)."""
     stats = RecorderStats(last_seq=event_log.last_seq())
     recorder = Recorder(max_batch=max_batch, applied_seq=stats.last_seq)
     queue: asyncio.Queue = asyncio.Queue(maxsize=4 * max_batch)
@@ -64,11 +68,23 @@ async def run_recorder(
             async for d in consumer:
                 await queue.put(d)
 
+        last_trim = time.monotonic()
+
+        def append(rows, trim: bool) -> int:
+            stored = event_log.append(rows)
+            if trim:
+                release_free_heap()
+            return stored
+
         async def flush() -> None:
+            nonlocal last_trim
             rows = recorder.take()
             if not rows:
                 return
-            stored = await asyncio.to_thread(event_log.append, rows)
+            trim = trim_interval_s is not None and time.monotonic() - last_trim >= trim_interval_s
+            if trim:
+                last_trim = time.monotonic()
+            stored = await asyncio.to_thread(append, rows, trim)
             await consumer.ack(rows[-1][0])
             stats.recorded += stored
             stats.batches += 1
@@ -118,6 +134,31 @@ async def run_recorder(
     stats.redeliveries = recorder.redeliveries
     log.info("recorder_stopped", recorded=stats.recorded, batches=stats.batches, last_seq=stats.last_seq)
     return stats
+
+
+_LIBC = None
+
+
+def release_free_heap() -> bool:
+    """``malloc_trim(0)``: glibc hands the free pages inside its heaps back to the kernel.
+
+    Each append allocates and frees a batch's payload strings, arrays and DuckDB's transient
+    buffers from several threads' arenas; the freed chunks stay resident, scattered, and the
+    heap's free space crept up with the log (the recorder-only bench,
+    ``python -m services.drivers.recorder.rss``: glibc's free space 7 -> 20 MB over 200,000
+    rows, docs/chaos.md "Soak"). False where the C library is not glibc."""
+    global _LIBC
+    if _LIBC is None:
+        name = ctypes.util.find_library("c")
+        try:
+            lib = ctypes.CDLL(name) if name else None
+            _LIBC = lib if lib is not None and hasattr(lib, "malloc_trim") else False
+        except OSError:
+            _LIBC = False
+    if not _LIBC:
+        return False
+    _LIBC.malloc_trim(0)
+    return True
 
 
 class LiveSnapshots:
