@@ -76,6 +76,8 @@ class EngineWorker(StreamFolding, Publishing):
         self._out: asyncio.Queue = asyncio.Queue()
         self._decode_for: dict[str, str] = {}  # request -> prefill node, for requests we decode
         self._prefill_at: dict[str, str] = {}  # request -> node its prefill started on (stream.py)
+        self._first_from: dict[str, str] = {}  # request -> node of its first FirstToken, until it finishes
+        self._decoding_here: set[str] = set()  # requests admitted to decode here, until they finish
         self._queued_here: set[str] = set()
         self._head = 0
         self.applied_seq = 0  # last stream sequence folded into the view
@@ -85,6 +87,9 @@ class EngineWorker(StreamFolding, Publishing):
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
         self.rejoins = 0  # registrations again after the stream said this node was removed
+        #: the stream's last word on this node before this start (stream.py): "registered", a
+        #: ``NodeRemoved``'s reason, or None (none in the folded tail: a fresh node, or a snapshot)
+        self._own_last: str | None = None
         self.live = asyncio.Event()
         self.published = 0
         self.publish_retries = 0  # publications that failed at least once and were tried again
@@ -195,7 +200,11 @@ class EngineWorker(StreamFolding, Publishing):
         self._tasks.append(asyncio.create_task(self._publisher(), name="publisher"))
         self._tasks.append(asyncio.create_task(self._consume(caught_up), name="consumer"))
         await caught_up.wait()
-        if self.node_id in self.directory.nodes():
+        if self.node_id in self.directory.nodes() or self._own_last not in (None, "registered", "restarted", "shutdown"):
+            # a previous run of this node did not say its KV and its requests are gone: say it now.
+            # Also when the liveness watcher removed it for silence meanwhile (a restart slower
+            # than the heartbeat timeout): that removal alone lets the watcher wait for the node
+            # to come back and finish its decodes, which died with the old process (they hung)
             self._publish_own(NodeRemoved(ts=self.host.catch_up(), src=self.src, node=self.node_id,
                                           reason="restarted"))
         self._publish_own(self.registration())

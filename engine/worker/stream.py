@@ -55,6 +55,8 @@ class StreamFolding:
         t = type(event)
         self._prefill_facts(event, t)
         if seq <= self._head:
+            if t in (NodeRegistered, NodeRemoved) and event.node == self.node_id:  # what a previous run left
+                self._own_last = "registered" if t is NodeRegistered else (event.reason or "removed")
             return
         if t is RouteDecided and not event.shadow:
             self._on_route(event)
@@ -102,8 +104,11 @@ class StreamFolding:
             self._prefill_at[event.request] = event.node
         elif t is FirstToken:
             self._prefill_at[event.request] = _DONE
+            self._first_from.setdefault(event.request, event.node)
         elif t is RequestFinished:
             self._prefill_at.pop(event.request, None)
+            self._first_from.pop(event.request, None)
+            self._decoding_here.discard(event.request)
         elif t is NodeRemoved:  # a prefill running on a removed node never ends: re-routes then count
             for rid in [r for r, n in self._prefill_at.items() if n == event.node]:
                 del self._prefill_at[rid]
@@ -116,8 +121,16 @@ class StreamFolding:
     def _on_route(self, e: RouteDecided) -> None:
         rid = e.request
         if e.decode_node == self.node_id and e.prefill_node != self.node_id:
-            if self._prefill_at.get(rid) != _DONE:  # after its first token only a rerun would admit it
+            if self._prefill_at.get(rid) != _DONE:
                 self._decode_for[rid] = e.prefill_node
+            elif e.reroute and rid not in self._decoding_here and rid in self._first_from:
+                # a decode-only re-route after the first token (its decode node was removed before
+                # it took the request): no later FirstToken admits it (a second one admits
+                # nothing, and the prefill node leaves a re-route of an ended prefill alone), so
+                # it is admitted now, with the KV of the node that sent the first. Before, it
+                # waited here for good (two requests in `evolving chaos --engines --quick`)
+                self._decode_for[rid] = self._first_from[rid]
+                self._admit_decode(rid, self._first_from[rid])
         else:
             self._decode_for.pop(rid, None)
         if rid in self._queued_here and e.prefill_node != self.node_id:
@@ -155,6 +168,7 @@ class StreamFolding:
         req = self.view.requests.get(rid)
         if req is None or self._decode_for.pop(rid, None) is None:
             return
+        self._decoding_here.add(rid)
         now = self.host.catch_up()
         job = DecodeJob(request=rid, blocks=req.blocks, prompt_tokens=req.prompt_tokens,
                         left=float(max(0, req.max_tokens - 1)), total_out=max(1, req.max_tokens),

@@ -136,6 +136,8 @@ def test_sigterm_mid_run_stops_the_whole_stack(tmp_path):
         assert sum("nats-server" in c for c in children.values()) == 3, children
         assert sum("services." in c for c in children.values()) == 4, children
         proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)  # a second one while the stack stops (``timeout`` forwards its own beside the user's)
+        proc.send_signal(signal.SIGTERM)
         _out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:

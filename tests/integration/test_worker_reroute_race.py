@@ -89,3 +89,37 @@ async def test_a_late_reroute_of_a_started_prefill_runs_once_and_decodes_from_it
     finally:
         for w in (p1, d1):
             await w.stop()
+
+
+async def test_a_decode_only_reroute_after_the_first_token_is_admitted_by_its_new_decode_node(partition):
+    """`evolving chaos --engines --quick` (sim workers, load average about 20): the decode node
+    named for ``c97/1`` was removed before it took the request, and the router's decode-only
+    re-route reached the new decode node after the prefill's ``FirstToken``. The new node waited
+    for a first token that had already gone by (a second one admits nothing), so the request
+    stayed open until the stack stopped. It is now admitted at the re-route, with the KV of the
+    node that sent the first token."""
+    bus, tokens = InMemoryBus(partition), MemoryTokens(partition)
+    d1 = EngineWorker(bus, tokens, "d1", "decode", PROFILE, time_scale=20.0)
+    for node, role in (("p0", "prefill"), ("d0", "decode")):
+        await bus.publish(NodeRegistered(ts=0.0, src=node, node=node, role=role, l1_capacity_tokens=1 << 22,
+                                         l2_capacity_tokens=1 << 24))
+    await d1.start()
+    try:
+        await bus.publish(_submit("r", 9000))
+        await bus.publish(RouteDecided(ts=0.0, src="router", request="r", prefill_node="p0", decode_node="d0"))
+        await bus.publish(RequestStarted(ts=0.0, src="p0", request="r", node="p0", phase="prefill"))
+        await bus.publish(FirstToken(ts=0.0, src="p0", request="r", node="p0"))
+        await bus.publish(NodeRemoved(ts=0.0, src="liveness", node="d0", reason="heartbeat timeout"))
+        await bus.publish(RouteDecided(ts=0.0, src="router", request="r", prefill_node="p0", decode_node="d1",
+                                       reroute=True))
+        await _until(bus, lambda e: isinstance(e, RequestFinished) and e.request == "r" and e.node == "d1")
+        await bus.publish(FirstToken(ts=0.0, src="p0", request="r", node="p0"))  # the prefill run again: nothing
+        await bus.publish(RouteDecided(ts=0.0, src="router", request="r", prefill_node="p0", decode_node="d1",
+                                       reroute=True))  # nor a second re-route to the same node
+        await asyncio.sleep(0.3)
+        evs = await _events(bus)
+        decodes = [e for e in evs if isinstance(e, RequestStarted) and e.request == "r" and e.phase == "decode"]
+        assert [e.node for e in decodes] == ["d1"]
+        assert [e.src_node for e in evs if isinstance(e, KvMoved) and e.request == "r"] == ["p0"]
+    finally:
+        await d1.stop()

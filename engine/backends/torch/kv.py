@@ -128,6 +128,14 @@ class PagedKv:
         self.slot["L2"].update(zip(new, slots, strict=True))
         return list(zip(new, slots, strict=True))
 
+    def undo_l2(self, hashes: Sequence[BlockHash]) -> None:
+        """Take back ``add_l2`` of ``hashes`` (their bytes never landed, or landed torn): the
+        slots are freed and the pool no longer holds them; no event (none announced them)."""
+        slots = self.slot["L2"]
+        gone = [h for h in dict.fromkeys(hashes) if h in slots]
+        self.alloc["L2"].free([slots.pop(h) for h in gone])
+        self.pool.forget("L2", gone)
+
     def drop_all(self) -> None:
         self.pool.drop_all()  # KvEvicted frees every shared slot
 

@@ -25,7 +25,8 @@ import msgspec
 
 from engine.backends.torch.state import Seq
 from engine.kvplane import parse_endpoint
-from engine.transfer import PoolDescriptor, TransferError
+from engine.transfer import PoolDescriptor, TransferCorrupt, TransferError
+from engine.transfer.common import slot_checksums, verify_landed
 from events.catalog import KvFetched, KvMoved
 from events.ids import BlockHash, NodeId
 from kernels.layout import KvLayoutError
@@ -59,6 +60,10 @@ class Reply(msgspec.Struct):
     lease: int = 0
     first_token: int = -1
     error: str = ""
+    #: per block of the reply, the sender's checksums (``kernels.checksum``): of the L2 slots a
+    #: ``Lease`` names, of the bytes a ``Pull`` wrote (in ``indices`` order); the receiver
+    #: refuses blocks that landed otherwise (a transfer cut mid-way) and recomputes them
+    checksums: list[int] = []
 
 
 Message = Lease | Release | Pull
@@ -130,9 +135,21 @@ class PeerTransfers:
                 return []  # no room in one tier: the blocks are recomputed
             mine = dict(self.kv.add_l2(blocks, pinned) or [])
             todo = [(b, r) for b, r in zip(blocks, reply.slots, strict=True) if b in mine]
+            sums = dict(zip(blocks, reply.checksums, strict=False)) if reply.checksums else None
             if todo:
-                await asyncio.to_thread(self.transfer.read_blocks, reply.pool, [r for _, r in todo],
-                                        self.kv.pools["L2"], [mine[b] for b, _ in todo])
+                try:
+                    await asyncio.to_thread(self.transfer.read_blocks, reply.pool, [r for _, r in todo],
+                                            self.kv.pools["L2"], [mine[b] for b, _ in todo],
+                                            expect=None if sums is None else [sums[b] for b, _ in todo])
+                except Exception as exc:
+                    # the slots hold no (or torn) bytes of these blocks: this node does not hold them
+                    self.kv.undo_l2([b for b, _ in todo])
+                    if isinstance(exc, TransferCorrupt):
+                        log.warning("kv_transfer_refused", node=self.node_id, request=s.request, src=src,
+                                    blocks=len(exc.slots), error=str(exc))
+                        log.warning("kv_recompute", node=self.node_id, request=s.request, kv_event="KvFetched",
+                                    src=src, blocks=len(todo), action="prefill computes them")
+                    raise
             l1 = self.kv.add_l1(blocks, pinned) or []
             if l1:
                 copy_blocks(self.kv.pools["L2"], [self.kv.slot["L2"][b] for b, _ in l1],
@@ -162,6 +179,15 @@ class PeerTransfers:
                 ctl, Pull(request=s.request, indices=need, pool=self.descs["stage"], slots=stage), self.cfg.timeout_s)
             if reply.error:
                 raise TransferError(f"peer {src}: {reply.error}")
+            if reply.checksums:  # nothing is adopted from the staging slots before this holds
+                try:
+                    verify_landed(self.kv.pools["stage"], stage, reply.checksums, f"pull of {s.request} from {src}")
+                except TransferCorrupt as exc:
+                    log.warning("kv_checksum_mismatch", node=self.node_id, request=s.request, src=src,
+                                blocks=len(exc.slots), error=str(exc))
+                    log.warning("kv_recompute", node=self.node_id, request=s.request, kv_event="KvMoved", src=src,
+                                blocks=len(need), action="recomputed on the decode node")
+                    raise
             full = [i for i in need if i < len(s.hashes)]
             moved = self.kv.add_l1([s.hashes[i] for i in full], s.hashes) if full else []
             if moved is None:
@@ -219,7 +245,8 @@ class PeerTransfers:
             self._leases[lid] = (now, ("l", lid))
             self.kv.pool.pin(("l", lid), held)
             self.counters["served_blocks"] += len(held)
-            return Reply(slots=[self.kv.slot["L2"][b] for b in held], pool=self.descs["L2"], lease=lid)
+            slots = [self.kv.slot["L2"][b] for b in held]
+            return Reply(slots=slots, pool=self.descs["L2"], lease=lid, checksums=slot_checksums(self.kv.pools["L2"], slots))
         return await self._serve_pull(msg)
 
     async def _serve_pull(self, msg: Pull) -> Reply:
@@ -230,24 +257,30 @@ class PeerTransfers:
         if len(msg.indices) != len(msg.slots):
             return Reply(error="pull: indices and slots differ in length")
         from_l2, l2_dst, from_l1, l1_dst = [], [], [], []
+        order: list[tuple[str, int]] = []  # per index of the pull: which write carries it, at which position
         for i, d in zip(msg.indices, msg.slots, strict=True):
             if not 0 <= i < len(s.slots) or i > len(s.hashes):
                 return Reply(error=f"pull: block index {i} outside the request's {len(s.hashes)} blocks")
             h = s.hashes[i] if i < len(s.hashes) else None
             if h is not None and h in self.kv.slot["L2"]:
+                order.append(("L2", len(from_l2)))
                 from_l2.append(self.kv.slot["L2"][h])
                 l2_dst.append(d)
             else:
+                order.append(("L1", len(from_l1)))
                 from_l1.append(s.slots[i])
                 l1_dst.append(d)
         stage: list[int] = []
+        sums: dict[str, list[int]] = {"L1": [], "L2": []}
         try:
             if from_l1:
                 stage = self.kv.alloc["stage"].alloc(len(from_l1))
                 copy_blocks(self.kv.pools["L1"], from_l1, self.kv.pools["stage"], stage).wait()
-                await asyncio.to_thread(self.transfer.write_blocks, self.kv.pools["stage"], stage, msg.pool, l1_dst)
+                sums["L1"] = (await asyncio.to_thread(self.transfer.write_blocks, self.kv.pools["stage"], stage,
+                                                      msg.pool, l1_dst, checksums=True)).checksums
             if from_l2:
-                await asyncio.to_thread(self.transfer.write_blocks, self.kv.pools["L2"], from_l2, msg.pool, l2_dst)
+                sums["L2"] = (await asyncio.to_thread(self.transfer.write_blocks, self.kv.pools["L2"], from_l2,
+                                                      msg.pool, l2_dst, checksums=True)).checksums
         except (TransferError, KvLayoutError) as exc:
             return Reply(error=str(exc))
         finally:
@@ -256,7 +289,7 @@ class PeerTransfers:
         self.counters["served_blocks"] += len(msg.indices)
         first = s.out[0]
         self._drop_handoff(msg.request)
-        return Reply(first_token=first)
+        return Reply(first_token=first, checksums=[sums[w][k] for w, k in order])
 
 
 class DataPlane:

@@ -6,7 +6,9 @@ faults), :mod:`.accounting` (what was lost, duplicated, diverged), :mod:`.suite`
 :mod:`.report` (the table), :mod:`.cli` (``evolving chaos``); :mod:`.faults` arms one fault
 inside a service process, :mod:`.engine_faults` one inside an engine worker (a cut KV transfer);
 :mod:`.engine_scenarios` and :mod:`.gateway_scenario` hold the engine and gateway rows,
-:mod:`.recovery` the recovery measure.
+:mod:`.recovery` the recovery measure, :mod:`.progress` the waits that end when engine work
+stops moving on the stream, :mod:`.torch_model` what ``--engines torch`` runs (the reference
+engine on a tiny random checkpoint the run writes, or ``--model``).
 
 
 It starts its own stack on loopback - a 3-server NATS cluster (services.adapters.bus.natsserver.NatsCluster)

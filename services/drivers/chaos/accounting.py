@@ -53,14 +53,19 @@ class ChaosReport:
     elapsed_s: float = 0.0
     quick: bool = False
     engines: bool = False
+    engine_backend: str = ""  # "sim" or "torch" with engines
+    #: the final drain: seconds, how it ended ("settled", "stalled: ...", "cap: ..."), and with
+    #: engines the work events seen meanwhile
+    drain: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
         return all(r.all_zero for r in self.results) and bool(self.verify.get("ok"))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "quick": self.quick, "engines": self.engines, "elapsed_s": round(self.elapsed_s, 1), "events": self.events,
-                "requests": self.requests, "publish_retries": self.publish_retries,
+        return {"ok": self.ok, "quick": self.quick, "engines": self.engines, "engine_backend": self.engine_backend,
+                "elapsed_s": round(self.elapsed_s, 1), "events": self.events,
+                "requests": self.requests, "publish_retries": self.publish_retries, "drain": self.drain,
                 "unplanned_exits": self.unplanned_exits, "rejoins": self.rejoins, "verify": self.verify,
                 "scenarios": [r.to_dict() for r in self.results]}
 

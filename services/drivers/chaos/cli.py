@@ -12,6 +12,20 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+#: ``--engines BACKEND``: the engine workers' backend (engine.worker --backend)
+ENGINE_BACKENDS = ("sim", "torch")
+#: with --engines --quick (sim): the CI form; at 20 the workers fell behind under load and its rows waited on the backlog
+QUICK_ENGINES_RATE = 10.0
+TORCH_RATE = 4.0  # the harness's default requests/s with --engines torch (10 overran one torch decode node at load average 20-25)
+
+
+def _interrupt(signum, frame) -> None:
+    """SIGINT/SIGTERM: stop the run (the finally blocks stop every child); a second signal while
+    they do (``timeout`` forwards its own SIGTERM beside the user's) must not cut them short."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
 
 def _cmd(args) -> int:
     from services.drivers.chaos.report import render  # lazy: evolving --help +300 ms (nats: the suite)
@@ -20,12 +34,17 @@ def _cmd(args) -> int:
 
     err = Console(stderr=True)
     # SIGTERM stops the run like Ctrl-C: the finally blocks stop every child (nothing left behind)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     # nats-py logs every refused reconnect with a traceback: expected while a server is down
     logging.getLogger("nats").setLevel(logging.CRITICAL)
     only = [s.strip() for s in args.only.split(",")] if args.only else None
+    if args.model and args.engines != "torch":
+        err.print("evolving chaos: --model names the checkpoint of --engines torch")
+        return 2
     try:
-        n = len(select(scenarios(), quick=args.quick, only=only, engines=args.engines)) + 3
+        engines = args.engines is not None
+        n = len(select(scenarios(), quick=args.quick, only=only, engines=engines)) + 3
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                       TimeElapsedColumn(), console=err, transient=True) as progress:
             task = progress.add_task("chaos", total=n)
@@ -33,7 +52,10 @@ def _cmd(args) -> int:
             def step(name: str) -> None:
                 progress.update(task, description=f"chaos: {name}", advance=0 if name == "starting the stack" else 1)
 
-            report = asyncio.run(run_chaos(quick=args.quick, only=only, rate=args.rate, engines=args.engines,
+            rate = args.rate if args.rate is not None else (
+                TORCH_RATE if args.engines == "torch" else QUICK_ENGINES_RATE if engines and args.quick else 20.0)
+            report = asyncio.run(run_chaos(quick=args.quick, only=only, rate=rate, engines=engines,
+                                           engine_backend=args.engines or "sim", model=args.model,
                                            workdir=Path(args.workdir) if args.workdir else None, on_progress=step))
     except ValueError as exc:
         err.print(f"evolving chaos: {exc}")
@@ -52,10 +74,16 @@ def register(sub, bench) -> None:
     p = sub.add_parser("chaos", help="fault suite over a live stack under load: loss/duplicate/divergence table")
     p.add_argument("--quick", action="store_true", help="the short suite CI runs (about a minute)")
     p.add_argument("--only", default=None, metavar="NAME[,NAME]", help="run only these scenarios")
-    p.add_argument("--rate", type=float, default=20.0, help="harness requests/s during the run")
-    p.add_argument("--engines", action="store_true",
-                   help="run a sim engine worker per node (engine.worker) instead of the load generator's nodes; "
-                        "partition-engine then SIGSTOPs the worker")
+    p.add_argument("--rate", type=float, default=None,
+                   help="harness requests/s during the run (default 20; 10 with --engines --quick, the CI form; 4 with "
+                        "--engines torch, whose workers compute every token and move real KV)")
+    p.add_argument("--engines", nargs="?", const="sim", default=None, choices=ENGINE_BACKENDS, metavar="BACKEND",
+                   help="run an engine worker per node (engine.worker) instead of the load generator's nodes: "
+                        "sim (the default) or torch (the reference engine on a tiny random checkpoint the run "
+                        "writes, or --model); partition-engine then SIGSTOPs the worker")
+    p.add_argument("--model", default=None, metavar="PATH",
+                   help="--engines torch: the checkpoint the workers load (a .gguf file or a Hugging Face folder; "
+                        "default: a tiny random Llama the run writes into its work directory)")
     p.add_argument("--workdir", default=None, help="keep the services' logs and the DuckDB log here")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_cmd)

@@ -21,6 +21,7 @@ from events.catalog import (
 from services.cores.directory.core import DirectoryCore
 from services.drivers.chaos.accounting import ScenarioResult
 from services.drivers.chaos.load import NODES, PARTITIONED
+from services.drivers.chaos.progress import Progress
 from services.drivers.chaos.recovery import recover
 from services.drivers.chaos.supervisor import Stack
 
@@ -104,24 +105,30 @@ def kill_engine(phase: str) -> Callable[[Stack, ScenarioResult], Awaitable[None]
             return out
 
         # the re-routed ones queue behind the live nodes' backlog (minutes on a loaded machine):
-        # wait while requests keep finishing anywhere, as the final drain does; a victim still
-        # open after 30 s without any request finishing (or after 180 s) never ended
-        seen = {"n": -1, "t": time.monotonic()}
-        t_end = time.monotonic() + 180
+        # wait until they end, or until no engine work at all has moved for 45 s - not a fixed
+        # time, which under load cut off victims still queued. The load pauses meanwhile (below),
+        # so the backlog only drains, and a stall means what is left has stopped. (A first try
+        # also gave up 30 s after every other request decided before the kill had finished: it
+        # cut off a victim that then finished, at load average 12.)
+        watch = Progress(stack.tail, stall_s=45.0, since=mark)  # the work since the kill counts
 
         async def all_ended() -> bool:
-            n = sum(1 for d in stack.tail.deliveries[mark:] if type(d.event) is RequestFinished)
-            if n != seen["n"]:
-                seen["n"], seen["t"] = n, time.monotonic()
             if len(ended()) == len(victims):
                 return True
-            now = time.monotonic()
-            if now - seen["t"] > 30 or now > t_end:
+            if watch.stalled():
                 raise _Stalled
             return False
 
-        with contextlib.suppress(TimeoutError, _Stalled):
-            await stack.wait(all_ended, 200, f"the {len(victims)} requests in {phase} on {node} to end", every_s=0.5)
+        # no new requests meanwhile (heartbeats go on): under load the engines fall behind the
+        # generator and the backlog the victims queue behind would grow while the row waits
+        # (kill-engine-prefill waited 4 minutes at load average 25 with the load on)
+        stack.load.paused = True
+        try:
+            with contextlib.suppress(TimeoutError, _Stalled):
+                await stack.wait(all_ended, 900, f"the {len(victims)} requests in {phase} on {node} to end",
+                                 every_s=0.5)
+        finally:
+            stack.load.paused = False
         done = ended()
         failed = sum(1 for e in done.values() if e)
         forgot, why = await asyncio.to_thread(_kv_forgotten, stack, node, mark)
@@ -191,6 +198,11 @@ async def cut_kv_transfer(stack: Stack, res: ScenarioResult) -> None:
     receiver, rec = refusals()[0]
     request, blocks = rec.get("request"), int(rec.get("blocks", 0))
 
+    # the sim's data plane adopts the landed blocks, then evicts the refused ones (KvEvicted) and
+    # stores them again for the request; the torch engine checks before it adopts anything, so
+    # the refused blocks were never held there and the recompute stores them (KvStored) alone
+    torch = stack.engine_backend == "torch"
+
     def trail() -> tuple[bool, bool, str | None]:
         evicted = stored = False
         error = None
@@ -198,7 +210,7 @@ async def cut_kv_transfer(stack: Stack, res: ScenarioResult) -> None:
             ev, ty = d.event, type(d.event)
             if ty is KvEvicted and ev.node == receiver:
                 evicted = True
-            elif ty is KvStored and ev.node == receiver and ev.request == request and evicted:
+            elif ty is KvStored and ev.node == receiver and ev.request == request and (evicted or torch):
                 stored = True
             elif ty is RequestFinished and ev.request == request:
                 error = ev.error
@@ -207,10 +219,22 @@ async def cut_kv_transfer(stack: Stack, res: ScenarioResult) -> None:
     async def finished() -> bool:
         return trail()[2] is not None
 
+    def recomputed_now() -> bool:
+        evicted, stored, _ = trail()
+        return stored if torch else evicted and (stored or rec.get("kv_event") == "KvFetched")
+
+    async def done() -> bool:
+        # the request's end and the recompute's events come in either order: with the sim, the
+        # decode may finish before the plane's transfer lands and is refused (one run read the
+        # trail at the RequestFinished and found neither the KvEvicted nor the KvStored yet)
+        return trail()[2] is not None and recomputed_now()
+
     with contextlib.suppress(TimeoutError):
         await stack.wait(finished, 60, f"{request} to finish", every_s=0.2)
+    with contextlib.suppress(TimeoutError):
+        await stack.wait(done, 30, f"the recompute of {request}'s refused blocks on the stream", every_s=0.2)
     evicted, stored, error = trail()
-    recomputed = evicted and (stored or rec.get("kv_event") == "KvFetched")
+    recomputed = recomputed_now()
     res.survived = error == "" and recomputed
     res.detail = (f"cut {node}'s next transfer: {receiver} refused {blocks} blocks of {request} "
                   f"({rec.get('kv_event')}) and recomputed them: evicted {evicted}, stored again {stored}; "

@@ -12,7 +12,8 @@ from services.drivers.chaos.accounting import ChaosReport
 
 def render(report: ChaosReport, console=None) -> None:
     console = console or Console(width=None if sys.stdout.isatty() else 110)  # a log file: no squeezed columns
-    flags = (" --quick" if report.quick else "") + (" --engines" if report.engines else "")
+    flags = (" --quick" if report.quick else "") + (
+        f" --engines {report.engine_backend}".rstrip() if report.engines else "")
     table = Table(title=f"evolving chaos{flags}: {report.events} events, "
                         f"{report.requests} requests, {report.elapsed_s:.0f} s")
     cols = ["scenario", "survived", "lost", "hung", "duplicated", "diverged", "recover s"]
@@ -34,6 +35,8 @@ def render(report: ChaosReport, console=None) -> None:
     console.print(f"publish retries: {report.publish_retries}; unplanned exits: "
                   f"{', '.join(report.unplanned_exits) or 'none'}; nodes removed for silence and registered "
                   f"again: {', '.join(report.rejoins) or 'none'}")
+    if report.drain:
+        console.print(f"final drain: {report.drain.get('s', '?')} s, {report.drain.get('ended', '?')}")
     for r in report.results:
         nonzero = ", ".join(f"{k}={v}" for k, v in r.counts.items() if v and k != "requests_failed")
         console.print(f"  {r.name}: {r.fault}" + (f" - {r.detail}" if r.detail else "")

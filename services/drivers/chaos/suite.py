@@ -3,7 +3,6 @@ everything, verify the recorder's log and account for every event."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import tempfile
 import time
@@ -14,8 +13,10 @@ from typing import Any
 from services.adapters.eventlog import DuckDbEventLog
 from services.adapters.logging import get_logger
 from services.drivers.chaos.accounting import ChaosReport, ScenarioResult, account, finished_requests
+from services.drivers.chaos.progress import Progress
 from services.drivers.chaos.scenarios import Scenario, recover, scenarios
 from services.drivers.chaos.supervisor import Stack
+from services.drivers.chaos.torch_model import torch_missing
 from services.drivers.recorder.verify import verify_log
 from services.drivers.up.testing import acting_route_counts
 
@@ -25,7 +26,10 @@ log = get_logger("chaos")
 def select(known: list[Scenario], *, quick: bool = False, only: list[str] | None = None,
            engines: bool = False) -> list[Scenario]:
     """The scenarios a run plays: ``only`` (each must exist, and an engines-only one needs
-    ``engines``), else the quick ones or all, without the engines-only ones unless ``engines``."""
+    ``engines``), else the quick ones or all, without the engines-only ones unless ``engines``.
+    ``quick`` with ``engines`` is the engine faults' own short form (``engine_quick``: the
+    worker killed mid-prefill and mid-decode, the partitioned worker, the cut transfer, the
+    restarted gateway), without it the services' and the bus's (``quick``)."""
     if only:
         unknown = set(only) - {s.name for s in known}
         if unknown:
@@ -35,15 +39,39 @@ def select(known: list[Scenario], *, quick: bool = False, only: list[str] | None
         if need:
             raise ValueError(f"scenario(s) {', '.join(need)} kill engine workers: run them with --engines")
         return [s for s in known if s.name in only]
-    return [s for s in known if (s.quick or not quick) and (engines or not s.engines_only)]
+    return [s for s in known if (not quick or (s.engine_quick if engines else s.quick))
+            and (engines or not s.engines_only)]
+
+
+async def serve_a_while(stack: Stack, dwell_s: float, cap_s: float = 60.0) -> None:
+    """Keep the load on the (recovered) stack until the requests of ``dwell_s`` seconds of it,
+    published from now on, are decided: on a busy machine that takes longer than ``dwell_s``
+    (the load generator and the router run late), and a fixed sleep would leave the window
+    nearly empty. Bounded by ``cap_s`` (not a failure: the table's columns say what was lost)."""
+    want = max(1, round(stack.rate * dwell_s))
+    t, since = time.monotonic(), len(stack.tail.deliveries)
+
+    async def served() -> bool:
+        return stack.tail.decided_after(stack.load.published, t, since) >= want
+
+    with contextlib.suppress(TimeoutError):
+        await stack.wait(served, cap_s, f"{want} requests decided", every_s=0.2)
 
 
 async def run_chaos(*, quick: bool = False, only: list[str] | None = None, workdir: Path | None = None,
                     rate: float = 20.0, dwell_s: float | None = None, engines: bool = False,
+                    engine_backend: str = "sim", model: str | None = None,
+                    drain_stall_s: float = 45.0, drain_cap_s: float = 1800.0,
                     on_progress: Callable[[str], None] | None = None) -> ChaosReport:
     """Start the stack, run the scenarios one after the other under load, stop everything, and
-    account for every event. ``on_progress(name)`` is called as each scenario starts."""
+    account for every event. ``on_progress(name)`` is called as each scenario starts.
+    ``engine_backend`` (with ``engines``): the workers' backend, ``sim`` or ``torch`` (on
+    ``model``, else a tiny random checkpoint the run writes)."""
     chosen = select(scenarios(), quick=quick, only=only, engines=engines)
+    if engines and engine_backend == "torch" and (why := torch_missing()):
+        raise ValueError(why)
+    if engines and engine_backend == "torch" and model is not None and not Path(model).exists():
+        raise ValueError(f"--model {model} does not exist")
     dwell_s = (0.5 if quick else 3.0) if dwell_s is None else dwell_s
     t_start = time.monotonic()
     tmp = None
@@ -53,7 +81,7 @@ async def run_chaos(*, quick: bool = False, only: list[str] | None = None, workd
     # real workers on a loaded 2-core machine miss a 2 s heartbeat deadline (all four were removed
     # within 20 s in a trial run): give them 6 s
     stack = Stack(Path(workdir), rate=rate, engines=engines, heartbeat_timeout_s=6.0 if engines else 2.0,
-                  kv_bytes=engines and any(s.kv_bytes for s in chosen))
+                  kv_bytes=engines and any(s.kv_bytes for s in chosen), engine_backend=engine_backend, model=model)
     results: list[ScenarioResult] = []
     try:
         if on_progress:
@@ -71,13 +99,13 @@ async def run_chaos(*, quick: bool = False, only: list[str] | None = None, workd
             n_rejoins = len(stack.load.rejoins)
             try:
                 if sc is None:
-                    await asyncio.sleep(dwell_s)
+                    await serve_a_while(stack, dwell_s)
                     t = time.monotonic()
                     res.recover_s = await recover(stack, t, await stack.bus.last_seq())
                     res.survived = True
                 else:
                     await sc.run(stack, res)
-                    await asyncio.sleep(dwell_s)  # keep the load on the recovered stack a while
+                    await serve_a_while(stack, dwell_s)  # keep the load on the recovered stack a while
             except Exception as exc:  # noqa: BLE001 - a scenario that fails is a row, not a crash
                 res.survived = False
                 res.detail = f"{type(exc).__name__}: {exc}"
@@ -109,24 +137,45 @@ async def run_chaos(*, quick: bool = False, only: list[str] | None = None, workd
                     return False
             return await stack.caught_up(head) and all(decided[r] for r in wanted)
 
+        t_drain = time.monotonic()
+        drain: dict[str, Any] = {}
         if engines:
             # the engines finish what they queued at their own pace (minutes behind on a busy
-            # machine): wait while requests keep finishing, up to 240 s; "hung" is what is still
-            # in flight after 30 s without any request finishing
-            progress = {"n": -1, "t": time.monotonic()}
-            t_end = time.monotonic() + 240
+            # machine): wait while their work moves on the stream; "hung" is what is still in
+            # flight once no request has started, progressed or ended for stall_s (the old fixed
+            # 240 s counted requests still finishing under load as hung: docs/chaos.md)
+            watch = Progress(stack.tail, stall_s=drain_stall_s)
+            # requests still open at these seconds into the drain: what a fixed deadline there
+            # would have counted as hung (the old one was 240 s)
+            marks = [0, 30, 60, 120, 240, 480, 960]
+            drain["open_at_s"] = {}
 
             async def settled_or_stalled() -> bool:
-                n = len(finished_requests(stack.tail.deliveries))
-                if n != progress["n"]:
-                    progress["n"], progress["t"] = n, time.monotonic()
-                now = time.monotonic()
-                return await settled() or now - progress["t"] > 30 or now > t_end
+                el = time.monotonic() - t_drain
+                if marks and el >= marks[0]:
+                    decided = acting_route_counts(stack.tail.deliveries)
+                    done = finished_requests(stack.tail.deliveries)
+                    drain["open_at_s"][str(marks.pop(0))] = sum(1 for r in wanted if decided[r] and r not in done)
+                if await settled():
+                    drain["ended"] = "settled"
+                    return True
+                if watch.stalled():
+                    drain["ended"] = f"stalled: no engine work for {watch.stall_s:g} s"
+                    return True
+                return False
 
-            await stack.wait(settled_or_stalled, 300, "every request finished", every_s=0.5)
+            try:
+                await stack.wait(settled_or_stalled, drain_cap_s, "every request finished", every_s=0.5)
+            except TimeoutError:
+                drain["ended"] = f"cap: {drain_cap_s:g} s with engine work still moving"
+            drain["work_events"] = watch.moves
         else:
-            with contextlib.suppress(TimeoutError):
+            try:
                 await stack.wait(settled, 30, "every request decided")
+                drain["ended"] = "settled"
+            except TimeoutError:
+                drain["ended"] = "cap: 30 s"
+        drain["s"] = round(time.monotonic() - t_drain, 1)
         # the last decisions land after the load's last event: the last window ends where the
         # harness's copy of the stream ends once everything is decided
         results[-1].window = (results[-1].window[0], max(head, stack.tail.cursor))
@@ -149,7 +198,8 @@ async def run_chaos(*, quick: bool = False, only: list[str] | None = None, workd
         return ChaosReport(results, events=len(stream), requests=len(wanted), verify=verify,
                            publish_retries=stack.load.retries, unplanned_exits=list(stack.unplanned),
                            rejoins=list(stack.load.rejoins),
-                           elapsed_s=time.monotonic() - t_start, quick=quick, engines=engines)
+                           elapsed_s=time.monotonic() - t_start, quick=quick, engines=engines,
+                           engine_backend=engine_backend if engines else "", drain=drain)
     finally:
         await stack.close()
         if tmp is not None:

@@ -1,5 +1,5 @@
-"""The stack under test: a 3-server NATS cluster, the four services (and optionally a sim
-engine worker per node) as child processes, restarted when they exit unasked, the load and
+"""The stack under test: a 3-server NATS cluster, the four services (and optionally an engine
+worker per node, sim or torch) as child processes, restarted when they exit unasked, the load and
 the tail."""
 
 from __future__ import annotations
@@ -18,11 +18,13 @@ from pathlib import Path
 
 import aiohttp
 
+from events.catalog import NodeRegistered
 from services.adapters.bus import NatsBus, StreamSettings
 from services.adapters.bus.natsserver import NatsCluster
 from services.adapters.logging import get_logger
 from services.drivers.chaos.load import NODES, Load
 from services.drivers.chaos.tail import Tail
+from services.drivers.chaos.torch_model import TORCH_ENV, torch_worker_args, write_tiny_checkpoint
 from services.drivers.up.testing import REPO, spawn_service
 
 log = get_logger("chaos")
@@ -56,13 +58,17 @@ class Stack:
 
     def __init__(self, workdir: Path, *, partition: str = "chaos", rate: float = 20.0,
                  heartbeat_s: float = 0.5, heartbeat_timeout_s: float = 2.0, tick_s: float = 0.5,
-                 engines: bool = False, kv_bytes: bool = False) -> None:
+                 engines: bool = False, kv_bytes: bool = False, engine_backend: str = "sim",
+                 model: str | None = None) -> None:
         # ``--workdir`` may name a folder that does not exist yet (it was a traceback at the first log)
         workdir.mkdir(parents=True, exist_ok=True)
         self.workdir, self.partition, self.engines = workdir, partition, engines
-        #: the workers move real KV bytes (``--kv-bytes``, Mooncake over TCP) and arm a cut
-        #: transfer on SIGUSR1 (services/drivers/chaos/engine_faults.py)
-        self.kv_bytes = kv_bytes
+        #: ``sim`` or ``torch`` (``--engines torch``: the reference engine on ``model``, a tiny
+        #: random checkpoint :meth:`start` writes when None; services/drivers/chaos/torch_model.py)
+        self.engine_backend, self.model = engine_backend, model
+        #: the workers move real KV bytes (sim ``--kv-bytes``, Mooncake over TCP; the torch engine
+        #: always does) and arm a cut transfer on SIGUSR1 (services/drivers/chaos/engine_faults.py)
+        self.kv_bytes = kv_bytes or (engines and engine_backend == "torch")
         self.engine_procs: dict[str, subprocess.Popen] = {}
         #: processes a scenario starts for itself (the gateway of restart-gateway): not supervised
         self.extra_procs: dict[str, subprocess.Popen] = {}
@@ -109,9 +115,12 @@ class Stack:
         cmd = [sys.executable, "-m", module, "--node", node, "--role", role, "--nats-url", self.cluster.url,
                "--partition", self.partition, "--stream-replicas", "3", "--heartbeat-s", str(self.heartbeat_s),
                "--seed", str(len(self.engine_procs)), "--log-format", "json"]
-        if self.kv_bytes:
-            cmd += ["--kv-bytes", "--transfer", "mooncake", "--transfer-host", "127.0.0.1"]
         env = {**os.environ, "PYTHONPATH": str(REPO)}
+        if self.engine_backend == "torch":
+            cmd += torch_worker_args(self.model)
+            env.update(TORCH_ENV)
+        elif self.kv_bytes:
+            cmd += ["--kv-bytes", "--transfer", "mooncake", "--transfer-host", "127.0.0.1"]
         with open(self.workdir / f"engine-{node}.log", "ab") as out:
             proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
         self.engine_procs[node] = proc
@@ -215,6 +224,8 @@ class Stack:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
+        if self.engines and self.engine_backend == "torch" and self.model is None:
+            self.model = str(await asyncio.to_thread(write_tiny_checkpoint, self.workdir / "tiny-llama.gguf"))
         self.cluster = NatsCluster(3, name="chaos")
         await asyncio.to_thread(self.cluster.start)
         self.bus = await connect_when_ready(self.cluster.url, self.partition)
@@ -237,6 +248,13 @@ class Stack:
         # had none registered after 90 s)
         await self.wait(lambda: self.decided_since(0.0), (240 if self.kv_bytes else 90) if self.engines else 30,
                         "a first decision")
+        if self.engines:  # every worker is up before the first fault (a torch worker loading its model
+            # under load registered 25 s after the first decision, after partition-engine had stopped it)
+            await self.wait(self.all_registered, 240 if self.kv_bytes else 90, "every engine worker to register")
+
+    async def all_registered(self) -> bool:
+        seen = {d.event.node for d in self.tail.deliveries if type(d.event) is NodeRegistered}
+        return all(node in seen for node, _ in NODES)
 
     async def decided_since(self, t: float) -> bool:
         return self.tail.first_decision_after(self.load.published, t) is not None

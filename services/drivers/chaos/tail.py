@@ -83,3 +83,14 @@ class Tail:
             if type(ev).__name__ == "RouteDecided" and not ev.shadow and not ev.reroute and ev.request in after:
                 return self.seen_at[d.seq]
         return None
+
+    def decided_after(self, published: list[Published], t: float, since: int = 0) -> int:
+        """How many requests published after ``t`` have an acting ``RouteDecided`` in the copy
+        (deliveries from index ``since`` on: a caller that knows where they start)."""
+        after = {p.event.request for p in published if p.t >= t and isinstance(p.event, RequestSubmitted)}
+        if not after:
+            return 0
+        seen = {d.event.request for d in self.deliveries[since:]
+                if type(d.event).__name__ == "RouteDecided" and not d.event.shadow and not d.event.reroute
+                and d.event.request in after}
+        return len(seen)
