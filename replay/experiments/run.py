@@ -264,7 +264,12 @@ def run_matrix(exps: list[Experiment], out_dir: Path, console, *,
         pool = ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"))
         for _exp, _run, log, key in plan:
             if key in first and first[key][0] == log and key not in futures and key not in done:
-                futures[key] = pool.submit(execute, _run, log, seed, False)
+                fut = pool.submit(execute, _run, log, seed, False)
+                # the key file as soon as the row ends, not when its experiment is reported: a matrix
+                # stopped mid-experiment resumes without re-running rows that had finished
+                fut.add_done_callback(lambda f, k=key: None if f.cancelled() or f.exception() is not None
+                                      else _keep(f.result(), k, seed))
+                futures[key] = fut
     summaries: list[dict] = []
     index = {id(run): k for k, (_e, run, _l, _k) in enumerate(plan, start=1)}
 
@@ -281,10 +286,10 @@ def run_matrix(exps: list[Experiment], out_dir: Path, console, *,
             if pool is None:
                 console.print(f"[{index[id(run)]}/{total}] {exp.name} / {run.label} ({run.stack}) ...")
                 r = execute(run, log, seed, progress)
+                _keep(r, key, seed)
             else:
                 r = futures[key].result()
                 r.run = run
-            _keep(r, key, seed)
             done[key] = r
         console.print(_row_line(f"[{index[id(run)]}/{total}] ", exp, r))
         return r

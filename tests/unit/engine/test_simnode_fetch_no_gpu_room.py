@@ -16,39 +16,12 @@ from dataclasses import replace
 from engine.backends.sim.node import PrefillJob, SimNode
 from engine.profiles import load_profile
 from events.catalog import FetchStep, KvFetched, KvMoved, RequestStarted
-from replay.sim.simulation import EventQueue
-from services.cores.directory.core import DirectoryCore
 from services.cores.directory.eviction import CountAwareEviction
+from tests.unit.engine.simnode_host import DirectoryHost
 
 L1_BLOCKS, L2_BLOCKS = 40, 200
 P = replace(load_profile("gb300-glm52"), prefill_noise=0.0, decode_noise=0.0,
             l1_capacity_tokens=L1_BLOCKS * 64, l2_capacity_tokens=L2_BLOCKS * 64)
-
-
-class Host:
-    def __init__(self) -> None:
-        self.q = EventQueue()
-        self.log: list = []
-        self.dir = DirectoryCore()
-        self.nodes: dict = {}
-        self.policy = CountAwareEviction(64)
-
-    @property
-    def now(self) -> float:
-        return self.q.now
-
-    def emit(self, e) -> None:
-        self.log.append(e)
-        self.dir.apply(e)
-
-    def schedule(self, t, fn, *args) -> None:
-        self.q.schedule(t, fn, *args)
-
-    def choose_eviction(self, node, tier, tokens, pinned):
-        return self.policy.choose(self.dir, node, tier, tokens, pinned)
-
-    def peer(self, node):
-        return self.nodes.get(node)
 
 
 def job(rid: str, blocks: list[int], prompt: int, plan: list[FetchStep]) -> PrefillJob:
@@ -56,12 +29,12 @@ def job(rid: str, blocks: list[int], prompt: int, plan: list[FetchStep]) -> Pref
                       fetch_plan=plan, enqueued_s=0.0)
 
 
-def started(h: Host, rid: str) -> RequestStarted:
+def started(h: DirectoryHost, rid: str) -> RequestStarted:
     return next(e for e in h.log if type(e) is RequestStarted and e.request == rid and e.phase == "prefill")
 
 
 def test_a_fetch_without_gpu_room_lands_in_host_memory_and_is_restored_at_prefill_start():
-    h = Host()
+    h = DirectoryHost(CountAwareEviction(64))
     p = h.nodes["p"] = SimNode("p", "prefill", P, h, seed=1)
     q = h.nodes["q"] = SimNode("q", "prefill", P, h, seed=2)
     h.nodes["d"] = SimNode("d", "decode", P, h, seed=3)
@@ -85,7 +58,7 @@ def test_a_fetch_without_gpu_room_lands_in_host_memory_and_is_restored_at_prefil
 
 
 def test_a_fetch_with_gpu_room_still_lands_in_both_tiers():
-    h = Host()
+    h = DirectoryHost(CountAwareEviction(64))
     p = h.nodes["p"] = SimNode("p", "prefill", P, h, seed=1)
     q = h.nodes["q"] = SimNode("q", "prefill", P, h, seed=2)
     h.nodes["d"] = SimNode("d", "decode", P, h, seed=3)

@@ -16,39 +16,12 @@ import pytest
 from engine.backends.sim.node import PrefillJob, SimNode
 from engine.profiles import load_profile
 from events.catalog import RequestStarted
-from replay.sim.simulation import EventQueue
-from services.cores.directory.core import DirectoryCore
 from services.cores.directory.eviction import CountAwareEviction, LruEviction
+from tests.unit.engine.simnode_host import DirectoryHost
 
 BLOCKS = 40  # per tier
 P = replace(load_profile("gb300-glm52"), prefill_noise=0.0, decode_noise=0.0,
             l1_capacity_tokens=BLOCKS * 64, l2_capacity_tokens=BLOCKS * 64)
-
-
-class Host:
-    def __init__(self, policy) -> None:
-        self.q = EventQueue()
-        self.log: list = []
-        self.dir = DirectoryCore()
-        self.nodes: dict = {}
-        self.policy = policy
-
-    @property
-    def now(self) -> float:
-        return self.q.now
-
-    def emit(self, e) -> None:
-        self.log.append(e)
-        self.dir.apply(e)
-
-    def schedule(self, t, fn, *args) -> None:
-        self.q.schedule(t, fn, *args)
-
-    def choose_eviction(self, node, tier, tokens, pinned):
-        return self.policy.choose(self.dir, node, tier, tokens, pinned)
-
-    def peer(self, node):
-        return self.nodes.get(node)
 
 
 def job(rid: str, blocks: list[int], prompt: int) -> PrefillJob:
@@ -58,7 +31,7 @@ def job(rid: str, blocks: list[int], prompt: int) -> PrefillJob:
 
 @pytest.mark.parametrize("policy", [CountAwareEviction(64), LruEviction(64)], ids=["count_aware", "lru"])
 def test_a_queued_job_keeps_its_local_prefix_while_the_jobs_ahead_store_theirs(policy):
-    h = Host(policy)
+    h = DirectoryHost(policy)
     p = h.nodes["p"] = SimNode("p", "prefill", P, h, seed=1)
     h.nodes["d"] = SimNode("d", "decode", P, h, seed=2)
     prefix = list(range(1, 11))  # 10 blocks held on p, the oldest copies there
