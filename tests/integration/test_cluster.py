@@ -36,6 +36,24 @@ async def connect_when_ready(url: str, partition: str, timeout_s: float = 30.0) 
             await asyncio.sleep(0.5)
 
 
+async def read_all_settled(bus: NatsBus, timeout_s: float = 60.0):
+    """Every event up to the head, asked again while the cluster re-elects after a loss: the
+    ephemeral consumer's create call times out until the stream has a leader, and a read that
+    stalls mid-election stops short of the head."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            out = await read_all(bus, idle_s=2.0)
+            if out and out[-1].seq >= await bus.last_seq():
+                return out
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the stream was not read to its head within {timeout_s:g} s")
+        await asyncio.sleep(0.5)
+
+
 def _args(**kw) -> argparse.Namespace:
     base = {"router": "evolving", "router_arg": [], "shadow": None, "snapshot_every": 4,
             "snapshot_interval_s": 5.0, "planner": "evolving", "planner_arg": [], "heartbeat_timeout_s": 0.0}
@@ -86,7 +104,7 @@ async def test_losing_one_server_of_three_loses_nothing(tmp_path):
         finally:
             stop.set()
             await asyncio.wait_for(router_task, 30)
-        stream = await read_all(pub)
+        stream = await read_all_settled(pub)
         rec_stop.set()
         await asyncio.wait_for(recorder, 30)
         harness = [d.event for d in stream if d.event.src == "harness"]
