@@ -110,9 +110,10 @@ STATIONARY = {
                             "Dynamo's; M §5: 81-95% lower)",
                             quick_stacks=["evolving", "dynamo"], statics=("static:3P6D",), recorded=True,
                             profile=PRESSURE_PROFILE),
-    "cc-90": Stationary("cc", 90, "static:4P5D", CC_CLAIM),
-    "cc-108": Stationary("cc", 108, "static:4P5D", CC_CLAIM),
-    "cc-126": Stationary("cc", 126, "static:4P5D", CC_CLAIM),
+    # issue 25 part 2: CC at 90/108/126 agents in the regime the paper ran (the pressure profile)
+    "cc-90": Stationary("cc", 90, "static:4P5D", CC_CLAIM, profile=PRESSURE_PROFILE),
+    "cc-108": Stationary("cc", 108, "static:4P5D", CC_CLAIM, profile=PRESSURE_PROFILE),
+    "cc-126": Stationary("cc", 126, "static:4P5D", CC_CLAIM, profile=PRESSURE_PROFILE),
     "putnam-224": Stationary("putnam", 224, "static:2P7D",
                              "M §5/§6.1: decode-heavy; best static 2P7D; the planner keeps 1-2 prefill nodes",
                              quick_stacks=["evolving", "static:2P7D"]),
@@ -246,7 +247,7 @@ def _stationary(m: _Mode, name: str) -> Experiment:
         n, extra = -(-e.agents // 3), ("--nodes", "3")
         note = f"{m.agents(n)} agents on 3 nodes, a third of {m.agents(e.agents)} on 9: {QUICK_THIRD}"
     title = (f"{e.workload} ({calibration_trace(m.tiny).name}), {e.agents} agents at agent pace, {e.profile}" if e.recorded
-             else f"{e.workload}-like, {e.agents} agents, stationary")
+             else f"{e.workload}-like, {e.agents} agents, stationary" + (f", {e.profile}" if e.profile else ""))
     return Experiment(name, title, e.claim,
                       [Run(s, s, m.flags(workload, m.agents(n), *extra)) for s in stacks], quick_note=note)
 

@@ -45,8 +45,9 @@ def test_a_tiny_matrix_writes_logs_tables_plots_and_a_summary(tmp_path, capsys):
 
 def test_the_whole_tiny_matrix_runs_in_worker_processes_and_identical_rows_run_once(tmp_path, capsys):
     """Every experiment of the quick matrix, at test size, in two worker processes (``--jobs 2``):
-    every row ok with a real DuckDB event log; tables (cc-126), sweeps (kv-capacity: its 5M evolving
-    row is cc-126's evolving run, reused, not simulated again), the objective curve, the shifting
+    every row ok with a real DuckDB event log; tables (cc-126, on the pressure profile), sweeps
+    (kv-capacity: its evolving and dynamo rows at the pressure profile are cc-126's runs, reused, not
+    simulated again), the objective curve, the shifting
     schedule's report, each with its ratios, KV demand and idle GPU columns, and plots."""
     out = tmp_path / "exp"
     rc = main(["experiments", "--tiny", "--out-dir", str(out), "--jobs", "2", "--no-progress"])
@@ -76,13 +77,14 @@ def test_the_whole_tiny_matrix_runs_in_worker_processes_and_identical_rows_run_o
     assert flat.count("[QUICK: 1 min after a 1 min warm-up, subset of rows") == 10
     assert flat.count("on 3 nodes, a third of") == 2 and "same load per node" in flat
     assert [Path(p).name for p in obj["plots"]] == ["objective.png"]
-    reused = [r for r in kv["runs"] if r["same_as"]]
-    assert [(r["label"], r["same_as"]) for r in reused] == [("evolving @ 5M", "cc-126 / evolving")]
-    assert reused[0]["log"] == cc["runs"][0]["log"] and reused[0]["metrics"] == {**cc["runs"][0]["metrics"],
-                                                                                  "stack": "evolving @ 5M"}
     from engine.profiles import load_profile
 
     pressure = load_profile(PRESSURE_PROFILE).l1_capacity_tokens / 1e6  # the calibrated 86% demand
+    reused = [r for r in kv["runs"] if r["same_as"]]
+    assert [(r["label"], r["same_as"]) for r in reused] == [(f"evolving @ {pressure:g}M", "cc-126 / evolving"),
+                                                            (f"dynamo @ {pressure:g}M", "cc-126 / dynamo")]
+    for r, c in zip(reused, cc["runs"][:2]):
+        assert r["log"] == c["log"] and r["metrics"] == {**c["metrics"], "stack": r["label"]}
     assert [r["x"] for r in kv["runs"]] == [pressure, pressure, pressure, 5.0, 5.0]
     assert [r["stack"] for r in kv["runs"]][:3] == ["evolving", "evolving+lru", "dynamo"]
     assert kv["runs"][0]["metrics"]["kv_gpu_capacity_tokens"] == round(9 * pressure * 1e6)  # the profile's, 9 nodes
@@ -91,7 +93,7 @@ def test_the_whole_tiny_matrix_runs_in_worker_processes_and_identical_rows_run_o
     sweep_rows = re.findall(rf"│ +(?:{pressure:g}|5) │ +evolving(?:\+lru)? │.*", text)
     assert len(sweep_rows) == 4 and all(re.search(r"\d+\.\d% / \d+\.\d%", row) for row in sweep_rows)  # idle P / D
     assert all(Path(p).exists() for e in summary["experiments"] for p in e["plots"])
-    assert "(same run as cc-126 / evolving)" in text
+    assert "(same run as cc-126 / evolving)" in text and "(same run as cc-126 / dynamo)" in text
     assert "calibration sessions (calibration), 126 agents at agent pace" in flat
 
 
