@@ -57,6 +57,9 @@ def configure_logging(level: str | None = None, fmt: str | None = None, stream=N
 
 
 def get_logger(name: str = "evolving", **bind):
+    """A lazy logger: it renders with the configuration current at each call, so a module-level
+    logger made before the process's ``configure_logging(fmt="json")`` writes JSON too (binding it
+    at import time froze the console renderer into every worker logger)."""
     if not _configured:
         configure_logging()
-    return structlog.get_logger(name).bind(**bind)
+    return structlog.get_logger(name, **bind)

@@ -144,7 +144,7 @@ class Stack:
             for line in f.read().decode(errors="replace").splitlines():
                 try:
                     rec = json.loads(line)
-                except ValueError:  # a console line: the worker's loggers are bound before --log-format
+                except ValueError:  # a console line (a worker before services.adapters.logging made loggers lazy)
                     m = _CONSOLE.match(line)
                     rec = None if m is None else {"event": m["event"], **{
                         k: v.strip("'\"") for k, v in _FIELD.findall(m["rest"])}}
