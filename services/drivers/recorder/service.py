@@ -11,11 +11,13 @@ requests, :class:`LiveSnapshots`; the protocol is in :mod:`services.drivers.reco
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import ctypes
 import ctypes.util
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -50,14 +52,27 @@ async def run_recorder(
     subjects: str | None = None,
     live: bool = True,
     trim_interval_s: float | None = 10.0,
+    max_queued: int | None = None,
 ) -> RecorderStats:
     """Record the stream until ``stop`` is set (then flush what is buffered) or the task is
     cancelled (what was committed stays; the rest is redelivered on restart). ``live``: answer
     ``evolving sql --live`` while recording (NATS bus and DuckDB log only). ``trim_interval_s``:
-    after an append at most this often, hand the C heap's free pages back (:func:`release_free_heap`)."""
+    after an append at most this often, hand the C heap's free pages back (:func:`release_free_heap`).
+
+    ``max_queued`` (default ``max_batch``): decoded deliveries waiting for the writer. While an
+    append runs, the next batch is read ahead, no more: a stalled writer then stops the consumer,
+    whose pull requests stop, so the backlog stays on the server (JetStream), not in this
+    process (it was ``4 x max_batch``: 16,384 decoded events and their raw messages, ~22 MB,
+    whenever a loaded machine stalled the writer; docs/chaos.md "Soak", runs 9-10). Appends run
+    on one writer thread of their own: DuckDB's, Arrow's and glibc's per-thread caches are then
+    one thread's, the one the heap trim runs on (``asyncio.to_thread`` spread them over its
+    pool's threads)."""
+    if max_queued is not None and max_queued < 1:
+        raise ValueError(f"max_queued must be >= 1, got {max_queued}")
     stats = RecorderStats(last_seq=event_log.last_seq())
     recorder = Recorder(max_batch=max_batch, applied_seq=stats.last_seq)
-    queue: asyncio.Queue = asyncio.Queue(maxsize=4 * max_batch)
+    queue: asyncio.Queue = asyncio.Queue(maxsize=max_queued or max_batch)
+    writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="recorder-writer")
     stop = stop or asyncio.Event()
     serve_live = live and getattr(bus, "nc", None) is not None and hasattr(event_log, "snapshot")
 
@@ -84,7 +99,7 @@ async def run_recorder(
             trim = trim_interval_s is not None and time.monotonic() - last_trim >= trim_interval_s
             if trim:
                 last_trim = time.monotonic()
-            stored = await asyncio.to_thread(append, rows, trim)
+            stored = await loop.run_in_executor(writer, append, rows, trim)
             await consumer.ack(rows[-1][0])
             stats.recorded += stored
             stats.batches += 1
@@ -131,6 +146,7 @@ async def run_recorder(
             pump_task.cancel()
             stop_task.cancel()
             await asyncio.gather(pump_task, stop_task, return_exceptions=True)
+            writer.shutdown(wait=False)  # an append cancelled mid-way finishes on its thread (as to_thread's)
     stats.redeliveries = recorder.redeliveries
     log.info("recorder_stopped", recorded=stats.recorded, batches=stats.batches, last_seq=stats.last_seq)
     return stats
@@ -140,7 +156,10 @@ _LIBC = None
 
 
 def release_free_heap() -> bool:
-    """``malloc_trim(0)``: glibc hands the free pages inside its heaps back to the kernel.
+    """``malloc_trim(0)``: glibc hands the free pages inside its heaps back to the kernel; and
+    when pyarrow is loaded (an append encodes its batch with it), its pool's unused memory too
+    (``release_unused``: mimalloc collects the calling thread's heap, so call it on the writer
+    thread; in run 9 that pool's resident pages rose 4 -> 10 MB in the second half).
 
     Each append allocates and frees a batch's payload strings, arrays and DuckDB's transient
     buffers from several threads' arenas; the freed chunks stay resident, scattered, and the
@@ -155,6 +174,10 @@ def release_free_heap() -> bool:
             _LIBC = lib if lib is not None and hasattr(lib, "malloc_trim") else False
         except OSError:
             _LIBC = False
+    pa = sys.modules.get("pyarrow")
+    if pa is not None:
+        with contextlib.suppress(Exception):  # a pool without it (older pyarrow): nothing to release
+            pa.default_memory_pool().release_unused()
     if not _LIBC:
         return False
     _LIBC.malloc_trim(0)
