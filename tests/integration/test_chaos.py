@@ -128,9 +128,12 @@ def test_sigterm_mid_run_stops_the_whole_stack(tmp_path):
                              "--workdir", str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 150  # chaos itself waits up to 120 s for the services
         while not (tmp_path / "router.log").exists() or "service_caught_up" not in (tmp_path / "router.log").read_text():
-            assert time.monotonic() < deadline and proc.poll() is None, "the stack did not come up"
+            if proc.poll() is not None:  # it ended before the stack was up: say why
+                raise AssertionError(f"chaos exited {proc.returncode} before the stack came up:\n"
+                                     f"{proc.communicate()[1][-3000:]}")
+            assert time.monotonic() < deadline, "the stack did not come up in 120 s"
             time.sleep(0.2)
         children = _descendants(proc.pid)
         assert sum("nats-server" in c for c in children.values()) == 3, children

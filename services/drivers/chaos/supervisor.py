@@ -231,7 +231,10 @@ class Stack:
         self.bus = await connect_when_ready(self.cluster.url, self.partition)
         for kind in SERVICES:
             self.spawn(kind)
-        await self.wait(lambda: self.caught_up(0), 60, "the services to start")
+        # 120 s: a CI run of 2 Dec 2026 (load ~6) saw `chaos` exit 1 before the router had logged
+        # its catch-up; its stderr was not kept (tests/integration/test_chaos.py prints it now), and
+        # this 60 s wait was the likeliest start-up step to have ended it
+        await self.wait(lambda: self.caught_up(0), 120, "the services to start")
         self.load = Load(self.bus, rate=self.rate, heartbeat_s=self.heartbeat_s)
         if self.engines:
             self.load.nodes = ()
