@@ -11,7 +11,10 @@ What it guarantees (tests/unit/engine/test_kvpool.py pins each point)
    watermark, as SGLang's HiCache does), so the policy's sort runs once per batch.
 3. Pinned blocks are never evicted: a block is pinned while any owner (a queued request with
    KV, a running request) pins it (``pin``/``unpin``, counted per owner), or while a call
-   passes it as ``also_pinned``.
+   passes it as ``also_pinned``. The pins are counted per block as they change (``pin``
+   adds the new owner's list and takes back its old one, from where the two differ), so an
+   eviction reads the pinned blocks instead of rebuilding their set (issue 24: rebuilt per
+   eviction it was 15% of a calibration-session run, docs/simulator.md §8).
 4. Every change a peer must know about is an event, emitted in the order it happens:
    ``KvStored`` for blocks added by ``store`` (never a block already held; ``store_through``
    writes L1 and L2 and sends one ``KvStored`` with ``write_through`` where the pair would say
@@ -26,10 +29,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Set as AbstractSet
+
+from services.cores.directory._native import BlockCounts
 
 from engine import _kvscan
 from events.catalog import Event, KvEvicted, KvStored
 from events.ids import BlockHash, NodeId, RequestId, Tier
+
+AbstractSet.register(BlockCounts)  # a read-only set of its keys (``in``, ``len``, iteration, ``==``)
 
 #: Share of a tier freed by one eviction (low watermark).
 EVICT_BATCH = 0.02
@@ -37,7 +45,9 @@ EVICT_BATCH = 0.02
 _RUN_MEMO = 4096
 
 #: ``choose(tier, tokens_to_free, pinned) -> blocks in eviction order`` (the directory's policy).
-Chooser = Callable[[Tier, int, frozenset], list]
+#: ``pinned`` is a read-only set view of the pool's pinned blocks (``also_pinned`` included),
+#: valid during the call: a chooser that keeps it must copy it (``frozenset(pinned)``).
+Chooser = Callable[[Tier, int, AbstractSet], list]
 
 
 class KvPool:
@@ -56,7 +66,10 @@ class KvPool:
         self.reserved_tokens = 0  # L1 tokens held outside cached blocks (decode working memory)
         self.evict_batch = evict_batch
         self._choose, self._emit, self._now = choose, emit, now
-        self._pins: dict[Hashable, Sequence[BlockHash]] = {}
+        self._pins: dict[Hashable, tuple[BlockHash, ...]] = {}  # owner -> the blocks it pins
+        # block -> owners' list entries pinning it: a compiled uint64 multiset (services/cores/
+        # directory/_native.pyx), probed without Python ints by the directory's eviction order
+        self._pin_n = BlockCounts()
         # held_run's memo per tier set: id(list) -> (list, start, end), blocks[start:end] held.
         # A tier only loses blocks in _removed(), which forgets its memo.
         self._runs: dict[int, dict[int, tuple[Sequence[BlockHash], int, int]]] = {id(self.l1): {}, id(self.l2): {}}
@@ -120,17 +133,30 @@ class KvPool:
 
     # ------------------------------------------------------------------ pins
     def pin(self, owner: Hashable, blocks: Sequence[BlockHash]) -> None:
-        """``owner`` (a request in some phase) uses ``blocks``: none of them is evicted."""
-        self._pins[owner] = blocks
+        """``owner`` (a request in some phase) uses ``blocks``: none of them is evicted. Replaces
+        what ``owner`` pinned before; only the blocks past the two lists' common prefix change
+        counts (a queued request pins its held prefix, later its whole prompt)."""
+        new = tuple(blocks)
+        old = self._pins.get(owner)
+        k = 0
+        if old is not None:
+            k = _kvscan.common_prefix(old, new)
+        self._pin_n.add(new, k)  # first: a bad hash raises here, before anything changed
+        if old is not None:
+            self._pin_n.remove(old, k)
+        self._pins[owner] = new
 
     def unpin(self, owner: Hashable) -> None:
-        self._pins.pop(owner, None)
+        old = self._pins.pop(owner, None)
+        if old is not None:
+            self._pin_n.remove(old)
 
     def pinned(self) -> frozenset:
-        pins: set[BlockHash] = set()
-        for blocks in self._pins.values():
-            pins.update(blocks)
-        return frozenset(pins)
+        """Every block some owner pins (a copy; :meth:`make_room` reads the live counts)."""
+        return frozenset(self._pin_n)
+
+    def is_pinned(self, block: BlockHash) -> bool:
+        return block in self._pin_n
 
     # ------------------------------------------------------------------ writes
     def _reserved_blocks(self, tier: Tier, extra_tokens: int) -> int:
@@ -146,10 +172,18 @@ class KvPool:
         over = len(store) + used_extra + need_blocks - cap
         if over <= 0:
             return True
-        pinned = self.pinned() | frozenset(also_pinned)
         want = max(over, int(cap * self.evict_batch))
-        chosen = self._choose(tier, want * self.bt, pinned)
-        victims = _kvscan.held_unpinned(chosen, store, pinned)  # held and not pinned, in order
+        counts = self._pin_n
+        # ``also_pinned`` not pinned already: counted for this call only
+        extra = _kvscan.missing_after(also_pinned, 0, counts) if also_pinned else ()
+        if extra:
+            counts.add(extra)
+        try:
+            chosen = self._choose(tier, want * self.bt, counts)
+            victims = _kvscan.held_unpinned(chosen, store, counts)  # held and not pinned, in order
+        finally:
+            if extra:
+                counts.remove(extra)
         if victims:
             store.difference_update(victims)
             self._removed(store)
@@ -167,13 +201,22 @@ class KvPool:
         return new
 
     def store_through(self, blocks: Sequence[BlockHash], pinned: Sequence[BlockHash] = (),
-                      request: RequestId | None = None) -> tuple[list[BlockHash], list[BlockHash]]:
+                      request: RequestId | None = None, l2_blocks: Sequence[BlockHash] | None = None
+                      ) -> tuple[list[BlockHash], list[BlockHash]]:
         """``store("L1", ...)`` then ``store("L2", ...)`` (write-through): the same tiers, the same
         evictions in the same order, and the blocks each added (returned); only when both add
         the same blocks and L2 has room for them without an eviction, the two ``KvStored`` are
-        one, ``write_through`` (issue 24: it folds as the pair, events/catalog.py)."""
+        one, ``write_through`` (issue 24: it folds as the pair, events/catalog.py).
+
+        ``l2_blocks``: what is written through to L2 if not ``blocks``, taken from L1 once the
+        L1 write is done (the blocks of it L1 holds then): the torch engine adopts its newly
+        computed blocks into L1 and copies every full block of the sequence from L1's bytes."""
         new1 = self._put("L1", self.missing(blocks, self.l1), pinned)
-        miss2 = self.missing(blocks, self.l2)  # the L1 write left L2 as it was
+        if l2_blocks is not None:
+            l1 = self.l1
+            l2_blocks = [b for b in l2_blocks if b in l1]
+        # the L1 write left L2 as it was
+        miss2 = self.missing(blocks if l2_blocks is None else l2_blocks, self.l2)
         if new1 and miss2 == new1 and len(self.l2) + len(miss2) <= self.l2_cap_blocks:
             self.l2.update(miss2)  # what _put("L2") does when make_room has nothing to evict
             self._emit(KvStored(ts=self._now(), src=self.node, node=self.node, tier="L1", blocks=new1,

@@ -199,12 +199,14 @@ def cmd_bench(args) -> int:
 
 
 #: ``bench sim``'s rows on recorded sessions (issue 24): label -> (log format, written in the
-#: simulation's thread, log level, writes a log). ``before`` is today's path before format 2.
+#: simulation's thread, log level, writes a log). Format ``None`` is the current one
+#: (``services.adapters.eventlog.columnar.FORMAT``, the ``{fmt}`` of the label); ``before`` is the
+#: deliberate old-format baseline: format 1, written in the simulation's thread, as before format 2.
 CALIBRATION_RUNS = {
     "nolog": ("no log", None, False, "full", False),
     "before": ("log v1 inline (before)", "1", True, "full", True),
-    "full": ("log v2 full", "2", False, "full", True),
-    "decisions": ("log v2 decisions", "2", False, "decisions", True),
+    "full": ("log v{fmt} full", None, False, "full", True),
+    "decisions": ("log v{fmt} decisions", None, False, "decisions", True),
 }
 DEFAULT_CALIBRATION = Path(__file__).resolve().parents[3] / "shared" / "traces" / "weka-claude-code-calibration"
 
@@ -217,6 +219,7 @@ def _calibration_rows(args, out) -> list[dict]:
     import tempfile  # lazy: only the calibration rows
 
     from replay.sim.runs import run_one  # lazy: start-up (evolving --help skips DuckDB: +55 ms)
+    from services.adapters.eventlog.columnar import FORMAT as CURRENT_FORMAT  # lazy: pyarrow, for these rows
 
     path = args.calibration
     if not path:
@@ -240,6 +243,7 @@ def _calibration_rows(args, out) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="ei-bench-sim-") as tmp:
         for name in names:
             label, fmt, sync, level, logged = CALIBRATION_RUNS[name]
+            label = label.format(fmt=fmt or CURRENT_FORMAT)
             a = argparse.Namespace(**vars(base))
             a.log_format, a.log_sync, a.log_level = fmt, sync, level
             log_path = Path(tmp) / f"{name}.duckdb" if logged else None

@@ -338,7 +338,7 @@ def register_sim(sub, bench) -> None:
                          "log written; default ../shared/traces/weka-claude-code-calibration; '' skips them)")
     bp.add_argument("--calibration-runs", default="nolog,before,full,decisions",
                     help="calibration rows, comma-separated: nolog, before (log format 1 in the simulation's thread: "
-                         "the path before format 2), full, decisions (format 2, writer thread, --log-level)")
+                         "the path before format 2), full, decisions (the current format, writer thread, --log-level)")
     bp.add_argument("--json", action="store_true", help="the rows as JSON on stdout (progress on stderr)")
     bp.set_defaults(func=cmd_bench, profile=None, start=None, fast=False, json=False, no_progress=True,
                     trace=None, arrivals=None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from services.cores.directory._native import BlockCounts
 
 from events.catalog import (
     BranchEnded,
@@ -49,6 +50,9 @@ def compare(d: DirectoryCore, n: str, t: str, k: int, pinned: frozenset) -> None
         want = p.sorted_order(d, n, t, pinned).tolist()
         assert p.order(d, n, t, pinned) == want, (p.name, n, t)
         assert p.choose(d, n, t, k, pinned) == want[:k], (p.name, n, t, k)
+        counts = BlockCounts()  # the pool's pins (engine/kvpool.py): probed as uint64, same answer
+        counts.add(sorted(pinned))
+        assert p.choose(d, n, t, k, counts) == want[:k], (p.name, n, t, k)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from services.adapters.eventlog.columnar import FORMAT
 from services.drivers.cli import main
 
 
@@ -48,7 +49,7 @@ def test_sizes_replace_the_default_sizes(capsys):
 
 def test_calibration_rows_measure_the_log_beside_the_path_before(capsys):
     """Recorded sessions (here the three bundled ones) at agent pace on 9 nodes: no log, log
-    format 1 written inline (the baseline), format 2 full and decisions; the same simulation."""
+    format 1 written inline (the baseline), the current format full and decisions; the same simulation."""
     assert main(["bench", "sim", "--sizes", "3:4", "--runs", "evolving", "--agents", "6",
                  "--calibration", "tests/fixtures/traces/weka-claude-code", "--warmup", "10s", "--duration", "20s",
                  "--json"]) == 0
@@ -60,7 +61,8 @@ def test_calibration_rows_measure_the_log_beside_the_path_before(capsys):
         assert (r["nodes"], r["agents"], r["simulated_s"]) == (9, 6, 30.0) and r["events"] > 50
         assert r["same_log_as_baseline"] is True  # writing the log does not change the run
         assert r["x_real_time"] == pytest.approx(r["simulated_s"] / r["wall_s"]) and r["cpu_s"] > 0
-    assert cal["before"]["baseline"] and cal["before"]["log_format"] == "1" and cal["full"]["log_format"] == "2"
+    assert cal["before"]["baseline"] and cal["before"]["log_format"] == "1" and cal["full"]["log_format"] == FORMAT
+    assert cal["full"]["run"] == f"calib log v{FORMAT} full"  # the label names the format written
     for name in ("before", "full"):
         assert cal[name]["log_events"] == cal[name]["events"]  # every event stored
         assert cal[name]["log_bytes_per_sim_min"] == pytest.approx(cal[name]["log_bytes"] / 0.5)

@@ -401,7 +401,9 @@ class TorchBackend(PeerTransfers):
 
     def _register_full(self, s: Seq, upto_tokens: int) -> list[BlockHash]:
         """Hash the sequence's computed full blocks (prompt blocks, then blocks of prompt tail +
-        output), adopt the private ones as shared L1 blocks; returns all full-block hashes."""
+        output), adopt the private ones as shared L1 blocks and write every full block through
+        to L2 (one ``KvStored(write_through=True)`` where L1 and L2 add the same blocks, as the
+        simulator's nodes send: ``PagedKv.adopt``); returns all full-block hashes."""
         hashes = list(s.hashes)
         toks = s.ids + s.out
         full = upto_tokens // 64
@@ -411,14 +413,12 @@ class TorchBackend(PeerTransfers):
             hashes.append(parent)
         hashes = hashes[:full]
         cand = [(h, s.slots[i]) for i, h in enumerate(hashes) if s.slots[i] in s.private]
-        if cand:
-            adopted = self.kv.adopt([h for h, _ in cand], [sl for _, sl in cand], hashes, s.request)
-            s.private -= adopted
+        adopted = self.kv.adopt([h for h, _ in cand], [sl for _, sl in cand], hashes, s.request, through=hashes)
+        s.private -= adopted
         return hashes
 
     def _finish_prefill(self, s: Seq, first: int) -> None:
-        hashes = self._register_full(s, s.prompt)
-        self.kv.write_through(hashes, hashes, s.request)
+        hashes = self._register_full(s, s.prompt)  # L1, written through to L2
         s.out = [first]
         if s.recompute:  # a decode whose pull failed: the prompt is here again
             s.sent, s.sent_text = 1, self._text(s.out)
@@ -480,8 +480,7 @@ class TorchBackend(PeerTransfers):
 
     def _finish_decode(self, s: Seq) -> None:
         del self.running[s.request]
-        hashes = self._register_full(s, s.n)
-        self.kv.write_through(hashes, hashes, s.request)  # decode nodes only write to the pool
+        self._register_full(s, s.n)  # written through to L2: decode nodes only write to the pool
         self._release(s)
         self._chunk(s, done=True)
         self.host.emit(RequestFinished(ts=self._now(), src=self.node_id, request=s.request, node=self.node_id,

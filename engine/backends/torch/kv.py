@@ -69,30 +69,38 @@ class PagedKv:
             self.alloc["L1"].free(list(slots))
 
     def adopt(self, hashes: Sequence[BlockHash], slots: Sequence[int], pinned: Sequence[BlockHash],
-              request: str | None) -> set[int]:
+              request: str | None, through: Sequence[BlockHash] | None = None) -> set[int]:
         """Private L1 slots holding computed full blocks become the shared blocks ``hashes``
-        (``KvStored`` L1 for those the pool did not hold); returns the slots adopted."""
-        if not hashes:
+        (``KvStored`` L1 for those the pool did not hold); returns the slots adopted.
+
+        ``through``: the sequence's full blocks, written through to L2 in the same step (their
+        bytes copied from L1): one ``KvStored(write_through=True)`` when L1 and L2 add the same
+        blocks and L2 needs no eviction, as the simulator's ``KvPool.store_through`` sends (issue
+        24), else the L1 and the L2 event, in that order."""
+        if not hashes and through is None:
             return set()
         self.pool.reserved_tokens -= len(hashes) * self.bt
-        new = set(self.pool.store("L1", list(hashes), pinned, request))
+        if through is None:
+            new, new2 = set(self.pool.store("L1", list(hashes), pinned, request)), []
+        else:
+            l1_new, new2 = self.pool.store_through(list(hashes), pinned, request, l2_blocks=through)
+            new = set(l1_new)
         adopted = set()
         for h, s in zip(hashes, slots, strict=True):
             if h in new and h not in self.slot["L1"]:
                 self.slot["L1"][h] = s
                 adopted.add(s)
         self.pool.reserved_tokens += (len(hashes) - len(adopted)) * self.bt
+        if new2:
+            self._copy_to_l2(new2)
         return adopted
 
     # ------------------------------------------------------------------ tiers
-    def write_through(self, hashes: Sequence[BlockHash], pinned: Sequence[BlockHash], request: str | None) -> None:
-        """Copy the L1 blocks ``hashes`` into L2 (``KvStored`` L2 for the new ones)."""
-        have = [h for h in hashes if h in self.slot["L1"]]
-        new = self.pool.store("L2", have, pinned, request)
-        if new:
-            dst = self.alloc["L2"].alloc(len(new))
-            copy_blocks(self.pools["L1"], [self.slot["L1"][h] for h in new], self.pools["L2"], dst).wait()
-            self.slot["L2"].update(zip(new, dst, strict=True))
+    def _copy_to_l2(self, new: Sequence[BlockHash]) -> None:
+        """L2 slots for ``new`` (blocks the pool just added to L2) and their bytes from L1."""
+        dst = self.alloc["L2"].alloc(len(new))
+        copy_blocks(self.pools["L1"], [self.slot["L1"][h] for h in new], self.pools["L2"], dst).wait()
+        self.slot["L2"].update(zip(new, dst, strict=True))
 
     def restore(self, hashes: Sequence[BlockHash], pinned: Sequence[BlockHash], request: str | None) -> int:
         """Copy L2 blocks into L1 (``KvStored`` L1); returns how many were restored."""

@@ -282,8 +282,7 @@ class DirectoryCore:
         n = self._node(node)
         if n is None:
             return np.zeros(0, dtype=np.uint64)
-        pins = np.fromiter(pinned, dtype=np.uint64, count=len(pinned)) if pinned else None
-        return self._t.eviction_order(n.idx, tier, count_aware, limit, pins)
+        return self._t.eviction_order(n.idx, tier, count_aware, limit, pinned if pinned else None)
 
     def counts_on(self, node: NodeId) -> Mapping[BlockHash, int]:
         """Raw active-branch references on ``node`` (includes blocks with no copy there)."""
@@ -672,9 +671,6 @@ class DirectoryCore:
             del self._requests[ev.request]
 
     # ------------------------------------------------------------------------- KV facts
-    def _store(self, n: _Node, tier: str, blocks: Sequence[int], ts: float) -> None:
-        self._t.store(n.idx, tier, blocks, float(ts))
-
     def _phase_of(self, n: _Node, r: _Request | None) -> list[int]:
         """Phases whose count a KV store on ``n`` attaches: those the request was routed to on
         ``n``; else the node's role (collocated and unknown -> prefill, where KV is produced)."""
@@ -709,24 +705,30 @@ class DirectoryCore:
 
     def _on_kv_stored(self, ev: KvStored) -> None:
         """A write-through store (``write_through``, issue 24) folds as the pair it replaces:
-        the L1 store, then the L2 store, each step as its own event did."""
+        the L1 store, then the L2 store, each step as its own event did (the L2 step reuses the
+        slots the L1 step resolved: the blocks it just stored stay allocated)."""
+        s = None
         for tier in ev.tiers():
-            self._fold_stored(ev, tier)
+            s = self._fold_stored(ev, tier, s)
 
-    def _fold_stored(self, ev: KvStored, tier: str) -> None:
+    def _fold_stored(self, ev: KvStored, tier: str, s_prev: np.ndarray | None = None) -> np.ndarray:
         n = self._node_for_kv(ev, ev.node)
         r = self._request(ev, ev.request)
-        cached = self._kv_slots(r, ev.blocks)
-        s = self._t.store(n.idx, tier, ev.blocks, float(ev.ts), cached)
-        if cached is not None:
-            self._update_cache(r, s)
+        if s_prev is not None:  # the same blocks' slots, from the write-through's L1 step
+            s = self._t.store(n.idx, tier, ev.blocks, float(ev.ts), s_prev)
+        else:
+            cached = self._kv_slots(r, ev.blocks)
+            s = self._t.store(n.idx, tier, ev.blocks, float(ev.ts), cached)
+            if cached is not None:
+                self._update_cache(r, s)
         branch = r.branch if r is not None else ev.branch
         if branch is None:
-            return
+            return s
         b = self._branch(ev, branch, quiet_ended=True)
         if b is not None:
             for ph in self._phase_of(n, r):
                 self._set_holder(b, ph, n.idx)
+        return s
 
     def _on_kv_evicted(self, ev: KvEvicted) -> None:
         n = self._node(ev.node)
@@ -742,8 +744,10 @@ class DirectoryCore:
         dst = self._node_for_kv(ev, ev.dst_node)
         r = self._request(ev, ev.request)
         cached = self._kv_slots(r, ev.blocks)
-        self._read(ev, src, ev.blocks, cached)
-        s = self._t.store(dst.idx, ev.dst_tier, ev.blocks, float(ev.ts), cached)
+        # resolved once for the read and the store (the store re-probes the unknown ones)
+        s0 = cached if cached is not None else self._t.slots(ev.blocks, len(ev.blocks))
+        self._read(ev, src, ev.blocks, s0)
+        s = self._t.store(dst.idx, ev.dst_tier, ev.blocks, float(ev.ts), s0)
         if cached is not None:
             self._update_cache(r, s)
         branch = r.branch if r is not None else ev.branch
@@ -765,9 +769,12 @@ class DirectoryCore:
         """Peer L2 -> own L2 -> GPU (METHOD §4.1): the destination holds the blocks in both tiers."""
         src = self._node_for_kv(ev, ev.src_node)
         dst = self._node_for_kv(ev, ev.dst_node)
-        self._read(ev, src, ev.blocks)
-        self._store(dst, "L2", ev.blocks, ev.ts)
-        self._store(dst, "L1", ev.blocks, ev.ts)
+        # the blocks resolved once for the read and both stores (the first store allocates the
+        # unknown ones; the second finds them all)
+        s = self._t.slots(ev.blocks, len(ev.blocks))
+        self._read(ev, src, ev.blocks, s)
+        s = self._t.store(dst.idx, "L2", ev.blocks, float(ev.ts), s)
+        self._t.store(dst.idx, "L1", ev.blocks, float(ev.ts), s)
         # a P2P move for the request's prefill: the branch's prefill count moves to dst
         r = self._requests.get(ev.request)
         b = self._branches.get(r.branch) if r is not None else None

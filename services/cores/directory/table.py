@@ -22,10 +22,11 @@ Slot numbers never leak into outputs: everything returned is keyed or sorted by 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
 
 import numpy as np
 
-from services.cores.directory._native import SlotMap, bucket_valid, held_prefix
+from services.cores.directory._native import SlotMap, bucket_valid, held_prefix, unpinned
 from services.cores.directory._native import mark as mark_copies
 from services.cores.directory._native import read as read_copies
 from services.cores.directory._native import touch as touch_prefixes
@@ -283,18 +284,19 @@ class BlockTable:
         return o
 
     def eviction_order(self, n: int, tier: str, count_aware: bool, limit: int | None,
-                       pinned: np.ndarray | None) -> np.ndarray:
-        """Blocks of node ``n``'s copies in ``tier`` in eviction order, ``pinned`` left out:
-        ``(count > 0, last, block)`` if ``count_aware`` else ``(last, block)``; the first
-        ``limit`` (all if ``None``)."""
+                       pinned: AbstractSet[int] | None) -> np.ndarray:
+        """Blocks of node ``n``'s copies in ``tier`` in eviction order, ``pinned`` (a set of
+        hashes, or None) left out: ``(count > 0, last, block)`` if ``count_aware`` else
+        ``(last, block)``; the first ``limit`` (all if ``None``)."""
         j = 2 * n + TIER_INDEX[tier]
         o = self._order(j)
         w, bit = j >> 6, _BIT[j & 63]
         out: list[np.ndarray] = []
         got = 0
-        # sorted once per call: a membership test per group is then a binary search, where
-        # np.isin re-sorted the (often tens of thousands of) pinned blocks for every group
-        spin = np.sort(pinned) if pinned is not None and len(pinned) else None
+        # a membership test per block of the groups read (compiled): a node's pinned set is
+        # ~10^5 blocks on the calibration sessions, and converting and sorting it per call cost
+        # more than the whole walk (issue 24)
+        spin = pinned if pinned else None
         for group in o.groups(count_aware):
             parts = []
             for c, last in group:
@@ -315,8 +317,7 @@ class BlockTable:
                 continue
             blocks = np.sort(self.block[parts[0] if len(parts) == 1 else np.concatenate(parts)])
             if spin is not None:
-                at = np.minimum(np.searchsorted(spin, blocks), len(spin) - 1)
-                blocks = blocks[spin[at] != blocks]
+                blocks = unpinned(blocks, spin)
             out.append(blocks)
             got += len(blocks)
             if limit is not None and got >= limit:

@@ -19,7 +19,17 @@ CALLS = {
     "prefix_len": lambda b: _kvscan.prefix_len(b, 0, set(b[:3])),
     "missing_after": lambda b: _kvscan.missing_after(b, 0, set(b[:3])),
     "held_unpinned": lambda b: _kvscan.held_unpinned(b, set(b), set()),
+    "held_unpinned (BlockCounts)": lambda b: _kvscan.held_unpinned(b, set(b), _native.BlockCounts()),
+    "common_prefix": lambda b: _kvscan.common_prefix(b, b),
+    "BlockCounts.add/remove": lambda b: _native.BlockCounts().add(b) or None,
+    "BlockCounts.add+remove": lambda b: _added(b).remove(b),
 }
+
+
+def _added(b):
+    c = _native.BlockCounts()
+    c.add(b)
+    return c
 
 
 @pytest.mark.parametrize("name", sorted(CALLS))
