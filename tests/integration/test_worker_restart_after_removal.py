@@ -78,3 +78,38 @@ async def test_a_node_that_said_shutdown_restarts_without_another_removal(partit
         assert sum(isinstance(e, NodeRegistered) for e in events) == 2
     finally:
         await w2.stop()
+
+
+async def test_a_removal_for_silence_just_past_the_start_head_still_gets_restarted(partition):
+    """The same race one step later (``chaos --engines --quick`` at load ~6, 2 Dec 2026): the
+    watcher's removal lands after the new process read its start head and before it checks, so
+    the stream no longer lists the node and the removal is not "what a previous run left"."""
+    bus, tokens = InMemoryBus(partition), MemoryTokens(partition)
+    w = EngineWorker(bus, tokens, "d0", "decode", PROFILE, heartbeat_s=0.05, snapshot_every=10**6)
+    await w.start()
+    await bus.publish(submit("r1", max_tokens=10_000))
+    await bus.publish(RouteDecided(ts=0.0, request="r1", prefill_node="p0", decode_node="d0", policy="t"))
+    await bus.publish(FirstToken(ts=1.0, src="p0", request="r1", node="p0"))
+    await _killed(w)
+    head_of = bus.last_seq
+
+    async def head_then_removal() -> int:  # the removal is published right after the head is read
+        head = await head_of()
+        await bus.publish(NodeRemoved(ts=8.0, src="liveness", node="d0", reason="heartbeat timeout: silent for 6.1 s > 6 s"))
+        return head
+
+    w2 = EngineWorker(bus, tokens, "d0", "decode", PROFILE, heartbeat_s=0.05, snapshot_every=10**6)
+    bus.last_seq = head_then_removal
+    try:
+        await w2.start()
+    finally:
+        bus.last_seq = head_of
+    try:
+        await wait_for_event(bus, lambda e: isinstance(e, NodeRegistered) and e.node == "d0", start=w2._head + 1)
+        events = await all_events(bus)
+        own = [(type(e).__name__, getattr(e, "reason", None)) for e in events[w2._head:]
+               if isinstance(e, NodeRemoved | NodeRegistered) and e.node == "d0" and e.src == "d0"]
+        assert own[:2] == [("NodeRemoved", "restarted"), ("NodeRegistered", None)], own
+        assert [(e.request, e.node) for e in _lost_decodes(events)] == [("r1", "d0")]
+    finally:
+        await w2.stop()
