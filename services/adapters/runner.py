@@ -214,21 +214,22 @@ class ServiceRunner:
     async def load(self) -> None:
         """Restore from the service's snapshot when it matches the configuration, else start
         fresh at sequence 0."""
+        # Every await comes before the core is replaced: a reader between two awaits (a health
+        # probe, a test) sees the old core or the new one, never none.
         data = await self.bus.get_snapshot(self.cfg.name)
-        self.seqd = None
         self.head = await self.bus.last_seq()
+        seqd: Sequenced | None = None
         if data is not None:
             try:
-                self.seqd = open_snapshot(data, self._core_name(), self.fp, self.head,
-                                          _Restorer(self.restore_core))
+                seqd = open_snapshot(data, self._core_name(), self.fp, self.head,
+                                     _Restorer(self.restore_core))
             except SnapshotRejected as exc:
                 log.warning("snapshot_rejected", service=self.cfg.name, reason=str(exc),
                             action="rebuilding from sequence 0")
             except Exception as exc:  # noqa: BLE001 - a verified snapshot the core cannot read: rebuild
                 log.error("snapshot_unreadable", service=self.cfg.name, error=f"{type(exc).__name__}: {exc}",
                           action="rebuilding from sequence 0")
-        if self.seqd is None:
-            self.seqd = Sequenced(self.make_core(), 0)
+        self.seqd = seqd if seqd is not None else Sequenced(self.make_core(), 0)
         self.restored_from = self.seqd.applied_seq
         self.recover_until = self.head
         self.recovering = self.recover_until > self.applied_seq

@@ -155,8 +155,8 @@ async def test_a_core_that_raises_dead_letters_the_message_and_goes_on(nats_url,
     try:
         await pub.publish_many(workload.branch_events(0, 3))
 
-        async def done() -> bool:
-            return len(runner.core.seen) == 2
+        async def done() -> bool:  # the core exists once the runner has loaded (a task: it may not yet)
+            return runner.core is not None and len(runner.core.seen) == 2
 
         await wait_until(done, 20, what="the requests after the failing one")
         assert runner.core.seen == ["b0/0", "b0/2"]
