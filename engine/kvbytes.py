@@ -181,6 +181,7 @@ class KvBytes:
         ``abandon`` each pair exactly once."""
         new = [b for b in dict.fromkeys(blocks) if b not in self.slot_of]
         pairs = list(zip(new, self.slots.alloc(len(new)), strict=True))
+        self.pool.poison([s for _, s in pairs])  # no earlier transfer's bytes pass as these (BlockPool.poison)
         for block, slot in pairs:
             self.slot_of[block] = slot
             self.pending[block] = slot
@@ -237,6 +238,7 @@ class KvBytes:
         if not todo:
             return []
         local = self.slots.alloc(len(todo))
+        self.pool.poison(local)
         try:
             transfer.read_blocks(peer, [s for _, s, _ in todo], self.pool, local)
             for (block, _, want), slot in zip(todo, local, strict=True):
@@ -282,5 +284,7 @@ class KvBytes:
             self.checksum_of[block] = want
 
     def reserve(self, n: int) -> list[int]:
-        """Free slots a peer may write into (the decode side of a P->D transfer)."""
-        return self.slots.alloc(n)
+        """Free slots a peer may write into (the decode side of a P->D transfer), poisoned."""
+        slots = self.slots.alloc(n)
+        self.pool.poison(slots)
+        return slots

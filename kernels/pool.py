@@ -12,6 +12,7 @@ same sequence of calls gives the same slots) and keeps ``block id -> slot`` itse
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 
 import torch
 
@@ -90,6 +91,17 @@ class BlockPool:
     def slot_addr(self, slot: int) -> int:
         """Address of a slot's first byte (what RDMA/TCP transfer engines are given)."""
         return self.data_ptr() + slot * self.layout.block_bytes
+
+    def poison(self, slots: Sequence[int]) -> None:
+        """Fill ``slots`` with 0xFF bytes (NaN in every float dtype): a receiver does this to the
+        slots a transfer will land in, so bytes left there by an earlier transfer of the same
+        blocks (slots are handed out lowest first) cannot pass a short transfer's checksums."""
+        if not slots:
+            return
+        idx = torch.as_tensor(list(slots), dtype=torch.long, device=self.device)
+        self.bytes.index_fill_(0, idx, 0xFF)
+        if self.device.type == "cuda":  # a transfer engine reads the raw memory next, off torch's stream
+            torch.cuda.current_stream(self.device).synchronize()
 
     def typed(self) -> torch.Tensor:
         """The model's view ``[num_slots, block_tokens, layers, heads, head_dim]`` (no copy)."""

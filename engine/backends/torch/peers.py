@@ -137,6 +137,7 @@ class PeerTransfers:
             todo = [(b, r) for b, r in zip(blocks, reply.slots, strict=True) if b in mine]
             sums = dict(zip(blocks, reply.checksums, strict=False)) if reply.checksums else None
             if todo:
+                self.kv.pools["L2"].poison([mine[b] for b, _ in todo])  # nor bytes an evicted copy left
                 try:
                     await asyncio.to_thread(self.transfer.read_blocks, reply.pool, [r for _, r in todo],
                                             self.kv.pools["L2"], [mine[b] for b, _ in todo],
@@ -175,6 +176,7 @@ class PeerTransfers:
             s.private = set(private)
             s.slots = [-1] * len(s.hashes) + private
             stage = self.kv.alloc["stage"].alloc(len(need))
+            self.kv.pools["stage"].poison(stage)  # no earlier pull's bytes can pass as this one's
             reply = await self.exchange.request(
                 ctl, Pull(request=s.request, indices=need, pool=self.descs["stage"], slots=stage), self.cfg.timeout_s)
             if reply.error:

@@ -185,3 +185,22 @@ def test_peer_fetch_through_mooncake_tcp_verifies_every_block():
     finally:
         a.transfer.close()
         b.transfer.close()
+
+
+def test_a_cut_push_into_a_slot_that_held_the_same_block_before_is_refused():
+    """Slots are handed out lowest first: a block evicted and pushed again lands in the slot its
+    old bytes are still in, so a push cut mid-way would leave the right bytes behind and pass
+    unseen. Reserved slots are poisoned (``BlockPool.poison``) before a peer writes them."""
+    fabric = LoopbackFabric()
+    p, d = Node("p", fabric), Node("d", fabric, l2_blocks=1)
+    p.pool.store("L2", [61])
+    d.pool.store("L2", [61])
+    old = d.bytes.slot_of[61]
+    assert d.pool.make_room("L2", 1) and 61 not in d.bytes.slot_of  # evicted: its bytes stay in the slot
+    target = d.bytes.reserve(1)
+    assert target == [old]
+    p.transfer.cut_transfers = 1
+    sums = p.bytes.push([61], transfer=p.transfer, peer=d.desc, peer_slots=target)
+    assert p.transfer.cut_transfers == 0
+    with pytest.raises(ChecksumMismatch, match="block 0x3d written by a peer"):
+        d.bytes.adopt([61], target, sums)

@@ -73,3 +73,26 @@ async def test_whole_transfers_still_move_and_carry_the_senders_checksums(ckpt):
         assert c.nodes["b"].counters["recomputed"] == 0 and len(c.of("KvMoved", "r")) == 1
     finally:
         await c.stop()
+
+
+async def test_a_cut_pull_over_staging_slots_that_hold_the_same_blocks_from_an_earlier_pull_is_refused(ckpt):
+    """Staging slots are handed out lowest first, so a prompt pulled again lands in the slots an
+    earlier pull of the same prefix left its bytes in: a cut that delivers only the first half
+    would then leave the right bytes behind and pass the checksums unseen (the full
+    ``chaos --engines torch`` run waited 30 s for a refusal after a decode node restarted with an
+    empty L1). The receiver poisons its staging slots before it asks for a pull."""
+    c = await Cluster(ckpt, {"a": "prefill", "b": "decode", "d": "decode"}).start()
+    try:
+        p = prompt(25, 300)
+        out1 = await (c.submit("a", "r1", p, 4, decode="b") and c.finished("r1"))
+        stage_b, stage_d = c.nodes["b"].kv.pools["stage"].bytes, c.nodes["d"].kv.pools["stage"].bytes
+        assert stage_b.any()  # r1's KV is still in b's freed staging slots
+        stage_d.copy_(stage_b)  # d's staging slots as if d had pulled the same prompt before
+        c.nodes["a"].transfer.cut_transfers = 1
+        out2 = await (c.submit("a", "r2", p, 4, decode="d") and c.finished("r2"))
+        assert out1 == out2 == reference(ckpt, p, 4)
+        assert c.nodes["a"].transfer.cut_transfers == 0  # the cut happened
+        assert c.nodes["d"].counters["recomputed"] == 1 and not c.of("KvMoved", "r2")
+        _agree(c, "d")
+    finally:
+        await c.stop()
