@@ -57,9 +57,10 @@ class CopyOrder:
 
     def __init__(self) -> None:
         self.buckets: dict[tuple[int, float], list[np.ndarray]] = {}
-        # per bucket read under a pin multiset: ``(arrays read, unpinned valid slots then)``; what
-        # it leaves out was pinned then, and comes back through ``src``'s release log
-        self.memo: dict[tuple[int, float], tuple[int, np.ndarray]] = {}
+        # per bucket read under a pin multiset: ``(arrays read, unpinned valid slots then, an upper
+        # bound on the valid pinned ones)``; what it leaves out was pinned then, and comes back
+        # through ``src``'s release log; a bucket with nothing valid and a bound of 0 is dropped
+        self.memo: dict[tuple[int, float], tuple[int, np.ndarray, int]] = {}
         self.src: tuple | None = None  # (the pins' BlockCounts, its log epoch, its log position)
         self.keys: tuple[list[float], list[float]] = ([], [])  # sorted last_access per count class
         self.entries = 0

@@ -314,7 +314,7 @@ class BlockTable:
             key = (int(c[a]), float(last[a]))
             m = o.memo.get(key)
             if m is not None:
-                o.memo[key] = (m[0], np.concatenate([m[1], s[a:b]]))
+                o.memo[key] = (m[0], np.concatenate([m[1], s[a:b]]), m[2])
 
     def eviction_order(self, n: int, tier: str, count_aware: bool, limit: int | None,
                        pinned: AbstractSet[int] | None) -> np.ndarray:
@@ -348,8 +348,13 @@ class BlockTable:
                 m = memo.get(key) if bc is not None else None
                 if m is not None:  # the unpinned copies of the last read, released and appended ones
                     arr = m[1] if m[0] == len(arrays) else np.concatenate([m[1], *arrays[m[0]:]])
-                    free = bucket_pick(held, bit, refs, bool(c), lastc, last, arr, mark, self.block, bc)[1]
-                    memo[key] = (len(arrays), free)
+                    valid, free = bucket_pick(held, bit, refs, bool(c), lastc, last, arr, mark, self.block, bc)
+                    k = len(arr) if valid is None else len(valid)
+                    if not k and not m[2]:  # nothing valid here and no pinned copy left behind
+                        o.drop(c, last)
+                        continue
+                    # m[2]: an upper bound on the valid pinned copies not read (it only grows)
+                    memo[key] = (len(arrays), free, m[2] + k - len(free))
                 else:
                     arr = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
                     # still held, same count class and last access, each slot once (a copy
@@ -364,7 +369,7 @@ class BlockTable:
                     elif len(arrays) > 1:
                         arrays = o.buckets[key] = [arr]
                     if bc is not None:
-                        memo[key] = (1, free)
+                        memo[key] = (1, free, (len(arr) if valid is None else len(valid)) - len(free))
                 if len(free):
                     parts.append(free)
             if not parts:
