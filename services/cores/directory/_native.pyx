@@ -23,7 +23,7 @@ dict holding the same pairs (tests/property/test_directory_index.py checks it on
 from cpython.long cimport PyLong_CheckExact, PyLong_FromUnsignedLongLong
 from cpython.exc cimport PyErr_Clear, PyErr_Occurred
 from cpython.ref cimport PyObject
-from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.string cimport memset
 
@@ -47,6 +47,8 @@ ctypedef struct Cell:
     int64_t val
 
 cdef uint64_t PHI = 0x9E3779B97F4A7C15ULL
+#: keys a BlockCounts' release log holds before it starts a new epoch
+cdef Py_ssize_t _REL_MAX = 1 << 20
 
 
 cdef inline bint _as_u64(object o, uint64_t* out):
@@ -282,6 +284,50 @@ cdef class BlockCounts(SlotMap):
     iteration, ``==`` with a set), which is how an eviction policy receives it; the directory's
     eviction order (:func:`unpinned`) probes it with the uint64 hashes directly."""
 
+    # the release log: every key whose count fell to 0, in order, so a reader that remembers
+    # which blocks were pinned when it looked learns which of them may have been freed since
+    # (the directory's eviction walk, services/cores/directory/table.py). ``_epoch`` moves when
+    # the log is cleared (at _REL_MAX keys): a position of an older epoch means "start afresh".
+    cdef uint64_t* _rel
+    cdef Py_ssize_t _rel_n, _rel_cap, _epoch
+
+    def __cinit__(self, *args, **kwargs):
+        self._rel = NULL
+        self._rel_n = self._rel_cap = self._epoch = 0
+
+    def __dealloc__(self):
+        if self._rel != NULL:
+            PyMem_Free(self._rel)
+
+    cdef int _released(self, uint64_t k) except -1:
+        cdef uint64_t* grown
+        cdef Py_ssize_t cap
+        if self._rel_n >= _REL_MAX:
+            self._rel_n = 0
+            self._epoch += 1
+        if self._rel_n == self._rel_cap:
+            cap = max(1024, 2 * self._rel_cap)
+            grown = <uint64_t*>PyMem_Realloc(self._rel, cap * sizeof(uint64_t))
+            if grown == NULL:
+                raise MemoryError()
+            self._rel, self._rel_cap = grown, cap
+        self._rel[self._rel_n] = k
+        self._rel_n += 1
+        return 0
+
+    def released_since(self, Py_ssize_t epoch, Py_ssize_t pos):
+        """``(epoch, position, keys)``: the keys whose count fell to 0 since ``(epoch, pos)``
+        (a uint64 array, in order, repeats kept; ``None`` if that position is of an older epoch:
+        the log was cleared since, so everything may have changed) and where the log ends now."""
+        if epoch != self._epoch or pos > self._rel_n or pos < 0:
+            return self._epoch, self._rel_n, None
+        out = np.empty(self._rel_n - pos, dtype=np.uint64)
+        cdef uint64_t[::1] o = out
+        cdef Py_ssize_t i
+        for i in range(pos, self._rel_n):
+            o[i - pos] = self._rel[i]
+        return self._epoch, self._rel_n, out
+
     cdef uint64_t* _keys(self, blocks, Py_ssize_t start, Py_ssize_t* n) except? NULL:
         """``blocks[start:]`` as a fresh uint64 array (the caller frees it), its length in ``n``;
         NULL with ``n`` 0 when empty. Every entry is checked: a bad hash raises, nothing kept."""
@@ -349,6 +395,7 @@ cdef class BlockCounts(SlotMap):
                     c.val = -1
                     self.used -= 1
                     self.deleted += 1
+                    self._released(k)
         finally:
             PyMem_Free(ks)
 
@@ -592,3 +639,37 @@ def unpinned(const uint64_t[::1] blocks, pinned):
             out[k] = blocks[i]
             k += 1
     return out_arr[:k]
+
+
+def bucket_pick(const uint64_t[:] h, uint64_t bit, const int32_t[:] refs, bint counted, const double[:] last,
+                double key, const int64_t[:] arr, unsigned char[:] mark, const uint64_t[:] block,
+                BlockCounts pinned):
+    """:func:`bucket_valid` and :func:`unpinned` of the bucket's block hashes in one pass:
+    ``(valid, free)``, ``valid`` the still-valid slots (each once, first-occurrence order; ``None``
+    when every entry is valid and distinct, so the bucket needs no compaction) and ``free`` the
+    valid slots whose block ``pinned`` does not count (``pinned`` None: all), in the same order.
+
+    Why (issue 24, docs/simulator.md "The eviction walk in one pass"): on the calibration
+    sessions ~85% of a node's L1 copies are pinned, so an eviction reads ~44 K entries to find
+    ~3 K victims; gathering, sorting and probing the pinned ones separately cost more than the
+    validity pass itself. Only the unpinned slots are returned, for the caller to sort."""
+    cdef Py_ssize_t i, x, k = 0, f = 0, n = arr.shape[0]
+    cdef bint has_pins = pinned is not None
+    valid_arr = np.empty(n, dtype=np.intp)
+    free_arr = np.empty(n, dtype=np.intp)
+    cdef int64_t[::1] out = valid_arr
+    cdef int64_t[::1] fout = free_arr
+    with nogil:
+        for i in range(n):
+            x = arr[i]
+            if mark[x] or not (h[x] & bit) or (refs[x] > 0) != counted or last[x] != key:
+                continue
+            mark[x] = 1
+            out[k] = x
+            k += 1
+            if not has_pins or pinned._get(block[x]) == 0:
+                fout[f] = x
+                f += 1
+        for i in range(k):
+            mark[out[i]] = 0
+    return (None if k == n else valid_arr[:k]), free_arr[:f]

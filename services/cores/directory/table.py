@@ -26,7 +26,7 @@ from collections.abc import Set as AbstractSet
 
 import numpy as np
 
-from services.cores.directory._native import SlotMap, bucket_valid, held_prefix, unpinned
+from services.cores.directory._native import BlockCounts, SlotMap, bucket_pick, held_prefix, unpinned
 from services.cores.directory._native import mark as mark_copies
 from services.cores.directory._native import read as read_copies
 from services.cores.directory._native import touch as touch_prefixes
@@ -283,6 +283,39 @@ class BlockTable:
         o.live = len(s)
         return o
 
+    def _released(self, o: CopyOrder, j: int, bc: BlockCounts) -> None:
+        """Bring column ``j``'s remembered buckets up to ``bc``'s release log: each held copy
+        whose pin count fell to 0 since the last read joins the memo of the bucket its count
+        class and last access name now (if that bucket has one; else a full read finds it)."""
+        src = o.src
+        if src is None or src[0] is not bc:
+            o.memo.clear()
+            epoch, pos, _ = bc.released_since(-1, 0)
+            o.src = (bc, epoch, pos)
+            return
+        epoch, pos, keys = bc.released_since(src[1], src[2])
+        o.src = (bc, epoch, pos)
+        if keys is None:  # the log was cleared since: forget everything
+            o.memo.clear()
+            return
+        if not len(keys) or not o.memo:
+            return
+        s = self.index.find(keys)
+        s = s[s > 0]
+        if len(s):
+            s = s[(self.held[s, j >> 6] & _BIT[j & 63]).astype(bool)]
+        if not len(s):
+            return
+        c, last = self.refs[s, j >> 1] > 0, self.last[s, j]
+        order = np.lexsort((last, c))
+        s, c, last = s[order], c[order], last[order]
+        cuts = (np.flatnonzero((c[1:] != c[:-1]) | (last[1:] != last[:-1])) + 1).tolist()
+        for a, b in zip([0, *cuts], [*cuts, len(s)]):
+            key = (int(c[a]), float(last[a]))
+            m = o.memo.get(key)
+            if m is not None:
+                o.memo[key] = (m[0], np.concatenate([m[1], s[a:b]]), m[2])
+
     def eviction_order(self, n: int, tier: str, count_aware: bool, limit: int | None,
                        pinned: AbstractSet[int] | None) -> np.ndarray:
         """Blocks of node ``n``'s copies in ``tier`` in eviction order, ``pinned`` (a set of
@@ -297,27 +330,54 @@ class BlockTable:
         # ~10^5 blocks on the calibration sessions, and converting and sorting it per call cost
         # more than the whole walk (issue 24)
         spin = pinned if pinned else None
+        # a BlockCounts is probed inside the validity pass (and its buckets remembered); another
+        # container after it
+        bc = spin if type(spin) is BlockCounts else None
+        if bc is None:
+            o.memo.clear()
+            o.src = None
+        else:
+            self._released(o, j, bc)
+        memo = o.memo
+        held, refs, lastc, mark = self.held[:, w], self.refs[:, n], self.last[:, j], self._mark
         for group in o.groups(count_aware):
             parts = []
             for c, last in group:
-                arrays = o.buckets[(c, last)]
-                arr = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-                # still held, same count class and last access, each slot once (a copy appended
-                # twice with the same key): one compiled pass, no sort (the blocks are sorted below)
-                valid = bucket_valid(self.held[:, w], bit, self.refs[:, n], bool(c), self.last[:, j],
-                                             last, arr, self._mark)
-                if not len(valid):
-                    o.drop(c, last)
-                    continue
-                if len(valid) != len(arr):  # compact the bucket
-                    o.entries -= len(arr) - len(valid)
-                    o.buckets[(c, last)] = [valid]
-                parts.append(valid)
+                key = (c, last)
+                arrays = o.buckets[key]
+                m = memo.get(key) if bc is not None else None
+                if m is not None:  # the unpinned copies of the last read, released and appended ones
+                    arr = m[1] if m[0] == len(arrays) else np.concatenate([m[1], *arrays[m[0]:]])
+                    valid, free = bucket_pick(held, bit, refs, bool(c), lastc, last, arr, mark, self.block, bc)
+                    k = len(arr) if valid is None else len(valid)
+                    if not k and not m[2]:  # nothing valid here and no pinned copy left behind
+                        o.drop(c, last)
+                        continue
+                    # m[2]: an upper bound on the valid pinned copies not read (it only grows)
+                    memo[key] = (len(arrays), free, m[2] + k - len(free))
+                else:
+                    arr = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+                    # still held, same count class and last access, each slot once (a copy
+                    # appended twice with the same key), and not pinned: one compiled pass
+                    valid, free = bucket_pick(held, bit, refs, bool(c), lastc, last, arr, mark, self.block, bc)
+                    if valid is not None:
+                        if not len(valid):
+                            o.drop(c, last)
+                            continue
+                        o.entries -= len(arr) - len(valid)  # compact the bucket
+                        arrays = o.buckets[key] = [valid]
+                    elif len(arrays) > 1:
+                        arrays = o.buckets[key] = [arr]
+                    if bc is not None:
+                        memo[key] = (1, free, (len(arr) if valid is None else len(valid)) - len(free))
+                if len(free):
+                    parts.append(free)
             if not parts:
                 continue
-            blocks = np.sort(self.block[parts[0] if len(parts) == 1 else np.concatenate(parts)])
-            if spin is not None:
+            blocks = self.block[parts[0] if len(parts) == 1 else np.concatenate(parts)]
+            if spin is not None and bc is None:
                 blocks = unpinned(blocks, spin)
+            blocks.sort()  # filtering then sorting: the same blocks as sorting the group then filtering
             out.append(blocks)
             got += len(blocks)
             if limit is not None and got >= limit:
