@@ -61,6 +61,15 @@ STREAM_CHECKPOINT_THRESHOLD = "2MB"
 #: when it comes back. A replay's writer keeps every hash (unbounded).
 STREAM_BLOCK_DICT_ENTRIES = 65_536
 
+#: DuckDB block size of a new format-2/3 file (DuckDB's default: 256 KiB). A file grows by whole
+#: blocks and a column segment takes at least its block's free part, so a log with many small
+#: segments (one per column per row group, a dozen columns) wastes most of its last blocks:
+#: the calibration row's 3 + 3 minute log is 6.30 MB at 256 KiB, 4.47 MB at 64 KiB (4.53 MB at
+#: 32 KiB, 5.81 MB at 16 KiB: per-block headers and smaller compression windows), the same rows
+#: (docs/simulator.md, "Event log size: DuckDB blocks"). Read from the file's header on open: a
+#: reader needs no setting, and files of either size open alike.
+BLOCK_SIZE = 65_536
+
 #: Format 1: the events table (and its indexes); the recorder bench builds the same table.
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -108,11 +117,13 @@ class DuckDbEventLog:
             # memory_limit caps DuckDB's buffer pool, which otherwise keeps written data cached
             # up to 80% of RAM: a long-running recorder's RSS then grows with the log
             config = {}
+            if format != "1" and not os.path.exists(self.path):
+                config["default_block_size"] = str(BLOCK_SIZE)  # a new file only; format 1 as before
             if memory_limit:
-                config = {"memory_limit": memory_limit,
-                          "checkpoint_threshold": checkpoint_threshold or STREAM_CHECKPOINT_THRESHOLD}
+                config |= {"memory_limit": memory_limit,
+                           "checkpoint_threshold": checkpoint_threshold or STREAM_CHECKPOINT_THRESHOLD}
             elif checkpoint_threshold:
-                config = {"checkpoint_threshold": checkpoint_threshold}
+                config["checkpoint_threshold"] = checkpoint_threshold
             self.con = duckdb.connect(self.path, config=config)
         # one connection, used from the event loop and from worker threads (run_recorder
         # appends in one): a transaction must not interleave with another thread's statements

@@ -276,3 +276,37 @@ def test_a_sparse_eviction_takes_a_bitmap_a_fraction_of_its_runs(tmp_path):
         log.close()
     assert got["2"][0] > 800
     assert got["3"][0] is None and got["3"][1] == got["3"][2] <= 63
+
+
+def _block_size(path) -> int:
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return con.execute("SELECT block_size FROM pragma_database_size()").fetchone()[0]
+    finally:
+        con.close()
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lists=st.lists(block_lists, min_size=1, max_size=24))
+def test_a_new_log_takes_small_blocks_and_a_log_of_duckdbs_default_blocks_reads_and_appends_alike(
+        tmp_path_factory, lists):
+    from services.adapters.eventlog.duckdb_log import BLOCK_SIZE
+
+    tmp = tmp_path_factory.mktemp("blocks")
+    evs = _events(lists)
+    old = tmp / "old.duckdb"
+    duckdb.connect(str(old)).close()  # a file made before: DuckDB's default block size
+    got = {}
+    for name, path in (("new", tmp / "new.duckdb"), ("old", old), ("f1", tmp / "f1.duckdb")):
+        with DuckDbEventLog(path, format="1" if name == "f1" else "3") as log:
+            log.append((i + 1, "s", ev) for i, ev in enumerate(evs[: len(evs) // 2]))
+        with DuckDbEventLog(path) as log:  # reopened for appending: keeps its blocks
+            log.append((i + 1, "s", ev) for i, ev in enumerate(evs))
+        with DuckDbEventLog(path, read_only=True) as log:
+            got[name] = [(s, to_json(ev)) for s, _, ev in log.read()]
+            got[name + " sql"] = log.con.execute("SELECT seq, payload::VARCHAR FROM events ORDER BY seq").fetchall()
+    assert _block_size(tmp / "new.duckdb") == BLOCK_SIZE < 262_144
+    assert _block_size(old) == _block_size(tmp / "f1.duckdb") == 262_144
+    want = [(i + 1, to_json(ev)) for i, ev in enumerate(evs)]
+    assert got["new"] == got["old"] == got["f1"] == want
+    assert got["new sql"] == got["old sql"] == got["f1 sql"] == [(s, p.decode()) for s, p in want]

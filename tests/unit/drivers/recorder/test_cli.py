@@ -238,15 +238,16 @@ def test_verify_divergence_stays_exit_1(tmp_path, capsys):
 
 
 def test_verify_on_corruption_met_while_reading_exits_2_with_one_line(tmp_path, capsys):
-    """Flip bytes in each DuckDB block in turn (12 KiB of headers, then 256 KiB blocks): a block
+    """Flip bytes in each DuckDB block in turn (12 KiB of headers, then blocks of ``BLOCK_SIZE``): a block
     in use fails verify with exit 2 and one line, whether at open or while the events are read;
     a free block changes nothing."""
     from services.adapters.eventlog import EventLogError
+    from services.adapters.eventlog.duckdb_log import BLOCK_SIZE
 
     make_run(tmp_path / "run.duckdb")
     data = (tmp_path / "run.duckdb").read_bytes()
     seen = {"at_open": 0, "while_reading": 0, "unused": 0}
-    for start in range(12288, len(data), 262144):
+    for start in range(12288, len(data), BLOCK_SIZE):
         bad = bytearray(data)
         bad[start + 40: start + 48] = bytes(b ^ 0xFF for b in bad[start + 40: start + 48])
         path = tmp_path / f"block-{start}.duckdb"
