@@ -78,7 +78,11 @@ class _Watch:
 
     def _run(self) -> None:
         while not self._stop.wait(0.5):
-            self.seen.update(_descendants(self.pid))
+            for pid, cmd in _descendants(self.pid).items():
+                # a zombie (killed, not yet reaped) reads an empty command line: keep what it ran
+                # (CI: a worker's name was overwritten so, and the watch "saw" 3 of 4 workers)
+                if cmd or pid not in self.seen:
+                    self.seen[pid] = cmd
 
     def stop(self) -> dict[int, str]:
         self._stop.set()
