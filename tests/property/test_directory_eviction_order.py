@@ -57,6 +57,38 @@ def compare(d: DirectoryCore, n: str, t: str, k: int, pinned: frozenset) -> None
         assert p.choose(d, n, t, k, counts) == want[:k], (p.name, n, t, k)
 
 
+def _apply_op(d: DirectoryCore, op: tuple, reqs: int) -> int:
+    """Fold one directory operation of ``OP_LIST`` into ``d``; returns the requests submitted so far."""
+    kind = op[0]
+    if kind == "store":
+        d.apply(KvStored(ts=op[4], node=op[1], tier=op[2], blocks=op[3]))
+    elif kind == "evict":
+        d.apply(KvEvicted(ts=op[4], node=op[1], tier=op[2], blocks=op[3]))
+    elif kind == "request":
+        _, b, blks, p, dn, t = op
+        d.apply(BranchOpened(ts=t, branch=f"b{b}"))
+        rid = f"r{reqs}"
+        reqs += 1
+        d.apply(RequestSubmitted(ts=t, request=rid, branch=f"b{b}", blocks=blks, version=reqs))
+        d.apply(RouteDecided(ts=t, request=rid, prefill_node=p, decode_node=dn))
+        d.apply(KvStored(ts=t, node=p, tier="L1", blocks=blks, request=rid))
+    elif kind == "start":
+        d.apply(RequestStarted(ts=op[3], request=f"r{op[1] % max(1, reqs)}", node=op[2], phase="prefill"))
+    elif kind == "move":
+        d.apply(KvMoved(ts=op[4], src_node=op[1], dst_node=op[2], blocks=op[3]))
+    elif kind == "end":
+        d.apply(BranchEnded(ts=op[2], branch=f"b{op[1]}"))
+    elif kind == "switch":
+        d.apply(RoleSwitched(ts=op[3], node=op[1], role=op[2]))
+    elif kind == "remove":
+        d.apply(NodeRemoved(ts=op[2], node=op[1]))
+    elif kind == "register":
+        d.apply(NodeRegistered(ts=op[2], node=op[1], role="prefill"))
+    else:
+        raise ValueError(f"not a directory operation: {op!r}")
+    return reqs
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(OPS, min_size=1, max_size=60))
 def test_incremental_order_equals_the_sorted_definition(ops):
@@ -68,34 +100,11 @@ def test_incremental_order_equals_the_sorted_definition(ops):
             compare(d, n, t, 3, frozenset())
     reqs = 0
     for op in ops:
-        kind = op[0]
-        if kind == "store":
-            d.apply(KvStored(ts=op[4], node=op[1], tier=op[2], blocks=op[3]))
-        elif kind == "evict":
-            d.apply(KvEvicted(ts=op[4], node=op[1], tier=op[2], blocks=op[3]))
-        elif kind == "request":
-            _, b, blks, p, dn, t = op
-            d.apply(BranchOpened(ts=t, branch=f"b{b}"))
-            rid = f"r{reqs}"
-            reqs += 1
-            d.apply(RequestSubmitted(ts=t, request=rid, branch=f"b{b}", blocks=blks, version=reqs))
-            d.apply(RouteDecided(ts=t, request=rid, prefill_node=p, decode_node=dn))
-            d.apply(KvStored(ts=t, node=p, tier="L1", blocks=blks, request=rid))
-        elif kind == "start":
-            d.apply(RequestStarted(ts=op[3], request=f"r{op[1] % max(1, reqs)}", node=op[2], phase="prefill"))
-        elif kind == "move":
-            d.apply(KvMoved(ts=op[4], src_node=op[1], dst_node=op[2], blocks=op[3]))
-        elif kind == "end":
-            d.apply(BranchEnded(ts=op[2], branch=f"b{op[1]}"))
-        elif kind == "switch":
-            d.apply(RoleSwitched(ts=op[3], node=op[1], role=op[2]))
-        elif kind == "remove":
-            d.apply(NodeRemoved(ts=op[2], node=op[1]))
-        elif kind == "register":
-            d.apply(NodeRegistered(ts=op[2], node=op[1], role="prefill"))
-        else:
+        if op[0] == "check":
             _, n, t, k, pins = op
             compare(d, n, t, k, frozenset(pins))
+        else:
+            reqs = _apply_op(d, op, reqs)
     for n in NODES:
         for t in ("L1", "L2"):
             compare(d, n, t, 5, frozenset())
@@ -158,30 +167,8 @@ def test_remembered_buckets_under_changing_pins_equal_the_sorted_definition(ops)
                 counts[op[1]].remove(old)
         elif kind in ("evictpins", "check"):
             check(op[1], op[2], op[3], op[4])
-        elif kind == "store":
-            d.apply(KvStored(ts=op[4], node=op[1], tier=op[2], blocks=op[3]))
-        elif kind == "evict":
-            d.apply(KvEvicted(ts=op[4], node=op[1], tier=op[2], blocks=op[3]))
-        elif kind == "request":
-            _, b, blks, p, dn, t = op
-            d.apply(BranchOpened(ts=t, branch=f"b{b}"))
-            rid = f"r{reqs}"
-            reqs += 1
-            d.apply(RequestSubmitted(ts=t, request=rid, branch=f"b{b}", blocks=blks, version=reqs))
-            d.apply(RouteDecided(ts=t, request=rid, prefill_node=p, decode_node=dn))
-            d.apply(KvStored(ts=t, node=p, tier="L1", blocks=blks, request=rid))
-        elif kind == "start":
-            d.apply(RequestStarted(ts=op[3], request=f"r{op[1] % max(1, reqs)}", node=op[2], phase="prefill"))
-        elif kind == "move":
-            d.apply(KvMoved(ts=op[4], src_node=op[1], dst_node=op[2], blocks=op[3]))
-        elif kind == "end":
-            d.apply(BranchEnded(ts=op[2], branch=f"b{op[1]}"))
-        elif kind == "switch":
-            d.apply(RoleSwitched(ts=op[3], node=op[1], role=op[2]))
-        elif kind == "remove":
-            d.apply(NodeRemoved(ts=op[2], node=op[1]))
-        elif kind == "register":
-            d.apply(NodeRegistered(ts=op[2], node=op[1], role="prefill"))
+        else:
+            reqs = _apply_op(d, op, reqs)
     for n in NODES:
         for t in ("L1", "L2"):
             check(n, t, 5, [])

@@ -100,7 +100,7 @@ def test_fresh_and_dropped_match_the_comprehensions(blocks, old, counted, exclud
 
 @settings(max_examples=100, deadline=None)
 @given(tables(), st.booleans(), st.lists(st.integers(0, SLOTS - 1), max_size=40))
-def test_bucket_valid_matches_its_numpy_definition(t, counted, arr):
+def test_bucket_pick_matches_its_numpy_definition(t, counted, arr):
     held, _, j, last, _ = t
     arr = np.array(arr, dtype=np.intp)
     cols = 32 * held.shape[1]  # node columns
@@ -109,7 +109,15 @@ def test_bucket_valid_matches_its_numpy_definition(t, counted, arr):
     last[arr[::2], j] = key  # some entries carry the bucket's key
     mark = np.zeros(SLOTS, dtype=np.uint8)
     bit = _bit(j)
-    got = _native.bucket_valid(held[:, j >> 6], bit, refs[:, j >> 1], counted, last[:, j], key, arr, mark)
+    block = np.arange(SLOTS, dtype=np.uint64) * 7 + 1  # slot -> its block hash
+    pins = _native.BlockCounts()
+    pins.add(block[::3].tolist())
     ok = (held[arr, j >> 6] & bit).astype(bool) & ((refs[arr, j >> 1] > 0) == counted) & (last[arr, j] == key)
-    assert got.tolist() == list(dict.fromkeys(arr[ok].tolist()))  # valid, each once, first occurrence
-    assert not mark.any()
+    want = list(dict.fromkeys(arr[ok].tolist()))  # valid, each once, first occurrence
+    for pinned in (None, pins):
+        valid, free = _native.bucket_pick(held[:, j >> 6], bit, refs[:, j >> 1], counted, last[:, j], key, arr,
+                                          mark, block, pinned)
+        assert (arr.tolist() if valid is None else valid.tolist()) == want
+        assert valid is not None or len(want) == len(arr)  # None: every entry valid and distinct
+        assert free.tolist() == [x for x in want if pinned is None or int(block[x]) not in pins]
+        assert not mark.any()

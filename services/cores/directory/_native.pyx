@@ -585,27 +585,6 @@ def dropped(old, counted, keep, excluded):
 
 
 # ----------------------------------------------------------------------------- eviction order
-def bucket_valid(const uint64_t[:] h, uint64_t bit, const int32_t[:] refs, bint counted, const double[:] last,
-                 double key, const int64_t[:] arr, unsigned char[:] mark):
-    """The entries of one eviction bucket ``(counted, key)`` of a copy column that are still valid
-    (held there, in that count class, last access ``key``), each slot once, in first-occurrence
-    order. ``mark``: an all-zero scratch byte per table slot, left all-zero."""
-    cdef Py_ssize_t i, x, k = 0, n = arr.shape[0]
-    out_arr = np.empty(n, dtype=np.intp)
-    cdef int64_t[::1] out = out_arr
-    with nogil:
-        for i in range(n):
-            x = arr[i]
-            if mark[x] or not (h[x] & bit) or (refs[x] > 0) != counted or last[x] != key:
-                continue
-            mark[x] = 1
-            out[k] = x
-            k += 1
-        for i in range(k):
-            mark[out[i]] = 0
-    return out_arr[:k]
-
-
 def unpinned(const uint64_t[::1] blocks, pinned):
     """The blocks of a uint64 array that ``pinned`` does not hold, in order: one membership test
     per block read (``pinned``: a :class:`BlockCounts`, probed with the hashes as they are; a set,
@@ -644,12 +623,14 @@ def unpinned(const uint64_t[::1] blocks, pinned):
 def bucket_pick(const uint64_t[:] h, uint64_t bit, const int32_t[:] refs, bint counted, const double[:] last,
                 double key, const int64_t[:] arr, unsigned char[:] mark, const uint64_t[:] block,
                 BlockCounts pinned):
-    """:func:`bucket_valid` and :func:`unpinned` of the bucket's block hashes in one pass:
-    ``(valid, free)``, ``valid`` the still-valid slots (each once, first-occurrence order; ``None``
+    """The entries of one eviction bucket ``(counted, key)`` of a copy column that are still valid
+    (held there, in that count class, last access ``key``), and of those the ones whose block
+    ``pinned`` does not count, in one pass. ``mark``: an all-zero scratch byte per table slot, left
+    all-zero. ``(valid, free)``, ``valid`` the still-valid slots (each once, first-occurrence order; ``None``
     when every entry is valid and distinct, so the bucket needs no compaction) and ``free`` the
     valid slots whose block ``pinned`` does not count (``pinned`` None: all), in the same order.
 
-    Why (issue 24, docs/simulator.md "The eviction walk in one pass"): on the calibration
+    Why (issue 24, docs/simulator.md "The eviction walk remembers its pinned blocks"): on the calibration
     sessions ~85% of a node's L1 copies are pinned, so an eviction reads ~44 K entries to find
     ~3 K victims; gathering, sorting and probing the pinned ones separately cost more than the
     validity pass itself. Only the unpinned slots are returned, for the caller to sort."""
