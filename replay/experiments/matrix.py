@@ -145,7 +145,7 @@ ABLATION = [
     ("cache-aware, node-local (SGLang PD)", "static:4P5D", False),
 ]
 ABLATION_EXP = {
-    "title": "CC-like, 126 agents, fixed 4P5D: one part swapped at a time",
+    "title": f"CC-like, 126 agents, fixed 4P5D, {PRESSURE_PROFILE}: one part swapped at a time",
     "claim": "M §2.3: cache-aware P95 TTFT 27-34 s, load-balancing 65 s, memory pool with fetch at start 95 s; "
              "LRU loses 34-46% of the reuse Dynamo loses",
 }
@@ -269,7 +269,8 @@ def _kv_capacity(m: _Mode) -> Experiment:
 def _ablation(m: _Mode) -> Experiment:
     rows = [(label, spec) for label, spec, quick in ABLATION if quick or not m.quick]
     return Experiment("ablation-4p5d", ABLATION_EXP["title"], ABLATION_EXP["claim"],
-                      [Run(label, spec, m.flags("cc", m.agents(126))) for label, spec in rows])
+                      [Run(label, spec, m.flags("cc", m.agents(126), "--profile", PRESSURE_PROFILE))
+                       for label, spec in rows])
 
 
 def _start_split(m: _Mode) -> Experiment:
