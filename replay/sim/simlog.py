@@ -37,6 +37,14 @@ DECISION_LEVEL_TYPES = frozenset({"RouteDecided", "PlanEvaluated", "RoleSwitchOr
                                   "RoleSwitched", "AnomalyReported", "NodeRemoved"}) | METRIC_TYPES
 LOG_LEVELS = ("full", "decisions")
 
+#: Rows per batch handed to the writer. Small enough that the writer works while the simulation
+#: runs (at 20,000, a 6-minute calibration run was one batch, written after its last event) and
+#: that a batch's new hashes are few: the block dictionary sorts a batch's unseen hashes, and
+#: most hashes of a batch were seen in an earlier one. Re-encoding one 20,135-event calibration
+#: log (6.3 M hashes) took 3.06 s of writer CPU in one batch of 20,000, 1.41 s at 5,000, 1.39 s at
+#: 2,000 and 1.30 s at 1,000, with the same file size (docs/simulator.md §8, "The log writer's batches").
+BATCH = 2048
+
 
 class SimLog:
     """Called with ``(seq, event)`` for every event; hands a batch to the writer every ``batch``
@@ -44,7 +52,7 @@ class SimLog:
     ``format="1"`` writes the previous storage format (``bench sim``'s baseline row)."""
 
     def __init__(self, path: Path, partition: str = DEFAULT_PARTITION, config: dict | None = None,
-                 batch: int = 20000, *, level: str = "full", background: bool = True, format: str = FORMAT,
+                 batch: int = BATCH, *, level: str = "full", background: bool = True, format: str = FORMAT,
                  queue_batches: int = 4) -> None:
         if level not in LOG_LEVELS:
             raise ValueError(f"log level {level!r}: expected one of {', '.join(LOG_LEVELS)}")
