@@ -1,15 +1,23 @@
 """The simulator's event log writer: (seq, subject, event) rows batched into a DuckDB file,
-written by a background thread off the simulation's critical path.
+written off the simulation's critical path by a writer process (or thread).
 
 One writer serves a single run (partition ``default``) and each partition of a partitioned run
 (subjects on ``ei.<p>.…``); a file already at the path is replaced.
 
 The simulation only appends ``(seq, subject, event)`` to a list; every ``batch`` rows the list
-goes to a bounded queue (``queue_batches`` deep: a simulation that outruns its writer waits
-rather than holding the whole run in memory) and a writer thread encodes and appends it
-(``DuckDbEventLog.append``: Arrow tables, every block hash stored once; DuckDB's insert runs
-without the GIL). :meth:`SimLog.close` flushes, waits for the writer and checks that every row
-handed to it was stored (a lost row, or a writer that failed, raises :class:`EventLogError`).
+is handed to the writer through a bounded queue (``queue_batches`` deep: a simulation that
+outruns its writer waits rather than holding the whole run in memory). The writer encodes and
+appends it (``DuckDbEventLog.append``: Arrow tables, every block hash stored once).
+
+``writer``: ``"process"`` (the default) runs the writer in a spawned process that owns the
+DuckDB file: the simulation's thread only packs each batch with msgpack (the events' wire
+codec), and the encoding, which is half GIL-bound Python and NumPy (block dictionary, JSON
+payloads), runs on another core (docs/simulator.md §8, "The log writer off the simulation's
+core"). ``"thread"``: a thread of this process (what a daemonic process, which may not have
+children, gets). ``"inline"``: in the caller's thread (``bench sim``'s baseline row).
+:meth:`SimLog.close` flushes, waits for the writer and checks that every row handed to it was
+stored (a lost row, a writer that failed or a writer process that died raises
+:class:`EventLogError`; a failure the writer reports earlier is raised at the next batch).
 
 ``level`` (``--log-level``): ``full`` records every event (what ``evolving verify`` replays);
 ``decisions`` keeps the decisions and what the run's tables need (:data:`DECISION_LEVEL_TYPES`:
@@ -20,12 +28,15 @@ refuses it.
 
 from __future__ import annotations
 
+import multiprocessing
 import queue
 import threading
 import time
 from pathlib import Path
 
-from events.catalog import EVENT_TYPES
+import msgspec
+
+from events.catalog import EVENT_TYPES, AnyEvent
 from events.subjects import DEFAULT_PARTITION, subject_for
 from replay.sim.figures import METRIC_TYPES
 from services.adapters.eventlog import DuckDbEventLog, EventLogError
@@ -36,6 +47,9 @@ from services.adapters.eventlog.columnar import FORMAT
 DECISION_LEVEL_TYPES = frozenset({"RouteDecided", "PlanEvaluated", "RoleSwitchOrdered", "ModelFitted", "SwitchRole",
                                   "RoleSwitched", "AnomalyReported", "NodeRemoved"}) | METRIC_TYPES
 LOG_LEVELS = ("full", "decisions")
+WRITERS = ("process", "thread", "inline")
+#: How long a blocked hand-over or close waits before it looks whether the writer process lives.
+_POLL_S = 0.5
 
 #: Rows per batch handed to the writer. Small enough that the writer works while the simulation
 #: runs (at 20,000, a 6-minute calibration run was one batch, written after its last event) and
@@ -48,36 +62,59 @@ BATCH = 2048
 
 class SimLog:
     """Called with ``(seq, event)`` for every event; hands a batch to the writer every ``batch``
-    rows and on close. ``background=False`` writes in the caller's thread (the previous path);
-    ``format="1"`` writes the previous storage format (``bench sim``'s baseline row)."""
+    rows and on close. ``writer``: see the module docstring (``background=False`` is
+    ``writer="inline"``); ``format="1"`` writes the previous storage format (``bench sim``'s
+    baseline row)."""
 
     def __init__(self, path: Path, partition: str = DEFAULT_PARTITION, config: dict | None = None,
                  batch: int = BATCH, *, level: str = "full", background: bool = True, format: str = FORMAT,
-                 queue_batches: int = 4) -> None:
+                 queue_batches: int = 4, writer: str = "process") -> None:
         if level not in LOG_LEVELS:
             raise ValueError(f"log level {level!r}: expected one of {', '.join(LOG_LEVELS)}")
+        if writer not in WRITERS:
+            raise ValueError(f"log writer {writer!r}: expected one of {', '.join(WRITERS)}")
+        if not background:
+            writer = "inline"
+        if writer == "process" and multiprocessing.current_process().daemon:
+            writer = "thread"  # a daemonic process may not start children
+        path = Path(path)
         if path.exists():
             path.unlink()
         wal = Path(str(path) + ".wal")
         if wal.exists():
             wal.unlink()
         self.path = path
-        self.log = DuckDbEventLog(str(path), format=format)
-        if config is not None:
-            self.log.set_run_config({**config, "log_level": level})
+        self.format = format
+        self.writer = writer
+        cfg = None if config is None else {**config, "log_level": level}
         self.level = level
         self._keep = None if level == "full" else frozenset(t for t in EVENT_TYPES
                                                             if t.__name__ in DECISION_LEVEL_TYPES)
         self.partition, self.batch, self.rows = partition, batch, []
         self.offered = 0  # rows handed to the writer
         self.stored = 0  # rows the log stored
-        self.write_s = 0.0  # writer busy time (encoding + DuckDB), wall
+        self.write_s = 0.0  # writer busy time (decoding, encoding + DuckDB), wall
         self.write_cpu_s = 0.0  # the writing thread's own CPU time for it
+        self.writer_cpu_s = 0.0  # the writer process's whole CPU (start, imports, DuckDB's threads); 0 in-process
         self.close_wait_s = 0.0  # how long close() waited for the writer (after the last event)
-        self._error: BaseException | None = None
+        self._error: BaseException | str | None = None
         self._queue: queue.Queue | None = None
         self._thread: threading.Thread | None = None
-        if background:
+        self._proc = None
+        self.log: DuckDbEventLog | None = None
+        if writer == "process":
+            ctx = multiprocessing.get_context("spawn")
+            self._queue = ctx.Queue(maxsize=queue_batches)
+            self._results = ctx.Queue()
+            self._encode = msgspec.msgpack.Encoder().encode
+            self._proc = ctx.Process(target=_writer_main, args=(str(path), format, cfg, self._queue, self._results),
+                                     name=f"simlog-{path.name}", daemon=True)
+            self._proc.start()
+            return
+        self.log = DuckDbEventLog(str(path), format=format)
+        if cfg is not None:
+            self.log.set_run_config(cfg)
+        if writer == "thread":
             self._queue = queue.Queue(maxsize=queue_batches)
             self._thread = threading.Thread(target=self._drain, name=f"simlog-{path.name}", daemon=True)
             self._thread.start()
@@ -94,12 +131,42 @@ class SimLog:
             return
         rows, self.rows = self.rows, []
         self.offered += len(rows)
-        if self._queue is None:
+        if self.writer == "inline":
             self._write(rows)
             return
+        self._raise_if_failed()
+        if self._proc is not None:
+            self._put(self._encode(rows))
+        else:
+            self._queue.put(rows)
+
+    def _raise_if_failed(self) -> None:
+        if self._proc is not None and self._error is None:
+            try:  # the writer process reports a failure as soon as it has one
+                self._result(self._results.get_nowait())
+            except queue.Empty:
+                pass
         if self._error is not None:
-            raise EventLogError(f"{self.path}: the log writer failed: {self._error}") from self._error
-        self._queue.put(rows)
+            raise EventLogError(f"{self.path}: the log writer failed: {self._error}") from (
+                self._error if isinstance(self._error, BaseException) else None)
+
+    def _put(self, item) -> None:
+        """Hand ``item`` to the writer process; raise if it died (a full queue never drains then)."""
+        while True:
+            try:
+                self._queue.put(item, timeout=_POLL_S)
+                return
+            except queue.Full:
+                if not self._proc.is_alive():
+                    raise EventLogError(f"{self.path}: the log writer process exited "
+                                        f"(code {self._proc.exitcode}) with batches not written") from None
+
+    def _result(self, res: dict) -> None:
+        if res.get("error"):
+            self._error = self._error or res["error"]
+        if "stored" in res:
+            self.stored, self.write_s, self.write_cpu_s = res["stored"], res["write_s"], res["write_cpu_s"]
+            self.writer_cpu_s = res["process_cpu_s"]
 
     def _write(self, rows: list) -> None:
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -124,24 +191,96 @@ class SimLog:
         """Flush, wait for the writer, check that every row was stored, close the file."""
         t0 = time.perf_counter()
         try:
-            self.flush()
-            if self._thread is not None:
-                self._queue.put(None)
-                self._thread.join()
+            try:
+                self.flush()
+            finally:
+                if self._proc is not None:
+                    self._close_process()
+                elif self._thread is not None:
+                    self._queue.put(None)
+                    self._thread.join()
             self.close_wait_s = time.perf_counter() - t0
-            if self._error is not None:
-                raise EventLogError(f"{self.path}: the log writer failed: {self._error}") from self._error
+            self._raise_if_failed()
             if self.stored != self.offered:
                 raise EventLogError(f"{self.path}: {self.offered} events handed to the log, {self.stored} stored")
         finally:
-            self.log.close()
+            if self.log is not None:
+                self.log.close()
+
+    def _close_process(self) -> None:
+        """The end marker, then the writer's final report (its counts), then its exit."""
+        proc, final = self._proc, False
+        try:
+            self._put(None)
+            while not final:
+                try:
+                    res = self._results.get(timeout=_POLL_S)
+                except queue.Empty:
+                    if not proc.is_alive():
+                        try:  # it may have reported just before exiting
+                            res = self._results.get(timeout=_POLL_S)
+                        except queue.Empty:
+                            self._error = self._error or f"the writer process exited (code {proc.exitcode}) " \
+                                                         f"without its final report"
+                            return
+                    else:
+                        continue
+                self._result(res)
+                final = res.get("final", False)
+        finally:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+            self._proc = None  # closed: nothing more to poll
+            for q in (self._queue, self._results):
+                q.close()
 
     def stats(self) -> dict:
         """What writing cost: rows, writer busy time (wall, and the writing thread's CPU: DuckDB's
-    own worker threads not counted), the wait at close, the file's bytes."""
+        own worker threads not counted), the writer process's whole CPU (0 when the writer is in
+        this process: its CPU is this process's), the wait at close, the file's bytes."""
         size = self.path.stat().st_size if self.path.exists() else 0
         wal = Path(str(self.path) + ".wal")
         return {"log_events": self.stored, "log_write_s": self.write_s, "log_write_cpu_s": self.write_cpu_s,
+                "log_writer_process_cpu_s": self.writer_cpu_s, "log_writer": self.writer,
                 "log_close_wait_s": self.close_wait_s,
                 "log_bytes": size + (wal.stat().st_size if wal.exists() else 0), "log_level": self.level,
-                "log_format": self.log.format}
+                "log_format": self.format}
+
+
+def _writer_main(path: str, fmt: str, config: dict | None, batches, results) -> None:
+    """The writer process: owns the DuckDB file; decodes each batch (msgpack rows of typed
+    events), appends it, and reports a failure at once and its counts at the end. After a
+    failure it keeps taking batches (the simulation never blocks on it) and stores none."""
+    decode = msgspec.msgpack.Decoder(list[tuple[int, str, AnyEvent]]).decode
+    stored, write_s, write_cpu_s, error = 0, 0.0, 0.0, None
+    log = None
+    try:
+        log = DuckDbEventLog(path, format=fmt)
+        if config is not None:
+            log.set_run_config(config)
+    except BaseException as exc:  # noqa: BLE001 - reported to the simulation's process
+        error = f"{type(exc).__name__}: {exc}"
+        results.put({"error": error})
+    while True:
+        data = batches.get()
+        if data is None:
+            break
+        if error is not None:
+            continue
+        t0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            stored += log.append(decode(data))
+        except BaseException as exc:  # noqa: BLE001 - reported to the simulation's process
+            error = f"{type(exc).__name__}: {exc}"
+            results.put({"error": error})
+        write_s += time.perf_counter() - t0
+        write_cpu_s += time.thread_time() - c0
+    if log is not None:
+        try:
+            log.close()
+        except BaseException as exc:  # noqa: BLE001
+            error = error or f"closing the log: {type(exc).__name__}: {exc}"
+    results.put({"final": True, "stored": stored, "write_s": write_s, "write_cpu_s": write_cpu_s,
+                 "process_cpu_s": time.process_time(), "error": error})
