@@ -35,45 +35,46 @@ cdef extern from "Python.h":
     object PySequence_Fast(object o, const char* m)
     Py_ssize_t PySequence_Fast_GET_SIZE(object o)
     PyObject** PySequence_Fast_ITEMS(object o)
-    # no exception check here: the callers test PyErr_Occurred themselves and clear it
-    unsigned long long PyLong_AsUnsignedLongLong(object o) noexcept
     int PySet_Contains(object anyset, object key) except -1
     int PySet_Add(object set, object key) except -1
     int PyDict_Contains(object p, object key) except -1
     int PySequence_Contains(object o, object value) except -1
 
-ctypedef struct Cell:
-    uint64_t key
-    int64_t val
-
+# Cell, as_u64 and cell_get (the probe) are in _native.pxd, shared with engine/_kvscan.pyx
 cdef uint64_t PHI = 0x9E3779B97F4A7C15ULL
 #: keys a BlockCounts' release log holds before it starts a new epoch
 cdef Py_ssize_t _REL_MAX = 1 << 20
 
 
 cdef inline bint _as_u64(object o, uint64_t* out):
-    """``o`` as a uint64 hash; False (no error left set) if it is not one."""
-    cdef uint64_t v
-    if not PyLong_CheckExact(o):
-        try:
-            o = o.__index__()
-        except Exception:
-            return False
-    v = PyLong_AsUnsignedLongLong(o)
-    if v == <uint64_t>-1 and PyErr_Occurred():
-        PyErr_Clear()
-        return False
-    out[0] = v
-    return True
+    return as_u64(o, out)
+
+
+cdef uint64_t* _keys(blocks, Py_ssize_t start, Py_ssize_t* n, str who) except? NULL:
+    """``blocks[start:]`` (any iterable when ``start`` is 0) as a fresh uint64 array (the caller
+    frees it), its length in ``n``; NULL with ``n`` 0 when empty. Every entry is checked: a bad
+    hash raises ``TypeError`` (naming ``who``), nothing kept."""
+    cdef object fast = PySequence_Fast(blocks, "blocks must be an iterable")
+    cdef Py_ssize_t i, size = PySequence_Fast_GET_SIZE(fast)
+    cdef PyObject** items = PySequence_Fast_ITEMS(fast)
+    cdef uint64_t* out
+    start = max(start, 0)
+    n[0] = size - start
+    if n[0] <= 0:
+        n[0] = 0
+        return NULL
+    out = <uint64_t*>PyMem_Malloc(n[0] * sizeof(uint64_t))
+    if out == NULL:
+        raise MemoryError()
+    for i in range(start, size):
+        if not _as_u64(<object>items[i], &out[i - start]):
+            PyMem_Free(out)
+            raise TypeError(f"{who}: block {<object>items[i]!r} is not a uint64 hash (an int in [0, 2**64))")
+    return out
 
 
 cdef class SlotMap:
     """``uint64 -> slot >= 1`` with batch lookups from Python sequences and uint64 arrays."""
-
-    cdef Cell* cells
-    cdef int bits
-    cdef uint64_t mask
-    cdef Py_ssize_t used, deleted
 
     def __cinit__(self, Py_ssize_t capacity=1024):
         cdef int bits = 4
@@ -100,18 +101,10 @@ cdef class SlotMap:
         self.deleted = 0
         return 0
 
-    cdef inline int64_t _get(self, uint64_t k) noexcept nogil:
-        cdef uint64_t p = (k * PHI) >> (64 - self.bits)
-        cdef Cell* c
-        while True:
-            c = &self.cells[p]
-            if c.val == 0:
-                return 0
-            if c.key == k and c.val > 0:
-                return c.val
-            p = (p + 1) & self.mask
+    cdef int64_t _get(self, uint64_t k) noexcept nogil:
+        return cell_get(self.cells, self.bits, self.mask, k)
 
-    cdef inline Cell* _cell_for(self, uint64_t k) noexcept nogil:
+    cdef Cell* _cell_for(self, uint64_t k) noexcept nogil:
         """The cell holding ``k`` (``val > 0``), else the one a new ``k`` goes into: the first
         tombstone on its probe path (``val < 0``) or the empty cell ending it (``val == 0``)."""
         cdef uint64_t p = (k * PHI) >> (64 - self.bits)
@@ -131,7 +124,7 @@ cdef class SlotMap:
             return &self.cells[tomb]
         return c
 
-    cdef inline void _claim(self, Cell* c, uint64_t k, int64_t v) noexcept nogil:
+    cdef void _claim(self, Cell* c, uint64_t k, int64_t v) noexcept nogil:
         """Put ``k -> v`` (v > 0) into a free cell from :meth:`_cell_for`."""
         if c.val < 0:
             self.deleted -= 1
@@ -139,7 +132,7 @@ cdef class SlotMap:
         c.val = v
         self.used += 1
 
-    cdef inline void _put(self, uint64_t k, int64_t v) noexcept nogil:
+    cdef void _put(self, uint64_t k, int64_t v) noexcept nogil:
         """Insert or overwrite (the table has room: callers keep load <= 1/2)."""
         cdef Cell* c = self._cell_for(k)
         if c.val > 0:
@@ -179,7 +172,7 @@ cdef class SlotMap:
         cdef int64_t v
         if not _as_u64(key, &k):
             return default
-        v = self._get(k)
+        v = cell_get(self.cells, self.bits, self.mask, k)
         return v if v else default
 
     def find_seq(self, blocks, Py_ssize_t n=-1):
@@ -205,7 +198,7 @@ cdef class SlotMap:
             elif not _as_u64(o, &k):
                 po[i] = 0
                 continue
-            po[i] = self._get(k)
+            po[i] = cell_get(self.cells, self.bits, self.mask, k)
         return out
 
     def find(self, const uint64_t[::1] keys):
@@ -215,7 +208,7 @@ cdef class SlotMap:
         cdef int64_t[::1] po = out
         with nogil:
             for i in range(m):
-                po[i] = self._get(keys[i])
+                po[i] = cell_get(self.cells, self.bits, self.mask, keys[i])
         return out
 
     def insert(self, const uint64_t[::1] keys, const int64_t[::1] vals):
@@ -234,22 +227,24 @@ cdef class SlotMap:
     def delete(self, const uint64_t[::1] keys):
         """Remove keys (absent ones are ignored)."""
         cdef Py_ssize_t i, m = keys.shape[0]
-        cdef uint64_t p, k
-        cdef Cell* c
         with nogil:
             for i in range(m):
-                k = keys[i]
-                p = (k * PHI) >> (64 - self.bits)
-                while True:
-                    c = &self.cells[p]
-                    if c.val == 0:
-                        break
-                    if c.key == k and c.val > 0:
-                        c.val = -1
-                        self.used -= 1
-                        self.deleted += 1
-                        break
-                    p = (p + 1) & self.mask
+                self._drop(keys[i])
+
+    cdef bint _drop(self, uint64_t k) noexcept nogil:
+        """Remove ``k`` (its cell becomes a tombstone); False if it was absent."""
+        cdef uint64_t p = (k * PHI) >> (64 - self.bits)
+        cdef Cell* c
+        while True:
+            c = &self.cells[p]
+            if c.val == 0:
+                return False
+            if c.key == k and c.val > 0:
+                c.val = -1
+                self.used -= 1
+                self.deleted += 1
+                return True
+            p = (p + 1) & self.mask
 
     def items(self):
         """``(keys uint64, slots intp)`` of every entry, in cell order."""
@@ -288,9 +283,6 @@ cdef class BlockCounts(SlotMap):
     # which blocks were pinned when it looked learns which of them may have been freed since
     # (the directory's eviction walk, services/cores/directory/table.py). ``_epoch`` moves when
     # the log is cleared (at _REL_MAX keys): a position of an older epoch means "start afresh".
-    cdef uint64_t* _rel
-    cdef Py_ssize_t _rel_n, _rel_cap, _epoch
-
     def __cinit__(self, *args, **kwargs):
         self._rel = NULL
         self._rel_n = self._rel_cap = self._epoch = 0
@@ -328,32 +320,11 @@ cdef class BlockCounts(SlotMap):
             o[i - pos] = self._rel[i]
         return self._epoch, self._rel_n, out
 
-    cdef uint64_t* _keys(self, blocks, Py_ssize_t start, Py_ssize_t* n) except? NULL:
-        """``blocks[start:]`` as a fresh uint64 array (the caller frees it), its length in ``n``;
-        NULL with ``n`` 0 when empty. Every entry is checked: a bad hash raises, nothing kept."""
-        cdef object fast = PySequence_Fast(blocks, "blocks must be a sequence")
-        cdef Py_ssize_t i, size = PySequence_Fast_GET_SIZE(fast)
-        cdef PyObject** items = PySequence_Fast_ITEMS(fast)
-        cdef uint64_t* out
-        start = max(start, 0)
-        n[0] = size - start
-        if n[0] <= 0:
-            n[0] = 0
-            return NULL
-        out = <uint64_t*>PyMem_Malloc(n[0] * sizeof(uint64_t))
-        if out == NULL:
-            raise MemoryError()
-        for i in range(start, size):
-            if not _as_u64(<object>items[i], &out[i - start]):
-                PyMem_Free(out)
-                raise TypeError(f"BlockCounts: block {<object>items[i]!r} is not a uint64 hash")
-        return out
-
     def add(self, blocks, Py_ssize_t start=0):
         """+1 for each entry of ``blocks[start:]`` (all checked first: a bad hash changes nothing)."""
         cdef Py_ssize_t i, n = 0
         cdef Cell* c
-        cdef uint64_t* ks = self._keys(blocks, start, &n)
+        cdef uint64_t* ks = _keys(blocks, start, &n, "BlockCounts")
         if n == 0:
             return
         try:
@@ -373,12 +344,12 @@ cdef class BlockCounts(SlotMap):
         cdef Py_ssize_t i, n = 0
         cdef uint64_t k, p
         cdef Cell* c
-        cdef uint64_t* ks = self._keys(blocks, start, &n)
+        cdef uint64_t* ks = _keys(blocks, start, &n, "BlockCounts")
         if n == 0:
             return
         try:
             for i in range(n):
-                if self._get(ks[i]) == 0:
+                if cell_get(self.cells, self.bits, self.mask, ks[i]) == 0:
                     raise KeyError(ks[i])
             for i in range(n):
                 k = ks[i]
@@ -404,13 +375,13 @@ cdef class BlockCounts(SlotMap):
         cdef uint64_t k = 0
         if not _as_u64(key, &k):
             return 0
-        return self._get(k)
+        return cell_get(self.cells, self.bits, self.mask, k)
 
     def __contains__(self, key):
         cdef uint64_t k = 0
         if not _as_u64(key, &k):
             return False
-        return self._get(k) > 0
+        return cell_get(self.cells, self.bits, self.mask, k) > 0
 
     def __iter__(self):
         cdef Py_ssize_t i, size = <Py_ssize_t>1 << self.bits
@@ -431,6 +402,171 @@ cdef class BlockCounts(SlotMap):
         return NotImplemented
 
     __hash__ = None
+
+
+cdef class BlockSet(SlotMap):
+    """A set of uint64 block hashes: one tier of a node's KV pool (engine/kvpool.py, issue 24).
+
+    The set API the pool's users call (``in``, ``len``, iteration, ``add``, ``discard``,
+    ``update``, ``difference_update``, ``clear``, ``copy``, ``==`` with a set), on the same
+    open-addressing table as :class:`SlotMap` (value 1 marks a member), so the pool's compiled
+    scans (engine/_kvscan.pyx) probe it with the uint64 hash: one cache line per probe, where a
+    Python ``set`` of ~10^5 ints costs the set slot and the int object.
+
+    Only uint64 hashes (ints in ``[0, 2**64)``) can be members: a write naming anything else
+    raises ``TypeError`` and changes nothing (every entry is checked first); ``in`` answers False
+    for it, as a set of hashes would. Iteration is in table order, which depends on the history
+    of writes, not on insertion order alone: a caller whose output depends on the order sorts
+    (``KvPool.drop_all``)."""
+
+    def add(self, key):
+        self.update((key,))
+
+    def discard(self, key):
+        self.difference_update((key,))
+
+    def update(self, blocks):
+        """Add every entry of ``blocks`` (an iterable, or another BlockSet)."""
+        cdef Py_ssize_t i, n = 0, size
+        cdef Cell* c
+        cdef uint64_t* ks
+        cdef BlockSet other
+        if isinstance(blocks, BlockSet):
+            other = <BlockSet>blocks
+            size = <Py_ssize_t>1 << other.bits
+            self._reserve(other.used)
+            for i in range(size):
+                if other.cells[i].val > 0:
+                    c = self._cell_for(other.cells[i].key)
+                    if c.val <= 0:
+                        self._claim(c, other.cells[i].key, 1)
+            return
+        ks = _keys(blocks, 0, &n, "BlockSet")
+        if n == 0:
+            return
+        try:
+            self._reserve(n)
+            for i in range(n):
+                c = self._cell_for(ks[i])
+                if c.val <= 0:
+                    self._claim(c, ks[i], 1)
+        finally:
+            PyMem_Free(ks)
+
+    def difference_update(self, blocks):
+        """Remove every entry of ``blocks`` (absent ones are ignored; bad hashes raise)."""
+        cdef Py_ssize_t i, n = 0
+        cdef uint64_t* ks = _keys(blocks, 0, &n, "BlockSet")
+        if n == 0:
+            return
+        try:
+            for i in range(n):
+                self._drop(ks[i])
+        finally:
+            PyMem_Free(ks)
+
+    def clear(self):
+        self._alloc(10)
+
+    def copy(self):
+        cdef BlockSet out = BlockSet(max(16, 2 * self.used))
+        out.update(self)
+        return out
+
+    def __contains__(self, key):
+        cdef uint64_t k = 0
+        if not _as_u64(key, &k):
+            return False
+        return cell_get(self.cells, self.bits, self.mask, k) > 0
+
+    def __iter__(self):
+        cdef Py_ssize_t i, size = <Py_ssize_t>1 << self.bits
+        out = []
+        for i in range(size):
+            if self.cells[i].val > 0:
+                out.append(self.cells[i].key)
+        return iter(out)
+
+    def _covers(self, other):
+        """Every member of ``other`` (a set, a BlockSet or a BlockCounts' keys) is in this set."""
+        cdef uint64_t k = 0
+        for x in other:
+            if not _as_u64(x, &k) or cell_get(self.cells, self.bits, self.mask, k) <= 0:
+                return False
+        return True
+
+    def _within(self, other):
+        """Every member of this set is in ``other`` (a set, a BlockSet or a BlockCounts' keys)."""
+        cdef Py_ssize_t i, size = <Py_ssize_t>1 << self.bits
+        cdef SlotMap t
+        if isinstance(other, SlotMap):
+            t = <SlotMap>other
+            for i in range(size):
+                if self.cells[i].val > 0 and not held(t, self.cells[i].key):
+                    return False
+            return True
+        for i in range(size):
+            if self.cells[i].val > 0 and PyLong_FromUnsignedLongLong(self.cells[i].key) not in other:
+                return False
+        return True
+
+    def __eq__(self, other):
+        if isinstance(other, (set, frozenset, BlockSet, BlockCounts)):
+            return len(other) == self.used and self._within(other)
+        return NotImplemented
+
+    def __ne__(self, other):
+        if isinstance(other, (set, frozenset, BlockSet, BlockCounts)):
+            return not (len(other) == self.used and self._within(other))
+        return NotImplemented
+
+    def __le__(self, other):
+        if isinstance(other, (set, frozenset, BlockSet, BlockCounts)):
+            return self.used <= len(other) and self._within(other)
+        return NotImplemented
+
+    def __lt__(self, other):
+        if isinstance(other, (set, frozenset, BlockSet, BlockCounts)):
+            return self.used < len(other) and self._within(other)
+        return NotImplemented
+
+    def __ge__(self, other):
+        if isinstance(other, (set, frozenset, BlockSet, BlockCounts)):
+            return self.used >= len(other) and self._covers(other)
+        return NotImplemented
+
+    def __gt__(self, other):
+        if isinstance(other, (set, frozenset, BlockSet, BlockCounts)):
+            return self.used > len(other) and self._covers(other)
+        return NotImplemented
+
+    def issubset(self, other):
+        return self._within(other if isinstance(other, (set, frozenset, SlotMap)) else set(other))
+
+    def issuperset(self, other):
+        return self._covers(other)
+
+    def isdisjoint(self, other):
+        cdef uint64_t k = 0
+        for x in other:
+            if _as_u64(x, &k) and cell_get(self.cells, self.bits, self.mask, k) > 0:
+                return False
+        return True
+
+    __hash__ = None
+
+    def __repr__(self):
+        return f"BlockSet({sorted(self)!r})"
+
+    def __reduce__(self):
+        return _block_set, (sorted(self),)
+
+
+def _block_set(blocks):
+    """A :class:`BlockSet` of ``blocks`` (unpickling)."""
+    out = BlockSet()
+    out.update(blocks)
+    return out
 
 
 # ----------------------------------------------------------------------------- table kernels
@@ -602,7 +738,7 @@ def unpinned(const uint64_t[::1] blocks, pinned):
         bc = <BlockCounts>pinned
         with nogil:
             for i in range(n):
-                if bc._get(blocks[i]) == 0:
+                if cell_get(bc.cells, bc.bits, bc.mask, blocks[i]) == 0:
                     out[k] = blocks[i]
                     k += 1
         return out_arr[:k]
@@ -648,7 +784,7 @@ def bucket_pick(const uint64_t[:] h, uint64_t bit, const int32_t[:] refs, bint c
             mark[x] = 1
             out[k] = x
             k += 1
-            if not has_pins or pinned._get(block[x]) == 0:
+            if not has_pins or not held(pinned, block[x]):
                 fout[f] = x
                 f += 1
         for i in range(k):
