@@ -3,13 +3,8 @@
 sets and pin counts with the uint64 hashes, issue 24): the cell layout, the classes' C fields and
 methods, and the probe itself, inline (no call per block). ``_native.pyx`` documents the table."""
 
-from cpython.exc cimport PyErr_Clear, PyErr_Occurred
 from cpython.long cimport PyLong_CheckExact
 from libc.stdint cimport int64_t, uint64_t
-
-cdef extern from "Python.h":
-    # no exception check here: the callers test PyErr_Occurred themselves and clear it
-    unsigned long long PyLong_AsUnsignedLongLong(object o) noexcept
 
 ctypedef struct Cell:
     uint64_t key
@@ -17,18 +12,18 @@ ctypedef struct Cell:
 
 
 cdef inline bint as_u64(object o, uint64_t* out):
-    """``o`` as a uint64 hash; False (no error left set) if it is not one."""
-    cdef uint64_t v
+    """``o`` as a uint64 hash; False (no error left set) if it is not one. An exact int is
+    converted by Cython's own digit reader (CPython's ``PyLong_AsUnsignedLongLong`` goes through
+    ``_PyLong_AsByteArray`` for any int above 2**30: ~3x the cost of a set probe)."""
     if not PyLong_CheckExact(o):
         try:
             o = o.__index__()
         except Exception:
             return False
-    v = PyLong_AsUnsignedLongLong(o)
-    if v == <uint64_t>-1 and PyErr_Occurred():
-        PyErr_Clear()
+    try:
+        out[0] = o
+    except (OverflowError, TypeError):
         return False
-    out[0] = v
     return True
 
 
