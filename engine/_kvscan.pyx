@@ -89,20 +89,41 @@ cdef inline bint _seen_add(Seen* s, uint64_t k) noexcept nogil:
     return True
 
 
+cdef enum:
+    # blocks converted to hashes before their probes: the probes of a chunk are independent
+    # loads the CPU overlaps (one at a time, each waited for its cache miss: ~1.5x the cost)
+    CHUNK = 64
+
+
+cdef inline Py_ssize_t _convert(PyObject** items, Py_ssize_t i, Py_ssize_t m, uint64_t* ks,
+                                unsigned char* ok):
+    """``items[i:i+m]`` as hashes into ``ks``, ``ok[j]`` 0 where one is not a uint64 hash."""
+    cdef Py_ssize_t j
+    for j in range(m):
+        ok[j] = as_u64(<object>items[i + j], &ks[j])
+    return m
+
+
 def prefix_len(blocks, Py_ssize_t start, store):
     """End of the run of ``blocks[start:]`` held in ``store`` (a BlockSet or a set)."""
     cdef object fast = PySequence_Fast(blocks, "blocks must be a sequence")
     cdef Py_ssize_t i, n = PySequence_Fast_GET_SIZE(fast)
     cdef PyObject** items = PySequence_Fast_ITEMS(fast)
-    cdef uint64_t k = 0
+    cdef Py_ssize_t j, m
+    cdef uint64_t ks[CHUNK]
+    cdef unsigned char ok[CHUNK]
     cdef SlotMap t
     if start < 0:
         start = 0
     if isinstance(store, SlotMap):
         t = <SlotMap>store
-        for i in range(start, n):
-            if not as_u64(<object>items[i], &k) or not held(t, k):
-                return i
+        i = start
+        while i < n:
+            m = _convert(items, i, min(<Py_ssize_t>CHUNK, n - i), ks, ok)
+            for j in range(m):
+                if not (ok[j] and held(t, ks[j])):
+                    return i + j
+            i += m
         return n if start < n else start
     if not isinstance(store, (set, frozenset)):
         raise TypeError(f"prefix_len: store must be a BlockSet or a set, got {type(store).__name__}")
@@ -123,7 +144,10 @@ def missing_after(blocks, Py_ssize_t start, store):
     cdef set seen
     cdef object b
     cdef int kind = _kind(store)
-    cdef uint64_t k = 0
+    cdef Py_ssize_t j, m
+    cdef uint64_t ks[CHUNK]
+    cdef unsigned char ok[CHUNK]
+    cdef unsigned char hit[CHUNK]
     cdef SlotMap t
     cdef Seen s
     start = max(start, 0)
@@ -134,17 +158,25 @@ def missing_after(blocks, Py_ssize_t start, store):
         seen = None  # the blocks that are not uint64 hashes (in no table), as a set would see them
         _seen_init(&s, n - start)
         try:
-            for i in range(start, n):
-                b = <object>items[i]
-                if as_u64(b, &k):
-                    if not held(t, k) and _seen_add(&s, k):
-                        out.append(b)
-                else:
-                    if seen is None:
-                        seen = set()
-                    if not PySet_Contains(seen, b):
-                        PySet_Add(seen, b)
-                        out.append(b)
+            i = start
+            while i < n:
+                m = _convert(items, i, min(<Py_ssize_t>CHUNK, n - i), ks, ok)
+                for j in range(m):
+                    hit[j] = ok[j] and held(t, ks[j])
+                for j in range(m):
+                    if hit[j]:
+                        continue
+                    b = <object>items[i + j]
+                    if ok[j]:
+                        if _seen_add(&s, ks[j]):
+                            out.append(b)
+                    else:
+                        if seen is None:
+                            seen = set()
+                        if not PySet_Contains(seen, b):
+                            PySet_Add(seen, b)
+                            out.append(b)
+                i += m
         finally:
             PyMem_Free(s.keys)
             PyMem_Free(s.used)
@@ -170,15 +202,24 @@ def held_unpinned(blocks, store, pinned):
     cdef object b
     cdef int kind = _kind(pinned)
     cdef uint64_t k = 0
+    cdef Py_ssize_t j, m
+    cdef uint64_t ks[CHUNK]
+    cdef unsigned char ok[CHUNK]
+    cdef unsigned char hit[CHUNK]
     cdef SlotMap t, p
     if isinstance(store, SlotMap):
         t = <SlotMap>store
         if kind == 3:
             p = <SlotMap>pinned
-            for i in range(n):
-                b = <object>items[i]
-                if as_u64(b, &k) and held(t, k) and not held(p, k):
-                    out.append(b)
+            i = 0
+            while i < n:
+                m = _convert(items, i, min(<Py_ssize_t>CHUNK, n - i), ks, ok)
+                for j in range(m):
+                    hit[j] = ok[j] and held(t, ks[j]) and not held(p, ks[j])
+                for j in range(m):
+                    if hit[j]:
+                        out.append(<object>items[i + j])
+                i += m
             return out
         for i in range(n):
             b = <object>items[i]

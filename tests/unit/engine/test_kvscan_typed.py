@@ -1,7 +1,8 @@
 """The pool's compiled scans (engine/_kvscan.pyx) give the same answers against its typed tables
 (a tier is a ``BlockSet``, the pins a ``BlockCounts``, probed with the uint64 hashes, issue 24)
 as against Python sets holding the same hashes: on random block lists with repeats and with
-entries that are no uint64 hash (negative, too large: in no table, as in no set of hashes)."""
+entries that are no uint64 hash (negative, too large: in no table, as in no set of hashes). The
+typed scans convert and probe in chunks of 64 blocks: lists cross the chunk edges."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ def _tables(held: list[int], pins: list[int]) -> tuple[BlockSet, BlockCounts]:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(ENTRIES, max_size=60), st.lists(HASHES, max_size=40), st.lists(HASHES, max_size=20),
-       st.integers(-2, 62))
+@given(st.lists(ENTRIES, max_size=200), st.lists(HASHES, max_size=40), st.lists(HASHES, max_size=20),
+       st.integers(-2, 150))
 def test_scans_against_blockset_and_blockcounts_match_sets(blocks, held, pins, start):
     store, counts = _tables(held, pins)
     s_held, s_pins = set(held), set(pins)
@@ -55,3 +56,18 @@ def test_scans_keep_the_callers_objects_in_order():
     assert out == [5, big, -1] and out[1] is not None
     assert _kvscan.held_unpinned([3, 2, 1, 3], store, counts) == [3, 1, 3]  # repeats kept, as before
     assert _kvscan.prefix_len([1, 2, 3], 5, store) == 5  # a start past the end is returned
+
+
+def test_a_held_run_ends_where_it_ends_across_chunk_edges():
+    blocks = list(range(1 << 40, (1 << 40) + 300))
+    store = BlockSet()
+    store.update(blocks)
+    for end in (0, 1, 63, 64, 65, 127, 128, 129, 200, 299):
+        for gap in (blocks[end] + 10**6, -1, 2**64):  # a block not held, a negative, a too-large one
+            seq = blocks[:end] + [gap] + blocks[end + 1:]
+            for start in (0, end - 1, end, end + 1):
+                s = set(blocks) - {blocks[end]}
+                assert _kvscan.prefix_len(seq, start, store) == _kvscan.prefix_len(seq, start, s), (end, gap, start)
+            assert _kvscan.missing_after(seq, 0, store) == [gap]
+            assert _kvscan.held_unpinned(seq, store, BlockCounts()) == blocks[:end] + blocks[end + 1:]
+    assert _kvscan.prefix_len(blocks, 0, store) == 300 and _kvscan.prefix_len(blocks, 64, store) == 300
