@@ -66,6 +66,20 @@ cdef class BlockSet(SlotMap):
     pass
 
 
+cdef extern from *:
+    void __builtin_prefetch(const void* addr) nogil
+
+#: how many keys ahead a write loop prefetches the home cell of
+cdef enum:
+    PREFETCH_AHEAD = 8
+
+
+cdef inline void prefetch(SlotMap t, uint64_t k) noexcept nogil:
+    """Start loading the cell ``k``'s probe begins at (a write loop over a converted key array
+    overlaps its cache misses this way, each write otherwise waits for its own)."""
+    __builtin_prefetch(&t.cells[(k * <uint64_t>0x9E3779B97F4A7C15ULL) >> (64 - t.bits)])
+
+
 cdef inline bint held(SlotMap t, uint64_t k) noexcept nogil:
     """``k`` is a key of ``t`` (a BlockSet's member, a BlockCounts' counted block)."""
     return cell_get(t.cells, t.bits, t.mask, k) > 0

@@ -357,6 +357,8 @@ cdef class BlockCounts(SlotMap):
         try:
             self._reserve(n)
             for i in range(n):
+                if i + PREFETCH_AHEAD < n:
+                    prefetch(self, ks[i + PREFETCH_AHEAD])
                 c = self._cell_for(ks[i])
                 if c.val > 0:
                     c.val += 1
@@ -376,9 +378,13 @@ cdef class BlockCounts(SlotMap):
             return
         try:
             for i in range(n):
+                if i + PREFETCH_AHEAD < n:
+                    prefetch(self, ks[i + PREFETCH_AHEAD])
                 if cell_get(self.cells, self.bits, self.mask, ks[i]) == 0:
                     raise KeyError(ks[i])
             for i in range(n):
+                if i + PREFETCH_AHEAD < n:
+                    prefetch(self, ks[i + PREFETCH_AHEAD])
                 k = ks[i]
                 p = (k * PHI) >> (64 - self.bits)
                 while True:
@@ -474,6 +480,8 @@ cdef class BlockSet(SlotMap):
         try:
             self._reserve(n)
             for i in range(n):
+                if i + PREFETCH_AHEAD < n:
+                    prefetch(self, ks[i + PREFETCH_AHEAD])
                 c = self._cell_for(ks[i])
                 if c.val <= 0:
                     self._claim(c, ks[i], 1)
@@ -488,6 +496,8 @@ cdef class BlockSet(SlotMap):
             return
         try:
             for i in range(n):
+                if i + PREFETCH_AHEAD < n:
+                    prefetch(self, ks[i + PREFETCH_AHEAD])
                 self._drop(ks[i])
         finally:
             PyMem_Free(ks)
