@@ -17,7 +17,7 @@ from cpython.ref cimport PyObject
 from cpython.mem cimport PyMem_Calloc, PyMem_Free
 from libc.stdint cimport uint64_t
 
-from services.cores.directory._native cimport SlotMap, as_u64, held
+from services.cores.directory._native cimport CHUNK, SlotMap, as_u64, held
 
 cdef extern from "Python.h":
     # a new reference, owned (and released) by the object it is assigned to: declared as
@@ -87,12 +87,6 @@ cdef inline bint _seen_add(Seen* s, uint64_t k) noexcept nogil:
     s.used[p] = 1
     s.keys[p] = k
     return True
-
-
-cdef enum:
-    # blocks converted to hashes before their probes: the probes of a chunk are independent
-    # loads the CPU overlaps (one at a time, each waited for its cache miss: ~1.5x the cost)
-    CHUNK = 64
 
 
 cdef inline Py_ssize_t _convert(PyObject** items, Py_ssize_t i, Py_ssize_t m, uint64_t* ks,

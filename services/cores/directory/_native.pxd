@@ -69,9 +69,12 @@ cdef class BlockSet(SlotMap):
 cdef extern from *:
     void __builtin_prefetch(const void* addr) nogil
 
-#: how many keys ahead a write loop prefetches the home cell of
 cdef enum:
+    # how many keys ahead a write loop prefetches the home cell of
     PREFETCH_AHEAD = 8
+    # blocks a scan converts to hashes before probing them: the probes of a chunk are
+    # independent loads the CPU overlaps (probed as converted, each waits for its own miss)
+    CHUNK = 64
 
 
 cdef inline void prefetch(SlotMap t, uint64_t k) noexcept nogil:

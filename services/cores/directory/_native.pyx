@@ -215,17 +215,21 @@ cdef class SlotMap:
         cdef object fast = PySequence_Fast(blocks, "block hashes must be a sequence")
         cdef Py_ssize_t i, m = PySequence_Fast_GET_SIZE(fast)
         cdef PyObject** items = PySequence_Fast_ITEMS(fast)
-        cdef uint64_t k = 0
-        cdef object o
+        cdef Py_ssize_t j, c
+        cdef uint64_t ks[CHUNK]
+        cdef unsigned char ok[CHUNK]
         if n >= 0 and n != m:
             raise ValueError(f"find_seq: {m} blocks, expected {n}")
         out = np.empty(m, dtype=np.intp)
         cdef int64_t[::1] po = out
-        for i in range(m):
-            if _as_u64(<object>items[i], &k):
-                po[i] = cell_get(self.cells, self.bits, self.mask, k)
-            else:
-                po[i] = 0
+        i = 0
+        while i < m:  # a chunk converted, then probed (CHUNK in _native.pxd)
+            c = min(<Py_ssize_t>CHUNK, m - i)
+            for j in range(c):
+                ok[j] = _as_u64(<object>items[i + j], &ks[j])
+            for j in range(c):
+                po[i + j] = cell_get(self.cells, self.bits, self.mask, ks[j]) if ok[j] else 0
+            i += c
         return out
 
     def find(self, const uint64_t[::1] keys):
