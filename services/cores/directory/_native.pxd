@@ -52,6 +52,8 @@ cdef class SlotMap:
     cdef void _claim(self, Cell* c, uint64_t k, int64_t v) noexcept nogil
     cdef void _put(self, uint64_t k, int64_t v) noexcept nogil
     cdef bint _drop(self, uint64_t k) noexcept nogil
+    cdef int _add_from(self, blocks, Py_ssize_t start, str who, bint count) except -1
+    cdef void _add_keys(self, const uint64_t* ks, Py_ssize_t n, bint count) noexcept nogil
     cdef int _reserve(self, Py_ssize_t extra) except -1
 
 

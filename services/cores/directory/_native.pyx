@@ -174,6 +174,35 @@ cdef class SlotMap:
         else:
             self._claim(c, k, v)
 
+    cdef int _add_from(self, blocks, Py_ssize_t start, str who, bint count) except -1:
+        """Each entry of ``blocks[start:]`` in with value 1, or +1 if there and ``count`` (a
+        multiset). All checked first (``_keys``: a bad hash raises, naming ``who``, and changes
+        nothing); the home cell is prefetched ``PREFETCH_AHEAD`` keys ahead."""
+        cdef Py_ssize_t i, n = 0
+        cdef Cell* c
+        cdef uint64_t* ks = _keys(blocks, start, &n, who)
+        if n == 0:
+            return 0
+        try:
+            self._reserve(n)
+            self._add_keys(ks, n, count)
+        finally:
+            PyMem_Free(ks)
+        return 0
+
+    cdef void _add_keys(self, const uint64_t* ks, Py_ssize_t n, bint count) noexcept nogil:
+        cdef Py_ssize_t i
+        cdef Cell* c
+        for i in range(n):
+            if i + PREFETCH_AHEAD < n:
+                prefetch(self, ks[i + PREFETCH_AHEAD])
+            c = self._cell_for(ks[i])
+            if c.val > 0:
+                if count:
+                    c.val += 1
+            else:
+                self._claim(c, ks[i], 1)
+
     cdef int _reserve(self, Py_ssize_t extra) except -1:
         """Room for ``extra`` more keys at <= 1/2 load (rebuilt at <= 1/4 load when full)."""
         cdef Cell* old
@@ -199,6 +228,22 @@ cdef class SlotMap:
 
     def __len__(self):
         return self.used
+
+    def __contains__(self, key):
+        """``key`` is a key (a non-uint64 is none): a BlockSet's member, a counted block."""
+        cdef uint64_t k = 0
+        if not _as_u64(key, &k):
+            return False
+        return cell_get(self.cells, self.bits, self.mask, k) > 0
+
+    def __iter__(self):
+        """The keys, in cell order (it depends on the history of writes: sort where it matters)."""
+        cdef Py_ssize_t i, size = <Py_ssize_t>1 << self.bits
+        out = []
+        for i in range(size):
+            if self.cells[i].val > 0:
+                out.append(self.cells[i].key)
+        return iter(out)
 
     def get(self, key, default=None):
         """The slot of one block, ``default`` if unknown."""
@@ -353,23 +398,7 @@ cdef class BlockCounts(SlotMap):
 
     def add(self, blocks, Py_ssize_t start=0):
         """+1 for each entry of ``blocks[start:]`` (all checked first: a bad hash changes nothing)."""
-        cdef Py_ssize_t i, n = 0
-        cdef Cell* c
-        cdef uint64_t* ks = _keys(blocks, start, &n, "BlockCounts")
-        if n == 0:
-            return
-        try:
-            self._reserve(n)
-            for i in range(n):
-                if i + PREFETCH_AHEAD < n:
-                    prefetch(self, ks[i + PREFETCH_AHEAD])
-                c = self._cell_for(ks[i])
-                if c.val > 0:
-                    c.val += 1
-                else:
-                    self._claim(c, ks[i], 1)
-        finally:
-            PyMem_Free(ks)
+        self._add_from(blocks, start, "BlockCounts", True)
 
     def remove(self, blocks, Py_ssize_t start=0):
         """-1 for each entry of ``blocks[start:]``, a key dropped at 0. Every block must be
@@ -414,20 +443,6 @@ cdef class BlockCounts(SlotMap):
             return 0
         return cell_get(self.cells, self.bits, self.mask, k)
 
-    def __contains__(self, key):
-        cdef uint64_t k = 0
-        if not _as_u64(key, &k):
-            return False
-        return cell_get(self.cells, self.bits, self.mask, k) > 0
-
-    def __iter__(self):
-        cdef Py_ssize_t i, size = <Py_ssize_t>1 << self.bits
-        out = []
-        for i in range(size):
-            if self.cells[i].val > 0:
-                out.append(self.cells[i].key)
-        return iter(out)
-
     def __eq__(self, other):
         if isinstance(other, (set, frozenset, BlockCounts)):
             return frozenset(self) == frozenset(other)
@@ -464,9 +479,8 @@ cdef class BlockSet(SlotMap):
 
     def update(self, blocks):
         """Add every entry of ``blocks`` (an iterable, or another BlockSet)."""
-        cdef Py_ssize_t i, n = 0, size
+        cdef Py_ssize_t i, size
         cdef Cell* c
-        cdef uint64_t* ks
         cdef BlockSet other
         if isinstance(blocks, BlockSet):
             other = <BlockSet>blocks
@@ -478,19 +492,7 @@ cdef class BlockSet(SlotMap):
                     if c.val <= 0:
                         self._claim(c, other.cells[i].key, 1)
             return
-        ks = _keys(blocks, 0, &n, "BlockSet")
-        if n == 0:
-            return
-        try:
-            self._reserve(n)
-            for i in range(n):
-                if i + PREFETCH_AHEAD < n:
-                    prefetch(self, ks[i + PREFETCH_AHEAD])
-                c = self._cell_for(ks[i])
-                if c.val <= 0:
-                    self._claim(c, ks[i], 1)
-        finally:
-            PyMem_Free(ks)
+        self._add_from(blocks, 0, "BlockSet", False)
 
     def difference_update(self, blocks):
         """Remove every entry of ``blocks`` (absent ones are ignored; bad hashes raise)."""
@@ -513,20 +515,6 @@ cdef class BlockSet(SlotMap):
         cdef BlockSet out = BlockSet(max(16, 2 * self.used))
         out.update(self)
         return out
-
-    def __contains__(self, key):
-        cdef uint64_t k = 0
-        if not _as_u64(key, &k):
-            return False
-        return cell_get(self.cells, self.bits, self.mask, k) > 0
-
-    def __iter__(self):
-        cdef Py_ssize_t i, size = <Py_ssize_t>1 << self.bits
-        out = []
-        for i in range(size):
-            if self.cells[i].val > 0:
-                out.append(self.cells[i].key)
-        return iter(out)
 
     def _covers(self, other):
         """Every member of ``other`` (a set, a BlockSet or a BlockCounts' keys) is in this set."""
