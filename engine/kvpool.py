@@ -31,13 +31,14 @@ import math
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from collections.abc import Set as AbstractSet
 
-from services.cores.directory._native import BlockCounts
+from services.cores.directory._native import BlockCounts, BlockSet
 
 from engine import _kvscan
 from events.catalog import Event, KvEvicted, KvStored
 from events.ids import BlockHash, NodeId, RequestId, Tier
 
 AbstractSet.register(BlockCounts)  # a read-only set of its keys (``in``, ``len``, iteration, ``==``)
+AbstractSet.register(BlockSet)  # a tier: ``in``, ``len``, iteration, ``==`` (and set-like writes)
 
 #: Share of a tier freed by one eviction (low watermark).
 EVICT_BATCH = 0.02
@@ -59,8 +60,10 @@ class KvPool:
         assert block_tokens > 0, "block_tokens must be positive"
         self.node = node
         self.bt = block_tokens
-        self.l1: set[BlockHash] = set()
-        self.l2: set[BlockHash] = set()
+        # the tiers: compiled uint64 sets (services/cores/directory/_native.pyx), probed by the
+        # scans of engine/_kvscan.pyx with the hashes (issue 24, docs/simulator.md §8)
+        self.l1 = BlockSet()
+        self.l2 = BlockSet()
         self.l1_cap_blocks = l1_capacity_tokens // block_tokens
         self.l2_cap_blocks = l2_capacity_tokens // block_tokens
         self.reserved_tokens = 0  # L1 tokens held outside cached blocks (decode working memory)
@@ -75,7 +78,7 @@ class KvPool:
         self._runs: dict[int, dict[int, tuple[Sequence[BlockHash], int, int]]] = {id(self.l1): {}, id(self.l2): {}}
 
     # ------------------------------------------------------------------ reads
-    def tier(self, tier: Tier) -> set[BlockHash]:
+    def tier(self, tier: Tier) -> BlockSet:
         return self.l1 if tier == "L1" else self.l2
 
     def capacity_blocks(self, tier: Tier) -> int:
@@ -88,13 +91,13 @@ class KvPool:
         return len(self.tier(tier)) * self.bt
 
     @staticmethod
-    def prefix_len(blocks: Sequence[BlockHash], start: int, store: set) -> int:
-        """End of the run of ``blocks[start:]`` held in ``store``: one compiled loop over the
-        list asking the set (``engine/_kvscan.pyx``, issue 24; it replaced ``set.issuperset``
-        of 64-block slices, see docs/simulator.md §8)."""
+    def prefix_len(blocks: Sequence[BlockHash], start: int, store: BlockSet | AbstractSet) -> int:
+        """End of the run of ``blocks[start:]`` held in ``store`` (a tier, or any set): one
+        compiled loop over the list probing the tier's table (``engine/_kvscan.pyx``, issue 24;
+        it replaced ``set.issuperset`` of 64-block slices, see docs/simulator.md §8)."""
         return _kvscan.prefix_len(blocks, start, store)
 
-    def held_run(self, blocks: Sequence[BlockHash], start: int, store: set) -> int:
+    def held_run(self, blocks: Sequence[BlockHash], start: int, store: BlockSet) -> int:
         """:meth:`prefix_len` of one of this pool's tiers, remembering the run it found per list.
 
         A request's prompt is measured against the same tier several times (enqueue, pin,
@@ -117,13 +120,13 @@ class KvPool:
         memo[id(blocks)] = (blocks, s0, end)
         return end
 
-    def _removed(self, store: set) -> None:
+    def _removed(self, store: BlockSet) -> None:
         """``store`` lost blocks: every run remembered on it may be broken."""
         memo = self._runs.get(id(store))
         if memo:
             memo.clear()
 
-    def missing(self, blocks: Sequence[BlockHash], store: set) -> list[BlockHash]:
+    def missing(self, blocks: Sequence[BlockHash], store: BlockSet) -> list[BlockHash]:
         """Blocks not in ``store``, in order, without duplicates (the held prefix is skipped
         at C speed: a prompt is usually a held prefix plus a new suffix)."""
         k = self.held_run(blocks, 0, store)
@@ -261,7 +264,7 @@ class KvPool:
         """Drop every block of both tiers (a restart): one ``KvEvicted`` per non-empty tier."""
         for tier, store in (("L1", self.l1), ("L2", self.l2)):
             if store:
-                blocks = sorted(store)
+                blocks = sorted(store)  # a tier iterates in table order: the event must not see it
                 store.clear()
                 self._removed(store)
                 self._emit(KvEvicted(ts=self._now(), src=self.node, node=self.node, tier=tier, blocks=blocks))

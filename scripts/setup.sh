@@ -8,9 +8,9 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.ei-installed
-# Reinstalled too when a compiled module's source (setup.py, *.pyx: issue 24) changed or its build is
+# Reinstalled too when a compiled module's source (setup.py, *.pyx, *.pxd: issue 24) changed or its build is
 # gone: `pip install -e .` compiles them in place (gcc + Cython, ~10-20 CPU s).
-pyx_changed() { [ setup.py -nt "$stamp" ] || [ -n "$(find services engine -name '*.pyx' -newer "$stamp" 2>/dev/null)" ] ||
+pyx_changed() { [ setup.py -nt "$stamp" ] || [ -n "$(find services engine \( -name '*.pyx' -o -name '*.pxd' \) -newer "$stamp" 2>/dev/null)" ] ||
   ! .venv/bin/python -c 'import services.cores.directory._native, engine._kvscan' 2>/dev/null; }
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || pyx_changed; then
   echo "installing evolving-infra and its dev tools into .venv (log: .venv/install.log) ..." >&2

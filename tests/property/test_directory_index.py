@@ -36,6 +36,8 @@ def test_slot_map_matches_a_dict(ops, odd):
         assert idx.find_seq(tuple(probe)).tolist() == want
         mixed = [*probe[:3], *odd]  # not a uint64: in no table (slot 0), as a dict of uint64 keys says
         assert idx.find_seq(mixed).tolist() == [model.get(k, 0) for k in probe[:3]] + [0] * len(odd)
+        long = probe + odd + probe  # across find_seq's 64-block chunks, the odd ones anywhere in them
+        assert idx.find_seq(long).tolist() == want + [0] * len(odd) + want
         assert [idx.get(k) for k in probe[:5]] == [model.get(k) for k in probe[:5]]
         assert len(idx) == len(model)
         used, deleted = idx.load

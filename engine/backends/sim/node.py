@@ -59,7 +59,7 @@ from typing import Protocol
 import numpy as np
 
 from engine.backend import DecodeJob, PrefillJob
-from engine.kvpool import EVICT_BATCH, KvPool
+from engine.kvpool import EVICT_BATCH, BlockSet, KvPool
 from engine.profiles import Profile
 from events.catalog import (
     Event,
@@ -184,11 +184,11 @@ class SimNode:
 
     # ------------------------------------------------------------------ KV store (engine/kvpool.py)
     @property
-    def l1(self) -> set[BlockHash]:
+    def l1(self) -> BlockSet:
         return self.pool.l1
 
     @property
-    def l2(self) -> set[BlockHash]:
+    def l2(self) -> BlockSet:
         return self.pool.l2
 
     @property
@@ -203,10 +203,10 @@ class SimNode:
     def holds(self, block: BlockHash, tier: Tier) -> bool:
         return self.pool.holds(block, tier)
 
-    def _prefix_len(self, blocks: Sequence[BlockHash], start: int, store: set) -> int:
+    def _prefix_len(self, blocks: Sequence[BlockHash], start: int, store: BlockSet) -> int:
         return self.pool.held_run(blocks, start, store)
 
-    def _missing(self, blocks: Sequence[BlockHash], store: set) -> list[BlockHash]:
+    def _missing(self, blocks: Sequence[BlockHash], store: BlockSet) -> list[BlockHash]:
         return self.pool.missing(blocks, store)
 
     def _make_room(self, tier: Tier, need_blocks: int, also_pinned: Sequence[BlockHash] = (),

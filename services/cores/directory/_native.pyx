@@ -21,10 +21,10 @@ dict holding the same pairs (tests/property/test_directory_index.py checks it on
 """
 
 from cpython.long cimport PyLong_CheckExact, PyLong_FromUnsignedLongLong
-from cpython.exc cimport PyErr_Clear, PyErr_Occurred
 from cpython.ref cimport PyObject
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from libc.stdint cimport int32_t, int64_t, uint64_t
+from libc.stdlib cimport malloc
 from libc.string cimport memset
 
 import numpy as np
@@ -35,45 +35,81 @@ cdef extern from "Python.h":
     object PySequence_Fast(object o, const char* m)
     Py_ssize_t PySequence_Fast_GET_SIZE(object o)
     PyObject** PySequence_Fast_ITEMS(object o)
-    # no exception check here: the callers test PyErr_Occurred themselves and clear it
-    unsigned long long PyLong_AsUnsignedLongLong(object o) noexcept
     int PySet_Contains(object anyset, object key) except -1
     int PySet_Add(object set, object key) except -1
     int PyDict_Contains(object p, object key) except -1
     int PySequence_Contains(object o, object value) except -1
 
-ctypedef struct Cell:
-    uint64_t key
-    int64_t val
-
+# Cell, as_u64 and cell_get (the probe) are in _native.pxd, shared with engine/_kvscan.pyx
 cdef uint64_t PHI = 0x9E3779B97F4A7C15ULL
 #: keys a BlockCounts' release log holds before it starts a new epoch
 cdef Py_ssize_t _REL_MAX = 1 << 20
 
 
 cdef inline bint _as_u64(object o, uint64_t* out):
-    """``o`` as a uint64 hash; False (no error left set) if it is not one."""
-    cdef uint64_t v
-    if not PyLong_CheckExact(o):
-        try:
-            o = o.__index__()
-        except Exception:
-            return False
-    v = PyLong_AsUnsignedLongLong(o)
-    if v == <uint64_t>-1 and PyErr_Occurred():
-        PyErr_Clear()
-        return False
-    out[0] = v
-    return True
+    return as_u64(o, out)
+
+
+cdef uint64_t* _keys(blocks, Py_ssize_t start, Py_ssize_t* n, str who) except? NULL:
+    """``blocks[start:]`` (any iterable when ``start`` is 0) as a fresh uint64 array (the caller
+    frees it), its length in ``n``; NULL with ``n`` 0 when empty. Every entry is checked: a bad
+    hash raises ``TypeError`` (naming ``who``), nothing kept."""
+    cdef object fast = PySequence_Fast(blocks, "blocks must be an iterable")
+    cdef Py_ssize_t i, size = PySequence_Fast_GET_SIZE(fast)
+    cdef PyObject** items = PySequence_Fast_ITEMS(fast)
+    cdef uint64_t* out
+    start = max(start, 0)
+    n[0] = size - start
+    if n[0] <= 0:
+        n[0] = 0
+        return NULL
+    out = <uint64_t*>PyMem_Malloc(n[0] * sizeof(uint64_t))
+    if out == NULL:
+        raise MemoryError()
+    for i in range(start, size):
+        if not _as_u64(<object>items[i], &out[i - start]):
+            PyMem_Free(out)
+            raise TypeError(f"{who}: block {<object>items[i]!r} is not a uint64 hash (an int in [0, 2**64))")
+    return out
+
+
+cdef extern from "<sys/mman.h>" nogil:
+    int madvise(void* addr, size_t length, int advice)
+    int MADV_HUGEPAGE
+
+cdef extern from "<stdlib.h>" nogil:
+    int posix_memalign(void** memptr, size_t alignment, size_t size)
+    void free(void* ptr)
+
+cdef size_t _HUGE = 1 << 21
+
+
+cdef Cell* _cells_alloc(size_t n) noexcept nogil:
+    """``n`` zeroed cells (NULL if out of memory). A table of 2 MiB or more is aligned to 2 MiB
+    and asks for transparent huge pages: its probes land anywhere in it, and with 4 KiB pages
+    every probe of a node's ~10^5-block tier or index also missed the TLB (issue 24: a probe
+    cost ~1.5x a Python set's, whose table is half the size). Only a hint: where the kernel
+    gives no huge pages the table works the same."""
+    cdef size_t size = n * sizeof(Cell)
+    cdef void* p = NULL
+    if size >= _HUGE:
+        if posix_memalign(&p, _HUGE, size) != 0:
+            return NULL
+        madvise(p, size, MADV_HUGEPAGE)
+    else:
+        p = malloc(size)
+        if p == NULL:
+            return NULL
+    memset(p, 0, size)
+    return <Cell*>p
+
+
+cdef void _cells_free(Cell* c) noexcept nogil:
+    free(c)
 
 
 cdef class SlotMap:
     """``uint64 -> slot >= 1`` with batch lookups from Python sequences and uint64 arrays."""
-
-    cdef Cell* cells
-    cdef int bits
-    cdef uint64_t mask
-    cdef Py_ssize_t used, deleted
 
     def __cinit__(self, Py_ssize_t capacity=1024):
         cdef int bits = 4
@@ -84,15 +120,14 @@ cdef class SlotMap:
 
     def __dealloc__(self):
         if self.cells != NULL:
-            PyMem_Free(self.cells)
+            _cells_free(self.cells)
 
     cdef int _alloc(self, int bits) except -1:
-        cdef Cell* c = <Cell*>PyMem_Malloc((<size_t>1 << bits) * sizeof(Cell))
+        cdef Cell* c = _cells_alloc(<size_t>1 << bits)
         if c == NULL:
             raise MemoryError()
-        memset(c, 0, (<size_t>1 << bits) * sizeof(Cell))
         if self.cells != NULL:
-            PyMem_Free(self.cells)
+            _cells_free(self.cells)
         self.cells = c
         self.bits = bits
         self.mask = (<uint64_t>1 << bits) - 1
@@ -100,18 +135,10 @@ cdef class SlotMap:
         self.deleted = 0
         return 0
 
-    cdef inline int64_t _get(self, uint64_t k) noexcept nogil:
-        cdef uint64_t p = (k * PHI) >> (64 - self.bits)
-        cdef Cell* c
-        while True:
-            c = &self.cells[p]
-            if c.val == 0:
-                return 0
-            if c.key == k and c.val > 0:
-                return c.val
-            p = (p + 1) & self.mask
+    cdef int64_t _get(self, uint64_t k) noexcept nogil:
+        return cell_get(self.cells, self.bits, self.mask, k)
 
-    cdef inline Cell* _cell_for(self, uint64_t k) noexcept nogil:
+    cdef Cell* _cell_for(self, uint64_t k) noexcept nogil:
         """The cell holding ``k`` (``val > 0``), else the one a new ``k`` goes into: the first
         tombstone on its probe path (``val < 0``) or the empty cell ending it (``val == 0``)."""
         cdef uint64_t p = (k * PHI) >> (64 - self.bits)
@@ -131,7 +158,7 @@ cdef class SlotMap:
             return &self.cells[tomb]
         return c
 
-    cdef inline void _claim(self, Cell* c, uint64_t k, int64_t v) noexcept nogil:
+    cdef void _claim(self, Cell* c, uint64_t k, int64_t v) noexcept nogil:
         """Put ``k -> v`` (v > 0) into a free cell from :meth:`_cell_for`."""
         if c.val < 0:
             self.deleted -= 1
@@ -139,13 +166,42 @@ cdef class SlotMap:
         c.val = v
         self.used += 1
 
-    cdef inline void _put(self, uint64_t k, int64_t v) noexcept nogil:
+    cdef void _put(self, uint64_t k, int64_t v) noexcept nogil:
         """Insert or overwrite (the table has room: callers keep load <= 1/2)."""
         cdef Cell* c = self._cell_for(k)
         if c.val > 0:
             c.val = v
         else:
             self._claim(c, k, v)
+
+    cdef int _add_from(self, blocks, Py_ssize_t start, str who, bint count) except -1:
+        """Each entry of ``blocks[start:]`` in with value 1, or +1 if there and ``count`` (a
+        multiset). All checked first (``_keys``: a bad hash raises, naming ``who``, and changes
+        nothing); the home cell is prefetched ``PREFETCH_AHEAD`` keys ahead."""
+        cdef Py_ssize_t i, n = 0
+        cdef Cell* c
+        cdef uint64_t* ks = _keys(blocks, start, &n, who)
+        if n == 0:
+            return 0
+        try:
+            self._reserve(n)
+            self._add_keys(ks, n, count)
+        finally:
+            PyMem_Free(ks)
+        return 0
+
+    cdef void _add_keys(self, const uint64_t* ks, Py_ssize_t n, bint count) noexcept nogil:
+        cdef Py_ssize_t i
+        cdef Cell* c
+        for i in range(n):
+            if i + PREFETCH_AHEAD < n:
+                prefetch(self, ks[i + PREFETCH_AHEAD])
+            c = self._cell_for(ks[i])
+            if c.val > 0:
+                if count:
+                    c.val += 1
+            else:
+                self._claim(c, ks[i], 1)
 
     cdef int _reserve(self, Py_ssize_t extra) except -1:
         """Room for ``extra`` more keys at <= 1/2 load (rebuilt at <= 1/4 load when full)."""
@@ -167,11 +223,27 @@ cdef class SlotMap:
         for i in range(n_old):
             if old[i].val > 0:
                 self._put(old[i].key, old[i].val)
-        PyMem_Free(old)
+        _cells_free(old)
         return 0
 
     def __len__(self):
         return self.used
+
+    def __contains__(self, key):
+        """``key`` is a key (a non-uint64 is none): a BlockSet's member, a counted block."""
+        cdef uint64_t k = 0
+        if not _as_u64(key, &k):
+            return False
+        return cell_get(self.cells, self.bits, self.mask, k) > 0
+
+    def __iter__(self):
+        """The keys, in cell order (it depends on the history of writes: sort where it matters)."""
+        cdef Py_ssize_t i, size = <Py_ssize_t>1 << self.bits
+        out = []
+        for i in range(size):
+            if self.cells[i].val > 0:
+                out.append(self.cells[i].key)
+        return iter(out)
 
     def get(self, key, default=None):
         """The slot of one block, ``default`` if unknown."""
@@ -179,7 +251,7 @@ cdef class SlotMap:
         cdef int64_t v
         if not _as_u64(key, &k):
             return default
-        v = self._get(k)
+        v = cell_get(self.cells, self.bits, self.mask, k)
         return v if v else default
 
     def find_seq(self, blocks, Py_ssize_t n=-1):
@@ -188,24 +260,21 @@ cdef class SlotMap:
         cdef object fast = PySequence_Fast(blocks, "block hashes must be a sequence")
         cdef Py_ssize_t i, m = PySequence_Fast_GET_SIZE(fast)
         cdef PyObject** items = PySequence_Fast_ITEMS(fast)
-        cdef uint64_t k = 0
-        cdef object o
+        cdef Py_ssize_t j, c
+        cdef uint64_t ks[CHUNK]
+        cdef unsigned char ok[CHUNK]
         if n >= 0 and n != m:
             raise ValueError(f"find_seq: {m} blocks, expected {n}")
         out = np.empty(m, dtype=np.intp)
         cdef int64_t[::1] po = out
-        for i in range(m):
-            o = <object>items[i]
-            if PyLong_CheckExact(o):
-                k = PyLong_AsUnsignedLongLong(o)
-                if k == <uint64_t>-1 and PyErr_Occurred():
-                    PyErr_Clear()
-                    po[i] = 0
-                    continue
-            elif not _as_u64(o, &k):
-                po[i] = 0
-                continue
-            po[i] = self._get(k)
+        i = 0
+        while i < m:  # a chunk converted, then probed (CHUNK in _native.pxd)
+            c = min(<Py_ssize_t>CHUNK, m - i)
+            for j in range(c):
+                ok[j] = _as_u64(<object>items[i + j], &ks[j])
+            for j in range(c):
+                po[i + j] = cell_get(self.cells, self.bits, self.mask, ks[j]) if ok[j] else 0
+            i += c
         return out
 
     def find(self, const uint64_t[::1] keys):
@@ -215,7 +284,7 @@ cdef class SlotMap:
         cdef int64_t[::1] po = out
         with nogil:
             for i in range(m):
-                po[i] = self._get(keys[i])
+                po[i] = cell_get(self.cells, self.bits, self.mask, keys[i])
         return out
 
     def insert(self, const uint64_t[::1] keys, const int64_t[::1] vals):
@@ -234,22 +303,24 @@ cdef class SlotMap:
     def delete(self, const uint64_t[::1] keys):
         """Remove keys (absent ones are ignored)."""
         cdef Py_ssize_t i, m = keys.shape[0]
-        cdef uint64_t p, k
-        cdef Cell* c
         with nogil:
             for i in range(m):
-                k = keys[i]
-                p = (k * PHI) >> (64 - self.bits)
-                while True:
-                    c = &self.cells[p]
-                    if c.val == 0:
-                        break
-                    if c.key == k and c.val > 0:
-                        c.val = -1
-                        self.used -= 1
-                        self.deleted += 1
-                        break
-                    p = (p + 1) & self.mask
+                self._drop(keys[i])
+
+    cdef bint _drop(self, uint64_t k) noexcept nogil:
+        """Remove ``k`` (its cell becomes a tombstone); False if it was absent."""
+        cdef uint64_t p = (k * PHI) >> (64 - self.bits)
+        cdef Cell* c
+        while True:
+            c = &self.cells[p]
+            if c.val == 0:
+                return False
+            if c.key == k and c.val > 0:
+                c.val = -1
+                self.used -= 1
+                self.deleted += 1
+                return True
+            p = (p + 1) & self.mask
 
     def items(self):
         """``(keys uint64, slots intp)`` of every entry, in cell order."""
@@ -288,9 +359,6 @@ cdef class BlockCounts(SlotMap):
     # which blocks were pinned when it looked learns which of them may have been freed since
     # (the directory's eviction walk, services/cores/directory/table.py). ``_epoch`` moves when
     # the log is cleared (at _REL_MAX keys): a position of an older epoch means "start afresh".
-    cdef uint64_t* _rel
-    cdef Py_ssize_t _rel_n, _rel_cap, _epoch
-
     def __cinit__(self, *args, **kwargs):
         self._rel = NULL
         self._rel_n = self._rel_cap = self._epoch = 0
@@ -328,44 +396,9 @@ cdef class BlockCounts(SlotMap):
             o[i - pos] = self._rel[i]
         return self._epoch, self._rel_n, out
 
-    cdef uint64_t* _keys(self, blocks, Py_ssize_t start, Py_ssize_t* n) except? NULL:
-        """``blocks[start:]`` as a fresh uint64 array (the caller frees it), its length in ``n``;
-        NULL with ``n`` 0 when empty. Every entry is checked: a bad hash raises, nothing kept."""
-        cdef object fast = PySequence_Fast(blocks, "blocks must be a sequence")
-        cdef Py_ssize_t i, size = PySequence_Fast_GET_SIZE(fast)
-        cdef PyObject** items = PySequence_Fast_ITEMS(fast)
-        cdef uint64_t* out
-        start = max(start, 0)
-        n[0] = size - start
-        if n[0] <= 0:
-            n[0] = 0
-            return NULL
-        out = <uint64_t*>PyMem_Malloc(n[0] * sizeof(uint64_t))
-        if out == NULL:
-            raise MemoryError()
-        for i in range(start, size):
-            if not _as_u64(<object>items[i], &out[i - start]):
-                PyMem_Free(out)
-                raise TypeError(f"BlockCounts: block {<object>items[i]!r} is not a uint64 hash")
-        return out
-
     def add(self, blocks, Py_ssize_t start=0):
         """+1 for each entry of ``blocks[start:]`` (all checked first: a bad hash changes nothing)."""
-        cdef Py_ssize_t i, n = 0
-        cdef Cell* c
-        cdef uint64_t* ks = self._keys(blocks, start, &n)
-        if n == 0:
-            return
-        try:
-            self._reserve(n)
-            for i in range(n):
-                c = self._cell_for(ks[i])
-                if c.val > 0:
-                    c.val += 1
-                else:
-                    self._claim(c, ks[i], 1)
-        finally:
-            PyMem_Free(ks)
+        self._add_from(blocks, start, "BlockCounts", True)
 
     def remove(self, blocks, Py_ssize_t start=0):
         """-1 for each entry of ``blocks[start:]``, a key dropped at 0. Every block must be
@@ -373,14 +406,18 @@ cdef class BlockCounts(SlotMap):
         cdef Py_ssize_t i, n = 0
         cdef uint64_t k, p
         cdef Cell* c
-        cdef uint64_t* ks = self._keys(blocks, start, &n)
+        cdef uint64_t* ks = _keys(blocks, start, &n, "BlockCounts")
         if n == 0:
             return
         try:
             for i in range(n):
-                if self._get(ks[i]) == 0:
+                if i + PREFETCH_AHEAD < n:
+                    prefetch(self, ks[i + PREFETCH_AHEAD])
+                if cell_get(self.cells, self.bits, self.mask, ks[i]) == 0:
                     raise KeyError(ks[i])
             for i in range(n):
+                if i + PREFETCH_AHEAD < n:
+                    prefetch(self, ks[i + PREFETCH_AHEAD])
                 k = ks[i]
                 p = (k * PHI) >> (64 - self.bits)
                 while True:
@@ -404,21 +441,7 @@ cdef class BlockCounts(SlotMap):
         cdef uint64_t k = 0
         if not _as_u64(key, &k):
             return 0
-        return self._get(k)
-
-    def __contains__(self, key):
-        cdef uint64_t k = 0
-        if not _as_u64(key, &k):
-            return False
-        return self._get(k) > 0
-
-    def __iter__(self):
-        cdef Py_ssize_t i, size = <Py_ssize_t>1 << self.bits
-        out = []
-        for i in range(size):
-            if self.cells[i].val > 0:
-                out.append(self.cells[i].key)
-        return iter(out)
+        return cell_get(self.cells, self.bits, self.mask, k)
 
     def __eq__(self, other):
         if isinstance(other, (set, frozenset, BlockCounts)):
@@ -431,6 +454,148 @@ cdef class BlockCounts(SlotMap):
         return NotImplemented
 
     __hash__ = None
+
+
+cdef class BlockSet(SlotMap):
+    """A set of uint64 block hashes: one tier of a node's KV pool (engine/kvpool.py, issue 24).
+
+    The set API the pool's users call (``in``, ``len``, iteration, ``add``, ``discard``,
+    ``update``, ``difference_update``, ``clear``, ``copy``, ``==`` with a set), on the same
+    open-addressing table as :class:`SlotMap` (value 1 marks a member), so the pool's compiled
+    scans (engine/_kvscan.pyx) probe it with the uint64 hash: one cache line per probe, where a
+    Python ``set`` of ~10^5 ints costs the set slot and the int object.
+
+    Only uint64 hashes (ints in ``[0, 2**64)``) can be members: a write naming anything else
+    raises ``TypeError`` and changes nothing (every entry is checked first); ``in`` answers False
+    for it, as a set of hashes would. Iteration is in table order, which depends on the history
+    of writes, not on insertion order alone: a caller whose output depends on the order sorts
+    (``KvPool.drop_all``)."""
+
+    def add(self, key):
+        self.update((key,))
+
+    def discard(self, key):
+        self.difference_update((key,))
+
+    def update(self, blocks):
+        """Add every entry of ``blocks`` (an iterable, or another BlockSet)."""
+        cdef Py_ssize_t i, size
+        cdef Cell* c
+        cdef BlockSet other
+        if isinstance(blocks, BlockSet):
+            other = <BlockSet>blocks
+            size = <Py_ssize_t>1 << other.bits
+            self._reserve(other.used)
+            for i in range(size):
+                if other.cells[i].val > 0:
+                    c = self._cell_for(other.cells[i].key)
+                    if c.val <= 0:
+                        self._claim(c, other.cells[i].key, 1)
+            return
+        self._add_from(blocks, 0, "BlockSet", False)
+
+    def difference_update(self, blocks):
+        """Remove every entry of ``blocks`` (absent ones are ignored; bad hashes raise)."""
+        cdef Py_ssize_t i, n = 0
+        cdef uint64_t* ks = _keys(blocks, 0, &n, "BlockSet")
+        if n == 0:
+            return
+        try:
+            for i in range(n):
+                if i + PREFETCH_AHEAD < n:
+                    prefetch(self, ks[i + PREFETCH_AHEAD])
+                self._drop(ks[i])
+        finally:
+            PyMem_Free(ks)
+
+    def clear(self):
+        self._alloc(10)
+
+    def copy(self):
+        cdef BlockSet out = BlockSet(max(16, 2 * self.used))
+        out.update(self)
+        return out
+
+    def _covers(self, other):
+        """Every member of ``other`` (a set, a BlockSet or a BlockCounts' keys) is in this set."""
+        cdef uint64_t k = 0
+        for x in other:
+            if not _as_u64(x, &k) or cell_get(self.cells, self.bits, self.mask, k) <= 0:
+                return False
+        return True
+
+    def _within(self, other):
+        """Every member of this set is in ``other`` (a set, a BlockSet or a BlockCounts' keys)."""
+        cdef Py_ssize_t i, size = <Py_ssize_t>1 << self.bits
+        cdef SlotMap t
+        if isinstance(other, SlotMap):
+            t = <SlotMap>other
+            for i in range(size):
+                if self.cells[i].val > 0 and not held(t, self.cells[i].key):
+                    return False
+            return True
+        for i in range(size):
+            if self.cells[i].val > 0 and PyLong_FromUnsignedLongLong(self.cells[i].key) not in other:
+                return False
+        return True
+
+    def __eq__(self, other):
+        if isinstance(other, (set, frozenset, BlockSet, BlockCounts)):
+            return len(other) == self.used and self._within(other)
+        return NotImplemented
+
+    def __ne__(self, other):
+        if isinstance(other, (set, frozenset, BlockSet, BlockCounts)):
+            return not (len(other) == self.used and self._within(other))
+        return NotImplemented
+
+    def __le__(self, other):
+        if isinstance(other, (set, frozenset, BlockSet, BlockCounts)):
+            return self.used <= len(other) and self._within(other)
+        return NotImplemented
+
+    def __lt__(self, other):
+        if isinstance(other, (set, frozenset, BlockSet, BlockCounts)):
+            return self.used < len(other) and self._within(other)
+        return NotImplemented
+
+    def __ge__(self, other):
+        if isinstance(other, (set, frozenset, BlockSet, BlockCounts)):
+            return self.used >= len(other) and self._covers(other)
+        return NotImplemented
+
+    def __gt__(self, other):
+        if isinstance(other, (set, frozenset, BlockSet, BlockCounts)):
+            return self.used > len(other) and self._covers(other)
+        return NotImplemented
+
+    def issubset(self, other):
+        return self._within(other if isinstance(other, (set, frozenset, SlotMap)) else set(other))
+
+    def issuperset(self, other):
+        return self._covers(other)
+
+    def isdisjoint(self, other):
+        cdef uint64_t k = 0
+        for x in other:
+            if _as_u64(x, &k) and cell_get(self.cells, self.bits, self.mask, k) > 0:
+                return False
+        return True
+
+    __hash__ = None
+
+    def __repr__(self):
+        return f"BlockSet({sorted(self)!r})"
+
+    def __reduce__(self):
+        return _block_set, (sorted(self),)
+
+
+def _block_set(blocks):
+    """A :class:`BlockSet` of ``blocks`` (unpickling)."""
+    out = BlockSet()
+    out.update(blocks)
+    return out
 
 
 # ----------------------------------------------------------------------------- table kernels
@@ -602,7 +767,7 @@ def unpinned(const uint64_t[::1] blocks, pinned):
         bc = <BlockCounts>pinned
         with nogil:
             for i in range(n):
-                if bc._get(blocks[i]) == 0:
+                if cell_get(bc.cells, bc.bits, bc.mask, blocks[i]) == 0:
                     out[k] = blocks[i]
                     k += 1
         return out_arr[:k]
@@ -648,7 +813,7 @@ def bucket_pick(const uint64_t[:] h, uint64_t bit, const int32_t[:] refs, bint c
             mark[x] = 1
             out[k] = x
             k += 1
-            if not has_pins or pinned._get(block[x]) == 0:
+            if not has_pins or not held(pinned, block[x]):
                 fout[f] = x
                 f += 1
         for i in range(k):

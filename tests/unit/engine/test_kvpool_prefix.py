@@ -39,7 +39,7 @@ def test_prefix_len_at_chunk_boundaries():
     assert KvPool.prefix_len(blocks, 0, set(blocks)) == 3 * c
     assert KvPool.prefix_len((5, 6, 7), 1, {6}) == 2  # any sequence, not only lists
     assert KvPool.prefix_len([5, 6], 0, frozenset({5, 6})) == 2
-    with pytest.raises(TypeError, match="must be a set"):
+    with pytest.raises(TypeError, match="must be a BlockSet or a set"):
         KvPool.prefix_len([5], 0, {5: 1})
 
 

@@ -23,7 +23,17 @@ CALLS = {
     "common_prefix": lambda b: _kvscan.common_prefix(b, b),
     "BlockCounts.add/remove": lambda b: _native.BlockCounts().add(b) or None,
     "BlockCounts.add+remove": lambda b: _added(b).remove(b),
+    "prefix_len (BlockSet)": lambda b: _kvscan.prefix_len(b, 0, _tier(b[:3])),
+    "missing_after (BlockSet)": lambda b: _kvscan.missing_after(b, 0, _tier(b[:3])),
+    "held_unpinned (BlockSet, BlockCounts)": lambda b: _kvscan.held_unpinned(b, _tier(b), _added(b[:3])),
+    "BlockSet.update+difference_update": lambda b: _tier(b).difference_update(b),
 }
+
+
+def _tier(b):
+    s = _native.BlockSet()
+    s.update(b)
+    return s
 
 
 def _added(b):
