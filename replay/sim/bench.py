@@ -203,11 +203,11 @@ def cmd_bench(args) -> int:
 #: (``services.adapters.eventlog.columnar.FORMAT``, the ``{fmt}`` of the label); ``before`` is the
 #: deliberate old-format baseline: format 1, written in the simulation's thread, as before format 2.
 CALIBRATION_RUNS = {  # label, log format (None: the current), writer, log level, logged
-    "nolog": ("no log", None, "process", "full", False),
+    "nolog": ("no log", None, "thread", "full", False),
     "before": ("log v1 inline (before)", "1", "inline", "full", True),
-    "full": ("log v{fmt} full", None, "process", "full", True),
-    "decisions": ("log v{fmt} decisions", None, "process", "decisions", True),
-    "thread": ("log v{fmt} full, writer thread", None, "thread", "full", True),
+    "full": ("log v{fmt} full", None, "thread", "full", True),
+    "decisions": ("log v{fmt} decisions", None, "thread", "decisions", True),
+    "process": ("log v{fmt} full, writer process", None, "process", "full", True),
 }
 DEFAULT_CALIBRATION = Path(__file__).resolve().parents[3] / "shared" / "traces" / "weka-claude-code-calibration"
 

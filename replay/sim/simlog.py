@@ -9,12 +9,14 @@ is handed to the writer through a bounded queue (``queue_batches`` deep: a simul
 outruns its writer waits rather than holding the whole run in memory). The writer encodes and
 appends it (``DuckDbEventLog.append``: Arrow tables, every block hash stored once).
 
-``writer``: ``"process"`` (the default) runs the writer in a spawned process that owns the
-DuckDB file: the simulation's thread only packs each batch with msgpack (the events' wire
-codec), and the encoding, which is half GIL-bound Python and NumPy (block dictionary, JSON
-payloads), runs on another core (docs/simulator.md §8, "The log writer off the simulation's
-core"). ``"thread"``: a thread of this process (what a daemonic process, which may not have
-children, gets). ``"inline"``: in the caller's thread (``bench sim``'s baseline row).
+``writer``: ``"thread"`` (the default) encodes and appends in a thread of this process;
+``"process"`` in a child process that owns the DuckDB file (:mod:`replay.sim.logwriter`): the
+simulation's thread then only packs each batch with msgpack, and the encoding, which is half
+GIL-bound Python and NumPy, runs on another core. Measured on this 2-core machine the two cost
+the simulation's wall alike (the process a little more, and ~1 CPU s more per 6 simulated
+minutes: decoding, its start), so the thread stays the default (docs/simulator.md §8, "The log
+writer's batches, and a writer process"). ``"inline"``: in the caller's thread (``bench sim``'s
+baseline row).
 :meth:`SimLog.close` flushes, waits for the writer and checks that every row handed to it was
 stored (a lost row, a writer that failed or a writer process that died raises
 :class:`EventLogError`; a failure the writer reports earlier is raised at the next batch).
@@ -28,17 +30,15 @@ refuses it.
 
 from __future__ import annotations
 
-import multiprocessing
 import queue
 import threading
 import time
 from pathlib import Path
 
-import msgspec
-
-from events.catalog import EVENT_TYPES, AnyEvent
+from events.catalog import EVENT_TYPES
 from events.subjects import DEFAULT_PARTITION, subject_for
 from replay.sim.figures import METRIC_TYPES
+from replay.sim.logwriter import WriterProcess
 from services.adapters.eventlog import DuckDbEventLog, EventLogError
 from services.adapters.eventlog.columnar import FORMAT
 
@@ -48,8 +48,6 @@ DECISION_LEVEL_TYPES = frozenset({"RouteDecided", "PlanEvaluated", "RoleSwitchOr
                                   "RoleSwitched", "AnomalyReported", "NodeRemoved"}) | METRIC_TYPES
 LOG_LEVELS = ("full", "decisions")
 WRITERS = ("process", "thread", "inline")
-#: How long a blocked hand-over or close waits before it looks whether the writer process lives.
-_POLL_S = 0.5
 
 #: Rows per batch handed to the writer. Small enough that the writer works while the simulation
 #: runs (at 20,000, a 6-minute calibration run was one batch, written after its last event) and
@@ -68,15 +66,13 @@ class SimLog:
 
     def __init__(self, path: Path, partition: str = DEFAULT_PARTITION, config: dict | None = None,
                  batch: int = BATCH, *, level: str = "full", background: bool = True, format: str = FORMAT,
-                 queue_batches: int = 4, writer: str = "process") -> None:
+                 queue_batches: int = 4, writer: str = "thread") -> None:
         if level not in LOG_LEVELS:
             raise ValueError(f"log level {level!r}: expected one of {', '.join(LOG_LEVELS)}")
         if writer not in WRITERS:
             raise ValueError(f"log writer {writer!r}: expected one of {', '.join(WRITERS)}")
         if not background:
             writer = "inline"
-        if writer == "process" and multiprocessing.current_process().daemon:
-            writer = "thread"  # a daemonic process may not start children
         path = Path(path)
         if path.exists():
             path.unlink()
@@ -100,16 +96,10 @@ class SimLog:
         self._error: BaseException | str | None = None
         self._queue: queue.Queue | None = None
         self._thread: threading.Thread | None = None
-        self._proc = None
+        self._proc: WriterProcess | None = None
         self.log: DuckDbEventLog | None = None
         if writer == "process":
-            ctx = multiprocessing.get_context("spawn")
-            self._queue = ctx.Queue(maxsize=queue_batches)
-            self._results = ctx.Queue()
-            self._encode = msgspec.msgpack.Encoder().encode
-            self._proc = ctx.Process(target=_writer_main, args=(str(path), format, cfg, self._queue, self._results),
-                                     name=f"simlog-{path.name}", daemon=True)
-            self._proc.start()
+            self._proc = WriterProcess(str(path), format, cfg, queue_batches)
             return
         self.log = DuckDbEventLog(str(path), format=format)
         if cfg is not None:
@@ -136,37 +126,19 @@ class SimLog:
             return
         self._raise_if_failed()
         if self._proc is not None:
-            self._put(self._encode(rows))
+            try:
+                self._proc.put(rows)
+            except RuntimeError as exc:  # it died: a full queue would never drain
+                raise EventLogError(f"{self.path}: {exc}") from None
         else:
             self._queue.put(rows)
 
     def _raise_if_failed(self) -> None:
         if self._proc is not None and self._error is None:
-            try:  # the writer process reports a failure as soon as it has one
-                self._result(self._results.get_nowait())
-            except queue.Empty:
-                pass
+            self._error = self._proc.error()  # the writer process reports a failure as soon as it has one
         if self._error is not None:
             raise EventLogError(f"{self.path}: the log writer failed: {self._error}") from (
                 self._error if isinstance(self._error, BaseException) else None)
-
-    def _put(self, item) -> None:
-        """Hand ``item`` to the writer process; raise if it died (a full queue never drains then)."""
-        while True:
-            try:
-                self._queue.put(item, timeout=_POLL_S)
-                return
-            except queue.Full:
-                if not self._proc.is_alive():
-                    raise EventLogError(f"{self.path}: the log writer process exited "
-                                        f"(code {self._proc.exitcode}) with batches not written") from None
-
-    def _result(self, res: dict) -> None:
-        if res.get("error"):
-            self._error = self._error or res["error"]
-        if "stored" in res:
-            self.stored, self.write_s, self.write_cpu_s = res["stored"], res["write_s"], res["write_cpu_s"]
-            self.writer_cpu_s = res["process_cpu_s"]
 
     def _write(self, rows: list) -> None:
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -208,33 +180,13 @@ class SimLog:
                 self.log.close()
 
     def _close_process(self) -> None:
-        """The end marker, then the writer's final report (its counts), then its exit."""
-        proc, final = self._proc, False
-        try:
-            self._put(None)
-            while not final:
-                try:
-                    res = self._results.get(timeout=_POLL_S)
-                except queue.Empty:
-                    if not proc.is_alive():
-                        try:  # it may have reported just before exiting
-                            res = self._results.get(timeout=_POLL_S)
-                        except queue.Empty:
-                            self._error = self._error or f"the writer process exited (code {proc.exitcode}) " \
-                                                         f"without its final report"
-                            return
-                    else:
-                        continue
-                self._result(res)
-                final = res.get("final", False)
-        finally:
-            proc.join(timeout=30)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-            self._proc = None  # closed: nothing more to poll
-            for q in (self._queue, self._results):
-                q.close()
+        """The end frame, then the writer's final report (its counts), then its exit."""
+        res, self._proc = self._proc.close(), None  # closed: nothing more to poll
+        if res.get("error"):
+            self._error = self._error or res["error"]
+        if res.get("final"):
+            self.stored, self.write_s, self.write_cpu_s = res["stored"], res["write_s"], res["write_cpu_s"]
+            self.writer_cpu_s = res["process_cpu_s"]
 
     def stats(self) -> dict:
         """What writing cost: rows, writer busy time (wall, and the writing thread's CPU: DuckDB's
@@ -248,39 +200,3 @@ class SimLog:
                 "log_bytes": size + (wal.stat().st_size if wal.exists() else 0), "log_level": self.level,
                 "log_format": self.format}
 
-
-def _writer_main(path: str, fmt: str, config: dict | None, batches, results) -> None:
-    """The writer process: owns the DuckDB file; decodes each batch (msgpack rows of typed
-    events), appends it, and reports a failure at once and its counts at the end. After a
-    failure it keeps taking batches (the simulation never blocks on it) and stores none."""
-    decode = msgspec.msgpack.Decoder(list[tuple[int, str, AnyEvent]]).decode
-    stored, write_s, write_cpu_s, error = 0, 0.0, 0.0, None
-    log = None
-    try:
-        log = DuckDbEventLog(path, format=fmt)
-        if config is not None:
-            log.set_run_config(config)
-    except BaseException as exc:  # noqa: BLE001 - reported to the simulation's process
-        error = f"{type(exc).__name__}: {exc}"
-        results.put({"error": error})
-    while True:
-        data = batches.get()
-        if data is None:
-            break
-        if error is not None:
-            continue
-        t0, c0 = time.perf_counter(), time.thread_time()
-        try:
-            stored += log.append(decode(data))
-        except BaseException as exc:  # noqa: BLE001 - reported to the simulation's process
-            error = f"{type(exc).__name__}: {exc}"
-            results.put({"error": error})
-        write_s += time.perf_counter() - t0
-        write_cpu_s += time.thread_time() - c0
-    if log is not None:
-        try:
-            log.close()
-        except BaseException as exc:  # noqa: BLE001
-            error = error or f"closing the log: {type(exc).__name__}: {exc}"
-    results.put({"final": True, "stored": stored, "write_s": write_s, "write_cpu_s": write_cpu_s,
-                 "process_cpu_s": time.process_time(), "error": error})

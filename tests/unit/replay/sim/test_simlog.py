@@ -75,12 +75,37 @@ def test_a_failed_writer_is_raised_and_nothing_is_lost_silently(tmp_path: Path, 
 
 
 def test_a_writer_process_that_dies_is_an_error_at_close_not_a_hang(tmp_path: Path):
-    rec = SimLog(tmp_path / "run.duckdb", batch=2, queue_batches=1)
+    rec = SimLog(tmp_path / "run.duckdb", batch=2, queue_batches=1, writer="process")
     rec(1, Tick(ts=0.0))
     rec(2, Tick(ts=1.0))
     os.kill(rec._proc.pid, signal.SIGKILL)
-    rec._proc.join()
+    rec._proc._proc.wait()
     with pytest.raises(EventLogError, match=r"writer process exited \(code -9\)"):
         for i in range(3, 40):  # batches to a dead writer: refused once the queue stays full
             rec(i, Tick(ts=float(i)))
         rec.close()
+
+
+def test_the_writer_process_does_not_run_the_callers_main_module_again(tmp_path: Path):
+    """A script without a ``__main__`` guard that writes a log: its top level runs once (a
+    ``multiprocessing`` spawn child would import it again and run the simulation twice)."""
+    import subprocess
+    import sys
+
+    marker = tmp_path / "ran"
+    script = tmp_path / "script.py"
+    script.write_text(
+        "from pathlib import Path\n"
+        "from events.catalog import Tick\n"
+        "from replay.sim.simlog import SimLog\n"
+        f"m = Path({str(marker)!r})\n"
+        "m.write_text(m.read_text() + 'x' if m.exists() else 'x')\n"
+        f"rec = SimLog(Path({str(tmp_path / 'run.duckdb')!r}), batch=1, writer='process')\n"
+        "for i in range(1, 4):\n"
+        "    rec(i, Tick(ts=float(i)))\n"
+        "rec.close()\n"
+        "print(rec.stats()['log_events'])\n")
+    out = subprocess.run([sys.executable, str(script)], check=False, capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[4])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "3" and marker.read_text() == "x"
