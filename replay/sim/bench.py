@@ -247,6 +247,8 @@ def _calibration_rows(args, out) -> list[dict]:
             label = label.format(fmt=fmt or CURRENT_FORMAT)
             a = argparse.Namespace(**vars(base))
             a.log_format, a.log_writer, a.log_level = fmt, writer, level
+            # the baseline row is the path before format 2 as it was: batches of 20,000 rows
+            a.log_batch = 20_000 if name == "before" else None
             log_path = Path(tmp) / f"{name}.duckdb" if logged else None
             _, res = run_one("evolving", a, source, log_path, progress=False)
             st = res.log_stats

@@ -20,7 +20,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from replay.sim.figures import RunMetrics, compute_metrics
 from replay.sim.inputs import run_profile, sim_config
 from replay.sim.partitioned import run_partitioned
-from replay.sim.simlog import SimLog
+from replay.sim.simlog import BATCH, SimLog
 from replay.sim.simulation import SessionSource, Simulation
 from replay.sim.stacks import get_stack
 from services.adapters.eventlog.columnar import FORMAT
@@ -36,7 +36,8 @@ def run_one(stack_name: str, args, source: SessionSource, out: Path | None, prog
     rec = None
     if out is not None:  # --log-level, --log-writer; bench sim's baseline row: log_format "1", writer "inline"
         rec = SimLog(out, level=(getattr(args, "log_level", None) or "full"), format=getattr(args, "log_format", None) or FORMAT,
-                     writer=getattr(args, "log_writer", None) or "thread", config={"driver": "simulator", "stack": stack.describe(), "profile": prof.name,
+                     writer=getattr(args, "log_writer", None) or "thread", batch=getattr(args, "log_batch", None) or BATCH,
+                     config={"driver": "simulator", "stack": stack.describe(), "profile": prof.name,
                               "kv_gpu_tokens": prof.l1_capacity_tokens, "kv_host_tokens": prof.l2_capacity_tokens,
                               "nodes": cfg.nodes, "seed": cfg.seed, "warmup_s": cfg.warmup_s,
                               "duration_s": cfg.duration_s, "agents": cfg.agents,

@@ -103,6 +103,8 @@ class Stack:
             pargs["initial"] = f"{roles.count('prefill')}P{roles.count('decode')}D"
         pargs.update(self.planner_args)
         rargs = {"name": self.router, "shadow": False, "block_tokens": profile.block_tokens, **self.router_args}
+        if self.router == "evolving" and self.fetch_mode == "none":  # node-local caches: no pool to fetch from
+            rargs.setdefault("shared_pool", False)
         router = ROUTERS[self.router]
         if self.prestage:
             if router not in PRESTAGING:

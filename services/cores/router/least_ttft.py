@@ -72,6 +72,9 @@ class LeastTtftRouter(RouterBase):
         "pack_slack": 0.0,
         "learn_fetch": True,
         "fetch_min_samples": FETCH_MIN_SAMPLES,
+        # False: the data plane has no shared pool (node-local caches: a block another node holds
+        # is recomputed, not fetched), so a node is priced with its own prefix only
+        "shared_pool": True,
     }
 
     def __init__(self, **kw: Any) -> None:
@@ -117,6 +120,7 @@ class LeastTtftRouter(RouterBase):
         nodes = state.nodes
         fm = self.fetch_model
         lat, fst, dup = fm.latency_s, fm.s_per_token, self.dup_cost_s_per_token
+        local_only = not self.shared_pool
         # eq. 1 depends on the node only through its model, token budget and own prefix: one
         # evaluation per distinct (model, budget, local, l1) in a decision, not one per node
         services: dict[tuple, float] = {}
@@ -127,13 +131,18 @@ class LeastTtftRouter(RouterBase):
             key = (id(model), budget, local, l1)
             s = services.get(key)
             if s is None:
-                t_rst = min((local - l1) * bt, t_c) if local > l1 else 0
-                s = services[key] = model.request_s(t_uc, t_c, t_rst, budget)
+                if local_only:  # only the node's own prefix is cached for it; the rest is computed
+                    tc_n = min(local * bt, prompt)
+                    t_rst = min((local - l1) * bt, tc_n) if local > l1 else 0
+                    s = services[key] = model.request_s(prompt - tc_n, tc_n, t_rst, budget)
+                else:
+                    t_rst = min((local - l1) * bt, t_c) if local > l1 else 0
+                    s = services[key] = model.request_s(t_uc, t_c, t_rst, budget)
             return s
 
         def score(n: str, wait: float, m: NodeMatch | None) -> _Scored:
             local, l1 = (m.local_blocks, m.l1_blocks) if m is not None else (0, 0)
-            fetched = (pool - local) * bt if pool > local else 0
+            fetched = (pool - local) * bt if pool > local and not local_only else 0
             excess = 0.0
             if fetched:
                 excess = max(0.0, lat + fetched * fst - wait)
@@ -153,7 +162,8 @@ class LeastTtftRouter(RouterBase):
             s = scored.get(n)
             if s is None:
                 continue
-            scores.append(NodeScore(node=n, score=s[0], t_c=t_c, queue_s=s[4], fetch_excess_s=s[3]))
+            scores.append(NodeScore(node=n, score=s[0], t_c=_own_tc(per_node.get(n), bt, prompt) if local_only else t_c,
+                                    queue_s=s[4], fetch_excess_s=s[3]))
             key = (s[0], n)
             if best_key is None or key < best_key:
                 best_key = key
@@ -164,6 +174,9 @@ class LeastTtftRouter(RouterBase):
             node = _pack(scored, best_key, slack)
         _, best_ttft, best_fetch, _, _ = scored[node]
         plan = lookup.fetch_plan(node) if best_fetch and lookup is not None else []
+        if local_only:
+            t_c = _own_tc(per_node.get(node), bt, prompt)
+            t_uc = prompt - t_c
         return Choice(node=node, t_c=t_c, t_uc=t_uc, predicted_ttft_s=best_ttft, scores=scores,
                       fetch_plan=plan)
 
@@ -196,6 +209,11 @@ class LeastTtftRouter(RouterBase):
 
 
 _ENC = msgspec.msgpack.Encoder(order="deterministic")
+
+
+def _own_tc(m: NodeMatch | None, bt: int, prompt: int) -> int:
+    """Cached tokens of a node's own prefix (``shared_pool`` False)."""
+    return min(m.local_blocks * bt, prompt) if m is not None else 0
 
 #: (score, ttft, fetched tokens, fetch excess, wait) of one scored node.
 _Scored = tuple[float, float, int, float, float]
