@@ -42,7 +42,7 @@ def _widen(pipe) -> None:
     the default 64 KiB makes the feeder thread wake, and take the GIL from the simulation, once
     per 64 KiB of a batch)."""
     try:
-        import fcntl
+        import fcntl  # lazy: Linux and other POSIX only
 
         fcntl.fcntl(pipe.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
     except (ImportError, OSError):
@@ -175,8 +175,8 @@ def _frames(inp):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from events.catalog import AnyEvent
-    from services.adapters.eventlog import DuckDbEventLog
+    from events.catalog import AnyEvent  # lazy: the child only; the parent need not load the catalog here
+    from services.adapters.eventlog import DuckDbEventLog  # lazy: the child only (DuckDB)
 
     path, fmt = (argv if argv is not None else sys.argv[1:])[:2]
     out = sys.stdout
