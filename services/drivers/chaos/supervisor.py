@@ -317,30 +317,39 @@ class Stack:
         return rcs
 
     async def close(self) -> None:
-        """Stop everything that is still running (idempotent; called from ``finally``)."""
+        """Stop everything that is still running (idempotent; called from ``finally``).
+
+        The child processes are stopped whatever the awaits before them raise: on SIGTERM this
+        runs while ``asyncio.run`` cancels the run's task, so an await here may be cancelled
+        (``CancelledError`` is no ``Exception``), and nothing may be left behind then."""
         self._stop_load.set()
         self._stop_tail.set()
         for t in self._tasks:
             t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(BaseException):
-                await asyncio.wait_for(t, 5)
-        for kind in list(self.procs):
-            self.kill(kind)
-        for proc in self.extra_procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        for proc in self.engine_procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGCONT)  # a stopped worker cannot die of SIGKILL's cleanup
-                proc.kill()
-                proc.wait()
-        if self._http is not None:
-            await self._http.close()
-        for bus in (self.tail_bus, self.bus):
-            if bus is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(bus.close(), 5)
-        if self.cluster is not None:
-            await asyncio.to_thread(self.cluster.stop)
+        try:
+            for t in self._tasks:
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait_for(t, 5)
+        finally:
+            for kind in list(self.procs):
+                self.kill(kind)
+            for proc in self.extra_procs.values():
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            for proc in self.engine_procs.values():
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGCONT)  # a stopped worker cannot die of SIGKILL's cleanup
+                    proc.kill()
+                    proc.wait()
+            try:
+                if self._http is not None:
+                    with contextlib.suppress(Exception):
+                        await self._http.close()
+                for bus in (self.tail_bus, self.bus):
+                    if bus is not None:
+                        with contextlib.suppress(Exception):
+                            await asyncio.wait_for(bus.close(), 5)
+            finally:
+                if self.cluster is not None:
+                    self.cluster.stop()  # in this thread: a cancelled await must not skip it
