@@ -202,12 +202,11 @@ def cmd_bench(args) -> int:
 #: simulation's thread, log level, writes a log). Format ``None`` is the current one
 #: (``services.adapters.eventlog.columnar.FORMAT``, the ``{fmt}`` of the label); ``before`` is the
 #: deliberate old-format baseline: format 1, written in the simulation's thread, as before format 2.
-CALIBRATION_RUNS = {  # label, log format (None: the current), writer, log level, logged
-    "nolog": ("no log", None, "thread", "full", False),
-    "before": ("log v1 inline (before)", "1", "inline", "full", True),
-    "full": ("log v{fmt} full", None, "thread", "full", True),
-    "decisions": ("log v{fmt} decisions", None, "thread", "decisions", True),
-    "process": ("log v{fmt} full, writer process", None, "process", "full", True),
+CALIBRATION_RUNS = {
+    "nolog": ("no log", None, False, "full", False),
+    "before": ("log v1 inline (before)", "1", True, "full", True),
+    "full": ("log v{fmt} full", None, False, "full", True),
+    "decisions": ("log v{fmt} decisions", None, False, "decisions", True),
 }
 DEFAULT_CALIBRATION = Path(__file__).resolve().parents[3] / "shared" / "traces" / "weka-claude-code-calibration"
 
@@ -243,18 +242,16 @@ def _calibration_rows(args, out) -> list[dict]:
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="ei-bench-sim-") as tmp:
         for name in names:
-            label, fmt, writer, level, logged = CALIBRATION_RUNS[name]
+            label, fmt, sync, level, logged = CALIBRATION_RUNS[name]
             label = label.format(fmt=fmt or CURRENT_FORMAT)
             a = argparse.Namespace(**vars(base))
-            a.log_format, a.log_writer, a.log_level = fmt, writer, level
+            a.log_format, a.log_sync, a.log_level = fmt, sync, level
             # the baseline row is the path before format 2 as it was: batches of 20,000 rows
             a.log_batch = 20_000 if name == "before" else None
             log_path = Path(tmp) / f"{name}.duckdb" if logged else None
             _, res = run_one("evolving", a, source, log_path, progress=False)
+            wall, cpu, sim_s = max(1e-9, res.wall_s), max(1e-9, res.cpu_s), res.config.end_s
             st = res.log_stats
-            # a writer process's CPU is the row's too (0 when the writer is a thread of this process)
-            wall, sim_s = max(1e-9, res.wall_s), res.config.end_s
-            cpu = max(1e-9, res.cpu_s + (st.get("log_writer_process_cpu_s", 0.0) if logged else 0.0))
             r = {"nodes": 9, "agents": args.agents, "run": f"calib {label}", "stack": "evolving",
                  "workload": what, "simulated_s": sim_s, "wall_s": wall, "x_real_time": sim_s / wall, "cpu_s": cpu,
                  "x_real_time_cpu": sim_s / cpu, "events": len(res.log), "events_per_s": len(res.log) / wall,
@@ -269,10 +266,8 @@ def _calibration_rows(args, out) -> list[dict]:
                     raise SystemExit(f"error: bench sim: {label}: {st['log_events']} events stored of {len(res.log)}")
             rows.append(r)
             log_txt = (f"; log {st['log_bytes'] / 1e6:.1f} MB ({r['log_bytes_per_sim_hour'] / 1e6:.1f} MB per simulated "
-                       f"hour), writer ({st['log_writer']}) busy {st['log_write_s']:.1f} s ({st['log_write_cpu_s']:.1f} s CPU"
-                       + (f"; the process {st['log_writer_process_cpu_s']:.1f} s CPU, counted in this row's"
-                          if st['log_writer'] == "process" else "")
-                       + f"), close waited {st['log_close_wait_s']:.1f} s"
+                       f"hour), writer busy {st['log_write_s']:.1f} s ({st['log_write_cpu_s']:.1f} s CPU), close waited "
+                       f"{st['log_close_wait_s']:.1f} s"
                        if logged else "")
             print(f"9 nodes, {args.agents} agents, calibration, {label}: {r['x_real_time']:.1f}x real time "
                   f"({sim_s:.0f} s simulated in {wall:.1f} s wall, {cpu:.1f} s CPU; {len(res.log)} events{log_txt}; "

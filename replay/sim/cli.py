@@ -271,9 +271,6 @@ def _add_log_level(p: argparse.ArgumentParser) -> None:
                    help="full (default): every event, what `evolving verify` replays; decisions: the decisions and "
                         "what the tables need (requests, iterations, nodes), no KV facts, ticks or heartbeats "
                         "(replay/sim/simlog.py)")
-    p.add_argument("--log-writer", choices=("thread", "process"), default="thread",
-                   help="who encodes and writes the log: thread (default): a thread of this process; process: a "
-                        "child process, off the simulation's core and GIL (replay/sim/simlog.py)")
 
 
 def register_sim(sub, bench) -> None:
@@ -341,8 +338,7 @@ def register_sim(sub, bench) -> None:
                          "log written; default ../shared/traces/weka-claude-code-calibration; '' skips them)")
     bp.add_argument("--calibration-runs", default="nolog,before,full,decisions",
                     help="calibration rows, comma-separated: nolog, before (log format 1 in the simulation's thread: "
-                         "the path before format 2), full, decisions (the current format, writer thread, --log-level), "
-                         "process (full, the writer a child process: --log-writer process)")
+                         "the path before format 2), full, decisions (the current format, writer thread, --log-level)")
     bp.add_argument("--json", action="store_true", help="the rows as JSON on stdout (progress on stderr)")
     bp.set_defaults(func=cmd_bench, profile=None, start=None, fast=False, json=False, no_progress=True,
                     trace=None, arrivals=None)

@@ -141,8 +141,7 @@ def simulate_partition(stack_name: str, args, partitions: int, index: int, out: 
     source = base if partitions == 1 else PartitionSource(base, pmap, index)
     cfg = partition_config(sim_config(args), pmap, index)
     stack = get_stack(stack_name, start=getattr(args, "start", None))
-    rec = SimLog(out, pmap.names[index], level=(getattr(args, "log_level", None) or "full"),
-                 writer=getattr(args, "log_writer", None) or "thread") if out is not None else None
+    rec = SimLog(out, pmap.names[index], level=(getattr(args, "log_level", None) or "full")) if out is not None else None
     sim = Simulation(run_profile(args), stack, source, cfg, record=rec, keep_log=keep_log)
     t0 = time.perf_counter()
     try:

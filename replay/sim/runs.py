@@ -34,9 +34,9 @@ def run_one(stack_name: str, args, source: SessionSource, out: Path | None, prog
     cfg = sim_config(args)
     stack = get_stack(stack_name, start=getattr(args, "start", None))
     rec = None
-    if out is not None:  # --log-level, --log-writer; bench sim's baseline row: log_format "1", writer "inline"
+    if out is not None:  # --log-level; bench sim's baseline row: log_format "1", written in this thread, 20,000 a batch
         rec = SimLog(out, level=(getattr(args, "log_level", None) or "full"), format=getattr(args, "log_format", None) or FORMAT,
-                     writer=getattr(args, "log_writer", None) or "thread", batch=getattr(args, "log_batch", None) or BATCH,
+                     background=not getattr(args, "log_sync", False), batch=getattr(args, "log_batch", None) or BATCH,
                      config={"driver": "simulator", "stack": stack.describe(), "profile": prof.name,
                               "kv_gpu_tokens": prof.l1_capacity_tokens, "kv_host_tokens": prof.l2_capacity_tokens,
                               "nodes": cfg.nodes, "seed": cfg.seed, "warmup_s": cfg.warmup_s,

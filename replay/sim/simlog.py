@@ -1,25 +1,15 @@
 """The simulator's event log writer: (seq, subject, event) rows batched into a DuckDB file,
-written off the simulation's critical path by a writer process (or thread).
+written by a background thread off the simulation's critical path.
 
 One writer serves a single run (partition ``default``) and each partition of a partitioned run
 (subjects on ``ei.<p>.…``); a file already at the path is replaced.
 
 The simulation only appends ``(seq, subject, event)`` to a list; every ``batch`` rows the list
-is handed to the writer through a bounded queue (``queue_batches`` deep: a simulation that
-outruns its writer waits rather than holding the whole run in memory). The writer encodes and
-appends it (``DuckDbEventLog.append``: Arrow tables, every block hash stored once).
-
-``writer``: ``"thread"`` (the default) encodes and appends in a thread of this process;
-``"process"`` in a child process that owns the DuckDB file (:mod:`replay.sim.logwriter`): the
-simulation's thread then only packs each batch with msgpack, and the encoding, which is half
-GIL-bound Python and NumPy, runs on another core. Measured on this 2-core machine the two cost
-the simulation's wall alike (the process a little more, and ~1 CPU s more per 6 simulated
-minutes: decoding, its start), so the thread stays the default (docs/simulator.md §8, "The log
-writer's batches, and a writer process"). ``"inline"``: in the caller's thread (``bench sim``'s
-baseline row).
-:meth:`SimLog.close` flushes, waits for the writer and checks that every row handed to it was
-stored (a lost row, a writer that failed or a writer process that died raises
-:class:`EventLogError`; a failure the writer reports earlier is raised at the next batch).
+goes to a bounded queue (``queue_batches`` deep: a simulation that outruns its writer waits
+rather than holding the whole run in memory) and a writer thread encodes and appends it
+(``DuckDbEventLog.append``: Arrow tables, every block hash stored once; DuckDB's insert runs
+without the GIL). :meth:`SimLog.close` flushes, waits for the writer and checks that every row
+handed to it was stored (a lost row, or a writer that failed, raises :class:`EventLogError`).
 
 ``level`` (``--log-level``): ``full`` records every event (what ``evolving verify`` replays);
 ``decisions`` keeps the decisions and what the run's tables need (:data:`DECISION_LEVEL_TYPES`:
@@ -38,7 +28,6 @@ from pathlib import Path
 from events.catalog import EVENT_TYPES
 from events.subjects import DEFAULT_PARTITION, subject_for
 from replay.sim.figures import METRIC_TYPES
-from replay.sim.logwriter import WriterProcess
 from services.adapters.eventlog import DuckDbEventLog, EventLogError
 from services.adapters.eventlog.columnar import FORMAT
 
@@ -47,7 +36,6 @@ from services.adapters.eventlog.columnar import FORMAT
 DECISION_LEVEL_TYPES = frozenset({"RouteDecided", "PlanEvaluated", "RoleSwitchOrdered", "ModelFitted", "SwitchRole",
                                   "RoleSwitched", "AnomalyReported", "NodeRemoved"}) | METRIC_TYPES
 LOG_LEVELS = ("full", "decisions")
-WRITERS = ("process", "thread", "inline")
 
 #: Rows per batch handed to the writer. Small enough that the writer works while the simulation
 #: runs (at 20,000, a 6-minute calibration run was one batch, written after its last event) and
@@ -60,51 +48,36 @@ BATCH = 2048
 
 class SimLog:
     """Called with ``(seq, event)`` for every event; hands a batch to the writer every ``batch``
-    rows and on close. ``writer``: see the module docstring (``background=False`` is
-    ``writer="inline"``); ``format="1"`` writes the previous storage format (``bench sim``'s
-    baseline row)."""
+    rows and on close. ``background=False`` writes in the caller's thread (the previous path);
+    ``format="1"`` writes the previous storage format (``bench sim``'s baseline row)."""
 
     def __init__(self, path: Path, partition: str = DEFAULT_PARTITION, config: dict | None = None,
                  batch: int = BATCH, *, level: str = "full", background: bool = True, format: str = FORMAT,
-                 queue_batches: int = 4, writer: str = "thread") -> None:
+                 queue_batches: int = 4) -> None:
         if level not in LOG_LEVELS:
             raise ValueError(f"log level {level!r}: expected one of {', '.join(LOG_LEVELS)}")
-        if writer not in WRITERS:
-            raise ValueError(f"log writer {writer!r}: expected one of {', '.join(WRITERS)}")
-        if not background:
-            writer = "inline"
-        path = Path(path)
         if path.exists():
             path.unlink()
         wal = Path(str(path) + ".wal")
         if wal.exists():
             wal.unlink()
         self.path = path
-        self.format = format
-        self.writer = writer
-        cfg = None if config is None else {**config, "log_level": level}
+        self.log = DuckDbEventLog(str(path), format=format)
+        if config is not None:
+            self.log.set_run_config({**config, "log_level": level})
         self.level = level
         self._keep = None if level == "full" else frozenset(t for t in EVENT_TYPES
                                                             if t.__name__ in DECISION_LEVEL_TYPES)
         self.partition, self.batch, self.rows = partition, batch, []
         self.offered = 0  # rows handed to the writer
         self.stored = 0  # rows the log stored
-        self.write_s = 0.0  # writer busy time (decoding, encoding + DuckDB), wall
+        self.write_s = 0.0  # writer busy time (encoding + DuckDB), wall
         self.write_cpu_s = 0.0  # the writing thread's own CPU time for it
-        self.writer_cpu_s = 0.0  # the writer process's whole CPU (start, imports, DuckDB's threads); 0 in-process
         self.close_wait_s = 0.0  # how long close() waited for the writer (after the last event)
-        self._error: BaseException | str | None = None
+        self._error: BaseException | None = None
         self._queue: queue.Queue | None = None
         self._thread: threading.Thread | None = None
-        self._proc: WriterProcess | None = None
-        self.log: DuckDbEventLog | None = None
-        if writer == "process":
-            self._proc = WriterProcess(str(path), format, cfg, queue_batches)
-            return
-        self.log = DuckDbEventLog(str(path), format=format)
-        if cfg is not None:
-            self.log.set_run_config(cfg)
-        if writer == "thread":
+        if background:
             self._queue = queue.Queue(maxsize=queue_batches)
             self._thread = threading.Thread(target=self._drain, name=f"simlog-{path.name}", daemon=True)
             self._thread.start()
@@ -121,24 +94,12 @@ class SimLog:
             return
         rows, self.rows = self.rows, []
         self.offered += len(rows)
-        if self.writer == "inline":
+        if self._queue is None:
             self._write(rows)
             return
-        self._raise_if_failed()
-        if self._proc is not None:
-            try:
-                self._proc.put(rows)
-            except RuntimeError as exc:  # it died: a full queue would never drain
-                raise EventLogError(f"{self.path}: {exc}") from None
-        else:
-            self._queue.put(rows)
-
-    def _raise_if_failed(self) -> None:
-        if self._proc is not None and self._error is None:
-            self._error = self._proc.error()  # the writer process reports a failure as soon as it has one
         if self._error is not None:
-            raise EventLogError(f"{self.path}: the log writer failed: {self._error}") from (
-                self._error if isinstance(self._error, BaseException) else None)
+            raise EventLogError(f"{self.path}: the log writer failed: {self._error}") from self._error
+        self._queue.put(rows)
 
     def _write(self, rows: list) -> None:
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -163,40 +124,24 @@ class SimLog:
         """Flush, wait for the writer, check that every row was stored, close the file."""
         t0 = time.perf_counter()
         try:
-            try:
-                self.flush()
-            finally:
-                if self._proc is not None:
-                    self._close_process()
-                elif self._thread is not None:
-                    self._queue.put(None)
-                    self._thread.join()
+            self.flush()
+            if self._thread is not None:
+                self._queue.put(None)
+                self._thread.join()
             self.close_wait_s = time.perf_counter() - t0
-            self._raise_if_failed()
+            if self._error is not None:
+                raise EventLogError(f"{self.path}: the log writer failed: {self._error}") from self._error
             if self.stored != self.offered:
                 raise EventLogError(f"{self.path}: {self.offered} events handed to the log, {self.stored} stored")
         finally:
-            if self.log is not None:
-                self.log.close()
-
-    def _close_process(self) -> None:
-        """The end frame, then the writer's final report (its counts), then its exit."""
-        res, self._proc = self._proc.close(), None  # closed: nothing more to poll
-        if res.get("error"):
-            self._error = self._error or res["error"]
-        if res.get("final"):
-            self.stored, self.write_s, self.write_cpu_s = res["stored"], res["write_s"], res["write_cpu_s"]
-            self.writer_cpu_s = res["process_cpu_s"]
+            self.log.close()
 
     def stats(self) -> dict:
         """What writing cost: rows, writer busy time (wall, and the writing thread's CPU: DuckDB's
-        own worker threads not counted), the writer process's whole CPU (0 when the writer is in
-        this process: its CPU is this process's), the wait at close, the file's bytes."""
+    own worker threads not counted), the wait at close, the file's bytes."""
         size = self.path.stat().st_size if self.path.exists() else 0
         wal = Path(str(self.path) + ".wal")
         return {"log_events": self.stored, "log_write_s": self.write_s, "log_write_cpu_s": self.write_cpu_s,
-                "log_writer_process_cpu_s": self.writer_cpu_s, "log_writer": self.writer,
                 "log_close_wait_s": self.close_wait_s,
                 "log_bytes": size + (wal.stat().st_size if wal.exists() else 0), "log_level": self.level,
-                "log_format": self.format}
-
+                "log_format": self.log.format}
