@@ -132,7 +132,7 @@ def cmd_bench(args) -> int:
             a = argparse.Namespace(**vars(base))
             a.fast, a.two_directories = fast, two
             gen0, gcpu0 = source.make_s, source.make_cpu_s
-            _, res = run_one(stack, a, source, None, progress=False)
+            _, res = run_one(stack, a, source, None, progress=False, keep_log=True)  # the digest
             gen, gen_cpu = source.make_s - gen0, source.make_cpu_s - gcpu0
             wall = max(1e-9, res.wall_s - gen)  # session generation reported apart
             cpu = max(1e-9, res.cpu_s - gen_cpu)
@@ -249,7 +249,7 @@ def _calibration_rows(args, out) -> list[dict]:
             # the baseline row is the path before format 2 as it was: batches of 20,000 rows
             a.log_batch = 20_000 if name == "before" else None
             log_path = Path(tmp) / f"{name}.duckdb" if logged else None
-            _, res = run_one("evolving", a, source, log_path, progress=False)
+            _, res = run_one("evolving", a, source, log_path, progress=False, keep_log=True)  # the digest
             wall, cpu, sim_s = max(1e-9, res.wall_s), max(1e-9, res.cpu_s), res.config.end_s
             st = res.log_stats
             r = {"nodes": 9, "agents": args.agents, "run": f"calib {label}", "stack": "evolving",

@@ -133,7 +133,7 @@ def _cmd_replay(args) -> int:
     c = Console()
     print_table([m], title=f"{args.stack} on {what}, {args.nodes} nodes", console=c)
     c.print(f"simulated {res.config.end_s:.0f} s in {res.wall_s:.1f} s wall "
-            f"({res.config.end_s / max(res.wall_s, 1e-9):.0f}x real time); {len(res.log)} events"
+            f"({res.config.end_s / max(res.wall_s, 1e-9):.0f}x real time); {res.events} events"
             + (f"; event log: {out}" if out else ""))
     return 0
 

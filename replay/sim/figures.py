@@ -349,6 +349,26 @@ def _fold(log: Iterable[Event], warmup_s: float, end_s: float) -> _Fold:
     return f
 
 
+class MetricsFold:
+    """:func:`compute_metrics` one event at a time, as a run emits them (``Simulation(observe=)``),
+    so a run need not keep its whole log in memory for the figures: ``fold(e)`` per event in log
+    order, then ``fold.metrics(stack)`` gives what ``compute_metrics(log, ...)`` gives."""
+
+    __slots__ = ("_f", "_steps")
+
+    def __init__(self, warmup_s: float, end_s: float) -> None:
+        self._f = _Fold(warmup_s, end_s)
+        self._steps = _ALL_STEPS
+
+    def __call__(self, e: Event) -> None:
+        step = self._steps.get(type(e))
+        if step is not None:
+            step(self._f, e)
+
+    def metrics(self, stack: str = "") -> RunMetrics:
+        return _metrics(self._f, stack)
+
+
 def _next_turn(m: RunMetrics, f: _Fold) -> None:
     nt = f.nt
     m.continuations = len(nt.ttft)
@@ -471,8 +491,11 @@ def split_figures(log: Iterable[Event], warmup_s: float, end_s: float) -> dict:
 
 def compute_metrics(log: Iterable[Event], warmup_s: float, end_s: float, stack: str = "") -> RunMetrics:
     """One pass over ``log`` (see the module docstring for every definition), then the figures."""
-    m = RunMetrics(stack=stack, window_s=end_s - warmup_s)
-    f = _fold(log, warmup_s, end_s)
+    return _metrics(_fold(log, warmup_s, end_s), stack)
+
+
+def _metrics(f: _Fold, stack: str) -> RunMetrics:
+    m = RunMetrics(stack=stack, window_s=f.end_s - f.warmup_s)
     _latencies(m, f)
     _kv_reuse_and_waits(m, f)
     _splits(m, f)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from replay.sim.figures import RunMetrics, compute_metrics
+from replay.sim.figures import MetricsFold, RunMetrics
 from replay.sim.inputs import run_profile, sim_config
 from replay.sim.partitioned import run_partitioned
 from replay.sim.simlog import BATCH, SimLog
@@ -27,7 +27,11 @@ from services.adapters.eventlog.columnar import FORMAT
 
 
 def run_one(stack_name: str, args, source: SessionSource, out: Path | None, progress: bool = True,
-            keep_log: bool = True) -> tuple[RunMetrics, object]:
+            keep_log: bool = False) -> tuple[RunMetrics, object]:
+    """One run: its figures (folded as the events are emitted, :class:`MetricsFold`) and its
+    :class:`RunResult`. ``keep_log``: also keep every event in ``res.log`` (``bench sim``'s digest);
+    otherwise the run holds no event past its fold and its log writer's batch, which is what
+    bounds a long run's memory (an OSWorld-like row kept ~9 GB of events by its 64th minute)."""
     if getattr(args, "partitions", 1) > 1:  # one process per partition, merged log (replay/sim/partitioned.py)
         return run_partitioned(stack_name, args, out, progress=progress)
     prof = run_profile(args)
@@ -42,7 +46,8 @@ def run_one(stack_name: str, args, source: SessionSource, out: Path | None, prog
                               "nodes": cfg.nodes, "seed": cfg.seed, "warmup_s": cfg.warmup_s,
                               "duration_s": cfg.duration_s, "agents": cfg.agents,
                               "arrivals_per_min": cfg.arrivals_per_min, **stack.core_config(prof, cfg)})
-    sim = Simulation(prof, stack, source, cfg, record=rec, keep_log=True)
+    fold = MetricsFold(cfg.warmup_s, cfg.end_s)
+    sim = Simulation(prof, stack, source, cfg, record=rec, keep_log=keep_log, observe=fold)
     t0, c0 = time.perf_counter(), time.process_time()
     bar = None
     if progress:
@@ -71,7 +76,7 @@ def run_one(stack_name: str, args, source: SessionSource, out: Path | None, prog
     res.cpu_s = time.process_time() - c0
     if rec is not None:
         res.log_stats = rec.stats()
-    m = compute_metrics(res.log, cfg.warmup_s, cfg.end_s, stack.name)
+    m = fold.metrics(stack.name)
     m.unfinished = len(res.unfinished)
     return m, res
 

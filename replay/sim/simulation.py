@@ -121,7 +121,7 @@ class SimConfig:
 class RunResult:
     stack: str
     config: SimConfig
-    log: list[Event]
+    log: list[Event]  # every event, in order: empty unless the run kept its log (``keep_log``)
     submitted: int
     finished: int
     unfinished: list[str]
@@ -130,13 +130,15 @@ class RunResult:
     wall_s: float = 0.0
     cpu_s: float = 0.0  # this process's CPU time for the run (set by the driver, like wall_s)
     log_stats: dict = field(default_factory=dict)  # the event log writer's figures (replay/sim/simlog.py)
+    events: int = 0  # events emitted (the log's length, kept or not)
 
 
 class Simulation:
     """One run of one stack on one workload (see the module docstring)."""
 
     def __init__(self, profile: Profile, stack, sessions: Sequence[Session] | SessionSource, config: SimConfig,
-                 record: Callable[[int, Event], None] | None = None, keep_log: bool = True) -> None:
+                 record: Callable[[int, Event], None] | None = None, keep_log: bool = True,
+                 observe: Callable[[Event], None] | None = None) -> None:
         self.source = sessions if isinstance(sessions, SessionSource) else SessionSource(list(sessions))
         self.p = profile
         self.stack = stack
@@ -148,6 +150,7 @@ class Simulation:
         self.keep_log = keep_log
         self.seq = 0
         self.record = record
+        self.observe = observe  # e.g. the run's metrics folded as it goes (replay/sim/runs.py)
         ids = ([NodeId(x) for x in config.node_ids] if config.node_ids
                else [NodeId(f"n{i:02d}") for i in range(config.nodes)])
         roles = stack.initial_roles(config.nodes)
@@ -216,6 +219,8 @@ class Simulation:
             self.log.append(e)
         if self.record is not None:
             self.record(self.seq, e)
+        if self.observe is not None:
+            self.observe(e)
         if self._shared is not None and type(e) is RequestSubmitted:
             outs = self._apply_submission(e)
         else:
@@ -407,7 +412,7 @@ class Simulation:
         anomalies = self.directory.anomalies() if self.cfg.directory_core else {}
         return RunResult(stack=self.stack.name, config=self.cfg, log=self.log, submitted=self.submitted,
                          finished=self.finished, unfinished=unfinished, nodes=list(self.nodes.values()),
-                         anomalies=anomalies)
+                         anomalies=anomalies, events=self.seq)
 
 
 class _RouterDirectory:

@@ -23,7 +23,7 @@ from events.catalog import (
     RoleSwitched,
 )
 from events.subjects import subject_for
-from replay.sim.figures import METRIC_TYPES, compute_metrics
+from replay.sim.figures import METRIC_TYPES, MetricsFold, compute_metrics
 from replay.sim.simulation import SessionSource, SimConfig, Simulation, _salt_blocks
 from replay.sim.stacks import get_stack
 from replay.traces.workloads import generate
@@ -167,6 +167,25 @@ def test_metrics_need_only_the_metric_types(evolving_run, tmp_path):
     assert msgspec.json.encode(some.summary()) == msgspec.json.encode(every.summary())
     assert some.ttft_s == every.ttft_s and some.finished > 0
     assert {type(ev).__name__ for ev in evolving_run.log} - METRIC_TYPES  # the filter does drop events
+
+
+def test_metrics_folded_as_the_run_goes_equal_the_kept_logs(evolving_run):
+    """``MetricsFold`` fed by ``Simulation(observe=)`` (what ``run_one`` does, keeping no log)
+    gives the figures ``compute_metrics`` gives over the same run's kept log, to the last digit;
+    and a run that keeps no log holds none."""
+    cfg = evolving_run.config
+    sessions = generate("cc", seed=1, agents=32)
+    fold = MetricsFold(cfg.warmup_s, cfg.end_s)
+    kept = Simulation(SMALL, get_stack("evolving"), sessions, cfg, observe=fold).run()
+    fold2 = MetricsFold(cfg.warmup_s, cfg.end_s)
+    bare = Simulation(SMALL, get_stack("evolving"), generate("cc", seed=1, agents=32), cfg, keep_log=False,
+                      observe=fold2).run()
+    whole = compute_metrics(kept.log, cfg.warmup_s, cfg.end_s, "evolving")
+    assert whole.finished > 0 and whole.kv_hit_actual > 0  # the figures compared are not all zero
+    for online in (fold.metrics("evolving"), fold2.metrics("evolving")):
+        assert msgspec.json.encode(online.summary()) == msgspec.json.encode(whole.summary())
+        assert online.ttft_s == whole.ttft_s and online.e2e_s == whole.e2e_s
+    assert bare.log == [] and bare.events == kept.events == len(kept.log)
 
 
 def test_session_pool_cycles_with_fresh_block_hashes():
