@@ -47,7 +47,7 @@ from itertools import islice
 
 import numpy as np
 
-from engine.kvpool import KvPool
+from engine.kvpool import BlockSet, KvPool
 from events.catalog import (
     BranchEnded,
     BranchOpened,
@@ -150,7 +150,7 @@ class _Fold:
     submitted: int = 0  # submitted inside the measured window
     finished: int = 0  # of those, finished without error
     finished_in_window: int = 0  # any request finished between warm-up end and end
-    seen: set[int] = field(default_factory=set)  # every prompt block submitted so far
+    seen: BlockSet = field(default_factory=BlockSet)  # every prompt block submitted so far (uint64 set: an OSWorld-like hour submits ~10M)
     sub: dict[str, tuple[float, int, int, bool]] = field(default_factory=dict)  # ts, prompt, ideal, measured
     first: dict[str, float] = field(default_factory=dict)
     done: set[str] = field(default_factory=set)
