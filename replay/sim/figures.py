@@ -340,13 +340,10 @@ _ALL_STEPS = {**_STEPS, **_KV_STEPS}
 
 
 def _fold(log: Iterable[Event], warmup_s: float, end_s: float) -> _Fold:
-    f = _Fold(warmup_s, end_s)
-    steps = _ALL_STEPS
+    fold = MetricsFold(warmup_s, end_s)
     for e in log:
-        step = steps.get(type(e))
-        if step is not None:
-            step(f, e)
-    return f
+        fold(e)
+    return fold.state
 
 
 class MetricsFold:
@@ -364,6 +361,10 @@ class MetricsFold:
         step = self._steps.get(type(e))
         if step is not None:
             step(self._f, e)
+
+    @property
+    def state(self) -> _Fold:
+        return self._f
 
     def metrics(self, stack: str = "") -> RunMetrics:
         return _metrics(self._f, stack)
