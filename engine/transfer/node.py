@@ -28,6 +28,7 @@ import msgspec
 import torch
 
 from engine.transfer.base import PoolDescriptor, TransferError
+from engine.transfer.exit import exit_process
 from engine.transfer.factory import BACKENDS, make_transfer
 from kernels.checksum import block_checksums
 from kernels.layout import KvLayout, KvLayoutError
@@ -128,4 +129,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())  # engine/transfer/exit.py: Mooncake's teardown can abort

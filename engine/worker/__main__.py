@@ -21,6 +21,7 @@ from engine.backends.vllm.backend import VllmBackend
 from engine.backends.vllm.backend import config_from_args as vllm_config_from_args
 from engine.profiles import load_profile
 from engine.transfer import TransferError
+from engine.transfer.exit import exit_process
 from engine.worker.loop import BACKENDS, ROLES, EngineWorker
 from engine.worker.publish import _retryable
 from kernels.layout import KvLayoutError
@@ -227,4 +228,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())  # engine/transfer/exit.py: Mooncake's teardown can abort

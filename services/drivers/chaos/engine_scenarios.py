@@ -26,11 +26,14 @@ from services.drivers.chaos.recovery import recover
 from services.drivers.chaos.supervisor import Stack
 
 
-def _in_flight(stack: Stack, node: str, phase: str) -> set[str]:
-    """Requests the harness's copy of the stream shows running ``phase`` on ``node`` now: a
-    prefill started without its first token, a decode started without its end."""
+def _in_flight(stack: Stack, node: str, phase: str, upto: int | None = None) -> set[str]:
+    """Requests the harness's copy of the stream (its first ``upto`` deliveries, default all)
+    shows running ``phase`` on ``node``: a prefill started without its first token, a decode
+    started without its end."""
+    upto = len(stack.tail.deliveries) if upto is None else upto
     started: set[str] = set()
-    for d in stack.tail.deliveries[-4000:]:  # what runs now started recently (and the scan stays cheap)
+    # what runs now started recently (and the scan stays cheap)
+    for d in stack.tail.deliveries[max(0, upto - 4000):upto]:
         ev, t = d.event, type(d.event)
         if t is RequestStarted and ev.node == node and ev.phase == phase:
             started.add(ev.request)
@@ -82,10 +85,14 @@ def kill_engine(phase: str) -> Callable[[Stack, ScenarioResult], Awaitable[None]
 
         with contextlib.suppress(TimeoutError):  # under little load: kill it anyway
             await stack.wait(busy, 20, f"a request in {phase} on {node}", every_s=0.05)
-        victims = _in_flight(stack, node, phase)
+        # the victims are what the copy shows up to ``mark``, and their ends are looked for from
+        # ``mark`` on: the tail reads on while this awaits the head, so a victim's end read
+        # meanwhile fell before a mark taken after the await, and the victim "never ended"
+        # (kill-engine-decode in CI at 606 s: 1 never ended, yet no request of the run hung)
+        mark = len(stack.tail.deliveries)
+        victims = _in_flight(stack, node, phase, mark)
         role = _role_of(stack, node)
         head = await stack.bus.last_seq()
-        mark = len(stack.tail.deliveries)
         t = time.monotonic()
         stack.kill_engine(node)
         stack.spawn_engine(node, role)

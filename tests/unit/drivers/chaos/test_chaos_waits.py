@@ -13,6 +13,7 @@ from events.catalog import (
     FirstToken,
     NodeHeartbeat,
     NodeRegistered,
+    NodeRemoved,
     RequestFinished,
     RequestStarted,
     RequestSubmitted,
@@ -187,3 +188,83 @@ async def test_the_stack_waits_for_every_worker_to_register(tmp_path):
     assert not await stack.all_registered()  # d1 still loading its model: no fault yet
     stack.tail.add(NodeRegistered(ts=1.0, src="d1", node="d1", role="decode"))
     assert await stack.all_registered()
+
+
+class _KillStack(_Stack):
+    """What ``kill_engine`` uses of the stack. The tail reads on while the scenario awaits the
+    bus (as the real one does): ``on_last_seq`` is what it reads then."""
+
+    kv_bytes = False
+
+    def __init__(self, on_last_seq=()) -> None:
+        super().__init__(rate=10.0)
+        self.load.paused = False
+        self.on_last_seq, self.killed = list(on_last_seq), []
+        outer = self
+
+        class _Bus:
+            async def last_seq(self) -> int:
+                outer.tail.add(*outer.on_last_seq)
+                outer.on_last_seq = []
+                return len(outer.tail.deliveries)
+
+        self.bus = _Bus()
+
+    async def wait(self, pred, timeout_s, what, every_s=0.1):
+        await super().wait(pred, timeout_s, what, every_s)
+        return asyncio.get_running_loop().time()  # the real one's: the time it held
+
+    def kill_engine(self, node: str) -> None:
+        self.killed.append(node)
+
+    def spawn_engine(self, node: str, role: str) -> None:  # the restarted worker's first words
+        self.tail.add(NodeRemoved(ts=9.0, src=node, node=node, reason="restarted"),
+                      NodeRegistered(ts=9.0, src=node, node=node, role=role))
+
+    async def caught_up(self, head: int) -> bool:
+        return True
+
+    async def decided_since(self, t: float) -> bool:
+        return True
+
+
+def _decoding_on_d0(stack: _KillStack, request: str) -> None:
+    stack.tail.add(NodeRegistered(ts=1.0, src="d0", node="d0", role="decode"),
+                   RequestStarted(ts=2.0, src="d0", request=request, node="d0", phase="decode"))
+
+
+@pytest.mark.asyncio
+async def test_a_victim_that_ends_while_the_scenario_awaits_the_head_counts_as_ended():
+    """CI (606 s): kill-engine-decode reported "1 never ended" while no request of the run hung.
+    The victim's end was read by the tail during ``await bus.last_seq()``, before a mark taken
+    after that await; the ends are looked for from the mark on."""
+    from services.drivers.chaos.accounting import ScenarioResult
+    from services.drivers.chaos.engine_scenarios import kill_engine
+
+    stack = _KillStack(on_last_seq=[RequestFinished(ts=3.0, src="d0", request="r1", node="d0", output_tokens=4)])
+    _decoding_on_d0(stack, "r1")
+    res = ScenarioResult("kill-engine-decode", "")
+    await kill_engine("decode")(stack, res)
+    assert stack.killed == ["d0"] and not stack.load.paused
+    assert res.survived, res.detail
+    assert "1 requests in decode: 1 re-routed and finished, 0 failed with an error, 0 never ended" in res.detail
+
+
+@pytest.mark.asyncio
+async def test_a_victim_that_never_ends_is_reported_so():
+    """The same wait without the end: the row fails and says so (the wait stops when its
+    deadline passes, shortened here through the stack's ``wait``)."""
+    from services.drivers.chaos.accounting import ScenarioResult
+    from services.drivers.chaos.engine_scenarios import kill_engine
+
+    stack = _KillStack()
+    _decoding_on_d0(stack, "r1")
+    real_wait = stack.wait
+
+    async def short_wait(pred, timeout_s, what, every_s=0.1):
+        return await real_wait(pred, min(timeout_s, 0.3), what, every_s=0.01)
+
+    stack.wait = short_wait
+    res = ScenarioResult("kill-engine-decode", "")
+    await kill_engine("decode")(stack, res)
+    assert not res.survived and "1 never ended" in res.detail
