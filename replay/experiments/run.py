@@ -291,8 +291,24 @@ def run_matrix(exps: list[Experiment], out_dir: Path, console, *,
                 r = futures[key].result()
                 r.run = run
             done[key] = r
-        console.print(_row_line(f"[{index[id(run)]}/{total}] ", exp, r))
+        if id(run) not in announced:
+            console.print(_row_line(f"[{index[id(run)]}/{total}] ", exp, r))
         return r
+
+    announced: set[int] = set()  # rows whose line was printed when their worker finished
+
+    def announce() -> None:
+        """A row's line as soon as its worker finishes, not only when its whole experiment is
+        reported (a 5-row experiment at 2 workers printed nothing for hours)."""
+        for exp, run, _log, key in plan:
+            fut = futures.get(key)
+            if (id(run) in announced or fut is None or not fut.done() or fut.cancelled()
+                    or fut.exception() is not None or first[key][0] != _log):
+                continue
+            r = fut.result()
+            r.run = run
+            console.print(_row_line(f"[{index[id(run)]}/{total}] ", exp, r))
+            announced.add(id(run))
 
     def ready(exp: Experiment) -> bool:
         return pool is None or all(k not in futures or futures[k].done() for e, _r, _l, k in plan if e is exp)
@@ -304,6 +320,7 @@ def run_matrix(exps: list[Experiment], out_dir: Path, console, *,
             exp = next((e for e in pending if ready(e)), None)
             if exp is None:
                 wait([f for f in futures.values() if not f.done()], return_when=FIRST_COMPLETED)
+                announce()
                 continue
             pending.remove(exp)
             results = [row(e, run, log, key) for e, run, log, key in plan if e is exp]

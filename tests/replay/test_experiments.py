@@ -65,6 +65,9 @@ def test_the_whole_tiny_matrix_runs_in_worker_processes_and_identical_rows_run_o
     assert all(r.argv[r.argv.index("--trace") + 1] == str(CALIBRATION_BUNDLED) and PRESSURE_PROFILE in r.argv
                and "agent" in r.argv for r in calib.runs)
     assert [r["status"] for r in runs] == ["ok"] * 32
+    # each row's line once: printed when its worker finished, or when its experiment was reported
+    tags = re.findall(r"\[(\d+)/32\] ", text)
+    assert sorted(map(int, tags)) == list(range(1, 33)), tags
     for r in runs:  # one real event log per simulation
         con = duckdb.connect(r["log"], read_only=True)
         try:
