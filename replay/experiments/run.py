@@ -293,6 +293,7 @@ def run_matrix(exps: list[Experiment], out_dir: Path, console, *,
             done[key] = r
         if id(run) not in announced:
             console.print(_row_line(f"[{index[id(run)]}/{total}] ", exp, r))
+            announced.add(id(run))
         return r
 
     announced: set[int] = set()  # rows whose line was printed when their worker finished
