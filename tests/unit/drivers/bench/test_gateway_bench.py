@@ -43,3 +43,25 @@ def test_the_split_sums_to_the_ttft_and_the_overhead_excludes_the_engine(tmp_pat
          "load_avg": [1, 1, 1], "cpus": 2, "rows": [row], "target_p99_ms": 10.0, "worst_paired_p99_ms": 3.5,
          "meets_target": True, "n_errors": 0}
     assert "paired overhead" in format_report(r) and "met" in format_report(r)
+
+
+def test_process_cpu_is_read_finer_than_a_clock_tick():
+    """CI read 0.0 ms of gateway CPU for a 4-request phase: /proc/PID/stat counts in 10 ms ticks.
+    The threads' schedstat nanoseconds see 2 ms of work."""
+    import os
+    import time
+    from pathlib import Path
+
+    import pytest
+
+    from services.drivers.bench.gateway import _proc_cpu_s
+
+    if not Path(f"/proc/{os.getpid()}/task/{os.getpid()}/schedstat").exists():
+        pytest.skip("this kernel has no /proc/PID/task/TID/schedstat: the tick count is all there is")
+    c0 = _proc_cpu_s(os.getpid())
+    t = time.process_time()
+    while time.process_time() - t < 0.002:
+        pass
+    used = _proc_cpu_s(os.getpid()) - c0
+    assert 0.0015 < used < 1.0, used
+    assert _proc_cpu_s(2**22 + 12345) != _proc_cpu_s(2**22 + 12345)  # no such process: NaN
