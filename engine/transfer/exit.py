@@ -1,4 +1,4 @@
-"""Leaving a process that made a Mooncake transfer engine.
+"""Leaving a process that imported Mooncake's transfer engine.
 
 The Mooncake wheel (``mooncake-transfer-engine-non-cuda`` 0.3.13) sometimes aborts the
 interpreter's teardown: ``terminate called without an active exception`` (a ``std::thread``
@@ -10,9 +10,9 @@ cores (0 of 180 in the same loops through :func:`exit_process`), 0 of 30 on an i
 returned. CI saw it once in
 ``tests/integration/test_transfer_mooncake.py`` ("a node did not quit cleanly").
 
-:func:`exit_process` flushes what the process wrote and ends it with ``os._exit`` when a
-Mooncake engine was made in it (the kernel closes its sockets; nothing of ours runs at exit),
-and with ``sys.exit`` otherwise. Only a ``__main__`` calls it: never code that runs inside a
+:func:`exit_process` flushes what the process wrote and ends it with ``os._exit`` when
+Mooncake's engine module was imported in it (the kernel closes its sockets; nothing of ours
+runs at exit), and with ``sys.exit`` otherwise. Only a ``__main__`` calls it: never code that runs inside a
 test process.
 """
 
@@ -25,8 +25,7 @@ from typing import NoReturn
 
 
 def exit_process(rc: int) -> NoReturn:
-    backend = sys.modules.get("engine.transfer.mooncake.backend")
-    if backend is None or not backend.engines_made():
+    if "mooncake.engine" not in sys.modules:
         sys.exit(rc)
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):

@@ -291,25 +291,27 @@ def run_matrix(exps: list[Experiment], out_dir: Path, console, *,
                 r = futures[key].result()
                 r.run = run
             done[key] = r
+        say(exp, run, r)
+        return r
+
+    announced: set[int] = set()  # rows whose line is printed (each once)
+
+    def say(exp: Experiment, run: Run, r: Result) -> None:
         if id(run) not in announced:
             console.print(_row_line(f"[{index[id(run)]}/{total}] ", exp, r))
             announced.add(id(run))
-        return r
-
-    announced: set[int] = set()  # rows whose line was printed when their worker finished
 
     def announce() -> None:
         """A row's line as soon as its worker finishes, not only when its whole experiment is
         reported (a 5-row experiment at 2 workers printed nothing for hours)."""
-        for exp, run, _log, key in plan:
+        for exp, run, log, key in plan:
             fut = futures.get(key)
-            if (id(run) in announced or fut is None or not fut.done() or fut.cancelled()
-                    or fut.exception() is not None or first[key][0] != _log):
+            if fut is None or not fut.done() or fut.cancelled() or fut.exception() is not None \
+                    or first[key][0] != log:
                 continue
             r = fut.result()
             r.run = run
-            console.print(_row_line(f"[{index[id(run)]}/{total}] ", exp, r))
-            announced.add(id(run))
+            say(exp, run, r)
 
     def ready(exp: Experiment) -> bool:
         return pool is None or all(k not in futures or futures[k].done() for e, _r, _l, k in plan if e is exp)

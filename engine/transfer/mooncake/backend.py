@@ -48,14 +48,6 @@ def _import_engine():
     return TransferEngine
 
 
-#: Mooncake engines made in this process (:func:`engine.transfer.exit.exit_process` reads it)
-_ENGINES_MADE = 0
-
-
-def engines_made() -> int:
-    return _ENGINES_MADE
-
-
 def mooncake_available() -> tuple[bool, str]:
     """Whether the Mooncake engine imports here, and if not, why (for test skip reasons)."""
     try:
@@ -72,9 +64,7 @@ class MooncakeTransfer(ReadWriteByTransfer):
         engine_cls = _import_engine()
         self.host = host
         self.protocol = protocol
-        global _ENGINES_MADE
         self.engine = engine_cls()
-        _ENGINES_MADE += 1
         rc = self.engine.initialize(host, "P2PHANDSHAKE", protocol, device)
         if rc != 0:
             raise TransferError(f"Mooncake initialize({host}, P2PHANDSHAKE, {protocol}) returned {rc}")

@@ -471,7 +471,9 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _proc_cpu_s(pid: int) -> float:
-    """CPU seconds process ``pid`` has used (see ``Bench.cpu_s``); NaN when it is gone."""
+    """CPU seconds process ``pid`` has used (see ``Bench.cpu_s``); NaN when it is gone. The
+    schedstat sum covers the threads alive now: one that exits between two readings takes its
+    time with it (the gateway's and router's threads live as long as they do)."""
     try:
         tasks = list(Path(f"/proc/{pid}/task").iterdir())
         return sum(int((t / "schedstat").read_text().split()[0]) for t in tasks) / 1e9
@@ -482,4 +484,3 @@ def _proc_cpu_s(pid: int) -> float:
         return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return float("nan")
-
