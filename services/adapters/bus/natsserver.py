@@ -54,6 +54,15 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+#: starts tried when a picked port turns out taken by the time nats-server binds it
+PORT_TRIES = 4
+
+
+def port_taken(exc: BaseException) -> bool:
+    """Whether a failed start was nats-server finding its client or route port in use."""
+    return "address already in use" in str(exc)
+
+
 def _ready(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=0.2) as s:
@@ -83,6 +92,7 @@ class EmbeddedNats:
         self.log_file = str(log_file) if log_file else None
         self.accounts, self.cluster, self.server_name, self.tls = accounts, cluster, server_name, tls
         self.host = host
+        self._auto_port = not port  # picked here: a start that finds it taken picks another
         self.port = port or free_port(host)
         self._tmp = None if store_dir else tempfile.mkdtemp(prefix="ei-nats-")
         self.store_dir = str(store_dir or self._tmp)
@@ -97,6 +107,25 @@ class EmbeddedNats:
         return f"nats://{self.host}:{self.port}"
 
     def start(self) -> EmbeddedNats:
+        """Start the server and wait until it answers. A port this object picked
+        (:func:`free_port`) can be taken by another process before nats-server binds it (CI, two
+        test workers: "bind: address already in use"): then a new one is picked, up to
+        :data:`PORT_TRIES` times. A cluster member's ports are the cluster's to change
+        (:meth:`NatsCluster.start`)."""
+        for attempt in range(1, PORT_TRIES + 1):
+            try:
+                return self._start_once()
+            except NatsServerError as exc:
+                if not (self._auto_port and self.cluster is None and port_taken(exc)) or attempt == PORT_TRIES:
+                    raise
+                log.warning("nats_port_taken", port=self.port, attempt=attempt)
+                if self.proc is not None and self.proc.stderr:
+                    self.proc.stderr.close()
+                self.proc = None
+                self.port = free_port(self.host)
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> EmbeddedNats:
         binary = find_nats_server()
         os.makedirs(self.store_dir, exist_ok=True)
         if self.accounts or self.cluster or self.tls:
@@ -162,6 +191,12 @@ class NatsCluster:
         if size < 1:
             raise ValueError("a cluster needs at least one server")
         self.host, self.name, self.ready_timeout_s = host, name, ready_timeout_s
+        self.size, self.accounts = size, accounts
+        self._plan()
+
+    def _plan(self) -> None:
+        """Free ports for every server's clients and routes, and the servers that use them."""
+        size, host, name, accounts, ready_timeout_s = self.size, self.host, self.name, self.accounts, self.ready_timeout_s
         client_ports = [free_port(host) for _ in range(size)]
         route_ports = [free_port(host) for _ in range(size)]
         routes = [f"nats-route://{host}:{p}" for p in route_ports]
@@ -178,13 +213,22 @@ class NatsCluster:
         return ",".join(s.url for s in self.servers)
 
     def start(self) -> NatsCluster:
-        try:
-            for s in self.servers:
-                s.start()
-        except Exception:
-            self.stop()
-            raise
-        return self
+        """Start every server. A port taken by another process between :func:`free_port` and
+        nats-server's bind (CI: "Error listening on router port ... address already in use")
+        restarts the cluster on new ports, up to :data:`PORT_TRIES` times: every server's
+        routes name the others' ports, so one server cannot move alone."""
+        for attempt in range(1, PORT_TRIES + 1):
+            try:
+                for s in self.servers:
+                    s.start()
+                return self
+            except Exception as exc:
+                self.stop()
+                if not port_taken(exc) or attempt == PORT_TRIES:
+                    raise
+                log.warning("nats_cluster_port_taken", name=self.name, attempt=attempt)
+                self._plan()
+        raise AssertionError("unreachable")
 
     def kill(self, i: int) -> None:
         """SIGKILL server ``i`` (its store stays, as after a machine failure)."""
