@@ -40,9 +40,10 @@ from events.catalog import (
     SwitchRole,
     Tick,
 )
-from events.codec import encode
+from events.codec import CodecError, encode
 from events.subjects import subject_for
 from services.adapters.eventlog import DuckDbEventLog, EventLog, EventLogError, InMemoryEventLog
+from services.adapters.eventlog.port import Skipped
 
 BIG = 2**64 - 1
 
@@ -179,6 +180,51 @@ class EventLogContract(abc.ABC):
         log.set_run_config({"a": "two"})
         assert log.run_config() == {"a": "two", "b": {"x": [1, 2]}}
 
+    # ---------------------------------------------------------------- issue 45: a bad row is one row
+    @abc.abstractmethod
+    def corrupt(self, log: EventLog, seq: int, payload: str) -> None:
+        """Overwrite row ``seq``'s stored payload (an edited or damaged file)."""
+
+    def test_non_finite_floats_round_trip_anywhere_in_an_event(self, tmp_path):
+        """The stream takes any msgpack float; JSON has no NaN: one such event made the log unreadable."""
+        nan, inf = float("nan"), float("inf")
+        evs = [Tick(ts=nan), Tick(ts=inf, src="x"), Tick(ts=-inf),
+               IterationDone(ts=1.0, node="n1", phase="prefill", duration_s=inf, batch=1, sum_A=nan),
+               RouteDecided(ts=nan, request="r", prefill_node="n1", decode_node="n1", predicted_ttft_s=-inf,
+                            scores=[NodeScore(node="n1", score=nan)], branch="NaN"),
+               PlanEvaluated(ts=2.0, window_start=0.0, window_end=inf, current=Split(prefill=1, decode=1),
+                             candidates=[Candidate(split=Split(prefill=2, decode=0), mean_gain=nan, se=inf)]),
+               ModelFitted(ts=2.0, node="n1", phase="prefill", coefficients=[1.0, nan, -inf], mape=nan),
+               RequestSubmitted(ts=nan, request="r2", branch="Infinity", blocks=[1, BIG, 3], prompt_tokens=200),
+               Tick(ts=4.0)]
+        log = self.make(tmp_path)
+        log.append(rows(evs))
+        log = self.reopen(log, tmp_path)
+        back = [e for _, _, e in log.read()]
+        assert [encode(e) for e in back] == [encode(e) for e in evs]  # NaN's bits included
+        assert back[-1] == evs[-1] and back[4].branch == "NaN" and back[7].branch == "Infinity"
+
+    def test_an_undecodable_row_is_named_and_the_rest_still_reads(self, tmp_path):
+        log = self.make(tmp_path)
+        log.append(ticks([1, 2, 3, 4]))
+        self.corrupt(log, 2, '{"type":"NoSuchEvent","ts":1.0}')
+        self.corrupt(log, 3, '{"type":"Tick","ts":"soon"}')
+        bad: list = []
+        assert [s for s, _, _ in log.read(undecodable=lambda *a: bad.append(a))] == [1, 4]
+        assert [(s, subj) for s, subj, _ in bad] == [(2, "ei.default.clock"), (3, "ei.default.clock")]
+        assert "NoSuchEvent" in bad[0][2]
+        with pytest.raises(CodecError, match="seq=2"):
+            list(log.read())
+
+    def test_the_seqs_the_writer_was_not_handed_are_noted(self, tmp_path):
+        log = self.make(tmp_path)
+        assert log.skipped() == Skipped((), 0)
+        log.append(ticks([3, 4, 7]))
+        log.append(ticks([4, 7, 8, 12]))  # 4 and 7: redelivered, no hole
+        log.append(ticks([13]))
+        log = self.reopen(log, tmp_path)
+        assert log.skipped() == Skipped(((1, 2), (5, 6), (9, 11)), 0)
+
     # one contract class per backend runs the same property: differing executors are intended
     @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.differing_executors])
     @given(batches=st.lists(st.lists(st.integers(1, 40), max_size=8), max_size=6))
@@ -201,6 +247,10 @@ class TestInMemoryEventLog(EventLogContract):
     def reopen(self, log, tmp_path):
         return log
 
+    def corrupt(self, log, seq, payload):
+        i = log._seqs.index(seq)
+        log._rows[i] = (log._rows[i][0], payload.encode())
+
 
 class TestDuckDbEventLog(EventLogContract):
     def make(self, tmp_path):
@@ -209,6 +259,44 @@ class TestDuckDbEventLog(EventLogContract):
     def reopen(self, log, tmp_path):
         log.close()
         return DuckDbEventLog(tmp_path / "run.duckdb")
+
+    def corrupt(self, log, seq, payload):
+        log.con.execute("UPDATE event_rows SET payload = ? WHERE seq = ?", [payload, seq])
+
+    def test_a_nan_ts_written_as_null_before_reads_back_from_its_ts_column(self, tmp_path):
+        """Logs recorded before issue 45 hold such a row as ``"ts":null`` (msgspec's JSON) and
+        the NaN in the ``ts`` column: it reads back."""
+        log = self.make(tmp_path)
+        log.append(ticks([1, 2]))
+        log.con.execute("""UPDATE event_rows SET payload = '{"type":"Tick","ts":null,"src":"x"}',
+                           ts = 'NaN'::DOUBLE WHERE seq = 2""")
+        log.close()
+        ro = DuckDbEventLog(tmp_path / "run.duckdb", read_only=True)
+        (_, _, first), (_, _, second) = ro.read()
+        assert first == Tick(ts=1.0) and second.src == "x" and second.ts != second.ts  # NaN
+        ro.close()
+
+    def test_a_block_list_the_dictionary_does_not_hold_is_an_undecodable_row(self, tmp_path):
+        log = self.make(tmp_path)
+        log.append(rows([RequestSubmitted(ts=1.0, request="r", branch="b", blocks=[5, 6]), Tick(ts=2.0)]))
+        log.con.execute("UPDATE event_rows SET block_starts = [999] WHERE seq = 1")
+        bad: list = []
+        assert [s for s, _, _ in log.read(undecodable=lambda *a: bad.append(a))] == [2]
+        assert bad[0][0] == 1 and "block list does not decode" in bad[0][2]
+
+    def test_a_log_written_before_skipped_seqs_were_noted(self, tmp_path):
+        """Its holes are unknown (``since`` None); reopened for writing, it notes them from then on."""
+        log = self.make(tmp_path)
+        log.append(ticks([2, 3]))
+        log.con.execute("DROP TABLE skipped_seqs")
+        log.con.execute("DELETE FROM log_meta WHERE key = 'skipped_since'")
+        log.close()
+        ro = DuckDbEventLog(tmp_path / "run.duckdb", read_only=True)
+        assert ro.skipped() == Skipped((), None)
+        ro.close()
+        log = DuckDbEventLog(tmp_path / "run.duckdb")
+        log.append(ticks([5]))
+        assert log.skipped() == Skipped(((4, 4),), 3)
 
     def test_read_only_open_reads_but_does_not_write(self, tmp_path):
         log = self.make(tmp_path)
@@ -256,6 +344,9 @@ class TestDuckDbEventLogFormat1(EventLogContract):
     def reopen(self, log, tmp_path):
         log.close()
         return DuckDbEventLog(tmp_path / "run.duckdb")  # the file keeps its format
+
+    def corrupt(self, log, seq, payload):
+        log.con.execute("UPDATE events SET payload = ? WHERE seq = ?", [payload, seq])
 
     def test_a_failed_insert_leaves_rows_and_position_unchanged(self, tmp_path):
         log = self.make(tmp_path)

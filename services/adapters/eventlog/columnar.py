@@ -36,8 +36,8 @@ import msgspec
 import numpy as np
 
 from events.catalog import Event
-from events.codec import CodecError, from_json, to_json
 from services.adapters.eventlog.blockdict import BlockDict
+from services.adapters.eventlog.payload import decode_payload, encode_payload
 
 __all__ = ["FORMAT", "FORMATS", "SCHEMA_V2", "SCHEMA_V3", "BlockDict", "decode_bitmap", "decode_blocks", "decode_row",
            "encode_rows", "events_view_sql"]
@@ -143,9 +143,9 @@ def encode_rows(rows: Sequence[tuple[int, str, Event]], bd: BlockDict, fmt: str 
         if blocks:
             has[i] = True
             lists.append(blocks)
-            payload.append(to_json(replace(ev, blocks=[])).decode())
+            payload.append(encode_payload(replace(ev, blocks=[])).decode())
         else:
-            payload.append(to_json(ev).decode())
+            payload.append(encode_payload(ev).decode())
     first_new = bd.size
     starts, lens, segs, new, bits = _runs(lists, bd, bitmaps=fmt != "2")
     try:
@@ -313,12 +313,10 @@ def decode_bitmap(hashes: np.ndarray, wnums: Sequence[int], wsegs: Sequence[int]
     return h[np.lexsort((h, np.asarray(wsegs, dtype=np.int64)[word]))].tolist()
 
 
-def decode_row(seq: int, payload: str, blocks: list[int] | None) -> Event:
-    """One stored row back to its event (``blocks``: the list taken out of its payload)."""
-    try:
-        ev = from_json(payload)
-    except CodecError as exc:
-        raise CodecError(f"event log row seq={seq}: {exc.reason}") from exc
+def decode_row(seq: int, payload: str, blocks: list[int] | None, ts: float | None = None) -> Event:
+    """One stored row back to its event (``blocks``: the list taken out of its payload; ``ts``:
+    the row's ``ts`` column). Raises ``CodecError`` naming ``seq`` (:mod:`.payload`)."""
+    ev = decode_payload(seq, payload, ts)
     if blocks is not None:
         ev = msgspec.structs.replace(ev, blocks=blocks)
     return ev

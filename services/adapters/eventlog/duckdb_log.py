@@ -30,7 +30,7 @@ import msgspec
 import numpy as np
 
 from events.catalog import Event
-from events.codec import SCHEMA_VERSION, CodecError, from_json, to_json
+from events.codec import SCHEMA_VERSION, CodecError
 from services.adapters.eventlog.columnar import (
     FORMAT,
     FORMATS,
@@ -43,7 +43,15 @@ from services.adapters.eventlog.columnar import (
     encode_rows,
     events_view_sql,
 )
-from services.adapters.eventlog.port import EventLogError, EventLogLocked, Row, new_rows
+from services.adapters.eventlog.payload import decode_payload, encode_payload
+from services.adapters.eventlog.port import (
+    EventLogError,
+    EventLogLocked,
+    Row,
+    Skipped,
+    Undecodable,
+    new_rows,
+)
 from services.adapters.eventlog.sandbox import connect_file, connect_sources, expand_parquet
 from services.adapters.eventlog.views import create_views
 
@@ -82,6 +90,14 @@ CREATE TABLE IF NOT EXISTS events (
 );
 CREATE TABLE IF NOT EXISTS log_meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL);
 CREATE TABLE IF NOT EXISTS run_config (key VARCHAR PRIMARY KEY, value JSON NOT NULL);
+"""
+
+#: Every format: the seq ranges the writer was handed no row for (``port.Skipped``), noted by
+#: ``append`` in the transaction of the rows after them; ``log_meta.skipped_since`` is the
+#: applied position when the table was made (0: with the log; a log written before gets it at its
+#: next writable open, and its holes below that position stay unknown).
+SKIPPED_SCHEMA = """
+CREATE TABLE IF NOT EXISTS skipped_seqs (first_seq UBIGINT NOT NULL, last_seq UBIGINT NOT NULL);
 """
 
 
@@ -142,10 +158,13 @@ class DuckDbEventLog:
             if tables & {"events", "event_rows", "log_meta"}:
                 self._check_schema()
                 self.format = self._read_format()
+                self._applied = self._read_applied()
+                if "skipped_seqs" not in tables:
+                    self._add_skipped(self._applied)
             else:
                 self.format = format
                 self._create()
-            self._applied = self._read_applied()
+                self._applied = self._read_applied()
 
     # -- setup
     def _create(self) -> None:
@@ -156,7 +175,16 @@ class DuckDbEventLog:
         )
         if self.format != "1":
             self.con.execute("INSERT OR IGNORE INTO log_meta VALUES ('format', ?)", [self.format])
+        self.con.execute(SKIPPED_SCHEMA)
+        self.con.execute("INSERT OR IGNORE INTO log_meta VALUES ('skipped_since', '0')")
         create_views(self.con, events_sql=self._events_sql())
+        self.con.execute("COMMIT")
+
+    def _add_skipped(self, since: int) -> None:
+        """The table of skipped seqs in a log written before it (its holes up to ``since`` stay unknown)."""
+        self.con.execute("BEGIN")
+        self.con.execute(SKIPPED_SCHEMA)
+        self.con.execute("INSERT OR REPLACE INTO log_meta VALUES ('skipped_since', ?)", [str(since)])
         self.con.execute("COMMIT")
 
     def _tables(self) -> set[str]:
@@ -228,8 +256,10 @@ class DuckDbEventLog:
         try:
             con.register("_ei_batch", columns)
             con.execute(
-                "INSERT INTO events SELECT seq, ts, type, src, subject, payload FROM _ei_batch"
+                "INSERT INTO events SELECT seq, CASE WHEN ts_nan THEN 'NaN'::DOUBLE ELSE ts END, type, src, subject, "
+                "payload FROM _ei_batch"
             )
+            self._note_skipped(rows)
             con.execute("UPDATE log_meta SET value = ? WHERE key = 'applied_seq'", [str(rows[-1][0])])
             con.execute("COMMIT")
         except BaseException:
@@ -250,6 +280,7 @@ class DuckDbEventLog:
             con.register("_ei_dict", added)
             con.execute("INSERT INTO block_dict SELECT id, hash FROM _ei_dict")
             con.execute("INSERT INTO event_rows SELECT * FROM _ei_rows")
+            self._note_skipped(rows)
             con.execute("UPDATE log_meta SET value = ? WHERE key = 'applied_seq'", [str(rows[-1][0])])
             con.execute("COMMIT")
         except BaseException:
@@ -263,32 +294,62 @@ class DuckDbEventLog:
         self._applied = rows[-1][0]
         return len(rows)
 
+    def _note_skipped(self, rows: Sequence[Row]) -> None:
+        """Note the seqs before and between ``rows`` that the writer was not handed (in its
+        transaction; one insert of arrays: a ``--log-level decisions`` batch has a hole per row)."""
+        seqs = np.fromiter((r[0] for r in rows), dtype=np.uint64, count=len(rows))
+        prev = np.concatenate(([np.uint64(self._applied)], seqs[:-1]))
+        jump = seqs > prev + 1
+        if not jump.any():
+            return
+        self.con.register("_ei_skipped", {"first_seq": prev[jump] + 1, "last_seq": seqs[jump] - 1})
+        try:
+            self.con.execute("INSERT INTO skipped_seqs SELECT first_seq, last_seq FROM _ei_skipped")
+        finally:
+            self.con.unregister("_ei_skipped")
+
+    def skipped(self) -> Skipped:
+        with self._lock:
+            if "skipped_seqs" not in self._tables():
+                return Skipped((), None)
+            since = self.con.execute("SELECT value FROM log_meta WHERE key = 'skipped_since'").fetchall()
+            ranges = self.con.execute("SELECT first_seq, last_seq FROM skipped_seqs ORDER BY first_seq").fetchall()
+        return Skipped(tuple((int(a), int(b)) for a, b in ranges), int(since[0][0]) if since else None)
+
     def last_seq(self) -> int:
         return self._applied
 
-    def read(self, from_seq: int = 1, types: Collection[str] | None = None) -> Iterator[Row]:
+    def read(self, from_seq: int = 1, types: Collection[str] | None = None, *,
+             undecodable: Undecodable | None = None) -> Iterator[Row]:
         if self.format != "1":
-            yield from self._read_v2(from_seq, types)
+            yield from self._read_v2(from_seq, types, undecodable)
             return
         with self._lock:
             cur = self.con.cursor()  # its own connection: reading does not hold the lock
         try:
             if types is None:
-                cur.execute("SELECT seq, subject, payload FROM events WHERE seq >= ? ORDER BY seq", [from_seq])
+                cur.execute("SELECT seq, subject, payload, ts FROM events WHERE seq >= ? ORDER BY seq", [from_seq])
             else:
-                cur.execute("SELECT seq, subject, payload FROM events WHERE seq >= ? AND list_contains(?, type) "
+                cur.execute("SELECT seq, subject, payload, ts FROM events WHERE seq >= ? AND list_contains(?, type) "
                             "ORDER BY seq", [from_seq, sorted(types)])
             while chunk := cur.fetchmany(_READ_CHUNK):
-                for seq, subject, payload in chunk:
-                    yield int(seq), subject, _decode_row(int(seq), payload)
+                for seq, subject, payload, ts in chunk:
+                    try:
+                        ev = decode_payload(int(seq), payload, ts)
+                    except CodecError as exc:
+                        if undecodable is None:
+                            raise
+                        undecodable(int(seq), subject, exc.reason)
+                        continue
+                    yield int(seq), subject, ev
         finally:
             cur.close()
 
-    def _read_v2(self, from_seq: int, types: Collection[str] | None) -> Iterator[Row]:
+    def _read_v2(self, from_seq: int, types: Collection[str] | None, undecodable: Undecodable | None) -> Iterator[Row]:
         with self._lock:  # the dictionary and the rows at one position (no append between)
             hashes = self._hashes_by_id()
             cur = self.con.cursor()  # its own connection: fetching does not hold the lock
-            cols = "seq, subject, payload, block_starts, block_lens, block_segs"
+            cols = "seq, subject, payload, ts, block_starts, block_lens, block_segs"
             cols += ", bitmap_words, bitmap_segs, bitmap_bits" if self.format != "2" else ", NULL, NULL, NULL"
             if types is None:
                 cur.execute(f"SELECT {cols} FROM event_rows WHERE seq >= ? ORDER BY seq", [from_seq])
@@ -297,14 +358,15 @@ class DuckDbEventLog:
                             "ORDER BY seq", [from_seq, sorted(types)])
         try:
             while chunk := cur.fetchmany(_READ_CHUNK):
-                for seq, subject, payload, starts, lens, segs, wnums, wsegs, bits in chunk:
-                    if starts is not None:
-                        blocks = decode_blocks(hashes, starts, lens, segs)
-                    elif bits is not None:
-                        blocks = decode_bitmap(hashes, wnums, wsegs, bits)
-                    else:
-                        blocks = None
-                    yield int(seq), subject, decode_row(int(seq), payload, blocks)
+                for seq, subject, payload, ts, starts, lens, segs, wnums, wsegs, bits in chunk:
+                    try:
+                        ev = _decode_v2(hashes, int(seq), payload, ts, starts, lens, segs, wnums, wsegs, bits)
+                    except CodecError as exc:
+                        if undecodable is None:
+                            raise
+                        undecodable(int(seq), subject, exc.reason)
+                        continue
+                    yield int(seq), subject, ev
         finally:
             cur.close()
 
@@ -396,11 +458,22 @@ class DuckDbEventLog:
         self.close()
 
 
-def _decode_row(seq: int, payload: str) -> Event:
+def _decode_v2(hashes: np.ndarray, seq: int, payload: str, ts: float, starts, lens, segs, wnums, wsegs,
+               bits) -> Event:
+    """One format-2/3 row back to its event; block ids the dictionary does not hold (an edited
+    or corrupted row) are a :class:`CodecError` naming the row, like an undecodable payload."""
     try:
-        return from_json(payload)
-    except CodecError as exc:
-        raise CodecError(f"event log row seq={seq}: {exc.reason}") from exc
+        if starts is not None:
+            blocks = decode_blocks(hashes, starts, lens, segs)
+            if len(blocks) != sum(lens):  # a slice past the dictionary's end is short, not an error
+                raise IndexError(f"runs of {sum(lens)} ids, {len(hashes)} in the dictionary")
+        elif bits is not None:
+            blocks = decode_bitmap(hashes, wnums, wsegs, bits)
+        else:
+            blocks = None
+    except (IndexError, ValueError, TypeError) as exc:
+        raise CodecError(f"event log row seq={seq}: its block list does not decode ({exc})") from exc
+    return decode_row(seq, payload, blocks, ts)
 
 
 def _columns(rows: Sequence[Row]) -> dict[str, np.ndarray]:
@@ -415,8 +488,10 @@ def _columns(rows: Sequence[Row]) -> dict[str, np.ndarray]:
     typ[:] = [type(r[2]).__name__ for r in rows]
     src[:] = [r[2].src for r in rows]
     subject[:] = [r[1] for r in rows]
-    payload[:] = [to_json(r[2]).decode() for r in rows]
-    return {"seq": seq, "ts": ts, "type": typ, "src": src, "subject": subject, "payload": payload}
+    payload[:] = [encode_payload(r[2]).decode() for r in rows]
+    # DuckDB scans a NumPy NaN as NULL (the column is NOT NULL): the NaNs go in by a flag
+    return {"seq": seq, "ts": ts, "ts_nan": np.isnan(ts), "type": typ, "src": src, "subject": subject,
+            "payload": payload}
 
 
 def open_sources(sources: Sequence[str]):

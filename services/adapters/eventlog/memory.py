@@ -14,8 +14,9 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from events.codec import from_json, to_json
-from services.adapters.eventlog.port import Row, new_rows
+from events.codec import CodecError
+from services.adapters.eventlog.payload import decode_payload, encode_payload
+from services.adapters.eventlog.port import Row, Skipped, Undecodable, new_rows, skipped_ranges
 
 
 class InMemoryEventLog:
@@ -27,27 +28,39 @@ class InMemoryEventLog:
         self._rows: list[tuple[str, bytes]] = []
         self._applied = 0
         self._config: dict[str, bytes] = {}
+        self._skipped: list[tuple[int, int]] = []
 
     def append(self, batch: Iterable[Row]) -> int:
         rows = new_rows(batch, self._applied)
-        encoded = [(seq, subject, to_json(ev)) for seq, subject, ev in rows]
+        encoded = [(seq, subject, encode_payload(ev)) for seq, subject, ev in rows]
         for seq, subject, data in encoded:  # encode all first: a bad event stores nothing
             self._seqs.append(seq)
             self._rows.append((subject, data))
         if rows:
+            self._skipped += skipped_ranges([r[0] for r in rows], self._applied)
             self._applied = rows[-1][0]
         return len(rows)
 
     def last_seq(self) -> int:
         return self._applied
 
-    def read(self, from_seq: int = 1, types: Collection[str] | None = None) -> Iterator[Row]:
+    def read(self, from_seq: int = 1, types: Collection[str] | None = None, *,
+             undecodable: Undecodable | None = None) -> Iterator[Row]:
         start = int(np.searchsorted(np.asarray(self._seqs, dtype=np.int64), from_seq)) if self._seqs else 0
         for i in range(start, len(self._seqs)):
             subject, data = self._rows[i]
-            ev = from_json(data)
+            try:
+                ev = decode_payload(self._seqs[i], data)
+            except CodecError as exc:
+                if undecodable is None:
+                    raise
+                undecodable(self._seqs[i], subject, exc.reason)
+                continue
             if types is None or type(ev).__name__ in types:
                 yield self._seqs[i], subject, ev
+
+    def skipped(self) -> Skipped:
+        return Skipped(tuple(self._skipped), 0)
 
     def count_by_type(self) -> dict[str, int]:
         return dict(Counter(msgspec.json.decode(d)["type"] for _, d in self._rows))
