@@ -176,9 +176,15 @@ def print_table(cols: list[str], rows: list[tuple], max_rows: int) -> None:
     console.print(Text(f"{len(rows)} row(s)" + (f", first {max_rows} shown" if len(rows) > max_rows else "")))
 
 
+#: ``evolving verify``'s exit statuses (docs/recorder.md, "evolving verify")
+VERIFY_OK, VERIFY_DIVERGED, VERIFY_UNREADABLE, VERIFY_INCOMPLETE = 0, 1, 2, 3
+
+
 def cmd_verify(args) -> int:
     """Exit 0: every decision reproduced; 1: diverged; 2: the log or the cores could not be
-    read or built (one line on stderr: an empty, junk, truncated or corrupt file lands here)."""
+    read or built (one line on stderr: an empty, junk, truncated or corrupt file lands here);
+    3: the log is incomplete - rows missing from its seqs (deleted) or rows that do not decode,
+    each named - whatever the decisions (a divergence after a gap is no news)."""
     import duckdb  # lazy: evolving --help +40 ms (duckdb)
 
     from services.adapters.eventlog import (  # lazy: evolving --help +70 ms (duckdb)
@@ -219,7 +225,9 @@ def cmd_verify(args) -> int:
         print(json.dumps(out))
     else:
         print_report(out)
-    return 0 if report.ok else 1
+    if not report.complete:
+        return VERIFY_INCOMPLETE
+    return VERIFY_OK if report.ok else VERIFY_DIVERGED
 
 
 def _one_line(exc: BaseException) -> str:
@@ -227,14 +235,46 @@ def _one_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
+#: lines of gaps and undecodable rows printed (--json lists up to verify.LISTED)
+SHOWN = 20
+
+
+def _ranges(ranges: list, limit: int = SHOWN) -> str:
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges[:limit])
+    return text + (f", ... ({len(ranges) - limit} more ranges)" if len(ranges) > limit else "")
+
+
 def print_report(out: dict) -> None:
     reproduced = ", ".join(f"{k}={v}" for k, v in out["reproduced"].items()) or "none"
     print(f"folded {out['events']} events; reproduced decisions: {reproduced}")
+    if out.get("skipped"):
+        print(f"not handed to the recorder: {out['skipped']} seq(s), {_ranges(out['skipped_ranges'])} (messages it "
+              "could not decode and dead-lettered, or that left the stream before it read them)")
+    if out.get("start_unknown"):
+        a, b = out["start_unknown"]
+        print(f"the log begins at seq {b + 1}: it was written before logs noted where they begin (seqs {a}-{b} "
+              "not checked)")
     if out["not_recorded"]:
         print(f"{out['not_recorded']} predicted decision(s) not in the log (the run ended before them)")
+    if out.get("missing"):
+        why = ("deleted from the log after they were recorded" if out["skipped_noted"] else
+               "deleted, or messages the recorder did not get: this log was written before it noted those")
+        print(f"GAP: {out['missing']} seq(s) missing from the log (applied position {out['applied_seq']}): "
+              f"seqs {_ranges(out['gaps'])} ({why})")
+    if out.get("undecodable"):
+        print(f"UNREADABLE: {out['undecodable']} row(s) do not decode (not folded):")
+        for b in out["undecodable_rows"][:SHOWN]:
+            print(f"  seq {b['seq']} on {b['subject']}: {b['reason']}")
+        if out["undecodable"] > SHOWN:
+            print(f"  ... and {out['undecodable'] - SHOWN} more")
     first = out["first_divergence"]
+    incomplete = not out.get("complete", True)
+    if incomplete:
+        print("INCOMPLETE: the log lacks the rows named above; decisions were checked over the rest"
+              + ("" if first else " and all were reproduced"))
     if first is None:
-        print("OK: every recorded decision was reproduced exactly")
+        if not incomplete:
+            print("OK: every recorded decision was reproduced exactly")
         return
     print(f"DIVERGED ({out['divergences']} divergence(s)); first at seq {first['seq']}, "
           f"core {first['core']}: {first['kind']}" + (f" ({first['detail']})" if first["detail"] else ""))

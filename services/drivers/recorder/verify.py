@@ -25,12 +25,18 @@ How it works (docs/recorder.md has the long form):
 
 A core that leaves ``src`` empty gets the recorded ``src`` before the comparison: adapters stamp
 the publisher id, cores do not.
+
+:func:`verify_log` also checks that the log is whole: every seq from 1 to its applied position
+is a row, or one its writer noted it was not handed (``EventLog.skipped()``: messages the
+recorder's consumer dead-lettered, the stream's beginning it started after). Any other missing
+seq (rows deleted from the file) is a **gap**, named by range; a row that does not decode is
+named by seq and not folded. Either makes the log **incomplete**: not OK, whatever the decisions.
 """
 
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +44,7 @@ import msgspec
 
 from events.catalog import Event, KvStageOrdered, RouteDecided
 from events.codec import encode, to_json
+from services.adapters.eventlog.port import SeqHoles, Skipped
 from services.drivers.services import CORES, VERIFIED_CORES
 
 Row = tuple[int, str, Event]
@@ -100,6 +107,26 @@ class Divergence:
         }
 
 
+#: How many gaps, undecodable rows and skipped ranges a report lists (all are counted).
+LISTED = 1000
+
+
+@dataclass(frozen=True)
+class BadRow:
+    """A row of the log that does not decode (an edited or damaged file): never folded."""
+
+    seq: int
+    subject: str
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seq": self.seq, "subject": self.subject, "reason": self.reason}
+
+
+def _count(ranges: Sequence[tuple[int, int]]) -> int:
+    return sum(b - a + 1 for a, b in ranges)
+
+
 @dataclass
 class VerifyReport:
     events: int = 0
@@ -110,10 +137,23 @@ class VerifyReport:
     #: decisions reproduced byte for byte but recorded after a later one of the same core (the
     #: bus stored them out of emission order: a publication retried after a lost ack)
     reordered: int = 0
+    # set by verify_log (the log's own record; verify_rows sees rows only)
+    applied_seq: int = 0
+    gaps: list[tuple[int, int]] = field(default_factory=list)  # missing seq ranges: rows deleted
+    undecodable: list[BadRow] = field(default_factory=list)
+    skipped: list[tuple[int, int]] = field(default_factory=list)  # seqs the writer noted it was not handed
+    #: where a log written before skipped seqs were noted begins after seq 1: unknown, not a gap
+    start_unknown: tuple[int, int] | None = None
+    skipped_noted: bool = True  # False: a log written before: a gap may be a message it was not handed
+
+    @property
+    def complete(self) -> bool:
+        """Every seq up to the applied position is a readable row or a noted skip."""
+        return not self.gaps and not self.undecodable
 
     @property
     def ok(self) -> bool:
-        return not self.divergences and not (self.strict and self.not_recorded)
+        return self.complete and not self.divergences and not (self.strict and self.not_recorded)
 
     @property
     def first_divergence(self) -> Divergence | None:
@@ -125,12 +165,22 @@ class VerifyReport:
         first = self.first_divergence
         return {
             "ok": self.ok,
+            "complete": self.complete,
             "events": self.events,
             "reproduced": dict(sorted(self.checked.items())),
             "divergences": len(self.divergences),
             "reordered": self.reordered,
             "not_recorded": len(self.not_recorded),
             "first_divergence": first.to_dict() if first else None,
+            "applied_seq": self.applied_seq,
+            "missing": _count(self.gaps),
+            "gaps": [list(g) for g in self.gaps[:LISTED]],
+            "undecodable": len(self.undecodable),
+            "undecodable_rows": [b.to_dict() for b in self.undecodable[:LISTED]],
+            "skipped": _count(self.skipped),
+            "skipped_ranges": [list(r) for r in self.skipped[:LISTED]],
+            "skipped_noted": self.skipped_noted,
+            "start_unknown": list(self.start_unknown) if self.start_unknown else None,
         }
 
 
@@ -238,9 +288,36 @@ def verify_log(
     keep_going: bool = False,
     strict: bool = False,
 ) -> VerifyReport:
-    """Verify an :class:`~services.adapters.eventlog.port.EventLog` against fresh cores."""
+    """Verify an :class:`~services.adapters.eventlog.port.EventLog` against fresh cores, and
+    that it is whole: gaps in its seqs and rows that do not decode are named in the report."""
     config = event_log.run_config()
     if names is None:
         names = config.get("cores") or DEFAULT_CORES
     cores = build_cores(config, names, registry)
-    return verify_rows(event_log.read(1), cores, keep_going=keep_going, strict=strict)
+    holes = SeqHoles()
+    bad: list[BadRow] = []
+
+    def undecodable(seq: int, subject: str, reason: str) -> None:
+        holes.see(seq)
+        bad.append(BadRow(seq, subject, reason))
+
+    def rows() -> Iterator[Row]:
+        for row in event_log.read(1, undecodable=undecodable):
+            holes.see(row[0])
+            yield row
+
+    it = rows()
+    report = verify_rows(it, cores, keep_going=keep_going, strict=strict)
+    for _ in it:  # stopped at the first divergence: the rest is still checked for gaps
+        pass
+    report.undecodable = bad
+    report.applied_seq = event_log.last_seq()
+    skipped = event_log.skipped() if hasattr(event_log, "skipped") else Skipped((), None)
+    report.skipped, report.skipped_noted = list(skipped.ranges), skipped.since is not None
+    for first, last in holes.end(report.applied_seq):
+        for a, b in skipped.covers(first, last):
+            if a == 1 and b == holes.first - 1 and skipped.untracked(a, b):
+                report.start_unknown = (a, b)  # a log that never said where it began
+            else:
+                report.gaps.append((a, b))
+    return report

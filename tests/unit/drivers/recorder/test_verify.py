@@ -172,3 +172,78 @@ def test_a_decision_overtaken_and_never_recorded_is_a_divergence_even_when_not_s
     assert not report.ok
     d = report.first_divergence
     assert d.kind == "mismatch" and d.predicted == dropped and d.seq > seq and d.recorded is None
+
+
+# --------------------------------------------------------------------------- issue 45: gaps
+def write(path, rows, config=None):
+    log = DuckDbEventLog(path)
+    log.append(rows)
+    log.set_run_config(config or {"cores": ["router", "planner"]})
+    log.close()
+    return path
+
+
+def delete(path, seqs):
+    log = DuckDbEventLog(path)
+    log.con.execute("DELETE FROM event_rows WHERE list_contains(?, seq)", [sorted(seqs)])
+    log.close()
+
+
+def verify_file(path, **kw):
+    log = DuckDbEventLog(path, read_only=True)
+    try:
+        return verify_log(log, registry=REGISTRY, **kw)
+    finally:
+        log.close()
+
+
+def test_rows_deleted_from_the_log_are_named_as_gaps(tmp_path):
+    rows = recorded()
+    n = len(rows)
+    path = write(tmp_path / "run.duckdb", rows)
+    assert verify_file(path).complete and verify_file(path).ok
+    delete(path, {1, 2, 10, 11, 12, 20, n})
+    report = verify_file(path)
+    assert report.gaps == [(1, 2), (10, 12), (20, 20), (n, n)] and not report.ok and not report.complete
+    out = report.to_dict()
+    assert out["missing"] == 7 and out["gaps"] == [[1, 2], [10, 12], [20, 20], [n, n]] and out["applied_seq"] == n
+
+
+def test_gaps_are_found_past_the_first_divergence(tmp_path):
+    rows = recorded()
+    seq, ev = decisions(rows, "RouteDecided")[0]
+    rows[seq - 1] = (seq, rows[seq - 1][1], msgspec.structs.replace(ev, t_uc=1))
+    path = write(tmp_path / "run.duckdb", rows)
+    delete(path, {len(rows) - 1})
+    report = verify_file(path)  # not keep_going: the replay stops at the divergence, the gap check does not
+    assert report.divergences[0].seq == seq and report.gaps == [(len(rows) - 1, len(rows) - 1)]
+
+
+def test_seqs_the_recorder_was_not_handed_are_no_gap(tmp_path):
+    """A log that begins after seq 1 (the stream's limits dropped the start) or skips a seq (a
+    message the recorder's consumer dead-lettered) says so: verify names them, and is OK."""
+    rows = [(s + 100 + (s > 30), subj, e) for s, subj, e in recorded()]
+    path = write(tmp_path / "run.duckdb", rows)
+    report = verify_file(path)
+    assert report.ok and report.gaps == [] and report.skipped == [(1, 100), (131, 131)]
+    assert report.to_dict()["skipped"] == 101
+
+
+def test_a_log_written_before_skips_were_noted(tmp_path):
+    """Its beginning is unknown (not a gap); a hole inside it is a gap (deleted or not handed: unknowable)."""
+    rows = [(s + 100, subj, e) for s, subj, e in recorded()]
+    path = write(tmp_path / "run.duckdb", rows)
+    delete(path, {120})
+    log = DuckDbEventLog(path)
+    log.con.execute("DROP TABLE skipped_seqs")
+    log.con.execute("DELETE FROM log_meta WHERE key = 'skipped_since'")
+    log.close()
+    report = verify_file(path)
+    assert report.start_unknown == (1, 100) and report.gaps == [(120, 120)] and not report.skipped_noted
+
+
+def test_an_empty_log_with_an_applied_position_is_one_gap(tmp_path):
+    rows = recorded()
+    path = write(tmp_path / "run.duckdb", rows)
+    delete(path, {s for s, _, _ in rows})
+    assert verify_file(path).gaps == [(1, len(rows))]
