@@ -53,12 +53,17 @@ class ServiceMetrics:
         self.anomalies = Counter("ei_service_anomalies", "AnomalyReported published", lab + ["kind"], registry=r)
         self.dead_letters = Counter("ei_service_dead_letters", "messages sent to the dead-letter subject",
                                     lab, registry=r)
+        self.refused = Counter("ei_service_events_refused",
+                               "events the authority rule refused (events/authority.py): dead-lettered, not folded",
+                               lab, registry=r)
+        self.dead_letter_failed = Counter("ei_service_dead_letters_failed",
+                                          "dead letters the bus did not take (logged whole instead)", lab, registry=r)
         self.snapshots = Counter("ei_service_snapshots", "snapshots written", lab, registry=r)
         self.republish_skipped = Counter("ei_service_republish_skipped",
                                          "decisions already on the stream when the tail was replayed",
                                          lab, registry=r)
         for m in (self.lag, self.applied, self.folded, self.redelivered, self.dead_letters, self.snapshots,
-                  self.republish_skipped):
+                  self.republish_skipped, self.refused, self.dead_letter_failed):
             m.labels(service)  # export zeros from the start
 
     def value(self, name: str, **labels: str) -> float:

@@ -50,17 +50,14 @@ from typing import Any
 import msgspec
 
 from events import codec
+from events.authority import Refused
 from events.catalog import AnomalyReported, Event
-from events.subjects import dlq_subject
 from services.adapters.bus.port import (
-    DLQ_CONSUMER,
-    DLQ_REASON,
-    DLQ_SEQ,
-    DLQ_SUBJECT,
     MSG_ID,
     Bus,
     Consumer,
     Delivery,
+    dead_letter,
 )
 from services.adapters.logging import get_logger
 from services.adapters.metrics import ServiceMetrics
@@ -337,7 +334,11 @@ class ServiceRunner:
                 continue
             # the fold itself is synchronous: no coroutine per event unless the core raises
             try:
-                emitted = seqd.fold(d.seq, d.event)
+                emitted = seqd.fold(d.seq, d.event, d.subject)
+            except Refused as exc:  # the authority rule (events/authority.py): never folded
+                self.metrics.refused.labels(self.cfg.name).inc()
+                await self._dead_letter(d, f"refused: {exc.reason}")
+                emitted = []
             except Exception as exc:  # noqa: BLE001 - a core bug must not stop the service
                 emitted = await self._core_failed(d, exc)
             folded += 1
@@ -470,11 +471,13 @@ class ServiceRunner:
             self.after_publish(self.published)
 
     async def _dead_letter(self, d: Delivery, reason: str) -> None:
+        """Copy ``d`` to this account's dead-letter subject. A dead letter the bus does not take
+        (a permissions violation, a timeout) is logged whole and counted; it never stops the fold."""
         self.metrics.dead_letters.labels(self.cfg.name).inc()
         log.error("dead_letter", consumer=self.cfg.name, seq=d.seq, subject=d.subject, reason=reason)
-        part = self.bus.partition
-        await self.bus.publish_raw(dlq_subject(part, self.cfg.name), codec.encode(d.event), headers={
-            DLQ_REASON: reason[:1000], DLQ_SUBJECT: d.subject, DLQ_SEQ: str(d.seq), DLQ_CONSUMER: self.cfg.name})
+        ok = await dead_letter(self.bus, self.cfg.name, d.seq, d.subject, codec.encode(d.event), reason)
+        if not ok:
+            self.metrics.dead_letter_failed.labels(self.cfg.name).inc()
 
     # ------------------------------------------------------------------ snapshots and lag
     async def _maybe_snapshot(self) -> None:

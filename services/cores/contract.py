@@ -15,6 +15,7 @@ from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 import msgspec
 
+from events.authority import Admission, Refused
 from events.catalog import Event
 
 
@@ -35,29 +36,42 @@ C = TypeVar("C", bound=Core)
 class _Envelope(msgspec.Struct, frozen=True):
     applied_seq: int
     core: bytes
+    admission: bytes = b""  # events.authority.Admission (the stream's time): empty in older snapshots
 
 
 class Sequenced(Generic[C]):
-    """Applies each stream sequence at most once, in order."""
+    """Applies each stream sequence at most once, in order, and only what the event authority
+    admits (events/authority.py: an event delivered with its subject is checked against the
+    table and the stream's time; a refused one moves the position on and raises
+    :class:`events.authority.Refused`, the core never sees it)."""
 
-    def __init__(self, core: C, applied_seq: int = 0) -> None:
+    def __init__(self, core: C, applied_seq: int = 0, admission: Admission | None = None) -> None:
         self.core = core
         self.applied_seq = applied_seq
         self.skipped = 0
+        self.admission = admission if admission is not None else Admission()
 
-    def fold(self, seq: int, event: Event) -> list[Event]:
-        """Apply ``event`` at stream position ``seq``; a position already applied is a no-op."""
+    def fold(self, seq: int, event: Event, subject: str | None = None) -> list[Event]:
+        """Apply ``event`` at stream position ``seq``; a position already applied is a no-op.
+        With ``subject`` (what the bus delivered it on) the event must pass the authority rule
+        first; without one (an in-process driver) it is trusted."""
         if seq <= self.applied_seq:
             self.skipped += 1
             return []
+        if subject is not None:
+            why = self.admission.reason(event, subject)
+            if why is not None:
+                self.applied_seq = seq
+                raise Refused(why)
         out = self.core.apply(event)
         self.applied_seq = seq
         return out
 
     def snapshot(self) -> bytes:
-        return msgspec.msgpack.encode(_Envelope(self.applied_seq, self.core.snapshot()))
+        return msgspec.msgpack.encode(_Envelope(self.applied_seq, self.core.snapshot(), self.admission.snapshot()))
 
     @classmethod
     def restore(cls, data: bytes, core_type: type) -> Sequenced:
         env = msgspec.msgpack.decode(data, type=_Envelope)
-        return cls(core_type.from_snapshot(env.core), env.applied_seq)
+        adm = Admission.from_snapshot(env.admission) if env.admission else None
+        return cls(core_type.from_snapshot(env.core), env.applied_seq, adm)

@@ -14,7 +14,17 @@ from typing import Self
 from events import codec
 from events.catalog import Event
 from events.subjects import DEFAULT_PARTITION, all_subjects, subject_for
-from services.adapters.bus.port import MSG_ID, DeadLetter, Delivery, decode_or_reason, subject_matches
+from services.adapters.bus.port import (
+    DLQ_CONSUMER,
+    DLQ_REASON,
+    DLQ_SEQ,
+    DLQ_SUBJECT,
+    MSG_ID,
+    DeadLetter,
+    Delivery,
+    decode_or_reason,
+    subject_matches,
+)
 from services.adapters.logging import get_logger
 
 log = get_logger("bus")
@@ -33,6 +43,7 @@ class InMemoryBus:
         self._dlq: list[DeadLetter] = []
         self._cond = asyncio.Condition()
         self.dead_lettered = 0
+        self.account: str | None = None  # no accounts in process: dead letters name the consumer
 
     async def publish(self, event: Event, *, msg_id: str | None = None, shadow: str | None = None) -> int:
         return await self.publish_raw(subject_for(event, self.partition, shadow), codec.encode(event),
@@ -47,6 +58,11 @@ class InMemoryBus:
                           msg_id: str | None = None) -> int:
         if msg_id is not None and msg_id in self._ids:
             return self._ids[msg_id]
+        if subject.startswith("eidlq."):  # the dead-letter stream is another stream (as on JetStream)
+            h = dict(headers or {})
+            self._dlq.append(DeadLetter(h.get(DLQ_SUBJECT, subject), h.get(DLQ_REASON, ""), h.get(DLQ_CONSUMER, ""),
+                                        int(h.get(DLQ_SEQ, 0) or 0), bytes(data)))
+            return len(self._dlq)
         hdrs = dict(headers or {})
         if msg_id is not None:
             hdrs[MSG_ID] = msg_id

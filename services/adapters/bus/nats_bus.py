@@ -30,7 +30,6 @@ from events.subjects import (
     DEFAULT_PARTITION,
     all_subjects,
     dlq_stream_name,
-    dlq_subject,
     dlq_subjects,
     stream_name,
     subject_for,
@@ -44,6 +43,7 @@ from services.adapters.bus.port import (
     MSG_ID,
     DeadLetter,
     Delivery,
+    dead_letter,
     decode_or_reason,
 )
 from services.adapters.bus.security import Credentials, snapshot_bucket
@@ -72,6 +72,10 @@ class NatsBus:
         self.dlq_stream = dlq_stream_name(partition)
         self._obs: dict = {}
         self.dead_lettered = 0
+        self.dead_letters_failed = 0
+        #: the NATS user this bus is connected as: dead letters go to ``eidlq.<p>.<account>``, the
+        #: one dead-letter subject its permissions allow (None on an open server: the consumer's name)
+        self.account: str | None = None
         #: an ack not back within this long is a lost publish; with message ids it is retried for
         #: up to ``retry_for_s`` (a cluster electing a new stream leader), else it raises
         self.publish_timeout_s = 5.0
@@ -119,6 +123,8 @@ class NatsBus:
         _quiet_callbacks(opts, name)
         nc = await nats.connect(**opts)
         bus = cls(nc, nc.jetstream(), partition, settings or StreamSettings())
+        account = user or (credentials.user if credentials is not None else None)
+        bus.account = token(account) if account else None
         if ensure:
             await bus.ensure_streams()
         return bus
@@ -260,8 +266,8 @@ class NatsBus:
     async def _dead_letter(self, consumer: str, seq: int, subject: str, data: bytes, reason: str) -> None:
         self.dead_lettered += 1
         log.error("dead_letter", consumer=consumer, seq=seq, subject=subject, reason=reason)
-        await self.js.publish(dlq_subject(self.partition, consumer), data, headers={
-            DLQ_REASON: reason[:1000], DLQ_SUBJECT: subject, DLQ_SEQ: str(seq), DLQ_CONSUMER: consumer})
+        if not await dead_letter(self, consumer, seq, subject, data, reason):
+            self.dead_letters_failed += 1
 
     async def close(self) -> None:
         if not self.nc.is_closed:
@@ -429,9 +435,10 @@ class _NatsConsumer:
         self._wake.set()
 
     async def _add_ephemeral(self, start: int) -> str:
-        # named (random): nats-py then sends the filtered create subject (see _open_durable's caller)
+        # named (random, after the account: the gateway's /health names an engine's stuck reader by
+        # it): nats-py then sends the filtered create subject (see _open_durable's caller)
         info = await self.bus.js.add_consumer(self.bus.stream, config=api.ConsumerConfig(
-            name=f"eph-{secrets.token_hex(8)}", ack_policy=api.AckPolicy.NONE, deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+            name=f"{self.bus.account or 'eph'}-{secrets.token_hex(8)}", ack_policy=api.AckPolicy.NONE, deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
             opt_start_seq=start, filter_subject=self.subjects, inactive_threshold=30.0, mem_storage=True))
         return info.name
 

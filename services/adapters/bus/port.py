@@ -23,18 +23,26 @@ Delivery semantics (both backends):
   idempotent on the sequence (``services.cores.contract.Sequenced``), since a crash between applying and
   acking redelivers.
 - A message that fails to decode (garbage, newer major schema) is copied to the dead-letter
-  subject ``eidlq.<partition>.<consumer>`` with the reason in headers, logged, counted, and
-  skipped; the consumer goes on (:func:`decode_or_reason` says which).
+  subject ``eidlq.<partition>.<account>`` with the reason and the consumer in headers, logged,
+  counted, and skipped; the consumer goes on (:func:`decode_or_reason` says which). The subject
+  names the bus's *account* (``bus.account``, the NATS user: the one dead-letter subject its
+  permissions allow), not the consumer: an engine's or the gateway's ephemeral consumer once
+  dead-lettered to ``eidlq.<p>.ephemeral``, was refused, and its consumer stopped for good.
+  :func:`dead_letter` never raises: a dead letter the bus does not take is logged whole.
 """
 
 from __future__ import annotations
 
+import asyncio
+import base64
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, Self, runtime_checkable
 
 from events import codec
 from events.catalog import AnyEvent, Event
+from events.subjects import dlq_subject
+from services.adapters.logging import get_logger
 
 DLQ_REASON = "Ei-Dlq-Reason"
 DLQ_SUBJECT = "Ei-Dlq-Subject"
@@ -127,3 +135,27 @@ class Bus(Protocol):
     async def dead_letters(self) -> list[DeadLetter]: ...
 
     async def close(self) -> None: ...
+
+
+#: How long a dead letter may take before it is given up (and logged whole instead).
+DEAD_LETTER_TIMEOUT_S = 2.0
+
+
+async def dead_letter(bus, consumer: str, seq: int, subject: str, data: bytes, reason: str) -> bool:
+    """Copy a message a consumer will not fold to the dead-letter subject of the bus's account
+    (``eidlq.<p>.<account>``; the consumer's name where the bus has no account: an open server).
+    Returns whether the bus took it. Never raises and waits at most
+    :data:`DEAD_LETTER_TIMEOUT_S`: a dead letter that cannot be stored (a permission the account
+    lacks, a server away) is logged with its bytes (base64, first 4 KiB) and the consumer goes on.
+    """
+    account = getattr(bus, "account", None) or consumer
+    headers = {DLQ_REASON: reason[:1000], DLQ_SUBJECT: subject[:1000], DLQ_SEQ: str(seq), DLQ_CONSUMER: consumer}
+    try:
+        await asyncio.wait_for(bus.publish_raw(dlq_subject(bus.partition, account), data, headers=headers),
+                               DEAD_LETTER_TIMEOUT_S)
+        return True
+    except Exception as exc:  # noqa: BLE001 - losing the copy must not stop the consumer
+        get_logger("bus").error("dead_letter_failed", consumer=consumer, account=account, seq=seq, subject=subject,
+                                reason=reason[:1000], error=f"{type(exc).__name__}: {exc}", bytes=len(data),
+                                data_b64=base64.b64encode(data[:4096]).decode())
+        return False

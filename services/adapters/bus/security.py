@@ -396,6 +396,8 @@ def service_permissions(spec: ServiceSpec, partition: str, other_durables: Itera
         pub += [a for key in RECORDED_CONFIGS for a in _snapshots_read(snapshot_bucket(partition, key))]
     if spec.role == "gateway":
         pub += _prompts_write(partition)
+        # read-only: every consumer's position and pending count, for /health's stuck readers
+        pub += [f"$JS.API.CONSUMER.LIST.{stream}"]
     if spec.role == "engine":
         pub += _prompts_read(partition)
     pub += _role_events(spec, p)

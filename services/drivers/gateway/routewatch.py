@@ -8,6 +8,8 @@ import contextlib
 from events.catalog import RouteDecided
 from events.subjects import token
 from services.adapters.bus import Bus
+from services.adapters.bus.port import Delivery
+from services.drivers.gateway.consumers import Watch
 
 
 class RouteWatcher:
@@ -18,23 +20,19 @@ class RouteWatcher:
         self.bus, self.partition = bus, partition
         self._waiting: dict[str, asyncio.Future] = {}
         self._task: asyncio.Task | None = None
-        self._ready = asyncio.Event()
+        self.reader = Watch(bus, "gateway-routes", f"ei.{token(partition)}.route", self._on)
 
     async def start(self) -> None:
         head = await self.bus.last_seq()
-        self._task = asyncio.create_task(self._run(head + 1), name="route-watcher")
-        await asyncio.wait_for(self._ready.wait(), 10.0)
+        self._task = asyncio.create_task(self.reader.run(head + 1), name="route-watcher")
+        await asyncio.wait_for(self.reader.ready.wait(), 10.0)
 
-    async def _run(self, start: int) -> None:
-        subj = f"ei.{token(self.partition)}.route"
-        async with self.bus.consumer(None, start_seq=start, subjects=subj) as c:
-            self._ready.set()
-            async for d in c:
-                ev = d.event
-                if isinstance(ev, RouteDecided) and not ev.shadow:
-                    fut = self._waiting.get(ev.request)
-                    if fut is not None and not fut.done():
-                        fut.set_result(ev)
+    def _on(self, d: Delivery) -> None:
+        ev = d.event
+        if isinstance(ev, RouteDecided) and not ev.shadow:
+            fut = self._waiting.get(ev.request)
+            if fut is not None and not fut.done():
+                fut.set_result(ev)
 
     def expect(self, request: str) -> asyncio.Future:
         fut = asyncio.get_running_loop().create_future()

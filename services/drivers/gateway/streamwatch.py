@@ -19,11 +19,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from events.authority import Admission
 from events.catalog import RequestFinished
 from events.subjects import token
 from events.wire import TokenMsg
 from services.adapters.bus import Bus
+from services.adapters.bus.port import Delivery
 from services.adapters.logging import get_logger
+from services.drivers.gateway.consumers import Watch
 from services.drivers.gateway.headers import BranchTable
 from services.drivers.gateway.meta import STREAM_FAILURE, failure_error
 
@@ -49,6 +52,7 @@ async def rebuild(bus: Bus, table: BranchTable, idle_s: float = 0.25, timeout_s:
     if head == 0:
         return 0
     n = idle = 0
+    admission = Admission()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     async with bus.consumer(None, start_seq=1, subjects=f"ei.{token(bus.partition)}.agent.>") as c:
@@ -80,8 +84,12 @@ async def rebuild(bus: Bus, table: BranchTable, idle_s: float = 0.25, timeout_s:
                 idle = 0
                 if d.seq > head:
                     break
-                table.fold(d.event)
-                n += 1
+                why = admission.reason(d.event, d.subject)
+                if why is not None:  # forged or malformed: the live watchers refused it too
+                    log.error("branch_rebuild_refused", seq=d.seq, subject=d.subject, reason=why)
+                else:
+                    table.fold(d.event)
+                    n += 1
                 if d.seq == head:
                     break
         finally:
@@ -99,22 +107,18 @@ class FailWatcher:
         self.bus, self.partition = bus, partition
         self._flight: dict[str, tuple[object, asyncio.Future | None]] = {}  # request -> (token sub, route future)
         self._task: asyncio.Task | None = None
-        self._ready = asyncio.Event()
         self.failed = 0
+        self.reader = Watch(bus, "gateway-failures", f"ei.{token(partition)}.node.*", self._on)
 
     async def start(self) -> None:
         head = await self.bus.last_seq()
-        self._task = asyncio.create_task(self._run(head + 1), name="fail-watcher")
-        await asyncio.wait_for(self._ready.wait(), 10.0)
+        self._task = asyncio.create_task(self.reader.run(head + 1), name="fail-watcher")
+        await asyncio.wait_for(self.reader.ready.wait(), 10.0)
 
-    async def _run(self, start: int) -> None:
-        subj = f"ei.{token(self.partition)}.node.*"
-        async with self.bus.consumer(None, start_seq=start, subjects=subj) as c:
-            self._ready.set()
-            async for d in c:
-                ev = d.event
-                if isinstance(ev, RequestFinished) and ev.error and ev.request in self._flight:
-                    self.fail(ev.request, ev.node, ev.error)
+    def _on(self, d: Delivery) -> None:
+        ev = d.event
+        if isinstance(ev, RequestFinished) and ev.error and ev.request in self._flight:
+            self.fail(ev.request, ev.node, ev.error)
 
     def fail(self, request: str, node: str, error: str) -> None:
         """End ``request``: an error message into its token queue, its route wait failed."""

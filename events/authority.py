@@ -1,0 +1,224 @@
+"""Event authority: which producer may put which events, about which entity, on which subject.
+
+NATS tells a consumer the subject a message came on, never who sent it: the ``src`` field is
+written by the sender and proves nothing. What the server does enforce is *who may publish on
+which subject* (services/adapters/bus/security.py generates each account's publish permissions).
+So authority is a property of the subject, and this module closes the gap between the two:
+
+* :data:`AUTHORITY` is THE table: one row per subject family, the event types that family
+  carries, the roles whose accounts may publish on it (the permissions are checked against it by
+  ``tests/unit/events/test_authority.py``) and the entity the subject's last token binds
+  (a branch, a node, a component, a shadow router's name).
+* :func:`check_subject` admits an event on a subject only when the subject is exactly the one
+  :func:`events.subjects.subject_for` gives for it: the type belongs to the family and the
+  entity it is about is the one in the subject. With the permissions this means: role commands
+  (``SwitchRole``), plans and ticks only from the planner; routing decisions only from the
+  router; KV and engine facts only about the publishing engine's own node; agent signals only
+  from the gateway. A ``SwitchRole(n1)`` published on ``ei.<p>.agent.x`` (the gateway's subject)
+  or on ``ei.<p>.node.n0`` (engine n0's) is refused, whatever its ``src`` says.
+* :class:`Admission` adds the timestamp rule, the one that needs state: ``ts`` must be finite,
+  not negative, and at most :data:`FUTURE_BOUND_S` ahead of the stream's time, the largest
+  ``ts`` admitted so far at a lower sequence (a ``Tick(ts=now+3600)`` would expire every node).
+  Only the future is bounded: a lagging engine's queued events are legitimately old.
+
+Every consumer that folds the stream (the services' runner, the engines' worker view, the
+gateway's watchers) and ``evolving verify`` apply the same :class:`Admission`, so a replay of the
+log refuses exactly what the live services refused. A refused event is dead-lettered and
+counted, never folded. The simulator publishes no subjects and is not checked.
+
+The node family ``ei.<p>.node.<n>`` is shared: engine ``n`` publishes its own facts there and the
+planner's liveness watcher publishes ``NodeRemoved``/``RequestFinished`` about ``n``. No subject
+can tell those two apart, so an engine may still say of its *own* node what liveness says (that
+it is gone, that its request failed): it cannot say anything about another node.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import msgspec
+
+from events.catalog import (
+    AnomalyReported,
+    BranchEnded,
+    BranchOpened,
+    ContextCompacted,
+    Event,
+    FirstToken,
+    IterationDone,
+    KvEvicted,
+    KvFetched,
+    KvMoved,
+    KvStageOrdered,
+    KvStored,
+    ModelFitted,
+    NodeHeartbeat,
+    NodeRegistered,
+    NodeRemoved,
+    PlanEvaluated,
+    RequestFinished,
+    RequestStarted,
+    RequestSubmitted,
+    RoleSwitched,
+    RoleSwitchOrdered,
+    RouteDecided,
+    SwitchRole,
+    Tick,
+)
+from events.subjects import subject_for, token
+
+#: How far (seconds) an event's ``ts`` may run ahead of the stream's time. Hosts of one cluster
+#: agree on the time to well under a second (NTP); a planner tick comes every second; a lagging
+#: publisher makes events older, never newer. 300 s leaves room for a host whose clock is off by
+#: minutes, and refuses the far-future forgeries that would expire every node at once.
+FUTURE_BOUND_S = 300.0
+
+
+@dataclass(frozen=True)
+class Family:
+    """One row of :data:`AUTHORITY`."""
+
+    family: str  # the subject's third token: ei.<p>.<family>...
+    subject: str  # the subject pattern, for the docs
+    events: tuple[type[Event], ...]
+    producers: tuple[str, ...]  # roles whose accounts may publish here (security.py ROLES)
+    binds: str  # what the subject's entity token must equal ("" when the subject has none)
+    note: str = ""
+
+
+AUTHORITY: tuple[Family, ...] = (
+    Family("agent", "ei.<p>.agent.<branch>", (BranchOpened, RequestSubmitted, ContextCompacted, BranchEnded),
+           ("gateway",), "the event's branch"),
+    Family("kv", "ei.<p>.kv.<node>", (KvStored, KvEvicted, KvMoved, KvFetched), ("engine",),
+           "the event's node (dst_node for KvMoved, KvFetched: the engine that received the blocks)",
+           "engine <node> only"),
+    Family("node", "ei.<p>.node.<node>",
+           (NodeRegistered, NodeHeartbeat, NodeRemoved, IterationDone, RequestStarted, FirstToken, RequestFinished,
+            RoleSwitched),
+           ("engine", "planner"), "the event's node",
+           "engine <node> (its own facts); the planner's liveness watcher (NodeRemoved, RequestFinished)"),
+    Family("route", "ei.<p>.route", (RouteDecided, KvStageOrdered), ("router",), "",
+           "the router in charge; RouteDecided.shadow must be false"),
+    Family("plan", "ei.<p>.plan", (ModelFitted, PlanEvaluated, RoleSwitchOrdered), ("planner",), ""),
+    Family("cmd", "ei.<p>.cmd.<node>", (SwitchRole,), ("planner",), "the command's node"),
+    Family("clock", "ei.<p>.clock", (Tick,), ("planner",), ""),
+    Family("anomaly", "ei.<p>.anomaly.<component>", (AnomalyReported,),
+           ("directory", "planner", "router", "engine"), "the event's component",
+           "each account only its own components"),
+    Family("shadow", "ei.<p>.shadow.<name>.<type>", (RouteDecided, KvStageOrdered, AnomalyReported), ("router",),
+           "the shadow router's name (and the type's lower-case name)",
+           "a router in shadow; RouteDecided.shadow must be true (nobody acts on it)"),
+)
+
+FAMILIES: dict[str, Family] = {f.family: f for f in AUTHORITY}
+
+
+def family_of(subject: str) -> str | None:
+    """``agent``, ``node``, ... for ``ei.<p>.<family>...``; None for a subject outside any stream."""
+    parts = subject.split(".", 3)
+    return parts[2] if len(parts) >= 3 and parts[0] == "ei" else None
+
+
+def check_subject(event: Event, subject: str) -> str | None:
+    """Why ``event`` may not stand on ``subject`` (None: it may). Pure."""
+    parts = subject.split(".")
+    if len(parts) < 3 or parts[0] != "ei":
+        return f"subject {subject!r} is not an event subject (ei.<partition>.<family>...)"
+    fam = FAMILIES.get(parts[2])
+    name = type(event).__name__
+    if fam is None:
+        return f"subject {subject!r}: unknown family {parts[2]!r}"
+    if not isinstance(event, fam.events):
+        allowed = ", ".join(t.__name__ for t in fam.events)
+        return (f"{name} may not be published on {subject!r}: the {fam.family} family carries {allowed} "
+                f"(published by {' or '.join(fam.producers)})")
+    partition = parts[1]
+    if fam.family == "shadow":
+        if len(parts) != 5:
+            return f"shadow subject {subject!r} is not ei.<p>.shadow.<name>.<type>"
+        want = subject_for(event, partition, shadow=parts[3])
+        if isinstance(event, RouteDecided) and not event.shadow:
+            return f"RouteDecided on the shadow subject {subject!r} must have shadow=true"
+    else:
+        want = subject_for(event, partition)
+        if isinstance(event, RouteDecided) and event.shadow:
+            return f"RouteDecided with shadow=true on {subject!r}: shadow decisions go under ei.<p>.shadow.<name>"
+    if want != subject:
+        return f"{name} about {_entity(event)!r} may not be published on {subject!r} (its subject is {want!r})"
+    return None
+
+
+def _entity(event: Event) -> str:
+    for attr in ("dst_node", "node", "branch", "component"):
+        if isinstance(event, (KvMoved, KvFetched)) and attr == "node":
+            continue
+        v = getattr(event, attr, None)
+        if v is not None:
+            return token(str(v))
+    return type(event).__name__
+
+
+def check_ts(ts: float, clock: float, future_bound_s: float = FUTURE_BOUND_S) -> str | None:
+    """Why ``ts`` is refused at stream time ``clock`` (None: admitted). Pure."""
+    if not math.isfinite(ts):
+        return f"ts is not a finite number ({ts!r})"
+    if ts < 0:
+        return f"ts {ts!r} is negative"
+    if clock > 0 and ts > clock + future_bound_s:
+        return (f"ts {ts:.3f} is {ts - clock:.1f} s ahead of the stream's time {clock:.3f} "
+                f"(at most {future_bound_s:g} s)")
+    return None
+
+
+class Refused(ValueError):
+    """An event the authority rule does not admit; ``reason`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _Snap(msgspec.Struct, array_like=True):
+    clock: float
+    refused: int
+    future_bound_s: float
+
+
+class Admission:
+    """The stateful admission check a consumer runs before folding each delivery: the subject
+    rule (:func:`check_subject`) and the timestamp rule (:func:`check_ts`) against the stream's
+    time, which only admitted events advance. Deterministic: same log, same refusals."""
+
+    def __init__(self, future_bound_s: float = FUTURE_BOUND_S, clock: float = 0.0) -> None:
+        self.future_bound_s = float(future_bound_s)
+        self.clock = float(clock)
+        self.refused = 0
+
+    def reason(self, event: Event, subject: str | None) -> str | None:
+        """Why ``event`` on ``subject`` is refused, or None after admitting it (``subject``
+        None: a trusted in-process driver, only the timestamp is checked)."""
+        why = check_ts(event.ts, self.clock, self.future_bound_s)
+        if why is None and subject is not None:
+            why = check_subject(event, subject)
+        if why is not None:
+            self.refused += 1
+            return why
+        self.clock = max(self.clock, event.ts)
+        return None
+
+    def admit(self, event: Event, subject: str | None) -> None:
+        """:meth:`reason`, raising :class:`Refused`."""
+        why = self.reason(event, subject)
+        if why is not None:
+            raise Refused(why)
+
+    def snapshot(self) -> bytes:
+        return msgspec.msgpack.encode(_Snap(self.clock, self.refused, self.future_bound_s))
+
+    @classmethod
+    def from_snapshot(cls, data: bytes) -> Admission:
+        s = msgspec.msgpack.decode(data, type=_Snap)
+        a = cls(s.future_bound_s, s.clock)
+        a.refused = s.refused
+        return a
