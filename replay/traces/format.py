@@ -78,8 +78,14 @@ import msgspec
 from events.catalog import BranchEnded, BranchOpened, ContextCompacted, Event, RequestSubmitted
 from events.hashing import hash_block_tokens, namespace_root
 from events.ids import BranchId, RequestId
+from events.jsondepth import too_deep
 
 FORMAT_VERSION = 1
+#: The deepest JSON nesting a trace record may have (a session line nests 6 deep, a
+#: kv-cache-tester document 4, a Claude Code transcript line a few more): deeper text is refused
+#: before it is decoded (``events.jsondepth``), far from where Python's decoders and our
+#: recursive readers would hit the interpreter's recursion limit (~1,000).
+MAX_JSON_DEPTH = 128
 _MAX_U64 = (1 << 64) - 1
 _SRC = "trace"
 #: What the client did during ``Request.pause_s``: ``"tool"`` (a tool ran: the prompt appends a
@@ -251,8 +257,20 @@ def _field_of(exc: msgspec.ValidationError) -> tuple[str, str]:
     return "(line)", msg
 
 
+def depth_error(raw: bytes | str, file: str, lineno: int) -> TraceFormatError | None:
+    """The error for JSON text nested deeper than :data:`MAX_JSON_DEPTH`, or ``None``."""
+    depth = too_deep(raw, MAX_JSON_DEPTH)
+    if depth is None:
+        return None
+    return TraceFormatError(file, lineno, "(json)", f"JSON nested {depth} deep (the limit is {MAX_JSON_DEPTH}): "
+                                                    "not a trace record")
+
+
 def decode_session(line: bytes | str, file: str = "<input>", lineno: int = 0) -> Session:
     """Decode and validate one session; raise :class:`TraceFormatError` naming the field."""
+    deep = depth_error(line, file, lineno)
+    if deep is not None:
+        raise deep
     try:
         s = _DECODER.decode(line)
     except msgspec.ValidationError as exc:

@@ -25,6 +25,7 @@ import json
 import os
 import socket
 import threading
+import time
 from collections import Counter
 
 import pytest
@@ -46,6 +47,7 @@ from services.adapters.bus import InMemoryBus
 from services.adapters.bus.tokens import MemoryTokens, TokenMsg, sim_text
 from services.drivers.gateway import openapi
 from services.drivers.gateway.app import Gateway, GatewayConfig
+from services.drivers.gateway.guard import GatewayRunner
 
 PARTITION = "fuzz"
 FUZZ_EXAMPLES = int(os.environ.get("EI_FUZZ_EXAMPLES", "0") or 0)  # > 0: the longer randomized run
@@ -97,7 +99,7 @@ class LiveGateway:
                             context_length=300_000, **self.cfg)
         gw = Gateway(bus, tokens, cfg)
         task = asyncio.create_task(fast_cluster(bus, tokens))
-        runner = web.AppRunner(gw.make_app(), access_log=None)
+        runner = GatewayRunner(gw.make_app(), access_log=None)  # as __main__ serves it
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
@@ -234,3 +236,101 @@ def test_regression_api_key_not_utf8_is_a_401():
             assert status == 401, body
         status, _ = _post(url, *CHAT, f"x-api-key: {KEY}\r\n".encode())
         assert status == 200
+
+
+# ----------------------------------------------------------------------------- issue 45: bad bytes
+COMPLETIONS = (b"/v1/completions", b'{"prompt":"hi","max_tokens":2}')
+COUNT = (b"/v1/messages/count_tokens", b'{"model":"evolving-sim","messages":[{"role":"user","content":"hi"}]}')
+ROUTES = {"chat": CHAT, "completions": COMPLETIONS, "messages": MESSAGES, "count_tokens": COUNT}
+
+
+def _shape(route: tuple[bytes, bytes], body: bytes) -> dict:
+    """The error body, checked to be the route's API shape: Anthropic's on /v1/messages*, else
+    OpenAI's (``code`` a string); returns the inner ``error``."""
+    doc = json.loads(body)
+    if route[0].startswith(b"/v1/messages"):
+        assert doc["type"] == "error" and set(doc["error"]) == {"type", "message"}, doc
+        assert doc["error"]["type"] in ("invalid_request_error", "not_found_error"), doc
+    else:
+        assert set(doc) == {"error"} and set(doc["error"]) == {"message", "type", "param", "code"}, doc
+        assert isinstance(doc["error"]["code"], str)
+    return doc["error"]
+
+
+@pytest.mark.parametrize("name", list(ROUTES))
+@pytest.mark.parametrize("depth", [129, 990, 100_000])
+def test_regression_json_nested_too_deep_is_a_400(gateway_url, name, depth):
+    """Was 500 (``RecursionError`` in msgspec) at 990 deep on all four POST routes."""
+    route = ROUTES[name]
+    body = route[1][:-1] + b',"metadata":' + b"[" * (depth - 1) + b"]" * (depth - 1) + b"}"
+    status, out = _post(gateway_url, route[0], body)
+    assert status == 400, out
+    err = _shape(route, out)
+    assert f"nested {depth} deep" in err["message"] and "at most 128 deep" in err["message"]
+    if "code" in err:
+        assert (err["code"], err["param"]) == ("json_too_deep", "body")
+
+
+@pytest.mark.parametrize("name", ["chat", "messages"])
+@pytest.mark.parametrize(("extra", "code"), [
+    (b"x-big: " + b"a" * 100_000 + b"\r\n", "header_too_large"),  # over aiohttp's 8190-byte field limit
+    (b"x-branch-id: a\x01b\r\n", "invalid_header"),  # a control character in a header value
+    (b"".join(b"x-h%d: 1\r\n" % i for i in range(200)), "invalid_header"),  # over 128 headers
+    (b"Content-Length: 99\r\n", "invalid_header"),  # a second, different Content-Length
+])
+def test_regression_aiohttps_own_400_is_json_in_the_routes_shape(gateway_url, capfd, caplog, name, extra, code):
+    """Was aiohttp's plain text (``Got more than 8190 bytes when reading``) and a traceback in
+    the log; now the route's JSON and one warning line."""
+    route = ROUTES[name]
+    capfd.readouterr()
+    status, out = _post(gateway_url, *route, extra)
+    assert status == 400, out
+    err = _shape(route, out)
+    assert err["message"].startswith("the HTTP request could not be parsed") and len(err["message"]) < 700
+    if "code" in err:
+        assert err["code"] == code
+    time.sleep(0.05)  # the gateway's thread logs after it answered
+    assert "http_protocol_error" in "".join(capfd.readouterr())
+    _no_traceback(caplog)
+
+
+def _no_traceback(caplog) -> None:
+    """aiohttp logs through the standard logging module (``aiohttp.server``): no record with a traceback."""
+    bad = [r for r in caplog.records if r.name.startswith("aiohttp") and (r.exc_info or r.levelno >= 40)]
+    assert not bad, [(r.name, r.getMessage()) for r in bad]
+
+
+def test_regression_a_bad_request_line_is_json(gateway_url):
+    status, out = _raw(gateway_url, b"GARBAGE\r\n\r\n")
+    assert status == 400 and json.loads(out)["error"]["code"] == "bad_request_line"
+    status, out = _raw(gateway_url, b"GET /v1/models HTTP/9.9\r\nHost: x\r\n\r\n")
+    assert status == 400 and json.loads(out)["error"]["code"] in ("bad_request_line", "bad_request")
+
+
+def test_regression_an_undecodable_gzip_body_logs_one_line(gateway_url, capfd, caplog):
+    """The 400 went out, then aiohttp logged ``Unhandled exception`` with a traceback while it
+    drained the body: now one warning line."""
+    capfd.readouterr()
+    status, _ = _post(gateway_url, CHAT[0], b"garbage", b"Content-Encoding: gzip\r\n")
+    assert status == 400
+    time.sleep(0.05)
+    assert "http_body_unreadable" in "".join(capfd.readouterr())
+    _no_traceback(caplog)
+
+
+@pytest.mark.parametrize("name", ["chat", "completions", "messages", "count_tokens"])
+def test_regression_a_7mb_model_name_is_not_echoed_whole(gateway_url, name):
+    """Was echoed whole in the 404 (7 MB back)."""
+    route = ROUTES[name]
+    doc = json.loads(route[1])
+    doc["model"] = "m" * 7_000_000
+    status, out = _post(gateway_url, route[0], json.dumps(doc).encode())
+    assert status == 404 and len(out) < 1500, (status, len(out))
+    assert "(7000000 chars)" in _shape(route, out)["message"]
+
+
+def test_regression_unknown_route_and_method_are_json(gateway_url):
+    status, out = _raw(gateway_url, b"GET /" + b"x" * 5000 + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert status == 404 and json.loads(out)["error"]["code"] == "not_found" and len(out) < 1000
+    status, out = _post(gateway_url, b"/v1/models", b"{}")
+    assert status == 405 and json.loads(out)["error"]["code"] == "method_not_allowed"

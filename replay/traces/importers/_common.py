@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from replay.traces.format import GZIP_MAGIC, Session, TraceFormatError, sniff
+from replay.traces.format import GZIP_MAGIC, Session, TraceFormatError, depth_error, sniff
 
 
 @dataclass
@@ -88,6 +88,10 @@ def json_lines(path: str | os.PathLike[str], problems: Problems) -> Iterator[tup
     with open(path, "rb") as fh:
         for lineno, raw in enumerate(fh, start=1):
             if not raw.strip():
+                continue
+            deep = depth_error(raw, file, lineno)
+            if deep is not None:
+                problems.bad(file, lineno, deep.field, deep.message)
                 continue
             try:
                 rec = json.loads(raw)

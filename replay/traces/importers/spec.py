@@ -266,11 +266,15 @@ def folder_files(fmt: str, folder: Path) -> list[Path]:
 
 def _load_file(use: str, f: Path, skip_bad: bool, block_tokens: int | None) -> Workload:
     w = Workload([], str(f), use)
-    if use == SESSIONS:
-        w.sessions = load_sessions(f, w.skipped if skip_bad else None)
-        return w
-    kw = {"block_tokens": block_tokens} if block_tokens is not None else {}
-    res = get_importer(use)(f, skip_bad=skip_bad, **kw)
+    try:
+        if use == SESSIONS:
+            w.sessions = load_sessions(f, w.skipped if skip_bad else None)
+            return w
+        kw = {"block_tokens": block_tokens} if block_tokens is not None else {}
+        res = get_importer(use)(f, skip_bad=skip_bad, **kw)
+    except RecursionError:  # the depth checks before decoding should make this unreachable
+        raise TraceFormatError(str(f), 0, "(json)", "nested too deeply to read (Python's recursion "
+                                                     "limit)") from None
     w.sessions, w.skipped, w.notes = res.sessions, res.skipped, res.notes
     return w
 

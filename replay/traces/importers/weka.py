@@ -43,7 +43,7 @@ from typing import Any
 
 import msgspec
 
-from replay.traces.format import Branch, Compact, End, Fork, Request, Session, Spawn, Step
+from replay.traces.format import Branch, Compact, End, Fork, Request, Session, Spawn, Step, depth_error
 from replay.traces.importers import cache as trace_cache
 from replay.traces.importers._common import (
     ImportResult,
@@ -303,6 +303,10 @@ def _import_weka_bytes(path: str | os.PathLike[str], raw: bytes, problems: Probl
     file = str(path)
     text = decode_text(file, raw, problems)
     if text is None:
+        return None
+    deep = depth_error(text, file, 0)
+    if deep is not None:
+        problems.bad(file, deep.line, deep.field, deep.message)
         return None
     try:
         doc = json.loads(text)

@@ -24,6 +24,7 @@ from services.adapters.bus.security import CredentialsError, add_cli_options
 from services.adapters.logging import configure_logging, get_logger
 from services.drivers.gateway.app import Gateway, GatewayConfig
 from services.drivers.gateway.auth import ENV_VAR, ApiKeyConfigError, load_api_keys
+from services.drivers.gateway.guard import GatewayRunner
 from services.drivers.gateway.model import ModelError, load_model
 from services.drivers.gateway.tokenmux import TokenMux
 from services.drivers.options import bus_auth
@@ -195,7 +196,7 @@ async def serve(args: argparse.Namespace) -> int:
         prompts = {n: NatsPromptStore(b.nc, n, ttl_s=args.prompt_ttl_s, replicas=b.settings.replicas)
                    for n, b in buses.items()}
     gw = Gateway(bus, TokenMux(bus.nc, args.partition), cfg, lanes=lanes, prompts=prompts, model=model)
-    runner = web.AppRunner(gw.make_app())
+    runner = GatewayRunner(gw.make_app())  # aiohttp's own protocol errors as JSON (guard.py)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
     await site.start()

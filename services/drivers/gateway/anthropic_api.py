@@ -44,6 +44,7 @@ from services.drivers.gateway.api import (
     ApiError,
     ChatRequest,
     Message,
+    clip,
     convert,
     decode_object,
     function_def,
@@ -160,7 +161,7 @@ def _decode(raw: bytes, cls: type[Struct]) -> Any:
         for i, t in enumerate(tools):
             kind = t.get("type") if isinstance(t, dict) else None
             if kind not in (None, "custom"):
-                raise ApiError(400, f"'tools[{i}].type': tool type {kind!r} is not supported: {_SERVER_TOOL}",
+                raise ApiError(400, f"'tools[{i}].type': tool type {clip(str(kind))!r} is not supported: {_SERVER_TOOL}",
                                f"tools[{i}].type", code="unsupported_parameter")
     try:
         req = convert(obj, cls)

@@ -33,6 +33,11 @@ Parameters fall in three groups (docs/gateway.md, "Parameters"):
 
 Any other top-level field is a 400 ``unknown_parameter`` (OpenAI answers "Unrecognized request
 argument supplied"), so a typo is never silently ignored.
+
+Bad input (docs/gateway.md, "Bad input"): a body nested deeper than :data:`MAX_JSON_DEPTH` is a
+400 ``json_too_deep`` before it is decoded (``events.jsondepth`` scans the bytes), and whatever
+a client sent that an error repeats (a model name, a field name, a header value) is cut to
+:data:`MAX_ECHO_CHARS` by :func:`clip`; no message is longer than :data:`MAX_MESSAGE_CHARS`.
 """
 
 from __future__ import annotations
@@ -44,7 +49,24 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct
 
+from events.jsondepth import too_deep
+
 # ----------------------------------------------------------------------------- errors
+#: The deepest JSON nesting a request body may have. Real clients stay far below it (a Claude
+#: Code request with its tool schemas nests ~10-20 deep); Python's decoders and the recursive
+#: code after them (the chat template, json.dumps of tool inputs) fail near 1,000.
+MAX_JSON_DEPTH = 128
+MAX_ECHO_CHARS = 256  # of one value a client sent, repeated in an error
+MAX_MESSAGE_CHARS = 2048  # of any error message
+
+
+def clip(text: str, limit: int = MAX_ECHO_CHARS) -> str:
+    """``text`` as an error may repeat it: whole up to ``limit`` characters, else its first
+    ``limit``, an ellipsis and its length (``'mmmm… (7000000 chars)'``)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text)} chars)"
+
 DEFAULT_CODES = {400: "invalid_request", 401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed",
                  409: "conflict", 413: "request_too_large", 500: "internal_error", 502: "engine_error",
                  503: "service_unavailable", 504: "timeout"}
@@ -57,8 +79,9 @@ class ApiError(Exception):
 
     def __init__(self, status: int, message: str, param: str | None = None, type_: str | None = None,
                  code: str | None = None) -> None:
+        message = clip(message, MAX_MESSAGE_CHARS)
         super().__init__(message)
-        self.status, self.message, self.param = status, message, param
+        self.status, self.message, self.param = status, message, None if param is None else clip(param)
         self.type = type_ or DEFAULT_TYPES.get(status, "invalid_request_error")
         self.code = code or DEFAULT_CODES.get(status, "error")
 
@@ -208,7 +231,8 @@ def validation_error(exc: msgspec.ValidationError) -> ApiError:
         code = "invalid_type"
     else:
         code = "invalid_value"
-    param = path.lstrip(".") or "body"
+    param = clip(path.lstrip(".") or "body")
+    base = clip(base, 2 * MAX_ECHO_CHARS)  # msgspec repeats a bad enum value or an unknown field name
     if base.startswith("Invalid enum value") and param.endswith(".role"):
         base += f" (expected one of {', '.join(ROLES)})"
     return ApiError(400, f"'{param}': {base}", param, code=code)
@@ -236,9 +260,15 @@ def _surrogate_path(obj: Any, path: str = "") -> str | None:
 
 
 def decode_object(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object; a 400 naming ``body`` (or the field with a lone surrogate)."""
+    """The body as a JSON object; a 400 naming ``body`` (or the field with a lone surrogate).
+    Nested deeper than :data:`MAX_JSON_DEPTH`: a 400 ``json_too_deep``, before decoding."""
+    depth = too_deep(raw, MAX_JSON_DEPTH)
+    if depth is not None:
+        raise too_deep_error(depth)
     try:
         obj = msgspec.json.decode(raw)
+    except RecursionError:  # unreachable behind the depth check; never a 500
+        raise too_deep_error(None) from None
     except msgspec.DecodeError as exc:
         # msgspec rejects lone surrogates ("\ud800") that Python's json accepts: find the field.
         try:
@@ -255,11 +285,20 @@ def decode_object(raw: bytes) -> dict[str, Any]:
     return obj
 
 
+def too_deep_error(depth: int | None) -> ApiError:
+    """The 400 for a body nested deeper than :data:`MAX_JSON_DEPTH` (``depth``: how deep, when known)."""
+    how = f"nested {depth} deep" if depth is not None else "nested too deeply to decode"
+    return ApiError(400, f"the request body is {how}: JSON objects and arrays may nest at most "
+                         f"{MAX_JSON_DEPTH} deep", "body", code="json_too_deep")
+
+
 def convert(obj: dict[str, Any], cls: type[Struct]) -> Any:
     """``obj`` as ``cls``: an unknown top-level field or a msgspec validation error is a 400."""
     unknown = [k for k in obj if k not in cls.__struct_fields__]
     if unknown:
-        raise ApiError(400, f"unrecognized request argument(s) supplied: {', '.join(sorted(unknown))} "
+        names = ", ".join(clip(k, 64) for k in sorted(unknown)[:10])
+        more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
+        raise ApiError(400, f"unrecognized request argument(s) supplied: {names}{more} "
                             "(docs/gateway.md lists the parameters this gateway accepts)", min(unknown),
                        code="unknown_parameter")
     try:

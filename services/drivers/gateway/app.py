@@ -60,6 +60,7 @@ from services.drivers.gateway.api import (
     CompletionRequest,
     agent_hints,
     chat_tools,
+    clip,
     context_error,
     parse_chat,
     parse_completion,
@@ -248,7 +249,7 @@ class Gateway:
     def _model(self, name: str | None) -> str:
         if not name or name == self.cfg.model:
             return self.cfg.model
-        raise ApiError(404, f"The model '{name}' does not exist (this gateway serves '{self.cfg.model}')",
+        raise ApiError(404, f"The model '{clip(name)}' does not exist (this gateway serves '{self.cfg.model}')",
                        "model", code="model_not_found")
 
     async def models(self, _req: web.Request) -> web.Response:

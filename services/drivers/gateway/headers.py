@@ -44,6 +44,7 @@ import msgspec
 
 from events.catalog import BranchEnded, BranchOpened, ContextCompacted, Event, RequestSubmitted
 from events.ids import BlockHash, BranchId, BranchMode, RequestId
+from services.drivers.gateway.api import clip
 
 H_BRANCH = "x-branch-id"
 H_PARENT = "x-parent-branch-id"
@@ -134,7 +135,7 @@ def parse_bool(headers: Mapping[str, str], name: str) -> bool:
         return True
     if low in _FALSE:
         return False
-    raise HeaderError(name, f"expected a boolean (true/false/1/0), got {v!r}")
+    raise HeaderError(name, f"expected a boolean (true/false/1/0), got {clip(v)!r}")
 
 
 def _ident(headers: Mapping[str, str], name: str | None) -> str | None:
@@ -189,7 +190,7 @@ def parse_branch_headers(headers: Mapping[str, str]) -> BranchSignals:
     if raw_mode is not None:
         mode = raw_mode.lower()
         if mode not in ("fork", "subagent"):
-            raise HeaderError(H_MODE, f"expected 'fork' or 'subagent', got {raw_mode!r}")
+            raise HeaderError(H_MODE, f"expected 'fork' or 'subagent', got {clip(raw_mode)!r}")
         if parent is None:
             raise HeaderError(H_MODE, f"a {mode} needs {fam.parent or H_PARENT}")
     else:
