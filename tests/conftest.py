@@ -47,3 +47,9 @@ def nats_url(nats_server) -> str:
 def partition(request) -> str:
     """A partition name unique to this test."""
     return f"t{next(_partition_ids)}"
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "hostile: the hostile suite (issue 45): every account of a secured `evolving up` sends bad "
+                   "bytes and forged events; in the default suite and so in .ci/run")

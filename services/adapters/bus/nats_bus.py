@@ -305,6 +305,9 @@ def _quiet_callbacks(opts: dict, name: str) -> None:
     opts.setdefault("reconnected_cb", on_reconnected)
 
 
+#: pull-request lifetime of an ephemeral consumer (see _NatsConsumer.expires_s)
+EPHEMERAL_EXPIRES_S = 2.0
+
 #: JetStream status codes on a pull consumer's inbox (they carry no stream message).
 _STATUS_HEARTBEAT = "100"
 _STATUS_DONE = {"404", "408", "409"}  # no messages / request expired / request closed (e.g. limits)
@@ -325,7 +328,11 @@ class _NatsConsumer:
                  ack_delay_s: float = 0.1) -> None:
         self.bus, self.durable, self.start_seq, self.subjects = bus, durable, start_seq, subjects
         self.name = durable or "ephemeral"
-        self.batch_acks, self.batch, self.expires_s = batch_acks, batch, expires_s
+        self.batch_acks, self.batch = batch_acks, batch
+        #: an ephemeral consumer acknowledges nothing, so what the server handed it is all that
+        #: tells its progress (the gateway's /health, consumers.py): a reader that stopped keeps
+        #: being handed messages until its pull request expires, so ephemerals ask for short ones
+        self.expires_s = expires_s if durable else min(expires_s, EPHEMERAL_EXPIRES_S)
         #: an idle consumer sends its pending ack this long after the oldest unsent one, not at
         #: every wake-up: one socket write per wake-up was most of the router's CPU per request
         self.ack_delay_s = ack_delay_s

@@ -69,6 +69,7 @@ from services.drivers.gateway.api import (
 )
 from services.drivers.gateway.auth import ApiKeys
 from services.drivers.gateway.config import GatewayConfig, scaled_clock
+from services.drivers.gateway.consumers import ConsumerHealth
 from services.drivers.gateway.guard import Guard
 from services.drivers.gateway.headers import (
     BranchSignals,
@@ -119,6 +120,10 @@ class Gateway:
         self.watcher = self.watchers[self.partitions[0]]
         # requests the stream says failed (RequestFinished with an error) end here too (streamwatch)
         self.failures = {p: FailWatcher(b, p) for p, (b, _) in self.lanes.items()}
+        # every reader of each partition's stream as JetStream sees it (consumers.py): /health names
+        # the stuck and the lagging ones, /metrics exports their pending counts
+        self.consumer_health = {p: ConsumerHealth(b) for p, (b, _) in self.lanes.items()}
+        self.metrics.watch_consumers(self._consumer_report, self._watch_states)
         self.rebuilt = 0  # harness events folded into the branch table at start (a restart)
         self.instance = uuid.uuid4().hex[:8]
         self._ids = itertools.count(1)
@@ -152,6 +157,8 @@ class Gateway:
             await w.start()
         for f in self.failures.values():
             await f.start()
+        for ch in self.consumer_health.values():
+            ch.start()
         if self.table.ttl_s is not None:
             self._expiry_task = asyncio.create_task(self._expiry_loop(), name="branch-expiry")
         log.info("gateway_ready", partition=",".join(self.partitions), tokenizer=self.tokenizer_note,
@@ -167,6 +174,8 @@ class Gateway:
             await w.stop()
         for f in self.failures.values():
             await f.stop()
+        for ch in self.consumer_health.values():
+            await ch.stop()
         for _, tokens in self.lanes.values():
             if hasattr(tokens, "stop"):
                 await tokens.stop()
@@ -270,16 +279,44 @@ class Gateway:
                 "reconnecting": bool(getattr(nc, "is_reconnecting", False)),
                 "server": f"{url.hostname}:{url.port}" if url is not None and nc.is_connected else None}
 
+    def _watch_states(self) -> list:
+        return [w.reader.state for w in [*self.watchers.values(), *self.failures.values()]]
+
+    def _consumer_report(self) -> dict:
+        """Every stream reader of every partition (consumers.py), merged: a consumer's name is
+        prefixed with its partition when there are several."""
+        if len(self.consumer_health) == 1:
+            return next(iter(self.consumer_health.values())).report()
+        out: dict = {"consumers": {}, "stuck": [], "lagging": []}
+        for part, ch in self.consumer_health.items():
+            rep = ch.report()
+            out["consumers"].update({f"{part}/{k}": v for k, v in rep["consumers"].items()})
+            out["stuck"] += [f"{part}/{k}" for k in rep["stuck"]]
+            out["lagging"] += [f"{part}/{k}" for k in rep["lagging"]]
+        return out
+
     async def health(self, _req: web.Request) -> web.Response:
         """200 while the bus is connected, 503 (``status: "bus_unavailable"``) while it is not:
-        a load balancer then stops sending requests that could only time out."""
+        a load balancer then stops sending requests that could only time out. ``status`` is
+        ``degraded`` (still 200: the gateway itself serves) while a reader of the stream is stuck
+        or lagging (consumers.py: an engine whose input stopped, a service folding behind) or
+        one of the gateway's own readers last failed; ``stuck`` and ``lagging`` name them."""
         bus = self.bus_state()
-        return web.json_response({"status": "ok" if bus["connected"] else "bus_unavailable",
+        rep = self._consumer_report()
+        watches = {st.name: st.as_dict() for st in self._watch_states()}
+        status = "ok"
+        if not bus["connected"]:
+            status = "bus_unavailable"
+        elif rep["stuck"] or rep["lagging"]:
+            status = "degraded"
+        return web.json_response({"status": status,
                                   "partition": self.cfg.partition, "partitions": list(self.partitions),
                                   "bus": bus, "tokenizer": self.tokenizer_note,
                                   "auth": self.keys.enabled, "context_length": self.cfg.context_length,
                                   "max_body_bytes": self.cfg.max_body_bytes,
-                                  "open_branches": len(self.table.open), "in_flight": self.in_flight},
+                                  "open_branches": len(self.table.open), "in_flight": self.in_flight,
+                                  "stuck": rep["stuck"], "lagging": rep["lagging"], "consumers": rep["consumers"],
+                                  "watches": watches},
                                  status=200 if bus["connected"] else 503)
 
     async def metrics_view(self, _req: web.Request) -> web.Response:

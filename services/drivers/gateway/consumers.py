@@ -31,8 +31,10 @@ from services.adapters.logging import get_logger
 
 log = get_logger("gateway")
 
-#: a consumer behind the head that has not moved for this long is stuck (/health within 10 s)
-STUCK_AFTER_S = 5.0
+#: a consumer behind the head that has not moved for this long is stuck. /health names a reader
+#: that stopped within 10 s: an ephemeral one is still handed messages for up to its pull
+#: request's 2 s (nats_bus.EPHEMERAL_EXPIRES_S), then 4 s unmoved, then the next 1 s poll
+STUCK_AFTER_S = 4.0
 #: a consumer with more messages than this waiting is lagging
 LAG_EVENTS = 5000
 
@@ -115,7 +117,7 @@ class ConsumerHealth:
     """Polls JetStream's view of every consumer of the stream (module docstring). Works only on
     a JetStream bus; on an in-process bus :meth:`report` says so."""
 
-    def __init__(self, bus: Bus, every_s: float = 2.0, stuck_after_s: float = STUCK_AFTER_S,
+    def __init__(self, bus: Bus, every_s: float = 1.0, stuck_after_s: float = STUCK_AFTER_S,
                  lag_events: int = LAG_EVENTS, clock: Callable[[], float] = time.monotonic) -> None:
         self.bus, self.every_s, self.stuck_after_s, self.lag_events = bus, every_s, stuck_after_s, lag_events
         self.clock = clock

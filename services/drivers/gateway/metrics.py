@@ -29,6 +29,8 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "ei_gateway_requests_total": ("completion requests received, by endpoint", ("endpoint",)),
@@ -119,6 +121,11 @@ class GatewayMetrics:
         self.queued = Gauge(FRONTEND + "queued_requests",
                             "requests from admission until their first token (or their end)", ["model"], registry=r)
 
+    def watch_consumers(self, report: Callable[[], dict], watches: Callable[[], list]) -> None:
+        """Export, at scrape time, each stream consumer's pending messages and state as JetStream
+        sees it (consumers.py ``ConsumerHealth.report``) and the gateway's own readers' refusals."""
+        self.registry.register(_ConsumerGauges(report, watches))
+
     def request(self, model: str, endpoint: str, stream: bool) -> RequestObserver:
         """Start observing one completion request (``endpoint``: Dynamo's label value)."""
         return RequestObserver(self, model, endpoint, stream)
@@ -202,3 +209,27 @@ class RequestObserver:
             m.hist["request_duration_seconds"].labels(model).observe(self.clock() - self.start)
             m.hist["output_sequence_tokens"].labels(model).observe(self.output)
         m.count["requests"].labels(model, self.endpoint, self.request_type, "success" if ok else "error").inc()
+
+
+class _ConsumerGauges(Collector):
+    """``ei_consumer_pending_events{consumer}`` and ``ei_consumer_stuck{consumer}`` for every
+    consumer of the stream; ``ei_gateway_events_refused_total{watch}`` for the gateway's own readers."""
+
+    def __init__(self, report: Callable[[], dict], watches: Callable[[], list]) -> None:
+        self.report, self.watches = report, watches
+
+    def collect(self):
+        rep = self.report()
+        pending = GaugeMetricFamily("ei_consumer_pending_events",
+                                    "messages waiting for (or not yet acknowledged by) each stream consumer",
+                                    labels=["consumer"])
+        stuck = GaugeMetricFamily("ei_consumer_stuck", "1 while a consumer with messages waiting has not moved",
+                                  labels=["consumer"])
+        for name, c in rep.get("consumers", {}).items():
+            pending.add_metric([name], c.get("pending", 0))
+            stuck.add_metric([name], 1.0 if c.get("state") == "stuck" else 0.0)
+        refused = CounterMetricFamily("ei_gateway_events_refused", "events the gateway's readers refused "
+                                      "(events/authority.py)", labels=["watch"])
+        for st in self.watches():
+            refused.add_metric([st.name], st.refused)
+        yield from (pending, stuck, refused)

@@ -140,8 +140,34 @@ class BusState(Struct, forbid_unknown_fields=True):
     server: str | None | UnsetType = UNSET
 
 
+class StreamConsumer(Struct, forbid_unknown_fields=True):
+    """One reader of the stream as JetStream sees it (services/drivers/gateway/consumers.py)."""
+
+    name: str
+    durable: bool
+    filter: str
+    pending: int
+    position: int
+    delivered: int
+    ack_floor: int
+    state: Literal["ok", "stuck", "lagging"]
+    unmoved_s: float
+
+
+class GatewayWatch(Struct, forbid_unknown_fields=True):
+    """One of the gateway's own stream readers: what it handled, refused, and its last error."""
+
+    subjects: str
+    last_seq: int
+    handled: int
+    refused: int
+    restarts: int
+    error: str | None
+    last_refusal: str | None
+
+
 class Health(Struct, forbid_unknown_fields=True):
-    status: Literal["ok", "bus_unavailable"]
+    status: Literal["ok", "degraded", "bus_unavailable"]
     partition: str
     partitions: list[str]
     bus: BusState
@@ -151,6 +177,10 @@ class Health(Struct, forbid_unknown_fields=True):
     max_body_bytes: int
     open_branches: int
     in_flight: int
+    stuck: list[str]  # stream readers with messages waiting that have not moved for 4 s
+    lagging: list[str]  # stream readers with more than 5000 messages waiting
+    consumers: dict[str, StreamConsumer]
+    watches: dict[str, GatewayWatch]
 
 
 class OpenAIErrorDetail(Struct, forbid_unknown_fields=True):
