@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -95,7 +95,22 @@ class EngineMetrics:
         self.generated = Counter("ei_engine_generation_tokens", "output tokens of finished requests", lab,
                                  registry=r)
         self.events = Counter("ei_engine_events", "events the node emitted, by type", lab + ["type"], registry=r)
-        for c in (self.prompt, self.cached, self.generated):
+        # the worker's stream input (engine/worker/stream.py): how far it folded, how far behind
+        # the stream's head, and what it would not fold (issue 45: a consumer that silently stopped)
+        self.applied = Gauge("ei_engine_applied_seq", "last stream sequence folded into the worker's view", lab,
+                             registry=r)
+        self.lag = Gauge("ei_engine_consumer_lag_events", "stream head minus the last sequence folded", lab,
+                         registry=r)
+        self.dead_letters = Counter("ei_engine_dead_letters", "deliveries dead-lettered (undecodable or refused)",
+                                    lab, registry=r)
+        self.dead_letter_failed = Counter("ei_engine_dead_letters_failed",
+                                          "dead letters the bus did not take (logged whole instead)", lab, registry=r)
+        self.refused = Counter("ei_engine_events_refused", "events the authority rule refused (events/authority.py)",
+                               lab, registry=r)
+        self.fold_failed = Counter("ei_engine_fold_failures", "deliveries whose fold raised (logged, skipped)", lab,
+                                   registry=r)
+        for c in (self.prompt, self.cached, self.generated, self.applied, self.lag, self.dead_letters,
+                  self.dead_letter_failed, self.refused, self.fold_failed):
             c.labels(node)  # export zeros from the start
         for phase in ("prefill", "decode"):
             self.iterations.labels(node, phase)

@@ -24,6 +24,7 @@ from engine.worker.kvgate import KvGate
 from engine.worker.prompts import PromptFetch
 from engine.worker.publish import Publishing
 from engine.worker.stream import StreamFolding
+from events.authority import Admission
 from events.catalog import Event, FirstToken, NodeRegistered, NodeRemoved, RequestFinished, RequestStarted
 from events.ids import NodeId, Role
 from events.wire import TokenMsg
@@ -81,6 +82,12 @@ class EngineWorker(StreamFolding, Publishing):
         self._queued_here: set[str] = set()
         self._head = 0
         self.applied_seq = 0  # last stream sequence folded into the view
+        #: the event authority (events/authority.py) every delivery passes before the view folds it;
+        #: its stream time travels in the view's snapshot
+        self.admission = Admission()
+        self.stream_head = 0  # the stream's last sequence, polled (stream.py, _watch_head)
+        self._progress_at = time.monotonic()  # when applied_seq last moved, or the head was reached
+        self.consumer_error: str | None = None  # why the stream input last stopped (it restarts)
         self.restored_from = 0  # snapshot position the worker started from (0: folded from 1)
         self._unechoed = 0  # own events published whose echo has not come back yet
         self._since_snap = 0
@@ -174,11 +181,32 @@ class EngineWorker(StreamFolding, Publishing):
             self.host.catch_up()
             self.backend.progress()
 
+    #: behind the stream's head with no sequence folded for this long: the stream input is stuck
+    STUCK_AFTER_S = 5.0
+
+    def stream_state(self) -> dict:
+        """How the stream input stands: its lag behind the head, how long it has not moved while
+        behind, and whether that makes it stuck (``STUCK_AFTER_S``)."""
+        lag = max(0, self.stream_head - self.applied_seq)
+        idle = 0.0 if lag == 0 else time.monotonic() - self._progress_at
+        stuck = lag > 0 and idle > self.STUCK_AFTER_S
+        return {"applied_seq": self.applied_seq, "head": self.stream_head, "lag": lag,
+                "stalled_s": round(idle, 1), "stuck": stuck, "consumer_error": self.consumer_error,
+                "refused": self.admission.refused}
+
     def health(self) -> dict:
-        """``/healthz``: ready (200) once registered and serving, else 503."""
-        return {"ready": self.live.is_set(), "node": self.node_id, "role": self.backend.role,
-                "backend": self.backend.name, "applied_seq": self.applied_seq, "published": self.published,
-                "publish_retries": self.publish_retries}
+        """``/healthz``: ready (200) once registered and serving with its stream input keeping up,
+        else 503: a worker whose view is stuck behind the stream (it would never see its routes)
+        is not ready, and says why."""
+        st = self.stream_state()
+        ready = self.live.is_set() and not st["stuck"]
+        out = {"ready": ready, "node": self.node_id, "role": self.backend.role,
+               "backend": self.backend.name, "published": self.published,
+               "publish_retries": self.publish_retries, **st}
+        if self.live.is_set() and st["stuck"]:
+            out["why"] = (f"the stream input is stuck at sequence {st['applied_seq']}, {st['lag']} behind the head "
+                          f"for {st['stalled_s']} s" + (f" ({self.consumer_error})" if self.consumer_error else ""))
+        return out
 
     def registration(self) -> NodeRegistered:
         p = self.profile

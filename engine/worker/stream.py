@@ -6,8 +6,10 @@ the view's snapshots (engine/worker/__init__.py, 1-3 and 6)."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 from engine.backend import DecodeJob, PrefillJob
+from events import codec
 from events.catalog import (
     Event,
     FirstToken,
@@ -21,6 +23,7 @@ from events.catalog import (
     SwitchRole,
 )
 from events.ids import NodeId
+from services.adapters.bus.port import dead_letter
 from services.adapters.logging import get_logger
 from services.cores.contract import Sequenced
 from services.cores.worker_view import WorkerView
@@ -192,13 +195,14 @@ class StreamFolding:
                       action="folding from sequence 1")
             return
         self.view, self.applied_seq = seqd.core, seqd.applied_seq
+        self.admission = seqd.admission
         self.restored_from = seqd.applied_seq
 
     async def snapshot(self) -> bool:
         """Write the view's snapshot if it is consistent (no own event awaiting its echo)."""
         if self._unechoed or self.applied_seq == 0:
             return False
-        data = Sequenced(self.view, self.applied_seq).snapshot()
+        data = Sequenced(self.view, self.applied_seq, self.admission).snapshot()
         try:
             await self.bus.put_snapshot(self.snapshot_key, data)
         except Exception as exc:  # noqa: BLE001 - a lost snapshot only lengthens the next start
@@ -208,18 +212,70 @@ class StreamFolding:
         return True
 
     async def _consume(self, caught_up: asyncio.Event) -> None:
+        """The stream input, for the worker's whole life: a consumer that fails (the bus away, a
+        consumer deleted) is opened again after the last sequence folded; bad input never stops
+        it (:meth:`_take`)."""
         if self._head <= self.applied_seq:
             caught_up.set()
-        async with self.bus.consumer(None, start_seq=self.applied_seq + 1) as c:
-            async for d in c:
-                if d.seq % 64 == 0:  # a buffered backlog folds without awaiting: let heartbeats run
-                    await asyncio.sleep(0)
+        watcher = asyncio.create_task(self._watch_head(), name="stream-head")
+        try:
+            while True:
                 try:
-                    self.fold(d.seq, d.event)
-                except Exception as exc:  # noqa: BLE001 - bad input never kills the node
-                    log.error("fold_failed", node=self.node_id, seq=d.seq, event=type(d.event).__name__,
-                              error=repr(exc))
-                if d.seq >= self._head:
-                    caught_up.set()
-                if self._since_snap >= self.snapshot_every and not self._unechoed:
-                    await self.snapshot()
+                    async with self.bus.consumer(None, start_seq=self.applied_seq + 1) as c:
+                        self.consumer_error = None
+                        async for d in c:
+                            if d.seq % 64 == 0:  # a buffered backlog folds without awaiting: let heartbeats run
+                                await asyncio.sleep(0)
+                            await self._take(d)
+                            if d.seq >= self._head:
+                                caught_up.set()
+                            if self._since_snap >= self.snapshot_every and not self._unechoed:
+                                await self.snapshot()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - the input must come back, whatever stopped it
+                    self.consumer_error = f"{type(exc).__name__}: {exc}"[:500]
+                    log.error("stream_input_failed", node=self.node_id, applied_seq=self.applied_seq,
+                              error=self.consumer_error, action="reopening after the last folded sequence in 1 s")
+                    await asyncio.sleep(1.0)
+        finally:
+            watcher.cancel()
+
+    async def _take(self, d) -> None:
+        """One delivery: admitted by the event authority (events/authority.py), then folded; a
+        refused one is dead-lettered to this engine's account and counted, a fold that raises is
+        logged and counted. Either way the position moves past it."""
+        why = self.admission.reason(d.event, d.subject)
+        if why is not None:
+            self.applied_seq = max(self.applied_seq, d.seq)
+            self.metrics.refused.labels(self.node_id).inc()
+            await self._dead_letter(d, f"refused: {why}")
+        else:
+            try:
+                self.fold(d.seq, d.event)
+            except Exception as exc:  # noqa: BLE001 - bad input never kills the node
+                self.applied_seq = max(self.applied_seq, d.seq)
+                self.metrics.fold_failed.labels(self.node_id).inc()
+                log.error("fold_failed", node=self.node_id, seq=d.seq, event=type(d.event).__name__,
+                          error=repr(exc))
+        self._progress_at = time.monotonic()
+        self.metrics.applied.labels(self.node_id).set(self.applied_seq)
+
+    async def _dead_letter(self, d, reason: str) -> None:
+        self.metrics.dead_letters.labels(self.node_id).inc()
+        log.error("dead_letter", consumer=self.snapshot_key, seq=d.seq, subject=d.subject, reason=reason)
+        if not await dead_letter(self.bus, self.snapshot_key, d.seq, d.subject, codec.encode(d.event), reason):
+            self.metrics.dead_letter_failed.labels(self.node_id).inc()
+
+    async def _watch_head(self, every_s: float = 1.0) -> None:
+        """Poll the stream's head, so health can tell a view that keeps up from one that is stuck."""
+        while True:
+            try:
+                head = await self.bus.last_seq()
+                if head > self.stream_head and self.applied_seq >= self.stream_head:
+                    self._progress_at = time.monotonic()  # it had caught up: the clock starts now
+                self.stream_head = head
+                self.metrics.lag.labels(self.node_id).set(max(0, head - self.applied_seq))
+            except Exception as exc:  # noqa: BLE001 - best effort; the fold goes on
+                log.debug("stream_head_unknown", node=self.node_id, error=str(exc))
+            await asyncio.sleep(every_s)
