@@ -235,7 +235,7 @@ def _one_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-#: lines of gaps and undecodable rows printed (--json lists up to verify.LISTED)
+#: lines of refusals, gaps and undecodable rows printed (--json lists up to verify.LISTED)
 SHOWN = 20
 
 
@@ -246,7 +246,16 @@ def _ranges(ranges: list, limit: int = SHOWN) -> str:
 
 def print_report(out: dict) -> None:
     reproduced = ", ".join(f"{k}={v}" for k, v in out["reproduced"].items()) or "none"
-    print(f"folded {out['events']} events; reproduced decisions: {reproduced}")
+    refused = out.get("refused", 0)
+    print(f"folded {out.get('folded', out['events'])} events" + (f", refused {refused}" if refused else "")
+          + f"; reproduced decisions: {reproduced}")
+    if refused:
+        print(f"refused by the event authority (events/authority.py; not folded, not compared, as the live "
+              f"services do): {refused}")
+        for r in out["refusals"][:SHOWN]:
+            print(f"  seq {r['seq']} on {r['subject'] or '(no subject)'}: {r['type']}: {r['reason']}")
+        if refused > SHOWN:
+            print(f"  ... and {refused - SHOWN} more (--json lists the first {len(out['refusals'])})")
     if out.get("skipped"):
         print(f"not handed to the recorder: {out['skipped']} seq(s), {_ranges(out['skipped_ranges'])} (messages it "
               "could not decode and dead-lettered, or that left the stream before it read them)")

@@ -26,7 +26,13 @@ How it works (docs/recorder.md has the long form):
 A core that leaves ``src`` empty gets the recorded ``src`` before the comparison: adapters stamp
 the publisher id, cores do not.
 
-:func:`verify_log` also checks that the log is whole: every seq from 1 to its applied position
+The log is the stream, refused events included, so verify applies the event authority the live
+consumers apply (issue 45; events/authority.py): one :class:`~events.authority.Admission` over
+the rows in seq order, each checked with its recorded subject. A refused row is not folded into
+any core, not compared as a decision (a forged ``RouteDecided`` on the gateway's subject is no
+decision of the router's), counted, and listed with its reason; refusals do not fail the check.
+
+And :func:`verify_log` checks that the log is whole: every seq from 1 to its applied position
 is a row, or one its writer noted it was not handed (``EventLog.skipped()``: messages the
 recorder's consumer dead-lettered, the stream's beginning it started after). Any other missing
 seq (rows deleted from the file) is a **gap**, named by range; a row that does not decode is
@@ -42,6 +48,7 @@ from typing import Any
 
 import msgspec
 
+from events.authority import Admission
 from events.catalog import Event, KvStageOrdered, RouteDecided
 from events.codec import encode, to_json
 from services.adapters.eventlog.port import SeqHoles, Skipped
@@ -107,8 +114,21 @@ class Divergence:
         }
 
 
-#: How many gaps, undecodable rows and skipped ranges a report lists (all are counted).
+#: How many refusals, gaps, undecodable rows and skipped ranges a report lists (all are counted).
 LISTED = 1000
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A recorded event the authority rule refuses: never folded, never compared."""
+
+    seq: int
+    subject: str
+    type: str
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seq": self.seq, "subject": self.subject, "type": self.type, "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -129,7 +149,7 @@ def _count(ranges: Sequence[tuple[int, int]]) -> int:
 
 @dataclass
 class VerifyReport:
-    events: int = 0
+    events: int = 0  # rows read and decoded (folded + refused)
     checked: Counter = field(default_factory=Counter)  # decision type -> reproduced count
     divergences: list[Divergence] = field(default_factory=list)
     not_recorded: list[Divergence] = field(default_factory=list)
@@ -137,6 +157,8 @@ class VerifyReport:
     #: decisions reproduced byte for byte but recorded after a later one of the same core (the
     #: bus stored them out of emission order: a publication retried after a lost ack)
     reordered: int = 0
+    refused: int = 0
+    refusals: list[Refusal] = field(default_factory=list)  # the first LISTED
     # set by verify_log (the log's own record; verify_rows sees rows only)
     applied_seq: int = 0
     gaps: list[tuple[int, int]] = field(default_factory=list)  # missing seq ranges: rows deleted
@@ -147,6 +169,10 @@ class VerifyReport:
     skipped_noted: bool = True  # False: a log written before: a gap may be a message it was not handed
 
     @property
+    def folded(self) -> int:
+        return self.events - self.refused
+
+    @property
     def complete(self) -> bool:
         """Every seq up to the applied position is a readable row or a noted skip."""
         return not self.gaps and not self.undecodable
@@ -154,6 +180,11 @@ class VerifyReport:
     @property
     def ok(self) -> bool:
         return self.complete and not self.divergences and not (self.strict and self.not_recorded)
+
+    def refuse(self, seq: int, subject: str, event: Event, reason: str) -> None:
+        self.refused += 1
+        if len(self.refusals) < LISTED:
+            self.refusals.append(Refusal(seq, subject, type(event).__name__, reason))
 
     @property
     def first_divergence(self) -> Divergence | None:
@@ -167,11 +198,14 @@ class VerifyReport:
             "ok": self.ok,
             "complete": self.complete,
             "events": self.events,
+            "folded": self.folded,
             "reproduced": dict(sorted(self.checked.items())),
             "divergences": len(self.divergences),
             "reordered": self.reordered,
             "not_recorded": len(self.not_recorded),
             "first_divergence": first.to_dict() if first else None,
+            "refused": self.refused,
+            "refusals": [r.to_dict() for r in self.refusals],
             "applied_seq": self.applied_seq,
             "missing": _count(self.gaps),
             "gaps": [list(g) for g in self.gaps[:LISTED]],
@@ -191,12 +225,21 @@ def verify_rows(
     keep_going: bool = False,
     strict: bool = False,
 ) -> VerifyReport:
-    """Fold ``rows`` through ``cores`` (fresh ones) and compare every recorded decision."""
+    """Fold ``rows`` through ``cores`` (fresh ones) and compare every recorded decision; a row
+    the event authority refuses is neither (see the module's docstring)."""
     report = VerifyReport(strict=strict)
     pending: dict[str, deque[tuple[int, Event]]] = {spec.name: deque() for spec, _ in cores}
     overtaken: dict[int, int] = {}  # id(pending entry) -> seq of the later decision recorded before it
-    for seq, _subject, recorded in rows:
+    # A row recorded without a subject (a log written in process, by hand or a test: the
+    # recorder and the simulator write every row's subject) gets the timestamp rule only, as
+    # Admission does for a trusted driver: a non-finite or far-future ts is no event from anyone.
+    admission = Admission()
+    for seq, subject, recorded in rows:
         report.events += 1
+        why = admission.reason(recorded, subject or None)
+        if why is not None:
+            report.refuse(seq, subject, recorded, why)
+            continue
         for spec, _core in cores:
             if not spec.checks(recorded):
                 continue

@@ -111,10 +111,17 @@ def inputs(n_requests: int = 12) -> list[Event]:
     return evs
 
 
-def live_log(events: list[Event], cores: list, delay: int = 0, src: str = "") -> list[tuple[int, str, Event]]:
+def live_log(events: list, cores: list, delay: int = 0, src: str = "", *,
+             authority: bool = False) -> list[tuple[int, str, Event]]:
     """The stream live adapters would produce: every event is folded by every core in stream
-    order, and what a core emits is published ``delay`` stream positions later."""
-    stream: list[Event] = []
+    order, and what a core emits is published ``delay`` stream positions later. An item of
+    ``events`` may be ``(subject, event)``: published on that subject, not its own (a forgery).
+    ``authority``: the cores fold only what the event authority admits (events/authority.py),
+    as the live services do since issue 45; the refused events stay on the stream."""
+    from events.authority import Admission
+
+    admission = Admission()
+    stream: list[tuple[str, Event]] = []
     outbox: deque = deque()
     todo = deque(events)
     while todo or outbox:
@@ -122,7 +129,10 @@ def live_log(events: list[Event], cores: list, delay: int = 0, src: str = "") ->
             ev = outbox.popleft()[1]
         else:
             ev = todo.popleft()
-        stream.append(ev)
+        subject, ev = ev if isinstance(ev, tuple) else (subject_for(ev), ev)
+        stream.append((subject, ev))
+        if authority and admission.reason(ev, subject) is not None:
+            continue
         for core in cores:
             for out in core.apply(ev):
                 if src:
@@ -130,4 +140,4 @@ def live_log(events: list[Event], cores: list, delay: int = 0, src: str = "") ->
 
                     out = msgspec.structs.replace(out, src=src)
                 outbox.append((len(stream) + delay, out))
-    return [(i + 1, subject_for(e), e) for i, e in enumerate(stream)]
+    return [(i + 1, subject, e) for i, (subject, e) in enumerate(stream)]

@@ -7,7 +7,7 @@ import itertools
 import msgspec
 import pytest
 
-from events.catalog import RequestSubmitted, RouteDecided, SwitchRole, Tick
+from events.catalog import NodeHeartbeat, NodeRemoved, RequestSubmitted, RouteDecided, SwitchRole, Tick
 from services.adapters.eventlog import DuckDbEventLog
 from services.drivers.recorder.verify import (
     CoreSpec,
@@ -87,7 +87,7 @@ def test_a_dropped_decision_is_caught_at_the_next_one():
 def test_an_injected_decision_is_not_reproduced():
     rows = recorded()
     fake = RouteDecided(ts=0.5, request="ghost", prefill_node="n1", decode_node="n1", policy="fake")
-    rows = [(1, "x", fake)] + [(s + 1, subj, e) for s, subj, e in rows]
+    rows = [(1, "ei.default.route", fake)] + [(s + 1, subj, e) for s, subj, e in rows]  # the router's own subject
     d = verify_rows(rows, fresh()).first_divergence
     assert (d.seq, d.kind, d.recorded) == (1, "not_reproduced", fake)
 
@@ -174,7 +174,62 @@ def test_a_decision_overtaken_and_never_recorded_is_a_divergence_even_when_not_s
     assert d.kind == "mismatch" and d.predicted == dropped and d.seq > seq and d.recorded is None
 
 
-# --------------------------------------------------------------------------- issue 45: gaps
+# --------------------------------------------------------------------------- issue 45: authority and gaps
+def forged_log(authority=True):
+    """The fake run with forgeries on the stream, refused (never folded) by the live services."""
+    evs = inputs()
+    evs.insert(3, ("ei.default.agent.b", SwitchRole(ts=1.5, node="n1", to_role="prefill")))  # the gateway's subject
+    evs.insert(8, ("ei.default.node.n1", NodeRemoved(ts=3.0, node="n2")))  # engine n1 about n2
+    evs.insert(12, ("ei.default.node.n1", NodeHeartbeat(ts=float("nan"), node="n1", role="decode")))
+    evs.insert(14, ("ei.default.clock", Tick(ts=3600.0)))  # the far future: would end every window
+    return live_log(evs, [FakeRouter(), FakePlanner()], delay=1, authority=authority)
+
+
+def test_forged_events_are_refused_listed_and_never_folded_nor_compared():
+    rows = forged_log()
+    report = verify_rows(rows, fresh())
+    assert report.ok, report.to_dict()
+    got = [(r.seq, r.subject, r.type) for r in report.refusals]
+    want = [(s, subj, type(e).__name__) for s, subj, e in rows
+            if (isinstance(e, SwitchRole) and subj == "ei.default.agent.b")
+            or isinstance(e, NodeRemoved | NodeHeartbeat) or (isinstance(e, Tick) and e.ts == 3600.0)]
+    assert got == want and report.refused == 4 and report.folded == len(rows) - 4
+    reasons = [r.reason for r in report.refusals]
+    assert "may not be published on 'ei.default.agent.b'" in reasons[0]
+    assert "about 'n2' may not be published on 'ei.default.node.n1'" in reasons[1]
+    assert reasons[2] == "ts is not a finite number (nan)" and "ahead of the stream's time" in reasons[3]
+    # every decision of the cores is reproduced (the forged SwitchRole is no planner decision)
+    assert report.checked["RouteDecided"] == 12 and report.checked["SwitchRole"] == 3
+    out = report.to_dict()
+    assert out["refused"] == 4 and out["refusals"][0] == {"seq": got[0][0], "subject": "ei.default.agent.b",
+                                                          "type": "SwitchRole", "reason": reasons[0]}
+
+
+def test_the_same_forgeries_folded_would_diverge():
+    """What the refusal saves: a log whose services folded them no longer matches fresh cores
+    that refuse them (and the forged SwitchRole on its own would be an unreproduced decision)."""
+    assert not verify_rows(forged_log(authority=False), fresh()).ok
+
+
+def test_a_forged_decision_on_a_subject_not_its_own_is_refused_not_compared():
+    rows = recorded()
+    fake = RouteDecided(ts=0.5, request="ghost", prefill_node="n1", decode_node="n1", policy="fake")
+    rows = [(1, "ei.default.agent.b", fake)] + [(s + 1, subj, e) for s, subj, e in rows]
+    report = verify_rows(rows, fresh())
+    assert report.ok and report.checked["RouteDecided"] == 12
+    assert [(r.seq, r.type) for r in report.refusals] == [(1, "RouteDecided")]
+
+
+def test_rows_without_a_subject_get_the_timestamp_rule_only():
+    rows = [(s, "", e) for s, _, e in recorded()]
+    n = len(rows)
+    rows += [(n + 1, "", SwitchRole(ts=20.0, node="n1", to_role="decode")),  # no subject: not checked
+             (n + 2, "", Tick(ts=float("inf")))]
+    report = verify_rows(rows, fresh(), keep_going=True)
+    assert [(r.seq, r.reason) for r in report.refusals] == [(n + 2, "ts is not a finite number (inf)")]
+    assert [d.seq for d in report.divergences] == [n + 1]  # an unpredicted SwitchRole, compared
+
+
 def write(path, rows, config=None):
     log = DuckDbEventLog(path)
     log.append(rows)
