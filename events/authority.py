@@ -18,8 +18,12 @@ So authority is a property of the subject, and this module closes the gap betwee
   or on ``ei.<p>.node.n0`` (engine n0's) is refused, whatever its ``src`` says.
 * :class:`Admission` adds the timestamp rule, the one that needs state: ``ts`` must be finite,
   not negative, and at most :data:`FUTURE_BOUND_S` ahead of the stream's time, the largest
-  ``ts`` admitted so far at a lower sequence (a ``Tick(ts=now+3600)`` would expire every node).
-  Only the future is bounded: a lagging engine's queued events are legitimately old.
+  ``ts`` admitted so far at a lower sequence (an engine's heartbeat an hour ahead would keep a
+  dead node alive for an hour). Only the future is bounded: a lagging engine's queued events are
+  legitimately old. The stream's clock itself - the planner's ``Tick`` - and a node's own
+  registration may move it further (:data:`CLOCK_SETTERS`): they are how time crosses a silence
+  of the whole stream. A ``Tick(ts=now+3600)`` from any account but the planner's is refused by
+  the subject rule; the planner's own clock is its authority, like its role commands.
 
 Every consumer that folds the stream (the services' runner, the engines' worker view, the
 gateway's watchers) and ``evolving verify`` apply the same :class:`Admission`, so a replay of the
@@ -159,13 +163,23 @@ def _entity(event: Event) -> str:
     return type(event).__name__
 
 
-def check_ts(ts: float, clock: float, future_bound_s: float = FUTURE_BOUND_S) -> str | None:
-    """Why ``ts`` is refused at stream time ``clock`` (None: admitted). Pure."""
+#: Events that may move the stream's time forward by more than the bound: the planner's ``Tick``
+#: (on ``ei.<p>.clock``, which only the planner may publish: the stream's clock by design) and a
+#: node's ``NodeRegistered`` (only about the publishing engine itself). Without them nothing could
+#: move the time across a silence of the whole stream longer than the bound - a stack restarted
+#: on its stream after ten minutes down would refuse every event for good; with them the first
+#: tick or registration after the silence sets the time and the rest follows within the bound.
+CLOCK_SETTERS = (Tick, NodeRegistered)
+
+
+def check_ts(ts: float, clock: float, future_bound_s: float = FUTURE_BOUND_S, sets_clock: bool = False) -> str | None:
+    """Why ``ts`` is refused at stream time ``clock`` (None: admitted); ``sets_clock``: an event
+    of :data:`CLOCK_SETTERS`, only checked to be finite and not negative. Pure."""
     if not math.isfinite(ts):
         return f"ts is not a finite number ({ts!r})"
     if ts < 0:
         return f"ts {ts!r} is negative"
-    if clock > 0 and ts > clock + future_bound_s:
+    if not sets_clock and clock > 0 and ts > clock + future_bound_s:
         return (f"ts {ts:.3f} is {ts - clock:.1f} s ahead of the stream's time {clock:.3f} "
                 f"(at most {future_bound_s:g} s)")
     return None
@@ -198,7 +212,7 @@ class Admission:
     def reason(self, event: Event, subject: str | None) -> str | None:
         """Why ``event`` on ``subject`` is refused, or None after admitting it (``subject``
         None: a trusted in-process driver, only the timestamp is checked)."""
-        why = check_ts(event.ts, self.clock, self.future_bound_s)
+        why = check_ts(event.ts, self.clock, self.future_bound_s, isinstance(event, CLOCK_SETTERS))
         if why is None and subject is not None:
             why = check_subject(event, subject)
         if why is not None:

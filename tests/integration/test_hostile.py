@@ -149,6 +149,18 @@ def test_no_account_can_forge_or_halt_and_chats_keep_being_served(stack):
     assert status == 200 and health["stuck"] == [] and health["status"] == "ok", health
     assert health["watches"]["gateway-failures"]["refused"] > 0, health["watches"]
 
+    # a gateway restarted after the junk rebuilds its branches from every admitted harness event,
+    # not only up to the first bad message (it used to stop there, silently)
+    agent = sum(1 for d in admitted if d.subject.split(".")[2] == "agent")
+    os.kill(urls["pids"]["gateway"], signal.SIGKILL)
+    log = run_dir / "logs" / "gateway.log"
+    deadline = time.monotonic() + 60
+    while "branches_rebuilt" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.3)
+    line = next(json.loads(ln) for ln in log.read_text().splitlines() if "branches_rebuilt" in ln)
+    assert line["events"] == agent, (agent, line)
+    assert _wait_chat(gw, 9, 60) < 10
+
     out = stop_up(up, 90)
     assert "stopped" in out
     verify = run_cli("verify", str(run_dir / "run.duckdb"), timeout=300)

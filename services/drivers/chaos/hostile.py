@@ -12,7 +12,8 @@ payload                       what a consumer must do
 ``one-megabyte``              1 MiB of junk (under the server's 8 MB max_payload)
 ``forged-<Type>``             every event type, about *another* node / branch than the
                               account's own (a SwitchRole, a NodeRemoved, a RouteDecided, ...)
-``nan-ts``, ``future-ts``     a NodeHeartbeat / Tick whose ts is NaN, or an hour ahead
+``nan-ts``, ``future-ts``     a NodeHeartbeat whose ts is NaN or an hour ahead, a Tick an
+                              hour ahead (but the planner's on its own clock subject)
 ============================  ===========================================================
 
 The server stores only what the account may publish on that subject (the rest is answered with
@@ -125,7 +126,10 @@ def _payloads(account: str, own_node: str | None, subject: str, nodes: list[str]
                         ("schema-9", codec.encode(Tick(ts=ts)), {codec.SCHEMA_HEADER: "9.0"}),
                         ("nan-ts", codec.encode(NodeHeartbeat(ts=math.nan, node=own_node or other, role="prefill")),
                          hdr),
-                        ("future-ts", codec.encode(Tick(ts=ts + 3600.0)), hdr)]
+                        ("future-ts", codec.encode(NodeHeartbeat(ts=ts + 3600.0, node=own_node or other,
+                                                                 role="prefill")), hdr)]
+    if not (account == "planner" and subject.split(".")[2] == "clock"):  # the planner's clock is its own
+        out.append(("future-ts", codec.encode(Tick(ts=ts + 3600.0)), hdr))
     for ev in forged_events(ts, other):
         if check_subject(ev, subject) is None:
             continue  # its own subject: the server lets only its producer publish it, and that one is obeyed
