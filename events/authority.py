@@ -185,6 +185,27 @@ def check_ts(ts: float, clock: float, future_bound_s: float = FUTURE_BOUND_S, se
     return None
 
 
+def _float_fields(t: type) -> tuple[str, ...]:
+    info = msgspec.inspect.type_info(t)
+    return tuple(f.name for f in info.fields if isinstance(f.type, msgspec.inspect.FloatType) and f.name != "ts")
+
+
+#: The measured quantities of the facts engines report (an IterationDone's duration feeds the
+#: planner's NNLS fit; a NaN there would poison every model): finite, like ``ts``. The decisions'
+#: floats (predicted TTFTs, scores) are the cores' own output and are checked by ``verify``.
+FACT_FLOATS: dict[type, tuple[str, ...]] = {
+    t: f for t in (KvFetched, NodeRegistered, NodeHeartbeat, IterationDone, RoleSwitched) if (f := _float_fields(t))}
+
+
+def check_floats(event: Event) -> str | None:
+    """Why a fact's measured quantity is refused (None: every one is finite). Pure."""
+    for name in FACT_FLOATS.get(type(event), ()):
+        v = getattr(event, name)
+        if not math.isfinite(v):
+            return f"{type(event).__name__}.{name} is not a finite number ({v!r})"
+    return None
+
+
 class Refused(ValueError):
     """An event the authority rule does not admit; ``reason`` says why."""
 
@@ -213,6 +234,8 @@ class Admission:
         """Why ``event`` on ``subject`` is refused, or None after admitting it (``subject``
         None: a trusted in-process driver, only the timestamp is checked)."""
         why = check_ts(event.ts, self.clock, self.future_bound_s, isinstance(event, CLOCK_SETTERS))
+        if why is None and type(event) in FACT_FLOATS:
+            why = check_floats(event)
         if why is None and subject is not None:
             why = check_subject(event, subject)
         if why is not None:

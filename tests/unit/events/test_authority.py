@@ -22,6 +22,7 @@ from events.authority import (
 from events.catalog import (
     AnomalyReported,
     BranchOpened,
+    IterationDone,
     KvMoved,
     KvStored,
     NodeHeartbeat,
@@ -115,6 +116,15 @@ def test_timestamps():
     assert check_ts(100 + FUTURE_BOUND_S, 100) is None
     assert "ahead" in check_ts(100 + FUTURE_BOUND_S + 1, 100)
     assert check_ts(1.0, 1000.0) is None  # late is fine: a lagging publisher
+
+
+def test_a_measured_quantity_must_be_finite():
+    a = Admission()
+    bad = IterationDone(ts=1.0, node="n0", phase="prefill", duration_s=math.nan)
+    assert "duration_s" in a.reason(bad, "ei.default.node.n0")
+    assert a.reason(IterationDone(ts=1.0, node="n0", phase="prefill", duration_s=0.5), "ei.default.node.n0") is None
+    assert a.reason(RouteDecided(ts=1.0, request="r", prefill_node="a", decode_node="b",
+                                 predicted_ttft_s=math.inf), "ei.default.route") is None  # a decision: verify's
 
 
 def test_admission_clock_moves_only_with_admitted_events():
