@@ -61,6 +61,7 @@ from events.catalog import (
     NodeRegistered,
     NodeRemoved,
     PlanEvaluated,
+    RequestCancelled,
     RequestFinished,
     RequestStarted,
     RequestSubmitted,
@@ -92,7 +93,8 @@ class Family:
 
 
 AUTHORITY: tuple[Family, ...] = (
-    Family("agent", "ei.<p>.agent.<branch>", (BranchOpened, RequestSubmitted, ContextCompacted, BranchEnded),
+    Family("agent", "ei.<p>.agent.<branch>",
+           (BranchOpened, RequestSubmitted, ContextCompacted, BranchEnded, RequestCancelled),
            ("gateway",), "the event's branch"),
     Family("kv", "ei.<p>.kv.<node>", (KvStored, KvEvicted, KvMoved, KvFetched), ("engine",),
            "the event's node (dst_node for KvMoved, KvFetched: the engine that received the blocks)",

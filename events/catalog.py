@@ -106,6 +106,24 @@ class BranchEnded(Event, frozen=True, kw_only=True, gc=False):
     reason: str | msgspec.UnsetType = msgspec.UNSET
 
 
+class RequestCancelled(Event, frozen=True, kw_only=True, gc=False):
+    """The client of ``request`` (of ``branch``) went away or the gateway gave up on it: nobody
+    reads its output any more (schema 1.2, issue 36).
+
+    Published once by the gateway on the branch's agent subject. ``reason``:
+    ``client_disconnected`` (the connection closed before the response ended), ``timeout`` (no
+    token within the gateway's ``token_timeout_s``), ``route_timeout`` (no route within
+    ``route_timeout_s``). The engine holding the request stops it (a queued prefill is dropped,
+    a running decode stops at its next iteration boundary) and reports
+    ``RequestFinished(error="cancelled")``, which closes the request in every core; the cancel
+    itself changes no core's state (docs/gateway.md, "Cancellation").
+    """
+
+    request: RequestId
+    branch: BranchId
+    reason: str = "client_disconnected"
+
+
 # --------------------------------------------------------------------------- KV facts
 class KvStored(Event, frozen=True, kw_only=True, gc=False):
     """``node`` now holds ``blocks`` in ``tier``. ``request``/``branch`` name the producer if known.
@@ -440,6 +458,7 @@ AnyEvent = Union[  # noqa: UP007 - a typing.Union alias: msgspec and get_args() 
     RoleSwitched,
     Tick,
     KvStageOrdered,
+    RequestCancelled,
 ]
 
 EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__  # type: ignore[attr-defined]

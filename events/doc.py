@@ -14,7 +14,7 @@ from events.codec import SCHEMA_HEADER, SCHEMA_VERSION
 from events.subjects import __doc__ as SUBJECTS_DOC
 
 GROUPS = [
-    ("Harness signals", ["BranchOpened", "RequestSubmitted", "ContextCompacted", "BranchEnded"]),
+    ("Harness signals", ["BranchOpened", "RequestSubmitted", "ContextCompacted", "BranchEnded", "RequestCancelled"]),
     ("KV facts", ["KvStored", "KvEvicted", "KvMoved", "KvFetched"]),
     ("Engine facts", ["NodeRegistered", "NodeHeartbeat", "NodeRemoved", "IterationDone", "RequestStarted",
                       "FirstToken", "RequestFinished"]),

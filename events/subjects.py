@@ -5,7 +5,8 @@ Every event of partition ``p`` lives under ``ei.<p>.>`` (one JetStream stream pe
 =====================================  ===============================================
 subject                                events
 =====================================  ===============================================
-``ei.<p>.agent.<branch>``              BranchOpened, RequestSubmitted, ContextCompacted, BranchEnded
+``ei.<p>.agent.<branch>``              BranchOpened, RequestSubmitted, ContextCompacted, BranchEnded,
+                                       RequestCancelled
 ``ei.<p>.kv.<node>``                   KvStored, KvEvicted, KvMoved, KvFetched
 ``ei.<p>.node.<node>``                 NodeRegistered, NodeHeartbeat, NodeRemoved, IterationDone,
                                        RequestStarted, FirstToken, RequestFinished, RoleSwitched
@@ -43,6 +44,7 @@ from events.catalog import (
     NodeRegistered,
     NodeRemoved,
     PlanEvaluated,
+    RequestCancelled,
     RequestFinished,
     RequestStarted,
     RequestSubmitted,
@@ -96,7 +98,7 @@ def is_shadow(subject: str) -> bool:
     return len(parts) > 2 and parts[2] == "shadow"
 
 
-_AGENT = (BranchOpened, RequestSubmitted, ContextCompacted, BranchEnded)
+_AGENT = (BranchOpened, RequestSubmitted, ContextCompacted, BranchEnded, RequestCancelled)
 _KV = (KvStored, KvEvicted, KvFetched)
 _NODE = (NodeRegistered, NodeHeartbeat, NodeRemoved, IterationDone, RequestStarted, FirstToken,
          RequestFinished, RoleSwitched)
