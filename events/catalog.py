@@ -206,7 +206,15 @@ class NodeRegistered(Event, frozen=True, kw_only=True, gc=False):
 
 
 class NodeHeartbeat(Event, frozen=True, kw_only=True, gc=False):
-    """Periodic liveness and load report of an engine."""
+    """Periodic liveness and load report of an engine.
+
+    Progress (issue 45; 0 from earlier producers): ``applied_seq`` is the stream
+    sequence the engine's view has folded, ``published`` the events it has published, and
+    ``loop_lag_s`` how long its main loop has kept a probe waiting (the heartbeat comes from a
+    thread of its own, so a heartbeat alone no longer proves the loop runs). The liveness
+    watcher (services/cores/liveness.py) takes a heartbeat as life at ``ts`` when the engine
+    progressed since its previous one or its loop is not late, else at ``ts - loop_lag_s``.
+    """
 
     node: NodeId
     role: Role
@@ -214,6 +222,9 @@ class NodeHeartbeat(Event, frozen=True, kw_only=True, gc=False):
     queued: int = 0
     l1_used_tokens: int = 0
     l2_used_tokens: int = 0
+    applied_seq: int = 0
+    published: int = 0
+    loop_lag_s: float = 0.0
 
 
 class NodeRemoved(Event, frozen=True, kw_only=True, gc=False):
