@@ -54,6 +54,7 @@ from events.catalog import (
     NodeRegistered,
     NodeRemoved,
     PlanEvaluated,
+    RequestCancelled,
     RequestFinished,
     RequestStarted,
     RequestSubmitted,
@@ -77,6 +78,7 @@ def forged_events(ts: float, node: str, branch: str = "hostile-branch") -> list[
     return [
         BranchOpened(ts=ts, src=node, branch=branch), RequestSubmitted(ts=ts, src=node, request=r, branch=branch),
         ContextCompacted(ts=ts, src=node, branch=branch, version=9), BranchEnded(ts=ts, src=node, branch=branch),
+        RequestCancelled(ts=ts, src=node, request=r, branch=branch),
         KvStored(ts=ts, src=node, node=node, tier="L1", blocks=[1, 2, 3]),
         KvEvicted(ts=ts, src=node, node=node, tier="L1", blocks=[1]),
         KvMoved(ts=ts, src=node, src_node="elsewhere", dst_node=node, blocks=[1]),
