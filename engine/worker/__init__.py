@@ -37,8 +37,10 @@ the order of a request's life on this node)
    them (``host.token``): the sim's are ``"tok "`` per token (engine/backends/sim/backend.py),
    SGLang's are the streamed text. ``backend.progress()`` runs every ``--token-interval-s``.
 6. ``NodeHeartbeat`` every ``--heartbeat-s`` (1 s of wall clock, ``heartbeat_s * time_scale``
-   model seconds) from a task of its own, published straight to the bus, not behind the queue of
-   the node's events: a drain, a switch or a backlog of publications never delays it. If the
+   model seconds) from a thread of its own on a NATS connection of its own, not behind the queue
+   of the node's events nor the worker's loop: a drain, a switch, a backlog of publications or a
+   busy loop never delays it; it carries the node's progress (``applied_seq``, ``published``) and
+   how late its loop is (``loop_lag_s``, measured by the thread; docs/live.md, "Liveness"). If the
    stream says this node was removed (``NodeRemoved`` of another source, e.g. the liveness
    watcher after a stall or a SIGSTOP), the worker registers again: ``NodeRegistered`` with its
    current role and capacities, then ``KvStored`` (no request) of the KV its view held before

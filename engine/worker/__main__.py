@@ -158,6 +158,11 @@ async def run(args: argparse.Namespace) -> int:
         print(f"engine.worker: --kv-bytes: {exc}", file=sys.stderr)
         await bus.close()
         return 2
+    # the heartbeats' own connection, used from their own thread (engine/worker/publish.py)
+    worker.heartbeat_bus = lambda: NatsBus.connect(
+        args.nats_url, partition=args.partition, name=f"engine-{args.node}-heartbeat",
+        credentials=None if creds.empty else creds, settings=StreamSettings(replicas=args.stream_replicas),
+        ensure=False)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -239,8 +239,9 @@ class EngineWorker(StreamFolding, Publishing):
         self._tasks.append(asyncio.create_task(self.host.run(), name="node"))
         self._tasks.append(asyncio.create_task(self._progress(), name="progress"))
         await self._out.join()
-        # heartbeats bypass the queue: start them once the registration is on the stream
-        self._tasks.append(asyncio.create_task(self._heartbeats(), name="heartbeat"))
+        # heartbeats bypass the queue (a thread and a connection of their own with heartbeat_bus):
+        # start them once the registration is on the stream
+        self._start_heartbeats()
         self.live.set()
         log.info("worker_up", node=self.node_id, role=self.backend.role, backend=self.backend.name,
                  profile=self.profile.name, restored_from=self.restored_from, head=self._head,
@@ -249,6 +250,7 @@ class EngineWorker(StreamFolding, Publishing):
     async def stop(self, reason: str = "shutdown") -> None:
         """Publish ``NodeRemoved``, flush everything queued, snapshot, cancel the tasks."""
         self._stopping = True  # a removal seen from now on is not answered by registering again
+        self._stop_heartbeats()  # none after the NodeRemoved below
         for t in self._tasks[2:]:
             t.cancel()
         self._publish_own(NodeRemoved(ts=self.host.catch_up(), src=self.src, node=self.node_id, reason=reason))

@@ -1,12 +1,17 @@
 """The worker's way out to the bus: the publisher task that drains the queue of the node's events
 and token messages in order, each event under a message id of its own and retried while the bus
-cannot take it, and the heartbeats, published straight to the bus beside that queue
-(engine/worker/__init__.py, 4-6)."""
+cannot take it, and the heartbeats, published beside that queue from a thread and a connection
+of their own (engine/worker/__init__.py, 4-6; docs/live.md, "Liveness under load")."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
+import sys
+import threading
 import time
+import traceback
 
 from nats.errors import Error as NatsError
 from nats.js.errors import APIError, ServiceUnavailableError
@@ -81,31 +86,211 @@ class Publishing:
                          attempts=failures + 1)
             return
 
+    # ------------------------------------------------------------------ heartbeats
+    #: ``async () -> Bus``: a connection of the heartbeats' own (``python -m engine.worker`` gives
+    #: one); None: the heartbeats are a task of the worker's loop on ``bus`` (tests, in-memory bus)
+    heartbeat_bus = None
+    _beater: HeartbeatThread | None = None
+
+    def _start_heartbeats(self) -> None:
+        """Heartbeats from a thread of their own with a connection of their own when the worker
+        has ``heartbeat_bus``, else from a task of its loop (both through :class:`Beats`)."""
+        self._load = self.backend.load()
+        if self.heartbeat_bus is not None:
+            self._beater = HeartbeatThread(self, self.heartbeat_bus, asyncio.get_running_loop())
+            self._beater.start()
+        else:
+            self._tasks.append(asyncio.create_task(self._heartbeats(), name="heartbeat"))
+
+    def _stop_heartbeats(self) -> None:
+        if self._beater is not None:
+            self._beater.stop()
+
     async def _heartbeats(self) -> None:
-        """``NodeHeartbeat`` every ``heartbeat_s`` of wall clock, published straight to the bus
-        (not queued behind the node's events: a burst of them, a drain or a retrying publication
-        must not delay it past the liveness timeout). A heartbeat changes no core's state a
-        restart depends on, so it is neither applied to the view nor waited for (its echo is
-        skipped), and a failed one is only logged: the next one follows."""
-        beats = 0
+        """In-loop heartbeats: ``NodeHeartbeat`` every ``heartbeat_s`` of wall clock, published
+        straight to ``bus`` (not queued behind the node's events: a burst of them, a drain or a
+        retrying publication must not delay it past the liveness timeout). Its ``loop_lag_s`` is
+        how late the loop woke for it. A heartbeat changes no core's state a restart depends on,
+        so it is neither applied to the view nor waited for (its echo is skipped), and a failed
+        one is only logged: the next one follows."""
+        beats = Beats(self)
+        due = time.monotonic() + self.heartbeat_s
         while True:
-            await asyncio.sleep(self.heartbeat_s)
-            try:
-                beat = self.heartbeat()
-                self.metrics.observe(beat)
-                msg_id = f"{self.src}:{self._boot}:hb{beats}"  # ids of their own: not in the events' order
-                await asyncio.wait_for(self.bus.publish(beat, msg_id=msg_id), max(2.0, 2 * self.heartbeat_s))
-                self.published += 1
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - a lost heartbeat: the next one follows
-                log.warning("heartbeat_failed", node=self.node_id, error=f"{type(exc).__name__}: {exc}")
-            beats += 1
-            if self.kv is not None and beats % 10 == 0:
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            lag = max(0.0, time.monotonic() - due)
+            due = max(due + self.heartbeat_s, time.monotonic())
+            self._load = self.backend.load()
+            if await beats.send(self.bus, lag):
+                self._beat_sent(beats.last)
+            if self.kv is not None and beats.n % 10 == 0:
                 log.info("kv_bytes", node=self.node_id, **self.kv.summary())
 
-    def heartbeat(self) -> NodeHeartbeat:
-        ld = self.backend.load()
-        return NodeHeartbeat(ts=self.host.catch_up(), src=self.src, node=self.node_id, role=ld.role,
-                             running=ld.running, queued=ld.queued,
-                             l1_used_tokens=ld.l1_used_tokens, l2_used_tokens=ld.l2_used_tokens)
+    def _beat_sent(self, beat: NodeHeartbeat) -> None:
+        """A heartbeat is on the stream (on the worker's loop: its counters are the loop's)."""
+        self.published += 1
+        self.metrics.observe(beat)
+
+    def heartbeat(self, loop_lag_s: float = 0.0, ts: float | None = None) -> NodeHeartbeat:
+        """This node's heartbeat: its load (as the loop last read it, from the heartbeat thread),
+        and its progress: the stream sequence its view has folded, the events it has published,
+        how late its loop is (``loop_lag_s``). ``ts``: the model clock now by default."""
+        ld = getattr(self, "_load", None) or self.backend.load()
+        return NodeHeartbeat(ts=self.host.clock() if ts is None else ts, src=self.src, node=self.node_id,
+                             role=ld.role, running=ld.running, queued=ld.queued,
+                             l1_used_tokens=ld.l1_used_tokens, l2_used_tokens=ld.l2_used_tokens,
+                             applied_seq=self.applied_seq, published=self.published,
+                             loop_lag_s=round(loop_lag_s, 3))
+
+
+class Beats:
+    """Sends heartbeats for a worker and keeps their figures: publish latency (stamp to the
+    bus's ack) and the loop's lag, logged as ``heartbeat_stats`` every ``every`` beats (p50,
+    p99 and max of each since the last line, the samples themselves in ms, the failures:
+    ``evolving soak --trace`` merges them)."""
+
+    def __init__(self, worker, every: int = 10) -> None:
+        self.w, self.every = worker, every
+        self.n = 0
+        self.last: NodeHeartbeat | None = None
+        self._pub: list[float] = []
+        self._lag: list[float] = []
+        self.failed = 0
+
+    async def send(self, bus, loop_lag_s: float) -> bool:
+        """Publish one heartbeat; whether the bus took it."""
+        w = self.w
+        beat = w.heartbeat(loop_lag_s)
+        self.last = beat
+        msg_id = f"{w.src}:{w._boot}:hb{self.n}"  # ids of their own: not in the events' order
+        t0 = time.monotonic()
+        try:
+            await asyncio.wait_for(bus.publish(beat, msg_id=msg_id), max(2.0, 2 * w.heartbeat_s))
+            ok = True
+            self._pub.append(time.monotonic() - t0)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a lost heartbeat: the next one follows
+            ok = False
+            self.failed += 1
+            log.warning("heartbeat_failed", node=w.node_id, error=f"{type(exc).__name__}: {exc}",
+                        after_s=round(time.monotonic() - t0, 3))
+        self._lag.append(loop_lag_s)
+        self.n += 1
+        if self.n % self.every == 0:
+            self.flush()
+        return ok
+
+    def flush(self) -> None:
+        if not self._lag:
+            return
+        pub, lag = sorted(self._pub), sorted(self._lag)
+
+        def q(xs: list[float], f: float) -> float | None:
+            return round(xs[min(len(xs) - 1, max(0, math.ceil(f * len(xs)) - 1))], 4) if xs else None
+
+        log.info("heartbeat_stats", node=self.w.node_id, beats=len(lag), failed=self.failed,
+                 publish_p50_s=q(pub, 0.5), publish_p99_s=q(pub, 0.99), publish_max_s=q(pub, 1.0),
+                 loop_lag_p50_s=q(lag, 0.5), loop_lag_p99_s=q(lag, 0.99), loop_lag_max_s=q(lag, 1.0),
+                 publish_ms=[round(x * 1e3, 1) for x in self._pub], loop_lag_ms=[round(x * 1e3, 1) for x in self._lag])
+        self._pub, self._lag, self.failed = [], [], 0
+
+
+class HeartbeatThread:
+    """The worker's heartbeats from a thread of their own, on an asyncio loop and a bus
+    connection of their own (``connect``), so a busy worker still sends them on time: its loop
+    folding a burst of KV events, running the node model or waiting for the acks of a backlog
+    of publications holds the heartbeat back no more than the GIL's switch interval (5 ms).
+
+    The thread also watches the worker's loop: each beat it posts a probe to it
+    (``call_soon_threadsafe``) and reports in ``loop_lag_s`` how long the last probe waited (or,
+    while one is still waiting, how long it has waited so far). The liveness watcher reads it
+    (services/cores/liveness.py): a node whose heartbeats come but whose loop has stopped is
+    not alive. The probe also reads the node's load on the loop (the backend's state is the
+    loop's), which the next beat carries. A loop that has not answered for ``stall_log_s`` is
+    logged once per stall (``loop_stalled``) with the stack it is stuck in."""
+
+    def __init__(self, worker, connect, loop: asyncio.AbstractEventLoop, stall_log_s: float = 2.0) -> None:
+        self.w, self.connect, self.loop = worker, connect, loop
+        self.stall_log_s = stall_log_s
+        self._stop = threading.Event()
+        self._posted: float | None = None  # monotonic time of the probe not answered yet
+        self._lag = 0.0  # how long the last answered probe waited
+        self._logged_stall = False
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{worker.node_id}", daemon=True)
+        self._main_ident = threading.get_ident()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout_s)
+
+    # on the worker's loop
+    def _answer(self, posted: float) -> None:
+        self._lag = time.monotonic() - posted
+        self._posted = None
+        self.w._load = self.w.backend.load()
+
+    def _kv_summary(self) -> None:
+        log.info("kv_bytes", node=self.w.node_id, **self.w.kv.summary())
+
+    # on the thread
+    def loop_lag(self) -> float:
+        """How late the worker's loop is: the wait of the probe still pending, else of the last."""
+        posted = self._posted
+        return max(self._lag, time.monotonic() - posted) if posted is not None else self._lag
+
+    def _probe(self) -> None:
+        if self._posted is None:
+            now = time.monotonic()
+            self._posted = now
+            self._logged_stall = False
+            try:
+                self.loop.call_soon_threadsafe(self._answer, now)
+            except RuntimeError:  # the worker's loop is closed: the worker is gone
+                self._stop.set()
+        elif not self._logged_stall and time.monotonic() - self._posted > self.stall_log_s:
+            self._logged_stall = True
+            frame = sys._current_frames().get(self._main_ident)
+            where = "".join(traceback.format_stack(frame, limit=8)) if frame is not None else "?"
+            log.warning("loop_stalled", node=self.w.node_id, stalled_s=round(time.monotonic() - self._posted, 2),
+                        where=where)
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except Exception as exc:  # noqa: BLE001 - the thread must say why heartbeats stopped
+            log.error("heartbeat_thread_failed", node=self.w.node_id, error=f"{type(exc).__name__}: {exc}")
+
+    async def _main(self) -> None:
+        bus = None
+        while bus is None and not self._stop.is_set():
+            try:
+                bus = await self.connect()
+            except Exception as exc:  # noqa: BLE001 - the bus may be restarting: try again
+                log.warning("heartbeat_connect_retry", node=self.w.node_id, error=f"{type(exc).__name__}: {exc}")
+                await asyncio.sleep(0.5)
+        beats = Beats(self.w)
+        period = self.w.heartbeat_s
+        due = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                due += period
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
+                if self._stop.is_set():
+                    break
+                due = max(due, time.monotonic() - period)  # a late wake-up does not burst beats
+                self._probe()
+                sent = await beats.send(bus, self.loop_lag())
+                with contextlib.suppress(RuntimeError):  # the worker's loop closed: the next check stops
+                    if sent:
+                        self.loop.call_soon_threadsafe(self.w._beat_sent, beats.last)
+                    if self.w.kv is not None and beats.n % 10 == 0:
+                        self.loop.call_soon_threadsafe(self._kv_summary)
+        finally:
+            beats.flush()
+            if bus is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(bus.close(), 2.0)
