@@ -14,7 +14,10 @@ Direction of calls
   the router's plan), ``remove_queued(request)`` (a reroute away: only a request that has not
   started), ``kv_arrived(job)`` (this node decodes a request prefilled elsewhere: its KV is
   here now), ``order_switch(to_role, mechanism)`` (``SwitchRole``), ``progress()`` (every
-  token interval: report the tokens produced so far), ``load()`` (for heartbeats).
+  token interval: report the tokens produced so far), ``load()`` (for heartbeats),
+  ``cancel(request)`` (``RequestCancelled``: the client went away; stop the request wherever it
+  is on this node - a queued prefill at once, a running one within an iteration - and report
+  ``RequestFinished(error="cancelled")``; False when the node does not hold it).
 - Backend -> worker: through the :class:`WorkerHost` it was built with, callback style, in
   the order things happen on the engine: ``host.emit(event)`` for every catalog fact
   (``RequestStarted``, ``IterationDone``, ``FirstToken``, ``RequestFinished``, ``KvStored``,
@@ -140,6 +143,8 @@ class EngineBackend(Protocol):
     def enqueue_prefill(self, job: PrefillJob) -> None: ...
 
     def remove_queued(self, request: RequestId) -> PrefillJob | None: ...
+
+    def cancel(self, request: RequestId) -> bool: ...
 
     def kv_arrived(self, job: DecodeJob) -> None: ...
 

@@ -139,6 +139,26 @@ class AttachedServer:
             self.pagemap.alias(sent, ours)
         return ids
 
+    def cancel(self, request: RequestId) -> bool:
+        """The client went away (``RequestCancelled``): the request's stream to the server is
+        closed - vLLM aborts a request whose client disconnects, SGLang is told as well
+        (:meth:`_abort`) - and it is reported finished, ``error="cancelled"``, on the node a
+        failure would be (no token message: nobody reads it)."""
+        job = self.jobs.pop(request, None)
+        if job is None:
+            return False
+        task = self.tasks.pop(request, None)
+        if task is not None:
+            task.cancel()
+        self._abort(request)
+        self.started.discard(request)
+        self.host.emit(RequestFinished(ts=self._now(), src=self.node_id, request=request,
+                                       node=self._failed_node(job), error="cancelled"))
+        return True
+
+    def _abort(self, request: RequestId) -> None:
+        """Tell the server a request's client is gone (beyond closing its stream); nothing by default."""
+
     def _failed_node(self, job: PrefillJob) -> NodeId:
         """The node a request that failed before its first token is reported finished on."""
         return self.node_id

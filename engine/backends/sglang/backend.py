@@ -244,6 +244,13 @@ class SglangBackend(AttachedServer):
         self._bg.append(asyncio.create_task(self._post("/abort_request", {"rid": request})))
         return self.jobs.pop(request)
 
+    def _abort(self, request: RequestId) -> None:
+        """A held request was never sent; a sent one is aborted on the server (``/abort_request``)."""
+        held = len(self._held)
+        self._held = [j for j in self._held if j.request != request]
+        if len(self._held) == held:
+            self._bg.append(asyncio.create_task(self._post("/abort_request", {"rid": request})))
+
     def kv_arrived(self, job: DecodeJob) -> None:
         """SGLang moves the KV itself (bootstrap pairing): nothing to do here."""
 

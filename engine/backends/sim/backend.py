@@ -4,7 +4,7 @@ The node model runs on the worker's host (model time, scheduled callbacks). What
 to the bare node: tokens for the gateway (the sim generates no text: ``"tok "`` per token) -
 ``first`` at the prefill's ``FirstToken``, ``chunk`` after each decode run and, while a run is
 going, estimated from its iteration time at every ``progress()`` call, ``done`` at
-``RequestFinished``.
+``RequestFinished`` (none for a cancelled request: its client is gone).
 """
 
 from __future__ import annotations
@@ -65,6 +65,9 @@ class SimBackend:
     def remove_queued(self, request: RequestId) -> PrefillJob | None:
         return self.node.remove_queued(request)
 
+    def cancel(self, request: RequestId) -> bool:
+        return self.node.cancel(request)
+
     def kv_arrived(self, job: DecodeJob) -> None:
         self.node.kv_arrived(job)
 
@@ -105,6 +108,8 @@ class SimBackend:
                 self._chunk(job, int(job.total_out - job.left + 1e-9))
         elif t is RequestFinished:
             sent = self._reported.pop(e.request, 1)
+            if e.error:
+                return
             rest = max(0, e.output_tokens - sent)
             self._token(request=e.request, kind="done", tokens=rest, total=e.output_tokens,
                         text=sim_text(rest), finish_reason="length")

@@ -34,6 +34,11 @@ Request lifecycle on a node (numbers match the docstring of replay/sim/simulatio
    request's fetch issued later goes ahead of them (the staging in flight lands that much
    later). They land in the ordered tier (room made through the eviction policy; no room:
    nothing lands), reported as ``KvMoved(src_phase=decode, dst_phase=prefill)``.
+9. ``cancel`` (the client went away, issue 36 part 5): a queued prefill or a decode waiting for
+   admission is dropped at once; one in an iteration (a prefill chunk, a decode run, decodes
+   riding along a prefill) stops at that iteration's end, a decode run being cut at its next
+   iteration boundary. ``RequestFinished(error="cancelled")`` with the tokens produced so far;
+   the KV is kept as for a finished request (the prompt's blocks stay cached, unpinned: 7.).
 
 Role switch (``SwitchRole``): stop nothing, drain the work of the phase the node leaves
 (queued and running), then ``in_place`` (0.7 s, KV kept), ``restart`` (down ``restart_s``,
@@ -150,6 +155,8 @@ class SimNode:
         self.staged_tokens = 0  # tokens landed by stage orders (tests, figures read KvMoved)
         self.stage_link_free_s = 0.0  # the fetch link's staging queue (behind the requests' fetches)
         self.stage_shift = 0.0  # fetch time that went ahead of the staging in flight, in total
+        # 9. requests cancelled while in an iteration of this node: they end at its end
+        self.cancelling: set[RequestId] = set()
 
     # ------------------------------------------------------------------ small helpers
     def _noise(self, rel: float) -> float:
@@ -353,6 +360,55 @@ class SimNode:
                 return j
         return None
 
+    # ------------------------------------------------------------------ 9. cancel
+    def cancel(self, request: RequestId) -> bool:
+        """Stop ``request`` wherever it is on this node (module docstring, 9.); False when the
+        node does not hold it (never routed here, in transfer to this node, finished)."""
+        in_prefill = self.busy and not self.last_was_decode  # a prefill iteration is under way
+        for job in self.pqueue:
+            if job.request != request:
+                continue
+            if job.started and in_prefill:
+                self.cancelling.add(request)  # its chunk is in the iteration: ends with it
+            else:
+                self._dequeue(job)
+                self._finish_cancelled(request, 0)
+                self.kick()
+            return True
+        for job in self.dwaiting:
+            if job.request == request:
+                self.dwaiting.remove(job)
+                self._finish_cancelled(request, job.total_out - round(job.left))
+                self.kick()
+                return True
+        job = self.running.get(request)
+        if job is None:
+            return False
+        if self.busy:  # in a decode run (cut it) or riding along / waiting behind a prefill iteration
+            self.cancelling.add(request)
+            self._cut_decode_run()
+        else:
+            self._finish_decode(job, "cancelled")
+            self.kick()
+        return True
+
+    def _finish_cancelled(self, request: RequestId, output_tokens: int) -> None:
+        self.cancelling.discard(request)
+        self._emit(RequestFinished(ts=self.host.now, src=self.id, request=request, node=self.id,
+                                   output_tokens=max(0, output_tokens), error="cancelled"))
+        if self.status == "draining":
+            self.drained += 1
+
+    def _end_cancelled(self) -> None:
+        """After an iteration: the requests cancelled during it that it did not finish."""
+        if not self.cancelling:
+            return
+        for job in [j for j in self.pqueue if j.request in self.cancelling]:
+            self._dequeue(job)
+            self._finish_cancelled(job.request, 0)
+        for job in [j for j in self.running.values() if j.request in self.cancelling]:
+            self._finish_decode(job, "cancelled")
+
     # ------------------------------------------------------------------ executor
     def _next(self) -> None:
         if self.busy or self.status in ("switching", "down"):
@@ -480,10 +536,13 @@ class SimNode:
         if carried:
             self._carried_decode_step(carried, dec_s)
         for job, chunk, _ in batch:
+            if job.request in self.cancelling:
+                continue  # no first token: _end_cancelled drops it
             job.done_uc += chunk
             if job.done_uc >= job.t_uc:
                 self._dequeue(job)
                 self._finish_prefill(job)
+        self._end_cancelled()
         self._next()
 
     def _carried_decode_step(self, carried: list[DecodeJob], dec_s: float) -> None:
@@ -496,13 +555,13 @@ class SimNode:
             job.left -= acc
             job.context += acc
             acc_total += acc
-            if job.left <= 1e-9:
+            if job.left <= 1e-9 or job.request in self.cancelling:
                 finished.append(job)
         self._emit(IterationDone(ts=self.host.now, src=self.id, node=self.id, phase="decode", duration_s=dec_s,
                                  batch=len(carried), t_fwd=self.p.t_fwd, accepted_tokens=round(acc_total),
                                  queued=len(self.dwaiting), iterations=1))
         for job in finished:
-            self._finish_decode(job)
+            self._finish_decode(job, "cancelled" if job.request in self.cancelling else "")
 
     def _finish_prefill(self, job: PrefillJob) -> None:
         now = self.host.now
@@ -605,7 +664,7 @@ class SimNode:
             job.left -= acc
             job.context += acc
             acc_total += acc
-            if job.left <= 1e-9:
+            if job.left <= 1e-9 or job.request in self.cancelling:
                 finished.append(job)
         self._emit(IterationDone(ts=now, src=self.id, node=self.id, phase="decode", duration_s=self.run_iter_s,
                                  batch=self.run_batch, t_fwd=self.p.t_fwd,
@@ -613,11 +672,13 @@ class SimNode:
                                  queued=len(self.dwaiting), iterations=n))
         self.run_batch = 0
         for job in finished:
-            self._finish_decode(job)
+            self._finish_decode(job, "cancelled" if job.request in self.cancelling else "")
+        self._end_cancelled()
         self._next()
 
-    def _finish_decode(self, job: DecodeJob) -> None:
+    def _finish_decode(self, job: DecodeJob, error: str = "") -> None:
         now = self.host.now
+        self.cancelling.discard(job.request)
         del self.running[job.request]
         self.pool.unpin(("d", job.request))
         self.working_tokens -= self._job_working_tokens(job)
@@ -627,8 +688,9 @@ class SimNode:
             if out:
                 blocks = list(job.blocks) + out
         self._store("L2", blocks, (), job.request)  # before the request is forgotten
+        produced = job.total_out - round(job.left) if error else job.total_out
         self._emit(RequestFinished(ts=now, src=self.id, request=job.request, node=self.id,
-                                   output_tokens=job.total_out))
+                                   output_tokens=produced, error=error))
         if self.status == "draining":
             self.drained += 1
 

@@ -86,6 +86,7 @@ class TorchBackend(PeerTransfers):
         self.running: dict[RequestId, Seq] = {}
         self.dwaiting: deque[Seq] = deque()
         self.handoffs: dict[RequestId, tuple[float, Seq]] = {}  # prefilled here, decoded elsewhere
+        self.cancelling: set[RequestId] = set()  # started, cancelled: ended between iterations
         self.status = "up"  # up | draining
         self.switch_to: Role | None = None
         self.switch_mech: SwitchMechanism = "in_place"
@@ -214,6 +215,50 @@ class TorchBackend(PeerTransfers):
                 return s.job
         return None
 
+    def cancel(self, request: RequestId) -> bool:
+        """``RequestCancelled`` (engine/backend.py): a queued or waiting request is dropped now;
+        one the loop has started (a prefill under way, a running decode) at the loop's next turn,
+        between iterations (:meth:`_end_cancelled`), so no forward pass in flight is touched."""
+        for s in self.pqueue:
+            if s.request == request and not s.started:
+                self.pqueue.remove(s)  # a fetch in flight still lands (as for a reroute)
+                self.kv.pool.unpin(s.owner())
+                self._cancelled(s)
+                return True
+        for s in self.dwaiting:
+            if s.request == request:
+                self.dwaiting.remove(s)
+                self._register_full(s, s.n)  # its KV is kept as a finished request's
+                self._release(s)
+                self._cancelled(s)
+                return True
+        if request in self.running or any(s.request == request for s in self.pqueue):
+            self.cancelling.add(request)
+            self._kick()
+            return True
+        return False
+
+    def _end_cancelled(self) -> None:
+        """Between iterations: end the started requests cancelled meanwhile."""
+        for rid in sorted(self.cancelling):
+            s = self.running.pop(rid, None)
+            if s is not None:
+                self._register_full(s, s.n)
+            else:
+                s = next((q for q in self.pqueue if q.request == rid), None)
+                if s is None:
+                    continue  # it finished first
+                self.pqueue.remove(s)  # a prefill cut short: its partial KV is dropped
+            self._release(s)
+            self._cancelled(s)
+        self.cancelling.clear()
+
+    def _cancelled(self, s: Seq) -> None:
+        self.host.emit(RequestFinished(ts=self._now(), src=self.node_id, request=s.request, node=self.node_id,
+                                       output_tokens=len(s.out), error="cancelled"))
+        if self.status == "draining":
+            self.drained += 1
+
     def kv_arrived(self, job: DecodeJob) -> None:
         if job.src_node == self.node_id:
             return  # prefilled here: the sequence went to decode at FirstToken
@@ -316,6 +361,7 @@ class TorchBackend(PeerTransfers):
                 await asyncio.sleep(0)
 
     async def _iteration(self) -> bool:
+        self._end_cancelled()
         self._admit()
         pre_ok = any(s.ready or s.started for s in self.pqueue)
         dec_ok = bool(self.running)
