@@ -69,6 +69,7 @@ construction, ``main``; as the gateway's services/drivers/gateway/__main__.py), 
 (``EngineWorker``: its state, the backend's callbacks, start and stop), ``stream`` (folding the
 stream: routes, switches, decode admission, rejoin after a removal, snapshots), ``publish``
 (the retrying publisher and the heartbeats), ``prompts`` (``PromptFetch``: the jobs' token ids
-from the prompt store), ``kvgate`` (``--kv-bytes``: refused transfers recomputed), ``host`` (``WallClockHost``, the scaled clock the
+from the prompt store), ``cancel`` (a ``RequestCancelled`` stops the request on the node holding
+it: docs/gateway.md, "Cancellation"), ``kvgate`` (``--kv-bytes``: refused transfers recomputed), ``host`` (``WallClockHost``, the scaled clock the
 backend runs on, and ``RemotePeer``).
 """

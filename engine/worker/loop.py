@@ -80,6 +80,7 @@ class EngineWorker(StreamFolding, Publishing):
         self._first_from: dict[str, str] = {}  # request -> node of its first FirstToken, until it finishes
         self._decoding_here: set[str] = set()  # requests admitted to decode here, until they finish
         self._queued_here: set[str] = set()
+        self._cancelled: dict[str, int] = {}  # request cancelled, not held here yet -> tries (cancel.py)
         self._head = 0
         self.applied_seq = 0  # last stream sequence folded into the view
         #: the event authority (events/authority.py) every delivery passes before the view folds it;

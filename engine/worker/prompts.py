@@ -66,6 +66,14 @@ class PromptFetch:
             return entry[1]
         return self.worker.backend.remove_queued(rid)
 
+    def cancel_pending(self, rid: str) -> bool:
+        """A job whose ids are still on their way is dropped (its fetch cancelled): True; else False."""
+        entry = self._pending.pop(rid, None)
+        if entry is None:
+            return False
+        entry[0].cancel()
+        return True
+
     def pending(self) -> list[str]:
         return sorted(self._pending)
 

@@ -1,7 +1,8 @@
 """The worker's way in from the stream: fold each delivery into the worker's view, and from the
 start head on act on it (a route enqueues or takes back a prefill job, a ``SwitchRole`` orders a
-switch, a peer's ``FirstToken`` admits the decode, a removal of this node registers it again);
-the view's snapshots (engine/worker/__init__.py, 1-3 and 6)."""
+switch, a peer's ``FirstToken`` admits the decode, a removal of this node registers it again, a
+``RequestCancelled`` stops the request: engine/worker/cancel.py); the view's snapshots
+(engine/worker/__init__.py, 1-3 and 6)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import asyncio
 import time
 
 from engine.backend import DecodeJob, PrefillJob
+from engine.worker.cancel import Cancelling
 from events import codec
 from events.catalog import (
     Event,
@@ -17,6 +19,7 @@ from events.catalog import (
     NodeHeartbeat,
     NodeRegistered,
     NodeRemoved,
+    RequestCancelled,
     RequestFinished,
     RequestStarted,
     RouteDecided,
@@ -32,7 +35,7 @@ log = get_logger("worker")
 _DONE = "\x00first-token"  # _prefill_at: the prefill ended (a FirstToken), wherever it ran
 
 
-class StreamFolding:
+class StreamFolding(Cancelling):
     """``EngineWorker``'s stream input (engine/worker/loop.py holds the state: ``view``, ``backend``,
     ``host``, ``_head``, ``applied_seq``, ``_unechoed``, ``_since_snap``, ``_decode_for``,
     ``_queued_here``, ``prompt_fetch``)."""
@@ -73,6 +76,8 @@ class StreamFolding:
             self.backend.order_switch(event.to_role, event.mechanism)
         elif t is FirstToken and event.node != self.node_id and event.request in self._decode_for:
             self._admit_decode(event.request, event.node)
+        elif t is RequestCancelled:
+            self._on_cancel(event)
 
     def _rejoin(self, removed: NodeRemoved, held: dict[str, dict[int, float]]) -> None:
         """The stream says this node is gone (removed for silence while it was only late): register
@@ -116,6 +121,9 @@ class StreamFolding:
             self._prefill_at.pop(event.request, None)
             self._first_from.pop(event.request, None)
             self._decoding_here.discard(event.request)
+            # a request that ended before its first token (cancelled, failed) is awaited no more
+            self._decode_for.pop(event.request, None)
+            self._cancelled.pop(event.request, None)
         elif t is NodeRemoved:  # a prefill running on a removed node never ends: re-routes then count
             for rid in [r for r, n in self._prefill_at.items() if n == event.node]:
                 del self._prefill_at[rid]
@@ -127,6 +135,8 @@ class StreamFolding:
 
     def _on_route(self, e: RouteDecided) -> None:
         rid = e.request
+        if self._routed_cancelled(e):
+            return
         if e.decode_node == self.node_id and e.prefill_node != self.node_id:
             if self._prefill_at.get(rid) != _DONE:
                 self._decode_for[rid] = e.prefill_node
