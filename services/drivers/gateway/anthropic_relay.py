@@ -7,21 +7,17 @@ the OpenAI endpoints.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 
 from aiohttp import web
 
 from events.wire import sim_text, token_key
-from services.adapters.logging import get_logger
 from services.drivers.gateway import anthropic_api
 from services.drivers.gateway.api import ApiError
 from services.drivers.gateway.guard import STREAMING
 from services.drivers.gateway.meta import Meta, engine_failure, next_token
 from services.drivers.gateway.metrics import GatewayMetrics
 from services.drivers.gateway.openai_relay import SseResponse
-
-log = get_logger("gateway")
 
 
 async def pieces(tsub, meta: Meta, timeout_s: float, metrics: GatewayMetrics):
@@ -94,9 +90,6 @@ async def stream(req: web.Request, tsub, meta: Meta, before_done, *,
             await before_done()  # BranchEnded before the client sees message_stop
             tail += reply.stop()
         await resp.write_eof(tail)  # the last events and the end of the response: one write
-    except (ConnectionResetError, asyncio.CancelledError):
-        log.info("client_gone", request=meta.request)
-        raise
-    finally:
+    finally:  # a client that leaves makes a write raise ConnectionResetError: cancel.Cancels takes it from there
         await relay.aclose()
     return resp

@@ -7,19 +7,14 @@ call ``before_done`` (the branch's end) before the client sees the end of the re
 
 from __future__ import annotations
 
-import asyncio
-
 import msgspec
 from aiohttp import web
 
 from events.wire import sim_text
-from services.adapters.logging import get_logger
 from services.drivers.gateway.api import ApiError
 from services.drivers.gateway.guard import STREAMING
 from services.drivers.gateway.meta import Meta, engine_failure, next_token
 from services.drivers.gateway.metrics import GatewayMetrics
-
-log = get_logger("gateway")
 
 
 async def collect(tsub, meta: Meta, before_done, *,
@@ -52,37 +47,34 @@ async def stream(req: web.Request, tsub, meta: Meta, include_usage: bool, before
     req[STREAMING] = True  # from here on, errors are events inside the stream
     await resp.prepare(req)  # the headers go out with the first chunk (one write)
     got, first, tail = 0, True, b""
-    try:
-        while True:
-            if m.kind in ("first", "chunk"):
-                got += m.tokens
-                await resp.write(sse(meta.chunk(m.text, None, first, m.simulated)))
-                first = False
-            elif m.kind == "done":
-                got += m.tokens
-                total = max(got, m.total)
-                metrics.inc("ei_gateway_output_tokens_total", total)
-                text = m.text + (sim_text(total - got) if total > got and m.simulated else "")
-                tail = sse(meta.chunk(text, m.finish_reason or "length", first, m.simulated))
-                if include_usage:
-                    tail += sse(meta.usage_chunk(total))
-                break
-            elif m.kind == "error":
-                err = engine_failure(meta, m)
-                tail = sse(err.body())
-                metrics.inc("ei_gateway_errors_total", status=str(err.status), code=err.code)
-                break
-            try:
-                m = await next_token(tsub, meta, timeout_s)
-            except ApiError as exc:
-                metrics.inc("ei_gateway_errors_total", status=str(exc.status), code=exc.code)
-                tail = sse(exc.body())
-                break
-        await before_done()  # BranchEnded before the client sees the end
-        await resp.write_eof(tail + b"data: [DONE]\n\n")  # the last chunk, [DONE] and the end: one write
-    except (ConnectionResetError, asyncio.CancelledError):
-        log.info("client_gone", request=meta.request)
-        raise
+    # a client that leaves makes a write raise ConnectionResetError: cancel.Cancels takes it from there
+    while True:
+        if m.kind in ("first", "chunk"):
+            got += m.tokens
+            await resp.write(sse(meta.chunk(m.text, None, first, m.simulated)))
+            first = False
+        elif m.kind == "done":
+            got += m.tokens
+            total = max(got, m.total)
+            metrics.inc("ei_gateway_output_tokens_total", total)
+            text = m.text + (sim_text(total - got) if total > got and m.simulated else "")
+            tail = sse(meta.chunk(text, m.finish_reason or "length", first, m.simulated))
+            if include_usage:
+                tail += sse(meta.usage_chunk(total))
+            break
+        elif m.kind == "error":
+            err = engine_failure(meta, m)
+            tail = sse(err.body())
+            metrics.inc("ei_gateway_errors_total", status=str(err.status), code=err.code)
+            break
+        try:
+            m = await next_token(tsub, meta, timeout_s)
+        except ApiError as exc:
+            metrics.inc("ei_gateway_errors_total", status=str(exc.status), code=exc.code)
+            tail = sse(exc.body())
+            break
+    await before_done()  # BranchEnded before the client sees the end
+    await resp.write_eof(tail + b"data: [DONE]\n\n")  # the last chunk, [DONE] and the end: one write
     return resp
 
 
