@@ -56,7 +56,8 @@ async def served(nats_url, partition):
     await worker.start()
     router = asyncio.create_task(prefix_cache_router(r_bus, "n1", set()))
     gw = Gateway(gw_bus, NatsTokens(gw_bus.nc, partition),
-                 GatewayConfig(partition=partition, model=MODEL, block_tokens=64, api_keys=frozenset({KEY})))
+                 GatewayConfig(partition=partition, model=MODEL, served_model_names=(MODEL,), block_tokens=64,
+                               api_keys=frozenset({KEY})))  # names restricted: another is a 404
     try:
         async with TestClient(TestServer(gw.make_app())) as client:
             yield str(client.make_url("")).rstrip("/"), gw, r_bus

@@ -42,7 +42,8 @@ async def fake_cluster(bus, tokens):
 @contextlib.asynccontextmanager
 async def gateway(partition):
     bus, tokens = InMemoryBus(partition), MemoryTokens(partition)
-    gw = Gateway(bus, tokens, GatewayConfig(partition=partition, model="m1"), clock=lambda: 100.0)
+    gw = Gateway(bus, tokens, GatewayConfig(partition=partition, model="m1", served_model_names=("m1",)),
+                 clock=lambda: 100.0)  # names restricted: "nope" is a 404
     async with serve_app(gw, fake_cluster(bus, tokens)) as client:
         yield gw, client
 

@@ -100,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stream-replicas", type=int, default=None,
                    help="replicas of the partition's stream (default: env EI_STREAM_REPLICAS, else 1)")
     p.add_argument("--model", default="evolving-sim", help="model name served by /v1/models")
+    p.add_argument("--served-model-name", action="append", default=[], metavar="NAME",
+                   help="a model name requests may ask for (repeatable); given, only --model and these are "
+                        "served (another is a 404); default: any name a client sends is served by this model")
     p.add_argument("--block-tokens", type=int, default=64)
     p.add_argument("--tokenizer", "--model-path", dest="tokenizer", default=os.environ.get("EI_TOKENIZER") or None,
                    metavar="PATH",
@@ -171,7 +174,8 @@ async def serve(args: argparse.Namespace) -> int:
     bus = await NatsBus.connect(url, partition=args.partition, name=f"gateway-{args.src}",
                                 credentials=None if creds.empty else creds,
                                 settings=StreamSettings(replicas=replicas))
-    cfg = GatewayConfig(partition=args.partition, model=args.model, block_tokens=args.block_tokens,
+    cfg = GatewayConfig(partition=args.partition, model=args.model,
+                        served_model_names=tuple(args.served_model_name), block_tokens=args.block_tokens,
                         route_timeout_s=args.route_timeout_s, token_timeout_s=args.token_timeout_s,
                         default_max_tokens=args.default_max_tokens, tokenizer=args.tokenizer, src=args.src,
                         time_scale=args.time_scale, clock_epoch=args.clock_epoch,

@@ -8,7 +8,8 @@ Mapping (docs/gateway.md, "Anthropic Messages API"): the request becomes OpenAI-
 messages rendered by the one chat template (``services.drivers.gateway.tokenizer``), so a
 conversation costs the same tokens and hashes to the same blocks on either API:
 
-- ``system`` (a string or text blocks) -> a ``system`` message first;
+- ``system`` (a string or text blocks) and any ``system`` message inside ``messages`` -> one
+  ``system`` message first: their texts in order, joined by a blank line (:func:`system_prompt`);
 - ``tools`` (custom tools) -> ``{"name", "description", "parameters": input_schema}``, the shape
   OpenAI's function tools are rendered in;
 - an assistant's ``tool_use`` blocks -> its ``tool_calls`` (``arguments``: the input as compact
@@ -100,7 +101,7 @@ Block = (TextBlock | ImageBlock | DocumentBlock | SearchResultBlock | ThinkingBl
 
 
 class AMessage(Struct):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # system: folded into the system prompt (chat_messages)
     content: str | list[Block]
 
 
@@ -154,7 +155,7 @@ _SERVER_TOOL = ("server tools and Anthropic-defined tools run at Anthropic; this
                 "custom tools ({'name', 'description', 'input_schema'})")
 
 
-def _decode(raw: bytes, cls: type[Struct]) -> Any:
+def _decode(raw: bytes, cls: type[Struct], ignored: list[str] | None = None) -> Any:
     obj = decode_object(raw)
     tools = obj.get("tools")
     if isinstance(tools, list):
@@ -164,11 +165,10 @@ def _decode(raw: bytes, cls: type[Struct]) -> Any:
                 raise ApiError(400, f"'tools[{i}].type': tool type {clip(str(kind))!r} is not supported: {_SERVER_TOOL}",
                                f"tools[{i}].type", code="unsupported_parameter")
     try:
-        req = convert(obj, cls)
+        req = convert(obj, cls, ignored)
     except ApiError as exc:
         if exc.param and exc.param.endswith(".role"):  # not OpenAI's list of roles
-            exc.message = exc.message.split(" (expected", 1)[0] + " (expected 'user' or 'assistant'; " \
-                "a system prompt goes in the top-level 'system' field)"
+            exc.message = exc.message.split(" (expected", 1)[0] + " (expected 'user', 'assistant' or 'system')"
         raise
     tc = req.tool_choice
     if tc is not None and tc.type == "tool" and not tc.name:
@@ -177,13 +177,14 @@ def _decode(raw: bytes, cls: type[Struct]) -> Any:
     return req
 
 
-def parse_messages(raw: bytes) -> MessagesRequest:
-    """The validated ``POST /v1/messages`` body (400 :class:`ApiError` naming the field)."""
-    return _decode(raw, MessagesRequest)
+def parse_messages(raw: bytes, ignored: list[str] | None = None) -> MessagesRequest:
+    """The validated ``POST /v1/messages`` body (400 :class:`ApiError` naming the field); the
+    names of unknown top-level fields (dropped, never a 400) are appended to ``ignored``."""
+    return _decode(raw, MessagesRequest, ignored)
 
 
-def parse_count_tokens(raw: bytes) -> CountTokensRequest:
-    return _decode(raw, CountTokensRequest)
+def parse_count_tokens(raw: bytes, ignored: list[str] | None = None) -> CountTokensRequest:
+    return _decode(raw, CountTokensRequest, ignored)
 
 
 def unapplied(req: MessagesRequest) -> list[str]:
@@ -208,13 +209,31 @@ def _arguments(data: dict[str, Any]) -> str:
     return json.dumps(data, separators=(",", ":"), sort_keys=True)
 
 
+def _text(content: str | list[TextBlock] | list[Block]) -> str:
+    """The text of a system prompt or a system message: its text blocks joined."""
+    if isinstance(content, str):
+        return content
+    return "".join(b.text for b in content if isinstance(b, TextBlock))
+
+
+def system_prompt(req: _Base) -> str:
+    """The top-level ``system`` then every ``system`` message of ``messages``, in order, joined
+    by a blank line: a system message is an instruction to the model wherever it stands, as the
+    top-level field is (the chat templates we render take one system message, first)."""
+    parts = [_text(req.system)] if req.system else []
+    parts += [_text(m.content) for m in req.messages if m.role == "system"]
+    return "\n\n".join(p for p in parts if p)
+
+
 def chat_messages(req: _Base) -> list[dict[str, Any]]:
     """The request as OpenAI-style chat messages (the module docstring has the mapping)."""
     out: list[dict[str, Any]] = []
-    if req.system:
-        system = req.system if isinstance(req.system, str) else "".join(b.text for b in req.system)
+    system = system_prompt(req)
+    if system:
         out.append({"role": "system", "content": system})
     for m in req.messages:
+        if m.role == "system":
+            continue  # folded into the system prompt above
         if isinstance(m.content, str):
             out.append({"role": m.role, "content": m.content})
             continue
@@ -252,7 +271,8 @@ def render_prompt(req: _Base, template=None) -> str:
     message is continued (prefill), so the prompt ends inside it."""
     tools = [function_def(t.name, t.description, t.input_schema) for t in req.tools] if req.tools else None
     msgs = chat_messages(req)
-    prefill = req.messages[-1].role == "assistant"
+    turns = [m for m in req.messages if m.role != "system"]
+    prefill = bool(turns) and turns[-1].role == "assistant"
     try:
         if template is not None:
             return template.render(msgs, tools, continue_final=prefill)

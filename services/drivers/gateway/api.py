@@ -31,8 +31,10 @@ Parameters fall in three groups (docs/gateway.md, "Parameters"):
   bookkeeping fields with no effect on a response (``user``, ``metadata``, ``store``,
   ``service_tier``, ``parallel_tool_calls``, ``reasoning_effort``).
 
-Any other top-level field is a 400 ``unknown_parameter`` (OpenAI answers "Unrecognized request
-argument supplied"), so a typo is never silently ignored.
+Any other top-level field is **ignored**: dropped before validation, its name counted in
+``ei_gateway_ignored_fields_total{api, field}`` and logged once per name (``ignored_fields``),
+never a 400: agent clients send fields newer than this gateway, and a 400 stops them at their
+first request. The known fields keep their strict type and range checks.
 
 Bad input (docs/gateway.md, "Bad input"): a body nested deeper than :data:`MAX_JSON_DEPTH` is a
 400 ``json_too_deep`` before it is decoded (``events.jsondepth`` scans the bytes), and whatever
@@ -292,15 +294,16 @@ def too_deep_error(depth: int | None) -> ApiError:
                          f"{MAX_JSON_DEPTH} deep", "body", code="json_too_deep")
 
 
-def convert(obj: dict[str, Any], cls: type[Struct]) -> Any:
-    """``obj`` as ``cls``: an unknown top-level field or a msgspec validation error is a 400."""
-    unknown = [k for k in obj if k not in cls.__struct_fields__]
+def convert(obj: dict[str, Any], cls: type[Struct], ignored: list[str] | None = None) -> Any:
+    """``obj`` as ``cls``; a msgspec validation error of a known field is a 400. An unknown
+    top-level field is dropped, its name appended to ``ignored`` (the app counts and logs it:
+    clients such as Claude Code send fields newer than this gateway, and a 400 would stop them)."""
+    fields = cls.__struct_fields__
+    unknown = [k for k in obj if k not in fields]
     if unknown:
-        names = ", ".join(clip(k, 64) for k in sorted(unknown)[:10])
-        more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
-        raise ApiError(400, f"unrecognized request argument(s) supplied: {names}{more} "
-                            "(docs/gateway.md lists the parameters this gateway accepts)", min(unknown),
-                       code="unknown_parameter")
+        obj = {k: v for k, v in obj.items() if k in fields}
+        if ignored is not None:
+            ignored.extend(sorted(unknown))
     try:
         return msgspec.convert(obj, cls)
     except msgspec.ValidationError as exc:
@@ -361,16 +364,17 @@ def _check(req: ChatRequest | CompletionRequest) -> None:
                        "max_completion_tokens", code="invalid_value")
 
 
-def parse_chat(raw: bytes) -> tuple[ChatRequest, dict[str, Any]]:
-    """The validated request and the decoded object (the chat template renders its messages)."""
+def parse_chat(raw: bytes, ignored: list[str] | None = None) -> tuple[ChatRequest, dict[str, Any]]:
+    """The validated request and the decoded object (the chat template renders its messages);
+    the names of unknown top-level fields (dropped) are appended to ``ignored``."""
     obj = decode_object(raw)
-    req = convert(obj, ChatRequest)
+    req = convert(obj, ChatRequest, ignored)
     _check(req)
     return req, obj
 
 
-def parse_completion(raw: bytes) -> CompletionRequest:
-    req = convert(decode_object(raw), CompletionRequest)
+def parse_completion(raw: bytes, ignored: list[str] | None = None) -> CompletionRequest:
+    req = convert(decode_object(raw), CompletionRequest, ignored)
     _check(req)
     p = req.prompt
     if isinstance(p, list):

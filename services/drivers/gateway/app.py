@@ -89,6 +89,8 @@ from services.drivers.gateway.tokenizer import TemplateError
 log = get_logger("gateway")
 
 GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway")
+#: the longest model name served when any name is (a response repeats it; none is longer)
+MAX_MODEL_NAME_CHARS = 256
 
 
 class Gateway:
@@ -113,6 +115,11 @@ class Gateway:
         self.table = BranchTable(src=self.cfg.src, ttl_s=self.cfg.branch_ttl_s)
         self._expiry_task: asyncio.Task | None = None
         self._hints_logged: set[str] = set()  # unknown agent hint names already logged
+        self._ignored_logged: set[tuple[str, str]] = set()  # (api, field) ignored and logged once
+        # the model names a request may ask for: any (empty) unless --served-model-name restricts them
+        self.model_names: tuple[str, ...] = (
+            (self.cfg.model, *[n for n in self.cfg.served_model_names if n != self.cfg.model])
+            if self.cfg.served_model_names else ())
         self.keys = ApiKeys(self.cfg.api_keys)
         self.in_flight = 0
         self.metrics = GatewayMetrics(lambda: len(self.table.open), lambda: self.in_flight)
@@ -243,6 +250,26 @@ class Gateway:
             log.warning("unknown_agent_hints", hints=",".join(new)[:200],
                         known="priority,osl,speculative_prefill", note="ignored; logged once per name")
 
+    #: distinct field names the ignored-field counter labels; past it they count as ``(other)``
+    MAX_IGNORED_LABELS = 256
+
+    def _note_ignored(self, api: str, names: list[str]) -> None:
+        """Request fields (and ``anthropic-beta`` values) this gateway does not apply and ignores:
+        ``ei_gateway_ignored_fields_total{api, field}``, and one log line per name."""
+        for name in names:
+            key = (api, name[:64])
+            if key not in self._ignored_logged and len(self._ignored_logged) >= self.MAX_IGNORED_LABELS:
+                key = (api, "(other)")
+            self.metrics.inc("ei_gateway_ignored_fields_total", api=key[0], field=key[1])
+            if key not in self._ignored_logged:
+                self._ignored_logged.add(key)
+                log.warning("ignored_field", api=api, field=key[1], note="not applied; logged once per name")
+
+    def _note_betas(self, req: web.Request) -> None:
+        betas = [b.strip() for v in req.headers.getall("anthropic-beta", []) for b in v.split(",") if b.strip()]
+        if betas:
+            self._note_ignored("anthropic", [f"anthropic-beta: {b}" for b in betas])
+
     def partition_of(self, branch: str) -> str:
         """The partition of ``branch``'s session: by its root branch id (the session the branch
         table gave it; a branch it does not know is its own root), one partition: that one."""
@@ -254,22 +281,36 @@ class Gateway:
 
 
     # ---------------------------------------------------------------- small endpoints
-    def _model_card(self) -> dict:
-        return {"id": self.cfg.model, "object": "model", "created": 0, "owned_by": "evolving-infra",
-                "max_model_len": self.cfg.context_length}
+    def _model_card(self, name: str | None = None) -> dict:
+        """A model's card in OpenAI's shape and Anthropic's at once (each client reads its fields)."""
+        name = name or self.cfg.model
+        return {"id": name, "object": "model", "created": 0, "owned_by": "evolving-infra",
+                "max_model_len": self.cfg.context_length,
+                "type": "model", "display_name": name, "created_at": "1970-01-01T00:00:00Z"}
 
     def _model(self, name: str | None) -> str:
-        if not name or name == self.cfg.model:
+        """The model name the response carries: the one asked for (any name, unless
+        ``--served-model-name`` restricts them: another is a 404), else ``--model``."""
+        if not name:
             return self.cfg.model
-        raise ApiError(404, f"The model '{clip(name)}' does not exist (this gateway serves '{self.cfg.model}')",
-                       "model", code="model_not_found")
+        if name in self.model_names or (not self.model_names and len(name) <= MAX_MODEL_NAME_CHARS):
+            return name
+        served = (f"this gateway serves {', '.join(repr(n) for n in self.model_names)}" if self.model_names
+                  else f"a model name is at most {MAX_MODEL_NAME_CHARS} characters")
+        raise ApiError(404, f"The model '{clip(name)}' does not exist ({served})", "model", code="model_not_found")
+
+    def _model_label(self, name: str) -> str:
+        """The ``model`` label of the frontend metrics: a name the operator listed, else
+        ``--model`` (a client's free choice of name never makes a new series)."""
+        return name if name in self.model_names else self.cfg.model
 
     async def models(self, _req: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [self._model_card()]})
+        cards = [self._model_card(n) for n in (self.model_names or (self.cfg.model,))]
+        return web.json_response({"object": "list", "data": cards, "has_more": False,
+                                  "first_id": cards[0]["id"], "last_id": cards[-1]["id"]})
 
     async def model_view(self, req: web.Request) -> web.Response:
-        self._model(req.match_info["model"])
-        return web.json_response(self._model_card())
+        return web.json_response(self._model_card(self._model(req.match_info["model"])))
 
     def bus_state(self) -> dict:
         """Whether the gateway can reach the bus: a NATS connection that is down (the server
@@ -328,14 +369,17 @@ class Gateway:
     async def openapi_view(self, _req: web.Request) -> web.Response:
         """The OpenAPI 3.1 description (services/drivers/gateway/openapi.py), built once."""
         if self._openapi is None:
-            self._openapi = json.dumps(openapi.build(self.cfg.model, self.cfg.max_tokens_limit)).encode()
+            names = list(self.model_names) or None  # an enum only when the names are restricted
+            self._openapi = json.dumps(openapi.build(names, self.cfg.max_tokens_limit)).encode()
         return web.Response(body=self._openapi, content_type="application/json")
 
     # ---------------------------------------------------------------- completions
     async def chat_completions(self, req: web.Request) -> web.StreamResponse:
         self.metrics.inc("ei_gateway_requests_total", endpoint="chat")
-        creq, obj = parse_chat(await req.read())
+        ignored: list[str] = []
+        creq, obj = parse_chat(await req.read(), ignored)
         model = self._model(creq.model)
+        self._note_ignored("openai", ignored)
         try:
             prompt = self.template.render(obj["messages"], chat_tools(creq))
         except TemplateError as exc:
@@ -345,22 +389,30 @@ class Gateway:
     async def messages(self, req: web.Request) -> web.StreamResponse:
         """Anthropic's ``POST /v1/messages`` (services/drivers/gateway/anthropic_api.py)."""
         self.metrics.inc("ei_gateway_requests_total", endpoint="messages")
-        mreq = anthropic_api.parse_messages(await req.read())
+        ignored: list[str] = []
+        mreq = anthropic_api.parse_messages(await req.read(), ignored)
         model = self._model(mreq.model)
+        self._note_ignored("anthropic", ignored)
+        self._note_betas(req)
         ids = self.tokenizer.encode(anthropic_api.render_prompt(mreq, self.template))
         return await self._serve(req, anthropic_api.budget_request(mreq), model, ids, chat=True, anthropic=mreq)
 
     async def count_tokens(self, req: web.Request) -> web.Response:
         """Anthropic's ``POST /v1/messages/count_tokens``: the rendered prompt's tokens."""
         self.metrics.inc("ei_gateway_requests_total", endpoint="count_tokens")
-        creq = anthropic_api.parse_count_tokens(await req.read())
+        ignored: list[str] = []
+        creq = anthropic_api.parse_count_tokens(await req.read(), ignored)
         self._model(creq.model)
+        self._note_ignored("anthropic", ignored)
+        self._note_betas(req)
         return web.json_response({"input_tokens": len(self.tokenizer.encode(anthropic_api.render_prompt(creq, self.template)))})
 
     async def completions(self, req: web.Request) -> web.StreamResponse:
         self.metrics.inc("ei_gateway_requests_total", endpoint="completions")
-        creq = parse_completion(await req.read())
+        ignored: list[str] = []
+        creq = parse_completion(await req.read(), ignored)
         model = self._model(creq.model)
+        self._note_ignored("openai", ignored)
         ids = self.model.completion_ids(creq.prompt) if isinstance(creq.prompt, str) else list(creq.prompt)
         return await self._serve(req, creq, model, ids, chat=False)
 
@@ -417,7 +469,7 @@ class Gateway:
                      chat: bool, anthropic: anthropic_api.MessagesRequest | None = None) -> web.StreamResponse:
         """:meth:`_serve_request` observed by the frontend metrics (``ei_frontend_*``, metrics.py)."""
         endpoint = "anthropic_messages" if anthropic is not None else "chat_completions" if chat else "completions"
-        obs = self.metrics.request(model, endpoint, bool(r.stream))
+        obs = self.metrics.request(self._model_label(model), endpoint, bool(r.stream))
         ok = False
         try:
             work = self._serve_request(req, r, model, ids, chat, anthropic, obs)

@@ -13,6 +13,9 @@ MiB = 1024 * 1024
 class GatewayConfig:
     partition: str = "default"
     model: str = "evolving-sim"
+    # The model names a request may ask for besides ``model`` (--served-model-name); empty: any
+    # name is served (a single-model gateway answers whatever name a client was configured with).
+    served_model_names: tuple[str, ...] = ()
     block_tokens: int = 64
     route_timeout_s: float = 10.0
     token_timeout_s: float = 60.0

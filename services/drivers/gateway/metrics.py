@@ -5,7 +5,8 @@ Counters: ``ei_gateway_requests_total{endpoint}``, ``ei_gateway_headerless_reque
 ``ei_gateway_errors_total{status,code}``, ``ei_gateway_compactions_total{reason}``,
 ``ei_gateway_branches_opened_total``, ``ei_gateway_branches_ended_total``,
 ``ei_gateway_output_tokens_total``, ``ei_gateway_route_timeouts_total``,
-``ei_gateway_branches_expired_total``, ``ei_gateway_unknown_agent_hints_total``.
+``ei_gateway_branches_expired_total``, ``ei_gateway_unknown_agent_hints_total``,
+``ei_gateway_ignored_fields_total{api,field}``.
 Gauges (read when scraped): ``ei_gateway_open_branches``, ``ei_gateway_in_flight_requests``.
 
 The metrics people already graph (docs/gateway.md, "Metrics": the table that maps them to
@@ -45,6 +46,8 @@ COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "ei_gateway_branches_expired_total": ("BranchEnded(reason=idle) published (idle past --branch-ttl-s)", ()),
     "ei_gateway_unknown_agent_hints_total": ("nvext.agent_hints entries not known here (ignored)", ()),
     "ei_gateway_prompt_bytes_total": ("bytes of token ids put into the prompt store", ()),
+    "ei_gateway_ignored_fields_total": ("request fields (and anthropic-beta values) ignored, by API and name",
+                                        ("api", "field")),
 }
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 

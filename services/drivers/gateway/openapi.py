@@ -10,12 +10,13 @@ Generated, so it cannot drift from the code:
   ``forbid_unknown_fields``, and the fuzz run checks live responses against the schema);
 - **headers**: the names in ``headers.py`` (``FAMILIES``, ``END_HEADERS``, ...).
 
-Hand-written, because the types cannot say it: a top-level unknown field is a 400 (``convert``
-checks it, the Structs do not forbid it: ``additionalProperties: false`` on the four request
-bodies), the known ``nvext.agent_hints`` (``AgentHints``; other hints are ignored), the served
-model name and the ``max_tokens`` limit (an ``enum`` / a ``maximum`` from the configuration when
-the app builds the description: another model is a 404, a larger budget a 400), the security schemes, the media types (SSE) and which status codes each route
-answers.
+Hand-written, because the types cannot say it: a top-level unknown field is accepted and
+ignored (``convert`` drops it and the app counts it; the request bodies allow additional
+properties), the known ``nvext.agent_hints`` (``AgentHints``; other hints are ignored), the
+served model names when ``--served-model-name`` restricts them and the ``max_tokens`` limit (an
+``enum`` / a ``maximum`` from the configuration when the app builds the description: another
+model is a 404, a larger budget a 400), the security schemes, the media types (SSE) and which
+status codes each route answers.
 """
 
 from __future__ import annotations
@@ -121,16 +122,26 @@ class ChatCompletionChunk(Struct, forbid_unknown_fields=True):
 
 
 class ModelCard(Struct, forbid_unknown_fields=True):
+    """OpenAI's model object and Anthropic's (``type``, ``display_name``, ``created_at``) at once."""
+
     id: str
     object: Literal["model"]
     created: int
     owned_by: str
     max_model_len: int
+    type: Literal["model"]
+    display_name: str
+    created_at: str
 
 
 class ModelList(Struct, forbid_unknown_fields=True):
+    """OpenAI's list and Anthropic's page (``has_more``, ``first_id``, ``last_id``) at once."""
+
     object: Literal["list"]
     data: list[ModelCard]
+    has_more: bool
+    first_id: str | None
+    last_id: str | None
 
 
 class BusState(Struct, forbid_unknown_fields=True):
@@ -360,7 +371,7 @@ ERRORS = {
     400: "A bad or unreadable body, parameter or header (`error.param` names it), or "
          "`context_length_exceeded`.",
     401: "A missing or wrong API key (only when keys are configured).",
-    404: "An unknown model (`model_not_found`).",
+    404: "A model name `--served-model-name` does not list (`model_not_found`).",
     409: "The branch has ended (`branch_ended`): use a new id.",
     413: "The body is larger than `--max-body-mb`.",
     417: "An `Expect` header other than `100-continue`.",
@@ -432,21 +443,21 @@ def _components() -> dict[str, Any]:
     (*_, stream), comps = msgspec.json.schema_components((*REQUESTS, *RESPONSES, api.AgentHints,
                                                           AnthropicStreamEvent), ref_template=REF)
     comps["AnthropicStreamEvent"] = {"title": "AnthropicStreamEvent", **stream}
-    for cls in REQUESTS:  # convert() refuses an unknown top-level field (400 unknown_parameter)
-        comps[cls.__name__]["additionalProperties"] = False
+    for cls in REQUESTS:  # convert() drops an unknown top-level field (counted, never a 400)
+        comps[cls.__name__]["additionalProperties"] = True
     comps["NvExt"]["properties"]["agent_hints"] = {
         "anyOf": [{"$ref": REF.format(name="AgentHints")}, {"type": "null"}], "default": None,
         "description": "Known hints are checked; any other hint name is ignored (and counted)."}
     return comps
 
 
-def _served_model(comps: dict[str, Any], model: str) -> None:
-    """The one model this gateway serves: any other name is a 404 ``model_not_found``."""
+def _served_model(comps: dict[str, Any], models: list[str]) -> None:
+    """The model names this gateway serves when they are restricted: another is a 404 ``model_not_found``."""
     for name in ("ChatRequest", "CompletionRequest"):
-        comps[name]["properties"]["model"] = {"anyOf": [{"type": "string", "enum": [model]}, {"type": "null"}],
+        comps[name]["properties"]["model"] = {"anyOf": [{"type": "string", "enum": models}, {"type": "null"}],
                                               "default": None}
     for name in ("MessagesRequest", "CountTokensRequest"):
-        comps[name]["properties"]["model"] = {"type": "string", "enum": [model]}
+        comps[name]["properties"]["model"] = {"type": "string", "enum": models}
 
 
 def _max_tokens_limit(comps: dict[str, Any], limit: int) -> None:
@@ -461,12 +472,14 @@ def _max_tokens_limit(comps: dict[str, Any], limit: int) -> None:
                     branch["maximum"] = limit
 
 
-def build(model: str | None = None, max_tokens_limit: int | None = None, version: str = "0.1.0") -> dict[str, Any]:
-    """The OpenAPI 3.1 document; ``model``: the served model name (an ``enum`` in the bodies),
-    ``max_tokens_limit``: the largest ``max_tokens`` it accepts (a ``maximum``)."""
+def build(model: str | list[str] | None = None, max_tokens_limit: int | None = None,
+          version: str = "0.1.0") -> dict[str, Any]:
+    """The OpenAPI 3.1 document; ``model``: the model names served when they are restricted (an
+    ``enum`` in the bodies; None: any name), ``max_tokens_limit``: the largest ``max_tokens`` it
+    accepts (a ``maximum``)."""
     comps = _components()
     if model is not None:
-        _served_model(comps, model)
+        _served_model(comps, [model] if isinstance(model, str) else list(model))
     if max_tokens_limit is not None:
         _max_tokens_limit(comps, max_tokens_limit)
     branch = branch_headers()

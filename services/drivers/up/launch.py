@@ -227,6 +227,7 @@ def plan_children(args, url: str, run_dir: Path, db: Path,
     if not args.no_gateway:
         port = args.gateway_port or free_port()
         model = models.gateway_args(args.model) if kind == "torch" else []
+        model += [a for n in getattr(args, "served_model_name", []) for a in ("--served-model-name", n)]
         children.append(Child("gateway", [py, "-m", "services.drivers.gateway", "--host", "127.0.0.1", "--port", str(port),
                                           *common, *model], G_GATEWAY, logs / "gateway.log"))
         urls["gateway"] = f"http://127.0.0.1:{port}"

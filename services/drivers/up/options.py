@@ -40,6 +40,9 @@ def add_up_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-block-bytes", type=int, default=1024, help="with --kv-bytes: bytes per KV block")
     p.add_argument("--time-scale", type=float, default=1.0, help="engines' model seconds per wall second")
     p.add_argument("--gateway-port", type=int, default=8000, help="gateway HTTP port (0: a free port)")
+    p.add_argument("--served-model-name", action="append", default=[], metavar="NAME",
+                   help="the gateway serves only these model names (repeatable; passed to it as "
+                        "--served-model-name); default: any name a client sends")
     p.add_argument("--no-gateway", action="store_true")
     p.add_argument("--router", default="evolving")
     p.add_argument("--router-arg", action="append", default=[], metavar="K=V")

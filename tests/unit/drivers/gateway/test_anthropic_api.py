@@ -39,7 +39,6 @@ def test_minimal_request_and_defaults():
     (body(temperature=1.5), "temperature", "invalid_value"),
     (body(top_k=-1), "top_k", "invalid_value"),
     (body(stream="yes"), "stream", "invalid_type"),
-    (body(frobnicate=1), "frobnicate", "unknown_parameter"),
     (body(messages=[{"role": "user", "content": [{"type": "hologram"}]}]), "messages[0].content[0].type",
      "invalid_value"),
     (body(messages=[{"role": "user", "content": [{"type": "tool_result"}]}]), "messages[0].content[0].tool_use_id",
@@ -54,10 +53,37 @@ def test_bad_requests_are_400s_naming_the_field(raw, param, code):
     assert (e.status, e.param, e.code) == (400, param, code), e.message
 
 
-def test_a_system_role_message_points_at_the_system_field():
-    e = err(body(messages=[{"role": "system", "content": "x"}]))
-    assert e.param == "messages[0].role" and "'user' or 'assistant'" in e.message and "system" in e.message
-    assert "developer" not in e.message  # not OpenAI's roles
+def test_a_bad_role_names_anthropics_roles():
+    e = err(body(messages=[{"role": "developer", "content": "x"}]))
+    assert e.param == "messages[0].role" and "'user', 'assistant' or 'system'" in e.message
+    assert "function" not in e.message  # not OpenAI's roles
+
+
+def test_system_messages_fold_into_the_system_prompt_in_order():
+    """Claude Code sends ``role: "system"`` inside ``messages``: each is an instruction, joined
+    after the top-level ``system`` in order; the conversation renders without them."""
+    r = aa.parse_messages(body(system=[{"type": "text", "text": "top"}], messages=[
+        {"role": "system", "content": "first"}, {"role": "user", "content": "q"},
+        {"role": "system", "content": [{"type": "text", "text": "second", "cache_control": {"type": "ephemeral"}}]},
+        {"role": "assistant", "content": "a"}, {"role": "user", "content": "q2"}]))
+    assert aa.system_prompt(r) == "top\n\nfirst\n\nsecond"
+    assert [m["role"] for m in aa.chat_messages(r)] == ["system", "user", "assistant", "user"]
+    assert aa.render_prompt(r) == ("<|system|>\ntop\n\nfirst\n\nsecond<|end|>\n<|user|>\nq<|end|>\n"
+                                   "<|assistant|>\na<|end|>\n<|user|>\nq2<|end|>\n" + GENERATION_PROMPT)
+    # a system message after the last assistant turn does not hide the prefill
+    pre = aa.parse_messages(body(messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": "The"},
+                                           {"role": "system", "content": "s"}]))
+    assert aa.render_prompt(pre).endswith("<|assistant|>\nThe")
+
+
+def test_unknown_fields_are_ignored_and_named():
+    """Every top-level field Claude Code sends that is not ours is dropped (never a 400) and
+    named, for the app to count; the known ones keep their checks."""
+    ignored: list[str] = []
+    r = aa.parse_messages(body(context_management={"edits": [{"type": "clear_tool_uses_20250919"}]},
+                               output_config={"effort": "high"}, frobnicate=1), ignored)
+    assert ignored == ["context_management", "frobnicate", "output_config"] and r.max_tokens == 8
+    assert err(body(context_management={}, temperature=3)).param == "temperature"
 
 
 def test_system_tools_tool_use_and_tool_result_render_through_the_chat_template():
@@ -114,7 +140,9 @@ def test_a_last_assistant_message_is_a_prefill():
 def test_count_tokens_takes_no_max_tokens_and_renders_the_same():
     r = aa.parse_count_tokens(b'{"model": "m", "system": "s", "messages": [{"role": "user", "content": "hi"}]}')
     assert aa.render_prompt(r) == aa.render_prompt(aa.parse_messages(body(system="s")))
-    assert err(body(), aa.parse_count_tokens).code == "unknown_parameter"  # max_tokens is not a field there
+    ignored: list[str] = []
+    aa.parse_count_tokens(body(), ignored)
+    assert ignored == ["max_tokens"]  # not a field there: ignored
 
 
 def test_unapplied_parameters():

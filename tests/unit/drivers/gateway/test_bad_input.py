@@ -90,8 +90,6 @@ def test_an_error_message_and_param_are_bounded():
 
 
 @pytest.mark.parametrize("body", [
-    {"messages": MSG, "k" * 7_000_000: 1},  # an unknown parameter's name
-    {"messages": MSG, **{f"unknown_{i}": 1 for i in range(10_000)}},  # ten thousand of them
     {"messages": [{"role": "r" * 7_000_000, "content": "hi"}]},  # msgspec repeats a bad enum value
     {"messages": MSG, "stream_options": {"k" * 7_000_000: True}},  # an unknown field, inside
     {"messages": MSG, "tool_choice": "x" * 7_000_000},

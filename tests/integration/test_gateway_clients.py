@@ -1,0 +1,178 @@
+"""Issue 36 part 1 against the in-process bus: what Claude Code sends gets a 200 (unknown fields
+ignored and counted, system messages folded, any model name), and ``--served-model-name``
+restricts the names (docs/gateway.md, "Messages API as Claude Code uses it")."""
+
+from __future__ import annotations
+
+import json
+
+from events.catalog import RequestSubmitted
+from services.adapters.bus import InMemoryBus
+from services.adapters.bus.tokens import MemoryTokens
+from services.drivers.gateway.app import Gateway, GatewayConfig
+from services.drivers.gateway.openapi import ModelCard, ModelList
+from tests.integration.test_gateway_app import _events, gateway
+
+#: The shape of Claude Code 2.1.x's first ``/v1/messages`` request (`claude -p`), cut down: the
+#: top-level fields, block-level cache_control, a system message inside ``messages``.
+CLAUDE_CODE = {
+    "model": "claude-opus-4-8",
+    "max_tokens": 32,
+    "stream": True,
+    "system": [{"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude.",
+                "cache_control": {"type": "ephemeral"}},
+               {"type": "text", "text": "Working directory: /repo", "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
+    "messages": [
+        {"role": "system", "content": "The user is in plan mode."},
+        {"role": "user", "content": [
+            {"type": "text", "text": "<system-reminder>Context</system-reminder>"},
+            {"type": "text", "text": "say hi", "cache_control": {"type": "ephemeral"}}]},
+    ],
+    "tools": [{"name": "Bash", "description": "Run a command.", "cache_control": {"type": "ephemeral"},
+               "input_schema": {"type": "object", "properties": {"command": {"type": "string"}},
+                                "required": ["command"], "additionalProperties": False,
+                                "$schema": "http://json-schema.org/draft-07/schema#"}}],
+    "metadata": {"user_id": "user_abc_account__session_0f0e"},
+    "temperature": 1,
+    "thinking": {"type": "enabled", "budget_tokens": 31999},
+    "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+    "output_config": {"effort": "high"},
+}
+BETAS = "claude-code-20250219,interleaved-thinking-2025-05-14,context-management-2025-06-27"
+CC_HEADERS = {"anthropic-version": "2023-06-01", "anthropic-beta": BETAS, "x-api-key": "k",
+              "x-app": "cli", "user-agent": "claude-cli/2.1.197 (external, sdk-cli)"}
+
+
+def _anthropic_text(raw: str) -> str:
+    out = []
+    for line in raw.splitlines():
+        if line.startswith("data: "):
+            ev = json.loads(line[6:])
+            if ev.get("type") == "content_block_delta":
+                out.append(ev["delta"]["text"])
+    return "".join(out)
+
+
+async def test_a_claude_code_request_gets_a_200_and_its_unknown_fields_are_counted(partition):
+    bus = InMemoryBus(partition)
+    async with gateway(bus, MemoryTokens(partition)) as (gw, client):
+        for _ in range(2):
+            r = await client.post("/v1/messages", json=CLAUDE_CODE, headers=CC_HEADERS)
+            assert r.status == 200, await r.text()
+            raw = await r.text()
+            assert '"model":"claude-opus-4-8"' in raw  # the name it asked for
+            assert _anthropic_text(raw) == "tok " * 32 and "event: message_stop" in raw
+        for field in ("context_management", "output_config"):
+            assert gw.metrics.get("ei_gateway_ignored_fields_total", api="anthropic", field=field) == 2
+        for beta in BETAS.split(","):
+            assert gw.metrics.get("ei_gateway_ignored_fields_total", api="anthropic",
+                                  field=f"anthropic-beta: {beta}") == 2
+        assert len(gw._ignored_logged) == 5  # one log line per name, not per request
+        text = await (await client.get("/metrics")).text()
+        assert 'ei_gateway_ignored_fields_total{api="anthropic",field="output_config"} 2.0' in text
+        # count_tokens takes the same body
+        r = await client.post("/v1/messages/count_tokens", json={k: v for k, v in CLAUDE_CODE.items()
+                                                                 if k not in ("max_tokens", "stream")},
+                              headers=CC_HEADERS)
+        assert r.status == 200 and (await r.json())["input_tokens"] > 0
+
+
+async def test_the_system_messages_are_folded_into_the_prompt(partition):
+    bus = InMemoryBus(partition)
+    async with gateway(bus, MemoryTokens(partition)) as (_gw, client):
+        body = {**CLAUDE_CODE, "stream": False, "tools": None}
+        r = await client.post("/v1/messages", json=body, headers={"x-branch-id": "cc"})
+        assert r.status == 200, await r.text()
+        prompt = ("<|system|>\nYou are Claude Code, Anthropic's official CLI for Claude.Working directory: /repo"
+                  "\n\nThe user is in plan mode.<|end|>\n"
+                  "<|user|>\n<system-reminder>Context</system-reminder>say hi<|end|>\n<|assistant|>\n")
+        sub = next(e for e in await _events(bus) if isinstance(e, RequestSubmitted))
+        assert sub.prompt_tokens == len(prompt.encode())  # the byte tokenizer: one token a byte
+
+
+async def test_unknown_openai_fields_are_counted_and_known_ones_stay_strict(partition):
+    bus = InMemoryBus(partition)
+    async with gateway(bus, MemoryTokens(partition)) as (gw, client):
+        body = {"model": "gpt-5-codex", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                "frobnicate": {"x": 1}, "include_reasoning": True}
+        r = await client.post("/v1/chat/completions", json=body)
+        assert r.status == 200, await r.text()
+        assert (await r.json())["model"] == "gpt-5-codex"
+        assert gw.metrics.get("ei_gateway_ignored_fields_total", api="openai", field="frobnicate") == 1
+        r = await client.post("/v1/chat/completions", json={**body, "max_tokens": "2"})
+        assert r.status == 400 and (await r.json())["error"]["param"] == "max_tokens"
+        r = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1, "zz": 1})
+        assert r.status == 200
+        assert gw.metrics.get("ei_gateway_ignored_fields_total", api="openai", field="zz") == 1
+
+
+async def test_ignored_field_labels_are_bounded(partition):
+    gw = Gateway(InMemoryBus(partition), MemoryTokens(partition), GatewayConfig(partition=partition))
+    gw._note_ignored("openai", [f"f{i}" for i in range(gw.MAX_IGNORED_LABELS + 50)] + ["k" * 10_000])
+    assert gw.metrics.get("ei_gateway_ignored_fields_total", api="openai", field="(other)") == 51
+    assert len(gw._ignored_logged) == gw.MAX_IGNORED_LABELS + 1  # (other) logged once too
+
+
+async def test_any_model_name_is_served_and_listed_in_both_shapes(partition):
+    bus = InMemoryBus(partition)
+    async with gateway(bus, MemoryTokens(partition), model="org/glm-5") as (_gw, client):
+        for name in ("claude-opus-4-8", "claude-haiku-4-5-20251001", "org/glm-5"):
+            r = await client.post("/v1/messages", json={"model": name, "max_tokens": 1,
+                                                        "messages": [{"role": "user", "content": "x"}]})
+            assert r.status == 200 and (await r.json())["model"] == name
+        r = await client.get("/v1/models")
+        listing = await r.json()
+        ModelList(**{**listing, "data": [ModelCard(**c) for c in listing["data"]]})
+        assert [c["id"] for c in listing["data"]] == ["org/glm-5"]
+        assert (listing["has_more"], listing["first_id"], listing["data"][0]["type"]) == (False, "org/glm-5", "model")
+        r = await client.get("/v1/models/claude-opus-4-8")
+        assert r.status == 200 and (await r.json())["id"] == "claude-opus-4-8"
+        # a client's name never makes a new metrics series: the frontend metrics say --model
+        text = await (await client.get("/metrics")).text()
+        assert 'model="claude-opus-4-8"' not in text and 'model="org/glm-5"' in text
+        doc = await (await client.get("/openapi.json")).json()
+        assert "enum" not in doc["components"]["schemas"]["MessagesRequest"]["properties"]["model"]
+
+
+async def test_served_model_names_restrict_the_names(partition):
+    bus = InMemoryBus(partition)
+    async with gateway(bus, MemoryTokens(partition), model="smol",
+                       served_model_names=("claude-opus-4-8", "smol")) as (_gw, client):
+        ok = {"max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}
+        for name in ("smol", "claude-opus-4-8"):
+            r = await client.post("/v1/messages", json={**ok, "model": name})
+            assert r.status == 200 and (await r.json())["model"] == name
+        r = await client.post("/v1/messages", json={**ok, "model": "gpt-4o"})
+        assert r.status == 404
+        err = await r.json()
+        assert err["error"]["type"] == "not_found_error" and "'claude-opus-4-8'" in err["error"]["message"]
+        r = await client.post("/v1/chat/completions", json={**ok, "model": "gpt-4o"})
+        assert r.status == 404 and (await r.json())["error"]["code"] == "model_not_found"
+        assert [c["id"] for c in (await (await client.get("/v1/models")).json())["data"]] == ["smol", "claude-opus-4-8"]
+        assert (await client.get("/v1/models/gpt-4o")).status == 404
+        doc = await (await client.get("/openapi.json")).json()
+        assert doc["components"]["schemas"]["MessagesRequest"]["properties"]["model"]["enum"] == \
+            ["smol", "claude-opus-4-8"]
+        text = await (await client.get("/metrics")).text()
+        assert 'model="claude-opus-4-8"' in text  # a listed name is its own series
+
+
+async def test_prompt_too_long_is_anthropics_wording(partition):
+    bus = InMemoryBus(partition)
+    async with gateway(bus, MemoryTokens(partition), context_length=300) as (_gw, client):
+        r = await client.post("/v1/messages", json={"model": "claude-opus-4-8", "max_tokens": 10,
+                                                    "messages": [{"role": "user", "content": "x" * 400}]})
+        assert r.status == 400
+        body = await r.json()
+        assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+        assert body["error"]["message"].startswith("prompt is too long: ") and "> 299 maximum" in body["error"]["message"]
+
+
+async def test_an_overlong_model_name_is_a_404_even_when_any_name_is_served(partition):
+    """The response repeats the name asked for: a 7 MB one would come back whole."""
+    bus = InMemoryBus(partition)
+    async with gateway(bus, MemoryTokens(partition)) as (_gw, client):
+        ok = {"max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}
+        assert (await client.post("/v1/messages", json={**ok, "model": "m" * 256})).status == 200
+        r = await client.post("/v1/messages", json={**ok, "model": "m" * 257})
+        assert r.status == 404 and "at most 256 characters" in (await r.json())["error"]["message"]
