@@ -1,17 +1,21 @@
-"""Issue 36 part 1 against the in-process bus: what Claude Code sends gets a 200 (unknown fields
-ignored and counted, system messages folded, any model name), and ``--served-model-name``
-restricts the names (docs/gateway.md, "Messages API as Claude Code uses it")."""
+"""Issue 36 parts 1 and 6 against the in-process bus: what Claude Code sends gets a 200 (unknown
+fields ignored and counted, system messages folded, any model name), ``--served-model-name``
+restricts the names, and a client without session headers has its multi-turn conversation
+folded into one branch by the hash chain over its messages (docs/gateway.md)."""
 
 from __future__ import annotations
 
 import json
 
-from events.catalog import RequestSubmitted
+import pytest
+
+from events.catalog import BranchEnded, BranchOpened, ContextCompacted, RequestSubmitted
 from services.adapters.bus import InMemoryBus
 from services.adapters.bus.tokens import MemoryTokens
 from services.drivers.gateway.app import Gateway, GatewayConfig
 from services.drivers.gateway.openapi import ModelCard, ModelList
-from tests.integration.test_gateway_app import _events, gateway
+from tests.integration.gateway_harness import serving
+from tests.integration.test_gateway_app import _events, fake_cluster, gateway
 
 #: The shape of Claude Code 2.1.x's first ``/v1/messages`` request (`claude -p`), cut down: the
 #: top-level fields, block-level cache_control, a system message inside ``messages``.
@@ -166,6 +170,89 @@ async def test_prompt_too_long_is_anthropics_wording(partition):
         body = await r.json()
         assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
         assert body["error"]["message"].startswith("prompt is too long: ") and "> 299 maximum" in body["error"]["message"]
+
+
+# ----------------------------------------------------------------------------- part 6
+def _turns(n: int) -> list[dict]:
+    """A conversation of ``n`` user turns, each answered with the sim's reply (``tok `` per token)."""
+    out: list[dict] = [{"role": "system", "content": "agent"}]
+    for i in range(n):
+        out.append({"role": "user", "content": f"step {i} " * 20})
+        if i < n - 1:
+            out.append({"role": "assistant", "content": "tok tok tok "})
+    return out
+
+
+def _names(evs) -> list[str]:
+    return [type(e).__name__ for e in evs]
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+async def test_a_headerless_conversation_is_one_branch(partition, api):
+    bus = InMemoryBus(partition)
+    async with gateway(bus, MemoryTokens(partition)) as (gw, client):
+        branches = set()
+        for n in (1, 2, 3):
+            msgs = _turns(n)
+            if api == "openai":
+                r = await client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 3})
+            else:  # Anthropic's shape: the system prompt apart, the reply sent back as text blocks
+                conv = [{"role": m["role"], "content": [{"type": "text", "text": m["content"]}]
+                         if m["role"] == "assistant" else m["content"]} for m in msgs[1:]]
+                r = await client.post("/v1/messages", json={"model": "m", "system": "agent", "messages": conv,
+                                                            "max_tokens": 3, "stream": n == 2})
+            assert r.status == 200, await r.text()
+            branches.add(r.headers["x-branch-id"])
+        assert len(branches) == 1 and next(iter(branches)).startswith("gw-")
+        evs = await _events(bus)
+        assert _names(evs) == ["BranchOpened", "RequestSubmitted", "RequestSubmitted", "RequestSubmitted"]
+        assert [e.version for e in evs if isinstance(e, RequestSubmitted)] == [0, 0, 0]
+        assert gw.metrics.get("ei_gateway_headerless_requests_total") == 3
+        assert gw.metrics.get("ei_gateway_conversations_continued_total") == 2
+
+
+async def test_a_rewritten_conversation_bumps_the_version_and_a_new_one_opens_a_branch(partition):
+    bus = InMemoryBus(partition)
+    async with gateway(bus, MemoryTokens(partition)) as (_gw, client):
+        post = lambda msgs, **kw: client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 3},
+                                              **kw)
+        first = (await post(_turns(1))).headers["x-branch-id"]
+        assert (await post(_turns(2))).headers["x-branch-id"] == first
+        # the agent edits its last message (a rewind): the same branch by the shared prefix, and
+        # the prompt no longer extends the previous one: the header rule's inferred compaction
+        edited = _turns(2)[:-1] + [{"role": "user", "content": "something else " * 20}]
+        assert (await post(edited)).headers["x-branch-id"] == first
+        # another conversation, and the same first request again, open branches of their own
+        other = (await post([{"role": "user", "content": "unrelated " * 20}])).headers["x-branch-id"]
+        again = (await post(_turns(1))).headers["x-branch-id"]
+        assert len({first, other, again}) == 3
+        # headers still win: a header-carrying request that extends the conversation is its own branch
+        r = await post(_turns(3), headers={"x-branch-id": "named"})
+        assert r.headers["x-branch-id"] == "named"
+        evs = await _events(bus)
+        ours = [e for e in evs if e.branch == first]
+        assert _names(ours) == ["BranchOpened", "RequestSubmitted", "RequestSubmitted", "ContextCompacted",
+                                "RequestSubmitted"]
+        assert [e.version for e in ours if isinstance(e, RequestSubmitted)] == [0, 0, 1]
+        assert not any(isinstance(e, BranchEnded) for e in evs)  # they stay open until idle expiry
+
+
+async def test_a_headerless_branch_expires_and_its_conversation_starts_a_new_one(partition):
+    bus = InMemoryBus(partition)
+    now = [100.0]
+    gw = Gateway(bus, MemoryTokens(partition), GatewayConfig(partition=partition, branch_ttl_s=60),
+                 clock=lambda: now[0])
+    async with serving(gw, fake_cluster(bus, gw.tokens)) as client:
+        post = lambda n: client.post("/v1/chat/completions", json={"messages": _turns(n), "max_tokens": 3})
+        a = (await post(1)).headers["x-branch-id"]
+        now[0] += 30
+        assert (await post(2)).headers["x-branch-id"] == a
+        now[0] += 61  # idle past the TTL: the branch ends; the index forgets it too
+        b = (await post(3)).headers["x-branch-id"]
+        assert b != a
+        evs = await _events(bus, (BranchOpened, BranchEnded, ContextCompacted))
+        assert _names(evs) == ["BranchOpened", "BranchEnded", "BranchOpened"]
+        assert evs[1].reason == "idle" and evs[1].branch == a
 
 
 async def test_an_overlong_model_name_is_a_404_even_when_any_name_is_served(partition):

@@ -21,8 +21,10 @@ Request lifecycle (one POST /v1/chat/completions or /v1/completions)
 6. Relay the engine's token messages (``openai_relay``, ``anthropic_relay``; ``meta``): SSE chunks
    (``stream: true``) or one JSON body. ``token_timeout_s`` of silence ends the request (504, or an error event in a stream).
 7. When the response completes, before the client sees its end (and after a failure): ``BranchEnded`` when ``x-branch-end`` /
-   ``x-dynamo-session-final`` was true, or when the request had no branch headers (it is then
-   served as a one-request branch and counted in ``ei_gateway_headerless_requests_total``).
+   ``x-dynamo-session-final`` was true, or when a completions request had no branch headers (it is
+   then served as a one-request branch). Every headerless request is counted in
+   ``ei_gateway_headerless_requests_total``; a headerless chat request continues the branch its
+   messages extend or opens one that stays open (``conversations``: a hash chain over the messages).
 
 Every error, including aiohttp's own 404/405/413 and an unexpected exception (500), is
 OpenAI-style JSON ``{"error": {"message", "type", "param", "code"}}`` with a string ``code``
@@ -52,7 +54,7 @@ from services.adapters.bus import Bus
 from services.adapters.bus.prompts import PromptStore
 from services.adapters.logging import get_logger
 from services.cores.partitions import session_index
-from services.drivers.gateway import anthropic_api, anthropic_relay, openai_relay, openapi
+from services.drivers.gateway import anthropic_api, anthropic_relay, conversations, openai_relay, openapi
 from services.drivers.gateway.api import (
     AgentHints,
     ApiError,
@@ -113,6 +115,8 @@ class Gateway:
         # partition -> the prompt store its engines read the token ids from (None: ids not stored)
         self.prompts: dict[str, PromptStore] = dict(prompts or {})
         self.table = BranchTable(src=self.cfg.src, ttl_s=self.cfg.branch_ttl_s)
+        # headerless chat requests: conversation prefixes -> their branch (conversations.py)
+        self.conversations = conversations.ConversationIndex(ttl_s=self.cfg.branch_ttl_s)
         self._expiry_task: asyncio.Task | None = None
         self._hints_logged: set[str] = set()  # unknown agent hint names already logged
         self._ignored_logged: set[tuple[str, str]] = set()  # (api, field) ignored and logged once
@@ -384,7 +388,8 @@ class Gateway:
             prompt = self.template.render(obj["messages"], chat_tools(creq))
         except TemplateError as exc:
             raise ApiError(400, exc.message, exc.field, code="invalid_value") from None
-        return await self._serve(req, creq, model, self.tokenizer.encode(prompt), chat=True)
+        return await self._serve(req, creq, model, self.tokenizer.encode(prompt), chat=True,
+                                 conversation=obj["messages"])
 
     async def messages(self, req: web.Request) -> web.StreamResponse:
         """Anthropic's ``POST /v1/messages`` (services/drivers/gateway/anthropic_api.py)."""
@@ -395,7 +400,8 @@ class Gateway:
         self._note_ignored("anthropic", ignored)
         self._note_betas(req)
         ids = self.tokenizer.encode(anthropic_api.render_prompt(mreq, self.template))
-        return await self._serve(req, anthropic_api.budget_request(mreq), model, ids, chat=True, anthropic=mreq)
+        return await self._serve(req, anthropic_api.budget_request(mreq), model, ids, chat=True, anthropic=mreq,
+                                 conversation=anthropic_api.chat_messages(mreq))
 
     async def count_tokens(self, req: web.Request) -> web.Response:
         """Anthropic's ``POST /v1/messages/count_tokens``: the rendered prompt's tokens."""
@@ -466,13 +472,16 @@ class Gateway:
         return n
 
     async def _serve(self, req: web.Request, r: ChatRequest | CompletionRequest, model: str, ids: list[int],
-                     chat: bool, anthropic: anthropic_api.MessagesRequest | None = None) -> web.StreamResponse:
-        """:meth:`_serve_request` observed by the frontend metrics (``ei_frontend_*``, metrics.py)."""
+                     chat: bool, anthropic: anthropic_api.MessagesRequest | None = None,
+                     conversation: list[dict] | None = None) -> web.StreamResponse:
+        """:meth:`_serve_request` observed by the frontend metrics (``ei_frontend_*``, metrics.py).
+        ``conversation``: a chat request's messages (OpenAI-style), for a headerless request's
+        branch (conversations.py)."""
         endpoint = "anthropic_messages" if anthropic is not None else "chat_completions" if chat else "completions"
         obs = self.metrics.request(self._model_label(model), endpoint, bool(r.stream))
         ok = False
         try:
-            work = self._serve_request(req, r, model, ids, chat, anthropic, obs)
+            work = self._serve_request(req, r, model, ids, chat, anthropic, obs, conversation)
             resp = await self.cancels.guard(req, work)  # a client that leaves cancels the request
             ok = True
             return resp
@@ -481,7 +490,7 @@ class Gateway:
 
     async def _serve_request(self, req: web.Request, r: ChatRequest | CompletionRequest, model: str,
                              ids: list[int], chat: bool, anthropic: anthropic_api.MessagesRequest | None,
-                             obs: RequestObserver) -> web.StreamResponse:
+                             obs: RequestObserver, conversation: list[dict] | None = None) -> web.StreamResponse:
         """Admit, publish, await the route, relay the tokens; ``anthropic``: answer as
         ``/v1/messages`` (``r`` then carries only its budget and ``stream``)."""
         try:
@@ -503,14 +512,22 @@ class Gateway:
         hints, unknown_hints = agent_hints(r)
         if unknown_hints:
             self._note_hints(unknown_hints)
+        now = self.clock()
+        await self._expire(now)  # idle branches end before this request is admitted
+        n = next(self._ids)
+        chain: list[conversations.ChainHash] = []
         if sig.branch is None:
             self.metrics.inc("ei_gateway_headerless_requests_total")
-        n = next(self._ids)
+            if conversation:  # a chat request: it continues the branch its messages extend, or opens one
+                chain = conversations.chain(conversation)
+                hit = self.conversations.find(chain, now, self.table.open.__contains__)
+                branch = hit[0] if hit is not None else f"gw-{self.instance}-{n}"
+                if hit is not None:
+                    self.metrics.inc("ei_gateway_conversations_continued_total")
+                sig = BranchSignals(branch=branch, end=sig.end, compacted=sig.compacted, source="conversation")
         branch = sig.branch or f"gw-{self.instance}-{n}"
         request_id = f"{branch}/{self.instance}-{n}"
         blocks = block_hashes(ids, self.cfg.block_tokens)
-        now = self.clock()
-        await self._expire(now)  # idle branches end before this request is admitted
         try:
             adm = self.table.admit(sig, branch, request_id, blocks, len(ids), max_tokens,
                                    self.cfg.block_tokens, now, **_hint_fields(hints))
@@ -520,6 +537,8 @@ class Gateway:
             self.metrics.inc("ei_gateway_compactions_total", reason=adm.compaction)
         if adm.opened:
             self.metrics.inc("ei_gateway_branches_opened_total")
+        if chain:
+            self.conversations.remember(chain[-1], branch, now)
         part = self.partition_of(branch)
         watcher, tokens = self.watchers[part], self.lanes[part][1]
         fut = watcher.expect(request_id)
@@ -527,6 +546,7 @@ class Gateway:
         fails = self.failures[part]
         fails.watch(request_id, tsub, fut)
         self.in_flight += 1
+        meta: Meta | None = None
         try:
             await self._store_prompt(part, request_id, ids)
             await self._publish([*adm.before, adm.request], part)
@@ -558,6 +578,9 @@ class Gateway:
                                                  timeout_s=wait, metrics=metrics)
             return await openai_relay.collect(tsub, meta, end_branch, timeout_s=wait, metrics=metrics)
         finally:
+            if chain and meta is not None and meta.reply:  # the reply the client will send back
+                reply = {"role": "assistant", "content": "".join(meta.reply)}
+                self.conversations.remember(conversations.link(chain[-1], reply), branch, now)
             self.in_flight -= 1
             watcher.forget(request_id)
             fails.forget(request_id)

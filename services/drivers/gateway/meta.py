@@ -7,7 +7,7 @@ response headers, the ``evolving`` extension, usage, and the OpenAI bodies and c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from events.catalog import RouteDecided
 from events.wire import TokenMsg
@@ -54,9 +54,12 @@ class Meta:
     # it sends one, else the router's plan (RouteDecided.t_c); usage.prompt_tokens_details
     cached_tokens: int = 0
     obs: RequestObserver | None = None  # the frontend metrics of this request
+    reply: list[str] = field(default_factory=list)  # the engine's text so far (conversations.py)
 
     def observe(self, m: TokenMsg) -> None:
         """A token message arrived: the engine's cached count, the frontend metrics."""
+        if m.text:
+            self.reply.append(m.text)
         if m.kind == "first" and isinstance(m.cached_tokens, int):
             self.cached_tokens = max(0, min(m.cached_tokens, self.prompt_tokens))
         if self.obs is None:

@@ -6,7 +6,7 @@ Counters: ``ei_gateway_requests_total{endpoint}``, ``ei_gateway_headerless_reque
 ``ei_gateway_branches_opened_total``, ``ei_gateway_branches_ended_total``,
 ``ei_gateway_output_tokens_total``, ``ei_gateway_route_timeouts_total``,
 ``ei_gateway_branches_expired_total``, ``ei_gateway_unknown_agent_hints_total``,
-``ei_gateway_ignored_fields_total{api,field}``.
+``ei_gateway_ignored_fields_total{api,field}``, ``ei_gateway_conversations_continued_total``.
 Gauges (read when scraped): ``ei_gateway_open_branches``, ``ei_gateway_in_flight_requests``.
 
 The metrics people already graph (docs/gateway.md, "Metrics": the table that maps them to
@@ -48,6 +48,7 @@ COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "ei_gateway_prompt_bytes_total": ("bytes of token ids put into the prompt store", ()),
     "ei_gateway_ignored_fields_total": ("request fields (and anthropic-beta values) ignored, by API and name",
                                         ("api", "field")),
+    "ei_gateway_conversations_continued_total": ("headerless chat requests that continued a branch", ()),
 }
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
