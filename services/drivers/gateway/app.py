@@ -54,7 +54,15 @@ from services.adapters.bus import Bus
 from services.adapters.bus.prompts import PromptStore
 from services.adapters.logging import get_logger
 from services.cores.partitions import session_index
-from services.drivers.gateway import anthropic_api, anthropic_relay, conversations, openai_relay, openapi
+from services.drivers.gateway import (
+    anthropic_api,
+    anthropic_relay,
+    conversations,
+    openai_relay,
+    openapi,
+    responses_api,
+    responses_relay,
+)
 from services.drivers.gateway.api import (
     AgentHints,
     ApiError,
@@ -115,6 +123,10 @@ class Gateway:
         # partition -> the prompt store its engines read the token ids from (None: ids not stored)
         self.prompts: dict[str, PromptStore] = dict(prompts or {})
         self.table = BranchTable(src=self.cfg.src, ttl_s=self.cfg.branch_ttl_s)
+        # the responses previous_response_id can name (responses_api.ResponseStore: LRU + TTL)
+        self.responses_store = responses_api.ResponseStore(self.cfg.responses_store_entries,
+                                                           self.cfg.responses_store_mb * 1024 * 1024,
+                                                           self.cfg.responses_ttl_s)
         # headerless chat requests: conversation prefixes -> their branch (conversations.py)
         self.conversations = conversations.ConversationIndex(ttl_s=self.cfg.branch_ttl_s)
         self._expiry_task: asyncio.Task | None = None
@@ -152,6 +164,8 @@ class Gateway:
         app.router.add_post("/v1/completions", self.completions, expect_handler=self.guard.expect)
         app.router.add_post("/v1/messages", self.messages, expect_handler=self.guard.expect)
         app.router.add_post("/v1/messages/count_tokens", self.count_tokens, expect_handler=self.guard.expect)
+        app.router.add_post(responses_api.PATH, self.responses, expect_handler=self.guard.expect)
+        app.router.add_get(responses_api.PATH + "/{response_id}", self.response_view)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/v1/models/{model:.+}", self.model_view)
         app.router.add_get("/health", self.health)
@@ -413,6 +427,45 @@ class Gateway:
         self._note_betas(req)
         return web.json_response({"input_tokens": len(self.tokenizer.encode(anthropic_api.render_prompt(creq, self.template)))})
 
+    async def responses(self, req: web.Request) -> web.StreamResponse:
+        """OpenAI's ``POST /v1/responses`` (services/drivers/gateway/responses_api.py): the
+        conversation (``instructions``, the stored ``previous_response_id``, the input items)
+        rendered by the chat template, served by the shared path; the finished response is
+        stored unless ``store: false``."""
+        self.metrics.inc("ei_gateway_requests_total", endpoint="responses")
+        parsed = responses_api.parse_responses(await req.read())
+        model = self._model(parsed.req.model)
+        self._note_ignored("responses", responses_api.ignored_names(parsed.ignored))
+        history: list[dict] = []
+        if parsed.req.previous_response_id is not None:
+            stored = self.responses_store.get(parsed.req.previous_response_id)
+            if stored is None:
+                raise responses_api.not_found(parsed.req.previous_response_id)
+            history = stored.history
+        msgs = responses_api.prompt_messages(parsed, history)
+        try:
+            prompt = self.template.render(msgs, parsed.tools)
+        except TemplateError as exc:
+            raise ApiError(400, exc.message, "input", code="invalid_value") from None
+        store, conversation = self.responses_store, history + parsed.messages
+
+        def keep(body: dict) -> None:
+            if parsed.req.store is not False:
+                store.put(body["id"], body, conversation + responses_api.output_messages(body["output"]))
+
+        return await self._serve(req, responses_api.budget_request(parsed.req), model, self.tokenizer.encode(prompt),
+                                 chat=True, responses=responses_api.Call(parsed, keep),
+                                 conversation=msgs)
+
+    async def response_view(self, req: web.Request) -> web.Response:
+        """``GET /v1/responses/{response_id}``: a stored response (404 once evicted or expired,
+        and for ``store: false``)."""
+        rid = req.match_info["response_id"]
+        stored = self.responses_store.get(rid)
+        if stored is None:
+            raise responses_api.not_found(rid, None)
+        return web.json_response(stored.body)
+
     async def completions(self, req: web.Request) -> web.StreamResponse:
         self.metrics.inc("ei_gateway_requests_total", endpoint="completions")
         ignored: list[str] = []
@@ -473,15 +526,18 @@ class Gateway:
 
     async def _serve(self, req: web.Request, r: ChatRequest | CompletionRequest, model: str, ids: list[int],
                      chat: bool, anthropic: anthropic_api.MessagesRequest | None = None,
-                     conversation: list[dict] | None = None) -> web.StreamResponse:
+                     conversation: list[dict] | None = None,
+                     responses: responses_api.Call | None = None) -> web.StreamResponse:
         """:meth:`_serve_request` observed by the frontend metrics (``ei_frontend_*``, metrics.py).
         ``conversation``: a chat request's messages (OpenAI-style), for a headerless request's
         branch (conversations.py)."""
         endpoint = "anthropic_messages" if anthropic is not None else "chat_completions" if chat else "completions"
+        if responses is not None:
+            endpoint = "responses"
         obs = self.metrics.request(self._model_label(model), endpoint, bool(r.stream))
         ok = False
         try:
-            work = self._serve_request(req, r, model, ids, chat, anthropic, obs, conversation)
+            work = self._serve_request(req, r, model, ids, chat, anthropic, obs, conversation, responses=responses)
             resp = await self.cancels.guard(req, work)  # a client that leaves cancels the request
             ok = True
             return resp
@@ -490,18 +546,25 @@ class Gateway:
 
     async def _serve_request(self, req: web.Request, r: ChatRequest | CompletionRequest, model: str,
                              ids: list[int], chat: bool, anthropic: anthropic_api.MessagesRequest | None,
-                             obs: RequestObserver, conversation: list[dict] | None = None) -> web.StreamResponse:
+                             obs: RequestObserver, conversation: list[dict] | None = None,
+                             responses: responses_api.Call | None = None) -> web.StreamResponse:
         """Admit, publish, await the route, relay the tokens; ``anthropic``: answer as
-        ``/v1/messages`` (``r`` then carries only its budget and ``stream``)."""
+        ``/v1/messages`` (``r`` then carries only its budget and ``stream``); ``responses``: as
+        ``/v1/responses`` (its ``prompt_cache_key`` names the branch when no header does)."""
         try:
             sig = parse_branch_headers(req.headers)
         except HeaderError as exc:
             raise ApiError(400, exc.message, exc.field, code="invalid_header") from None
+        if sig.branch is None and responses is not None and responses.session:  # prompt_cache_key: a session id
+            sig = BranchSignals(branch=responses.session, end=sig.end, compacted=sig.compacted,
+                                source="prompt_cache_key")
         try:
             max_tokens = self._max_tokens(r, len(ids), chat)
         except ApiError as exc:
             if anthropic is not None and exc.code == "context_length_exceeded":  # Anthropic's wording
                 raise anthropic_api.context_error(self.cfg.context_length, len(ids), requested_max_tokens(r)) from None
+            if responses is not None:  # this API's field names
+                raise responses_api.renamed(exc) from None
             raise
         if max_tokens == 0:
             if sig.branch is None or not sig.end:
@@ -560,13 +623,21 @@ class Gateway:
                                code="route_timeout") from None
             meta = Meta(request_id, branch, adm.request.version, route, len(ids), len(blocks), model, chat,
                          max_tokens, int(self.clock()),
-                         unapplied(r) if anthropic is None else anthropic_api.unapplied(anthropic),
+                         responses.unapplied if responses is not None
+                         else unapplied(r) if anthropic is None else anthropic_api.unapplied(anthropic),
                          cached_tokens=max(0, min(route.t_c, len(ids))), obs=obs)
 
             async def end_branch() -> None:
                 await self._end_after(adm.end_after, branch)
 
             wait, metrics = self.cfg.token_timeout_s, self.metrics
+            if responses is not None:  # the Responses API's object and event sequence (responses_relay)
+                rreq = responses.parsed.req
+                if r.stream:
+                    return await responses_relay.stream(req, tsub, meta, rreq, responses.keep, end_branch,
+                                                        timeout_s=wait, metrics=metrics)
+                return await responses_relay.collect(tsub, meta, rreq, responses.keep, end_branch,
+                                                     timeout_s=wait, metrics=metrics)
             if anthropic is not None:  # Anthropic's body and event sequence (anthropic_relay)
                 if r.stream:
                     return await anthropic_relay.stream(req, tsub, meta, end_branch,

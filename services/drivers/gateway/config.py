@@ -34,6 +34,12 @@ class GatewayConfig:
     # Idle expiry of open branches (docs/gateway.md, "Branch headers"), in event-clock seconds;
     # None or <= 0: never. Harnesses such as Claude Code never send an end.
     branch_ttl_s: float | None = 1800.0
+    # The Responses API's stored responses (previous_response_id, GET /v1/responses/{id}; docs/gateway.md,
+    # "Responses API"): in memory, least recently used dropped first past either bound, each kept
+    # at most responses_ttl_s wall seconds.
+    responses_store_entries: int = 1024
+    responses_store_mb: int = 64
+    responses_ttl_s: float = 3600.0
 
 
 def scaled_clock(time_scale: float, epoch: float | None) -> Callable[[], float]:

@@ -26,7 +26,7 @@ from typing import Any, Literal
 import msgspec
 from msgspec import UNSET, Struct, UnsetType
 
-from services.drivers.gateway import anthropic_api, api, headers
+from services.drivers.gateway import anthropic_api, api, headers, responses_api
 
 REF = "#/components/schemas/{name}"
 
@@ -297,11 +297,189 @@ AnthropicStreamEvent = (MessageStart | ContentBlockStart | Ping | ContentBlockDe
 ANTHROPIC_EVENTS = [cls.__struct_config__.tag for cls in AnthropicStreamEvent.__args__]
 
 
+# The Responses API (responses_api.py): the response object, its output items, its events.
+class ResponsesInputTokensDetails(Struct, forbid_unknown_fields=True):
+    cached_tokens: int
+    cache_write_tokens: int
+
+
+class ResponsesOutputTokensDetails(Struct, forbid_unknown_fields=True):
+    reasoning_tokens: int
+
+
+class ResponsesUsage(Struct, forbid_unknown_fields=True):
+    input_tokens: int  # the whole prompt; cached_tokens of it had their KV reused
+    input_tokens_details: ResponsesInputTokensDetails
+    output_tokens: int
+    output_tokens_details: ResponsesOutputTokensDetails
+    total_tokens: int
+
+
+class OutputText(Struct, forbid_unknown_fields=True, tag_field="type", tag="output_text"):
+    text: str
+    annotations: list[dict[str, Any]]
+    logprobs: list[dict[str, Any]]
+
+
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
+
+
+class OutputMessage(Struct, forbid_unknown_fields=True, tag_field="type", tag="message"):
+    id: str
+    status: ItemStatus
+    role: Literal["assistant"]
+    content: list[OutputText]
+
+
+class OutputFunctionCall(Struct, forbid_unknown_fields=True, tag_field="type", tag="function_call"):
+    """An output item a tool-call parser adds (``ResponseBuilder.add_item``)."""
+
+    id: str
+    call_id: str
+    name: str
+    arguments: str
+    status: ItemStatus
+
+
+OutputItem = OutputMessage | OutputFunctionCall
+
+
+class ResponseErrorDetail(Struct, forbid_unknown_fields=True):
+    code: str
+    message: str
+
+
+class IncompleteDetails(Struct, forbid_unknown_fields=True):
+    reason: Literal["max_output_tokens"]
+
+
+class ResponseObject(Struct, forbid_unknown_fields=True):
+    """``POST /v1/responses`` (non-streaming), ``GET /v1/responses/{id}`` and every event that
+    carries the response; the request's fields are echoed as OpenAI does."""
+
+    id: str
+    object: Literal["response"]
+    created_at: int
+    status: Literal["in_progress", "completed", "incomplete", "failed"]
+    background: bool
+    error: ResponseErrorDetail | None
+    incomplete_details: IncompleteDetails | None
+    instructions: str | None
+    max_output_tokens: int | None
+    max_tool_calls: None
+    model: str
+    output: list[OutputItem]
+    parallel_tool_calls: bool
+    previous_response_id: str | None
+    prompt_cache_key: str | None
+    reasoning: dict[str, Any]
+    service_tier: str
+    store: bool
+    temperature: float | None
+    text: dict[str, Any]
+    tool_choice: str | dict[str, Any]
+    tools: list[dict[str, Any]]
+    top_p: float | None
+    truncation: str
+    usage: ResponsesUsage | None
+    user: str | None
+    metadata: dict[str, Any]
+    evolving: Evolving
+
+
+class _ResponseEvent(Struct, forbid_unknown_fields=True, tag_field="type"):
+    sequence_number: int
+    response: ResponseObject
+
+
+class ResponseCreated(_ResponseEvent, tag="response.created"):
+    pass
+
+
+class ResponseInProgress(_ResponseEvent, tag="response.in_progress"):
+    pass
+
+
+class ResponseCompleted(_ResponseEvent, tag="response.completed"):
+    pass
+
+
+class ResponseIncomplete(_ResponseEvent, tag="response.incomplete"):
+    pass
+
+
+class ResponseFailed(_ResponseEvent, tag="response.failed"):
+    pass
+
+
+class _ItemEvent(Struct, forbid_unknown_fields=True, tag_field="type"):
+    sequence_number: int
+    output_index: int
+    item: OutputItem
+
+
+class OutputItemAdded(_ItemEvent, tag="response.output_item.added"):
+    pass
+
+
+class OutputItemDone(_ItemEvent, tag="response.output_item.done"):
+    pass
+
+
+class _PartEvent(Struct, forbid_unknown_fields=True, tag_field="type"):
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    part: OutputText
+
+
+class ContentPartAdded(_PartEvent, tag="response.content_part.added"):
+    pass
+
+
+class ContentPartDone(_PartEvent, tag="response.content_part.done"):
+    pass
+
+
+class OutputTextDelta(Struct, forbid_unknown_fields=True, tag_field="type", tag="response.output_text.delta"):
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+    logprobs: list[dict[str, Any]]
+
+
+class OutputTextDone(Struct, forbid_unknown_fields=True, tag_field="type", tag="response.output_text.done"):
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    text: str
+    logprobs: list[dict[str, Any]]
+
+
+class ResponseErrorEvent(Struct, forbid_unknown_fields=True, tag_field="type", tag="error"):
+    """A failure after the stream started (then ``response.failed``)."""
+
+    sequence_number: int
+    code: str
+    message: str
+    param: str | None
+
+
+ResponsesStreamEvent = (ResponseCreated | ResponseInProgress | OutputItemAdded | ContentPartAdded | OutputTextDelta
+                        | OutputTextDone | ContentPartDone | OutputItemDone | ResponseCompleted | ResponseIncomplete
+                        | ResponseFailed | ResponseErrorEvent)
+RESPONSES_EVENTS = [cls.__struct_config__.tag for cls in ResponsesStreamEvent.__args__]
+
+
 REQUESTS: tuple[type[Struct], ...] = (api.ChatRequest, api.CompletionRequest, anthropic_api.MessagesRequest,
-                                      anthropic_api.CountTokensRequest)
+                                      anthropic_api.CountTokensRequest, responses_api.ResponsesRequest)
 RESPONSES: tuple[type[Struct], ...] = (ChatCompletion, ChatCompletionChunk, Completion, ModelList, ModelCard,
                                        Health, OpenAIError, AnthropicMessage, CountTokensResponse,
-                                       AnthropicError)
+                                       AnthropicError, ResponseObject)
 
 
 # ----------------------------------------------------------------------------- headers
@@ -405,15 +583,26 @@ def _sse_openai(chunk: str) -> dict[str, Any]:
 
 def _sse_anthropic() -> dict[str, Any]:
     """Anthropic's stream: ``event: <type>`` / ``data: <json of that type>`` frames."""
+    return _sse_named(ANTHROPIC_EVENTS, "AnthropicStreamEvent")
+
+
+def _sse_named(events: list[str], union: str) -> dict[str, Any]:
+    """A stream of ``event: <type>`` / ``data: <json of that type>`` frames (Anthropic's, and
+    OpenAI's Responses API)."""
     return {"text/event-stream": {"schema": {
         "type": "object", "required": ["event", "data"],
-        "properties": {"event": {"type": "string", "enum": ANTHROPIC_EVENTS},
-                       "data": _json_data("AnthropicStreamEvent")}}}}
+        "properties": {"event": {"type": "string", "enum": events}, "data": _json_data(union)}}}}
 
 
 _OPENAI_SSE = ("`stream: true`: `data: <chunk>` events (the `{chunk}` schema; with "
                "`stream_options.include_usage`, a last chunk with empty `choices` and `usage`), then "
                "`data: [DONE]`. An error after the first byte is a `data: {{\"error\": ...}}` event.")
+_RESPONSES_SSE = ("`stream: true`: `event:`/`data:` frames: response.created, response.in_progress, then per "
+                  "output item response.output_item.added, response.content_part.added, "
+                  "response.output_text.delta..., response.output_text.done, response.content_part.done, "
+                  "response.output_item.done, and last response.completed (response.incomplete when "
+                  "`max_output_tokens` ran out); an error after the first byte is an `error` frame, then "
+                  "response.failed.")
 _ANTHROPIC_SSE = ("`stream: true`: Anthropic's `event:`/`data:` frames: message_start, content_block_start, "
                   "ping, content_block_delta..., content_block_stop, message_delta, message_stop; an error "
                   "after the first byte is an `event: error` frame.")
@@ -440,9 +629,11 @@ def _get(summary: str, content: dict[str, Any], extra: dict[str, Any] | None = N
 
 # ----------------------------------------------------------------------------- the document
 def _components() -> dict[str, Any]:
-    (*_, stream), comps = msgspec.json.schema_components((*REQUESTS, *RESPONSES, api.AgentHints,
-                                                          AnthropicStreamEvent), ref_template=REF)
-    comps["AnthropicStreamEvent"] = {"title": "AnthropicStreamEvent", **stream}
+    (*_, anthropic_stream, responses_stream), comps = msgspec.json.schema_components((*REQUESTS, *RESPONSES, api.AgentHints,
+                                                          AnthropicStreamEvent, ResponsesStreamEvent),
+                                                         ref_template=REF)
+    comps["AnthropicStreamEvent"] = {"title": "AnthropicStreamEvent", **anthropic_stream}
+    comps["ResponsesStreamEvent"] = {"title": "ResponsesStreamEvent", **responses_stream}
     for cls in REQUESTS:  # convert() drops an unknown top-level field (counted, never a 400)
         comps[cls.__name__]["additionalProperties"] = True
     comps["NvExt"]["properties"]["agent_hints"] = {
@@ -453,7 +644,7 @@ def _components() -> dict[str, Any]:
 
 def _served_model(comps: dict[str, Any], models: list[str]) -> None:
     """The model names this gateway serves when they are restricted: another is a 404 ``model_not_found``."""
-    for name in ("ChatRequest", "CompletionRequest"):
+    for name in ("ChatRequest", "CompletionRequest", "ResponsesRequest"):
         comps[name]["properties"]["model"] = {"anyOf": [{"type": "string", "enum": models}, {"type": "null"}],
                                               "default": None}
     for name in ("MessagesRequest", "CountTokensRequest"):
@@ -464,7 +655,7 @@ def _max_tokens_limit(comps: dict[str, Any], limit: int) -> None:
     """``max_tokens`` over the gateway's limit (``GatewayConfig.max_tokens_limit``) is a 400."""
     for name, fields in (("ChatRequest", ("max_tokens", "max_completion_tokens")),
                          ("CompletionRequest", ("max_tokens", "max_completion_tokens")),
-                         ("MessagesRequest", ("max_tokens",))):
+                         ("MessagesRequest", ("max_tokens",)), ("ResponsesRequest", ("max_output_tokens",))):
         for f in fields:
             prop = comps[name]["properties"][f]
             for branch in prop.get("anyOf", [prop]):
@@ -500,6 +691,14 @@ def build(model: str | list[str] | None = None, max_tokens_limit: int | None = N
                   "AnthropicError", "anthropic", ANTHROPIC_HEADERS, anthropic=False)
     count["responses"]["200"].pop("headers")
     unauthorized = _errors((401,), "OpenAIError")
+    responses = _post("OpenAI Responses API", "ResponsesRequest",
+                      {"description": "The response; " + _RESPONSES_SSE,
+                       "content": {**_json("ResponseObject"), **_sse_named(RESPONSES_EVENTS, "ResponsesStreamEvent")}},
+                      SERVE, "OpenAIError", "openai", branch, anthropic=False)
+    response_param = [{"name": "response_id", "in": "path", "required": True, "description": "A response's `id`.",
+                       "schema": {"type": "string", "minLength": 1}}]
+    stored = {"404": {"description": "Not stored: `store: false`, evicted or expired (`not_found`).",
+                      "content": _json("OpenAIError")}}
     model_param = [{"name": "model", "in": "path", "required": True,
                     "description": "A model id (it may contain `/`).", "schema": {"type": "string", "minLength": 1}}]
     paths = {
@@ -507,6 +706,9 @@ def build(model: str | list[str] | None = None, max_tokens_limit: int | None = N
         "/v1/completions": {"post": completions},
         "/v1/messages": {"post": messages},
         "/v1/messages/count_tokens": {"post": count},
+        responses_api.PATH: {"post": responses},
+        responses_api.PATH + "/{response_id}": {"get": _get("A stored response", _json("ResponseObject"),
+                                                            {**unauthorized, **stored}, params=response_param)},
         "/v1/models": {"get": _get("The served model", _json("ModelList"), unauthorized)},
         "/v1/models/{model}": {"get": _get("One model's card", _json("ModelCard"),
                                            {**unauthorized, **_errors((404,), "OpenAIError")},

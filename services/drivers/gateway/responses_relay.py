@@ -9,14 +9,12 @@ the client sees the end of the response.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Callable
 
 from aiohttp import web
 
 from events.wire import token_key
-from services.adapters.logging import get_logger
 from services.drivers.gateway import responses_api
 from services.drivers.gateway.anthropic_relay import pieces
 from services.drivers.gateway.api import ApiError
@@ -24,8 +22,6 @@ from services.drivers.gateway.guard import STREAMING
 from services.drivers.gateway.meta import Meta
 from services.drivers.gateway.metrics import GatewayMetrics
 from services.drivers.gateway.openai_relay import SseResponse
-
-log = get_logger("gateway")
 
 Keep = Callable[[dict], None]  # the finished response object -> the store (or nowhere: store false)
 
@@ -88,9 +84,6 @@ async def stream(req: web.Request, tsub, meta: Meta, rreq: responses_api.Respons
             await before_done()  # BranchEnded before the client sees response.completed
             tail += b.finish(body)
         await resp.write_eof(tail)  # the last events and the end of the response: one write
-    except (ConnectionResetError, asyncio.CancelledError):
-        log.info("client_gone", request=meta.request)
-        raise
-    finally:
+    finally:  # a client that leaves makes a write raise ConnectionResetError: the serving path takes it from there
         await relay.aclose()
     return resp

@@ -1,13 +1,15 @@
 """The Responses API's pure parts (services/drivers/gateway/responses_api.py): parsing and the
-mapping onto chat messages, the output builder and its events, and the bounded store behind ``previous_response_id``."""
+mapping onto chat messages, the output builder and its events (checked against the OpenAPI
+document's Structs), and the bounded store behind ``previous_response_id``."""
 
 from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 
-from services.drivers.gateway import responses_api
+from services.drivers.gateway import openapi, responses_api
 from services.drivers.gateway.api import ApiError, context_error
 from services.drivers.gateway.responses_api import ResponseBuilder, ResponseStore, parse_responses
 
@@ -118,7 +120,7 @@ def _events(raw: bytes) -> list[dict]:
     return out
 
 
-def test_the_event_sequence():
+def test_the_event_sequence_fits_the_documented_structs():
     b = _builder(tools=[{"type": "web_search"}], tool_choice={"type": "function", "name": "f"})
     raw = b.start() + b.open_message() + b.text_delta("Hel") + b.text_delta("") + b.text_delta("lo")
     raw += b.close_message("completed")
@@ -133,6 +135,9 @@ def test_the_event_sequence():
         "response.content_part.done", "response.output_item.done", "response.output_item.added",
         "response.output_item.done", "response.completed"]
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    for e in events:
+        msgspec.convert(e, openapi.ResponsesStreamEvent)  # forbid_unknown_fields: exact shapes
+    msgspec.convert(body, openapi.ResponseObject)
     assert [it["type"] for it in body["output"]] == ["message", "function_call"]
     assert body["output"][0]["content"][0]["text"] == "Hello"
     assert body["usage"] == {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 4, "cache_write_tokens": 0},
@@ -148,12 +153,15 @@ def test_a_failure_is_an_error_event_then_response_failed():
     events = _events(b.start() + b.open_message() + b.failed(ApiError(504, "no tokens", None, "timeout")))
     assert [e["type"] for e in events][-2:] == ["error", "response.failed"]
     assert events[-1]["response"]["error"] == {"code": "server_error", "message": "no tokens"}
+    for e in events:
+        msgspec.convert(e, openapi.ResponsesStreamEvent)
 
 
-def test_incomplete_and_non_streaming_bodies():
+def test_incomplete_and_non_streaming_bodies_fit():
     b = _builder(max_output_tokens=3, store=False)
     b.add_message("tok tok tok ", "incomplete")
     body = b.body(responses_api.status_of("length"), responses_api.usage(5, 0, 3))
+    msgspec.convert(body, openapi.ResponseObject)
     assert body["status"] == "incomplete" and body["incomplete_details"] == {"reason": "max_output_tokens"}
     assert body["store"] is False and responses_api.status_of("stop") == "completed"
 
