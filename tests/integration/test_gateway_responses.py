@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 
+import aiohttp
 import openai
 import pytest
 
@@ -264,3 +265,36 @@ async def test_errors_are_openai_shaped(partition):
         with pytest.raises(openai.BadRequestError) as err:
             await client.responses.create(model=MODEL, input=[], extra_body={"prompt_cache_key": "a\x01b"})
         assert err.value.body["param"] == "prompt_cache_key"
+
+
+async def test_a_branch_header_wins_over_prompt_cache_key(partition):
+    async with served(partition) as (_gw, client, bus):
+        r = await client.responses.create(model=MODEL, input="hi", max_output_tokens=2, prompt_cache_key="pck",
+                                          extra_headers={"x-branch-id": "agent-7"})
+        assert r.status == "completed"
+        [sub] = [e for e in await _events(bus) if isinstance(e, RequestSubmitted)]
+        assert sub.branch == "agent-7"
+
+
+async def test_a_responses_stream_whose_client_leaves_stops_the_engine(partition, capfd):
+    """The route shares the serving path's cancellation (issue 36 part 5): a client that leaves
+    mid-stream makes the gateway publish RequestCancelled and the real sim engine stop."""
+    from tests.integration.test_gateway_cancel import LONG, _engine_stopped, stack
+
+    body = {"model": MODEL, "input": "y" * 300, "max_output_tokens": LONG, "stream": True}
+    async with stack(partition) as (bus, tokens, gw, url), aiohttp.ClientSession() as http:
+        r = await http.post(f"{url}/v1/responses", json=body)
+        assert r.status == 200
+        rid = r.headers["x-request-id"]
+        sub = await tokens.subscribe(rid)
+        deltas = 0
+        async for line in r.content:
+            deltas += line.startswith(b"event: response.output_text.delta")
+            if deltas >= 2:
+                break
+        r.close()  # the client leaves
+        cancel, fin = await _engine_stopped(bus, rid, sub)
+        assert cancel.reason == "client_disconnected" and fin.error == "cancelled"
+        assert fin.ts - cancel.ts <= 1.0 and 1 <= fin.output_tokens < LONG
+        assert gw.in_flight == 0 and len(gw.responses_store) == 0  # an unfinished response is not stored
+    assert "Traceback" not in capfd.readouterr().err
