@@ -298,3 +298,21 @@ async def test_a_responses_stream_whose_client_leaves_stops_the_engine(partition
         assert fin.ts - cancel.ts <= 1.0 and 1 <= fin.output_tokens < LONG
         assert gw.in_flight == 0 and len(gw.responses_store) == 0  # an unfinished response is not stored
     assert "Traceback" not in capfd.readouterr().err
+
+
+async def test_an_engine_that_goes_silent_mid_stream_ends_it_with_response_failed(partition):
+    from tests.integration.test_gateway_app import gateway
+
+    bus = InMemoryBus(partition)
+    async with gateway(bus, MemoryTokens(partition), {"stall": {"stuck"}}, token_timeout_s=0.3) as (gw, http):
+        client = openai.AsyncOpenAI(base_url=str(http.make_url("/v1")), api_key="none", max_retries=0)
+        stream = await client.responses.create(model=MODEL, input="hi", max_output_tokens=8, stream=True,
+                                               extra_headers={"x-branch-id": "stuck"})
+        events = [ev async for ev in stream]
+        assert [ev.type for ev in events][-3:] == ["response.output_text.delta", "error", "response.failed"]
+        assert events[-2].code == "timeout" and "no tokens" in events[-2].message
+        failed = events[-1].response
+        assert failed.status == "failed" and failed.error.code == "server_error"
+        assert [ev.sequence_number for ev in events] == list(range(len(events)))
+        assert len(gw.responses_store) == 0
+        assert gw.metrics.get("ei_gateway_errors_total", status="504", code="timeout") == 1
