@@ -316,3 +316,18 @@ async def test_an_engine_that_goes_silent_mid_stream_ends_it_with_response_faile
         assert [ev.sequence_number for ev in events] == list(range(len(events)))
         assert len(gw.responses_store) == 0
         assert gw.metrics.get("ei_gateway_errors_total", status="504", code="timeout") == 1
+
+
+async def test_a_headerless_previous_response_id_chain_is_one_branch(partition):
+    """No header, no prompt_cache_key: the turns chained by previous_response_id render as one
+    growing conversation, so the headerless rule (conversations.py) keeps them on one branch."""
+    async with served(partition) as (_gw, client, bus):
+        r = await client.responses.create(model=MODEL, instructions="Be brief.", input="one", max_output_tokens=3)
+        for text in ("two", "three"):
+            r = await client.responses.create(model=MODEL, instructions="Be brief.", input=text,
+                                              previous_response_id=r.id, max_output_tokens=3)
+        evs = await _events(bus)
+        subs = [e for e in evs if isinstance(e, RequestSubmitted)]
+        assert len(subs) == 3 and len({s.branch for s in subs}) == 1 and subs[0].branch.startswith("gw-")
+        assert [s.version for s in subs] == [0, 0, 0]  # each prompt extends the one before
+        assert [type(e).__name__ for e in evs if isinstance(e, (BranchOpened, BranchEnded))] == ["BranchOpened"]
