@@ -12,11 +12,19 @@ import contextlib
 import logging
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from engine.profiles import load_profile
 from engine.worker.loop import EngineWorker
-from events.catalog import IterationDone, RequestCancelled, RequestFinished, RequestSubmitted, RouteDecided
+from events.catalog import (
+    IterationDone,
+    RequestCancelled,
+    RequestFinished,
+    RequestStarted,
+    RequestSubmitted,
+    RouteDecided,
+)
 from services.adapters.bus import InMemoryBus
 from services.adapters.bus.tokens import MemoryTokens
 from services.drivers.gateway.app import Gateway, GatewayConfig
@@ -79,11 +87,18 @@ async def _engine_stopped(bus, rid: str, sub) -> tuple[RequestCancelled, Request
     return cancel, fin
 
 
-async def test_a_streaming_client_that_disconnects_stops_the_engine_within_a_second(partition, caplog, capfd):
+STREAMS = {  # path -> a streaming body asking for LONG tokens
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "y" * 300}], "max_tokens": LONG, "stream": True},
+    "/v1/messages": {"model": "evolving-sim", "messages": [{"role": "user", "content": "y" * 300}],
+                     "max_tokens": LONG, "stream": True},
+}
+
+
+@pytest.mark.parametrize("path", sorted(STREAMS))
+async def test_a_streaming_client_that_disconnects_stops_the_engine_within_a_second(partition, caplog, capfd, path):
     caplog.set_level(logging.DEBUG, logger="aiohttp")
     async with stack(partition) as (bus, tokens, gw, url), aiohttp.ClientSession() as http:
-        body = {"messages": [{"role": "user", "content": "y" * 300}], "max_tokens": LONG, "stream": True}
-        r = await http.post(f"{url}/v1/chat/completions", json=body)
+        r = await http.post(f"{url}{path}", json=STREAMS[path])
         assert r.status == 200
         rid = r.headers["x-request-id"]
         sub = await tokens.subscribe(rid)
@@ -107,10 +122,13 @@ async def test_a_streaming_client_that_disconnects_stops_the_engine_within_a_sec
 async def test_a_client_that_gives_up_on_a_plain_answer_stops_the_engine(partition):
     async with stack(partition) as (bus, tokens, _gw, url), aiohttp.ClientSession() as http:
         body = {"prompt": "z" * 200, "max_tokens": LONG}
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(http.post(f"{url}/v1/completions", json=body), 1.0)
+        post = asyncio.create_task(http.post(f"{url}/v1/completions", json=body))
         sub_evt = await wait_for_event(bus, lambda e: isinstance(e, RequestSubmitted))
         sub = await tokens.subscribe(sub_evt.request)
+        await wait_for_event(bus, lambda e: isinstance(e, RequestStarted) and e.phase == "decode")
+        post.cancel()  # the client gives up waiting: its connection closes
+        with contextlib.suppress(asyncio.CancelledError):
+            await post
         cancel, fin = await _engine_stopped(bus, sub_evt.request, sub)
         assert cancel.reason == "client_disconnected" and fin.error == "cancelled"
         assert fin.ts - cancel.ts <= 1.0
