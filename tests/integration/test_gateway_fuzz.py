@@ -241,7 +241,9 @@ def test_regression_api_key_not_utf8_is_a_401():
 # ----------------------------------------------------------------------------- issue 45: bad bytes
 COMPLETIONS = (b"/v1/completions", b'{"prompt":"hi","max_tokens":2}')
 COUNT = (b"/v1/messages/count_tokens", b'{"model":"evolving-sim","messages":[{"role":"user","content":"hi"}]}')
-ROUTES = {"chat": CHAT, "completions": COMPLETIONS, "messages": MESSAGES, "count_tokens": COUNT}
+RESPONSES = (b"/v1/responses", b'{"model":"evolving-sim","input":"hi","max_output_tokens":2}')
+ROUTES = {"chat": CHAT, "completions": COMPLETIONS, "messages": MESSAGES, "count_tokens": COUNT,
+          "responses": RESPONSES}
 
 
 def _shape(route: tuple[bytes, bytes], body: bytes) -> dict:
@@ -318,7 +320,7 @@ def test_regression_an_undecodable_gzip_body_logs_one_line(gateway_url, capfd, c
     _no_traceback(caplog)
 
 
-@pytest.mark.parametrize("name", ["chat", "completions", "messages", "count_tokens"])
+@pytest.mark.parametrize("name", ["chat", "completions", "messages", "count_tokens", "responses"])
 def test_regression_a_7mb_model_name_is_not_echoed_whole(gateway_url, name):
     """Was echoed whole in the 404 (7 MB back)."""
     route = ROUTES[name]

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from services.drivers.gateway import anthropic_api
+from services.drivers.gateway import anthropic_api, responses_api
 from services.drivers.gateway.api import (
     MAX_ECHO_CHARS,
     MAX_JSON_DEPTH,
@@ -40,10 +40,10 @@ def err(fn, raw: bytes) -> ApiError:
 
 
 PARSERS = [lambda raw: parse_chat(raw), parse_completion, anthropic_api.parse_messages,
-           anthropic_api.parse_count_tokens]
+           anthropic_api.parse_count_tokens, responses_api.parse_responses]
 
 
-@pytest.mark.parametrize("parse", PARSERS, ids=["chat", "completions", "messages", "count_tokens"])
+@pytest.mark.parametrize("parse", PARSERS, ids=["chat", "completions", "messages", "count_tokens", "responses"])
 @pytest.mark.parametrize("raw", [
     b"[" * 990 + b"]" * 990,  # the repro of issue 45: was a RecursionError (500) on every route
     b'{"messages": ' + b"[" * 990 + b"]" * 990 + b"}",
