@@ -108,6 +108,8 @@ class ResponsesRequest(Struct, kw_only=True):
 NO_EFFECT = ("parallel_tool_calls", "reasoning", "include", "metadata", "client_metadata", "user",
              "safety_identifier", "service_tier", "truncation", "background", "max_tool_calls", "top_logprobs",
              "prompt_cache_retention", "stream_options")
+
+
 @dataclass
 class Parsed:
     """A validated request: the new input as chat messages (no instructions), the function
