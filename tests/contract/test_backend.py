@@ -6,8 +6,9 @@ torch reference engine computing with a tiny random Llama checkpoint it reads fr
 Every backend, driven only through the port, must: serve a request (RequestStarted(prefill),
 FirstToken, RequestFinished with the asked output length; tokens first..done adding up to it),
 report the prompt's KV as ``KvStored`` of the request's own block hashes, take a request that
-has not started off its queue, switch role when ordered and acknowledge with ``RoleSwitched``,
-and report its load.
+has not started off its queue, stop a decoding request it is told to cancel (one
+``RequestFinished(error="cancelled")``, no last token message), switch role when ordered and
+acknowledge with ``RoleSwitched``, and report its load.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class BackendContract:
 
     time_scale = 1.0
     big_blocks = 2000  # the long request that keeps the queue busy (a computing engine: fewer)
+    long_tokens = 100_000  # output of the request cancelled while it decodes
 
     async def make(self, h: Harness, role: str) -> EngineBackend:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -128,6 +130,25 @@ class BackendContract:
             await h.wait(lambda e: isinstance(e, RequestFinished) and e.request == "big", timeout=60)
             await asyncio.sleep(0.05)
             assert not [e for e in h.events if getattr(e, "request", None) == "small"]
+        finally:
+            await self.stop(h)
+
+    async def test_cancel_stops_a_running_request(self):
+        h = await self.start("collocated")
+        try:
+            h.host.catch_up()
+            n = self.long_tokens
+            h.backend.enqueue_prefill(job("long", max_tokens=n))
+            await h.wait(lambda e: isinstance(e, FirstToken) and e.request == "long")
+            await asyncio.sleep(0.05)  # decoding
+            h.host.catch_up()
+            assert h.backend.cancel("long") is True
+            fin = await h.wait(lambda e: isinstance(e, RequestFinished) and e.request == "long", timeout=5)
+            assert fin.error == "cancelled" and fin.output_tokens < n
+            await asyncio.sleep(0.2)
+            assert len([e for e in h.events if isinstance(e, RequestFinished) and e.request == "long"]) == 1
+            assert not [m for m in h.tokens if m.request == "long" and m.kind in ("done", "error")]
+            assert h.backend.cancel("long") is False and h.backend.cancel("never-seen") is False
         finally:
             await self.stop(h)
 
@@ -219,6 +240,7 @@ class TestTorchBackend(BackendContract):
     """The torch reference engine on a tiny random checkpoint (GGUF written by the test)."""
 
     big_blocks = 12
+    long_tokens = 1500  # the tiny model's context is 2,048
     ckpt = None
 
     @pytest.fixture(autouse=True)
