@@ -17,7 +17,9 @@ def register(sub, bench) -> None:
     p.add_argument("--duration", default="10m", help="how long to send (seconds, or 90s / 10m / 1h; default 10m)")
     p.add_argument("--rate", type=float, default=5.0, help="Poisson arrivals per second (default 5)")
     p.add_argument("--streams", type=int, default=8, help="concurrent agent streams (multi-turn sessions; default 8)")
-    p.add_argument("--turns", type=int, default=6, help="requests per session; the last ends its branch (default 6)")
+    p.add_argument("--turns", type=int, default=None,
+                   help="requests per session; the last ends its branch (default 6; with --trace 8: each "
+                        "session cut to its first 8 requests)")
     p.add_argument("--fork-every", type=int, default=3,
                    help="every k-th turn is a one-request fork of the session's branch (0: none; default 3)")
     p.add_argument("--system-tokens", type=int, default=1024, help="shared system prompt length (default 1024)")
@@ -47,10 +49,73 @@ def register(sub, bench) -> None:
     p.add_argument("--out", default=None, help="also write the JSON report here")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="latency, RSS and open files over time (PNG)")
     p.add_argument("--no-progress", action="store_true", help="no live display")
+    g = p.add_argument_group("agent load (--trace): real agent sessions through the gateway, repeated on one "
+                             "stack while busy loops compete for the CPU (issue 45; docs/live.md, Liveness)")
+    g.add_argument("--trace", default=None, metavar="SPEC",
+                   help="replay this workload instead of the Poisson load, e.g. deploy/traces/calibration or "
+                        "../shared/traces/weka-claude-code-calibration (the first --sessions that fit the context)")
+    g.add_argument("--sessions", type=int, default=30, help="sessions of the trace (default 30)")
+    g.add_argument("--concurrency", type=int, default=30, help="sessions at a time (default 30)")
+    g.add_argument("--speedup", type=float, default=100.0, help="pauses between requests divided by this (100)")
+    g.add_argument("--repeat", type=int, default=2, help="times the load runs on the same stack (default 2)")
+    g.add_argument("--busy", type=int, default=2,
+                   help="processes `python -c 'while True: pass'` beside the stack during the load (default 2)")
     p.set_defaults(func=_cmd)
 
 
+def _cmd_trace(args) -> int:
+    """``--trace``: the agent load; exit 0 when nothing was lost and no node removed."""
+    from services.drivers.soak.agents import AgentLoadConfig, run_agents  # lazy: aiohttp, nats, duckdb
+    from services.drivers.soak.stack import StackError  # lazy: same
+
+    if args.sessions < 1 or args.concurrency < 1 or args.repeat < 1 or args.busy < 0 or args.speedup <= 0:
+        print("evolving soak: --sessions, --concurrency and --repeat must be >= 1, --busy >= 0, --speedup > 0",
+              file=sys.stderr)
+        return 2
+    run_dir = Path(args.run_dir) if args.run_dir else (Path(__file__).resolve().parents[3] / "runs"
+                                                       / f"soak-agents-{time.strftime('%Y%m%d-%H%M%S')}")
+    cfg = AgentLoadConfig(run_dir=run_dir, trace=args.trace, sessions=args.sessions, turns=args.turns or 8,
+                          concurrency=args.concurrency, speedup=args.speedup, repeat=args.repeat, busy=args.busy,
+                          engines=args.engines, up_args=list(args.up_arg), timeout_s=max(args.request_timeout_s, 300.0),
+                          ready_file=Path(args.ready_file) if args.ready_file else None)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    logging.getLogger("nats").setLevel(logging.CRITICAL)
+    say = (lambda *_: None) if args.json else (lambda line: print(line, file=sys.stderr))
+    try:
+        report = asyncio.run(run_agents(cfg, say))
+    except StackError as exc:
+        print(f"evolving soak: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("evolving soak: interrupted; the stack it started is stopped", file=sys.stderr)
+        return 130
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1))
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        lv, eng = report["liveness"], report["engines"]["all"]
+        print(f"{'ok' if report['ok'] else 'FAILED'}: lost {report['lost']}, removals {report['removals']}, "
+              f"errors on the log {lv['log_errors']}")
+        for r in report["repeats"]:
+            print(f"  repeat {r['repeat']}: {r['requests_ok']} ok, {r['failed']} failed in {r['wall_s']:.0f} s, "
+                  f"TTFT p50 {r['ttft_p50_s']} s p95 {r['ttft_p95_s']} s" + (f"; {r['errors'][0]}" if r["errors"] else ""))
+        s, late = lv["silence_at_tick_s"], lv["heartbeat_late_s"]
+        print(f"  silence at ticks p50 {s['p50']} s, p99 {s['p99']} s, max {s['max']} s; heartbeat late p99 "
+              f"{late['p99']} s, max {late['max']} s")
+        if eng:
+            print(f"  heartbeats {eng['beats']} ({eng['failed']} failed): publish p50 {eng['publish_p50_s']} s, "
+                  f"p99 {eng['publish_p99_s']} s, max {eng['publish_max_s']} s; loop lag p99 "
+                  f"{eng['loop_lag_p99_s']} s, max {eng['loop_lag_max_s']} s")
+        for line in lv["removal_reasons"]:
+            print(f"  removed {line}")
+    return 0 if report["ok"] else 1
+
+
 def _cmd(args) -> int:
+    if args.trace:
+        return _cmd_trace(args)
+    args.turns = args.turns or 6
     from rich.console import Console  # lazy: evolving --help +30 ms (rich.live)
     from rich.live import Live as RichLive  # lazy: same
 
