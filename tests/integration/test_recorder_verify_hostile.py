@@ -14,7 +14,7 @@ import shutil
 import pytest
 
 from events import codec
-from events.catalog import NodeHeartbeat, NodeRemoved, RouteDecided, SwitchRole, Tick
+from events.catalog import IterationDone, NodeHeartbeat, NodeRemoved, RouteDecided, SwitchRole
 from services.adapters.bus import InMemoryBus
 from services.adapters.eventlog import DuckDbEventLog
 from services.drivers.cli import main
@@ -29,7 +29,8 @@ FORGED = [
     (40, "ei.default.agent.b9", SwitchRole(ts=1.5, node="n1", to_role="prefill")),  # the gateway's account
     (80, "ei.default.node.n0", NodeRemoved(ts=2.5, node="n1", reason="forged")),  # engine n0, about n1
     (120, "ei.default.node.n2", NodeHeartbeat(ts=float("nan"), node="n2", role="decode")),  # engine n2, NaN
-    (160, "ei.default.clock", Tick(ts=4000.0)),  # a far-future tick: would expire every node
+    # engine n2 about itself, an hour ahead (a far-future Tick is the planner's own: the clock)
+    (160, "ei.default.node.n2", IterationDone(ts=4000.0, node="n2", phase="decode", duration_s=0.01)),
 ]
 
 
@@ -92,7 +93,7 @@ def test_forgeries_and_a_nan_ts_are_recorded_readable_and_refused_by_verify(reco
     assert by_type["SwitchRole"]["subject"] == "ei.default.agent.b9"
     assert "NodeRemoved about 'n1' may not be published on 'ei.default.node.n0'" in by_type["NodeRemoved"]["reason"]
     assert by_type["NodeHeartbeat"]["reason"] == "ts is not a finite number (nan)"
-    assert "ahead of the stream's time" in by_type["Tick"]["reason"]
+    assert "ahead of the stream's time" in by_type["IterationDone"]["reason"]
     # the cores' decisions are reproduced, every one
     routes = sum(isinstance(e, RouteDecided) for _, _, e in rows)
     assert out["reproduced"]["RouteDecided"] == routes > 100 and out["reproduced"].get("ModelFitted", 0) > 0

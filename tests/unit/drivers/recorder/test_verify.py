@@ -181,7 +181,10 @@ def forged_log(authority=True):
     evs.insert(3, ("ei.default.agent.b", SwitchRole(ts=1.5, node="n1", to_role="prefill")))  # the gateway's subject
     evs.insert(8, ("ei.default.node.n1", NodeRemoved(ts=3.0, node="n2")))  # engine n1 about n2
     evs.insert(12, ("ei.default.node.n1", NodeHeartbeat(ts=float("nan"), node="n1", role="decode")))
-    evs.insert(14, ("ei.default.clock", Tick(ts=3600.0)))  # the far future: would end every window
+    # an hour ahead: kept alive for an hour (the planner's own Tick may move the clock: a clock setter)
+    evs.insert(14, ("ei.default.node.n1", NodeHeartbeat(ts=3600.0, node="n1", role="decode")))
+    # engine n1's far-future Tick: not its subject's family (folded, it would end every window)
+    evs.insert(16, ("ei.default.node.n1", Tick(ts=3600.0)))
     return live_log(evs, [FakeRouter(), FakePlanner()], delay=1, authority=authority)
 
 
@@ -192,8 +195,8 @@ def test_forged_events_are_refused_listed_and_never_folded_nor_compared():
     got = [(r.seq, r.subject, r.type) for r in report.refusals]
     want = [(s, subj, type(e).__name__) for s, subj, e in rows
             if (isinstance(e, SwitchRole) and subj == "ei.default.agent.b")
-            or isinstance(e, NodeRemoved | NodeHeartbeat) or (isinstance(e, Tick) and e.ts == 3600.0)]
-    assert got == want and report.refused == 4 and report.folded == len(rows) - 4
+            or isinstance(e, NodeRemoved | NodeHeartbeat) or (isinstance(e, Tick) and subj == "ei.default.node.n1")]
+    assert got == want and report.refused == 5 and report.folded == len(rows) - 5
     reasons = [r.reason for r in report.refusals]
     assert "may not be published on 'ei.default.agent.b'" in reasons[0]
     assert "about 'n2' may not be published on 'ei.default.node.n1'" in reasons[1]
@@ -201,7 +204,8 @@ def test_forged_events_are_refused_listed_and_never_folded_nor_compared():
     # every decision of the cores is reproduced (the forged SwitchRole is no planner decision)
     assert report.checked["RouteDecided"] == 12 and report.checked["SwitchRole"] == 3
     out = report.to_dict()
-    assert out["refused"] == 4 and out["refusals"][0] == {"seq": got[0][0], "subject": "ei.default.agent.b",
+    assert "Tick may not be published on 'ei.default.node.n1'" in reasons[4]
+    assert out["refused"] == 5 and out["refusals"][0] == {"seq": got[0][0], "subject": "ei.default.agent.b",
                                                           "type": "SwitchRole", "reason": reasons[0]}
 
 
