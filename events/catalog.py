@@ -53,8 +53,14 @@ class RequestSubmitted(Event, frozen=True, kw_only=True, gc=False):
 
     ``blocks`` are the chained hashes of the prompt's full blocks of ``block_tokens`` tokens;
     ``prompt_tokens - len(blocks) * block_tokens`` tokens form the partial tail block.
-    ``max_tokens`` is the output budget; the simulated engines generate exactly this many
-    tokens (like benchmarks with ``ignore_eos``), so a trace's recorded output length goes here.
+    ``max_tokens`` is the output budget; the trace simulator generates exactly this many
+    tokens, so a trace's recorded output length goes here. A live engine ends the output earlier
+    at end of turn (a real model's EOS; the sim engine's drawn length,
+    engine/backends/sim/lengths.py) when ``ignore_eos`` is false, as the gateway sets it unless
+    a client asks for true (benchmarks, replays through the gateway); absent (a trace driver,
+    whose ``max_tokens`` is the recorded length) leaves it to the engine: the sim engine runs to
+    ``max_tokens``, the torch engine follows its ``--torch-ignore-eos``. ``temperature``, ``top_p``, ``top_k``, ``seed`` and ``stop`` (strings that end
+    the output) are the client's sampling parameters, absent when not sent (greedy, no stop).
     ``priority`` and ``osl`` are the harness's ``nvext.agent_hints`` (absent when not sent):
     a higher ``priority`` is served earlier in a node's prefill queue; ``osl`` is the expected
     output length, which the router and the planner use instead of ``max_tokens`` (capped by it)
@@ -72,6 +78,14 @@ class RequestSubmitted(Event, frozen=True, kw_only=True, gc=False):
     # byte-identical to one written before the fields existed (the pinned replay log stays put).
     priority: int | msgspec.UnsetType = msgspec.UNSET
     osl: int | msgspec.UnsetType = msgspec.UNSET
+    # Appended (schema 1.3, issue 36), UNSET when the client did not send them: how the engine
+    # samples and where the output ends (docs/engines.md, "Sampling and stopping").
+    ignore_eos: bool | msgspec.UnsetType = msgspec.UNSET
+    temperature: float | msgspec.UnsetType = msgspec.UNSET
+    top_p: float | msgspec.UnsetType = msgspec.UNSET
+    top_k: int | msgspec.UnsetType = msgspec.UNSET
+    seed: int | msgspec.UnsetType = msgspec.UNSET
+    stop: list[str] | msgspec.UnsetType = msgspec.UNSET
 
     def expected_output_tokens(self) -> int:
         """The output length to plan for: ``osl`` when the harness sent one (at most
