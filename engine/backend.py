@@ -36,9 +36,47 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from events.catalog import Event, FetchStep
+import msgspec
+
+from events.catalog import Event, FetchStep, RequestSubmitted
 from events.ids import BlockHash, NodeId, RequestId, Role, SwitchMechanism, Tier
 from events.wire import TokenMsg
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """How a request's tokens are chosen and where its output ends (its ``RequestSubmitted``'s
+    sampling fields; docs/engines.md, "Sampling and stopping"). ``temperature`` 0 is greedy;
+    ``top_k`` 0 or -1 is no limit; ``seed`` None draws from the engine's own generator; ``stop``:
+    strings that end the output (the stop string itself is not part of it)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0 or self.top_k == 1
+
+
+def request_output(req: RequestSubmitted) -> dict:
+    """The job fields (``ignore_eos``, ``osl``, ``sampling``) a ``RequestSubmitted`` sets:
+    ``ignore_eos`` None when the publisher did not say, ``sampling`` None when the client sent no
+    sampling parameter (greedy, no stop string)."""
+    def get(name, default):
+        v = getattr(req, name)
+        return default if v is msgspec.UNSET or v is None else v
+
+    sampling = None
+    if any(getattr(req, f) is not msgspec.UNSET for f in ("temperature", "top_p", "top_k", "seed", "stop")):
+        sampling = Sampling(temperature=float(get("temperature", 0.0)), top_p=float(get("top_p", 1.0)),
+                            top_k=int(get("top_k", 0)), seed=get("seed", None),
+                            stop=tuple(s for s in get("stop", ()) if s))
+    osl = req.osl if isinstance(req.osl, int) else 0
+    ignore = req.ignore_eos if isinstance(req.ignore_eos, bool) else None
+    return {"ignore_eos": ignore, "osl": max(0, osl), "sampling": sampling}
 
 
 @dataclass(slots=True)
@@ -68,6 +106,14 @@ class PrefillJob:
     t_rst: int = 0
     start_fetch_s: float = 0.0  # fetch-at-start time charged to the first iteration
     fetch_busy_mark: float = 0.0
+    # what the request asks of its output (RequestSubmitted): True: generate max_tokens whatever
+    # the model says (benchmarks); False: end at end of turn (the gateway says so unless asked);
+    # None: not said (a trace driver, whose max_tokens is the recorded length): the engine's
+    # default. Then the harness's expected output length (0: none), and how to sample.
+    ignore_eos: bool | None = None
+    osl: int = 0
+    sampling: Sampling | None = None
+    output_tokens: int = 0  # the sim node's drawn output length (engine/backends/sim/lengths.py); 0: max_tokens
 
 
 @dataclass(slots=True)
@@ -82,6 +128,10 @@ class DecodeJob:
     context: float
     src_node: NodeId
     tokens: Sequence[int] | None = None  # the prompt's token ids, as PrefillJob.tokens
+    max_tokens: int = 0  # the request's budget (0: total_out); a shorter total_out ends the turn
+    ignore_eos: bool | None = None  # as PrefillJob's
+    osl: int = 0
+    sampling: Sampling | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,6 +46,10 @@ class Profile:
     fetch_bandwidth_Bps: float
     switch_in_place_s: float
     restart_s: float
+    # [output] (optional): the live sim engine's output lengths, quantiles ``tokens_q`` at
+    # probabilities ``tokens_p``; empty: engine/backends/sim/lengths.py's fitted default
+    output_tokens_q: tuple[float, ...] = ()
+    output_tokens_p: tuple[float, ...] = ()
 
     # ---- ground-truth timings (no noise; the node multiplies by its noise draw)
     def prefill_iteration_s(self, sum_t_uc: float, sum_A: float, sum_t_rst: float) -> float:
@@ -83,6 +87,7 @@ def load_profile(name_or_path: str) -> Profile:
     with open(p, "rb") as fh:
         d = tomllib.load(fh)
     pf, dc, kv, tr, sw, moe = d["prefill"], d["decode"], d["kv"], d["transfer"], d["switch"], d["moe"]
+    out = d.get("output", {})
     prof = Profile(
         name=d["name"], model=d.get("model", ""), gpus_per_node=int(d.get("gpus_per_node", 4)),
         block_tokens=int(d.get("block_tokens", 64)),
@@ -98,7 +103,13 @@ def load_profile(name_or_path: str) -> Profile:
         p2d_latency_s=float(tr["p2d_latency_s"]), p2d_bandwidth_Bps=float(tr["p2d_bandwidth_Bps"]),
         fetch_latency_s=float(tr["fetch_latency_s"]), fetch_bandwidth_Bps=float(tr["fetch_bandwidth_Bps"]),
         switch_in_place_s=float(sw["in_place_s"]), restart_s=float(sw["restart_s"]),
+        output_tokens_q=tuple(float(x) for x in out.get("tokens_q", ())),
+        output_tokens_p=tuple(float(x) for x in out.get("tokens_p", ())),
     )
+    if prof.output_tokens_q and (len(prof.output_tokens_q) < 2 or list(prof.output_tokens_q) != sorted(prof.output_tokens_q)
+                                 or (prof.output_tokens_p and len(prof.output_tokens_p) != len(prof.output_tokens_q))):
+        raise ValueError(f"profile {prof.name}: [output] tokens_q must be at least two increasing quantiles "
+                         f"(and tokens_p, if given, one probability per quantile)")
     for f in ("c0", "c1", "c2", "c3", "d0", "d1", "d2"):
         v = getattr(prof, f)
         if not (math.isfinite(v) and v >= 0):

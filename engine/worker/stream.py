@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from engine.backend import DecodeJob, PrefillJob
+from engine.backend import DecodeJob, PrefillJob, request_output
 from engine.worker.cancel import Cancelling
 from events import codec
 from events.catalog import (
@@ -172,7 +172,8 @@ class StreamFolding(Cancelling):
             return  # its prefill runs here already: a decode-only re-route (the decode worker follows it)
         job = old or PrefillJob(request=rid, blocks=req.blocks, prompt_tokens=req.prompt_tokens,
                                 max_tokens=req.max_tokens, decode_node=e.decode_node,
-                                fetch_plan=e.fetch_plan, enqueued_s=now, priority=req.queue_priority())
+                                fetch_plan=e.fetch_plan, enqueued_s=now, priority=req.queue_priority(),
+                                **request_output(req))
         if old is not None:
             job.decode_node, job.fetch_plan, job.fetched, job.fetch_s = e.decode_node, e.fetch_plan, [], 0.0
         self._queued_here.add(rid)
@@ -189,7 +190,8 @@ class StreamFolding(Cancelling):
         now = self.host.catch_up()
         job = DecodeJob(request=rid, blocks=req.blocks, prompt_tokens=req.prompt_tokens,
                         left=float(max(0, req.max_tokens - 1)), total_out=max(1, req.max_tokens),
-                        context=float(req.prompt_tokens + 1), src_node=NodeId(src))
+                        context=float(req.prompt_tokens + 1), src_node=NodeId(src), max_tokens=max(1, req.max_tokens),
+                        **request_output(req))
         self.prompt_fetch.kv_arrived_at(now + self.profile.p2d_transfer_s(req.prompt_tokens), job, self.host.schedule)
 
     # ------------------------------------------------------------------ snapshots

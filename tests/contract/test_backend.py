@@ -176,6 +176,26 @@ class TestSimBackend(BackendContract):
 
         return SimBackend(h.host, "n1", role, PROFILE, seed=1)
 
+    async def test_ends_its_turn_before_the_budget(self):
+        """A gateway request (ignore_eos false) ends at its drawn length with "stop"; asked to
+        ignore EOS it runs to max_tokens with "length" (engine/backends/sim/lengths.py)."""
+        from engine.backends.sim.lengths import sim_output_tokens
+
+        h = await self.start("collocated")
+        try:
+            h.host.catch_up()
+            h.backend.enqueue_prefill(replace(job("turn", max_tokens=64_000), ignore_eos=False))
+            h.backend.enqueue_prefill(replace(job("bench", max_tokens=40, blocks=range(7000, 7006)), ignore_eos=True))
+            want = sim_output_tokens("turn", 64_000, ignore_eos=False)
+            for rid, n, finish in (("turn", want, "stop"), ("bench", 40, "length")):
+                fin = await h.wait(lambda e, rid=rid: isinstance(e, RequestFinished) and e.request == rid)
+                assert fin.output_tokens == n
+                done = [m for m in h.tokens if m.request == rid and m.kind == "done"]
+                assert len(done) == 1 and done[0].total == n and done[0].finish_reason == finish
+            assert want < 64_000
+        finally:
+            await self.stop(h)
+
 
 class TestSglangBackendOnTheFake(BackendContract):
     async def make(self, h, role):

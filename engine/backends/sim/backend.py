@@ -5,16 +5,26 @@ to the bare node: tokens for the gateway (the sim generates no text: ``"tok "`` 
 ``first`` at the prefill's ``FirstToken``, ``chunk`` after each decode run and, while a run is
 going, estimated from its iteration time at every ``progress()`` call, ``done`` at
 ``RequestFinished`` (none for a cancelled request: its client is gone).
+
+The node ends a turn like a model (lengths.py): each request's output length is drawn from the
+profile's ``[output]`` quantiles (or the default fitted on real Claude Code sessions), seeded by
+its request id, capped by ``max_tokens``; ``osl`` sets it instead; ``ignore_eos`` true, or not
+said (a trace driver's request: its budget is the recorded length), makes it the whole budget.
+``done`` says ``finish_reason`` ``"stop"`` when the output ended before the budget, ``"length"``
+when it reached it. A prefill node and a decode node draw the same length.
 """
+
 
 from __future__ import annotations
 
 from engine.backend import DecodeJob, NodeLoad, PrefillJob, WorkerHost
+from engine.backends.sim.lengths import DEFAULT_OUTPUT_TOKENS, sim_output_tokens
 from engine.backends.sim.node import SimNode
 from engine.profiles import Profile
 from events.catalog import Event, FirstToken, IterationDone, RequestFinished
 from events.ids import NodeId, RequestId, Role, SwitchMechanism
 from events.wire import TokenMsg, sim_text
+from replay.traces.workloads import Quantiles
 
 
 class SimBackend:
@@ -29,6 +39,13 @@ class SimBackend:
         self.profile = profile
         self.node = SimNode(self.node_id, role, profile, self, seed, fetch_mode)
         self._reported: dict[str, int] = {}  # request -> tokens sent to the gateway
+        self._budget: dict[str, int] = {}  # request -> its max_tokens, for the finish reason
+        self.output_lengths = (Quantiles(q=profile.output_tokens_q, p=profile.output_tokens_p, integer=True)
+                               if profile.output_tokens_q else DEFAULT_OUTPUT_TOKENS)
+
+    def output_tokens(self, request: str, max_tokens: int, osl: int, ignore_eos: bool | None) -> int:
+        """The output length this node gives ``request`` (module docstring)."""
+        return sim_output_tokens(request, max_tokens, osl=osl, ignore_eos=ignore_eos, dist=self.output_lengths)
 
     # ------------------------------------------------------------------ NodeHost for SimNode
     @property
@@ -60,15 +77,25 @@ class SimBackend:
         return None
 
     def enqueue_prefill(self, job: PrefillJob) -> None:
+        job.output_tokens = self.output_tokens(job.request, job.max_tokens, job.osl, job.ignore_eos)
+        if job.decode_node == self.node_id:  # decoded here too (else the decode node's kv_arrived)
+            self._budget[job.request] = max(1, job.max_tokens)
         self.node.enqueue_prefill(job)
 
     def remove_queued(self, request: RequestId) -> PrefillJob | None:
-        return self.node.remove_queued(request)
+        job = self.node.remove_queued(request)
+        if job is not None:
+            self._budget.pop(request, None)
+        return job
 
     def cancel(self, request: RequestId) -> bool:
         return self.node.cancel(request)
 
     def kv_arrived(self, job: DecodeJob) -> None:
+        if job.max_tokens > 0:  # the request's budget is known: decode the drawn length (the same draw as its prefill node's)
+            out = self.output_tokens(job.request, job.max_tokens, job.osl, job.ignore_eos)
+            job.left, job.total_out = float(max(0, out - 1)), out
+            self._budget[job.request] = job.max_tokens
         self.node.kv_arrived(job)
 
     def order_switch(self, to_role: Role, mechanism: SwitchMechanism) -> None:
@@ -108,11 +135,13 @@ class SimBackend:
                 self._chunk(job, int(job.total_out - job.left + 1e-9))
         elif t is RequestFinished:
             sent = self._reported.pop(e.request, 1)
+            budget = self._budget.pop(e.request, 0)
             if e.error:
                 return
             rest = max(0, e.output_tokens - sent)
+            finish = "stop" if 0 < e.output_tokens < budget else "length"
             self._token(request=e.request, kind="done", tokens=rest, total=e.output_tokens,
-                        text=sim_text(rest), finish_reason="length")
+                        text=sim_text(rest), finish_reason=finish)
 
     def _chunk(self, job: DecodeJob, produced: int) -> None:
         sent = self._reported.get(job.request, 1)

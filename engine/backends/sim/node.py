@@ -567,9 +567,11 @@ class SimNode:
         now = self.host.now
         self.pool.store_through(job.blocks, job.blocks, job.request)  # L1, written through to L2
         self._emit(FirstToken(ts=now, src=self.id, request=job.request, node=self.id))
+        out = job.output_tokens or job.max_tokens  # the live sim backend's drawn length, else the budget
         djob = DecodeJob(request=job.request, blocks=job.blocks, prompt_tokens=job.prompt_tokens,
-                         left=float(max(0, job.max_tokens - 1)), total_out=max(1, job.max_tokens),
-                         context=float(job.prompt_tokens + 1), src_node=self.id)
+                         left=float(max(0, out - 1)), total_out=max(1, out),
+                         context=float(job.prompt_tokens + 1), src_node=self.id, max_tokens=job.max_tokens,
+                         ignore_eos=job.ignore_eos, osl=job.osl, sampling=job.sampling)
         dst = self.host.peer(job.decode_node)
         if dst is None:
             dst = self
