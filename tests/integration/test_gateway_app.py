@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 
+import msgspec
 import pytest
 
 from events.catalog import (
@@ -481,13 +482,37 @@ async def test_parameters_it_cannot_honour_are_a_400_naming_them(partition, path
         assert await bus.last_seq() == 0
 
 
+async def test_sampling_and_stopping_travel_on_the_request_event(partition):
+    """The engine gets what the client asked (docs/gateway.md, "Sampling and stopping"): every
+    request says ignore_eos (false unless asked: its turn ends at end of turn), and the sampling
+    parameters the client set; Anthropic's stop_sequences arrive as stop."""
+    bus = InMemoryBus(partition)
+    async with gateway(bus, MemoryTokens(partition)) as (_gw, client):
+        r = await client.post("/v1/chat/completions", json=CHAT)
+        assert r.status == 200
+        r = await client.post("/v1/completions", json={"prompt": "z" * 50, "max_tokens": 4, "ignore_eos": True,
+                                                      "temperature": 0.7, "top_p": 0.9, "top_k": 40, "seed": 11,
+                                                      "stop": "END"})
+        assert r.status == 200
+        r = await client.post("/v1/messages", json={"model": "evolving-sim", "max_tokens": 4, "temperature": 0.5,
+                                                   "stop_sequences": ["\n\nHuman:"],
+                                                   "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status == 200
+        plain, bench, anth = [e for e in await _events(bus) if isinstance(e, RequestSubmitted)]
+        assert plain.ignore_eos is False and plain.temperature is msgspec.UNSET and plain.stop is msgspec.UNSET
+        assert (bench.ignore_eos, bench.temperature, bench.top_p, bench.top_k, bench.seed, bench.stop) == \
+            (True, 0.7, 0.9, 40, 11, ["END"])
+        assert (anth.ignore_eos, anth.temperature, anth.stop) == (False, 0.5, ["\n\nHuman:"])
+
+
 async def test_sampling_parameters_are_reported_as_unapplied(partition):
     bus = InMemoryBus(partition)
     async with gateway(bus, MemoryTokens(partition)) as (_gw, client):
-        r = await client.post("/v1/chat/completions", json={**CHAT, "temperature": 0.7, "seed": 1, "n": 1})
+        r = await client.post("/v1/chat/completions", json={**CHAT, "min_p": 0.1, "presence_penalty": 1, "n": 1,
+                                                            "temperature": 0.7, "seed": 1})  # these two reach the engine
         assert r.status == 200
-        assert (await r.json())["evolving"]["unapplied"] == ["temperature", "seed"]
-        assert r.headers["x-evolving-unapplied"] == "temperature,seed"
+        assert (await r.json())["evolving"]["unapplied"] == ["min_p", "presence_penalty"]
+        assert r.headers["x-evolving-unapplied"] == "min_p,presence_penalty"
         r = await client.post("/v1/chat/completions", json=CHAT)
         assert "unapplied" not in (await r.json())["evolving"] and "x-evolving-unapplied" not in r.headers
 

@@ -87,10 +87,11 @@ async def _engine_stopped(bus, rid: str, sub) -> tuple[RequestCancelled, Request
     return cancel, fin
 
 
-STREAMS = {  # path -> a streaming body asking for LONG tokens
-    "/v1/chat/completions": {"messages": [{"role": "user", "content": "y" * 300}], "max_tokens": LONG, "stream": True},
+STREAMS = {  # path -> a streaming body asking for LONG tokens (ignore_eos: the sim engine would end its turn first)
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "y" * 300}], "max_tokens": LONG, "stream": True,
+                             "ignore_eos": True},
     "/v1/messages": {"model": "evolving-sim", "messages": [{"role": "user", "content": "y" * 300}],
-                     "max_tokens": LONG, "stream": True},
+                     "max_tokens": LONG, "stream": True, "ignore_eos": True},
 }
 
 
@@ -121,7 +122,7 @@ async def test_a_streaming_client_that_disconnects_stops_the_engine_within_a_sec
 
 async def test_a_client_that_gives_up_on_a_plain_answer_stops_the_engine(partition):
     async with stack(partition) as (bus, tokens, _gw, url), aiohttp.ClientSession() as http:
-        body = {"prompt": "z" * 200, "max_tokens": LONG}
+        body = {"prompt": "z" * 200, "max_tokens": LONG, "ignore_eos": True}
         post = asyncio.create_task(http.post(f"{url}/v1/completions", json=body))
         sub_evt = await wait_for_event(bus, lambda e: isinstance(e, RequestSubmitted))
         sub = await tokens.subscribe(sub_evt.request)

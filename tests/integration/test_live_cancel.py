@@ -30,7 +30,7 @@ def _stream_then_leave(url: str, chunks: int = 3) -> str:
     connection mid-stream; the request's id."""
     u = urllib.parse.urlparse(url)
     body = json.dumps({"messages": [{"role": "user", "content": "y" * 300}], "max_tokens": 60_000,
-                       "stream": True}).encode()
+                       "stream": True, "ignore_eos": True}).encode()  # long: the sim would end its turn
     head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {u.netloc}\r\nContent-Type: application/json\r\n"
             f"x-branch-id: leaver\r\nContent-Length: {len(body)}\r\n\r\n").encode()
     with socket.create_connection((u.hostname, u.port), timeout=30) as sock:

@@ -314,7 +314,8 @@ class Bench:
 
     async def full_path(self, cl: Client, n: int, conc: int) -> Sample:
         branch, messages, _new = cl.next()
-        body = {"messages": messages, "max_tokens": self.args.max_tokens, "stream": True}
+        body = {"messages": messages, "max_tokens": self.args.max_tokens, "stream": True,
+                "ignore_eos": True}  # every answer max_tokens long, whatever the engine's end of turn
         t0 = time.perf_counter()
         async with self.http.post(self.base + "/v1/chat/completions", json=body,
                                   headers={"x-branch-id": f"b-{branch}"}) as r:

@@ -133,11 +133,13 @@ class _Base(Struct, kw_only=True):
 class MessagesRequest(_Base, kw_only=True):
     max_tokens: Annotated[int, Meta(ge=0)]
     stream: bool = False
-    # accepted, range-checked, not applied (listed in evolving.unapplied / x-evolving-unapplied)
+    # sampling and stopping: carried to the engine (api.sampling_fields, via budget_request)
     temperature: Annotated[float, Meta(ge=0, le=1)] | None = None
     top_p: Annotated[float, Meta(ge=0, le=1)] | None = None
     top_k: Annotated[int, Meta(ge=0)] | None = None
     stop_sequences: list[str] | None = None
+    # not Anthropic's: vLLM's and SGLang's extension, for benchmarks (run to max_tokens)
+    ignore_eos: bool | None = None
     # bookkeeping: no effect on the response
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None
@@ -147,7 +149,7 @@ class CountTokensRequest(_Base, kw_only=True):
     pass
 
 
-SAMPLING = ("temperature", "top_p", "top_k", "stop_sequences")
+SAMPLING: tuple[str, ...] = ()  # every sampling parameter reaches the engine (budget_request)
 
 
 # ----------------------------------------------------------------------------- parsing
@@ -288,9 +290,11 @@ def render_prompt(req: _Base, template=None) -> str:
 
 def budget_request(req: MessagesRequest) -> ChatRequest:
     """The request as the gateway's budget and streaming logic sees it (``max_tokens``,
-    ``stream``); the prompt itself comes from :func:`render_prompt`."""
+    ``stream``, the sampling parameters, ``stop_sequences`` as ``stop``); the prompt itself
+    comes from :func:`render_prompt`."""
     return ChatRequest(model=req.model, messages=msgspec.convert(chat_messages(req), list[Message]),
-                       max_tokens=req.max_tokens, stream=req.stream)
+                       max_tokens=req.max_tokens, stream=req.stream, temperature=req.temperature,
+                       top_p=req.top_p, top_k=req.top_k, stop=req.stop_sequences, ignore_eos=req.ignore_eos)
 
 
 # ----------------------------------------------------------------------------- responses

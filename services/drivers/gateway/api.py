@@ -15,16 +15,17 @@ Parameters fall in three groups (docs/gateway.md, "Parameters"):
 
 - **honoured**: ``model``, ``messages`` / ``prompt``, ``max_tokens`` / ``max_completion_tokens``,
   ``stream``, ``stream_options.include_usage``, ``n: 1``, ``ignore_eos``, ``min_tokens``,
-  ``tools`` (function definitions, rendered into the prompt by the chat template) and
-  ``tool_choice`` ``"none"`` / ``"auto"``.
+  ``tools`` (function definitions, rendered into the prompt by the chat template),
+  ``tool_choice`` ``"none"`` / ``"auto"``, and the sampling parameters the engines apply,
+  carried on ``RequestSubmitted`` (:func:`sampling_fields`): ``temperature``, ``top_p``,
+  ``top_k``, ``seed``, ``stop``.
 - **refused** with a 400 naming them when set to anything but their neutral value, because the
   gateway cannot honour them: ``n > 1``, ``best_of > 1``, ``logprobs``, ``top_logprobs``,
   ``echo``, ``suffix``, ``functions``, ``function_call`` (the legacy names of tools),
   ``response_format`` (other than text), ``logit_bias``, ``modalities`` (other than text),
   ``audio``, ``prediction``, ``web_search_options``.
-- **accepted, not applied**: sampling parameters (``temperature``, ``top_p``, ``top_k``,
-  ``min_p``, ``seed``, ``presence_penalty``, ``frequency_penalty``, ``repetition_penalty``,
-  ``stop``) and a forcing ``tool_choice`` (``"required"`` or a named function: nothing
+- **accepted, not applied**: the other sampling parameters (``min_p``, ``presence_penalty``,
+  ``frequency_penalty``, ``repetition_penalty``) and a forcing ``tool_choice`` (``"required"`` or a named function: nothing
   constrains the engine's output) are range-checked, then listed in the response's
   ``evolving.unapplied`` and the ``x-evolving-unapplied`` header, since the engine generates its
   tokens without them; and
@@ -169,7 +170,8 @@ class _Common(Struct, kw_only=True):
     user: str | None = None
     ignore_eos: bool | None = None
     min_tokens: NonNegInt | None = None
-    # sampling: accepted and range-checked, not applied (see the module docstring)
+    # sampling: carried to the engine (temperature, top_p, top_k, seed, stop) or accepted and
+    # range-checked, not applied (the module docstring)
     temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
     top_p: Annotated[float, Meta(ge=0, le=1)] | None = None
     top_k: Annotated[int, Meta(ge=-1)] | None = None
@@ -211,8 +213,8 @@ class CompletionRequest(_Common, kw_only=True):
     suffix: str | None = None
 
 
-SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
-            "repetition_penalty", "stop")
+#: sampling parameters accepted, range-checked and not applied (the others reach the engine)
+SAMPLING = ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 
 
 # ----------------------------------------------------------------------------- decoding
@@ -411,11 +413,35 @@ def agent_hints(req: ChatRequest | CompletionRequest) -> tuple[AgentHints | None
 
 
 def unapplied(req: ChatRequest | CompletionRequest) -> list[str]:
-    """The sampling parameters set on the request, which the engine does not apply, and a
+    """The sampling parameters set on the request that no engine applies (:data:`SAMPLING`), and a
     ``tool_choice`` that would force a tool call (nothing constrains the engine's output)."""
     out = [name for name in SAMPLING if getattr(req, name) is not None]
     if isinstance(req, ChatRequest) and not _neutral_choice(req.tool_choice):
         out.append("tool_choice")
+    return out
+
+
+#: the most ``stop`` strings a request may give, and the longest one (OpenAI allows 4; vLLM any)
+MAX_STOP_STRINGS, MAX_STOP_CHARS = 16, 256
+
+
+def sampling_fields(req: ChatRequest | CompletionRequest) -> dict[str, Any]:
+    """``RequestSubmitted``'s sampling fields from the request (only those it sets): the engine
+    samples with them and ends the output at a ``stop`` string or, unless ``ignore_eos``, at end
+    of turn (docs/gateway.md, "Sampling and stopping"). Too many or too long ``stop`` strings
+    are a 400."""
+    out: dict[str, Any] = {"ignore_eos": bool(req.ignore_eos)}  # always said: a client's turn ends at EOS
+    for name in ("temperature", "top_p", "top_k", "seed"):
+        v = getattr(req, name)
+        if v is not None:
+            out[name] = v
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or ())
+    stop = [s for s in stop if s]
+    if len(stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stop):
+        raise ApiError(400, f"'stop' takes at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} "
+                       f"characters", "stop", code="invalid_value")
+    if stop:
+        out["stop"] = stop
     return out
 
 

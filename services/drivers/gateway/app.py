@@ -75,6 +75,7 @@ from services.drivers.gateway.api import (
     parse_chat,
     parse_completion,
     requested_max_tokens,
+    sampling_fields,
     unapplied,
 )
 from services.drivers.gateway.auth import ApiKeys
@@ -593,7 +594,7 @@ class Gateway:
         blocks = block_hashes(ids, self.cfg.block_tokens)
         try:
             adm = self.table.admit(sig, branch, request_id, blocks, len(ids), max_tokens,
-                                   self.cfg.block_tokens, now, **_hint_fields(hints))
+                                   self.cfg.block_tokens, now, **_hint_fields(hints), sampling=sampling_fields(r))
         except BranchStateError as exc:
             raise ApiError(409, str(exc), "x-branch-id", "conflict", code="branch_ended") from None
         if adm.compaction:

@@ -291,8 +291,10 @@ class Driver:
 
     async def post(self, session: str, branch: str, request: str, prompt: str, max_tokens: int,
                    headers: dict[str, str], end_only: bool = False) -> RequestResult:
+        # ignore_eos: the trace's recorded output length is the answer's length (an engine that
+        # ends turns on its own, the sim's drawn lengths or a model's EOS, would cut it short)
         body = {"model": self.cfg.model, "prompt": prompt, "max_tokens": max_tokens,
-                "stream": self.cfg.stream and not end_only}
+                "stream": self.cfg.stream and not end_only, "ignore_eos": True}
         if body["stream"]:
             body["stream_options"] = {"include_usage": True}
         res = RequestResult(session, branch, request, 0, len(prompt), end_only=end_only)

@@ -277,9 +277,10 @@ class BranchTable:
     def admit(self, sig: BranchSignals, branch: str, request: str, blocks: list[BlockHash],
               prompt_tokens: int, max_tokens: int, block_tokens: int, ts: float, *,
               priority: int | msgspec.UnsetType = msgspec.UNSET,
-              osl: int | msgspec.UnsetType = msgspec.UNSET) -> Admission:
+              osl: int | msgspec.UnsetType = msgspec.UNSET, sampling: dict | None = None) -> Admission:
         """``branch`` is ``sig.branch`` or, for a request without branch headers, a fresh id.
-        ``priority`` / ``osl``: the request's agent hints, carried on ``RequestSubmitted``."""
+        ``priority`` / ``osl``: the request's agent hints, carried on ``RequestSubmitted``, as
+        ``sampling`` (its ``ignore_eos``, ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop``)."""
         if branch in self.ended:
             raise BranchStateError(branch, f"branch {branch!r} has ended (an end header was sent: "
                                    f"x-branch-end / x-dynamo-session-final / x-dynamo-trajectory-final); "
@@ -313,7 +314,8 @@ class BranchTable:
         st.last_ts = max(st.last_ts, ts) if st.requests > 1 else ts
         req = RequestSubmitted(ts=ts, src=self.src, request=RequestId(request), branch=BranchId(st.eid),
                                version=st.version, blocks=list(blocks), prompt_tokens=prompt_tokens,
-                               max_tokens=max_tokens, block_tokens=block_tokens, priority=priority, osl=osl)
+                               max_tokens=max_tokens, block_tokens=block_tokens, priority=priority, osl=osl,
+                               **(sampling or {}))
         end_after = sig.end or sig.branch is None
         return Admission(before=before, request=req, end_after=end_after, compaction=compaction,
                          opened=opened)

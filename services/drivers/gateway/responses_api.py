@@ -240,7 +240,7 @@ def parse_responses(raw: bytes) -> Parsed:
     ignored += [("field", k) for k in NO_EFFECT if getattr(req, k) is not None]
     tools = _tools(req.tools, ignored)
     messages = input_messages(req.input, "input", ignored)
-    unapplied = [k for k in ("temperature", "top_p") if getattr(req, k) is not None]
+    unapplied: list[str] = []  # temperature and top_p reach the engine (budget_request)
     if _forcing(req.tool_choice):
         unapplied.append("tool_choice")
     fmt = (req.text or {}).get("format")
@@ -290,7 +290,7 @@ def budget_request(req: ResponsesRequest) -> ChatRequest:
     """The request as the gateway's budget and streaming logic sees it (``max_tokens``,
     ``stream``, ``nvext``); the prompt itself comes from :func:`prompt_messages`."""
     return ChatRequest(model=req.model, messages=[], max_tokens=req.max_output_tokens, stream=req.stream,
-                       nvext=req.nvext)
+                       nvext=req.nvext, temperature=req.temperature, top_p=req.top_p)
 
 
 def renamed(exc: ApiError) -> ApiError:

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from services.drivers.gateway import anthropic_api as aa
-from services.drivers.gateway.api import ApiError, chat_tools, parse_chat, unapplied
+from services.drivers.gateway.api import ApiError, chat_tools, parse_chat, sampling_fields, unapplied
 from services.drivers.gateway.auth import ApiKeys
 from services.drivers.gateway.tokenizer import GENERATION_PROMPT, render_chat
 
@@ -149,7 +149,9 @@ def test_unapplied_parameters():
     r = aa.parse_messages(body(temperature=0.5, top_p=0.9, top_k=5, stop_sequences=["x"],
                                tool_choice={"type": "any"}, thinking={"type": "enabled", "budget_tokens": 1024},
                                metadata={"user_id": "u"}, tools=[TOOL]))
-    assert aa.unapplied(r) == ["temperature", "top_p", "top_k", "stop_sequences", "tool_choice", "thinking"]
+    assert aa.unapplied(r) == ["tool_choice", "thinking"]  # the sampling parameters reach the engine
+    assert sampling_fields(aa.budget_request(r)) == {"ignore_eos": False, "temperature": 0.5, "top_p": 0.9,
+                                                     "top_k": 5, "stop": ["x"]}
     neutral = aa.parse_messages(body(tool_choice={"type": "auto"}, thinking={"type": "disabled"}))
     assert aa.unapplied(neutral) == []
 

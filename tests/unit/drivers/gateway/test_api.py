@@ -17,6 +17,7 @@ from services.drivers.gateway.api import (
     parse_chat,
     parse_completion,
     requested_max_tokens,
+    sampling_fields,
     unapplied,
 )
 
@@ -39,7 +40,8 @@ def test_a_valid_chat_request_decodes_into_structs():
     assert isinstance(req, ChatRequest) and req.messages[0].role == "user"
     assert req.stream_options.include_usage and requested_max_tokens(req) == 5
     assert obj["messages"] == MSG  # the template renders the decoded messages
-    assert unapplied(req) == ["temperature", "stop"]
+    assert unapplied(req) == []  # temperature and stop reach the engine (sampling_fields)
+    assert sampling_fields(req) == {"ignore_eos": False, "temperature": 0.2, "stop": ["x"]}
 
 
 @pytest.mark.parametrize("raw, param, code", [
@@ -207,3 +209,12 @@ def test_any_bytes_parse_or_are_a_400(raw):
 
 def test_completion_request_is_a_struct():
     assert isinstance(parse_completion(b'{"prompt": "x"}'), CompletionRequest)
+
+
+def test_sampling_fields_for_the_event():
+    req = parse_completion(json.dumps({"prompt": "x", "ignore_eos": True, "top_k": 40, "seed": 3, "stop": "END"}).encode())
+    assert sampling_fields(req) == {"ignore_eos": True, "top_k": 40, "seed": 3, "stop": ["END"]}
+    req = parse_completion(json.dumps({"prompt": "x", "stop": ["a"] * 17}).encode())
+    with pytest.raises(ApiError) as ei:
+        sampling_fields(req)
+    assert ei.value.param == "stop"
