@@ -59,6 +59,31 @@ async def sse_data(content: aiohttp.StreamReader) -> AsyncIterator[dict]:
         yield json.loads(data)
 
 
+def sampling_params(job: PrefillJob, *, seed: bool = True) -> dict[str, Any]:
+    """The request's sampling and stopping as vLLM's and SGLang's fields (``temperature``,
+    ``top_p``, ``top_k``, ``seed``, ``stop``, ``ignore_eos``): greedy when the client sent none;
+    ``ignore_eos`` true unless the request says false (a trace replay's budget is its recorded
+    length, as before; the gateway says false for a client's request). ``seed``: False for an
+    engine that names it otherwise."""
+    out: dict[str, Any] = {"ignore_eos": job.ignore_eos is not False, "temperature": 0}
+    sp = job.sampling
+    if sp is not None:
+        out |= {"temperature": sp.temperature, "top_p": sp.top_p, "top_k": sp.top_k if sp.top_k > 0 else -1}
+        if sp.stop:
+            out["stop"] = list(sp.stop)
+        if seed and sp.seed is not None:
+            out["seed"] = sp.seed
+    return out
+
+
+def finish_of(reason: Any) -> str:
+    """A server's finish reason (vLLM's string, SGLang's ``{"type": ...}``) as ours: ``stop``
+    (EOS or a stop string) or ``length``."""
+    if isinstance(reason, dict):
+        reason = reason.get("type")
+    return "stop" if reason in ("stop", "eos", "stop_str", "stop_token") else "length"
+
+
 def prom_sum(text: str, metric: str) -> float:
     """Sum of every sample of ``metric`` in Prometheus text exposition (0 when absent)."""
     total = 0.0
@@ -194,7 +219,8 @@ class AttachedServer:
         self._token(request=rid, kind="first", tokens=1, total=1, text=text)
         self.host.emit(RequestStarted(ts=now, src=self.node_id, request=rid, node=decode_node, phase="decode"))
 
-    def _finish(self, job: PrefillJob, decode_node: NodeId, total: int, error: str | None) -> None:
+    def _finish(self, job: PrefillJob, decode_node: NodeId, total: int, error: str | None,
+                finish_reason: str = "length") -> None:
         rid = job.request
         self.jobs.pop(rid, None)
         self.tasks.pop(rid, None)
@@ -202,7 +228,7 @@ class AttachedServer:
         if error is not None:
             self._token(request=rid, kind="error", error=error)
         else:
-            self._token(request=rid, kind="done", tokens=0, total=total, finish_reason="length")
+            self._token(request=rid, kind="done", tokens=0, total=total, finish_reason=finish_reason)
         self.host.emit(RequestFinished(ts=self._now(), src=self.node_id, request=rid, node=decode_node,
                                        output_tokens=total))
 

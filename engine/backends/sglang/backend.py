@@ -46,7 +46,7 @@ from urllib.parse import urlparse
 import aiohttp
 
 from engine.backend import BackendUnavailable, DecodeJob, PrefillJob, WorkerHost
-from engine.backends.attached import VOCAB, AttachedServer, prompt_ids, sse_data
+from engine.backends.attached import VOCAB, AttachedServer, finish_of, prompt_ids, sampling_params, sse_data
 from engine.backends.sglang.kvmap import PageMap
 from engine.backends.sglang.logparse import parse_decode_line
 from engine.backends.sglang.wire import parse_frames
@@ -269,7 +269,7 @@ class SglangBackend(AttachedServer):
         rid = job.request
         ids = self._request_ids(job)
         body = {"input_ids": ids, "rid": rid, "stream": True,
-                "sampling_params": {"max_new_tokens": max(1, job.max_tokens), "ignore_eos": True, "temperature": 0}}
+                "sampling_params": {"max_new_tokens": max(1, job.max_tokens), **sampling_params(job, seed=False)}}
         decode_node, decode_url = self.node_id, self.cfg.url
         side = None
         if self.server_mode != "null":
@@ -278,7 +278,7 @@ class SglangBackend(AttachedServer):
             if job.decode_node != self.node_id and job.decode_node in self.cfg.peers:
                 decode_node, decode_url = job.decode_node, self.cfg.peers[job.decode_node]
                 side = asyncio.create_task(self._post("/generate", body | {"stream": False}))
-        text_len, total, sent = 0, 0, 1
+        text_len, total, sent, finish = 0, 0, 1, "length"
         try:
             async with self._http.post(f"{decode_url}/generate", json=body) as r:
                 if r.status != 200:
@@ -286,6 +286,8 @@ class SglangBackend(AttachedServer):
                 async for out in sse_data(r.content):
                     meta = out.get("meta_info") or {}
                     text = out.get("text") or ""
+                    if meta.get("finish_reason"):
+                        finish = finish_of(meta["finish_reason"])
                     total = int(meta.get("completion_tokens", total))
                     if rid not in self.started:
                         self._first(job, decode_node, int(meta.get("cached_tokens") or 0), text)
@@ -297,7 +299,7 @@ class SglangBackend(AttachedServer):
                         sent = max(sent, total)
             if side is not None:
                 await side
-            self._finish(job, decode_node, total, None)
+            self._finish(job, decode_node, total, None, finish)
         except (asyncio.CancelledError, aiohttp.ClientConnectorError):
             if side is not None:
                 side.cancel()

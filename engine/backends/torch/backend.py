@@ -34,8 +34,9 @@ from engine.backends.sglang.backend import VOCAB, prompt_ids
 from engine.backends.torch import step
 from engine.backends.torch.kv import PagedKv
 from engine.backends.torch.loader import Checkpoint, load
-from engine.backends.torch.model import Llama, greedy
+from engine.backends.torch.model import Llama
 from engine.backends.torch.peers import DataPlane, Lease, Message, PeerTransfers, Pull, Release, Reply
+from engine.backends.torch.sampling import Stops, pick
 from engine.backends.torch.state import Seq, TorchConfig, prio
 from engine.kvplane import TcpExchange, format_endpoint
 from engine.profiles import Profile
@@ -196,7 +197,8 @@ class TorchBackend(PeerTransfers):
         except ValueError as exc:
             self._fail(job.request, str(exc))
             return
-        seq = Seq(job.request, ids, hashes, len(ids), max(1, job.max_tokens), NodeId(job.decode_node), job=job)
+        seq = Seq(job.request, ids, hashes, len(ids), max(1, job.max_tokens), NodeId(job.decode_node), job=job,
+                  sampling=job.sampling, ignore_eos=job.ignore_eos)
         i = len(self.pqueue)
         while i > 0 and not self.pqueue[i - 1].started and prio(self.pqueue[i - 1]) < job.priority:
             i -= 1
@@ -267,7 +269,8 @@ class TorchBackend(PeerTransfers):
         except ValueError as exc:
             self._fail(job.request, str(exc))
             return
-        seq = Seq(job.request, ids, hashes, len(ids), max(1, job.total_out), self.node_id)
+        seq = Seq(job.request, ids, hashes, len(ids), max(1, job.total_out), self.node_id,
+                  sampling=job.sampling, ignore_eos=job.ignore_eos)
         seq.started = True
         self._spawn(self._pull(seq, job.src_node))
 
@@ -302,6 +305,31 @@ class TorchBackend(PeerTransfers):
     def _token(self, **kw) -> None:
         self.host.token(TokenMsg(node=self.node_id, ts=self._now(), **kw))
 
+    def _stops(self, s: Seq) -> Stops:
+        ignore = self.cfg.ignore_eos if s.ignore_eos is None else s.ignore_eos
+        return Stops(self.ckpt.cfg.eos, ignore, s.sampling.stop if s.sampling is not None else ())
+
+    def _ended(self, s: Seq) -> bool:
+        """Whether the output ends with its last token (sampling.py): EOS, a stop string (its
+        place in the text is kept in ``cut_at``) or the budget; sets ``finish``."""
+        stops = self._stops(s)
+        if s.out and stops.at_eos(s.out[-1]):
+            s.finish = "stop"
+        elif stops.stop and (cut := stops.cut(self._text(s.out))) is not None:
+            s.finish, s.cut_at = "stop", cut
+        elif len(s.out) >= s.max_tokens:
+            s.finish = "length"
+        return bool(s.finish)
+
+    def _sendable(self, s: Seq, text: str, done: bool) -> str:
+        """The part of the output's text the gateway may have: before a stop string; while the
+        output goes on, without a tail that may begin one."""
+        if s.cut_at is not None:
+            return text[:s.cut_at]
+        if done or s.sampling is None or not s.sampling.stop:
+            return text
+        return text[:self._stops(s).hold(text)]
+
     def _chunk(self, s: Seq, done: bool = False) -> None:
         n = len(s.out)
         if n <= s.sent and not done:
@@ -309,11 +337,11 @@ class TorchBackend(PeerTransfers):
         text = self._text(s.out[:n])
         if not done and text.endswith("\ufffd"):
             return  # a character split across tokens: wait for its rest
+        text = self._sendable(s, text, done)
         delta = text.removeprefix(s.sent_text)
         if done:
-            stopped = bool(s.out) and not self.cfg.ignore_eos and s.out[-1] == self.ckpt.cfg.eos
             self._token(request=s.request, kind="done", tokens=n - s.sent, total=n, text=delta,
-                        finish_reason="stop" if stopped else "length")
+                        finish_reason=s.finish or "length")
         else:
             self._token(request=s.request, kind="chunk", tokens=n - s.sent, total=n, text=delta)
         s.sent, s.sent_text = n, text
@@ -432,7 +460,7 @@ class TorchBackend(PeerTransfers):
         setup_s = time.perf_counter() - t0
         rows = [(s, s.ids[s.n:s.n + c], s.n) for s, c in batch]
         logits, fwd_s = await asyncio.to_thread(self._forward, rows)
-        firsts = greedy(logits)
+        firsts = pick(logits, [(s.request, s.sampling, 0) for s, _ in batch])
         for s, c in batch:
             s.n += c
         self.host.emit(IterationDone(ts=self._now(), src=self.node_id, node=self.node_id, phase="prefill",
@@ -474,7 +502,7 @@ class TorchBackend(PeerTransfers):
             self.kv.pool.pin(("x", s.request), hashes)
             self.handoffs[s.request] = (time.monotonic(), s)
         self.host.emit(FirstToken(ts=self._now(), src=self.node_id, request=s.request, node=self.node_id))
-        s.sent, s.sent_text = 1, self._text(s.out)
+        s.sent, s.sent_text = 1, self._sendable(s, self._text(s.out), False)
         self._token(request=s.request, kind="first", tokens=1, total=1, text=s.sent_text)
         if s.decode_node == self.node_id:
             self._start_decode(s)
@@ -503,7 +531,7 @@ class TorchBackend(PeerTransfers):
             self.running[s.request] = s
             self.host.emit(RequestStarted(ts=self._now(), src=self.node_id, request=s.request, node=self.node_id,
                                           phase="decode"))
-            if len(s.out) >= s.max_tokens:
+            if self._ended(s):  # the first token ended it (EOS, a stop string, max_tokens 1)
                 self._finish_decode(s)
 
     async def _decode_iteration(self) -> None:
@@ -512,7 +540,7 @@ class TorchBackend(PeerTransfers):
         rows = [(s, [s.out[-1]], s.n) for s in seqs]
         setup_s = time.perf_counter() - t0
         logits, fwd_s = await asyncio.to_thread(self._forward, rows)
-        nxt = greedy(logits)
+        nxt = pick(logits, [(s.request, s.sampling, len(s.out)) for s in seqs])
         for s, t in zip(seqs, nxt, strict=True):
             s.n += 1
             s.out.append(t)
@@ -520,8 +548,8 @@ class TorchBackend(PeerTransfers):
                                      duration_s=setup_s + fwd_s, batch=len(seqs), t_fwd=1.0,
                                      sum_t_c=sum(r[2] for r in rows),  # decode: context the batch attends over
                                      accepted_tokens=len(seqs), queued=len(self.dwaiting), iterations=1))
-        for s, t in zip(seqs, nxt, strict=True):
-            if len(s.out) >= s.max_tokens or (not self.cfg.ignore_eos and t == self.ckpt.cfg.eos):
+        for s in seqs:
+            if self._ended(s):
                 self._finish_decode(s)
 
     def _finish_decode(self, s: Seq) -> None:

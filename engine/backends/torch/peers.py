@@ -206,7 +206,7 @@ class PeerTransfers:
                 s.slots[i] = self.kv.slot["L1"][h]
             self.kv.pool.pin(s.owner(), s.hashes)
             s.n, s.out = s.prompt, [reply.first_token]
-            s.sent, s.sent_text = 1, self._text(s.out)
+            s.sent, s.sent_text = 1, self._sendable(s, self._text(s.out), False)  # as the prefill node sent it
             self.counters["pulled_blocks"] += len(need)
             self.host.emit(KvMoved(ts=self._now(), src=self.node_id, src_node=src, dst_node=self.node_id,
                                    blocks=[h for h, _ in moved], src_phase="prefill", dst_phase="decode",

@@ -8,7 +8,7 @@ import asyncio
 import math
 from dataclasses import dataclass, field
 
-from engine.backend import PrefillJob
+from engine.backend import PrefillJob, Sampling
 from engine.kvplane import LocalExchange
 from events.ids import BlockHash, NodeId, RequestId
 
@@ -64,6 +64,10 @@ class Seq:
     sent: int = 0  # output tokens reported to the gateway
     sent_text: str = ""
     fetch: asyncio.Task | None = None
+    sampling: Sampling | None = None  # None: greedy, no stop string (engine/backends/torch/sampling.py)
+    ignore_eos: bool | None = None  # None: the engine's TorchConfig.ignore_eos
+    finish: str = ""  # why the output ended: "stop" (EOS or a stop string) | "length"
+    cut_at: int | None = None  # a stop string begins here in the output's text
 
     def owner(self) -> tuple[str, str]:
         return ("s", self.request)

@@ -7,8 +7,10 @@ Attach only (``--backend vllm --vllm-url URL``): the worker never launches vLLM.
    :func:`prompt_ids`), whose block hashes are registered as aliases of the request's blocks in
    the page map.
    One streamed ``POST /v1/completions`` (vLLM's OpenAI-compatible API) with the ids as
-   ``prompt``, ``max_tokens``, ``ignore_eos``, ``temperature 0``, ``request_id`` (our request id,
-   also ``X-Request-Id``) and ``stream_options {include_usage, continuous_usage_stats}``.
+   ``prompt``, ``max_tokens``, the request's sampling and stopping (``attached.sampling_params``:
+   greedy and ``ignore_eos`` unless the request says otherwise), ``request_id`` (our request id,
+   also ``X-Request-Id``) and ``stream_options {include_usage, continuous_usage_stats}``; the
+   server's ``finish_reason`` becomes the ``done`` message's.
 2. First streamed chunk: ``RequestStarted(prefill)`` (``cached_tokens``: the prefix of the
    request's blocks the node's pool holds in L1, i.e. what vLLM's own KV events said it
    cached; vLLM reports ``prompt_tokens_details.cached_tokens`` only in the last chunk),
@@ -38,7 +40,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from engine.backend import BackendUnavailable, DecodeJob, PrefillJob, WorkerHost
-from engine.backends.attached import AttachedServer, sse_data
+from engine.backends.attached import AttachedServer, finish_of, sampling_params, sse_data
 from engine.backends.sglang.kvmap import PageMap
 from engine.backends.vllm.wire import MEDIUM_CPU, MEDIUM_GPU, parse_frames
 from engine.kvpool import KvPool
@@ -162,8 +164,8 @@ class VllmBackend(AttachedServer):
         cached = self.pool.prefix_len(job.blocks, 0, self.pool.l1) * self.bt
         body = {"model": self.model, "prompt": ids, "max_tokens": max(1, job.max_tokens), "stream": True,
                 "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-                "ignore_eos": True, "temperature": 0, "request_id": rid}
-        total, sent = 0, 1
+                **sampling_params(job), "request_id": rid}
+        total, sent, finish = 0, 1, "length"
         try:
             async with self._http.post(f"{self.cfg.url}/v1/completions", json=body,
                                        headers={"X-Request-Id": rid}) as r:
@@ -179,6 +181,8 @@ class VllmBackend(AttachedServer):
                         total = int(usage.get("completion_tokens", total))
                         continue
                     text = choices[0].get("text") or ""
+                    if choices[0].get("finish_reason"):
+                        finish = finish_of(choices[0]["finish_reason"])
                     total = int(usage["completion_tokens"]) if "completion_tokens" in usage else total + 1
                     if rid not in self.started:
                         self._first(job, self.node_id, cached, text)
@@ -186,7 +190,7 @@ class VllmBackend(AttachedServer):
                     if text or total > sent:
                         self._token(request=rid, kind="chunk", tokens=max(0, total - sent), total=total, text=text)
                         sent = max(sent, total)
-            self._finish(job, self.node_id, total, None)
+            self._finish(job, self.node_id, total, None, finish)
         except (asyncio.CancelledError, aiohttp.ClientConnectorError):
             raise
         except Exception as exc:  # noqa: BLE001 - one failed request never stops the node

@@ -57,7 +57,8 @@ class Cluster:
                 if job is not None and job.decode_node != e.node:
                     dj = DecodeJob(request=job.request, blocks=job.blocks, prompt_tokens=job.prompt_tokens,
                                    left=float(job.max_tokens - 1), total_out=job.max_tokens,
-                                   context=float(job.prompt_tokens + 1), src_node=e.node, tokens=job.tokens)
+                                   context=float(job.prompt_tokens + 1), src_node=e.node, tokens=job.tokens,
+                                   max_tokens=job.max_tokens, ignore_eos=job.ignore_eos, sampling=job.sampling)
                     asyncio.get_running_loop().call_soon(self.nodes[job.decode_node].kv_arrived, dj)
         return emit
 
@@ -83,10 +84,12 @@ class Cluster:
         for b in self.nodes.values():
             await b.close()
 
-    def submit(self, node, rid, tokens, max_tokens, decode=None, fetch_plan=(), blocks=None, prompt=None):
+    def submit(self, node, rid, tokens, max_tokens, decode=None, fetch_plan=(), blocks=None, prompt=None,
+               sampling=None, ignore_eos=None):
         blocks = blocks if blocks is not None else (block_hashes(tokens) if tokens is not None else [])
         job = PrefillJob(request=rid, blocks=blocks, prompt_tokens=prompt or len(tokens), max_tokens=max_tokens,
-                         decode_node=decode or node, fetch_plan=list(fetch_plan), enqueued_s=0.0, tokens=tokens)
+                         decode_node=decode or node, fetch_plan=list(fetch_plan), enqueued_s=0.0, tokens=tokens,
+                         sampling=sampling, ignore_eos=ignore_eos)
         self.jobs[rid] = job
         self.hosts[node].catch_up()
         self.nodes[node].enqueue_prefill(job)
