@@ -505,6 +505,17 @@ async def test_sampling_and_stopping_travel_on_the_request_event(partition):
         assert (anth.ignore_eos, anth.temperature, anth.stop) == (False, 0.5, ["\n\nHuman:"])
 
 
+async def test_a_request_without_a_budget_gets_what_the_context_leaves(partition):
+    """vLLM's default: the engine ends the turn, the budget only bounds it (a client such as
+    Codex that sets none must not be cut at a small default: docs/gateway.md)."""
+    for cap, want in ((0, 300), (50, 50)):  # --default-max-tokens 0 (the default): no cap but the context
+        bus = InMemoryBus(partition)
+        async with gateway(bus, MemoryTokens(partition), context_length=400, default_max_tokens=cap) as (_gw, client):
+            r = await client.post("/v1/completions", json={"prompt": "z" * 100})
+            assert r.status == 200
+            assert [(e.prompt_tokens, e.max_tokens) for e in await _events(bus, (RequestSubmitted,))] == [(100, want)]
+
+
 async def test_sampling_parameters_are_reported_as_unapplied(partition):
     bus = InMemoryBus(partition)
     async with gateway(bus, MemoryTokens(partition)) as (_gw, client):

@@ -116,7 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a prompt stays in the store (the bucket's max age; default %(default)s)")
     p.add_argument("--route-timeout-s", type=float, default=10.0)
     p.add_argument("--token-timeout-s", type=float, default=60.0)
-    p.add_argument("--default-max-tokens", type=int, default=128)
+    p.add_argument("--default-max-tokens", type=int, default=0,
+                   help="budget of a request that sets none: what the context leaves, at most this "
+                        "(default 0: no cap but --context-length and 65,536, as vLLM; the engine ends the turn)")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="event ts = epoch + (wall - epoch) * scale (match the sim engines' --time-scale)")
     p.add_argument("--clock-epoch", type=float, default=_env_epoch(),

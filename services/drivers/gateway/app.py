@@ -511,7 +511,9 @@ class Gateway:
         if asked is None:
             if prompt >= ctx:
                 raise context_error(ctx, prompt, 1, param)
-            n = min(self.cfg.default_max_tokens, ctx - prompt)
+            n = min(ctx - prompt, self.cfg.max_tokens_limit)
+            if self.cfg.default_max_tokens > 0:
+                n = min(n, self.cfg.default_max_tokens)
         else:
             name = "max_completion_tokens" if r.max_completion_tokens is not None else "max_tokens"
             if asked > self.cfg.max_tokens_limit:

@@ -19,7 +19,9 @@ class GatewayConfig:
     block_tokens: int = 64
     route_timeout_s: float = 10.0
     token_timeout_s: float = 60.0
-    default_max_tokens: int = 128
+    # a request without a budget: what the context leaves, at most this (0: no further cap) and
+    # max_tokens_limit - vLLM's default; the engine ends the turn long before (docs/gateway.md)
+    default_max_tokens: int = 0
     max_tokens_limit: int = 65_536
     tokenizer: str | None = None
     src: str = "gateway"
