@@ -34,3 +34,34 @@ async def test_smollm2_same_text_on_one_node_and_split(smollm2):
         assert one.strip() and c.of("KvMoved", "r2")
     finally:
         await c.stop()
+
+
+async def test_smollm2_ends_its_turn_and_samples_as_asked(smollm2):
+    """A real model's end of turn (``<|im_end|>``, its EOS) ends a request that does not ignore it
+    with finish_reason "stop" and no marker in the text (29 tokens here); a stop string cuts the
+    text before it;
+    the same seed gives the same sampled text, on one node and split (engine/backends/torch/sampling.py)."""
+    from engine.backend import Sampling
+
+    ck = smollm2
+    ids = ck.tokenizer.encode(PROMPT).ids
+    hot = Sampling(temperature=0.9, top_p=0.95, top_k=50, seed=1234)
+    c = await Cluster(ck, {"a": "prefill", "b": "decode", "c": "collocated"}, l1_blocks=8, l2_blocks=8,
+                      staging_blocks=2).start()
+    try:
+        turn = await (c.submit("c", "turn", ids, 64, ignore_eos=False) and c.finished("turn", timeout=120))
+        done = next(m for m in c.tokens if m.request == "turn" and m.kind == "done")
+        n = next(e.output_tokens for e in c.of("RequestFinished", "turn"))
+        assert done.finish_reason == "stop" and n < 64 and turn.strip() and "<|im_end|>" not in turn
+        stop = "France"  # the Q4 model's answer: "The answer is: France ..."
+        assert stop in turn
+        cut = await (c.submit("c", "cut", ids, 64, ignore_eos=False, sampling=Sampling(stop=(stop,)))
+                     and c.finished("cut", timeout=120))
+        assert cut == turn[: turn.index(stop)]
+        assert next(m for m in c.tokens if m.request == "cut" and m.kind == "done").finish_reason == "stop"
+        s1 = await (c.submit("c", "s1", ids, 24, ignore_eos=False, sampling=hot) and c.finished("s1", timeout=120))
+        s2 = await (c.submit("a", "s2", ids, 24, decode="b", ignore_eos=False, sampling=hot)
+                    and c.finished("s2", timeout=120))
+        assert s1 == s2 and s1.strip()
+    finally:
+        await c.stop()
