@@ -213,6 +213,8 @@ class HeartbeatThread:
         self.w, self.connect, self.loop = worker, connect, loop
         self.stall_log_s = stall_log_s
         self._stop = threading.Event()
+        self._wake: asyncio.Event | None = None  # the thread's own: set by stop() to end a wait at once
+        self._tloop: asyncio.AbstractEventLoop | None = None  # the thread's loop
         self._posted: float | None = None  # monotonic time of the probe not answered yet
         self._lag = 0.0  # how long the last answered probe waited
         self._logged_stall = False
@@ -223,7 +225,13 @@ class HeartbeatThread:
         self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
+        """No heartbeat after this returns (unless the thread is stuck past ``timeout_s``): the
+        caller publishes the node's removal next."""
         self._stop.set()
+        tloop, wake = self._tloop, self._wake
+        if tloop is not None and wake is not None:
+            with contextlib.suppress(RuntimeError):  # its loop already closed: the thread has ended
+                tloop.call_soon_threadsafe(wake.set)
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout_s)
 
@@ -264,21 +272,27 @@ class HeartbeatThread:
         except Exception as exc:  # noqa: BLE001 - the thread must say why heartbeats stopped
             log.error("heartbeat_thread_failed", node=self.w.node_id, error=f"{type(exc).__name__}: {exc}")
 
+    async def _pause(self, seconds: float) -> None:
+        """Sleep ``seconds`` or until :meth:`stop`."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), max(0.0, seconds))
+
     async def _main(self) -> None:
+        self._wake, self._tloop = asyncio.Event(), asyncio.get_running_loop()
         bus = None
         while bus is None and not self._stop.is_set():
             try:
                 bus = await self.connect()
             except Exception as exc:  # noqa: BLE001 - the bus may be restarting: try again
                 log.warning("heartbeat_connect_retry", node=self.w.node_id, error=f"{type(exc).__name__}: {exc}")
-                await asyncio.sleep(0.5)
+                await self._pause(0.5)
         beats = Beats(self.w)
         period = self.w.heartbeat_s
         due = time.monotonic()
         try:
             while not self._stop.is_set():
                 due += period
-                await asyncio.sleep(max(0.0, due - time.monotonic()))
+                await self._pause(due - time.monotonic())
                 if self._stop.is_set():
                     break
                 due = max(due, time.monotonic() - period)  # a late wake-up does not burst beats
