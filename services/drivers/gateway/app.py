@@ -628,7 +628,7 @@ class Gateway:
                          max_tokens, int(self.clock()),
                          responses.unapplied if responses is not None
                          else unapplied(r) if anthropic is None else anthropic_api.unapplied(anthropic),
-                         cached_tokens=max(0, min(route.t_c, len(ids))), obs=obs)
+                         cached_tokens=max(0, min(route.t_c, len(ids))), obs=obs, node_quiet_s=fails.quiet_s)
 
             async def end_branch() -> None:
                 await self._end_after(adm.end_after, branch)

@@ -7,6 +7,7 @@ response headers, the ``evolving`` extension, usage, and the OpenAI bodies and c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from events.catalog import RouteDecided
@@ -55,6 +56,10 @@ class Meta:
     cached_tokens: int = 0
     obs: RequestObserver | None = None  # the frontend metrics of this request
     reply: list[str] = field(default_factory=list)  # the engine's text so far (conversations.py)
+    #: seconds since the named node last showed progress on the stream (streamwatch.FailWatcher),
+    #: None when it has not (or was removed): a request whose node is alive and working is waited
+    #: for past ``token_timeout_s`` (a 246 K-token cold prefill queued behind others takes longer)
+    node_quiet_s: Callable[[str], float | None] | None = None
 
     def observe(self, m: TokenMsg) -> None:
         """A token message arrived: the engine's cached count, the frontend metrics."""
@@ -129,10 +134,32 @@ class Meta:
                 "created": self.created, "model": self.model, "choices": [], "usage": self.usage(completion)}
 
 
+#: however busy its node, a request that has had no token this many ``token_timeout_s`` ends
+PROGRESS_WAIT_CAP = 10
+
+
+def _working(meta: Meta, timeout_s: float) -> bool:
+    """Whether a node of the request's route showed progress within ``timeout_s``: a busy node
+    is not a dead one (liveness ends the requests of a removed node; the router re-routes them)."""
+    if meta.node_quiet_s is None or meta.route is None:
+        return False
+    quiet = [meta.node_quiet_s(n) for n in {meta.route.prefill_node, meta.route.decode_node}]
+    return any(q is not None and q < timeout_s for q in quiet)
+
+
 async def next_token(tsub, meta: Meta, timeout_s: float) -> TokenMsg:
-    try:
-        m = await tsub.get(timeout_s)
-    except TimeoutError:
+    """The request's next token message. ``timeout_s`` of silence ends it with a 504, unless a
+    node of its route kept making progress meanwhile (then it is waited for, up to
+    ``PROGRESS_WAIT_CAP`` x ``timeout_s``)."""
+    m = None
+    for _ in range(PROGRESS_WAIT_CAP):
+        try:
+            m = await tsub.get(timeout_s)
+            break
+        except TimeoutError:
+            if not _working(meta, timeout_s):
+                break
+    if m is None:
         if meta.obs is not None:
             meta.obs.fail()
         raise ApiError(504, f"no tokens for request {meta.request!r} from node "

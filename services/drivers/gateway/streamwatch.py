@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 from events.authority import Admission
-from events.catalog import RequestFinished
+from events.catalog import NodeHeartbeat, NodeRemoved, RequestFinished
 from events.subjects import token
 from events.wire import TokenMsg
 from services.adapters.bus import Bus
@@ -108,6 +109,9 @@ class FailWatcher:
         self._flight: dict[str, tuple[object, asyncio.Future | None]] = {}  # request -> (token sub, route future)
         self._task: asyncio.Task | None = None
         self.failed = 0
+        self._progress: dict[str, float] = {}  # node -> monotonic time of its last progress
+        self._counters: dict[str, tuple[int, int]] = {}  # node -> its last heartbeat's (applied_seq, published)
+        self._clock = time.monotonic
         self.reader = Watch(bus, "gateway-failures", f"ei.{token(partition)}.node.*", self._on)
 
     async def start(self) -> None:
@@ -117,8 +121,31 @@ class FailWatcher:
 
     def _on(self, d: Delivery) -> None:
         ev = d.event
+        self._note_progress(ev)
         if isinstance(ev, RequestFinished) and ev.error and ev.request in self._flight:
             self.fail(ev.request, ev.node, ev.error)
+
+    def _note_progress(self, ev) -> None:
+        """When each node last showed progress: any of its own facts, or a heartbeat whose
+        counters moved (its worker folded or published since the last one); a removal forgets it."""
+        node = getattr(ev, "node", None)
+        if node is None:
+            return
+        if isinstance(ev, NodeRemoved):
+            self._progress.pop(node, None)
+            self._counters.pop(node, None)
+            return
+        if isinstance(ev, NodeHeartbeat):
+            counters = (ev.applied_seq, ev.published)
+            if self._counters.get(node) == counters:
+                return
+            self._counters[node] = counters
+        self._progress[node] = self._clock()
+
+    def quiet_s(self, node: str) -> float | None:
+        """Seconds since ``node`` last showed progress on the stream (None: never, or removed)."""
+        t = self._progress.get(node)
+        return None if t is None else self._clock() - t
 
     def fail(self, request: str, node: str, error: str) -> None:
         """End ``request``: an error message into its token queue, its route wait failed."""
