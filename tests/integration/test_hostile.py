@@ -63,7 +63,7 @@ def _chat(gateway: str, i: int, timeout: float = 30.0) -> tuple[int, float]:
 def _metric(url: str, name: str) -> float:
     _, text = _get(url)
     return sum(float(line.rsplit(" ", 1)[1]) for line in str(text).splitlines()
-               if line.startswith(name + "{") or line.startswith(name + " "))
+               if line.startswith((name + "{", name + " ")))
 
 
 @pytest.fixture
@@ -168,7 +168,7 @@ def test_no_account_can_forge_or_halt_and_chats_keep_being_served(stack):
 
 
 def test_health_names_a_stuck_engine_within_10_s(stack):
-    up, urls, _run_dir = stack
+    _up, urls, _run_dir = stack
     gw = urls["gateway"]
     _wait_chat(gw, 0, 60)
     pid = urls["pids"]["engine-n1"]
