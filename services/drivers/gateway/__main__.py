@@ -27,6 +27,7 @@ from services.drivers.gateway.auth import ENV_VAR, ApiKeyConfigError, load_api_k
 from services.drivers.gateway.guard import GatewayRunner
 from services.drivers.gateway.model import ModelError, load_model
 from services.drivers.gateway.tokenmux import TokenMux
+from services.drivers.gateway.toolcalls import PARSERS
 from services.drivers.options import bus_auth
 
 
@@ -109,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the model's tokenizer and chat template: a GGUF file, a tokenizer.json or a model folder "
                         "(tokenizer.json + tokenizer_config.json); needs 'tokenizers' and 'jinja2' (pip install -e "
                         "'.[engine]'); default: env EI_TOKENIZER, else the byte-level tokenizer and simple template")
+    p.add_argument("--tool-call-parser", choices=PARSERS, default="auto",
+                   help="how tool calls are read from the model's text (docs/gateway.md, Tool calls): hermes "
+                        "(<tool_call> JSON: Hermes, Qwen), llama3_json, mistral ([TOOL_CALLS]), none; auto "
+                        "(default): from the chat template")
     p.add_argument("--prompt-store", choices=("auto", "on", "off"), default="auto",
                    help="put each prompt's token ids into the partition's prompt bucket EI_PROMPTS_<P> for the "
                         "engine that prefills it (docs/engines.md, Prompts); auto: on when --tokenizer names a model")
@@ -182,7 +187,7 @@ async def serve(args: argparse.Namespace) -> int:
                         default_max_tokens=args.default_max_tokens, tokenizer=args.tokenizer, src=args.src,
                         time_scale=args.time_scale, clock_epoch=args.clock_epoch,
                         context_length=context_length, max_body_bytes=max_body, api_keys=keys,
-                        branch_ttl_s=args.branch_ttl_s)
+                        branch_ttl_s=args.branch_ttl_s, tool_call_parser=args.tool_call_parser)
     lanes, extra = None, []
     names = [n.strip() for n in (args.partitions or "").split(",") if n.strip()]
     if len(names) > 1:

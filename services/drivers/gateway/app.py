@@ -50,6 +50,7 @@ from aiohttp import web
 
 from events.catalog import Event, RouteDecided
 from events.hashing import block_hashes
+from events.wire import token_key
 from services.adapters.bus import Bus
 from services.adapters.bus.prompts import PromptStore
 from services.adapters.logging import get_logger
@@ -62,6 +63,7 @@ from services.drivers.gateway import (
     openapi,
     responses_api,
     responses_relay,
+    toolcalls,
 )
 from services.drivers.gateway.api import (
     AgentHints,
@@ -121,6 +123,11 @@ class Gateway:
         # the model's tokenizer and chat template (model.py; a named model that cannot load raises ModelError)
         self.model = model or load_model(self.cfg.tokenizer)
         self.tokenizer, self.template, self.tokenizer_note = self.model.tokenizer, self.model.template, self.model.note
+        # how tool calls are read from the model's text (toolcalls.py): the option, or the template's format
+        self.tool_parser = (self.cfg.tool_call_parser if self.cfg.tool_call_parser != "auto"
+                            else toolcalls.detect(getattr(self.template, "source", None)))
+        if self.tool_parser not in toolcalls.PARSERS[1:]:
+            raise ValueError(f"tool_call_parser {self.tool_parser!r}: one of {', '.join(toolcalls.PARSERS)}")
         # partition -> the prompt store its engines read the token ids from (None: ids not stored)
         self.prompts: dict[str, PromptStore] = dict(prompts or {})
         self.table = BranchTable(src=self.cfg.src, ttl_s=self.cfg.branch_ttl_s)
@@ -191,7 +198,7 @@ class Gateway:
         if self.table.ttl_s is not None:
             self._expiry_task = asyncio.create_task(self._expiry_loop(), name="branch-expiry")
         log.info("gateway_ready", partition=",".join(self.partitions), tokenizer=self.tokenizer_note,
-                 auth=f"{len(self.keys)} API key(s)" if self.keys.enabled else "off",
+                 auth=f"{len(self.keys)} API key(s)" if self.keys.enabled else "off", tool_call_parser=self.tool_parser,
                  context_length=self.cfg.context_length, max_body_bytes=self.cfg.max_body_bytes)
 
     async def _on_cleanup(self, _app) -> None:
@@ -404,7 +411,7 @@ class Gateway:
         except TemplateError as exc:
             raise ApiError(400, exc.message, exc.field, code="invalid_value") from None
         return await self._serve(req, creq, model, self.tokenizer.encode(prompt), chat=True,
-                                 conversation=obj["messages"])
+                                 conversation=obj["messages"], tools=bool(creq.tools) and creq.tool_choice != "none")
 
     async def messages(self, req: web.Request) -> web.StreamResponse:
         """Anthropic's ``POST /v1/messages`` (services/drivers/gateway/anthropic_api.py)."""
@@ -415,8 +422,9 @@ class Gateway:
         self._note_ignored("anthropic", ignored)
         self._note_betas(req)
         ids = self.tokenizer.encode(anthropic_api.render_prompt(mreq, self.template))
+        tools = bool(mreq.tools) and (mreq.tool_choice is None or mreq.tool_choice.type != "none")
         return await self._serve(req, anthropic_api.budget_request(mreq), model, ids, chat=True, anthropic=mreq,
-                                 conversation=anthropic_api.chat_messages(mreq))
+                                 conversation=anthropic_api.chat_messages(mreq), tools=tools)
 
     async def count_tokens(self, req: web.Request) -> web.Response:
         """Anthropic's ``POST /v1/messages/count_tokens``: the rendered prompt's tokens."""
@@ -456,7 +464,7 @@ class Gateway:
 
         return await self._serve(req, responses_api.budget_request(parsed.req), model, self.tokenizer.encode(prompt),
                                  chat=True, responses=responses_api.Call(parsed, keep),
-                                 conversation=msgs)
+                                 conversation=msgs, tools=bool(parsed.tools) and parsed.req.tool_choice != "none")
 
     async def response_view(self, req: web.Request) -> web.Response:
         """``GET /v1/responses/{response_id}``: a stored response (404 once evicted or expired,
@@ -530,17 +538,19 @@ class Gateway:
     async def _serve(self, req: web.Request, r: ChatRequest | CompletionRequest, model: str, ids: list[int],
                      chat: bool, anthropic: anthropic_api.MessagesRequest | None = None,
                      conversation: list[dict] | None = None,
-                     responses: responses_api.Call | None = None) -> web.StreamResponse:
+                     responses: responses_api.Call | None = None, tools: bool = False) -> web.StreamResponse:
         """:meth:`_serve_request` observed by the frontend metrics (``ei_frontend_*``, metrics.py).
         ``conversation``: a chat request's messages (OpenAI-style), for a headerless request's
-        branch (conversations.py)."""
+        branch (conversations.py); ``tools``: read tool calls out of the answer (the request has
+        tools and ``tool_choice`` is not none)."""
         endpoint = "anthropic_messages" if anthropic is not None else "chat_completions" if chat else "completions"
         if responses is not None:
             endpoint = "responses"
         obs = self.metrics.request(self._model_label(model), endpoint, bool(r.stream))
         ok = False
         try:
-            work = self._serve_request(req, r, model, ids, chat, anthropic, obs, conversation, responses=responses)
+            work = self._serve_request(req, r, model, ids, chat, anthropic, obs, conversation, responses=responses,
+                                       tools=tools)
             resp = await self.cancels.guard(req, work)  # a client that leaves cancels the request
             ok = True
             return resp
@@ -550,7 +560,7 @@ class Gateway:
     async def _serve_request(self, req: web.Request, r: ChatRequest | CompletionRequest, model: str,
                              ids: list[int], chat: bool, anthropic: anthropic_api.MessagesRequest | None,
                              obs: RequestObserver, conversation: list[dict] | None = None,
-                             responses: responses_api.Call | None = None) -> web.StreamResponse:
+                             responses: responses_api.Call | None = None, tools: bool = False) -> web.StreamResponse:
         """Admit, publish, await the route, relay the tokens; ``anthropic``: answer as
         ``/v1/messages`` (``r`` then carries only its budget and ``stream``); ``responses``: as
         ``/v1/responses`` (its ``prompt_cache_key`` names the branch when no header does)."""
@@ -628,7 +638,8 @@ class Gateway:
                          max_tokens, int(self.clock()),
                          responses.unapplied if responses is not None
                          else unapplied(r) if anthropic is None else anthropic_api.unapplied(anthropic),
-                         cached_tokens=max(0, min(route.t_c, len(ids))), obs=obs, node_quiet_s=fails.quiet_s)
+                         cached_tokens=max(0, min(route.t_c, len(ids))), obs=obs, node_quiet_s=fails.quiet_s,
+                         tools=toolcalls.make(self.tool_parser, token_key(request_id)) if tools else None)
 
             async def end_branch() -> None:
                 await self._end_after(adm.end_after, branch)

@@ -77,6 +77,7 @@ class JinjaTemplate:
         except jinja2.exceptions.TemplateSyntaxError as exc:
             raise ValueError(f"{where}: the chat template does not compile: {exc} (line {exc.lineno})") from None
         self.bos_token, self.eos_token, self.name = bos_token, eos_token, f"jinja:{where}"
+        self.source = source  # the tool-call format is read from it (toolcalls.detect)
 
     def render(self, messages: object, tools: Sequence[dict] | None = None, *, continue_final: bool = False) -> str:
         msgs = _messages(messages)

@@ -42,6 +42,9 @@ class GatewayConfig:
     responses_store_entries: int = 1024
     responses_store_mb: int = 64
     responses_ttl_s: float = 3600.0
+    # Tool calls in the model's text (docs/gateway.md, "Tool calls"): vLLM's parser names;
+    # auto: the one the chat template asks for (toolcalls.detect), none without a model template
+    tool_call_parser: str = "auto"
 
 
 def scaled_clock(time_scale: float, epoch: float | None) -> Callable[[], float]:

@@ -14,6 +14,7 @@ from events.catalog import RouteDecided
 from events.wire import TokenMsg
 from services.drivers.gateway.api import ApiError
 from services.drivers.gateway.metrics import RequestObserver
+from services.drivers.gateway.toolcalls import Piece, ToolCall, ToolCallParser
 
 SIM_NOTE = "simulated engine: the text is 'tok ' per generated token, not model output"
 
@@ -60,6 +61,32 @@ class Meta:
     #: None when it has not (or was removed): a request whose node is alive and working is waited
     #: for past ``token_timeout_s`` (a 246 K-token cold prefill queued behind others takes longer)
     node_quiet_s: Callable[[str], float | None] | None = None
+    #: reads tool calls out of the engine's text (toolcalls.py); None: the text is all text (the
+    #: request has no tools, tool_choice "none", or no parser for this model)
+    tools: ToolCallParser | None = None
+    calls: int = 0  # tool calls answered so far (their index in a stream)
+
+    def split(self, text: str, end: bool = False) -> tuple[str, list[ToolCall]]:
+        """The text and the completed tool calls in the engine's next ``text`` (``end``: its
+        last, so everything held back comes out)."""
+        if self.tools is None:
+            return text, []
+        pieces: list[Piece] = self.tools.feed(text) + (self.tools.finish() if end else [])
+        calls = [p for p in pieces if isinstance(p, ToolCall)]
+        self.calls += len(calls)
+        return "".join(p for p in pieces if isinstance(p, str)), calls
+
+    def pieces(self, text: str, end: bool = False) -> list[Piece]:
+        """As :meth:`split`, in order (the Anthropic and Responses relays make one block or item of each)."""
+        if self.tools is None:
+            return [text]
+        out = self.tools.feed(text) + (self.tools.finish() if end else [])
+        self.calls += sum(isinstance(p, ToolCall) for p in out)
+        return out
+
+    def finish_reason(self, finish: str) -> str:
+        """The engine's finish reason, ``tool_calls`` when the model ended its turn with calls."""
+        return "tool_calls" if self.calls and finish != "length" else finish
 
     def observe(self, m: TokenMsg) -> None:
         """A token message arrived: the engine's cached count, the frontend metrics."""
@@ -106,18 +133,29 @@ class Meta:
                 "total_tokens": self.prompt_tokens + completion,
                 "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
 
-    def full_body(self, text: str, completion: int, finish: str, simulated: bool) -> dict:
+    def full_body(self, text: str, completion: int, finish: str, simulated: bool,
+                  calls: list[ToolCall] | None = None) -> dict:
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+            message: dict = {"role": "assistant", "content": text}
+            if calls:
+                message["content"] = text or None
+                message["tool_calls"] = [openai_call(c) for c in calls]
+            choice = {"index": 0, "message": message, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         return {"id": self._id(), "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": [choice],
                 "usage": self.usage(completion), "evolving": self.extension(simulated)}
 
-    def chunk(self, text: str, finish: str | None, first: bool, simulated: bool) -> dict:
+    def chunk(self, text: str, finish: str | None, first: bool, simulated: bool,
+              calls: list[ToolCall] | None = None) -> dict:
         if self.chat:
             delta: dict = {"content": text}
+            if calls:  # each whole in one delta (a client accumulates the arguments of an index)
+                if not text:
+                    del delta["content"]
+                base = self.calls - len(calls)
+                delta["tool_calls"] = [{"index": base + i, **openai_call(c)} for i, c in enumerate(calls)]
             if first:
                 delta["role"] = "assistant"
             choice = {"index": 0, "delta": delta, "finish_reason": finish}
@@ -132,6 +170,10 @@ class Meta:
     def usage_chunk(self, completion: int) -> dict:
         return {"id": self._id(), "object": "chat.completion.chunk" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": [], "usage": self.usage(completion)}
+
+
+def openai_call(c: ToolCall) -> dict:
+    return {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
 
 
 #: however busy its node, a request that has had no token this many ``token_timeout_s`` ends

@@ -2,7 +2,9 @@
 
 ``collect``: one JSON body (``/v1/chat/completions``, ``/v1/completions``); ``stream``: SSE chunks
 (``stream: true``), the usage chunk when ``stream_options.include_usage``, then ``[DONE]``. Both
-call ``before_done`` (the branch's end) before the client sees the end of the response.
+call ``before_done`` (the branch's end) before the client sees the end of the response. With a
+tool-call parser (``Meta.tools``), calls in the text become ``message.tool_calls`` / streamed
+``delta.tool_calls`` (each call whole in one delta) and ``finish_reason`` ``tool_calls``.
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ async def collect(tsub, meta: Meta, before_done, *,
             if total > got and simulated:  # a lost chunk (core NATS is at-most-once)
                 parts.append(sim_text(total - got))
             metrics.inc("ei_gateway_output_tokens_total", total)
+            text, calls = meta.split("".join(parts), end=True)
             await before_done()
-            return web.json_response(meta.full_body("".join(parts), total, m.finish_reason or "length",
-                                                    simulated), headers=meta.headers())
+            return web.json_response(meta.full_body(text, total, meta.finish_reason(m.finish_reason or "length"),
+                                                    simulated, calls), headers=meta.headers())
 
 
 async def stream(req: web.Request, tsub, meta: Meta, include_usage: bool, before_done, *,
@@ -51,14 +54,16 @@ async def stream(req: web.Request, tsub, meta: Meta, include_usage: bool, before
     while True:
         if m.kind in ("first", "chunk"):
             got += m.tokens
-            await resp.write(sse(meta.chunk(m.text, None, first, m.simulated)))
+            text, calls = meta.split(m.text)
+            if first or text or calls:  # a possible tool-call marker held back: nothing to say yet
+                await resp.write(sse(meta.chunk(text, None, first, m.simulated, calls)))
             first = False
         elif m.kind == "done":
             got += m.tokens
             total = max(got, m.total)
             metrics.inc("ei_gateway_output_tokens_total", total)
-            text = m.text + (sim_text(total - got) if total > got and m.simulated else "")
-            tail = sse(meta.chunk(text, m.finish_reason or "length", first, m.simulated))
+            text, calls = meta.split(m.text + (sim_text(total - got) if total > got and m.simulated else ""), end=True)
+            tail = sse(meta.chunk(text, meta.finish_reason(m.finish_reason or "length"), first, m.simulated, calls))
             if include_usage:
                 tail += sse(meta.usage_chunk(total))
             break

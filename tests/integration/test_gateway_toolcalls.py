@@ -1,0 +1,128 @@
+"""Tool calls out of the model (issue 36 part 3) through each API, streaming and not, with the
+official ``openai`` and ``anthropic`` clients parsing the answers: a fake engine writes a
+Hermes-format call (``<tool_call>{...}</tool_call>``) in small deltas, the gateway's parser
+(``--tool-call-parser hermes``) turns it into ``tool_calls`` / ``tool_use`` / ``function_call``
+(docs/gateway.md, "Tool calls")."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import anthropic
+import openai
+import pytest
+
+from events.catalog import RequestSubmitted, RouteDecided
+from services.adapters.bus import InMemoryBus
+from services.adapters.bus.tokens import MemoryTokens, TokenMsg
+from services.drivers.gateway.app import Gateway, GatewayConfig
+from tests.integration.gateway_harness import serving
+
+MODEL = "evolving-sim"
+CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+ANSWER = f"Let me check.\n<tool_call>\n{CALL}\n</tool_call>"
+PLAIN = "It is sunny in <b>Paris</b>."
+TOOL = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+                                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                        "required": ["city"]}}}
+A_TOOL = {"name": "get_weather", "description": "The weather in a city.",
+          "input_schema": TOOL["function"]["parameters"]}
+R_TOOL = {"type": "function", **TOOL["function"]}
+ASK = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+async def fake_engine(bus, tokens, chunk_chars: int = 5) -> None:
+    """Route every request to n1/n2 and answer ANSWER (a tool call) when the prompt renders tools,
+    else PLAIN, in ``chunk_chars`` pieces (a marker split across messages), finish ``stop``."""
+    async with bus.consumer(None, start_seq=1, subjects=f"ei.{bus.partition}.agent.>") as c:
+        async for d in c:
+            ev = d.event
+            if not isinstance(ev, RequestSubmitted):
+                continue
+            await bus.publish(RouteDecided(ts=ev.ts, request=ev.request, prefill_node="n1", decode_node="n2",
+                                           policy="fake"))
+            text = ANSWER if ev.prompt_tokens > 150 else PLAIN  # the tools block makes the prompt long (220 vs 48)
+            parts = [text[i:i + chunk_chars] for i in range(0, len(text), chunk_chars)]
+            for i, part in enumerate(parts):
+                last = i == len(parts) - 1
+                await tokens.publish(TokenMsg(request=ev.request, kind="done" if last else "first" if i == 0 else "chunk",
+                                              tokens=1, total=i + 1, text=part,
+                                              finish_reason="stop" if last else None))
+
+
+@contextlib.asynccontextmanager
+async def served(partition: str, parser: str = "hermes"):
+    bus, tokens = InMemoryBus(partition), MemoryTokens(partition)
+    gw = Gateway(bus, tokens, GatewayConfig(partition=partition, model=MODEL, tool_call_parser=parser),
+                 clock=lambda: 100.0)
+    async with serving(gw, fake_engine(bus, tokens)) as http:
+        base = str(http.make_url("")).rstrip("/")
+        yield (openai.AsyncOpenAI(base_url=base + "/v1", api_key="none", max_retries=0),
+               anthropic.AsyncAnthropic(base_url=base, api_key="none", max_retries=0))
+
+
+# ----------------------------------------------------------------------------- OpenAI chat
+async def test_openai_chat_tool_call_non_streaming(partition):
+    async with served(partition) as (oai, _):
+        r = await oai.chat.completions.create(model=MODEL, messages=ASK, tools=[TOOL], max_tokens=64)
+        [choice] = r.choices
+        assert choice.finish_reason == "tool_calls"
+        assert choice.message.content == "Let me check."
+        [call] = choice.message.tool_calls
+        assert call.type == "function" and call.id.startswith("call_")
+        assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "Paris"})
+        # tool_choice none, or no tools: the text as the model wrote it
+        r = await oai.chat.completions.create(model=MODEL, messages=ASK, tools=[TOOL], tool_choice="none",
+                                              max_tokens=64)
+        assert r.choices[0].message.content == ANSWER and r.choices[0].finish_reason == "stop"
+        assert not r.choices[0].message.tool_calls
+        r = await oai.chat.completions.create(model=MODEL, messages=ASK, max_tokens=64)
+        assert r.choices[0].message.content == PLAIN
+
+
+async def test_openai_chat_tool_call_streaming(partition):
+    async with served(partition) as (oai, _):
+        stream = await oai.chat.completions.create(model=MODEL, messages=ASK, tools=[TOOL], max_tokens=64,
+                                                   stream=True)
+        chunks = [c async for c in stream]
+        text = "".join(c.choices[0].delta.content or "" for c in chunks)
+        assert text == "Let me check." and "<tool" not in text
+        calls = [tc for c in chunks for tc in c.choices[0].delta.tool_calls or []]
+        assert [(tc.index, tc.function.name, json.loads(tc.function.arguments)) for tc in calls] == \
+            [(0, "get_weather", {"city": "Paris"})]
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+        # the SDK's own accumulator
+        async with oai.chat.completions.stream(model=MODEL, messages=ASK, tools=[TOOL], max_tokens=64) as s:
+            final = await s.get_final_completion()
+        [call] = final.choices[0].message.tool_calls
+        assert call.function.name == "get_weather" and final.choices[0].finish_reason == "tool_calls"
+
+
+async def test_no_parser_leaves_the_text(partition):
+    async with served(partition, parser="none") as (oai, _):
+        r = await oai.chat.completions.create(model=MODEL, messages=ASK, tools=[TOOL], max_tokens=64)
+        assert r.choices[0].message.content == ANSWER and r.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("parser", ["bogus"])
+def test_an_unknown_parser_is_refused(partition, parser):
+    with pytest.raises(ValueError, match="tool_call_parser"):
+        Gateway(InMemoryBus(partition), MemoryTokens(partition), GatewayConfig(partition=partition,
+                                                                               tool_call_parser=parser))
+
+
+def test_auto_reads_the_parser_from_the_chat_template(partition):
+    from services.drivers.gateway.chat_template import JinjaTemplate
+    from services.drivers.gateway.model import PromptModel, simple
+    from services.drivers.gateway.tokenizer import ByteTokenizer
+
+    def gw(model, parser="auto"):
+        return Gateway(InMemoryBus(partition), MemoryTokens(partition),
+                       GatewayConfig(partition=partition, tool_call_parser=parser), model=model)
+
+    qwen = PromptModel(ByteTokenizer(), JinjaTemplate("{{ messages[0].content }}<tool_call>\n</tool_call>"), "qwen")
+    assert gw(qwen).tool_parser == "hermes"
+    assert gw(qwen, "mistral").tool_parser == "mistral"  # the option wins
+    assert gw(simple()).tool_parser == "none"  # the simple template asks for no format
+
