@@ -126,3 +126,43 @@ def test_auto_reads_the_parser_from_the_chat_template(partition):
     assert gw(qwen, "mistral").tool_parser == "mistral"  # the option wins
     assert gw(simple()).tool_parser == "none"  # the simple template asks for no format
 
+
+# ----------------------------------------------------------------------------- Anthropic messages
+async def test_anthropic_tool_use_non_streaming(partition):
+    async with served(partition) as (_, ant):
+        m = await ant.messages.create(model=MODEL, messages=ASK, tools=[A_TOOL], max_tokens=64)
+        assert m.stop_reason == "tool_use"
+        assert [b.type for b in m.content] == ["text", "tool_use"]
+        assert m.content[0].text == "Let me check."
+        use = m.content[1]
+        assert use.id.startswith("toolu_") and (use.name, use.input) == ("get_weather", {"city": "Paris"})
+        m = await ant.messages.create(model=MODEL, messages=ASK, tools=[A_TOOL], tool_choice={"type": "none"},
+                                      max_tokens=64)
+        assert [b.type for b in m.content] == ["text"] and m.content[0].text == ANSWER and m.stop_reason == "end_turn"
+
+
+async def test_anthropic_tool_use_streaming(partition):
+    async with served(partition) as (_, ant):
+        stream = await ant.messages.create(model=MODEL, messages=ASK, tools=[A_TOOL], max_tokens=64, stream=True)
+        events = [ev async for ev in stream]
+        kinds = [ev.type for ev in events]
+        assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
+        starts = [ev for ev in events if ev.type == "content_block_start"]
+        assert [(ev.index, ev.content_block.type) for ev in starts] == [(0, "text"), (1, "tool_use")]
+        assert [ev.index for ev in events if ev.type == "content_block_stop"] == [0, 1]
+        text = "".join(ev.delta.text for ev in events if ev.type == "content_block_delta" and ev.delta.type == "text_delta")
+        assert text == "Let me check."
+        args = "".join(ev.delta.partial_json for ev in events
+                       if ev.type == "content_block_delta" and ev.delta.type == "input_json_delta")
+        assert json.loads(args) == {"city": "Paris"} and starts[1].content_block.name == "get_weather"
+        assert events[-2].delta.stop_reason == "tool_use"
+        # the SDK's own accumulator
+        async with ant.messages.stream(model=MODEL, messages=ASK, tools=[A_TOOL], max_tokens=64) as s:
+            final = await s.get_final_message()
+        assert [b.type for b in final.content] == ["text", "tool_use"] and final.stop_reason == "tool_use"
+        assert final.content[1].input == {"city": "Paris"}
+        # without tools: the old sequence, one text block
+        async with ant.messages.stream(model=MODEL, messages=ASK, max_tokens=64) as s:
+            final = await s.get_final_message()
+        assert [b.type for b in final.content] == ["text"] and final.content[0].text == PLAIN
+

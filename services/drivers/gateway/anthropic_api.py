@@ -20,9 +20,12 @@ conversation costs the same tokens and hashes to the same blocks on either API:
 - a last ``assistant`` message is a prefill: the prompt ends inside it (no end tag), and the
   response continues it.
 
-Responses: one ``text`` content block (the engine's text; no model here chooses a tool),
-``stop_reason`` ``max_tokens`` when the engine stopped at the budget, else ``end_turn``
-(``tool_use`` if an engine ever reports ``tool_calls``); ``usage.cache_read_input_tokens`` is
+Responses: one ``text`` content block (the engine's text); with a tool-call parser
+(``toolcalls``: the request has tools, ``tool_choice`` is not ``none``) the text and the calls
+in it in order, a ``text`` block for the text, a ``tool_use`` block per call (streamed as
+content_block_start, one ``input_json_delta``, content_block_stop). ``stop_reason``
+``max_tokens`` when the engine stopped at the budget, ``tool_use`` when the answer holds calls,
+else ``end_turn``; ``usage.cache_read_input_tokens`` is
 what the router's decision says the chosen node already held (``RouteDecided.t_c``), and
 ``input_tokens`` the rest of the prompt (Anthropic's total input is their sum;
 ``cache_creation_input_tokens`` is always 0: there is no explicit cache write).
@@ -51,6 +54,7 @@ from services.drivers.gateway.api import (
     function_def,
 )
 from services.drivers.gateway.tokenizer import GENERATION_PROMPT, TemplateError, render_chat
+from services.drivers.gateway.toolcalls import Piece, ToolCall
 
 PREFIX = "/v1/messages"  # the routes (and their 404/405s) answered in Anthropic's error shape
 
@@ -321,37 +325,97 @@ class Reply:
         return {"input_tokens": self.prompt_tokens - cached, "cache_creation_input_tokens": 0,
                 "cache_read_input_tokens": cached, "output_tokens": output_tokens}
 
-    def message(self, text: str, output_tokens: int, finish: str | None, *, streaming: bool = False) -> dict:
-        """The ``message`` object: the full response, or (``streaming``) message_start's skeleton."""
+    def message(self, text: str, output_tokens: int, finish: str | None, *, streaming: bool = False,
+                pieces: list[Piece] | None = None) -> dict:
+        """The ``message`` object: the full response, or (``streaming``) message_start's skeleton.
+        ``pieces``: the text and tool calls in order (one block each), instead of ``text``."""
+        content = content_blocks(pieces if pieces is not None else [text])
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
-                "content": [] if streaming or not text else [{"type": "text", "text": text}],
+                "content": [] if streaming else content,
                 "stop_reason": None if streaming else stop_reason(finish), "stop_sequence": None,
                 "usage": self.usage(output_tokens), "evolving": self.extension}
 
-    # the event sequence: start, deltas, end, then message_stop
-    def start(self, output_tokens: int) -> bytes:
-        return (sse("message_start", {"type": "message_start",
-                                      "message": self.message("", output_tokens, None, streaming=True)})
-                + sse("content_block_start", {"type": "content_block_start", "index": 0,
-                                              "content_block": {"type": "text", "text": ""}})
-                + sse("ping", {"type": "ping"}))
-
-    @staticmethod
-    def delta(text: str) -> bytes:
-        if not text:
-            return b""
-        return sse("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                           "delta": {"type": "text_delta", "text": text}})
+    # the event sequence: start, the blocks (Blocks), end, then message_stop
+    def start(self, output_tokens: int, blocks: Blocks) -> bytes:
+        """message_start, then (unless ``blocks.lazy``: a tool-call parser decides what comes
+        first) the first text block's start, then a ping."""
+        head = sse("message_start", {"type": "message_start",
+                                     "message": self.message("", output_tokens, None, streaming=True)})
+        return head + (b"" if blocks.lazy else blocks.open_text()) + sse("ping", {"type": "ping"})
 
     def end(self, output_tokens: int, finish: str | None) -> bytes:
-        return (sse("content_block_stop", {"type": "content_block_stop", "index": 0})
-                + sse("message_delta", {"type": "message_delta",
+        return (sse("message_delta", {"type": "message_delta",
                                         "delta": {"stop_reason": stop_reason(finish), "stop_sequence": None},
                                         "usage": self.usage(output_tokens)}))
 
     @staticmethod
     def stop() -> bytes:
         return sse("message_stop", {"type": "message_stop"})
+
+
+def tool_use(c: ToolCall) -> dict[str, Any]:
+    return {"type": "tool_use", "id": "toolu_" + c.id.removeprefix("call_"), "name": c.name, "input": c.input()}
+
+
+def content_blocks(pieces: list[Piece]) -> list[dict[str, Any]]:
+    """Text and tool calls in order as content blocks: adjacent text one ``text`` block (none
+    for empty text), each call a ``tool_use`` block."""
+    out: list[dict[str, Any]] = []
+    for p in pieces:
+        if isinstance(p, ToolCall):
+            out.append(tool_use(p))
+        elif p and out and out[-1]["type"] == "text":
+            out[-1]["text"] += p
+        elif p:
+            out.append({"type": "text", "text": p})
+    return out
+
+
+@dataclass
+class Blocks:
+    """The content blocks of a streamed answer, numbered in order: a text block opened by the
+    first text after a call (or at the start), each tool call a whole block (start, one
+    ``input_json_delta`` with its arguments, stop). ``lazy``: the first block opens with what
+    comes first; an answer that ends with no block at all gets one empty text block."""
+
+    lazy: bool = False
+    index: int = 0
+    open: bool = False
+
+    def open_text(self) -> bytes:
+        self.open = True
+        return sse("content_block_start", {"type": "content_block_start", "index": self.index,
+                                           "content_block": {"type": "text", "text": ""}})
+
+    def text(self, text: str) -> bytes:
+        if not text:
+            return b""
+        head = b"" if self.open else self.open_text()
+        return head + sse("content_block_delta", {"type": "content_block_delta", "index": self.index,
+                                                  "delta": {"type": "text_delta", "text": text}})
+
+    def call(self, c: ToolCall) -> bytes:
+        out, i = self.close(), self.index
+        self.index += 1
+        return out + (sse("content_block_start", {"type": "content_block_start", "index": i,
+                                                  "content_block": {**tool_use(c), "input": {}}})
+                      + sse("content_block_delta", {"type": "content_block_delta", "index": i,
+                                                    "delta": {"type": "input_json_delta", "partial_json": c.arguments}})
+                      + sse("content_block_stop", {"type": "content_block_stop", "index": i}))
+
+    def pieces(self, pieces: list[Piece]) -> bytes:
+        return b"".join(self.call(p) if isinstance(p, ToolCall) else self.text(p) for p in pieces)
+
+    def close(self) -> bytes:
+        if not self.open:
+            return b""
+        self.open = False
+        self.index += 1
+        return sse("content_block_stop", {"type": "content_block_stop", "index": self.index - 1})
+
+    def end(self) -> bytes:
+        """The last block's stop (an empty text block when there was none)."""
+        return (self.open_text() if self.index == 0 and not self.open else b"") + self.close()
 
 
 def sse(event: str, data: dict) -> bytes:

@@ -57,7 +57,8 @@ async def collect(tsub, meta: Meta, before_done, *,
             parts.append(text)
             simulated |= sim
     await before_done()
-    body = make_reply(meta, simulated).message("".join(parts), end[0], end[1])
+    said = meta.pieces("".join(parts), end=True)
+    body = make_reply(meta, simulated).message("", end[0], meta.finish_reason(end[1]), pieces=said)
     return web.json_response(body, headers=messages_headers(meta))
 
 
@@ -76,17 +77,22 @@ async def stream(req: web.Request, tsub, meta: Meta, before_done, *,
                                 **messages_headers(meta)})
     req[STREAMING] = True  # from here on, errors are events inside the stream
     await resp.prepare(req)
+    blocks = anthropic_api.Blocks(lazy=meta.tools is not None)
     try:
-        await resp.write(reply.start(end[0] if end else 1) + reply.delta(text))
+        await resp.write(reply.start(end[0] if end else 1, blocks) + blocks.pieces(meta.pieces(text, end is not None)))
+        out = b""  # the last message's blocks go out with the end (one write)
         try:
             while end is None:
                 text, _sim, end = await anext(relay)
-                await resp.write(reply.delta(text))
+                out = blocks.pieces(meta.pieces(text, end is not None))
+                if end is None:
+                    await resp.write(out)
+                    out = b""
         except ApiError as exc:
             metrics.inc("ei_gateway_errors_total", status=str(exc.status), code=exc.code)
             tail = anthropic_api.error_event(exc)
         else:
-            tail = reply.end(*end)
+            tail = out + blocks.end() + reply.end(end[0], meta.finish_reason(end[1]))
             await before_done()  # BranchEnded before the client sees message_stop
             tail += reply.stop()
         await resp.write_eof(tail)  # the last events and the end of the response: one write

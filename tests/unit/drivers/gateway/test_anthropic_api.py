@@ -191,7 +191,8 @@ def _events(raw: bytes) -> list[tuple[str, dict]]:
 
 
 def test_sse_event_sequence():
-    raw = REPLY.start(1) + REPLY.delta("tok ") + REPLY.delta("") + REPLY.delta("tok ") + REPLY.end(2, "length") \
+    b = aa.Blocks()
+    raw = REPLY.start(1, b) + b.text("tok ") + b.text("") + b.text("tok ") + b.end() + REPLY.end(2, "length") \
         + REPLY.stop()
     evs = _events(raw)
     assert [e for e, _ in evs] == ["message_start", "content_block_start", "ping", "content_block_delta",

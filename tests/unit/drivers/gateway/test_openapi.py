@@ -141,7 +141,8 @@ def _frames(raw: bytes) -> list[tuple[str, dict]]:
 def test_anthropic_stream_events_fit_their_structs():
     meta = Meta("b/1", "b", 0, ROUTE, 10, 0, "m", True, 4, 0, [])
     reply = anthropic_api.Reply("msg_1", "m", 10, 4, meta.extension(True))
-    raw = (reply.start(1) + reply.delta("tok ") + reply.end(2, "length") + reply.stop()
+    b = anthropic_api.Blocks()
+    raw = (reply.start(1, b) + b.text("tok ") + b.end() + reply.end(2, "length") + reply.stop()
            + anthropic_api.error_event(api.ApiError(504, "slow")))
     frames = _frames(raw)
     assert [e for e, _ in frames] == ["message_start", "content_block_start", "ping", "content_block_delta",
