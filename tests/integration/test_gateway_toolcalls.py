@@ -166,3 +166,44 @@ async def test_anthropic_tool_use_streaming(partition):
             final = await s.get_final_message()
         assert [b.type for b in final.content] == ["text"] and final.content[0].text == PLAIN
 
+
+# ----------------------------------------------------------------------------- Responses
+async def test_responses_function_call_non_streaming(partition):
+    async with served(partition) as (oai, _):
+        r = await oai.responses.create(model=MODEL, input="Weather in Paris?", tools=[R_TOOL], max_output_tokens=64)
+        assert r.status == "completed"
+        assert [it.type for it in r.output] == ["message", "function_call"]
+        assert r.output_text == "Let me check."
+        fc = r.output[1]
+        assert fc.call_id.startswith("call_") and fc.id.startswith("fc_") and fc.status == "completed"
+        assert (fc.name, json.loads(fc.arguments)) == ("get_weather", {"city": "Paris"})
+        # the call is in the stored history: a follow-up gives its output
+        r2 = await oai.responses.create(model=MODEL, previous_response_id=r.id, max_output_tokens=64,
+                                        input=[{"type": "function_call_output", "call_id": fc.call_id,
+                                                "output": "sunny"}])
+        assert r2.status == "completed"
+        r = await oai.responses.create(model=MODEL, input="Weather?", tools=[R_TOOL], tool_choice="none",
+                                       max_output_tokens=64)
+        assert [it.type for it in r.output] == ["message"] and r.output_text == ANSWER
+
+
+async def test_responses_function_call_streaming(partition):
+    async with served(partition) as (oai, _):
+        stream = await oai.responses.create(model=MODEL, input="Weather in Paris?", tools=[R_TOOL],
+                                            max_output_tokens=64, stream=True)
+        events = [ev async for ev in stream]
+        assert [ev.sequence_number for ev in events] == list(range(len(events)))
+        kinds = [ev.type for ev in events]
+        i = kinds.index("response.function_call_arguments.delta")
+        assert kinds[i - 1:i + 3] == ["response.output_item.added", "response.function_call_arguments.delta",
+                                      "response.function_call_arguments.done", "response.output_item.done"]
+        assert events[i - 1].output_index == 1 and events[i - 1].item.type == "function_call"
+        assert json.loads(events[i + 1].arguments) == {"city": "Paris"}
+        assert "".join(ev.delta for ev in events if ev.type == "response.output_text.delta") == "Let me check."
+        final = events[-1].response
+        assert kinds[-1] == "response.completed" and [it.type for it in final.output] == ["message", "function_call"]
+        # the SDK's own accumulator
+        async with oai.responses.stream(model=MODEL, input="Weather?", tools=[R_TOOL], max_output_tokens=64) as s:
+            final = await s.get_final_response()
+        assert [it.type for it in final.output] == ["message", "function_call"]
+        assert final.output[1].name == "get_weather"

@@ -31,10 +31,10 @@ accepted and counted (``ignored``), never a 400; a known field of the wrong type
 ``temperature`` / ``top_p``, a forcing ``tool_choice`` and a ``text.format`` other than text are
 listed as unapplied (``evolving.unapplied``, ``x-evolving-unapplied``), as on the chat route.
 
-Output: :class:`ResponseBuilder` holds the response's output items in order: today one
-``message`` item with one ``output_text`` part (the engine's text). The item API
-(:meth:`ResponseBuilder.add_item`, the message's open/delta/close events) lets a later tool-call
-parser add ``function_call`` items beside it. ``status`` is ``incomplete`` (``incomplete_details.
+Output: :class:`ResponseBuilder` holds the response's output items in order: one ``message``
+item with one ``output_text`` part (the engine's text); with a tool-call parser (``toolcalls``:
+the request has function tools, ``tool_choice`` is not ``none``) a ``function_call`` item per
+call, in order with the text's messages (:meth:`ResponseBuilder.pieces`, :meth:`add_call`). ``status`` is ``incomplete`` (``incomplete_details.
 reason: max_output_tokens``, event ``response.incomplete``) when the engine stopped at the
 budget, else ``completed``. Errors are the gateway's OpenAI shape (``ApiError``); after the
 stream started, an ``error`` event and then ``response.failed``.
@@ -61,6 +61,7 @@ from services.drivers.gateway.api import (
     function_def,
     validation_error,
 )
+from services.drivers.gateway.toolcalls import ToolCall
 
 PATH = "/v1/responses"
 MAX_ID_LEN = 256
@@ -371,6 +372,38 @@ class ResponseBuilder:
         self.output.append(item)
         return (self.event("response.output_item.added", output_index=index, item={**item, "status": "in_progress"})
                 + self.event("response.output_item.done", output_index=index, item=item))
+
+    def call_item(self, c: ToolCall) -> dict[str, Any]:
+        return {"id": "fc_" + c.id.removeprefix("call_"), "type": "function_call", "status": "completed",
+                "call_id": c.id, "name": c.name, "arguments": c.arguments}
+
+    def add_call(self, c: ToolCall) -> bytes:
+        """A parsed tool call as a ``function_call`` item, with OpenAI's events: output_item.added
+        (no arguments yet), function_call_arguments.delta (all of them) and .done, output_item.done."""
+        item, index = self.call_item(c), len(self.output)
+        self.output.append(item)
+        return (self.event("response.output_item.added", output_index=index,
+                           item={**item, "status": "in_progress", "arguments": ""})
+                + self.event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
+                             delta=c.arguments)
+                + self.event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                             name=c.name, arguments=c.arguments)
+                + self.event("response.output_item.done", output_index=index, item=item))
+
+    def pieces(self, pieces: list, status: str = "completed") -> bytes:
+        """Streamed text and calls in order: text into the open message (opened on demand), a call
+        closes it and becomes its own item."""
+        out = b""
+        for p in pieces:
+            if isinstance(p, ToolCall):
+                if self._open is not None:
+                    out += self.close_message(status)
+                out += self.add_call(p)
+            elif p:
+                if self._open is None:
+                    out += self.open_message()
+                out += self.text_delta(p)
+        return out
 
     # ---- events
     def event(self, kind: str, **data: Any) -> bytes:

@@ -22,6 +22,7 @@ from services.drivers.gateway.guard import STREAMING
 from services.drivers.gateway.meta import Meta
 from services.drivers.gateway.metrics import GatewayMetrics
 from services.drivers.gateway.openai_relay import SseResponse
+from services.drivers.gateway.toolcalls import ToolCall, merged
 
 Keep = Callable[[dict], None]  # the finished response object -> the store (or nowhere: store false)
 
@@ -44,7 +45,15 @@ async def collect(tsub, meta: Meta, req: responses_api.ResponsesRequest, keep: K
             parts.append(text)
             simulated |= sim
     b = make_builder(meta, req, simulated)
-    b.add_message("".join(parts), "incomplete" if responses_api.status_of(end[1]) == "incomplete" else "completed")
+    status = "incomplete" if responses_api.status_of(end[1]) == "incomplete" else "completed"
+    said = meta.pieces("".join(parts), end=True)
+    for p in merged(said):
+        if isinstance(p, ToolCall):
+            b.output.append(b.call_item(p))
+        else:
+            b.add_message(p, status)
+    if not b.output:
+        b.add_message("", status)
     body = _final(b, meta, *end)
     keep(body)
     await before_done()
@@ -68,17 +77,25 @@ async def stream(req: web.Request, tsub, meta: Meta, rreq: responses_api.Respons
     req[STREAMING] = True  # from here on, errors are events inside the stream
     await resp.prepare(req)
     try:
-        await resp.write(b.start() + b.open_message() + b.text_delta(text))
+        # without a parser the message opens at once (its text is all there is); with one, on its first text
+        head = b.start() + (b.open_message() if meta.tools is None else b"")
+        await resp.write(head + b.pieces(meta.pieces(text, end is not None)))
+        out = b""  # the last message's events go out with the end (one write)
         try:
             while end is None:
                 text, _sim, end = await anext(relay)
-                await resp.write(b.text_delta(text))
+                out = b.pieces(meta.pieces(text, end is not None))
+                if end is None:
+                    await resp.write(out)
+                    out = b""
         except ApiError as exc:
             metrics.inc("ei_gateway_errors_total", status=str(exc.status), code=exc.code)
-            tail = b.failed(exc)
+            tail = out + b.failed(exc)
         else:
-            status = responses_api.status_of(end[1])
-            tail = b.close_message("incomplete" if status == "incomplete" else "completed")
+            status = "incomplete" if responses_api.status_of(end[1]) == "incomplete" else "completed"
+            if b._open is None and not b.output:  # nothing said at all: one empty message, as without a parser
+                out += b.open_message()
+            tail = out + (b.close_message(status) if b._open is not None else b"")
             body = _final(b, meta, *end)
             keep(body)
             await before_done()  # BranchEnded before the client sees response.completed
