@@ -207,3 +207,48 @@ async def test_responses_function_call_streaming(partition):
             final = await s.get_final_response()
         assert [it.type for it in final.output] == ["message", "function_call"]
         assert final.output[1].name == "get_weather"
+
+
+# ----------------------------------------------------------------------------- sessions without headers
+async def _branches(bus) -> list[str]:
+    head, out = await bus.last_seq(), []
+    async with bus.consumer(None, start_seq=1) as c:
+        async for d in c:
+            if isinstance(d.event, RequestSubmitted):
+                out.append(d.event.branch)
+            if d.seq >= head:
+                break
+    return out
+
+
+@contextlib.asynccontextmanager
+async def served_bus(partition: str):
+    bus, tokens = InMemoryBus(partition), MemoryTokens(partition)
+    gw = Gateway(bus, tokens, GatewayConfig(partition=partition, model=MODEL, tool_call_parser="hermes"),
+                 clock=lambda: 100.0)
+    async with serving(gw, fake_engine(bus, tokens)) as http:
+        base = str(http.make_url("")).rstrip("/")
+        yield (bus, openai.AsyncOpenAI(base_url=base + "/v1", api_key="none", max_retries=0),
+               anthropic.AsyncAnthropic(base_url=base, api_key="none", max_retries=0))
+
+
+async def test_a_headerless_tool_round_trip_stays_on_its_branch(partition):
+    """The reply remembered for the conversation's hash chain is the one the client sends back:
+    its text and its tool calls (OpenAI: the call as answered; Anthropic: the tool_use block).
+    A second conversation opened with the same question holds the one-message prefix, so only
+    the remembered reply tells the two apart."""
+    async with served_bus(partition) as (bus, oai, ant):
+        r = await oai.chat.completions.create(model=MODEL, messages=ASK, tools=[TOOL], max_tokens=64)
+        await oai.chat.completions.create(model=MODEL, messages=ASK, tools=[TOOL], max_tokens=64)  # another one
+        msg = r.choices[0].message
+        back = [*ASK, msg.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": "sunny"}]
+        await oai.chat.completions.create(model=MODEL, messages=back, tools=[TOOL], max_tokens=64)
+        m = await ant.messages.create(model=MODEL, messages=ASK, tools=[A_TOOL], max_tokens=64)
+        await ant.messages.create(model=MODEL, messages=ASK, tools=[A_TOOL], max_tokens=64)
+        use = m.content[1]
+        back = [*ASK, {"role": "assistant", "content": [b.model_dump() for b in m.content]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}]}]
+        await ant.messages.create(model=MODEL, messages=back, tools=[A_TOOL], max_tokens=64)
+        b = await _branches(bus)
+        assert len(set(b)) == 4 and b[2] == b[0] and b[5] == b[3], b

@@ -211,7 +211,8 @@ def _part(block: Struct) -> dict[str, Any]:
     return {"type": type(block).__struct_config__.tag}
 
 
-def _arguments(data: dict[str, Any]) -> str:
+def compact_json(data: dict[str, Any]) -> str:
+    """A tool_use input as its tool call's arguments: compact JSON, sorted keys."""
     return json.dumps(data, separators=(",", ":"), sort_keys=True)
 
 
@@ -246,7 +247,7 @@ def chat_messages(req: _Base) -> list[dict[str, Any]]:
         if m.role == "assistant":
             msg: dict[str, Any] = {"role": "assistant",
                                    "content": [_part(b) for b in m.content if not isinstance(b, ToolUseBlock)]}
-            calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": _arguments(b.input)}}
+            calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": compact_json(b.input)}}
                      for b in m.content if isinstance(b, ToolUseBlock)]
             if calls:
                 msg["tool_calls"] = calls

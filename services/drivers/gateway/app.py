@@ -92,7 +92,7 @@ from services.drivers.gateway.headers import (
     HeaderError,
     parse_branch_headers,
 )
-from services.drivers.gateway.meta import Meta
+from services.drivers.gateway.meta import Meta, openai_call
 from services.drivers.gateway.metrics import CONTENT_TYPE, GatewayMetrics, RequestObserver
 from services.drivers.gateway.model import PromptModel, load_model
 from services.drivers.gateway.routewatch import RouteWatcher
@@ -664,7 +664,7 @@ class Gateway:
             return await openai_relay.collect(tsub, meta, end_branch, timeout_s=wait, metrics=metrics)
         finally:
             if chain and meta is not None and meta.reply:  # the reply the client will send back
-                reply = {"role": "assistant", "content": "".join(meta.reply)}
+                reply = _reply_message(meta, anthropic is not None)
                 self.conversations.remember(conversations.link(chain[-1], reply), branch, now)
             self.in_flight -= 1
             watcher.forget(request_id)
@@ -696,6 +696,21 @@ class Gateway:
         if anthropic:
             return web.json_response(anthropic_relay.make_reply(meta, False).message("", 0, "stop"), headers=meta.headers())
         return web.json_response(meta.full_body("", 0, "stop", False), headers=meta.headers())
+
+
+def _reply_message(meta: Meta, anthropic: bool) -> dict:
+    """The answer as the client will send it back (an OpenAI-style message, as both APIs' are
+    hashed: conversations.py): the engine's text, or with tool calls the text without them and
+    the calls as that API named them (Anthropic's tool_use id and input, as chat_messages maps them)."""
+    if not meta.calls:
+        return {"role": "assistant", "content": "".join(meta.reply)}
+    calls = [p for p in meta.said if isinstance(p, toolcalls.ToolCall)]
+    if anthropic:
+        listed = [{"id": anthropic_api.tool_use(c)["id"], "type": "function",
+                   "function": {"name": c.name, "arguments": anthropic_api.compact_json(c.input())}} for c in calls]
+    else:
+        listed = [openai_call(c) for c in calls]
+    return {"role": "assistant", "content": "".join(p for p in meta.said if isinstance(p, str)), "tool_calls": listed}
 
 
 def _hint_fields(hints: AgentHints | None) -> dict:

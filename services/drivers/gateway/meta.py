@@ -65,6 +65,7 @@ class Meta:
     #: request has no tools, tool_choice "none", or no parser for this model)
     tools: ToolCallParser | None = None
     calls: int = 0  # tool calls answered so far (their index in a stream)
+    said: list[Piece] = field(default_factory=list)  # the parsed answer so far: text and calls, in order
 
     def split(self, text: str, end: bool = False) -> tuple[str, list[ToolCall]]:
         """The text and the completed tool calls in the engine's next ``text`` (``end``: its
@@ -72,6 +73,7 @@ class Meta:
         if self.tools is None:
             return text, []
         pieces: list[Piece] = self.tools.feed(text) + (self.tools.finish() if end else [])
+        self.said += pieces
         calls = [p for p in pieces if isinstance(p, ToolCall)]
         self.calls += len(calls)
         return "".join(p for p in pieces if isinstance(p, str)), calls
@@ -81,6 +83,7 @@ class Meta:
         if self.tools is None:
             return [text]
         out = self.tools.feed(text) + (self.tools.finish() if end else [])
+        self.said += out
         self.calls += sum(isinstance(p, ToolCall) for p in out)
         return out
 

@@ -373,6 +373,11 @@ class ResponseBuilder:
         return (self.event("response.output_item.added", output_index=index, item={**item, "status": "in_progress"})
                 + self.event("response.output_item.done", output_index=index, item=item))
 
+    @property
+    def message_open(self) -> bool:
+        """A message item is being streamed (opened, not yet closed)."""
+        return self._open is not None
+
     def call_item(self, c: ToolCall) -> dict[str, Any]:
         return {"id": "fc_" + c.id.removeprefix("call_"), "type": "function_call", "status": "completed",
                 "call_id": c.id, "name": c.name, "arguments": c.arguments}

@@ -93,9 +93,9 @@ async def stream(req: web.Request, tsub, meta: Meta, rreq: responses_api.Respons
             tail = out + b.failed(exc)
         else:
             status = "incomplete" if responses_api.status_of(end[1]) == "incomplete" else "completed"
-            if b._open is None and not b.output:  # nothing said at all: one empty message, as without a parser
+            if not b.message_open and not b.output:  # nothing said at all: one empty message, as without a parser
                 out += b.open_message()
-            tail = out + (b.close_message(status) if b._open is not None else b"")
+            tail = out + (b.close_message(status) if b.message_open else b"")
             body = _final(b, meta, *end)
             keep(body)
             await before_done()  # BranchEnded before the client sees response.completed
