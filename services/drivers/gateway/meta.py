@@ -70,19 +70,14 @@ class Meta:
     def split(self, text: str, end: bool = False) -> tuple[str, list[ToolCall]]:
         """The text and the completed tool calls in the engine's next ``text`` (``end``: its
         last, so everything held back comes out)."""
-        if self.tools is None:
-            return text, []
-        pieces: list[Piece] = self.tools.feed(text) + (self.tools.finish() if end else [])
-        self.said += pieces
-        calls = [p for p in pieces if isinstance(p, ToolCall)]
-        self.calls += len(calls)
-        return "".join(p for p in pieces if isinstance(p, str)), calls
+        pieces = self.pieces(text, end)
+        return "".join(p for p in pieces if isinstance(p, str)), [p for p in pieces if isinstance(p, ToolCall)]
 
     def pieces(self, text: str, end: bool = False) -> list[Piece]:
         """As :meth:`split`, in order (the Anthropic and Responses relays make one block or item of each)."""
         if self.tools is None:
             return [text]
-        out = self.tools.feed(text) + (self.tools.finish() if end else [])
+        out: list[Piece] = self.tools.feed(text) + (self.tools.finish() if end else [])
         self.said += out
         self.calls += sum(isinstance(p, ToolCall) for p in out)
         return out

@@ -208,6 +208,7 @@ class _MarkerParser(ToolCallParser):
     def __init__(self, id_prefix: str) -> None:
         super().__init__(id_prefix)
         self._inside = False
+        self._scanned = 0  # of a call's body: no END starts before this (a long call is not rescanned per delta)
 
     @abstractmethod
     def _parse(self, body: str) -> list[tuple[str, str]] | None:
@@ -233,11 +234,12 @@ class _MarkerParser(ToolCallParser):
                 self._buf, self._inside = self._buf[i + len(self.START):], True
             if self.END is None:
                 return out
-            j = self._buf.find(self.END)
+            j = self._buf.find(self.END, self._scanned)
             if j < 0:
+                self._scanned = max(0, len(self._buf) - len(self.END) + 1)
                 return out
             out += self._close(self._buf[:j], True)
-            self._buf, self._inside = self._buf[j + len(self.END):], False
+            self._buf, self._inside, self._scanned = self._buf[j + len(self.END):], False, 0
 
     def _finish(self) -> list[str | tuple[str, str]]:
         body, self._buf = self._buf, ""
