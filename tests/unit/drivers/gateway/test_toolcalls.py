@@ -131,3 +131,12 @@ def test_text_without_markers_passes_through_unchanged(kind, text, cuts):
     if "<tool_call>" in text or "[TOOL_CALLS]" in text or text.lstrip().startswith(("{", "<|python_tag|>")):
         return
     assert "".join(parse_all(make(kind, "k"), _splits(text, cuts))) == text
+
+
+def test_the_gateway_option():
+    from services.drivers.gateway.__main__ import build_parser
+
+    assert build_parser().parse_args([]).tool_call_parser == "auto"
+    assert build_parser().parse_args(["--tool-call-parser", "mistral"]).tool_call_parser == "mistral"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--tool-call-parser", "qwen3_coder"])
