@@ -329,12 +329,28 @@ class Driver:
                     continue
                 obj = json.loads(line[6:])
                 if "error" in obj:
-                    res.status, res.error = int(obj["error"].get("code") or 502), obj["error"].get("message", "")
+                    res.status, res.error = _stream_error_status(obj["error"]), obj["error"].get("message", "")
                     continue
                 if res.ttft_s is None and any(c.get("text") for c in obj.get("choices", [])):
                     res.ttft_s = time.monotonic() - t0
                 if obj.get("usage"):
                     res.output_tokens = obj["usage"].get("completion_tokens", 0)
+
+
+#: the status a non-stream answer would have had, by the error event's code (the gateway's codes
+#: are words: docs/gateway.md, "Errors"); anything else counts as the engine's failure, 502
+_STREAM_ERROR_STATUS = {"timeout": 504, "request_failed": 503, "route_timeout": 503, "engine_error": 502,
+                        "internal_error": 500, "bus_unavailable": 503}
+
+
+def _stream_error_status(err: dict) -> int:
+    """The HTTP status an error event inside a stream stands for. Its ``code`` is a word
+    (``timeout``) or a number; reading it as an int raised ``ValueError`` and ended the drive
+    (one of the 62 requests counted lost under the agent load before issue 45's fixes)."""
+    code = err.get("code")
+    if isinstance(code, int) or (isinstance(code, str) and code.isdigit()):
+        return int(code)
+    return _STREAM_ERROR_STATUS.get(str(code), 502)
 
 
 # --------------------------------------------------------------------------- progress, Ctrl-C

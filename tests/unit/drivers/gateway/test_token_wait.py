@@ -65,3 +65,12 @@ def test_progress_is_a_fact_or_a_heartbeat_whose_counters_moved():
     assert fw.quiet_s("n0") == 0.0
     fw._on(Delivery(2, "ei.t.node.n0", NodeRemoved(ts=2.0, node="n0")))
     assert fw.quiet_s("n0") is None
+
+
+def test_drive_reads_an_error_event_whose_code_is_a_word():
+    from services.drivers.gateway.drive import _stream_error_status
+
+    assert _stream_error_status({"code": "timeout", "message": "no tokens"}) == 504
+    assert _stream_error_status({"code": "request_failed"}) == 503
+    assert _stream_error_status({"code": 500}) == 500 and _stream_error_status({"code": "429"}) == 429
+    assert _stream_error_status({"code": None}) == 502 and _stream_error_status({}) == 502
