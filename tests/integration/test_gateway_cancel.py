@@ -161,3 +161,22 @@ async def test_a_finished_request_is_never_cancelled(partition):
         await asyncio.sleep(0.4)
         assert not [e for e in await all_events(bus) if isinstance(e, RequestCancelled)]
         assert gw.metrics.get("ei_gateway_cancelled_total") == 0
+
+
+async def test_a_stopping_gateway_cancels_what_it_fails(partition):
+    """The gateway's shutdown fails its requests in flight to their clients (503) and cancels
+    them on their engines first: nobody will read their output."""
+    async with stack(partition) as (bus, tokens, gw, url), aiohttp.ClientSession() as http:
+        path = "/v1/chat/completions"
+        r = await http.post(f"{url}{path}", json=STREAMS[path])
+        assert r.status == 200
+        rid = r.headers["x-request-id"]
+        sub = await tokens.subscribe(rid)
+        await wait_for_event(bus, lambda e: isinstance(e, RequestStarted) and e.phase == "decode" and e.request == rid)
+        assert await gw.cancel_in_flight("gateway_stopping") == 1
+        assert gw.fail_in_flight("the gateway is shutting down; send the request again") == 1
+        cancel, fin = await _engine_stopped(bus, rid, sub)
+        assert cancel.reason == "gateway_stopping" and fin.error == "cancelled"
+        assert fin.ts - cancel.ts <= 1.0
+        assert b"shutting down" in await r.content.read()
+        assert await gw.cancel_in_flight() == 0  # nothing left, nothing cancelled twice

@@ -225,6 +225,7 @@ async def serve(args: argparse.Namespace) -> int:
     deadline = loop.time() + max(0.0, args.shutdown_grace_s)
     while gw.in_flight and loop.time() < deadline:
         await asyncio.sleep(0.05)
+    await gw.cancel_in_flight("gateway_stopping")  # their engines stop decoding what nobody will read
     failed = gw.fail_in_flight("the gateway is shutting down; send the request again")
     if failed:  # their relays write the error (503 / an error event in the stream) and end
         log.warning("requests_failed_at_stop", requests=failed)

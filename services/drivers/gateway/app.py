@@ -81,7 +81,7 @@ from services.drivers.gateway.api import (
     unapplied,
 )
 from services.drivers.gateway.auth import ApiKeys
-from services.drivers.gateway.cancel import Cancels
+from services.drivers.gateway.cancel import Cancels, Tracked
 from services.drivers.gateway.config import GatewayConfig, scaled_clock
 from services.drivers.gateway.consumers import ConsumerHealth
 from services.drivers.gateway.guard import Guard
@@ -220,6 +220,15 @@ class Gateway:
         """End every request in flight with a 503 / an error event naming ``error`` (a stopping
         gateway, after its grace period); how many."""
         return sum(f.fail_all(error) for f in self.failures.values())
+
+    async def cancel_in_flight(self, reason: str = "gateway_stopping") -> int:
+        """Cancel every request in flight on its engine (``RequestCancelled``), before
+        :meth:`fail_in_flight` fails them to their clients: nobody will read their output, so
+        their engines stop instead of decoding to the end; how many."""
+        tracked = [t for f in self.failures.values() for t in f.in_flight() if isinstance(t, Tracked)]
+        for t in tracked:
+            await self.cancels.cancel_tracked(t, reason)
+        return len(tracked)
 
     async def _rebuild(self) -> None:
         """The branch table from the stream (a restarted gateway: streamwatch.rebuild); the dead

@@ -140,7 +140,10 @@ class Cancels:
 
     async def cancel(self, req: web.Request, reason: str) -> None:
         """Publish ``RequestCancelled`` for ``req``'s request, once; one log line."""
-        t = req.get(_TRACKED)
+        await self.cancel_tracked(req.get(_TRACKED), reason)
+
+    async def cancel_tracked(self, t: Tracked | None, reason: str) -> None:
+        """:meth:`cancel` for a tracked request (the gateway stopping cancels what it fails)."""
         if t is None or t.ended or t.cancelled:
             return
         t.cancelled = True

@@ -159,6 +159,10 @@ class FailWatcher:
         tsub.queue.put_nowait(TokenMsg(request=request, kind="error", node=node, error=error,
                                        finish_reason=STREAM_FAILURE))
 
+    def in_flight(self) -> list:
+        """The token subscriptions of the requests in flight here."""
+        return [tsub for tsub, _ in self._flight.values()]
+
     def fail_all(self, error: str) -> int:
         """End every request in flight here (the gateway is stopping); how many."""
         reqs = list(self._flight)
