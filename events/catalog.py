@@ -127,7 +127,8 @@ class RequestCancelled(Event, frozen=True, kw_only=True, gc=False):
     Published once by the gateway on the branch's agent subject. ``reason``:
     ``client_disconnected`` (the connection closed before the response ended), ``timeout`` (no
     token within the gateway's ``token_timeout_s``), ``route_timeout`` (no route within
-    ``route_timeout_s``). The engine holding the request stops it (a queued prefill is dropped,
+    ``route_timeout_s``), ``gateway_error``, ``gateway_stopping`` (the gateway stops with it in
+    flight). The engine holding the request stops it (a queued prefill is dropped,
     a running decode stops at its next iteration boundary) and reports
     ``RequestFinished(error="cancelled")``, which closes the request in every core; the cancel
     itself changes no core's state (docs/gateway.md, "Cancellation").
