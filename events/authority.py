@@ -44,34 +44,28 @@ from dataclasses import dataclass
 import msgspec
 
 from events.catalog import (
-    AnomalyReported,
-    BranchEnded,
-    BranchOpened,
-    ContextCompacted,
     Event,
-    FirstToken,
     IterationDone,
-    KvEvicted,
     KvFetched,
     KvMoved,
-    KvStageOrdered,
-    KvStored,
-    ModelFitted,
     NodeHeartbeat,
     NodeRegistered,
-    NodeRemoved,
-    PlanEvaluated,
-    RequestCancelled,
-    RequestFinished,
-    RequestStarted,
-    RequestSubmitted,
     RoleSwitched,
-    RoleSwitchOrdered,
     RouteDecided,
-    SwitchRole,
     Tick,
 )
-from events.subjects import subject_for, token
+from events.subjects import (
+    AGENT_EVENTS,
+    ANOMALY_EVENTS,
+    CLOCK_EVENTS,
+    CMD_EVENTS,
+    KV_EVENTS,
+    NODE_EVENTS,
+    PLAN_EVENTS,
+    ROUTE_EVENTS,
+    subject_for,
+    token,
+)
 
 #: How far (seconds) an event's ``ts`` may run ahead of the stream's time. Hosts of one cluster
 #: agree on the time to well under a second (NTP); a planner tick comes every second; a lagging
@@ -93,26 +87,21 @@ class Family:
 
 
 AUTHORITY: tuple[Family, ...] = (
-    Family("agent", "ei.<p>.agent.<branch>",
-           (BranchOpened, RequestSubmitted, ContextCompacted, BranchEnded, RequestCancelled),
-           ("gateway",), "the event's branch"),
-    Family("kv", "ei.<p>.kv.<node>", (KvStored, KvEvicted, KvMoved, KvFetched), ("engine",),
+    Family("agent", "ei.<p>.agent.<branch>", AGENT_EVENTS, ("gateway",), "the event's branch"),
+    Family("kv", "ei.<p>.kv.<node>", KV_EVENTS, ("engine",),
            "the event's node (dst_node for KvMoved, KvFetched: the engine that received the blocks)",
            "engine <node> only"),
-    Family("node", "ei.<p>.node.<node>",
-           (NodeRegistered, NodeHeartbeat, NodeRemoved, IterationDone, RequestStarted, FirstToken, RequestFinished,
-            RoleSwitched),
-           ("engine", "planner"), "the event's node",
+    Family("node", "ei.<p>.node.<node>", NODE_EVENTS, ("engine", "planner"), "the event's node",
            "engine <node> (its own facts); the planner's liveness watcher (NodeRemoved, RequestFinished)"),
-    Family("route", "ei.<p>.route", (RouteDecided, KvStageOrdered), ("router",), "",
+    Family("route", "ei.<p>.route", ROUTE_EVENTS, ("router",), "",
            "the router in charge; RouteDecided.shadow must be false"),
-    Family("plan", "ei.<p>.plan", (ModelFitted, PlanEvaluated, RoleSwitchOrdered), ("planner",), ""),
-    Family("cmd", "ei.<p>.cmd.<node>", (SwitchRole,), ("planner",), "the command's node"),
-    Family("clock", "ei.<p>.clock", (Tick,), ("planner",), ""),
-    Family("anomaly", "ei.<p>.anomaly.<component>", (AnomalyReported,),
+    Family("plan", "ei.<p>.plan", PLAN_EVENTS, ("planner",), ""),
+    Family("cmd", "ei.<p>.cmd.<node>", CMD_EVENTS, ("planner",), "the command's node"),
+    Family("clock", "ei.<p>.clock", CLOCK_EVENTS, ("planner",), ""),
+    Family("anomaly", "ei.<p>.anomaly.<component>", ANOMALY_EVENTS,
            ("directory", "planner", "router", "engine"), "the event's component",
            "each account only its own components"),
-    Family("shadow", "ei.<p>.shadow.<name>.<type>", (RouteDecided, KvStageOrdered, AnomalyReported), ("router",),
+    Family("shadow", "ei.<p>.shadow.<name>.<type>", (*ROUTE_EVENTS, *ANOMALY_EVENTS), ("router",),
            "the shadow router's name (and the type's lower-case name)",
            "a router in shadow; RouteDecided.shadow must be true (nobody acts on it)"),
 )

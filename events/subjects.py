@@ -98,11 +98,17 @@ def is_shadow(subject: str) -> bool:
     return len(parts) > 2 and parts[2] == "shadow"
 
 
-_AGENT = (BranchOpened, RequestSubmitted, ContextCompacted, BranchEnded, RequestCancelled)
-_KV = (KvStored, KvEvicted, KvFetched)
-_NODE = (NodeRegistered, NodeHeartbeat, NodeRemoved, IterationDone, RequestStarted, FirstToken,
-         RequestFinished, RoleSwitched)
-_PLAN = (ModelFitted, PlanEvaluated, RoleSwitchOrdered)
+#: The event types of each subject family (the table above; events/authority.py's AUTHORITY
+#: takes its rows' types from here, so a new event joins one family in one place).
+AGENT_EVENTS = (BranchOpened, RequestSubmitted, ContextCompacted, BranchEnded, RequestCancelled)
+KV_EVENTS = (KvStored, KvEvicted, KvMoved, KvFetched)
+NODE_EVENTS = (NodeRegistered, NodeHeartbeat, NodeRemoved, IterationDone, RequestStarted, FirstToken,
+               RequestFinished, RoleSwitched)
+ROUTE_EVENTS = (RouteDecided, KvStageOrdered)
+PLAN_EVENTS = (ModelFitted, PlanEvaluated, RoleSwitchOrdered)
+CMD_EVENTS = (SwitchRole,)
+CLOCK_EVENTS = (Tick,)
+ANOMALY_EVENTS = (AnomalyReported,)
 
 
 def subject_for(event: Event, partition: str = DEFAULT_PARTITION, shadow: str | None = None) -> str:
@@ -110,23 +116,21 @@ def subject_for(event: Event, partition: str = DEFAULT_PARTITION, shadow: str | 
     p = token(partition)
     if shadow is not None:
         return f"{shadow_prefix(partition, shadow)}.{type(event).__name__.lower()}"
-    if isinstance(event, _AGENT):
+    if isinstance(event, AGENT_EVENTS):
         return f"ei.{p}.agent.{token(event.branch)}"
-    if isinstance(event, _KV):
-        node = event.dst_node if isinstance(event, KvFetched) else event.node
+    if isinstance(event, KV_EVENTS):
+        node = event.dst_node if isinstance(event, (KvMoved, KvFetched)) else event.node
         return f"ei.{p}.kv.{token(node)}"
-    if isinstance(event, KvMoved):
-        return f"ei.{p}.kv.{token(event.dst_node)}"
-    if isinstance(event, _NODE):
+    if isinstance(event, NODE_EVENTS):
         return f"ei.{p}.node.{token(event.node)}"
-    if isinstance(event, (RouteDecided, KvStageOrdered)):
+    if isinstance(event, ROUTE_EVENTS):
         return f"ei.{p}.route"
-    if isinstance(event, _PLAN):
+    if isinstance(event, PLAN_EVENTS):
         return f"ei.{p}.plan"
-    if isinstance(event, SwitchRole):
+    if isinstance(event, CMD_EVENTS):
         return cmd_subject(partition, event.node)
-    if isinstance(event, Tick):
+    if isinstance(event, CLOCK_EVENTS):
         return f"ei.{p}.clock"
-    if isinstance(event, AnomalyReported):
+    if isinstance(event, ANOMALY_EVENTS):
         return f"ei.{p}.anomaly.{token(event.component)}"
     raise TypeError(f"no subject for event type {type(event).__name__}")

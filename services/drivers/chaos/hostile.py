@@ -27,7 +27,6 @@ do everything by design.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -172,6 +171,3 @@ async def attack(url: str, partition: str, credentials_dir: str | Path, nodes: l
             await nc.close()
     return rep
 
-
-def main_json(rep: AttackReport) -> str:
-    return json.dumps(rep.as_dict(), sort_keys=True)

@@ -213,3 +213,18 @@ def test_admitted_means_on_its_own_subject_and_clock_is_bounded(stream):
             assert clock == 0 or ev.ts <= clock + FUTURE_BOUND_S or isinstance(ev, CLOCK_SETTERS)
             clock = max(clock, ev.ts)
         assert a.clock == clock
+
+
+def test_every_event_type_of_the_catalog_is_admitted_on_its_subject_and_has_one_family():
+    """A new event type joins a family in events/subjects.py once; the table follows."""
+    import typing
+
+    from events.catalog import AnyEvent
+    from services.drivers.chaos.hostile import forged_events
+
+    evs = forged_events(1.0, "n1")
+    assert {type(e) for e in evs} == set(typing.get_args(AnyEvent))
+    for ev in evs:
+        assert check_subject(ev, subject_for(ev, P)) is None, ev
+        homes = [f.family for f in AUTHORITY if f.family != "shadow" and isinstance(ev, f.events)]
+        assert len(homes) == 1, (type(ev).__name__, homes)
