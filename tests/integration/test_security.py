@@ -37,6 +37,14 @@ SPECS = [ServiceSpec("directory", "directory"), ServiceSpec("planner", "planner"
 def secured():
     accounts = generate_accounts(P, SPECS)
     with EmbeddedNats(accounts=accounts) as srv:
+        # the streams are the admin's to create: made here, not by whichever test runs first on
+        # this worker (under xdist the module's tests split across workers, and a test that
+        # connects as a service first found no stream: STREAM.CREATE is refused to it)
+        async def create() -> None:
+            admin = await NatsBus.connect(srv.url, P, credentials=accounts["admin"].credentials(), name="admin")
+            await admin.close()
+
+        asyncio.run(create())
         yield srv, accounts
 
 
