@@ -22,7 +22,7 @@ from typing import Self
 
 import nats
 from nats.js import api
-from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
+from nats.js.errors import BucketNotFoundError, NoStreamResponseError, NotFoundError, ObjectNotFoundError
 
 from events import codec
 from events.catalog import Event
@@ -203,8 +203,18 @@ class NatsBus:
         hdrs = dict(headers or {})
         if msg_id is not None:
             hdrs[MSG_ID] = msg_id
-        ack = await self.js.publish(subject, data, headers=hdrs or None)
-        return ack.seq
+        deadline = asyncio.get_running_loop().time() + min(self.retry_for_s, 10.0)
+        while True:
+            try:
+                ack = await self.js.publish(subject, data, headers=hdrs or None)
+                return ack.seq
+            except NoStreamResponseError:
+                # No responder: no stream took the message (a cluster just formed, whose
+                # stream interest has not reached this server yet, or a leader election), so a
+                # retry cannot duplicate it, with or without a message id.
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(0.1)
 
     async def last_seq(self) -> int:
         info = await self.js.stream_info(self.stream)
