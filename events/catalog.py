@@ -48,6 +48,19 @@ class BranchOpened(Event, frozen=True, kw_only=True, gc=False):
     session: str = ""
 
 
+class OutputConstraint(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """What a request's output must be (schema 1.4, issue 36): ``prefix``, then one JSON value
+    valid against ``json_schema`` (a JSON Schema, as JSON text), then ``suffix``; the output ends
+    there. The gateway builds it from a forcing ``tool_choice`` (the call in the tool-call
+    format it parses, e.g. ``<tool_call>\\n`` ... ``\\n</tool_call>``) or a ``response_format`` /
+    ``text.format`` JSON schema, and has checked that the schema compiles (docs/gateway.md,
+    "Structured output"); an engine enforces it (docs/engines.md, "Structured output")."""
+
+    json_schema: str
+    prefix: str = ""
+    suffix: str = ""
+
+
 class RequestSubmitted(Event, frozen=True, kw_only=True, gc=False):
     """A request of a branch arrives at the gateway (or the trace driver).
 
@@ -61,6 +74,8 @@ class RequestSubmitted(Event, frozen=True, kw_only=True, gc=False):
     whose ``max_tokens`` is the recorded length) leaves it to the engine: the sim engine runs to
     ``max_tokens``, the torch engine follows its ``--torch-ignore-eos``. ``temperature``, ``top_p``, ``top_k``, ``seed`` and ``stop`` (strings that end
     the output) are the client's sampling parameters, absent when not sent (greedy, no stop).
+    ``constraint`` (schema 1.4) is what the output must be (:class:`OutputConstraint`), absent
+    when the client asked for free text.
     ``priority`` and ``osl`` are the harness's ``nvext.agent_hints`` (absent when not sent):
     a higher ``priority`` is served earlier in a node's prefill queue; ``osl`` is the expected
     output length, which the router and the planner use instead of ``max_tokens`` (capped by it)
@@ -86,6 +101,8 @@ class RequestSubmitted(Event, frozen=True, kw_only=True, gc=False):
     top_k: int | msgspec.UnsetType = msgspec.UNSET
     seed: int | msgspec.UnsetType = msgspec.UNSET
     stop: list[str] | msgspec.UnsetType = msgspec.UNSET
+    # Appended (schema 1.4, issue 36), UNSET unless the client forced a tool call or asked for JSON.
+    constraint: OutputConstraint | msgspec.UnsetType = msgspec.UNSET
 
     def expected_output_tokens(self) -> int:
         """The output length to plan for: ``osl`` when the harness sent one (at most
