@@ -28,6 +28,11 @@ metric                                  type     meaning
                                                  (``RequestStarted.cached_tokens``)
 ``ei_engine_generation_tokens_total``   counter  output tokens of finished requests
 ``ei_engine_events_total{type}``        counter  events the node emitted, by type
+``ei_engine_kv_event_anomalies_total``  counter  a server's KV events the backend could not
+``{kind}``                                       fold or had to drop its view for (attached
+                                                 backends that count them: vLLM's
+                                                 ``orphan_pages``, ``unknown_removed``,
+                                                 ``sequence_gaps``, ``resync_<why>``)
 ======================================  =======  ===========================================
 """
 
@@ -36,7 +41,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from engine.backend import NodeLoad
@@ -49,8 +54,9 @@ TIERS = ("L1", "L2")
 class _Gauges(Collector):
     """The scrape-time gauges: one ``load()`` per scrape."""
 
-    def __init__(self, node: str, load: Callable[[], NodeLoad], kv_blocks: Callable[[str], int]) -> None:
-        self.node, self.load, self.kv_blocks = node, load, kv_blocks
+    def __init__(self, node: str, load: Callable[[], NodeLoad], kv_blocks: Callable[[str], int],
+                 kv_event_counts: Callable[[], dict[str, int]] | None = None) -> None:
+        self.node, self.load, self.kv_blocks, self.kv_event_counts = node, load, kv_blocks, kv_event_counts
 
     def collect(self):
         ld = self.load()
@@ -71,17 +77,24 @@ class _Gauges(Collector):
         for r in ROLES:
             role.add_metric([n, r], 1.0 if ld.role == r else 0.0)
         yield from (running, queued, used, blocks, role)
+        if self.kv_event_counts is not None:
+            bad = CounterMetricFamily("ei_engine_kv_event_anomalies", "a server's KV events not folded, or the view "
+                                      "dropped, by kind", labels=["node", "kind"])
+            for kind, count in sorted(self.kv_event_counts().items()):
+                bad.add_metric([n, kind], count)
+            yield bad
 
 
 class EngineMetrics:
     """The metrics of one engine worker, in a registry of its own. ``service`` names it in
     the metrics server's log line (services/adapters/metrics.py, ``MetricsServer``)."""
 
-    def __init__(self, node: str, load: Callable[[], NodeLoad], kv_blocks: Callable[[str], int]) -> None:
+    def __init__(self, node: str, load: Callable[[], NodeLoad], kv_blocks: Callable[[str], int],
+                 kv_event_counts: Callable[[], dict[str, int]] | None = None) -> None:
         self.node = node
         self.service = f"engine-{node}"
         self.registry = r = CollectorRegistry()
-        r.register(_Gauges(node, load, kv_blocks))
+        r.register(_Gauges(node, load, kv_blocks, kv_event_counts))
         lab = ["node"]
         self.iterations = Counter("ei_engine_iterations", "IterationDone by phase", lab + ["phase"], registry=r)
         self.iteration_s = Counter("ei_engine_iteration_seconds", "IterationDone duration_s summed, by phase",

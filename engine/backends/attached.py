@@ -271,6 +271,7 @@ class AttachedServer:
             except (aiohttp.ClientError, TimeoutError, OSError):
                 continue  # restarting: keep the last reading
             self.server_load = (int(prom_sum(text, self.running_metric)), int(prom_sum(text, self.queued_metric)))
+            self._metrics_seen(text)
 
     async def _kv_events(self, endpoints: list[str], topic: str) -> None:
         """Subscribe to the server's KV events (one publisher per DP rank) and fold every batch;
@@ -290,14 +291,25 @@ class AttachedServer:
                 rank = batch.attn_dp_rank or 0  # one sequence per DP rank
                 last = self.kv_seq.get(rank, -1)
                 if 0 <= seq <= last:  # the publisher restarted (a relaunch): its sequence starts over
+                    self._publisher_restarted(rank, last, seq)
                     last = -1
                 if last >= 0 and seq != last + 1:
                     self.kv_gaps += 1
                     log.warning("kv_event_gap", engine=self.engine_name, rank=rank, expected=last + 1, got=seq)
+                    self._events_lost(rank, last + 1, seq)
                 self.kv_seq[rank] = seq
                 self.apply_kv(batch)
         finally:
             sock.close(linger=0)
+
+    def _publisher_restarted(self, rank: int, last: int, seq: int) -> None:
+        """A publisher's sequence started over (``seq`` after ``last``): its server restarted. Nothing by default."""
+
+    def _events_lost(self, rank: int, expected: int, got: int) -> None:
+        """Events ``expected`` .. ``got - 1`` of a publisher never arrived. Nothing by default (counted)."""
+
+    def _metrics_seen(self, text: str) -> None:
+        """The server's ``/metrics`` text, at each poll. Nothing by default."""
 
     def apply_kv(self, batch) -> None:
         self._observe(self.pagemap.apply(batch))

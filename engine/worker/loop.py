@@ -107,7 +107,8 @@ class EngineWorker(StreamFolding, Publishing):
         self.kvgate: KvGate | None = None  # with --kv-bytes on the sim backend
         # a backend that moves its own KV bytes (torch) gives the same hooks: endpoint, peers, summary
         self.kv = getattr(self.backend, "data_plane", None)
-        self.metrics = EngineMetrics(node, self.backend.load, self._kv_blocks)
+        self.metrics = EngineMetrics(node, self.backend.load, self._kv_blocks,
+                                     getattr(self.backend, "kv_event_counts", None))
         self._cached: dict[str, int] = {}  # request -> cached prompt tokens, until its "first" token message
         if kv_bytes is not None:
             if self.backend.name != "sim":
@@ -211,9 +212,10 @@ class EngineWorker(StreamFolding, Publishing):
 
     def registration(self) -> NodeRegistered:
         p = self.profile
+        # a backend attached to a server registers the server's own capacity once it has read it (vLLM)
+        l1, l2 = getattr(self.backend, "kv_capacity_tokens", None) or (p.l1_capacity_tokens, p.l2_capacity_tokens)
         return NodeRegistered(ts=self.host.catch_up(), src=self.src, node=self.node_id, role=self.backend.role,
-                              gpus=p.gpus_per_node, l1_capacity_tokens=p.l1_capacity_tokens,
-                              l2_capacity_tokens=p.l2_capacity_tokens,
+                              gpus=p.gpus_per_node, l1_capacity_tokens=l1, l2_capacity_tokens=l2,
                               prefill_token_budget=p.prefill_token_budget, max_running_requests=p.max_running,
                               t_fwd=p.t_fwd, profile=p.name,
                               transfer_endpoint=self.kv.endpoint if self.kv is not None else "")

@@ -28,11 +28,26 @@ Attach only (``--backend vllm --vllm-url URL``): the worker never launches vLLM.
    (``RoleSwitched.mechanism="refused"`` and an ``AnomalyReported``).
 5. Load: this worker's requests, or vLLM's ``vllm:num_requests_running`` /
    ``vllm:num_requests_waiting`` from ``/metrics`` when larger. No iteration timing (no log).
+6. The server's own limits, read at start: the KV capacity the node registers is vLLM's
+   ``num_gpu_blocks`` x ``block_size`` (``vllm:cache_config_info`` on ``/metrics``; the
+   profile's when the server exports none), the context limit its ``max_model_len``
+   (``GET /v1/models``): ``max_tokens`` is cut to what fits, a longer prompt fails with one line.
+7. The node's KV view is kept true to the server's cache (:meth:`VllmBackend.resync`): the view
+   is dropped (``KvEvicted`` of every block: the directory forgets them) and the server's prefix
+   cache reset (``POST /reset_prefix_cache``, served by vLLM with ``VLLM_SERVER_DEV_MODE=1``;
+   ``evolving up`` starts its servers so) whenever the two may have parted: at the worker's
+   start (a restarted worker has lost its page map and vLLM still holds blocks), when the
+   publisher's sequence starts over or ``process_start_time_seconds`` changes (a new server
+   instance: its cache is empty, the old blocks must go) and when events were lost (a gap). A
+   server that refuses the reset keeps its blocks: events about them are counted
+   (``orphan_pages``, ``unknown_removed``) and exported on the worker's ``/metrics``
+   (``ei_engine_kv_event_anomalies_total{kind}``), never silently dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections import Counter
 from dataclasses import dataclass, field
@@ -40,7 +55,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from engine.backend import BackendUnavailable, DecodeJob, PrefillJob, WorkerHost
-from engine.backends.attached import AttachedServer, finish_of, sampling_params, sse_data
+from engine.backends.attached import AttachedServer, finish_of, prom_sum, sampling_params, sse_data
 from engine.backends.sglang.kvmap import PageMap
 from engine.backends.vllm.wire import MEDIUM_CPU, MEDIUM_GPU, parse_frames
 from engine.kvpool import KvPool
@@ -76,6 +91,35 @@ def config_from_args(args) -> VllmConfig:
                       metrics_interval_s=args.metrics_interval_s, request_timeout_s=args.request_timeout_s)
 
 
+def prom_labels(text: str, metric: str) -> dict[str, str]:
+    """The labels of the first sample of ``metric`` in Prometheus text exposition ({} when absent)."""
+    for line in text.splitlines():
+        if line.startswith(metric + "{"):
+            body = line[len(metric) + 1:line.rfind("}")]
+            out, i = {}, 0
+            while i < len(body):
+                eq = body.index("=", i)
+                key, j, val = body[i:eq].strip(", "), eq + 2, []
+                while body[j] != '"':
+                    if body[j] == "\\":
+                        j += 1
+                    val.append(body[j])
+                    j += 1
+                out[key] = "".join(val)
+                i = j + 1
+            return out
+    return {}
+
+
+def capacity_of(text: str) -> int | None:
+    """vLLM's KV capacity in tokens from its ``/metrics`` (``num_gpu_blocks`` x ``block_size``)."""
+    info = prom_labels(text, "vllm:cache_config_info")
+    try:
+        return int(info["num_gpu_blocks"]) * int(info["block_size"])
+    except (KeyError, ValueError):
+        return None
+
+
 class VllmBackend(AttachedServer):
     """``EngineBackend`` attached to one vLLM server (module docstring)."""
 
@@ -85,6 +129,7 @@ class VllmBackend(AttachedServer):
     server_label, url_flag = "vLLM", "--vllm-url"
 
     name = "vllm"
+    events_silence_s = 5.0  # after a request that filled a KV block, this long without an event is an error
 
     def __init__(self, host: WorkerHost, node: str, role: Role, profile: Profile, cfg: VllmConfig) -> None:
         self.host, self.cfg, self.profile = host, cfg, profile
@@ -106,6 +151,13 @@ class VllmBackend(AttachedServer):
         self.kv_gaps = 0
         self.kv_group: int | None = None  # the KV-cache group followed (hybrid models)
         self.skipped: Counter[str] = Counter()
+        self.resyncs: Counter[str] = Counter()  # why the KV view was dropped (module docstring, 7)
+        self.kv_capacity_tokens: tuple[int, int] | None = None  # (L1, L2) the server has, once read
+        self.max_model_len: int | None = None
+        self.server_started_s: float | None = None  # process_start_time_seconds of the server
+        self.kv_events_seen = 0
+        self.server_block_size = 16  # vLLM's --block-size, read at start (the CPU default 128 when not exported)
+        self._silence_check: asyncio.Task | None = None
         self._http: aiohttp.ClientSession | None = None
         self._bg: list[asyncio.Task] = []
 
@@ -121,14 +173,8 @@ class VllmBackend(AttachedServer):
         await self._wait_healthy()
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.cfg.request_timeout_s),
                                            headers=self._headers())
-        if not self.model:
-            async with self._http.get(f"{self.cfg.url}/v1/models") as r:
-                data = (await r.json(content_type=None)).get("data") or []
-            if r.status != 200 or not data:
-                await self._http.close()
-                raise BackendUnavailable(f"vLLM at {self.cfg.url} lists no model (GET /v1/models -> {r.status}); "
-                                         "pass --vllm-model")
-            self.model = str(data[0]["id"])
+        await self._server_facts()
+        await self.resync("worker_start")
         if self.cfg.kv_events_endpoints:
             log.info("vllm_kv_events", endpoints=self.cfg.kv_events_endpoints, topic=self.cfg.kv_events_topic)
             self._bg.append(asyncio.create_task(self._kv_events(self.cfg.kv_events_endpoints,
@@ -141,6 +187,100 @@ class VllmBackend(AttachedServer):
 
     async def close(self) -> None:
         await self._cancel_all()
+
+    async def _server_facts(self) -> None:
+        """The model served, its ``max_model_len`` and the server's KV capacity (module docstring, 6)."""
+        async with self._http.get(f"{self.cfg.url}/v1/models") as r:
+            data = (await r.json(content_type=None)).get("data") or [] if r.status == 200 else []
+        if not data:
+            await self._http.close()
+            raise BackendUnavailable(f"vLLM at {self.cfg.url} lists no model (GET /v1/models -> {r.status}); "
+                                     "pass --vllm-model")
+        entry = next((d for d in data if d.get("id") == self.model), None if self.model else data[0])
+        self.model = self.model or str(data[0]["id"])
+        if entry is not None and isinstance(entry.get("max_model_len"), int):
+            self.max_model_len = entry["max_model_len"]
+        try:
+            async with self._http.get(f"{self.cfg.url}/metrics") as r:
+                text = await r.text() if r.status == 200 else ""
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            text = ""
+        cap = capacity_of(text)
+        with contextlib.suppress(KeyError, ValueError):
+            self.server_block_size = int(prom_labels(text, "vllm:cache_config_info")["block_size"])
+        if cap is not None:
+            self.kv_capacity_tokens = (cap, 0)
+            self.pool.l1_cap_blocks = cap // self.bt
+        else:
+            log.warning("vllm_capacity_unknown", url=self.cfg.url,
+                        note="no vllm:cache_config_info on /metrics: the node registers the profile's KV capacity")
+        self.server_started_s = prom_sum(text, "process_start_time_seconds") or None
+        log.info("vllm_server", url=self.cfg.url, model=self.model, max_model_len=self.max_model_len,
+                 kv_capacity_tokens=cap)
+
+    # ------------------------------------------------------------------ the KV view (module docstring, 7)
+    async def resync(self, reason: str) -> bool:
+        """Drop the node's KV view and reset the server's prefix cache; True if the server did."""
+        self._drop_view(reason)
+        try:
+            async with self._http.post(f"{self.cfg.url}/reset_prefix_cache") as r:
+                ok = r.status == 200
+                detail = "" if ok else f"POST /reset_prefix_cache -> {r.status}"
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            ok, detail = False, f"POST /reset_prefix_cache: {type(exc).__name__}"
+        if not ok:
+            self.resyncs["reset_refused"] += 1
+            log.warning("vllm_cache_reset_refused", url=self.cfg.url, reason=reason, detail=detail,
+                        note="blocks vLLM cached before now stay unknown to the directory: events about them are "
+                             "counted as orphan_pages / unknown_removed (start vLLM with VLLM_SERVER_DEV_MODE=1)")
+        return ok
+
+    def _drop_view(self, reason: str) -> None:
+        """Forget every block of the node (``KvEvicted`` per tier) and the page map's state."""
+        self.resyncs[reason] += 1
+        held = len(self.pool.l1) + len(self.pool.l2)
+        self.pagemap.pages.clear()
+        self.kv_seq.clear()
+        self.pool.drop_all()
+        if reason != "worker_start":
+            detail = f"{reason}: dropped the node's {held} KV blocks; the view refills from the server's events"
+            log.warning("vllm_kv_view_dropped", node=self.node_id, reason=reason, blocks=held)
+            self.host.emit(AnomalyReported(ts=self._now(), src=self.node_id, component="engine.vllm",
+                                           kind="engine_kv_resync", ref=self.node_id, detail=detail))
+
+    def _publisher_restarted(self, rank: int, last: int, seq: int) -> None:
+        self._drop_view("server_restarted")  # a new server's cache starts empty: no reset to ask for
+
+    def _events_lost(self, rank: int, expected: int, got: int) -> None:
+        if self._http is not None:
+            self._bg.append(asyncio.create_task(self.resync("events_lost"), name="vllm-resync"))
+
+    def _metrics_seen(self, text: str) -> None:
+        started = prom_sum(text, "process_start_time_seconds") or None
+        if started is None or started == self.server_started_s:
+            return
+        known, self.server_started_s = self.server_started_s, started
+        if known is not None:  # another server process answers at the URL now
+            self._bg.append(asyncio.create_task(self.resync("server_instance_changed"), name="vllm-resync"))
+
+    async def _check_events_arrive(self) -> None:
+        """A request filled a whole vLLM block, so vLLM published a ``BlockStored``: say so loudly if
+        none arrived (the usual cause: an endpoint that is not the server's host and port)."""
+        await asyncio.sleep(self.events_silence_s)
+        if not self.kv_events_seen:
+            self.resyncs["silent_publisher"] += 1
+            log.error("vllm_kv_events_silent", url=self.cfg.url, endpoints=self.cfg.kv_events_endpoints,
+                      note="a request filled a KV block but no KV event arrived: is --kv-events-endpoint the server's "
+                           "host and the port of its --kv-events-config endpoint (the server binds tcp://*:P; connect "
+                           "to tcp://HOST:P), and its topic --kv-events-topic?")
+
+    def kv_event_counts(self) -> dict[str, int]:
+        """What could not be folded or had to be dropped, by kind (the worker's ``/metrics``)."""
+        out = {"orphan_pages": 0, "unknown_removed": 0, "sequence_gaps": self.kv_gaps}
+        out.update(self.pagemap.errors)
+        out.update({f"skipped_{k}": v for k, v in self.skipped.items()})
+        out.update({f"resync_{k}": v for k, v in self.resyncs.items()})
+        return out
 
     # ------------------------------------------------------------------ requests
     def enqueue_prefill(self, job: PrefillJob) -> None:
@@ -162,7 +302,14 @@ class VllmBackend(AttachedServer):
         rid = job.request
         ids = self._request_ids(job)
         cached = self.pool.prefix_len(job.blocks, 0, self.pool.l1) * self.bt
-        body = {"model": self.model, "prompt": ids, "max_tokens": max(1, job.max_tokens), "stream": True,
+        max_tokens = max(1, job.max_tokens)
+        if self.max_model_len is not None:  # vLLM refuses prompt + max_tokens > max_model_len
+            if len(ids) >= self.max_model_len:
+                self._finish(job, self.node_id, 0, f"prompt of {len(ids)} tokens does not fit vLLM's "
+                                                   f"max_model_len {self.max_model_len}")
+                return
+            max_tokens = min(max_tokens, self.max_model_len - len(ids))
+        body = {"model": self.model, "prompt": ids, "max_tokens": max_tokens, "stream": True,
                 "stream_options": {"include_usage": True, "continuous_usage_stats": True},
                 **sampling_params(job), "request_id": rid}
         total, sent, finish = 0, 1, "length"
@@ -191,6 +338,10 @@ class VllmBackend(AttachedServer):
                         self._token(request=rid, kind="chunk", tokens=max(0, total - sent), total=total, text=text)
                         sent = max(sent, total)
             self._finish(job, self.node_id, total, None, finish)
+            if (self._silence_check is None and self.cfg.kv_events_endpoints and not self.kv_events_seen
+                    and len(ids) >= self.server_block_size):
+                self._silence_check = asyncio.create_task(self._check_events_arrive(), name="vllm-kv-silence")
+                self._bg.append(self._silence_check)
         except (asyncio.CancelledError, aiohttp.ClientConnectorError):
             raise
         except Exception as exc:  # noqa: BLE001 - one failed request never stops the node
@@ -211,6 +362,7 @@ class VllmBackend(AttachedServer):
         return False
 
     def apply_kv(self, batch) -> None:
+        self.kv_events_seen += len(batch.events)
         batch.events = [ev for ev in batch.events if self._followed(ev)]
         self._observe(self.pagemap.apply(batch))
 

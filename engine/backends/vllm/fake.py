@@ -7,7 +7,14 @@ Routes as vLLM's API server answers them: ``GET /health`` (200, empty), ``GET /v
 with continuous stats, a closing usage-only chunk with ``prompt_tokens_details.cached_tokens``,
 then ``data: [DONE]``; 400 with vLLM's error shape for a bad body or the wrong model), ``GET
 /metrics`` (``vllm:num_requests_running`` / ``vllm:num_requests_waiting``). A client that goes
-away aborts its request, as vLLM does. KV: a prefix cache of ``block_size``-token blocks with
+away aborts its request, as vLLM does. Sampling: the body's fields are kept (``requests``);
+unless ``ignore_eos`` is true the output ends at "end of turn" after ``eos_after`` tokens
+(``finish_reason: "stop"``), as a model's EOS would. Limits: ``GET /v1/models`` names
+``max_model_len`` and a prompt + ``max_tokens`` over it is a 400 as in vLLM; ``/metrics``
+carries ``vllm:cache_config_info`` (``num_gpu_blocks`` = ``capacity_blocks``, ``block_size``)
+and ``process_start_time_seconds``. :meth:`FakeVllm.restart` is a server restart: empty cache,
+sequence numbers from 0, a new start time. ``POST /reset_prefix_cache`` is served only with
+``dev_mode`` (vLLM's ``VLLM_SERVER_DEV_MODE=1``), 404 otherwise. KV: a prefix cache of ``block_size``-token blocks with
 LRU leaf eviction, publishing one ``BlockStored`` per request for its new full blocks (SHA-256
 ``bytes`` block hashes, or unsigned 64-bit ints with ``int_hashes``, as
 ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``), ``BlockRemoved`` per evicted block, ``AllBlocksCleared``
@@ -41,9 +48,12 @@ class FakeVllm(FakeServer):
 
     def __init__(self, *, model: str = "fake/model", block_size: int = 16, capacity_blocks: int = 4096,
                  kv_events_port: int | None = None, topic: str = "", int_hashes: bool = False,
-                 dp_rank: int = 0, prefill_s_per_token: float = 2e-6, decode_s_per_token: float = 0.002) -> None:
+                 dp_rank: int = 0, prefill_s_per_token: float = 2e-6, decode_s_per_token: float = 0.002,
+                 eos_after: int = 6, max_model_len: int = 131072, dev_mode: bool = True) -> None:
         super().__init__(kv_events_port, topic)
         self.model, self.block_size, self.capacity = model, block_size, capacity_blocks
+        self.eos_after, self.max_model_len, self.dev_mode = eos_after, max_model_len, dev_mode
+        self.started_s = time.time()
         self.int_hashes, self.dp_rank = int_hashes, dp_rank
         self.prefill_s, self.decode_s = prefill_s_per_token, decode_s_per_token
         self.blocks: OrderedDict = OrderedDict()  # hash -> [parent, children], LRU order
@@ -58,6 +68,12 @@ class FakeVllm(FakeServer):
         app.router.add_post("/reset_prefix_cache", self._reset)
         app.router.add_get("/metrics", self._metrics)
         return app
+
+    def restart(self) -> None:
+        """The server process restarted: its cache is empty, its publisher counts from 0 again."""
+        self.blocks.clear()
+        self.seq = 0
+        self.started_s = max(time.time(), self.started_s + 1.0)
 
     def _batch(self, events: list) -> KVEventBatch:
         return KVEventBatch(ts=time.time(), events=events, data_parallel_rank=self.dp_rank)
@@ -118,9 +134,11 @@ class FakeVllm(FakeServer):
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [
             {"id": self.model, "object": "model", "created": 0, "owned_by": "vllm", "root": self.model,
-             "parent": None, "max_model_len": 131072}]})
+             "parent": None, "max_model_len": self.max_model_len}]})
 
     async def _reset(self, request: web.Request) -> web.Response:
+        if not self.dev_mode:
+            return web.json_response({"detail": "Not Found"}, status=404)
         self.blocks.clear()
         self._publish([AllBlocksCleared()])
         return web.Response(text="")
@@ -138,12 +156,21 @@ class FakeVllm(FakeServer):
             return self._error("this fake takes token-id prompts only")
         rid = str(body.get("request_id") or request.headers.get("X-Request-Id") or uuid.uuid4().hex)
         max_tokens = int(body.get("max_tokens") or 16)
+        if len(ids) + max_tokens > self.max_model_len:
+            return self._error(f"This model's maximum context length is {self.max_model_len} tokens. However, you "
+                               f"requested {len(ids) + max_tokens} tokens ({len(ids)} in the messages, {max_tokens} "
+                               "in the completion).")
+        out_tokens, reason = max_tokens, "length"
+        if not body.get("ignore_eos") and self.eos_after < max_tokens:
+            out_tokens, reason = self.eos_after, "stop"
         opts = body.get("stream_options") or {}
         self.inflight[rid] = asyncio.current_task()
         try:
             cached = self._cache(ids)
             await asyncio.sleep(self.prefill_s * (len(ids) - cached))
             cid, created = f"cmpl-{rid}", int(time.time())
+
+            max_tokens = out_tokens
 
             def usage(done: int, final: bool = False) -> dict:
                 u = {"prompt_tokens": len(ids), "total_tokens": len(ids) + done, "completion_tokens": done}
@@ -155,7 +182,7 @@ class FakeVllm(FakeServer):
                 await asyncio.sleep(self.decode_s * max_tokens)
                 return web.json_response({"id": cid, "object": "text_completion", "created": created,
                                           "model": self.model, "choices": [{"index": 0, "text": "x" * max_tokens,
-                                                                            "logprobs": None, "finish_reason": "length",
+                                                                            "logprobs": None, "finish_reason": reason,
                                                                             "stop_reason": None}],
                                           "usage": usage(max_tokens, True)})
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -164,7 +191,7 @@ class FakeVllm(FakeServer):
                 await asyncio.sleep(self.decode_s)
                 chunk = {"id": cid, "object": "text_completion", "created": created, "model": self.model,
                          "choices": [{"index": 0, "text": "x", "logprobs": None,
-                                      "finish_reason": "length" if done == max_tokens else None,
+                                      "finish_reason": reason if done == max_tokens else None,
                                       "stop_reason": None}]}
                 if opts.get("include_usage") and opts.get("continuous_usage_stats"):
                     chunk["usage"] = usage(done)
@@ -186,7 +213,14 @@ class FakeVllm(FakeServer):
                 f"vllm:num_requests_running{labels} {float(len(self.inflight))}\n"
                 "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
                 "# TYPE vllm:num_requests_waiting gauge\n"
-                f"vllm:num_requests_waiting{labels} 0.0\n")
+                f"vllm:num_requests_waiting{labels} 0.0\n"
+                "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+                "# TYPE vllm:cache_config_info gauge\n"
+                f'vllm:cache_config_info{{block_size="{self.block_size}",enable_prefix_caching="True",engine="0",'
+                f'num_cpu_blocks="None",num_gpu_blocks="{self.capacity}"}} 1.0\n'
+                "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n"
+                "# TYPE process_start_time_seconds gauge\n"
+                f"process_start_time_seconds {self.started_s}\n")
         return web.Response(text=text, content_type="text/plain")
 
 

@@ -36,8 +36,40 @@ def check_args(args: argparse.Namespace) -> str | None:
         return f"--vllm-url {args.vllm_url!r} is not an http(s)://host[:port] URL"
     for ep in (args.kv_events_endpoint or "").split(","):
         ep = ep.strip()
-        if ep and ep != "none" and not ep.startswith(("tcp://", "ipc://", "inproc://")):
-            return f"--kv-events-endpoint {ep!r} is not a ZMQ endpoint (tcp://HOST:PORT)"
+        if ep and ep != "none":
+            problem = check_endpoint(ep)
+            if problem:
+                return f"--kv-events-endpoint {problem}"
     if args.time_scale != 1.0:
         return "--backend vllm runs in real time: --time-scale must be 1"
     return None
+
+
+#: hosts a server binds to that no client can connect to
+_BIND_ONLY = ("*", "0.0.0.0", "::", "[::]")
+
+
+def check_endpoint(ep: str) -> str | None:
+    """Why ``ep`` is not an address a subscriber can connect to (one line), or None. vLLM's
+    ``--kv-events-config`` ``endpoint`` is what the *server binds* (``tcp://*:5557``); the worker
+    *connects* to the server's host at that port (``tcp://127.0.0.1:5557``)."""
+    scheme, sep, rest = ep.partition("://")
+    if not sep or scheme not in ("tcp", "ipc", "inproc"):
+        return f"{ep!r} is not a ZMQ endpoint: want tcp://HOST:PORT (or ipc://PATH)"
+    if scheme != "tcp":
+        return None if rest else f"{ep!r} names no path"
+    host, colon, port = rest.rpartition(":")
+    if not colon or not port.isdigit() or not 0 < int(port) < 65536:
+        return f"{ep!r} has no port: want tcp://HOST:PORT, the port of the server's kv-events endpoint"
+    if host in _BIND_ONLY:
+        return (f"{ep!r} is the address the vLLM server binds (its --kv-events-config endpoint), not one to "
+                f"connect to: give the server's host, e.g. tcp://127.0.0.1:{port}")
+    if not host:
+        return f"{ep!r} names no host: want tcp://HOST:{port}"
+    return None
+
+
+def bind_endpoint(ep: str) -> str:
+    """The endpoint a vLLM server binds for subscribers that connect to ``ep`` (tcp: every interface)."""
+    scheme, _, rest = ep.partition("://")
+    return f"tcp://*:{rest.rpartition(':')[2]}" if scheme == "tcp" else ep
