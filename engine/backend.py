@@ -38,7 +38,7 @@ from typing import Protocol, runtime_checkable
 
 import msgspec
 
-from events.catalog import Event, FetchStep, RequestSubmitted
+from events.catalog import Event, FetchStep, OutputConstraint, RequestSubmitted
 from events.ids import BlockHash, NodeId, RequestId, Role, SwitchMechanism, Tier
 from events.wire import TokenMsg
 
@@ -48,13 +48,16 @@ class Sampling:
     """How a request's tokens are chosen and where its output ends (its ``RequestSubmitted``'s
     sampling fields; docs/engines.md, "Sampling and stopping"). ``temperature`` 0 is greedy;
     ``top_k`` 0 or -1 is no limit; ``seed`` None draws from the engine's own generator; ``stop``:
-    strings that end the output (the stop string itself is not part of it)."""
+    strings that end the output (the stop string itself is not part of it); ``constraint``: what
+    the output must be (a forced tool call, a JSON schema; docs/engines.md, "Structured output"),
+    None for free text."""
 
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    constraint: OutputConstraint | None = None
 
     @property
     def greedy(self) -> bool:
@@ -64,16 +67,17 @@ class Sampling:
 def request_output(req: RequestSubmitted) -> dict:
     """The job fields (``ignore_eos``, ``osl``, ``sampling``) a ``RequestSubmitted`` sets:
     ``ignore_eos`` None when the publisher did not say, ``sampling`` None when the client sent no
-    sampling parameter (greedy, no stop string)."""
+    sampling parameter and no constraint (greedy free text, no stop string)."""
     def get(name, default):
         v = getattr(req, name)
         return default if v is msgspec.UNSET or v is None else v
 
     sampling = None
-    if any(getattr(req, f) is not msgspec.UNSET for f in ("temperature", "top_p", "top_k", "seed", "stop")):
+    if any(getattr(req, f) is not msgspec.UNSET for f in ("temperature", "top_p", "top_k", "seed", "stop",
+                                                          "constraint")):
         sampling = Sampling(temperature=float(get("temperature", 0.0)), top_p=float(get("top_p", 1.0)),
                             top_k=int(get("top_k", 0)), seed=get("seed", None),
-                            stop=tuple(s for s in get("stop", ()) if s))
+                            stop=tuple(s for s in get("stop", ()) if s), constraint=get("constraint", None))
     osl = req.osl if isinstance(req.osl, int) else 0
     ignore = req.ignore_eos if isinstance(req.ignore_eos, bool) else None
     return {"ignore_eos": ignore, "osl": max(0, osl), "sampling": sampling}

@@ -12,12 +12,18 @@ its request id, capped by ``max_tokens``; ``osl`` sets it instead; ``ignore_eos`
 said (a trace driver's request: its budget is the recorded length), makes it the whole budget.
 ``done`` says ``finish_reason`` ``"stop"`` when the output ended before the budget, ``"length"``
 when it reached it. A prefill node and a decode node draw the same length.
+
+A constrained request (``sampling.constraint``: a forced tool call, a JSON schema) gets a value
+that validates instead of ``"tok "`` (instance.py): its text is ``prefix + JSON + suffix``, one
+token per :data:`CHARS_PER_TOKEN` characters; its length is that many tokens (capped by
+``max_tokens``, ``"length"`` then), whatever ``ignore_eos`` says, and it ends ``"stop"`` when whole.
 """
 
 
 from __future__ import annotations
 
-from engine.backend import DecodeJob, NodeLoad, PrefillJob, WorkerHost
+from engine.backend import DecodeJob, NodeLoad, PrefillJob, Sampling, WorkerHost
+from engine.backends.sim.instance import constrained_text
 from engine.backends.sim.lengths import DEFAULT_OUTPUT_TOKENS, sim_output_tokens
 from engine.backends.sim.node import SimNode
 from engine.profiles import Profile
@@ -25,6 +31,9 @@ from events.catalog import Event, FirstToken, IterationDone, RequestFinished
 from events.ids import NodeId, RequestId, Role, SwitchMechanism
 from events.wire import TokenMsg, sim_text
 from replay.traces.workloads import Quantiles
+
+#: characters of a constrained output per simulated token (about a BPE token's on JSON)
+CHARS_PER_TOKEN = 4
 
 
 class SimBackend:
@@ -40,12 +49,27 @@ class SimBackend:
         self.node = SimNode(self.node_id, role, profile, self, seed, fetch_mode)
         self._reported: dict[str, int] = {}  # request -> tokens sent to the gateway
         self._budget: dict[str, int] = {}  # request -> its max_tokens, for the finish reason
+        self._texts: dict[str, str] = {}  # request -> its constrained output's text (instance.py)
         self.output_lengths = (Quantiles(q=profile.output_tokens_q, p=profile.output_tokens_p, integer=True)
                                if profile.output_tokens_q else DEFAULT_OUTPUT_TOKENS)
 
-    def output_tokens(self, request: str, max_tokens: int, osl: int, ignore_eos: bool | None) -> int:
-        """The output length this node gives ``request`` (module docstring)."""
+    def output_tokens(self, request: str, max_tokens: int, osl: int, ignore_eos: bool | None,
+                      sampling: Sampling | None = None) -> int:
+        """The output length this node gives ``request`` (module docstring): a constrained
+        output's tokens, else a drawn length."""
+        c = sampling.constraint if sampling is not None else None
+        if c is not None:
+            text = self._texts.setdefault(request, constrained_text(c.json_schema, c.prefix, c.suffix))
+            return min(max(1, max_tokens), -(-len(text) // CHARS_PER_TOKEN))
         return sim_output_tokens(request, max_tokens, osl=osl, ignore_eos=ignore_eos, dist=self.output_lengths)
+
+    def _text(self, request: str, start: int, end: int) -> str:
+        """The text of output tokens ``start`` to ``end``: a constrained output's characters, else
+        ``"tok "`` each."""
+        text = self._texts.get(request)
+        if text is None:
+            return sim_text(end - start)
+        return text[start * CHARS_PER_TOKEN:end * CHARS_PER_TOKEN]
 
     # ------------------------------------------------------------------ NodeHost for SimNode
     @property
@@ -77,7 +101,7 @@ class SimBackend:
         return None
 
     def enqueue_prefill(self, job: PrefillJob) -> None:
-        job.output_tokens = self.output_tokens(job.request, job.max_tokens, job.osl, job.ignore_eos)
+        job.output_tokens = self.output_tokens(job.request, job.max_tokens, job.osl, job.ignore_eos, job.sampling)
         if job.decode_node == self.node_id:  # decoded here too (else the decode node's kv_arrived)
             self._budget[job.request] = max(1, job.max_tokens)
         self.node.enqueue_prefill(job)
@@ -86,6 +110,7 @@ class SimBackend:
         job = self.node.remove_queued(request)
         if job is not None:
             self._budget.pop(request, None)
+            self._texts.pop(request, None)
         return job
 
     def cancel(self, request: RequestId) -> bool:
@@ -93,7 +118,7 @@ class SimBackend:
 
     def kv_arrived(self, job: DecodeJob) -> None:
         if job.max_tokens > 0:  # the request's budget is known: decode the drawn length (the same draw as its prefill node's)
-            out = self.output_tokens(job.request, job.max_tokens, job.osl, job.ignore_eos)
+            out = self.output_tokens(job.request, job.max_tokens, job.osl, job.ignore_eos, job.sampling)
             job.left, job.total_out = float(max(0, out - 1)), out
             self._budget[job.request] = job.max_tokens
         self.node.kv_arrived(job)
@@ -129,19 +154,26 @@ class SimBackend:
     def _tokens_for(self, e: Event) -> None:
         t = type(e)
         if t is FirstToken:
-            self._token(request=e.request, kind="first", tokens=1, total=1, text=sim_text(1))
+            self._token(request=e.request, kind="first", tokens=1, total=1, text=self._text(e.request, 0, 1))
+            if e.request not in self._budget:  # decoded elsewhere: this node's part is done
+                self._texts.pop(e.request, None)
         elif t is IterationDone and e.phase == "decode":
             for job in self.node.running.values():
                 self._chunk(job, int(job.total_out - job.left + 1e-9))
         elif t is RequestFinished:
             sent = self._reported.pop(e.request, 1)
             budget = self._budget.pop(e.request, 0)
+            text = self._texts.get(e.request)
             if e.error:
+                self._texts.pop(e.request, None)
                 return
             rest = max(0, e.output_tokens - sent)
-            finish = "stop" if 0 < e.output_tokens < budget else "length"
+            whole = text is not None and e.output_tokens * CHARS_PER_TOKEN >= len(text)
+            finish = "stop" if whole or 0 < e.output_tokens < budget else "length"
+            delta = self._text(e.request, sent, e.output_tokens)
+            self._texts.pop(e.request, None)
             self._token(request=e.request, kind="done", tokens=rest, total=e.output_tokens,
-                        text=sim_text(rest), finish_reason=finish)
+                        text=delta, finish_reason=finish)
 
     def _chunk(self, job: DecodeJob, produced: int) -> None:
         sent = self._reported.get(job.request, 1)
@@ -149,4 +181,4 @@ class SimBackend:
         if produced > sent:
             self._reported[job.request] = produced
             self._token(request=job.request, kind="chunk", tokens=produced - sent, total=produced,
-                        text=sim_text(produced - sent))
+                        text=self._text(job.request, sent, produced))

@@ -32,6 +32,7 @@ import torch
 from engine.backend import DecodeJob, NodeLoad, PrefillJob, WorkerHost
 from engine.backends.sglang.backend import VOCAB, prompt_ids
 from engine.backends.torch import step
+from engine.backends.torch.grammar import GrammarError, Grammars
 from engine.backends.torch.kv import PagedKv
 from engine.backends.torch.loader import Checkpoint, load
 from engine.backends.torch.model import Llama
@@ -77,6 +78,9 @@ class TorchBackend(PeerTransfers):
             self.ckpt.models[key] = Llama(self.ckpt.cfg, self.ckpt.weights, cfg.device, cfg.dtype, cfg.linear)
         self.model = self.ckpt.models[key]
         self.tok = self.ckpt.tokenizer
+        # compiled constraints (grammar.py), shared by the nodes of this checkpoint like its weights
+        self.grammars: Grammars = self.ckpt.models.setdefault(
+            ("grammars",), Grammars(self.tok, self.ckpt.cfg.vocab, self.ckpt.cfg.eos, self.ckpt.cfg.bos))
         layout = self.ckpt.cfg.kv_layout(64, cfg.dtype)
         l1 = cfg.l1_blocks or max(1, min(profile.l1_capacity_tokens // 64, cfg.l1_bytes // layout.block_bytes))
         l2 = cfg.l2_blocks or max(1, min(profile.l2_capacity_tokens // 64, cfg.l2_bytes // layout.block_bytes))
@@ -199,6 +203,8 @@ class TorchBackend(PeerTransfers):
             return
         seq = Seq(job.request, ids, hashes, len(ids), max(1, job.max_tokens), NodeId(job.decode_node), job=job,
                   sampling=job.sampling, ignore_eos=job.ignore_eos)
+        if not self._guide(seq):
+            return
         i = len(self.pqueue)
         while i > 0 and not self.pqueue[i - 1].started and prio(self.pqueue[i - 1]) < job.priority:
             i -= 1
@@ -271,6 +277,8 @@ class TorchBackend(PeerTransfers):
             return
         seq = Seq(job.request, ids, hashes, len(ids), max(1, job.total_out), self.node_id,
                   sampling=job.sampling, ignore_eos=job.ignore_eos)
+        if not self._guide(seq):
+            return
         seq.started = True
         self._spawn(self._pull(seq, job.src_node))
 
@@ -305,6 +313,23 @@ class TorchBackend(PeerTransfers):
     def _token(self, **kw) -> None:
         self.host.token(TokenMsg(node=self.node_id, ts=self._now(), **kw))
 
+    def _guide(self, s: Seq) -> bool:
+        """Give a constrained request its grammar's guide (grammar.py); False (the request failed
+        with the reason) when the constraint does not compile."""
+        c = s.sampling.constraint if s.sampling is not None else None
+        if c is None:
+            return True
+        try:
+            s.guide = self.grammars.guide(c)
+        except GrammarError as exc:
+            self._fail(s.request, str(exc))
+            return False
+        return True
+
+    def _allowed(self, s: Seq) -> torch.Tensor | None:
+        """The mask of a constrained request's next token (None: unconstrained)."""
+        return s.guide.allowed(s.out) if s.guide is not None else None
+
     def _stops(self, s: Seq) -> Stops:
         ignore = self.cfg.ignore_eos if s.ignore_eos is None else s.ignore_eos
         return Stops(self.ckpt.cfg.eos, ignore, s.sampling.stop if s.sampling is not None else ())
@@ -313,8 +338,8 @@ class TorchBackend(PeerTransfers):
         """Whether the output ends with its last token (sampling.py): EOS, a stop string (its
         place in the text is kept in ``cut_at``) or the budget; sets ``finish``."""
         stops = self._stops(s)
-        if s.out and stops.at_eos(s.out[-1]):
-            s.finish = "stop"
+        if s.out and (stops.at_eos(s.out[-1]) or (s.guide is not None and s.guide.complete(s.out))):
+            s.finish = "stop"  # end of turn, or the constraint's grammar is complete
         elif stops.stop and (cut := stops.cut(self._text(s.out))) is not None:
             s.finish, s.cut_at = "stop", cut
         elif len(s.out) >= s.max_tokens:
@@ -460,7 +485,8 @@ class TorchBackend(PeerTransfers):
         setup_s = time.perf_counter() - t0
         rows = [(s, s.ids[s.n:s.n + c], s.n) for s, c in batch]
         logits, fwd_s = await asyncio.to_thread(self._forward, rows)
-        firsts = pick(logits, [(s.request, s.sampling, 0) for s, _ in batch])
+        firsts = pick(logits, [(s.request, s.sampling, 0) for s, _ in batch],
+                      [self._allowed(s) if s.n + c >= s.prompt else None for s, c in batch])
         for s, c in batch:
             s.n += c
         self.host.emit(IterationDone(ts=self._now(), src=self.node_id, node=self.node_id, phase="prefill",
@@ -540,7 +566,7 @@ class TorchBackend(PeerTransfers):
         rows = [(s, [s.out[-1]], s.n) for s in seqs]
         setup_s = time.perf_counter() - t0
         logits, fwd_s = await asyncio.to_thread(self._forward, rows)
-        nxt = pick(logits, [(s.request, s.sampling, len(s.out)) for s in seqs])
+        nxt = pick(logits, [(s.request, s.sampling, len(s.out)) for s in seqs], [self._allowed(s) for s in seqs])
         for s, t in zip(seqs, nxt, strict=True):
             s.n += 1
             s.out.append(t)

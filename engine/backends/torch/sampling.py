@@ -10,6 +10,8 @@ it sent none, its request id) and the token's position in the output (:func:`tok
 draw depends on nothing else: not on the batch, the node (a prefill node draws the first token,
 a decode node the rest) or the device's random state, so the same seed gives the same output.
 The draw runs on the CPU in float32, so a CPU and a GPU engine draw alike from equal logits.
+A constrained request's row is masked first (the tokens its grammar forbids are -inf:
+grammar.py), so greedy and sampled picks alike stay inside the grammar.
 
 Ending (:class:`Stops`): the model's end-of-sequence token ends the output unless the request
 (or, when it does not say, the engine's ``--torch-ignore-eos``) ignores it; a ``stop`` string
@@ -52,8 +54,16 @@ def sample_row(logits: torch.Tensor, sampling: Sampling, seed: int) -> int:
     return int(torch.multinomial(torch.softmax(x, dim=-1), 1, generator=gen))
 
 
-def pick(logits: torch.Tensor, rows: Sequence[tuple[str, Sampling | None, int]]) -> list[int]:
-    """The next token of each row of ``logits``; ``rows``: (request, sampling, output position)."""
+def pick(logits: torch.Tensor, rows: Sequence[tuple[str, Sampling | None, int]],
+         allowed: Sequence[torch.Tensor | None] | None = None) -> list[int]:
+    """The next token of each row of ``logits``; ``rows``: (request, sampling, output position);
+    ``allowed``: per row, None or a bool row over the vocabulary (a constraint's mask,
+    grammar.py): the other tokens' logits are -inf before the row is picked."""
+    if allowed is not None and any(a is not None for a in allowed):
+        logits = logits.clone()
+        for i, a in enumerate(allowed):
+            if a is not None:
+                logits[i, : a.numel()].masked_fill_(~a.to(logits.device), float("-inf"))
     out = [int(t) for t in torch.argmax(logits, dim=-1).tolist()]  # greedy.greedy, for every row at once
     for i, (request, sampling, position) in enumerate(rows):
         if sampling is not None and not sampling.greedy:

@@ -68,6 +68,7 @@ class Seq:
     ignore_eos: bool | None = None  # None: the engine's TorchConfig.ignore_eos
     finish: str = ""  # why the output ended: "stop" (EOS or a stop string) | "length"
     cut_at: int | None = None  # a stop string begins here in the output's text
+    guide: object | None = None  # grammar.Guide of a constrained request (sampling.constraint), else None
 
     def owner(self) -> tuple[str, str]:
         return ("s", self.request)
