@@ -528,7 +528,7 @@ class Gateway:
         if asked is None:
             if prompt >= ctx:
                 raise context_error(ctx, prompt, 1, param)
-            n = min(ctx - prompt, self.cfg.max_tokens_limit)
+            n = min(ctx - prompt, self.cfg.default_budget_cap, self.cfg.max_tokens_limit)
             if self.cfg.default_max_tokens > 0:
                 n = min(n, self.cfg.default_max_tokens)
         else:

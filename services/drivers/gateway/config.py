@@ -20,9 +20,12 @@ class GatewayConfig:
     route_timeout_s: float = 10.0
     token_timeout_s: float = 60.0
     # a request without a budget: what the context leaves, at most this (0: no further cap) and
-    # max_tokens_limit - vLLM's default; the engine ends the turn long before (docs/gateway.md)
+    # default_budget_cap; the engine ends the turn long before (docs/gateway.md)
     default_max_tokens: int = 0
-    max_tokens_limit: int = 65_536
+    default_budget_cap: int = 65_536
+    # the largest budget a request may ask for (and the context must hold it): Claude Code 2.1.332
+    # asks 128,000 for its default model, so the cap is the default context, not a smaller number
+    max_tokens_limit: int = 262_144
     tokenizer: str | None = None
     src: str = "gateway"
     # Event ts = epoch + (wall - epoch) * time_scale: the scaled clock the sim engines and the

@@ -127,7 +127,7 @@ async def test_small_endpoints_fit_their_structs():
     _fits(json.loads((await gw.models(None)).body), openapi.ModelList)
     served = json.loads((await gw.openapi_view(None)).body)
     assert served == json.loads(json.dumps(openapi.build(None, gw.cfg.max_tokens_limit)))  # any model name
-    assert served["components"]["schemas"]["MessagesRequest"]["properties"]["max_tokens"]["maximum"] == 65_536
+    assert served["components"]["schemas"]["MessagesRequest"]["properties"]["max_tokens"]["maximum"] == 262_144
 
 
 def _frames(raw: bytes) -> list[tuple[str, dict]]:
