@@ -177,6 +177,7 @@ class Gateway:
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/v1/models/{model:.+}", self.model_view)
         app.router.add_get("/health", self.health)
+        app.router.add_get("/api/hello", self.hello)
         app.router.add_get("/metrics", self.metrics_view)
         app.router.add_get("/openapi.json", self.openapi_view)
         app.on_startup.append(self._on_startup)
@@ -373,6 +374,11 @@ class Gateway:
             out["stuck"] += [f"{part}/{k}" for k in rep["stuck"]]
             out["lagging"] += [f"{part}/{k}" for k in rep["lagging"]]
         return out
+
+    async def hello(self, _req: web.Request) -> web.Response:
+        """``GET`` / ``HEAD /api/hello``: the connectivity probe Claude Code sends to its base URL
+        before its first request (and its preflight check wants a 2xx); no key, nothing read."""
+        return web.json_response({"message": "hello"})
 
     async def health(self, _req: web.Request) -> web.Response:
         """200 while the bus is connected, 503 (``status: "bus_unavailable"``) while it is not:

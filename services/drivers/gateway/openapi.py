@@ -177,6 +177,11 @@ class GatewayWatch(Struct, forbid_unknown_fields=True):
     last_refusal: str | None
 
 
+class Hello(Struct, forbid_unknown_fields=True):
+    """``/api/hello``: Claude Code's connectivity probe; any 2xx passes it."""
+    message: str
+
+
 class Health(Struct, forbid_unknown_fields=True):
     status: Literal["ok", "degraded", "bus_unavailable"]
     partition: str
@@ -478,7 +483,7 @@ RESPONSES_EVENTS = [cls.__struct_config__.tag for cls in ResponsesStreamEvent.__
 REQUESTS: tuple[type[Struct], ...] = (api.ChatRequest, api.CompletionRequest, anthropic_api.MessagesRequest,
                                       anthropic_api.CountTokensRequest, responses_api.ResponsesRequest)
 RESPONSES: tuple[type[Struct], ...] = (ChatCompletion, ChatCompletionChunk, Completion, ModelList, ModelCard,
-                                       Health, OpenAIError, AnthropicMessage, CountTokensResponse,
+                                       Health, Hello, OpenAIError, AnthropicMessage, CountTokensResponse,
                                        AnthropicError, ResponseObject)
 
 
@@ -716,6 +721,8 @@ def build(model: str | list[str] | None = None, max_tokens_limit: int | None = N
         "/health": {"get": _get("Liveness and the bus connection", _json("Health"),
                                 {"503": {"description": "The event bus is unreachable.",
                                          "content": _json("Health")}}, security=False)},
+        "/api/hello": {"get": _get("Claude Code's connectivity probe (it sends HEAD before its first request)",
+                                   _json("Hello"), security=False)},
         "/metrics": {"get": _get("Prometheus metrics", {"text/plain": {"schema": {"type": "string"}}},
                                  security=False)},
         "/openapi.json": {"get": _get("This description", {"application/json": {"schema": {"type": "object"}}},

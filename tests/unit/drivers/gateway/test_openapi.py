@@ -124,6 +124,7 @@ def test_error_bodies_fit_their_structs(status):
 async def test_small_endpoints_fit_their_structs():
     gw = Gateway(InMemoryBus("t"), MemoryTokens("t"), GatewayConfig(partition="t"))
     _fits(json.loads((await gw.health(None)).body), openapi.Health)
+    _fits(json.loads((await gw.hello(None)).body), openapi.Hello)
     _fits(json.loads((await gw.models(None)).body), openapi.ModelList)
     served = json.loads((await gw.openapi_view(None)).body)
     assert served == json.loads(json.dumps(openapi.build(None, gw.cfg.max_tokens_limit)))  # any model name
