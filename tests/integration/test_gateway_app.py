@@ -465,7 +465,7 @@ async def test_a_lone_surrogate_is_a_json_400(partition, raw, param):
     ("/v1/chat/completions", {"n": 2}, "n"),
     ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 2}, "logprobs"),
     ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions"),
-    ("/v1/chat/completions", {"response_format": {"type": "json_schema"}}, "response_format"),
+    ("/v1/chat/completions", {"response_format": {"type": "grammar"}}, "response_format"),
     ("/v1/chat/completions", {"logit_bias": {"1": 5}}, "logit_bias"),
     ("/v1/completions", {"best_of": 3}, "best_of"),
     ("/v1/completions", {"echo": True}, "echo"),

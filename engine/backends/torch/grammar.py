@@ -2,7 +2,8 @@
 at every step, with llguidance (docs/engines.md, "Structured output").
 
 Compiling (:class:`Grammars`): a constraint becomes one llguidance Lark grammar,
-``start: PREFIX %json{SCHEMA} SUFFIX`` (:func:`lark`), its JSON written with fixed whitespace
+``start: PREFIX %json{SCHEMA} SUFFIX`` (engine/structured.py, torch-free so the gateway checks
+schemas with it), its JSON written with fixed whitespace
 (``whitespace_flexible`` false, separators ``", "`` and ``": "``), so a model cannot spend its
 budget on blanks and the text is what a JSON encoder writes. The llguidance tokenizer is built
 once per checkpoint from its ``tokenizers`` JSON (~0.3 s for SmolLM2); a constraint is compiled
@@ -27,65 +28,16 @@ gets there), never the node.
 
 from __future__ import annotations
 
-import hashlib
-import json
-
 import numpy as np
 import torch
 
+from engine.structured import JSON_OPTIONS, GrammarError, key, lark, validate
 from events.catalog import OutputConstraint
 from services.adapters.logging import get_logger
 
+__all__ = ["JSON_OPTIONS", "GrammarError", "Grammars", "Guide", "key", "lark", "validate"]
+
 log = get_logger("torch_grammar")
-
-#: llguidance's JSON options (``x-guidance``): one fixed layout, as ``json.dumps`` writes it
-JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-
-
-class GrammarError(ValueError):
-    """A constraint that cannot be enforced (the message says why, for the request's error)."""
-
-
-def _lark_string(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False)
-
-
-def lark(c: OutputConstraint) -> str:
-    """The constraint as an llguidance Lark grammar (module docstring)."""
-    try:
-        schema = json.loads(c.json_schema)
-    except ValueError as exc:
-        raise GrammarError(f"constraint schema is not JSON: {exc}") from None
-    if isinstance(schema, bool):
-        schema = {} if schema else {"not": {}}
-    if not isinstance(schema, dict):
-        raise GrammarError("constraint schema must be a JSON object (or a boolean)")
-    body = json.dumps({**schema, "x-guidance": JSON_OPTIONS}, ensure_ascii=False)
-    parts = [_lark_string(p) for p in (c.prefix,) if p] + ["value"] + [_lark_string(s) for s in (c.suffix,) if s]
-    return f"start: {' '.join(parts)}\nvalue: %json {body}\n"
-
-
-def key(c: OutputConstraint) -> str:
-    """The cache key of a constraint: a BLAKE2b of its fields."""
-    h = hashlib.blake2b(digest_size=16)
-    for part in (c.prefix, c.json_schema, c.suffix):
-        b = part.encode("utf-8", "surrogatepass")
-        h.update(len(b).to_bytes(8, "little"))
-        h.update(b)
-    return h.hexdigest()
-
-
-def validate(c: OutputConstraint) -> str:
-    """Why ``c`` does not compile ("" when it does), without a tokenizer: the check the gateway
-    runs before it publishes a request."""
-    import llguidance  # lazy: the engine's optional dependency
-
-    try:
-        grammar = llguidance.LLMatcher.grammar_from_lark(lark(c))
-    except GrammarError as exc:
-        return str(exc)
-    return llguidance.LLMatcher.validate_grammar(grammar)
-
 
 class Guide:
     """One request's matcher (module docstring): ``allowed()`` before each pick, ``complete()``

@@ -194,10 +194,9 @@ def parse_count_tokens(raw: bytes, ignored: list[str] | None = None) -> CountTok
 
 
 def unapplied(req: MessagesRequest) -> list[str]:
-    """Parameters set on the request that the engine does not apply."""
+    """Parameters set on the request that the engine does not apply (a forcing ``tool_choice`` is
+    applied: the engine's output is constrained to a call, constraints.py)."""
     out = [name for name in SAMPLING if getattr(req, name) is not None]
-    if req.tool_choice is not None and req.tool_choice.type in ("any", "tool"):
-        out.append("tool_choice")  # nothing forces the engine to call a tool
     if req.thinking is not None and req.thinking.get("type") != "disabled":
         out.append("thinking")  # no thinking blocks are produced
     return out
@@ -272,11 +271,17 @@ def chat_messages(req: _Base) -> list[dict[str, Any]]:
     return out
 
 
+def tool_defs(req: _Base) -> list[dict[str, Any]] | None:
+    """The custom tools as the ``{"name", "description", "parameters"}`` function definitions the
+    chat template renders (and constraints.py forces a call of)."""
+    return [function_def(t.name, t.description, t.input_schema) for t in req.tools] if req.tools else None
+
+
 def render_prompt(req: _Base, template=None) -> str:
     """The prompt text: the chat template (``template.render``: the model's, or the simple
     :func:`render_chat` when None) over :func:`chat_messages` and the tools; a last assistant
     message is continued (prefill), so the prompt ends inside it."""
-    tools = [function_def(t.name, t.description, t.input_schema) for t in req.tools] if req.tools else None
+    tools = tool_defs(req)
     msgs = chat_messages(req)
     turns = [m for m in req.messages if m.role != "system"]
     prefill = bool(turns) and turns[-1].role == "assistant"

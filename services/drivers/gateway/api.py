@@ -16,17 +16,18 @@ Parameters fall in three groups (docs/gateway.md, "Parameters"):
 - **honoured**: ``model``, ``messages`` / ``prompt``, ``max_tokens`` / ``max_completion_tokens``,
   ``stream``, ``stream_options.include_usage``, ``n: 1``, ``ignore_eos``, ``min_tokens``,
   ``tools`` (function definitions, rendered into the prompt by the chat template),
-  ``tool_choice`` ``"none"`` / ``"auto"``, and the sampling parameters the engines apply,
+  ``tool_choice`` (``"none"`` / ``"auto"``; ``"required"`` or a named function: the engine's
+  output is constrained to one call, ``constraints``), ``response_format`` ``json_object`` /
+  ``json_schema`` (constrained to a valid value), and the sampling parameters the engines apply,
   carried on ``RequestSubmitted`` (:func:`sampling_fields`): ``temperature``, ``top_p``,
   ``top_k``, ``seed``, ``stop``.
 - **refused** with a 400 naming them when set to anything but their neutral value, because the
   gateway cannot honour them: ``n > 1``, ``best_of > 1``, ``logprobs``, ``top_logprobs``,
   ``echo``, ``suffix``, ``functions``, ``function_call`` (the legacy names of tools),
-  ``response_format`` (other than text), ``logit_bias``, ``modalities`` (other than text),
+  ``response_format`` (other than text, json_object, json_schema), ``logit_bias``, ``modalities`` (other than text),
   ``audio``, ``prediction``, ``web_search_options``.
 - **accepted, not applied**: the other sampling parameters (``min_p``, ``presence_penalty``,
-  ``frequency_penalty``, ``repetition_penalty``) and a forcing ``tool_choice`` (``"required"`` or a named function: nothing
-  constrains the engine's output) are range-checked, then listed in the response's
+  ``frequency_penalty``, ``repetition_penalty``) are range-checked, then listed in the response's
   ``evolving.unapplied`` and the ``x-evolving-unapplied`` header, since the engine generates its
   tokens without them; and
   bookkeeping fields with no effect on a response (``user``, ``metadata``, ``store``,
@@ -334,9 +335,10 @@ def refused(req: ChatRequest | CompletionRequest) -> list[tuple[str, str]]:
             out.append(("functions", "'functions' (the legacy name) is not supported: use 'tools'"))
         if not _neutral_choice(req.function_call):
             out.append(("function_call", "function_call other than 'none'/'auto' is not supported"))
-        if req.response_format is not None and req.response_format.get("type", "text") != "text":
-            kind = req.response_format.get("type")
-            out.append(("response_format", f"response_format {kind!r} is not supported (only 'text')"))
+        kind = req.response_format.get("type", "text") if req.response_format is not None else "text"
+        if kind not in ("text", "json_object", "json_schema"):
+            why = f"response_format {clip(str(kind))!r} is not supported (text, json_object, json_schema)"
+            out.append(("response_format", why))
         if req.modalities is not None and req.modalities != ["text"]:
             out.append(("modalities", "only the 'text' modality is supported"))
         for name in ("audio", "prediction", "web_search_options"):
@@ -413,12 +415,8 @@ def agent_hints(req: ChatRequest | CompletionRequest) -> tuple[AgentHints | None
 
 
 def unapplied(req: ChatRequest | CompletionRequest) -> list[str]:
-    """The sampling parameters set on the request that no engine applies (:data:`SAMPLING`), and a
-    ``tool_choice`` that would force a tool call (nothing constrains the engine's output)."""
-    out = [name for name in SAMPLING if getattr(req, name) is not None]
-    if isinstance(req, ChatRequest) and not _neutral_choice(req.tool_choice):
-        out.append("tool_choice")
-    return out
+    """The sampling parameters set on the request that no engine applies (:data:`SAMPLING`)."""
+    return [name for name in SAMPLING if getattr(req, name) is not None]
 
 
 #: the most ``stop`` strings a request may give, and the longest one (OpenAI allows 4; vLLM any)

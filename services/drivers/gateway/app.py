@@ -58,6 +58,7 @@ from services.cores.partitions import session_index
 from services.drivers.gateway import (
     anthropic_api,
     anthropic_relay,
+    constraints,
     conversations,
     openai_relay,
     openapi,
@@ -421,12 +422,14 @@ class Gateway:
         creq, obj = parse_chat(await req.read(), ignored)
         model = self._model(creq.model)
         self._note_ignored("openai", ignored)
+        structured = constraints.for_chat(creq, chat_tools(creq), self.tool_parser)
         try:
             prompt = self.template.render(obj["messages"], chat_tools(creq))
         except TemplateError as exc:
             raise ApiError(400, exc.message, exc.field, code="invalid_value") from None
         return await self._serve(req, creq, model, self.tokenizer.encode(prompt), chat=True,
-                                 conversation=obj["messages"], tools=bool(creq.tools) and creq.tool_choice != "none")
+                                 conversation=obj["messages"], tools=bool(creq.tools) and creq.tool_choice != "none",
+                                 structured=structured)
 
     async def messages(self, req: web.Request) -> web.StreamResponse:
         """Anthropic's ``POST /v1/messages`` (services/drivers/gateway/anthropic_api.py)."""
@@ -436,10 +439,11 @@ class Gateway:
         model = self._model(mreq.model)
         self._note_ignored("anthropic", ignored)
         self._note_betas(req)
+        structured = constraints.for_messages(mreq, anthropic_api.tool_defs(mreq), self.tool_parser)
         ids = self.tokenizer.encode(anthropic_api.render_prompt(mreq, self.template))
         tools = bool(mreq.tools) and (mreq.tool_choice is None or mreq.tool_choice.type != "none")
         return await self._serve(req, anthropic_api.budget_request(mreq), model, ids, chat=True, anthropic=mreq,
-                                 conversation=anthropic_api.chat_messages(mreq), tools=tools)
+                                 conversation=anthropic_api.chat_messages(mreq), tools=tools, structured=structured)
 
     async def count_tokens(self, req: web.Request) -> web.Response:
         """Anthropic's ``POST /v1/messages/count_tokens``: the rendered prompt's tokens."""
@@ -459,6 +463,7 @@ class Gateway:
         self.metrics.inc("ei_gateway_requests_total", endpoint="responses")
         parsed = responses_api.parse_responses(await req.read())
         model = self._model(parsed.req.model)
+        structured = constraints.for_responses(parsed.req, parsed.tools, self.tool_parser)
         self._note_ignored("responses", responses_api.ignored_names(parsed.ignored))
         history: list[dict] = []
         if parsed.req.previous_response_id is not None:
@@ -479,7 +484,8 @@ class Gateway:
 
         return await self._serve(req, responses_api.budget_request(parsed.req), model, self.tokenizer.encode(prompt),
                                  chat=True, responses=responses_api.Call(parsed, keep),
-                                 conversation=msgs, tools=bool(parsed.tools) and parsed.req.tool_choice != "none")
+                                 conversation=msgs, tools=bool(parsed.tools) and parsed.req.tool_choice != "none",
+                                 structured=structured)
 
     async def response_view(self, req: web.Request) -> web.Response:
         """``GET /v1/responses/{response_id}``: a stored response (404 once evicted or expired,
@@ -553,11 +559,13 @@ class Gateway:
     async def _serve(self, req: web.Request, r: ChatRequest | CompletionRequest, model: str, ids: list[int],
                      chat: bool, anthropic: anthropic_api.MessagesRequest | None = None,
                      conversation: list[dict] | None = None,
-                     responses: responses_api.Call | None = None, tools: bool = False) -> web.StreamResponse:
+                     responses: responses_api.Call | None = None, tools: bool = False,
+                     structured: constraints.Structured | None = None) -> web.StreamResponse:
         """:meth:`_serve_request` observed by the frontend metrics (``ei_frontend_*``, metrics.py).
         ``conversation``: a chat request's messages (OpenAI-style), for a headerless request's
         branch (conversations.py); ``tools``: read tool calls out of the answer (the request has
-        tools and ``tool_choice`` is not none)."""
+        tools and ``tool_choice`` is not none); ``structured``: what the output must be (a forced
+        call, read with its parser; a JSON answer, read as text: constraints.py)."""
         endpoint = "anthropic_messages" if anthropic is not None else "chat_completions" if chat else "completions"
         if responses is not None:
             endpoint = "responses"
@@ -565,7 +573,7 @@ class Gateway:
         ok = False
         try:
             work = self._serve_request(req, r, model, ids, chat, anthropic, obs, conversation, responses=responses,
-                                       tools=tools)
+                                       tools=tools, structured=structured)
             resp = await self.cancels.guard(req, work)  # a client that leaves cancels the request
             ok = True
             return resp
@@ -575,7 +583,8 @@ class Gateway:
     async def _serve_request(self, req: web.Request, r: ChatRequest | CompletionRequest, model: str,
                              ids: list[int], chat: bool, anthropic: anthropic_api.MessagesRequest | None,
                              obs: RequestObserver, conversation: list[dict] | None = None,
-                             responses: responses_api.Call | None = None, tools: bool = False) -> web.StreamResponse:
+                             responses: responses_api.Call | None = None, tools: bool = False,
+                             structured: constraints.Structured | None = None) -> web.StreamResponse:
         """Admit, publish, await the route, relay the tokens; ``anthropic``: answer as
         ``/v1/messages`` (``r`` then carries only its budget and ``stream``); ``responses``: as
         ``/v1/responses`` (its ``prompt_cache_key`` names the branch when no header does)."""
@@ -619,9 +628,13 @@ class Gateway:
         branch = sig.branch or f"gw-{self.instance}-{n}"
         request_id = f"{branch}/{self.instance}-{n}"
         blocks = block_hashes(ids, self.cfg.block_tokens)
+        sampling, parser = sampling_fields(r), self.tool_parser
+        if structured is not None:  # the engine enforces it; a call is read with the format it was written in
+            sampling["constraint"] = structured.constraint
+            tools, parser = structured.parser is not None, structured.parser or parser
         try:
             adm = self.table.admit(sig, branch, request_id, blocks, len(ids), max_tokens,
-                                   self.cfg.block_tokens, now, **_hint_fields(hints), sampling=sampling_fields(r))
+                                   self.cfg.block_tokens, now, **_hint_fields(hints), sampling=sampling)
         except BranchStateError as exc:
             raise ApiError(409, str(exc), "x-branch-id", "conflict", code="branch_ended") from None
         if adm.compaction:
@@ -654,7 +667,7 @@ class Gateway:
                          responses.unapplied if responses is not None
                          else unapplied(r) if anthropic is None else anthropic_api.unapplied(anthropic),
                          cached_tokens=max(0, min(route.t_c, len(ids))), obs=obs, node_quiet_s=fails.quiet_s,
-                         tools=toolcalls.make(self.tool_parser, token_key(request_id)) if tools else None)
+                         tools=toolcalls.make(parser, token_key(request_id)) if tools else None)
 
             async def end_branch() -> None:
                 await self._end_after(adm.end_after, branch)

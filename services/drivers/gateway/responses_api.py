@@ -28,8 +28,9 @@ rendered by the one chat template, the way ``/v1/chat/completions`` renders ``me
 Unknown top-level fields and the fields that change nothing here (``reasoning``, ``include``,
 ``parallel_tool_calls``, ``client_metadata``, ``metadata``, ``text``, ``truncation``, ...) are
 accepted and counted (``ignored``), never a 400; a known field of the wrong type still is.
-``temperature`` / ``top_p``, a forcing ``tool_choice`` and a ``text.format`` other than text are
-listed as unapplied (``evolving.unapplied``, ``x-evolving-unapplied``), as on the chat route.
+A forcing ``tool_choice`` (``"required"``, ``{"type": "function", "name"}``) and a ``text.format``
+``json_schema`` / ``json_object`` constrain the engine's output (``constraints``), as on the chat
+route; ``temperature`` and ``top_p`` reach the engine.
 
 Output: :class:`ResponseBuilder` holds the response's output items in order: one ``message``
 item with one ``output_text`` part (the engine's text); with a tool-call parser (``toolcalls``:
@@ -227,11 +228,6 @@ def _tools(tools: list[dict[str, Any]] | None, ignored: list[tuple[str, str]]) -
     return out or None
 
 
-def _forcing(choice: Any) -> bool:
-    """A ``tool_choice`` that would force a call: nothing constrains the engine's output."""
-    return choice is not None and choice not in ("none", "auto")
-
-
 def parse_responses(raw: bytes) -> Parsed:
     """The validated ``POST /v1/responses`` body (400 :class:`ApiError` naming the field)."""
     obj = decode_object(raw)
@@ -241,14 +237,13 @@ def parse_responses(raw: bytes) -> Parsed:
     ignored += [("field", k) for k in NO_EFFECT if getattr(req, k) is not None]
     tools = _tools(req.tools, ignored)
     messages = input_messages(req.input, "input", ignored)
-    unapplied: list[str] = []  # temperature and top_p reach the engine (budget_request)
-    if _forcing(req.tool_choice):
+    # temperature and top_p reach the engine (budget_request); a forcing tool_choice and a JSON
+    # text.format constrain its output (constraints.py); an allowed_tools or hosted tool choice does not
+    unapplied: list[str] = []
+    if isinstance(req.tool_choice, dict) and req.tool_choice.get("type") != "function":
         unapplied.append("tool_choice")
-    fmt = (req.text or {}).get("format")
-    if isinstance(fmt, dict) and fmt.get("type", "text") != "text":
-        unapplied.append("text.format")  # nothing constrains the output to a schema
-    if req.text is not None and req.text != {"format": {"type": "text"}}:
-        ignored.append(("field", "text"))  # verbosity, a format: the engine writes plain text
+    if req.text is not None and any(k != "format" for k in req.text):
+        ignored.append(("field", "text"))  # verbosity: the engine writes what it writes
     return Parsed(req, messages, tools, ignored, unapplied)
 
 

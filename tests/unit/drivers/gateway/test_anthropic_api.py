@@ -149,7 +149,7 @@ def test_unapplied_parameters():
     r = aa.parse_messages(body(temperature=0.5, top_p=0.9, top_k=5, stop_sequences=["x"],
                                tool_choice={"type": "any"}, thinking={"type": "enabled", "budget_tokens": 1024},
                                metadata={"user_id": "u"}, tools=[TOOL]))
-    assert aa.unapplied(r) == ["tool_choice", "thinking"]  # the sampling parameters reach the engine
+    assert aa.unapplied(r) == ["thinking"]  # the sampling parameters reach the engine, tool_choice constrains it
     assert sampling_fields(aa.budget_request(r)) == {"ignore_eos": False, "temperature": 0.5, "top_p": 0.9,
                                                      "top_k": 5, "stop": ["x"]}
     neutral = aa.parse_messages(body(tool_choice={"type": "auto"}, thinking={"type": "disabled"}))
@@ -228,14 +228,14 @@ def test_x_api_key_is_an_api_key():
         assert e.value.status == 401
 
 
-def test_openai_tools_are_accepted_and_a_forcing_tool_choice_is_unapplied():
+def test_openai_tools_are_accepted_and_a_forcing_tool_choice_is_applied():
     base = {"messages": [{"role": "user", "content": "x"}],
             "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}
     r, _ = parse_chat(json.dumps(base).encode())
     assert chat_tools(r) == [{"name": "f", "parameters": {"type": "object"}}] and unapplied(r) == []
     for choice in ("required", {"type": "function", "function": {"name": "f"}}):
         r, _ = parse_chat(json.dumps({**base, "tool_choice": choice}).encode())
-        assert unapplied(r) == ["tool_choice"]
+        assert unapplied(r) == []  # the engine's output is constrained to a call (constraints.py)
     for bad, param in [({"tools": [{"type": "function"}]}, "tools[0].function"),
                        ({"tools": [{"type": "retrieval", "function": {"name": "f"}}]}, "tools[0].type"),
                        ({"tool_choice": "sometimes"}, "tool_choice")]:

@@ -101,7 +101,7 @@ def test_a_surrogate_pair_is_fine():
     ({"top_logprobs": 3}, "top_logprobs"),
     ({"functions": [{"name": "f"}]}, "functions"),
     ({"function_call": {"name": "f"}}, "function_call"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "regex"}}, "response_format"),
     ({"logit_bias": {"50256": -100}}, "logit_bias"),
     ({"modalities": ["text", "audio"]}, "modalities"),
     ({"audio": {"voice": "x"}}, "audio"),
@@ -120,6 +120,7 @@ def test_chat_parameters_it_cannot_honour_are_refused(extra, param):
     {"store": False}, {"seed": 3}, {"ignore_eos": True}, {"min_tokens": 1},
     {"tools": [{"type": "function", "function": {"name": "f"}}]}, {"tool_choice": "required"},
     {"tool_choice": {"type": "function", "function": {"name": "f"}}},
+    {"response_format": {"type": "json_object"}}, {"response_format": {"type": "json_schema", "json_schema": {}}},
 ])
 def test_neutral_values_are_accepted(extra):
     parse_chat(chat(**extra))

@@ -62,9 +62,11 @@ def test_unknown_fields_and_tool_types_are_accepted_and_counted():
                 "tool_choice": "required", "temperature": 0.5, "text": {"format": {"type": "json_schema"}}})
     assert p.tools == [{"name": "f", "parameters": {"type": "object"}}]
     names = responses_api.ignored_names(p.ignored)
-    assert set(names) == {"future_field", "reasoning", "include", "parallel_tool_calls", "client_metadata", "text",
-                          "tools[].type: web_search", "tools[].type: namespace"}
-    assert p.unapplied == ["tool_choice", "text.format"]  # temperature reaches the engine
+    assert set(names) == {"future_field", "reasoning", "include", "parallel_tool_calls", "client_metadata",
+                          "tools[].type: web_search", "tools[].type: namespace"}  # text.format is honoured
+    assert p.unapplied == []  # temperature reaches the engine; tool_choice and text.format constrain it
+    hosted = _parse({"input": "x", "tool_choice": {"type": "web_search_preview"}})
+    assert hosted.unapplied == ["tool_choice"]  # a hosted tool's choice forces nothing here
 
 
 @pytest.mark.parametrize(("body", "param"), [
