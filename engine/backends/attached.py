@@ -76,6 +76,27 @@ def sampling_params(job: PrefillJob, *, seed: bool = True) -> dict[str, Any]:
     return out
 
 
+def structured_params(job: PrefillJob, engine: str) -> dict[str, Any]:
+    """A constrained request's constraint (``sampling.constraint``: a forced tool call, a JSON
+    schema) in the server's own structured-output fields, which it enforces itself (docs/engines.md,
+    "Structured output"); ``{}`` for free text. ``engine``: ``vllm`` (``structured_outputs``:
+    ``json``, or an xgrammar ``structural_tag`` sequence when the value has a prefix or suffix -
+    a Hermes ``<tool_call>`` ... ``</tool_call>``) or ``sglang`` (``json_schema`` /
+    ``structural_tag`` in its sampling params)."""
+    c = job.sampling.constraint if job.sampling is not None else None
+    if c is None:
+        return {}
+    schema = json.loads(c.json_schema)
+    if not c.prefix and not c.suffix:
+        return ({"structured_outputs": {"json": schema}} if engine == "vllm"
+                else {"json_schema": c.json_schema})
+    elements = ([{"type": "const_string", "value": c.prefix}] if c.prefix else []) + \
+        [{"type": "json_schema", "json_schema": schema}] + \
+        ([{"type": "const_string", "value": c.suffix}] if c.suffix else [])
+    tag = json.dumps({"type": "structural_tag", "format": {"type": "sequence", "elements": elements}})
+    return {"structured_outputs": {"structural_tag": tag}} if engine == "vllm" else {"structural_tag": tag}
+
+
 def finish_of(reason: Any) -> str:
     """A server's finish reason (vLLM's string, SGLang's ``{"type": ...}``) as ours: ``stop``
     (EOS or a stop string) or ``length``."""

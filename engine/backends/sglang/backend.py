@@ -46,7 +46,15 @@ from urllib.parse import urlparse
 import aiohttp
 
 from engine.backend import BackendUnavailable, DecodeJob, PrefillJob, WorkerHost
-from engine.backends.attached import VOCAB, AttachedServer, finish_of, prompt_ids, sampling_params, sse_data
+from engine.backends.attached import (
+    VOCAB,
+    AttachedServer,
+    finish_of,
+    prompt_ids,
+    sampling_params,
+    sse_data,
+    structured_params,
+)
 from engine.backends.sglang.kvmap import PageMap
 from engine.backends.sglang.logparse import parse_decode_line
 from engine.backends.sglang.wire import parse_frames
@@ -269,7 +277,8 @@ class SglangBackend(AttachedServer):
         rid = job.request
         ids = self._request_ids(job)
         body = {"input_ids": ids, "rid": rid, "stream": True,
-                "sampling_params": {"max_new_tokens": max(1, job.max_tokens), **sampling_params(job, seed=False)}}
+                "sampling_params": {"max_new_tokens": max(1, job.max_tokens), **sampling_params(job, seed=False),
+                                    **structured_params(job, "sglang")}}
         decode_node, decode_url = self.node_id, self.cfg.url
         side = None
         if self.server_mode != "null":

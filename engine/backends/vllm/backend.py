@@ -55,7 +55,14 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from engine.backend import BackendUnavailable, DecodeJob, PrefillJob, WorkerHost
-from engine.backends.attached import AttachedServer, finish_of, prom_sum, sampling_params, sse_data
+from engine.backends.attached import (
+    AttachedServer,
+    finish_of,
+    prom_sum,
+    sampling_params,
+    sse_data,
+    structured_params,
+)
 from engine.backends.sglang.kvmap import PageMap
 from engine.backends.vllm.wire import MEDIUM_CPU, MEDIUM_GPU, parse_frames
 from engine.kvpool import KvPool
@@ -311,7 +318,7 @@ class VllmBackend(AttachedServer):
             max_tokens = min(max_tokens, self.max_model_len - len(ids))
         body = {"model": self.model, "prompt": ids, "max_tokens": max_tokens, "stream": True,
                 "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-                **sampling_params(job), "request_id": rid}
+                **sampling_params(job), **structured_params(job, "vllm"), "request_id": rid}
         total, sent, finish = 0, 1, "length"
         try:
             async with self._http.post(f"{self.cfg.url}/v1/completions", json=body,

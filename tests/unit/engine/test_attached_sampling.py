@@ -30,3 +30,24 @@ def test_a_clients_parameters_go_through():
                                               ("abort", "length"), (None, "length")])
 def test_finish_reasons(reason, ours):
     assert finish_of(reason) == ours
+
+
+def test_a_constraint_is_passed_in_each_servers_own_fields():
+    """vLLM and SGLang enforce a constraint themselves (attached.structured_params): a bare JSON
+    schema as it is, a value with a prefix / suffix (a Hermes call) as an xgrammar structural tag."""
+    import json
+
+    from engine.backends.attached import structured_params
+    from events.catalog import OutputConstraint
+
+    assert structured_params(JOB, "vllm") == {} == structured_params(replace(JOB, sampling=Sampling()), "sglang")
+    bare = replace(JOB, sampling=Sampling(constraint=OutputConstraint(json_schema='{"type": "object"}')))
+    assert structured_params(bare, "vllm") == {"structured_outputs": {"json": {"type": "object"}}}
+    assert structured_params(bare, "sglang") == {"json_schema": '{"type": "object"}'}
+    call = replace(JOB, sampling=Sampling(constraint=OutputConstraint(
+        json_schema='{"type": "object"}', prefix="<tool_call>\n", suffix="\n</tool_call>")))
+    tag = json.loads(structured_params(call, "vllm")["structured_outputs"]["structural_tag"])
+    assert tag == {"type": "structural_tag", "format": {"type": "sequence", "elements": [
+        {"type": "const_string", "value": "<tool_call>\n"}, {"type": "json_schema", "json_schema": {"type": "object"}},
+        {"type": "const_string", "value": "\n</tool_call>"}]}}
+    assert json.loads(structured_params(call, "sglang")["structural_tag"]) == tag
