@@ -28,7 +28,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import nnls
+
+from services.cores.numerics import matvec, nnls, power, total
 
 #: Default model profile: routed experts chosen per token (k) out of E (GLM-5.2-like MoE).
 DEFAULT_K = 8
@@ -168,13 +169,14 @@ def _nnls_relative(X: np.ndarray, y: np.ndarray, prior: Sequence[float]) -> tupl
     """min ||(X c - y) / y|| subject to c >= 0; unit-norm columns; all-zero columns keep prior."""
     w = 1.0 / y
     Xw = X * w[:, None]
-    norms = np.linalg.norm(Xw, axis=0)
+    # every reduction exactly rounded (services.cores.numerics): the same fit on every machine
+    norms = np.sqrt(np.array([total(Xw[:, j] * Xw[:, j]) for j in range(Xw.shape[1])]))
     live = norms > 0
     coef = np.array(prior, dtype=float)
     unidentified = [int(i) for i in np.flatnonzero(~live)]
     if live.any():
         # dead columns are all zero in these samples, so they contribute nothing to the fit
-        sol, _ = nnls(Xw[:, live] / norms[live], np.ones_like(y), maxiter=50 * X.shape[1])
+        sol = nnls(Xw[:, live] / norms[live], np.ones_like(y), maxiter=50 * X.shape[1])
         coef[live] = sol / norms[live]
     return np.maximum(coef, 0.0), unidentified
 
@@ -189,8 +191,8 @@ def _fit(X: np.ndarray, y: np.ndarray, prior: Sequence[float], min_train: int) -
     if n_train < min_train or not hold.any():
         return Fit(status=f"not fitted yet: {n} usable samples, need {min_samples(min_train)}", samples=n)
     coef, unidentified = _nnls_relative(X[train], y[train], prior)
-    pred = X[hold] @ coef
-    mape = float(np.mean(np.abs(pred - y[hold]) / y[hold]))
+    pred = matvec(X[hold], coef)
+    mape = total(np.abs(pred - y[hold]) / y[hold]) / int(hold.sum())
     return Fit(
         status="fitted",
         coefficients=[float(c) for c in coef],
@@ -219,7 +221,7 @@ def decode_design(samples: Iterable[Sequence[float]], k: int, E: int) -> tuple[n
     """Rows ``(batch, t_fwd, duration_s)`` -> (X, y) for eq. 2."""
     arr = np.asarray(list(samples), dtype=float).reshape(-1, 3)
     B, t_fwd = arr[:, 0], arr[:, 1]
-    ph = np.where(B > 0, 1.0 - (1.0 - k / E) ** (t_fwd * B), 0.0)
+    ph = np.where(B > 0, 1.0 - power(1.0 - k / E, t_fwd * B), 0.0)
     X = np.column_stack([np.ones(len(arr)), ph, B])
     return X, arr[:, 2]
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import gammaincc, gammaln, ndtr
 
+import services.cores.numerics as nm
 from services.cores.costmodel import DecodeModel, PrefillModel
 from services.cores.planner.window import Work
 
@@ -110,7 +111,7 @@ def decode_rates(nodes: NodeArrays, w: WorkArrays, D: int, sel: slice) -> np.nda
     uniq, inverse = np.unique(pairs, axis=0, return_inverse=True)
     caps_u = np.stack([batch_cap(cap, kv, w.context) for cap, kv in uniq])
     B_u = np.minimum(caps_u, (w.q / D)[None, :])
-    phi_u = 1.0 - (1.0 - nodes.k / nodes.E) ** (w.t_fwd[None, :] * B_u)
+    phi_u = 1.0 - nm.power(1.0 - nodes.k / nodes.E, w.t_fwd[None, :] * B_u)
     inverse = inverse.reshape(-1)
     B, phi = B_u[inverse], phi_u[inverse]
     T = c[:, :1] + c[:, 1:2] * phi + c[:, 2:3] * B
@@ -154,7 +155,7 @@ def erlang_c_wait_p95(lam: float, mu: np.ndarray, servers: np.ndarray, horizon_s
         rho = a / cc
         C = B / (1.0 - rho * (1.0 - B))
         rate = cap[ok] - lam
-        out[ok] = np.where(C > 0.05, np.log(np.maximum(C, 1e-300) / 0.05) / rate, 0.0)
+        out[ok] = np.where(C > 0.05, nm.log(np.maximum(C, 1e-300) / 0.05) / rate, 0.0)
     return out
 
 
@@ -220,12 +221,12 @@ def closed_wait(
             continue
         logp = base + k * math.log(1.0 / (think_s * m))
         logp -= np.where(k <= c, lgk, lgk[min(c, M)] + (k - c) * math.log(c))
-        p = np.exp(logp - logp.max())
-        p /= p.sum()
+        p = nm.exp(logp - logp.max())
+        p /= nm.total(p)
         waits = (k >= c) & (p > 1e-12)
         pw, n = p[waits], k[waits] - c + 1
-        mean[i] = float(pw @ n) / rate
-        if pw.sum() <= 1.0 - q:  # P95 wait 0, and 0 for every candidate with more capacity
+        mean[i] = nm.dot(pw, n) / rate
+        if nm.total(pw) <= 1.0 - q:  # P95 wait 0, and 0 for every candidate with more capacity
             no_wait_at = min(no_wait_at, rate)
             continue
         lo, hi = 0.0, (n.max() + 10.0 * math.sqrt(n.max()) + 10.0) / rate
@@ -243,11 +244,11 @@ def _erlang_mixture_tail(p: np.ndarray, n: np.ndarray, x: float) -> float:
     """sum_i p_i P(Erlang(n_i, 1) > x): the exact tail (``gammaincc``) for n <= 50, its normal
     approximation beyond (sd sqrt(n) << n; ten times cheaper on a large cluster's queue)."""
     small = n <= 50
-    out = float(p[small] @ gammaincc(n[small], x))
+    out = nm.dot(p[small], gammaincc(n[small], x))
     big = ~small
     if big.any():
         nb = n[big]
-        out += float(p[big] @ ndtr((nb - x) / np.sqrt(nb)))
+        out += nm.dot(p[big], ndtr((nb - x) / np.sqrt(nb)))
     return out
 
 
@@ -291,25 +292,26 @@ def queue_prediction(
     P_values = np.arange(1, N)
     S = len(w.t_uc)
     lam_s = np.maximum(w.arrivals_rps, 0.0)
-    weights = lam_s / lam_s.sum() if lam_s.sum() > 0 else np.full(S, 1.0 / max(1, S))
-    lam = float(lam_s.mean()) if S else 0.0
-    cost_n = (1.0 / prefill_rates(nodes, w)) @ weights  # (N,) mean node time per request
+    lam_sum = nm.total(lam_s)
+    weights = lam_s / lam_sum if lam_sum > 0 else np.full(S, 1.0 / max(1, S))
+    lam = lam_sum / S if S else 0.0
+    cost_n = nm.matvec(1.0 / prefill_rates(nodes, w), weights)  # (N,) mean node time per request
     cap = np.cumsum(1.0 / np.maximum(cost_n, 1e-12))[: N - 1]  # c mu per candidate
     coef = np.cumsum(nodes.coef_p, axis=0)[: N - 1] / P_values[:, None]
     fill = np.cumsum(nodes.fill)[: N - 1] / P_values
     mean, second = prefill_cost_moments(coef, fill, w)
-    m1, m2 = mean @ weights, second @ weights
+    m1, m2 = nm.matvec(mean, weights), nm.matvec(second, weights)
     cs2 = np.maximum(0.0, m2 / np.maximum(m1 * m1, 1e-300) - 1.0)
-    lat = np.stack(
+    lat = nm.matvec(np.stack(
         [prefill_latency_s(coef, fill, float(w.t_uc[s]), float(w.A[s]), float(w.t_rst[s])) for s in range(S)],
         axis=1,
-    ) @ weights
-    cycle = float(w.cycle_s @ weights) if w.cycle_s is not None else 0.0
+    ), weights)
+    cycle = nm.dot(w.cycle_s, weights) if w.cycle_s is not None else 0.0
     if cycle > 0 and lam > 0:  # a closed loop of agents (Little: N = lam * cycle)
         queued = float(w.prefill_queue.mean()) if w.prefill_queue is not None else 0.0
         all_coef = nodes.coef_p.mean(axis=0, keepdims=True)
-        lat_now = float((prefill_latency_s(all_coef, np.array([nodes.fill.mean()]), float(w.t_uc @ weights),
-                                           float(w.A @ weights), float(w.t_rst @ weights)))[0])
+        lat_now = float((prefill_latency_s(all_coef, np.array([nodes.fill.mean()]), nm.dot(w.t_uc, weights),
+                                           nm.dot(w.A, weights), nm.dot(w.t_rst, weights)))[0])
         think = max(cycle - queued / lam - lat_now, 0.05 * cycle)
         spread = (1.0 + cs2) / 2.0  # Kingman's factor for the service-time spread
         if serving_P is not None and 1 <= serving_P <= N - 1 and queued > 0:  # the split served
@@ -323,9 +325,9 @@ def queue_prediction(
     # a request that shares its iterations with queued ones waits for their tokens too: with
     # probability ~ utilisation its last iteration is full (``fill`` new tokens, not its own)
     rho = np.minimum(1.0, lam / np.maximum(cap, 1e-12))
-    lat = lat + rho * coef[:, 1] * np.maximum(0.0, fill - float(w.t_uc @ weights))
-    sigma2 = np.log1p(cs2)
-    lat95 = lat * np.exp(Z95 * np.sqrt(sigma2) - sigma2 / 2.0)
+    lat = lat + rho * coef[:, 1] * np.maximum(0.0, fill - nm.dot(w.t_uc, weights))
+    sigma2 = nm.log1p(cs2)
+    lat95 = lat * nm.exp(Z95 * np.sqrt(sigma2) - sigma2 / 2.0)
     return wait95, wait95 + lat95
 
 

@@ -98,6 +98,7 @@ def test_cores_import_only_pure_modules(module):
         for name in names:
             assert name.split(".")[0] in ALLOWED, f"{module} imports {name}"
             if name.startswith("services"):
-                assert name in ("services.cores.contract", "services.cores.costmodel") or name.startswith("services.cores.planner."), \
+                assert name in ("services.cores.contract", "services.cores.costmodel", "services.cores.numerics") \
+                    or name.startswith("services.cores.planner."), \
                     f"{module}: {name}"
             assert name != "services.drivers.bench.synthetic", f"{module} imports the test generator"
