@@ -33,6 +33,12 @@ metric                                  type     meaning
                                                  backends that count them: vLLM's
                                                  ``orphan_pages``, ``unknown_removed``,
                                                  ``sequence_gaps``, ``resync_<why>``)
+``ei_engine_cached_tokens_vs_server``   counter  requests whose predicted cached prefix
+``_total{outcome}``                              (the node's view) agree or
+                                                 disagree with the server's reported
+                                                 ``cached_tokens`` (vLLM)
+``ei_engine_cached_tokens_vs_server``   counter  the absolute differences, tokens, summed
+``_diff_tokens_total``
 ======================================  =======  ===========================================
 """
 
@@ -55,8 +61,10 @@ class _Gauges(Collector):
     """The scrape-time gauges: one ``load()`` per scrape."""
 
     def __init__(self, node: str, load: Callable[[], NodeLoad], kv_blocks: Callable[[str], int],
-                 kv_event_counts: Callable[[], dict[str, int]] | None = None) -> None:
+                 kv_event_counts: Callable[[], dict[str, int]] | None = None,
+                 cached_vs_server: Callable[[], dict[str, int]] | None = None) -> None:
         self.node, self.load, self.kv_blocks, self.kv_event_counts = node, load, kv_blocks, kv_event_counts
+        self.cached_vs_server = cached_vs_server
 
     def collect(self):
         ld = self.load()
@@ -83,6 +91,16 @@ class _Gauges(Collector):
             for kind, count in sorted(self.kv_event_counts().items()):
                 bad.add_metric([n, kind], count)
             yield bad
+        if self.cached_vs_server is not None:
+            got = self.cached_vs_server()
+            vs = CounterMetricFamily("ei_engine_cached_tokens_vs_server", "requests whose predicted cached prefix "
+                                     "agrees with the server's reported cached_tokens, or not", labels=["node", "outcome"])
+            for outcome in ("agree", "disagree"):
+                vs.add_metric([n, outcome], got.get(outcome, 0))
+            diff = CounterMetricFamily("ei_engine_cached_tokens_vs_server_diff_tokens", "absolute differences between "
+                                       "predicted and reported cached tokens, summed", labels=["node"])
+            diff.add_metric([n], got.get("diff_tokens", 0))
+            yield from (vs, diff)
 
 
 class EngineMetrics:
@@ -90,11 +108,12 @@ class EngineMetrics:
     the metrics server's log line (services/adapters/metrics.py, ``MetricsServer``)."""
 
     def __init__(self, node: str, load: Callable[[], NodeLoad], kv_blocks: Callable[[str], int],
-                 kv_event_counts: Callable[[], dict[str, int]] | None = None) -> None:
+                 kv_event_counts: Callable[[], dict[str, int]] | None = None,
+                 cached_vs_server: Callable[[], dict[str, int]] | None = None) -> None:
         self.node = node
         self.service = f"engine-{node}"
         self.registry = r = CollectorRegistry()
-        r.register(_Gauges(node, load, kv_blocks, kv_event_counts))
+        r.register(_Gauges(node, load, kv_blocks, kv_event_counts, cached_vs_server))
         lab = ["node"]
         self.iterations = Counter("ei_engine_iterations", "IterationDone by phase", lab + ["phase"], registry=r)
         self.iteration_s = Counter("ei_engine_iteration_seconds", "IterationDone duration_s summed, by phase",

@@ -107,8 +107,10 @@ class EngineWorker(StreamFolding, Publishing):
         self.kvgate: KvGate | None = None  # with --kv-bytes on the sim backend
         # a backend that moves its own KV bytes (torch) gives the same hooks: endpoint, peers, summary
         self.kv = getattr(self.backend, "data_plane", None)
+        counts = getattr(self.backend, "cached_vs_server", None)
         self.metrics = EngineMetrics(node, self.backend.load, self._kv_blocks,
-                                     getattr(self.backend, "kv_event_counts", None))
+                                     getattr(self.backend, "kv_event_counts", None),
+                                     (lambda: dict(counts)) if counts is not None else None)
         self._cached: dict[str, int] = {}  # request -> cached prompt tokens, until its "first" token message
         if kv_bytes is not None:
             if self.backend.name != "sim":

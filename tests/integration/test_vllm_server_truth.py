@@ -28,6 +28,7 @@ from events.catalog import (
     RequestSubmitted,
     RouteDecided,
 )
+from events.hashing import block_hashes
 from services.adapters.bus import InMemoryBus
 from services.adapters.bus.tokens import MemoryTokens
 from tests.integration.attached_host import Host, job
@@ -249,6 +250,45 @@ async def test_a_silent_publisher_is_an_error_naming_the_endpoint(capsys):
         b.enqueue_prefill(job("r1", [1, 2], max_tokens=2))
         await until(lambda: b.resyncs["silent_publisher"] == 1)
         assert "vllm_kv_events_silent" in capsys.readouterr().err
+    finally:
+        await b.close()
+        await fake.stop()
+
+
+async def test_the_views_cached_prefix_is_held_to_vllms_cached_tokens():
+    """Part 5: each request's predicted cached prefix (the view's, what RequestStarted says) is
+    compared with vLLM's reported cached_tokens: a multi-turn conversation agrees turn by turn
+    (a prompt of exactly N cached blocks: vLLM reuses N - 1); blocks vLLM dropped without an
+    event are a disagreement, counted with its size and on the worker's metrics."""
+    from engine.metrics import EngineMetrics
+
+    h = Host()
+    fake = FakeVllm(kv_events_port=0, block_size=64)
+    b = await attach(h, fake)
+    try:
+        conv = [(i * 37) % 30_000 + 3 for i in range(64 * 6 + 7)]  # one conversation's token ids
+
+        def turn(rid: str, n: int):
+            j = job(rid, block_hashes(conv[:n], 64), max_tokens=2)
+            j.tokens, j.prompt_tokens = conv[:n], n
+            return j
+
+        for k in range(6):  # each turn's prompt extends the last by a block
+            b.enqueue_prefill(turn(f"t{k}", 64 * (k + 1) + 7))
+            await h.wait(lambda e, k=k: isinstance(e, RequestFinished) and e.request == f"t{k}")
+            await until(lambda k=k: set(block_hashes(conv[:64 * (k + 1)], 64)) <= b.pool.l1)
+        b.enqueue_prefill(turn("exact", 64 * 6))  # no partial block: vLLM reuses all but the last block
+        await h.wait(lambda e: isinstance(e, RequestFinished) and e.request == "exact")
+        started = [e.cached_tokens for e in h.events if type(e).__name__ == "RequestStarted" and e.phase == "prefill"]
+        assert started == [0, 64, 128, 192, 256, 320, 320]
+        assert b.cached_vs_server == {"agree": 7, "diff_tokens": 0}
+        fake.blocks.clear()  # vLLM lost them and said nothing
+        b.enqueue_prefill(turn("lost", 64 * 6 + 7))
+        await h.wait(lambda e: isinstance(e, RequestFinished) and e.request == "lost")
+        assert b.cached_vs_server == {"agree": 7, "disagree": 1, "diff_tokens": 6 * 64}
+        m = EngineMetrics("c1", b.load, lambda tier: 0, b.kv_event_counts, lambda: dict(b.cached_vs_server))
+        assert m.value("ei_engine_cached_tokens_vs_server_total", outcome="disagree") == 1
+        assert m.value("ei_engine_cached_tokens_vs_server_diff_tokens_total") == 384
     finally:
         await b.close()
         await fake.stop()

@@ -42,6 +42,11 @@ Attach only (``--backend vllm --vllm-url URL``): the worker never launches vLLM.
    server that refuses the reset keeps its blocks: events about them are counted
    (``orphan_pages``, ``unknown_removed``) and exported on the worker's ``/metrics``
    (``ei_engine_kv_event_anomalies_total{kind}``), never silently dropped.
+8. The view against vLLM's own cache: when the server reports ``cached_tokens`` (started with
+   ``--enable-prompt-tokens-details``, as ``evolving up`` starts it), the prefix the view
+   predicted (:meth:`VllmBackend.predicted_cached`, what ``RequestStarted.cached_tokens`` says)
+   is compared with it per request: ``ei_engine_cached_tokens_vs_server_total{outcome}``
+   (``agree``, ``disagree``) and ``ei_engine_cached_tokens_vs_server_diff_tokens_total``.
 """
 
 from __future__ import annotations
@@ -163,6 +168,7 @@ class VllmBackend(AttachedServer):
         self.max_model_len: int | None = None
         self.server_started_s: float | None = None  # process_start_time_seconds of the server
         self.kv_events_seen = 0
+        self.cached_vs_server: Counter[str] = Counter()  # agree / disagree / diff_tokens (module docstring, 8)
         self.server_block_size = 16  # vLLM's --block-size, read at start (the CPU default 128 when not exported)
         self._silence_check: asyncio.Task | None = None
         self._http: aiohttp.ClientSession | None = None
@@ -270,6 +276,25 @@ class VllmBackend(AttachedServer):
         if known is not None:  # another server process answers at the URL now
             self._bg.append(asyncio.create_task(self.resync("server_instance_changed"), name="vllm-resync"))
 
+    # ------------------------------------------------------------------ the view vs vLLM's own cache
+    def predicted_cached(self, job: PrefillJob, prompt_len: int) -> int:
+        """The prompt tokens vLLM will find cached, as the node's view (the directory's) predicts:
+        the request's leading blocks held in L1, at most ``prompt_len - 1`` tokens in whole vLLM
+        blocks (vLLM computes a prompt's last token even on a full hit, so a prompt of exactly N
+        cached blocks reuses N - 1 of them)."""
+        held = self.pool.prefix_len(job.blocks, 0, self.pool.l1) * self.bt
+        sbs = self.server_block_size
+        return min(held, (max(0, prompt_len - 1) // sbs) * sbs)
+
+    def _compare_cached(self, request: RequestId, predicted: int, server: int) -> None:
+        """vLLM's reported ``cached_tokens`` (``--enable-prompt-tokens-details``) against the
+        prediction: counted, the difference in tokens summed (the worker's ``/metrics``)."""
+        outcome = "agree" if predicted == server else "disagree"
+        self.cached_vs_server[outcome] += 1
+        self.cached_vs_server["diff_tokens"] += abs(predicted - server)
+        if outcome == "disagree":
+            log.info("vllm_cached_disagree", request=request, predicted=predicted, server=server)
+
     async def _check_events_arrive(self) -> None:
         """A request filled a whole vLLM block, so vLLM published a ``BlockStored``: say so loudly if
         none arrived (the usual cause: an endpoint that is not the server's host and port)."""
@@ -308,7 +333,7 @@ class VllmBackend(AttachedServer):
     async def _serve_one(self, job: PrefillJob) -> None:
         rid = job.request
         ids = self._request_ids(job)
-        cached = self.pool.prefix_len(job.blocks, 0, self.pool.l1) * self.bt
+        cached = self.predicted_cached(job, len(ids))
         max_tokens = max(1, job.max_tokens)
         if self.max_model_len is not None:  # vLLM refuses prompt + max_tokens > max_model_len
             if len(ids) >= self.max_model_len:
@@ -319,7 +344,7 @@ class VllmBackend(AttachedServer):
         body = {"model": self.model, "prompt": ids, "max_tokens": max_tokens, "stream": True,
                 "stream_options": {"include_usage": True, "continuous_usage_stats": True},
                 **sampling_params(job), **structured_params(job, "vllm"), "request_id": rid}
-        total, sent, finish = 0, 1, "length"
+        total, sent, finish, server_cached = 0, 1, "length", None
         try:
             async with self._http.post(f"{self.cfg.url}/v1/completions", json=body,
                                        headers={"X-Request-Id": rid}) as r:
@@ -333,6 +358,9 @@ class VllmBackend(AttachedServer):
                     choices = out.get("choices") or []
                     if not choices:  # the closing usage chunk
                         total = int(usage.get("completion_tokens", total))
+                        details = usage.get("prompt_tokens_details") or {}
+                        if isinstance(details.get("cached_tokens"), int):
+                            server_cached = details["cached_tokens"]
                         continue
                     text = choices[0].get("text") or ""
                     if choices[0].get("finish_reason"):
@@ -345,6 +373,8 @@ class VllmBackend(AttachedServer):
                         self._token(request=rid, kind="chunk", tokens=max(0, total - sent), total=total, text=text)
                         sent = max(sent, total)
             self._finish(job, self.node_id, total, None, finish)
+            if server_cached is not None:
+                self._compare_cached(rid, cached, server_cached)
             if (self._silence_check is None and self.cfg.kv_events_endpoints and not self.kv_events_seen
                     and len(ids) >= self.server_block_size):
                 self._silence_check = asyncio.create_task(self._check_events_arrive(), name="vllm-kv-silence")

@@ -166,7 +166,8 @@ class FakeVllm(FakeServer):
         opts = body.get("stream_options") or {}
         self.inflight[rid] = asyncio.current_task()
         try:
-            cached = self._cache(ids)
+            # vLLM computes the prompt's last token even on a full hit: whole blocks before it
+            cached = min(self._cache(ids), (len(ids) - 1) // self.block_size * self.block_size)
             await asyncio.sleep(self.prefill_s * (len(ids) - cached))
             cid, created = f"cmpl-{rid}", int(time.time())
 

@@ -71,8 +71,8 @@ def add_arguments(p) -> None:
     g.add_argument("--vllm-max-model-len", type=int, default=None,
                    help=f"max_model_len of launched servers (default {DEFAULT_MAX_MODEL_LEN}, at most the model's "
                         "context)")
-    g.add_argument("--vllm-kv-cache-gib", type=float, default=1.0,
-                   help="KV cache of each launched server on the CPU, GiB (VLLM_CPU_KVCACHE_SPACE; default 1)")
+    g.add_argument("--vllm-kv-cache-gib", type=int, default=1,
+                   help="KV cache of each launched server on the CPU, whole GiB (VLLM_CPU_KVCACHE_SPACE; default 1)")
     g.add_argument("--vllm-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for every launched vLLM server, e.g. --vllm-arg=--enforce-eager")
 
@@ -176,15 +176,15 @@ def _prepare_attach(args, block: int) -> str | None:
 
 
 def server_command(hf: str, served: str, url: str, kv_endpoint: str, *, block_size: int, max_model_len: int,
-                   threads: int, kv_cache_gib: float, extra: list[str] = ()) -> tuple[list[str], dict[str, str]]:
+                   threads: int, kv_cache_gib: int, extra: list[str] = ()) -> tuple[list[str], dict[str, str]]:
     """The command and environment of one vLLM server on the CPU (module docstring)."""
     events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": bind_endpoint(kv_endpoint),
               "topic": KV_TOPIC}
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", hf, "--served-model-name", served,
-           "--host", "127.0.0.1", "--port", url.rsplit(":", 1)[1], "--enable-prefix-caching",
+           "--host", "127.0.0.1", "--port", url.rsplit(":", 1)[1], "--enable-prefix-caching", "--enable-prompt-tokens-details",
            "--block-size", str(block_size), "--max-model-len", str(max_model_len), "--dtype", "bfloat16",
            "--kv-events-config", json.dumps(events), *extra]
-    env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": f"{kv_cache_gib:g}",
+    env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": str(int(kv_cache_gib)),  # vLLM reads whole GiB
            "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads),
            "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1"}
     return cmd, env
