@@ -2,8 +2,8 @@
 one torch engine computing SmolLM2-135M-Instruct (whose chat template has no tool-call format:
 the gateway constrains the call to Hermes' and reads it so). Through the official clients, a
 forced tool call (OpenAI ``tool_choice: "required"``, Anthropic ``{"type": "any"}``, the
-Responses API's ``"required"``) is one call whose arguments validate against the tool's schema,
-with ``finish_reason`` ``tool_calls`` / ``stop_reason`` ``tool_use``; the tool's result goes
+Responses API's ``"required"``; a named tool, streamed) is one call whose arguments validate
+against the tool's schema, with ``finish_reason`` ``tool_calls`` / ``stop_reason`` ``tool_use``; the tool's result goes
 back and the model answers; a ``response_format`` JSON schema gives JSON that validates; a
 schema that cannot be enforced is a 400 in each API's shape."""
 
@@ -63,6 +63,12 @@ def test_forced_calls_and_json_answers_through_up(nats_url, partition, tmp_path,
                       "tool_calls": [{"id": call.id, "type": "function",
                                       "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
                      {"role": "tool", "tool_call_id": call.id, "content": '{"temperature_c": 18, "sky": "clear"}'}]
+        named = oai.chat.completions.create(model=model, messages=messages[:1], tools=tools, max_tokens=64, stream=True,
+                                            tool_choice={"type": "function", "function": {"name": "get_weather"}})
+        chunks = [c.choices[0] for c in named if c.choices]
+        deltas = [tc for ch in chunks for tc in (ch.delta.tool_calls or [])]
+        assert chunks[-1].finish_reason == "tool_calls" and len(deltas) == 1
+        assert valid(WEATHER, json.loads(deltas[0].function.arguments))
         answer = oai.chat.completions.create(model=model, messages=messages, tools=tools, max_tokens=16)
         assert answer.choices[0].finish_reason in ("stop", "length") and answer.choices[0].message.content
 
@@ -92,6 +98,10 @@ def test_forced_calls_and_json_answers_through_up(nats_url, partition, tmp_path,
                                                 "content": "18 C, clear"}]}]
         done = ant.messages.create(model=model, max_tokens=16, tools=atools, messages=amsgs)
         assert done.stop_reason in ("end_turn", "max_tokens") and done.content[0].type == "text"
+        with ant.messages.stream(model=model, max_tokens=64, tools=atools, messages=amsgs[:1],
+                                 tool_choice={"type": "tool", "name": "get_weather"}) as stream:
+            final = stream.get_final_message()
+        assert final.stop_reason == "tool_use" and valid(WEATHER, final.content[-1].input)
         with pytest.raises(anthropic.BadRequestError) as abad:
             ant.messages.create(model=model, max_tokens=8, messages=amsgs[:1], tool_choice={"type": "tool", "name": "x"},
                                 tools=atools)
