@@ -112,3 +112,16 @@ def test_bad_requests_are_a_400_naming_the_field(extra, param):
         r = parse_responses(json.dumps({"input": "x", "tool_choice": {"type": "function"}}).encode())
         cs.for_responses(r.req, r.tools, "none")
     assert e.value.param == "tool_choice.name"
+
+
+def test_a_checked_constraint_is_not_compiled_again(monkeypatch):
+    pytest.importorskip("llguidance")
+    s = cs.tool_call(TOOLS, "ls", "hermes")
+    cs.check(s, "tool_choice")
+    calls = []
+    monkeypatch.setattr(cs, "validate", lambda c: calls.append(c) or "")
+    cs.check(s, "tool_choice")
+    assert calls == []  # answered from the kept checks
+    fresh = cs.tool_call([{"name": "only_in_this_test", "parameters": {"type": "object"}}], None, "hermes")
+    cs.check(fresh, "tool_choice")
+    assert calls == [fresh.constraint]
