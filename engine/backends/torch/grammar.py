@@ -112,7 +112,7 @@ class Grammars:
         k = key(c)
         pristine = self._cache.get(k)
         if pristine is None:
-            import llguidance
+            import llguidance  # lazy: the engine's optional dependency (absent: _tokenizer said so first)
 
             tok = self._tokenizer()
             pristine = llguidance.LLMatcher(tok, llguidance.LLMatcher.grammar_from_lark(lark(c)), log_level=0)

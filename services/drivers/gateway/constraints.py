@@ -113,7 +113,7 @@ def json_answer(schema: Any) -> Structured:
 def check(s: Structured, param: str) -> Structured:
     """A 400 naming ``param`` when the constraint does not compile (llguidance, when installed)."""
     try:
-        import llguidance  # noqa: F401 - only to know whether the compiler is here
+        import llguidance  # noqa: F401  # lazy: only whether the compiler (the engine extra) is installed
     except ModuleNotFoundError:
         return s  # checked as far as the shape goes; an engine that cannot compile it fails the request
     k = key(s.constraint)
