@@ -63,10 +63,10 @@ def _missing(binary: Path) -> str | None:
     return None
 
 
-def _need(binary: Path) -> None:
+def _needs(binary: Path):
+    """Skipped at collection, so that no ``evolving up`` starts for a client that is missing."""
     why = _missing(binary)
-    if why:
-        pytest.skip(why)
+    return pytest.mark.skipif(why is not None, reason=why or "")
 
 
 # ----------------------------------------------------------------------------- evolving up
@@ -221,8 +221,8 @@ def _one_agent(nats_url: str, partition: str, records: list[Record], branch: str
 
 
 # ----------------------------------------------------------------------------- sim: a turn each
+@_needs(BIN / "claude")
 def test_claude_code_finishes_a_turn_as_one_agent(sim_up, nats_url, tmp_path):
-    _need(BIN / "claude")
     url, partition = sim_up
     with LoggingProxy(url) as proxy:
         p = claude(proxy.url, "say hi", tmp_path)
@@ -241,8 +241,8 @@ def test_claude_code_finishes_a_turn_as_one_agent(sim_up, nats_url, tmp_path):
     _one_agent(nats_url, partition, records, session)
 
 
+@_needs(BIN / "codex")
 def test_codex_finishes_a_turn_as_one_agent(sim_up, nats_url, tmp_path):
-    _need(BIN / "codex")
     url, partition = sim_up
     with LoggingProxy(url) as proxy:
         p = codex(proxy.url, "say hi", tmp_path)
@@ -254,8 +254,8 @@ def test_codex_finishes_a_turn_as_one_agent(sim_up, nats_url, tmp_path):
     _one_agent(nats_url, partition, records, first.json["prompt_cache_key"])
 
 
+@_needs(BIN / "opencode")
 def test_opencode_finishes_a_turn_as_one_agent(sim_up, nats_url, tmp_path):
-    _need(BIN / "opencode")
     url, partition = sim_up
     with LoggingProxy(url) as proxy:
         p = opencode(proxy.url, "say hi", tmp_path)
@@ -269,8 +269,8 @@ def test_opencode_finishes_a_turn_as_one_agent(sim_up, nats_url, tmp_path):
     _one_agent(nats_url, partition, records, session)
 
 
+@_needs(MINI)
 def test_mini_swe_agent_steps_as_one_agent(sim_up, nats_url, tmp_path):
-    _need(MINI)
     url, partition = sim_up
     with LoggingProxy(url) as proxy:
         p = mini(proxy.url, "say hi", tmp_path)
@@ -297,9 +297,9 @@ def _refused(records: list[Record]) -> list[tuple[Record, dict]]:
     return [(r, json.loads(r.error_body or "{}")) for r in gen]
 
 
-@pytest.mark.parametrize("client", ["claude", "codex", "opencode", "mini"])
+@pytest.mark.parametrize("client", [pytest.param(c, marks=_needs(MINI if c == "mini" else BIN / c))
+                                    for c in ("claude", "codex", "opencode", "mini")])
 def test_a_prompt_over_the_models_context_is_refused_in_each_apis_shape(client, torch_up, nats_url, tmp_path):
-    _need(MINI if client == "mini" else BIN / client)
     url, partition = torch_up
     run = {"claude": claude, "codex": codex, "opencode": opencode, "mini": mini}[client]
     with LoggingProxy(url) as proxy:
