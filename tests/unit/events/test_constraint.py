@@ -33,3 +33,12 @@ def test_constraint_round_trips_and_a_13_reader_ignores_it():
     assert codec.headers() == {codec.SCHEMA_HEADER: "1.4"}
     old = msgspec.msgpack.decode(data, type=RequestSubmitted13)
     assert (old.request, old.max_tokens, old.stop) == ("r", 8, msgspec.UNSET)
+
+
+def test_the_worker_hands_the_constraint_to_the_engine():
+    from engine.backend import Sampling, request_output
+
+    c = OutputConstraint(json_schema='{"type":"object"}')
+    assert request_output(RequestSubmitted(ts=1.0, request="r", branch="b", constraint=c))["sampling"] == \
+        Sampling(constraint=c)  # greedy otherwise, as a request without sampling parameters
+    assert request_output(RequestSubmitted(ts=1.0, request="r", branch="b"))["sampling"] is None
