@@ -4,7 +4,8 @@ the gateway constrains the call to Hermes' and reads it so). Through the officia
 forced tool call (OpenAI ``tool_choice: "required"``, Anthropic ``{"type": "any"}``, the
 Responses API's ``"required"``; a named tool, streamed) is one call whose arguments validate
 against the tool's schema, with ``finish_reason`` ``tool_calls`` / ``stop_reason`` ``tool_use``; the tool's result goes
-back and the model answers; a ``response_format`` JSON schema gives JSON that validates; a
+back and the model answers; a ``response_format`` (Anthropic ``output_config.format``) JSON
+schema gives JSON that validates; a
 schema that cannot be enforced is a 400 in each API's shape."""
 
 from __future__ import annotations
@@ -102,6 +103,9 @@ def test_forced_calls_and_json_answers_through_up(nats_url, partition, tmp_path,
                                  tool_choice={"type": "tool", "name": "get_weather"}) as stream:
             final = stream.get_final_message()
         assert final.stop_reason == "tool_use" and valid(WEATHER, final.content[-1].input)
+        aj = ant.messages.create(model=model, max_tokens=48, messages=[{"role": "user", "content": QUESTION}],
+                                 output_config={"format": {"type": "json_schema", "schema": ANSWER}})
+        assert aj.stop_reason == "end_turn" and valid(ANSWER, json.loads(aj.content[0].text))
         with pytest.raises(anthropic.BadRequestError) as abad:
             ant.messages.create(model=model, max_tokens=8, messages=amsgs[:1], tool_choice={"type": "tool", "name": "x"},
                                 tools=atools)

@@ -132,6 +132,9 @@ class _Base(Struct, kw_only=True):
     tool_choice: ToolChoice | None = None
     thinking: dict[str, Any] | None = None
     cache_control: dict[str, Any] | None = None  # automatic prefix caching happens anyway
+    # its ``format`` (json_schema) constrains the output (constraints.py); anything else in it
+    # (Claude Code's ``effort``) is ignored and counted as the field ``output_config``
+    output_config: dict[str, Any] | None = None
 
 
 class MessagesRequest(_Base, kw_only=True):
@@ -176,6 +179,10 @@ def _decode(raw: bytes, cls: type[Struct], ignored: list[str] | None = None) -> 
         if exc.param and exc.param.endswith(".role"):  # not OpenAI's list of roles
             exc.message = exc.message.split(" (expected", 1)[0] + " (expected 'user', 'assistant' or 'system')"
         raise
+    oc = req.output_config
+    if ignored is not None and oc is not None and any(k != "format" for k in oc):
+        ignored.append("output_config")
+        ignored.sort()
     tc = req.tool_choice
     if tc is not None and tc.type == "tool" and not tc.name:
         raise ApiError(400, "'tool_choice.name': required when tool_choice.type is 'tool'", "tool_choice.name",

@@ -14,9 +14,10 @@ What each request asks (:func:`for_chat`, :func:`for_messages`, :func:`for_respo
   given ``hermes``: the output is constrained, so its format is ours to choose, and the answer
   is parsed with it. The call then flows through the parser into ``tool_calls`` /
   ``tool_use`` / ``function_call`` as any call does.
-- a **JSON answer** - OpenAI ``response_format`` / Responses ``text.format`` of type
-  ``json_schema`` (its ``schema``) or ``json_object`` (``{"type": "object"}``): the text is one
-  JSON value valid against it. A forced call wins over a response format.
+- a **JSON answer** - OpenAI ``response_format`` / Responses ``text.format`` / Anthropic
+  ``output_config.format`` of type ``json_schema`` (its ``schema``) or ``json_object``
+  (``{"type": "object"}``): the text is one JSON value valid against it. A forced call wins over
+  a response format.
 
 Schemas are closed (:func:`closed`): an object schema that lists ``properties`` and says nothing
 of ``additionalProperties`` gets ``false`` (xgrammar's strict mode, vLLM's default, does the
@@ -177,7 +178,7 @@ def for_messages(req, tools: list[dict[str, Any]] | None, parser: str) -> Struct
     """A ``/v1/messages`` request's constraint (``req``: anthropic_api.MessagesRequest)."""
     tc = req.tool_choice
     if tc is None or tc.type in ("auto", "none"):
-        return None
+        return _format((req.output_config or {}).get("format"), "output_config.format")
     return _forced(tools, tc.name if tc.type == "tool" else None, parser,
                    "tool_choice.name" if tc.type == "tool" else "tool_choice")
 

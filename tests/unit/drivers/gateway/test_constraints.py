@@ -125,3 +125,22 @@ def test_a_checked_constraint_is_not_compiled_again(monkeypatch):
     fresh = cs.tool_call([{"name": "only_in_this_test", "parameters": {"type": "object"}}], None, "hermes")
     cs.check(fresh, "tool_choice")
     assert calls == [fresh.constraint]
+
+
+def test_anthropic_output_config_format():
+    ignored: list[str] = []
+    m = parse_messages(json.dumps({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+                                   "output_config": {"format": {"type": "json_schema", "schema": WEATHER}}}).encode(),
+                       ignored)
+    s = cs.for_messages(m, tool_defs(m), "none")
+    assert s.parser is None and json.loads(s.constraint.json_schema)["required"] == ["city"] and ignored == []
+    m = parse_messages(json.dumps({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+                                   "output_config": {"effort": "high"}}).encode(), ignored)
+    assert cs.for_messages(m, None, "none") is None and ignored == ["output_config"]  # effort: ignored, counted
+    pytest.importorskip("llguidance")
+    with pytest.raises(ApiError) as e:
+        cs.for_messages(parse_messages(json.dumps({
+            "model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+            "output_config": {"format": {"type": "json_schema", "schema": {"type": "nonsense"}}}}).encode()),
+            None, "none")
+    assert e.value.param == "output_config.format.schema"
