@@ -91,15 +91,34 @@ def closed(schema: Any, in_all_of: bool = False) -> Any:
     return out
 
 
+def rebased(schema: Any, base: str) -> Any:
+    """``schema`` moved under the JSON pointer ``base`` of a larger schema: its local references
+    (``#``, ``#/$defs/x``) made to point where it now is (``base``, ``base/$defs/x``)."""
+    if isinstance(schema, list):
+        return [rebased(s, base) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: rebased(v, base) for k, v in schema.items()}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        out["$ref"] = base + ref[1:]
+    return out
+
+
 def tool_call(tools: list[dict[str, Any]], name: str | None, parser: str) -> Structured:
     """One call of ``name`` (or of any of ``tools``) in ``parser``'s format (module docstring).
-    ``tools``: the ``{"name", "parameters"}`` function definitions the template renders."""
+    ``tools``: the ``{"name", "parameters"}`` function definitions the template renders. Each
+    tool's parameters sit inside the call's schema, their local references rebased there."""
     fmt = call_format(parser)
     prefix, suffix, args_key, listed = FORMATS[fmt]
     chosen = [t for t in tools if name is None or t["name"] == name]
-    calls = [{"type": "object", "properties": {"name": {"const": t["name"]},
-                                               args_key: closed(t.get("parameters") or {"type": "object"})},
-              "required": ["name", args_key], "additionalProperties": False} for t in chosen]
+    top = "#/items" if listed else "#"
+    calls = []
+    for i, t in enumerate(chosen):
+        where = f"{top}/properties/{args_key}" if len(chosen) == 1 else f"{top}/anyOf/{i}/properties/{args_key}"
+        params = rebased(closed(t.get("parameters") or {"type": "object"}), where)
+        calls.append({"type": "object", "properties": {"name": {"const": t["name"]}, args_key: params},
+                      "required": ["name", args_key], "additionalProperties": False})
     schema: dict[str, Any] = calls[0] if len(calls) == 1 else {"anyOf": calls}
     if listed:
         schema = {"type": "array", "items": schema, "minItems": 1, "maxItems": 1}

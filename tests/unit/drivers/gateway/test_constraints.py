@@ -4,6 +4,7 @@ answer from response_format / text.format; and every bad request a 400 naming it
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -144,3 +145,23 @@ def test_anthropic_output_config_format():
             "output_config": {"format": {"type": "json_schema", "schema": {"type": "nonsense"}}}}).encode()),
             None, "none")
     assert e.value.param == "output_config.format.schema"
+
+
+@pytest.mark.parametrize("parser", ["hermes", "mistral"])
+@pytest.mark.parametrize("name", [None, "tree"])
+def test_a_tools_own_references_still_resolve_inside_the_call(parser, name):
+    """Parameters with local references (``#/$defs/...``, ``#``) compile inside the call's schema,
+    and the value written under it validates against the tool's own schema."""
+    tree = {"$defs": {"leaf": {"type": "object", "properties": {"v": {"type": "integer", "minimum": 3}},
+                               "required": ["v"]}},
+            "type": "object", "properties": {"leaf": {"$ref": "#/$defs/leaf"},
+                                             "kids": {"type": "array", "items": {"$ref": "#"}}},
+            "required": ["leaf"]}
+    tools = [{"name": "tree", "parameters": tree}, *TOOLS]
+    s = cs.tool_call(tools, name, parser)
+    if importlib.util.find_spec("llguidance"):
+        assert cs.validate(s.constraint) == ""
+    text = constrained_text(s.constraint.json_schema, s.constraint.prefix, s.constraint.suffix)
+    (call,) = toolcalls.parse_all(toolcalls.make(s.parser, "x"), [text])
+    tool = next(t for t in tools if t["name"] == call.name)
+    assert jsonschema_rs.validator_for(tool["parameters"]).is_valid(call.input()), text
