@@ -4,7 +4,8 @@ tokenizer (engine/backends/torch/grammar.py) and the gateway refuses a request w
 fails :func:`validate` (services/drivers/gateway/constraints.py), so both use one compiler.
 
 The grammar is ``start: PREFIX value SUFFIX`` with ``value: %json {SCHEMA}``, the JSON laid out
-with fixed whitespace (:data:`JSON_OPTIONS`: ``", "`` and ``": "``, nothing flexible).
+with fixed whitespace (:data:`JSON_OPTIONS`: ``", "`` and ``": "``, nothing flexible), keywords
+llguidance does not implement left unenforced (lenient).
 """
 
 from __future__ import annotations
@@ -14,8 +15,12 @@ import json
 
 from events.catalog import OutputConstraint
 
-#: llguidance's JSON options (``x-guidance``): one fixed layout, as ``json.dumps`` writes it
-JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+#: llguidance's JSON options (``x-guidance``): one fixed layout, as ``json.dumps`` writes it; lenient:
+#: a keyword llguidance does not implement (``propertyNames``, ``dependentRequired``, ``not``, an
+#: unknown ``format``: what schema generators such as zod emit in agents' tool schemas) is not
+#: enforced instead of refusing the whole schema; a schema that is wrong (a bad type, a ``$ref``
+#: to nothing, a pattern that does not parse) is still refused
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ", "lenient": True}
 
 
 class GrammarError(ValueError):
