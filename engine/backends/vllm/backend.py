@@ -23,9 +23,11 @@ Attach only (``--backend vllm --vllm-url URL``): the worker never launches vLLM.
    tiers skipped. Of a hybrid model's KV-cache groups (``group_idx``) only the first
    full-attention group is followed: a sliding-window group drops blocks that the full group
    still holds.
-4. Role: collocated only. PD over vLLM's KV connectors and a runtime role switch are not
-   built: ``order_switch`` to another role is acknowledged with the old role
-   (``RoleSwitched.mechanism="refused"`` and an ``AnomalyReported``).
+4. Role: with ``--vllm-pd`` (the server runs a ``kv_both`` KV connector shared with its
+   peers) any role, switched in place, and prefill on one server with decode on another
+   (engine/backends/vllm/pd.py); without it collocated only: ``order_switch`` to another role is
+   acknowledged with the old role (``RoleSwitched.mechanism="refused"`` and an
+   ``AnomalyReported``).
 5. Load: this worker's requests, or vLLM's ``vllm:num_requests_running`` /
    ``vllm:num_requests_waiting`` from ``/metrics`` when larger. No iteration timing (no log).
 6. The server's own limits, read at start: the KV capacity the node registers is vLLM's
@@ -69,10 +71,11 @@ from engine.backends.attached import (
     structured_params,
 )
 from engine.backends.sglang.kvmap import PageMap
+from engine.backends.vllm.pd import VllmPd, request_seed
 from engine.backends.vllm.wire import MEDIUM_CPU, MEDIUM_GPU, parse_frames
 from engine.kvpool import KvPool
 from engine.profiles import Profile
-from events.catalog import AnomalyReported, RoleSwitched
+from events.catalog import AnomalyReported
 from events.ids import NodeId, RequestId, Role, SwitchMechanism
 from services.adapters.logging import get_logger
 
@@ -93,6 +96,7 @@ class VllmConfig:
     metrics_interval_s: float = 2.0
     request_timeout_s: float = 600.0
     retry_s: float = 60.0
+    pd: bool = False  # the server runs a kv_both KV connector shared with its peers (pd.py)
 
 
 def config_from_args(args) -> VllmConfig:
@@ -100,7 +104,8 @@ def config_from_args(args) -> VllmConfig:
     return VllmConfig(url=args.vllm_url.rstrip("/"), model=args.vllm_model,
                       api_key=args.vllm_api_key or os.environ.get("VLLM_API_KEY") or None,
                       wait_s=args.vllm_wait_s, kv_events_endpoints=eps, kv_events_topic=args.kv_events_topic,
-                      metrics_interval_s=args.metrics_interval_s, request_timeout_s=args.request_timeout_s)
+                      metrics_interval_s=args.metrics_interval_s, request_timeout_s=args.request_timeout_s,
+                      pd=args.vllm_pd)
 
 
 def prom_labels(text: str, metric: str) -> dict[str, str]:
@@ -132,7 +137,7 @@ def capacity_of(text: str) -> int | None:
         return None
 
 
-class VllmBackend(AttachedServer):
+class VllmBackend(VllmPd, AttachedServer):
     """``EngineBackend`` attached to one vLLM server (module docstring)."""
 
     engine_name = "vllm"
@@ -146,10 +151,12 @@ class VllmBackend(AttachedServer):
     def __init__(self, host: WorkerHost, node: str, role: Role, profile: Profile, cfg: VllmConfig) -> None:
         self.host, self.cfg, self.profile = host, cfg, profile
         self.node_id = NodeId(node)
-        if role != "collocated":
+        if role != "collocated" and not cfg.pd:
             log.warning("vllm_role_collocated", node=node, asked=role,
-                        note="the vLLM backend serves collocated only (no PD pairing over vLLM's KV connectors)")
-        self._role: Role = "collocated"
+                        note="without --vllm-pd (a KV connector on the server) the vLLM backend serves collocated only")
+        self._role: Role = role if cfg.pd else "collocated"
+        self.handed_off = 0  # prefills whose decode went to another node's server (pd.py)
+        self.loaded_tokens = 0  # prompt tokens decode requests found cached or loaded (pd.py)
         self.bt = profile.block_tokens
         self.pool = KvPool(self.node_id, self.bt, profile.l1_capacity_tokens, profile.l2_capacity_tokens,
                            choose=lambda tier, tokens, pinned: [], emit=host.emit, now=self._now)
@@ -168,6 +175,8 @@ class VllmBackend(AttachedServer):
         self.max_model_len: int | None = None
         self.server_started_s: float | None = None  # process_start_time_seconds of the server
         self.kv_events_seen = 0
+        self._usage: dict[str, int] = {}  # request -> the cached_tokens its server reported
+        self._usage_total: dict[str, int] = {}  # request -> its closing completion_tokens
         self.cached_vs_server: Counter[str] = Counter()  # agree / disagree / diff_tokens (module docstring, 8)
         self.server_block_size = 16  # vLLM's --block-size, read at start (the CPU default 128 when not exported)
         self._silence_check: asyncio.Task | None = None
@@ -327,54 +336,76 @@ class VllmBackend(AttachedServer):
             task.cancel()  # the stream closes: vLLM aborts a request whose client went away
         return self.jobs.pop(request)
 
-    def kv_arrived(self, job: DecodeJob) -> None:
-        """Collocated only: never called with work to do."""
+    def _body(self, job: PrefillJob | DecodeJob, ids: list[int], max_tokens: int) -> dict:
+        """The streamed ``POST /v1/completions`` of a request: its ids, budget, sampling, id."""
+        body = {"model": self.model, "prompt": ids, "max_tokens": max_tokens, "stream": True,
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+                **sampling_params(job), **structured_params(job, "vllm"), "request_id": job.request}
+        if self.cfg.pd and "seed" not in body and body.get("temperature"):
+            body["seed"] = request_seed(job.request)  # prefill and decode servers draw the same first token
+        return body
+
+    def _fits(self, job: PrefillJob | DecodeJob, ids: list[int]) -> int | None:
+        """The ``max_tokens`` to send (cut to what fits ``max_model_len``), or None: the prompt does not fit."""
+        max_tokens = max(1, job.max_tokens)
+        if self.max_model_len is None:
+            return max_tokens
+        if len(ids) >= self.max_model_len:
+            return None
+        return min(max_tokens, self.max_model_len - len(ids))
+
+    async def _stream(self, rid: str, body: dict):
+        """Each choice chunk of the server's stream as ``(text, completion tokens so far, finish
+        reason or None)``; the closing usage chunk's ``cached_tokens`` and ``completion_tokens`` go to
+        ``self._usage[rid]`` and ``self._usage_total[rid]``."""
+        total = 0
+        async with self._http.post(f"{self.cfg.url}/v1/completions", json=body, headers={"X-Request-Id": rid}) as r:
+            if r.status != 200:
+                raise RuntimeError(f"POST {self.cfg.url}/v1/completions -> {r.status}: {(await r.text())[:200]}")
+            async for out in sse_data(r.content):
+                if "error" in out and not out.get("choices"):
+                    raise RuntimeError(str(out["error"].get("message", out["error"]))
+                                       if isinstance(out["error"], dict) else str(out["error"]))
+                usage = out.get("usage") or {}
+                choices = out.get("choices") or []
+                if not choices:  # the closing usage chunk
+                    details = usage.get("prompt_tokens_details") or {}
+                    if isinstance(details.get("cached_tokens"), int):
+                        self._usage[rid] = details["cached_tokens"]
+                    if "completion_tokens" in usage:
+                        self._usage_total[rid] = int(usage["completion_tokens"])
+                    continue
+                total = int(usage["completion_tokens"]) if "completion_tokens" in usage else total + 1
+                reason = choices[0].get("finish_reason")
+                yield choices[0].get("text") or "", total, finish_of(reason) if reason else None
 
     async def _serve_one(self, job: PrefillJob) -> None:
+        """A request prefilled here: decoded here too (collocated), or handed to its decode node's
+        server (:meth:`_serve_prefill`, PD)."""
+        if job.decode_node not in (None, "", self.node_id) and self.cfg.pd:
+            await self._serve_prefill(job)
+            return
         rid = job.request
         ids = self._request_ids(job)
         cached = self.predicted_cached(job, len(ids))
-        max_tokens = max(1, job.max_tokens)
-        if self.max_model_len is not None:  # vLLM refuses prompt + max_tokens > max_model_len
-            if len(ids) >= self.max_model_len:
-                self._finish(job, self.node_id, 0, f"prompt of {len(ids)} tokens does not fit vLLM's "
-                                                   f"max_model_len {self.max_model_len}")
-                return
-            max_tokens = min(max_tokens, self.max_model_len - len(ids))
-        body = {"model": self.model, "prompt": ids, "max_tokens": max_tokens, "stream": True,
-                "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-                **sampling_params(job), **structured_params(job, "vllm"), "request_id": rid}
-        total, sent, finish, server_cached = 0, 1, "length", None
+        max_tokens = self._fits(job, ids)
+        if max_tokens is None:
+            self._finish(job, self.node_id, 0, f"prompt of {len(ids)} tokens does not fit vLLM's "
+                                               f"max_model_len {self.max_model_len}")
+            return
+        total, sent, finish = 0, 1, "length"
         try:
-            async with self._http.post(f"{self.cfg.url}/v1/completions", json=body,
-                                       headers={"X-Request-Id": rid}) as r:
-                if r.status != 200:
-                    raise RuntimeError(f"POST {self.cfg.url}/v1/completions -> {r.status}: {(await r.text())[:200]}")
-                async for out in sse_data(r.content):
-                    if "error" in out and not out.get("choices"):
-                        raise RuntimeError(str(out["error"].get("message", out["error"]))
-                                           if isinstance(out["error"], dict) else str(out["error"]))
-                    usage = out.get("usage") or {}
-                    choices = out.get("choices") or []
-                    if not choices:  # the closing usage chunk
-                        total = int(usage.get("completion_tokens", total))
-                        details = usage.get("prompt_tokens_details") or {}
-                        if isinstance(details.get("cached_tokens"), int):
-                            server_cached = details["cached_tokens"]
-                        continue
-                    text = choices[0].get("text") or ""
-                    if choices[0].get("finish_reason"):
-                        finish = finish_of(choices[0]["finish_reason"])
-                    total = int(usage["completion_tokens"]) if "completion_tokens" in usage else total + 1
-                    if rid not in self.started:
-                        self._first(job, self.node_id, cached, text)
-                        continue
-                    if text or total > sent:
-                        self._token(request=rid, kind="chunk", tokens=max(0, total - sent), total=total, text=text)
-                        sent = max(sent, total)
+            async for text, total, reason in self._stream(rid, self._body(job, ids, max_tokens)):
+                finish = reason or finish
+                if rid not in self.started:
+                    self._first(job, self.node_id, cached, text)
+                elif text or total > sent:
+                    self._token(request=rid, kind="chunk", tokens=max(0, total - sent), total=total, text=text)
+                    sent = max(sent, total)
+            total = self._usage_total.pop(rid, total)
             self._finish(job, self.node_id, total, None, finish)
-            if server_cached is not None:
-                self._compare_cached(rid, cached, server_cached)
+            if rid in self._usage:
+                self._compare_cached(rid, cached, self._usage.pop(rid))
             if (self._silence_check is None and self.cfg.kv_events_endpoints and not self.kv_events_seen
                     and len(ids) >= self.server_block_size):
                 self._silence_check = asyncio.create_task(self._check_events_arrive(), name="vllm-kv-silence")
@@ -406,15 +437,3 @@ class VllmBackend(AttachedServer):
     # ------------------------------------------------------------------ role switch
     def order_switch(self, to_role: Role, mechanism: SwitchMechanism) -> None:
         asyncio.get_running_loop().call_soon(self._switch, to_role, mechanism)
-
-    def _switch(self, to_role: Role, mechanism: SwitchMechanism) -> None:
-        now = self._now()
-        refused = to_role != self._role
-        if refused:
-            detail = f"ordered {mechanism} to {to_role}; refused: the vLLM backend serves collocated only"
-            log.warning("switch_refused", node=self.node_id, to_role=to_role, why=detail)
-            self.host.emit(AnomalyReported(ts=now, src=self.node_id, component="engine.vllm",
-                                           kind="role_switch_refused", ref=self.node_id, detail=detail))
-        self.host.emit(RoleSwitched(ts=now, src=self.node_id, node=self.node_id, role=self._role, drained=0,
-                                    duration_s=0.0, kv_dropped=False,
-                                    mechanism="refused" if refused else ""))

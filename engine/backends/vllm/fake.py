@@ -14,7 +14,9 @@ unless ``ignore_eos`` is true the output ends at "end of turn" after ``eos_after
 carries ``vllm:cache_config_info`` (``num_gpu_blocks`` = ``capacity_blocks``, ``block_size``)
 and ``process_start_time_seconds``. :meth:`FakeVllm.restart` is a server restart: empty cache,
 sequence numbers from 0, a new start time. ``POST /reset_prefix_cache`` is served only with
-``dev_mode`` (vLLM's ``VLLM_SERVER_DEV_MODE=1``), 404 otherwise. KV: a prefix cache of ``block_size``-token blocks with
+``dev_mode`` (vLLM's ``VLLM_SERVER_DEV_MODE=1``), 404 otherwise. ``shared_store`` (a dict two
+fakes share) models vLLM's ``ExampleConnector`` in ``kv_both``: every prompt's KV stored, a peer's
+loaded (counted in ``loaded`` and in ``cached_tokens``) under the connector's keys. KV: a prefix cache of ``block_size``-token blocks with
 LRU leaf eviction, publishing one ``BlockStored`` per request for its new full blocks (SHA-256
 ``bytes`` block hashes, or unsigned 64-bit ints with ``int_hashes``, as
 ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``), ``BlockRemoved`` per evicted block, ``AllBlocksCleared``
@@ -49,11 +51,13 @@ class FakeVllm(FakeServer):
     def __init__(self, *, model: str = "fake/model", block_size: int = 16, capacity_blocks: int = 4096,
                  kv_events_port: int | None = None, topic: str = "", int_hashes: bool = False,
                  dp_rank: int = 0, prefill_s_per_token: float = 2e-6, decode_s_per_token: float = 0.002,
-                 eos_after: int = 6, max_model_len: int = 131072, dev_mode: bool = True) -> None:
+                 eos_after: int = 6, max_model_len: int = 131072, dev_mode: bool = True,
+                 shared_store: dict | None = None) -> None:
         super().__init__(kv_events_port, topic)
         self.model, self.block_size, self.capacity = model, block_size, capacity_blocks
         self.eos_after, self.max_model_len, self.dev_mode = eos_after, max_model_len, dev_mode
         self.started_s = time.time()
+        self.store, self.loaded = shared_store, 0  # vLLM's ExampleConnector (kv_both), modelled
         self.int_hashes, self.dp_rank = int_hashes, dp_rank
         self.prefill_s, self.decode_s = prefill_s_per_token, decode_s_per_token
         self.blocks: OrderedDict = OrderedDict()  # hash -> [parent, children], LRU order
@@ -121,6 +125,19 @@ class FakeVllm(FakeServer):
                 self.blocks[parent][1] -= 1
             events.append(BlockRemoved(block_hashes=[victim], medium="GPU", group_idx=0))
 
+    def _connector(self, ids: list[int]) -> int:
+        """The shared store: the prompt's KV loaded if a peer stored it (looked up by its first
+        ``(len - 2) // block`` blocks, as ExampleConnector does), then stored (``(len - 1) // block``)."""
+        if self.store is None:
+            return 0
+        bs = self.block_size
+        look, keep = (len(ids) - 2) // bs * bs, (len(ids) - 1) // bs * bs
+        hit = look if look > 0 and tuple(ids[:look]) in self.store else 0
+        self.loaded += bool(hit)
+        if keep > 0:
+            self.store[tuple(ids[:keep])] = self.port
+        return hit
+
     # ------------------------------------------------------------------ routes
     @staticmethod
     def _error(msg: str, status: int = 400) -> web.Response:
@@ -168,6 +185,7 @@ class FakeVllm(FakeServer):
         try:
             # vLLM computes the prompt's last token even on a full hit: whole blocks before it
             cached = min(self._cache(ids), (len(ids) - 1) // self.block_size * self.block_size)
+            cached = max(cached, self._connector(ids))
             await asyncio.sleep(self.prefill_s * (len(ids) - cached))
             cid, created = f"cmpl-{rid}", int(time.time())
 

@@ -22,6 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="model name sent with each request (default: the first of the server's GET /v1/models)")
     g.add_argument("--vllm-api-key", default=None,
                    help="the server's --api-key, sent as a bearer token (default: env VLLM_API_KEY)")
+    g.add_argument("--vllm-pd", action="store_true",
+                   help="the server runs a KV connector with kv_role kv_both over a store its peers share (vLLM's "
+                        "ExampleConnector): prefill here and decode on another server, any role, switched in place")
     g.add_argument("--vllm-wait-s", type=float, default=0.0,
                    help="wait this long for the server's /health before giving up (default 0: fail at once with "
                         "one line)")

@@ -73,6 +73,10 @@ def add_arguments(p) -> None:
                         "context)")
     g.add_argument("--vllm-kv-cache-gib", type=int, default=1,
                    help="KV cache of each launched server on the CPU, whole GiB (VLLM_CPU_KVCACHE_SPACE; default 1)")
+    g.add_argument("--vllm-pd", action="store_true",
+                   help="launched servers run vLLM's ExampleConnector (kv_both) over one folder (RUN_DIR/vllm-kv): "
+                        "prefill on one and decode on another, roles switched in place, --prefill allowed; every "
+                        "prompt's KV is written there (disk grows with the run)")
     g.add_argument("--vllm-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for every launched vLLM server, e.g. --vllm-arg=--enforce-eager")
 
@@ -103,8 +107,8 @@ def prepare(args) -> str | None:
         return "--engines vllm runs in real time: --time-scale must be 1"
     if args.kv_bytes:
         return "--kv-bytes is for sim engines: vLLM keeps its own KV"
-    if args.prefill is not None:
-        return "--engines vllm serves collocated engines: --prefill (PD between vLLM servers) is not built"
+    if args.prefill is not None and not args.vllm_pd:
+        return "--engines vllm --prefill needs --vllm-pd (a KV connector between the servers)"
     block = load_profile(args.profile or "gb300-glm52").block_tokens
     if args.attach:
         return _prepare_attach(args, block)
@@ -176,14 +180,19 @@ def _prepare_attach(args, block: int) -> str | None:
 
 
 def server_command(hf: str, served: str, url: str, kv_endpoint: str, *, block_size: int, max_model_len: int,
-                   threads: int, kv_cache_gib: int, extra: list[str] = ()) -> tuple[list[str], dict[str, str]]:
+                   threads: int, kv_cache_gib: int, extra: list[str] = (),
+                   pd_store: str | None = None) -> tuple[list[str], dict[str, str]]:
     """The command and environment of one vLLM server on the CPU (module docstring)."""
     events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": bind_endpoint(kv_endpoint),
               "topic": KV_TOPIC}
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", hf, "--served-model-name", served,
            "--host", "127.0.0.1", "--port", url.rsplit(":", 1)[1], "--enable-prefix-caching", "--enable-prompt-tokens-details",
            "--block-size", str(block_size), "--max-model-len", str(max_model_len), "--dtype", "bfloat16",
-           "--kv-events-config", json.dumps(events), *extra]
+           "--kv-events-config", json.dumps(events)]
+    if pd_store:  # engine/backends/vllm/pd.py
+        cmd += ["--kv-transfer-config", json.dumps({"kv_connector": "ExampleConnector", "kv_role": "kv_both",
+                                                     "kv_connector_extra_config": {"shared_storage_path": pd_store}})]
+    cmd += list(extra)
     env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": str(int(kv_cache_gib)),  # vLLM reads whole GiB
            "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads),
            "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1"}
@@ -200,7 +209,8 @@ def server_children(args, logs: Path) -> list[Child]:
     for i, s in enumerate(plan.servers):
         cmd, env = server_command(plan.hf, plan.served, s.url, s.kv_endpoint, block_size=plan.block_size,
                                   max_model_len=plan.max_model_len, threads=threads,
-                                  kv_cache_gib=args.vllm_kv_cache_gib, extra=args.vllm_arg)
+                                  kv_cache_gib=args.vllm_kv_cache_gib, extra=args.vllm_arg,
+                                  pd_store=str(logs.parent / "vllm-kv") if args.vllm_pd else None)
         out.append(Child(f"vllm-n{i}", cmd, G_SERVER, logs / f"vllm-n{i}.log", env=env, bus=False))
     return out
 
@@ -211,6 +221,8 @@ def engine_args(args, i: int) -> list[str]:
     s = plan.servers[i]
     out = ["--backend", "vllm", "--vllm-url", s.url, "--vllm-model", plan.served, "--prompt-store", "on",
            "--vllm-wait-s", "900" if plan.launch else "60"]
+    if args.vllm_pd:
+        out.append("--vllm-pd")
     if s.kv_endpoint:  # an attached server's topic is not known: all of them
         out += ["--kv-events-endpoint", s.kv_endpoint, *(["--kv-events-topic", KV_TOPIC] if plan.launch else [])]
     return out

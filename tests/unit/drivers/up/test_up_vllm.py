@@ -80,7 +80,7 @@ def test_launched_servers_workers_and_gateway(hf, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize(("argv", "fragment"), [
-    (["--engines", "vllm", "--prefill", "1"], "collocated"),
+    (["--engines", "vllm", "--prefill", "1"], "needs --vllm-pd"),
     (["--engines", "vllm", "--vllm-max-model-len", "9000"], "want 1..4096"),
     (["--engines", "vllm", "--attach-kv-events", "tcp://127.0.0.1:1"], "goes with --attach"),
     (["--engines", "vllm", "--kv-bytes"], "--kv-bytes"),
@@ -88,6 +88,22 @@ def test_launched_servers_workers_and_gateway(hf, tmp_path, monkeypatch):
 def test_what_launching_refuses(hf, monkeypatch, argv, fragment):
     monkeypatch.setattr(vllm_up, "vllm_installed", lambda: True)
     assert fragment in vllm_up.prepare(_args(*argv, "--model", str(hf)))
+
+
+def test_pd_servers_share_a_kv_connector_store(hf, tmp_path, monkeypatch):
+    monkeypatch.setattr(vllm_up, "vllm_installed", lambda: True)
+    a = _args("--engines", "vllm:2", "--model", str(hf), "--vllm-pd", "--prefill", "1")
+    assert vllm_up.prepare(a) is None and check_args(a) is None
+    children, _ = plan_children(a, "nats://x:1", tmp_path, tmp_path / "r.duckdb")
+    by = {c.name: c.cmd for c in children}
+    stores = set()
+    for i in range(2):
+        kv = json.loads(_opt(by[f"vllm-n{i}"], "--kv-transfer-config"))
+        assert (kv["kv_connector"], kv["kv_role"]) == ("ExampleConnector", "kv_both")
+        stores.add(kv["kv_connector_extra_config"]["shared_storage_path"])
+        assert "--vllm-pd" in by[f"engine-n{i}"]
+    assert stores == {str(tmp_path / "vllm-kv")}
+    assert (_opt(by["engine-n0"], "--role"), _opt(by["engine-n1"], "--role")) == ("prefill", "decode")
 
 
 def test_without_vllm_installed_it_says_how_to_install(hf, monkeypatch):
