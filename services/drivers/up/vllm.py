@@ -137,6 +137,8 @@ def prepare(args) -> str | None:
     args.vllm = VllmPlan(launch=True, served=models.served_name(src), tokenizer=str(hf), max_model_len=want,
                          block_size=block, servers=servers, hf=str(hf))
     args.model = src
+    if args.vllm_pd:  # the servers switch roles in place: let the planner decide within seconds, as for torch
+        args.planner_arg = models.planner_args(args.planner_arg)
     return None
 
 

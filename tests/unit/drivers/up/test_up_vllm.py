@@ -104,6 +104,7 @@ def test_pd_servers_share_a_kv_connector_store(hf, tmp_path, monkeypatch):
         assert "--vllm-pd" in by[f"engine-n{i}"]
     assert stores == {str(tmp_path / "vllm-kv")}
     assert (_opt(by["engine-n0"], "--role"), _opt(by["engine-n1"], "--role")) == ("prefill", "decode")
+    assert "--planner-arg=warmup_s=5" in by["planner"]  # roles switch in place: the planner decides within seconds
 
 
 def test_without_vllm_installed_it_says_how_to_install(hf, monkeypatch):
