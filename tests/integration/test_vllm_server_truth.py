@@ -211,6 +211,30 @@ async def test_a_restarted_worker_resyncs_so_the_blocks_vllm_keeps_are_not_lost(
         await fake.stop()
 
 
+async def test_a_reset_refused_while_blocks_are_held_is_tried_again(monkeypatch):
+    """vLLM answers ``{"success": false}`` (200) while a previous worker's requests still hold
+    blocks: the reset is tried again until it is done; a server that keeps refusing is counted."""
+    h = Host()
+    fake = FakeVllm(kv_events_port=0, block_size=64)
+    fake.busy_resets = 2
+    monkeypatch.setattr(VllmBackend, "reset_retry_s", 0.05)
+    try:
+        b = await attach(h, fake)
+        try:
+            assert fake.busy_resets == 0 and "reset_refused" not in b.resyncs
+            assert type(fake.published[-1].events[0]).__name__ == "AllBlocksCleared"
+        finally:
+            await b.close()
+        fake.busy_resets = 100
+        b = await attach(Host(), fake)
+        try:
+            assert b.resyncs["reset_refused"] == 1 and fake.busy_resets == 100 - b.reset_tries
+        finally:
+            await b.close()
+    finally:
+        await fake.stop()
+
+
 async def test_unfolded_events_are_counted_on_the_workers_metrics(partition):
     """Bug 6: orphan and unknown-block counts of the page map on ``/metrics``."""
     fake = FakeVllm(kv_events_port=0, block_size=64, dev_mode=False)

@@ -147,6 +147,7 @@ class VllmBackend(VllmPd, AttachedServer):
 
     name = "vllm"
     events_silence_s = 5.0  # after a request that filled a KV block, this long without an event is an error
+    reset_tries, reset_retry_s = 10, 1.0  # a prefix-cache reset refused while blocks are held is tried again
 
     def __init__(self, host: WorkerHost, node: str, role: Role, profile: Profile, cfg: VllmConfig) -> None:
         self.host, self.cfg, self.profile = host, cfg, profile
@@ -244,18 +245,35 @@ class VllmBackend(VllmPd, AttachedServer):
     async def resync(self, reason: str) -> bool:
         """Drop the node's KV view and reset the server's prefix cache; True if the server did."""
         self._drop_view(reason)
-        try:
-            async with self._http.post(f"{self.cfg.url}/reset_prefix_cache") as r:
-                ok = r.status == 200
-                detail = "" if ok else f"POST /reset_prefix_cache -> {r.status}"
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            ok, detail = False, f"POST /reset_prefix_cache: {type(exc).__name__}"
+        for attempt in range(self.reset_tries):
+            if attempt:  # vLLM refuses while blocks are held (requests of a previous worker still ending)
+                await asyncio.sleep(self.reset_retry_s)
+            ok, detail, again = await self._reset_once()
+            if ok or not again:
+                break
         if not ok:
             self.resyncs["reset_refused"] += 1
             log.warning("vllm_cache_reset_refused", url=self.cfg.url, reason=reason, detail=detail,
                         note="blocks vLLM cached before now stay unknown to the directory: events about them are "
                              "counted as orphan_pages / unknown_removed (start vLLM with VLLM_SERVER_DEV_MODE=1)")
         return ok
+
+    async def _reset_once(self) -> tuple[bool, str, bool]:
+        """One ``POST /reset_prefix_cache``: (done, why not, worth trying again). vLLM answers 200
+        with ``{"success": false}`` while blocks are still held, 404 without dev mode."""
+        try:
+            async with self._http.post(f"{self.cfg.url}/reset_prefix_cache") as r:
+                if r.status != 200:
+                    return False, f"POST /reset_prefix_cache -> {r.status}", False
+                try:
+                    body = await r.json(content_type=None)
+                except ValueError:
+                    body = None
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            return False, f"POST /reset_prefix_cache: {type(exc).__name__}", True
+        if isinstance(body, dict) and body.get("success") is False:
+            return False, "POST /reset_prefix_cache -> success false (blocks still held)", True
+        return True, "", False
 
     def _drop_view(self, reason: str) -> None:
         """Forget every block of the node (``KvEvicted`` per tier) and the page map's state."""

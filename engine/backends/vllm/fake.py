@@ -58,6 +58,7 @@ class FakeVllm(FakeServer):
         self.eos_after, self.max_model_len, self.dev_mode = eos_after, max_model_len, dev_mode
         self.started_s = time.time()
         self.store, self.loaded = shared_store, 0  # vLLM's ExampleConnector (kv_both), modelled
+        self.busy_resets = 0  # the next resets answered {"success": false}, as while blocks are held
         self.int_hashes, self.dp_rank = int_hashes, dp_rank
         self.prefill_s, self.decode_s = prefill_s_per_token, decode_s_per_token
         self.blocks: OrderedDict = OrderedDict()  # hash -> [parent, children], LRU order
@@ -156,9 +157,12 @@ class FakeVllm(FakeServer):
     async def _reset(self, request: web.Request) -> web.Response:
         if not self.dev_mode:
             return web.json_response({"detail": "Not Found"}, status=404)
+        if self.busy_resets > 0:  # blocks still held by running requests: vLLM refuses, 200 all the same
+            self.busy_resets -= 1
+            return web.json_response({"success": False})
         self.blocks.clear()
         self._publish([AllBlocksCleared()])
-        return web.Response(text="")
+        return web.json_response({"success": True})
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         try:
