@@ -14,7 +14,10 @@ per child):
    the router and any ``--shadow`` routers (``python -m services.<name>``). ``up`` writes the
    run configuration (plug-in names and arguments) into the DuckDB file before the recorder
    starts, so ``evolving verify DB`` rebuilds the same cores.
-3. ``--engines N`` sim engines (``python -m engine.worker --node nI --role R --time-scale S``).
+3. ``--engines N`` sim engines (``python -m engine.worker --node nI --role R --time-scale S``);
+   ``--engines vllm[:N]``: first N vLLM servers (``vllm-nI``, services/drivers/up/vllm.py; not on
+   the bus, stopped after their workers), then a worker attached to each (``--attach``: to
+   servers someone else started).
 4. The gateway (``python -m services.drivers.gateway --port P``).
 
 A child that exits while ``up`` runs is restarted (backoff 1 s doubling to 10 s); the
