@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Self
@@ -51,6 +52,48 @@ class Record:
         return self.body if isinstance(self.body, dict) else {}
 
 
+@dataclass
+class Scripted:
+    """A reply the proxy gives in place of the gateway's (``LoggingProxy(script=...)``)."""
+    body: bytes
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def anthropic_tool_use(model: str, tool: str, tool_input: dict, tool_id: str = "toolu_scripted_1") -> Scripted:
+    """A streamed Messages API turn that is one ``tool_use`` block (Anthropic's event sequence)."""
+    def ev(kind: str, data: dict) -> str:
+        return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n"
+    usage = {"input_tokens": 1, "output_tokens": 1}
+    body = "".join([
+        ev("message_start", {"message": {"id": "msg_scripted", "type": "message", "role": "assistant", "model": model,
+                                         "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}}),
+        ev("content_block_start", {"index": 0, "content_block": {"type": "tool_use", "id": tool_id, "name": tool,
+                                                                  "input": {}}}),
+        ev("content_block_delta", {"index": 0, "delta": {"type": "input_json_delta",
+                                                         "partial_json": json.dumps(tool_input)}}),
+        ev("content_block_stop", {"index": 0}),
+        ev("message_delta", {"delta": {"stop_reason": "tool_use", "stop_sequence": None}, "usage": {"output_tokens": 1}}),
+        ev("message_stop", {}),
+    ])
+    return Scripted(body.encode(), headers={"content-type": "text/event-stream", "cache-control": "no-cache"})
+
+
+def openai_tool_call(model: str, name: str, arguments: dict, call_id: str = "call_scripted_1") -> Scripted:
+    """A streamed chat completion that is one tool call (OpenAI's chunks, a usage chunk, ``[DONE]``)."""
+    def chunk(delta: dict, finish: str | None = None, usage: dict | None = None) -> str:
+        body = {"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "created": 0, "model": model,
+                "choices": [] if usage else [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        if usage:
+            body["usage"] = usage
+        return f"data: {json.dumps(body)}\n\n"
+    call = {"index": 0, "id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+    body = "".join([chunk({"role": "assistant", "content": None, "tool_calls": [call]}), chunk({}, "tool_calls"),
+                    chunk({}, usage={"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}),
+                    "data: [DONE]\n\n"])
+    return Scripted(body.encode(), headers={"content-type": "text/event-stream", "cache-control": "no-cache"})
+
+
 def _redact(headers) -> dict[str, str]:
     return {k.lower(): ("<redacted>" if k.lower() in SECRET_HEADERS else v) for k, v in headers.items()}
 
@@ -68,8 +111,13 @@ class LoggingProxy:
     """The proxy on a loopback port, served by its own event loop in a thread, so a synchronous
     test can run a client as a child process beside it."""
 
-    def __init__(self, upstream: str, port: int = 0, log_path: str | Path | None = None) -> None:
+    def __init__(self, upstream: str, port: int = 0, log_path: str | Path | None = None,
+                 script: Callable[[Record], Scripted | None] | None = None) -> None:
         self.upstream = upstream.rstrip("/")
+        # ``script(record)``: a reply the client gets instead of the gateway's (a scripted model
+        # turn, e.g. a tool call the sim engine would never write); the request still goes to the
+        # gateway, whose answer is read to its end and kept in ``record.extra["upstream"]``
+        self.script = script
         self.port = port
         self.log_path = Path(log_path) if log_path else None
         self.records: list[Record] = []
@@ -105,6 +153,13 @@ class LoggingProxy:
             return web.json_response({"error": {"message": f"proxy: {e}"}}, status=502)
         rec.status = upstream.status
         rec.reply_headers = {h: upstream.headers[h] for h in REPLY_HEADERS if h in upstream.headers}
+        scripted = self.script(rec) if self.script is not None and upstream.status < 400 else None
+        if scripted is not None:
+            async with upstream:
+                rec.extra["upstream"] = (await upstream.read()).decode("utf-8", "replace")
+            rec.extra["scripted"] = True
+            self._append(rec)
+            return web.Response(status=scripted.status, body=scripted.body, headers=scripted.headers)
         async with upstream:
             out = web.StreamResponse(status=upstream.status, reason=upstream.reason)
             for k, v in upstream.headers.items():

@@ -40,7 +40,13 @@ from services.adapters.bus import NatsBus
 from services.cores.directory.core import DirectoryCore
 from services.drivers.gateway.model import load_model
 from services.drivers.up.testing import read_all, stop_up, wait_ready_file
-from tests.integration.logging_proxy import LoggingProxy, Record, prompt_tokens
+from tests.integration.logging_proxy import (
+    LoggingProxy,
+    Record,
+    anthropic_tool_use,
+    openai_tool_call,
+    prompt_tokens,
+)
 
 pytestmark = pytest.mark.clients
 
@@ -220,6 +226,25 @@ def _one_agent(nats_url: str, partition: str, records: list[Record], branch: str
     return got, events
 
 
+def _agent_tree(nats_url: str, partition: str, by_branch: dict[str, list[str]], root: str, child: str) -> list:
+    """On the stream: ``root`` a root agent and ``child`` a sub-agent under it (nothing else in
+    that session), each request submitted on the branch the gateway answered with, all finished."""
+    ids = {i for v in by_branch.values() for i in v}
+    events = _stream(nats_url, partition, ids)
+    directory = DirectoryCore()
+    for ev in events:
+        directory.apply(ev)
+    opened = {e.branch: e for e in events if isinstance(e, BranchOpened) and e.session == root}
+    assert {b: (e.parent, e.mode) for b, e in opened.items()} == {root: (None, "root"),
+                                                                   child: (root, "subagent")}, opened
+    assert directory.branch(child)["parent"] == root and directory.branch(child)["mode"] == "subagent"
+    submitted = {e.request: e.branch for e in events if isinstance(e, RequestSubmitted) and e.request in ids}
+    assert submitted == {i: b for b, v in by_branch.items() for i in v}
+    finished = [e for e in events if isinstance(e, RequestFinished) and e.request in ids]
+    assert len(finished) == len(ids) and not any(e.error for e in finished)
+    return events
+
+
 # ----------------------------------------------------------------------------- sim: a turn each
 @_needs(BIN / "claude")
 def test_claude_code_finishes_a_turn_as_one_agent(sim_up, nats_url, tmp_path):
@@ -239,6 +264,46 @@ def test_claude_code_finishes_a_turn_as_one_agent(sim_up, nats_url, tmp_path):
     assert first.path == "/v1/messages" and first.query == "beta=true" and first.json["max_tokens"] >= 64_000
     assert {"context_management", "output_config", "thinking", "metadata"} <= set(first.json)
     _one_agent(nats_url, partition, records, session)
+
+
+@_needs(BIN / "claude")
+def test_claude_codes_sub_agent_is_folded_under_its_session(sim_up, nats_url, tmp_path):
+    """The sim never writes a tool call, so the proxy answers Claude Code's first turn with one
+    (its ``Agent`` tool, in the foreground); the request itself still went to the gateway. Claude
+    Code then runs the sub-agent - its requests add ``x-claude-code-agent-id`` - and the main
+    agent's next turn carries the sub-agent's answer: on the stream, a root branch (the session)
+    with its two turns and a sub-agent branch under it with its own."""
+    url, partition = sim_up
+    scripted: list[str] = []
+
+    def agent_call(rec: Record):
+        if rec.path != "/v1/messages" or "x-claude-code-agent-id" in rec.headers or scripted:
+            return None
+        scripted.append(rec.headers["x-claude-code-session-id"])
+        return anthropic_tool_use(rec.json["model"], "Agent", {
+            "description": "Say hi", "prompt": "say hi", "subagent_type": "general-purpose",
+            "run_in_background": False})
+
+    with LoggingProxy(url, script=agent_call) as proxy:
+        p = claude(proxy.url, "use an agent to say hi", tmp_path)
+    assert p.returncode == 0, _out(p)
+    result = json.loads(p.stdout)
+    stats = result["subagent_stats"]
+    assert (result["terminal_reason"], stats["spawned"], stats["completed"]) == ("completed", 1, 1), result
+    gen = _generation(proxy.snapshot())
+    assert all(r.status == 200 for r in gen), [(r.path, r.status, r.error_body) for r in gen]
+    (session,) = scripted
+    agents = {r.headers["x-claude-code-agent-id"] for r in gen if "x-claude-code-agent-id" in r.headers}
+    assert len(agents) == 1, agents
+    (agent,) = agents
+    by_branch: dict[str, list[str]] = {}
+    for r in gen:
+        assert r.headers["x-claude-code-session-id"] == session
+        by_branch.setdefault(r.reply_headers["x-branch-id"], []).append(r.reply_headers["x-request-id"])
+    assert {b: len(ids) for b, ids in by_branch.items()} == {session: 2, agent: 1}, by_branch
+    events = _agent_tree(nats_url, partition, by_branch, session, agent)
+    # the main agent's second turn extends its first (the tool call, then the agent's answer)
+    assert not [e for e in events if isinstance(e, ContextCompacted) and e.branch in (session, agent)]
 
 
 @_needs(BIN / "codex")
@@ -267,6 +332,39 @@ def test_opencode_finishes_a_turn_as_one_agent(sim_up, nats_url, tmp_path):
     assert sorted(bool(r.json.get("tools")) for r in gen) == [False, True], [r.json.keys() for r in gen]
     session = gen[0].headers["x-session-id"]
     _one_agent(nats_url, partition, records, session)
+
+
+@_needs(BIN / "opencode")
+def test_opencodes_sub_agent_is_folded_under_its_session(sim_up, nats_url, tmp_path):
+    """The proxy answers opencode's first agent turn with a call of its ``task`` tool; opencode
+    runs the sub-agent in a child session - its requests carry their own ``x-session-id`` and
+    ``x-parent-session-id`` - and on the stream that is a sub-agent branch under the session."""
+    url, partition = sim_up
+    scripted: list[str] = []
+
+    def task_call(rec: Record):
+        if rec.path != "/v1/chat/completions" or not rec.json.get("tools") or scripted:
+            return None
+        scripted.append(rec.headers["x-session-id"])
+        return openai_tool_call(rec.json["model"], "task", {"description": "Say hi", "prompt": "say hi",
+                                                            "subagent_type": "general"})
+
+    with LoggingProxy(url, script=task_call) as proxy:
+        p = opencode(proxy.url, "use a task agent to say hi", tmp_path)
+    assert p.returncode == 0, _out(p)
+    gen = _generation(proxy.snapshot())
+    assert all(r.status == 200 for r in gen), [(r.path, r.status, r.error_body) for r in gen]
+    (session,) = scripted
+    children = {r.headers["x-session-id"] for r in gen if r.headers.get("x-parent-session-id") == session}
+    assert len(children) == 1, [r.headers for r in gen]
+    (child,) = children
+    by_branch: dict[str, list[str]] = {}
+    for r in gen:
+        assert r.reply_headers["x-branch-id"] == r.headers["x-session-id"]
+        by_branch.setdefault(r.reply_headers["x-branch-id"], []).append(r.reply_headers["x-request-id"])
+    assert set(by_branch) == {session, child} and len(by_branch[session]) >= 3, by_branch  # title, 2 turns
+    events = _agent_tree(nats_url, partition, by_branch, session, child)
+    assert not [e for e in events if isinstance(e, ContextCompacted) and e.branch == child]
 
 
 @_needs(MINI)
