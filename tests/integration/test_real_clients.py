@@ -6,9 +6,12 @@ each through a logging proxy (tests/integration/logging_proxy.py) that records w
   URL and a key configured; every request they send gets a 2xx; the stream folds each client's
   requests as one agent - one root branch named by the client's own session identity (Claude
   Code's session header, Codex's ``prompt_cache_key``, opencode's ``x-session-id``, and for
-  mini-swe-agent, which sends none, the conversation its messages extend) - and as no sub-agent,
+  mini-swe-agent, which sends none, the conversation its messages extend) - with no sub-agent,
   since none spawns one (the sim writes no tool calls); the prompt tokens on the stream are
   those the proxy log's measurement gives (docs/gateway.md, "Real clients").
+- Claude Code and opencode given a scripted tool call that starts a sub-agent (the proxy answers
+  that one turn; the request still reaches the gateway): the sub-agent's requests are a
+  ``subagent`` branch under the session on the stream.
 - On ``evolving up --engines torch:1`` (SmolLM2-135M, 8,192 tokens) a prompt over the context is
   refused in each API's shape, before anything reaches the stream, and each client recognises
   the refusal as a prompt that is too long: Claude Code ``terminal_reason: prompt_too_long``,
