@@ -40,7 +40,7 @@ if [ "${EI_SKIP_LOAD:-0}" != 1 ] && [ "$#" -eq 0 ]; then
 fi
 # The real coding agents (marker `clients`, deselected above): Claude Code, Codex, opencode and
 # mini-swe-agent, installed by scripts/install_clients.sh (pinned, idempotent: ~1 min 50 s the first
-# time, ~4 s after), each headless against a live `evolving up` (issue 36; ~1.5 min here). Without
+# time, ~4 s after), each headless against a live `evolving up` (issue 36; 11 tests, ~2 min here). Without
 # Node or a reachable registry the install warns and the tests skip with the reason.
 # EI_SKIP_CLIENTS=1 skips both; extra arguments skip them too.
 if [ "$rc" -eq 0 ] && [ "${EI_SKIP_CLIENTS:-0}" != 1 ] && [ "$#" -eq 0 ]; then
