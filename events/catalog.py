@@ -369,7 +369,9 @@ class RouteDecided(Event, frozen=True, kw_only=True, gc=False):
 class ModelFitted(Event, frozen=True, kw_only=True, gc=False):
     """Iteration-time model of ``phase`` on ``node`` fitted by NNLS.
 
-    Prefill: ``[c0, c1, c2, c3]`` for eq. 1; decode: ``[d0, d1, d2]`` for eq. 2 (seconds).
+    Prefill: ``[c0, c1, c2, c3]`` for eq. 1; decode: ``[d0, d1, d2, d3]`` for eq. 2 and its
+    context term ``d3`` (seconds per context token the batch attends over; logs written before
+    it carry three).
     ``mape`` is the mean absolute percentage error on held-back samples.
     """
 

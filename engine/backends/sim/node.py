@@ -131,6 +131,7 @@ class SimNode:
         self.run_iter_s = 0.0
         self.run_iters = 0
         self.run_batch = 0
+        self.run_ctx = 0  # context tokens the current decode run attends over (its timing)
         self.run_cut = False
         # executor
         self.busy = False
@@ -550,6 +551,7 @@ class SimNode:
         (``IterationDone(phase=decode)`` timing only their share of the mixed iteration)."""
         acc_total = 0.0
         finished = []
+        ctx = sum(j.context for j in carried)  # what the step attended over (its timing's d_ctx term)
         for job in carried:
             acc = min(job.left, self.p.t_acc)
             job.left -= acc
@@ -559,7 +561,7 @@ class SimNode:
                 finished.append(job)
         self._emit(IterationDone(ts=self.host.now, src=self.id, node=self.id, phase="decode", duration_s=dec_s,
                                  batch=len(carried), t_fwd=self.p.t_fwd, accepted_tokens=round(acc_total),
-                                 queued=len(self.dwaiting), iterations=1))
+                                 sum_t_c=round(ctx), queued=len(self.dwaiting), iterations=1))
         for job in finished:
             self._finish_decode(job, "cancelled" if job.request in self.cancelling else "")
 
@@ -638,6 +640,7 @@ class SimNode:
         self.busy_start = now
         self.last_was_decode = True
         self.run_start_s, self.run_iter_s, self.run_iters, self.run_batch = now, it, k, B
+        self.run_ctx = ctx
         self.run_cut = False
         self.gen += 1
         self.host.schedule(now + k * it, self._end_decode_run, self.gen)
@@ -670,7 +673,7 @@ class SimNode:
                 finished.append(job)
         self._emit(IterationDone(ts=now, src=self.id, node=self.id, phase="decode", duration_s=self.run_iter_s,
                                  batch=self.run_batch, t_fwd=self.p.t_fwd,
-                                 accepted_tokens=round(acc_total / max(1, n)),
+                                 accepted_tokens=round(acc_total / max(1, n)), sum_t_c=self.run_ctx,
                                  queued=len(self.dwaiting), iterations=n))
         self.run_batch = 0
         for job in finished:

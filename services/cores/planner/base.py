@@ -297,7 +297,8 @@ class PlannerBase:
         self._slice(ev.ts).on_decode(
             ev.node, ev.batch, ev.accepted_tokens, ev.t_fwd, ev.queued, ev.duration_s, ev.iterations
         )
-        return [float(ev.batch), ev.t_fwd, ev.duration_s]
+        # the context the batch attends over (engines report it as a decode's sum_t_c)
+        return [float(ev.batch), ev.t_fwd, float(ev.sum_t_c), ev.duration_s]
 
     # ------------------------------------------------------------------ fitting
     def _fit_all(self) -> list[Event]:
@@ -336,10 +337,8 @@ class PlannerBase:
     def _fit(self, phase: str, rows: list[list[float]]):
         if phase == "prefill":
             return fit_prefill(rows, prior=PrefillModel(*self.cfg.prior_prefill))
-        d0, d1, d2 = self.cfg.prior_decode
-        return fit_decode(
-            rows, k=self.cfg.k, E=self.cfg.E, prior=DecodeModel(d0, d1, d2, self.cfg.k, self.cfg.E)
-        )
+        return fit_decode(rows, k=self.cfg.k, E=self.cfg.E,
+                          prior=DecodeModel.of(self.cfg.prior_decode, self.cfg.k, self.cfg.E))
 
     def _coefficients(self, node: str, phase: str) -> list[float]:
         for key in (f"{node}|{phase}", f"*|{phase}"):
@@ -352,8 +351,7 @@ class PlannerBase:
         return PrefillModel(*self._coefficients(node, "prefill"))
 
     def decode_model(self, node: str) -> DecodeModel:
-        d0, d1, d2 = self._coefficients(node, "decode")
-        return DecodeModel(d0, d1, d2, self.cfg.k, self.cfg.E)
+        return DecodeModel.of(self._coefficients(node, "decode"), self.cfg.k, self.cfg.E)
 
     def fit_status(self, node: str, phase: str) -> str:
         f = self.st.fits.get(f"{node}|{phase}")

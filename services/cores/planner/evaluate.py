@@ -28,7 +28,7 @@ class NodeArrays:
 
     coef_p: np.ndarray  # (N, 4) c0..c3
     fill: np.ndarray  # (N,) new tokens per prefill iteration (measured fill, at most the budget)
-    coef_d: np.ndarray  # (N, 3) d0..d2
+    coef_d: np.ndarray  # (N, 4) d0..d3
     cap: np.ndarray  # (N,) max running requests in decode
     kv_tokens: np.ndarray  # (N,) GPU KV capacity in tokens (0: unknown, no KV limit)
     k: int
@@ -115,6 +115,8 @@ def decode_rates(nodes: NodeArrays, w: WorkArrays, D: int, sel: slice) -> np.nda
     inverse = inverse.reshape(-1)
     B, phi = B_u[inverse], phi_u[inverse]
     T = c[:, :1] + c[:, 1:2] * phi + c[:, 2:3] * B
+    if c.shape[1] > 3:  # d3: the context the batch attends over
+        T = T + c[:, 3:4] * (B * w.context[None, :])
     iters = np.ceil(w.t_out / w.t_acc)
     with np.errstate(divide="ignore", invalid="ignore"):
         mu = np.where(B > 0, B / (iters[None, :] * T), 0.0)
@@ -345,7 +347,7 @@ def theta_reference(nodes: NodeArrays, works: list[Work]) -> list[list[float]]:
     naive evaluation the vectorised :func:`theta` must equal (tests) and beat (benchmark)."""
     N = nodes.coef_p.shape[0]
     pre = [PrefillModel(*map(float, c)) for c in nodes.coef_p]
-    dec = [DecodeModel(*map(float, c), k=nodes.k, E=nodes.E) for c in nodes.coef_d]
+    dec = [DecodeModel.of(c.tolist(), k=nodes.k, E=nodes.E) for c in nodes.coef_d]
     out: list[list[float]] = []
     for P in range(1, N):
         row = []
@@ -359,7 +361,7 @@ def theta_reference(nodes: NodeArrays, works: list[Work]) -> list[list[float]]:
             for n in range(P, N):
                 cap = batch_cap(float(nodes.cap[n]), float(nodes.kv_tokens[n]), np.array([w.context]))[0]
                 B = min(float(cap), w.q / (N - P))
-                sum_d += dec[n].throughput_rps(w.t_out, w.t_acc, B, w.t_fwd) if B > 0 else 0.0
+                sum_d += dec[n].throughput_rps(w.t_out, w.t_acc, B, w.t_fwd, w.context) if B > 0 else 0.0
             row.append(min(sum_p, sum_d))
         out.append(row)
     return out

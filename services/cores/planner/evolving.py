@@ -108,7 +108,7 @@ class EvolvingPlanner(PlannerBase):
         return NodeArrays(
             coef_p=np.array([self.prefill_model(n).coefficients for n in seq], dtype=float).reshape(-1, 4),
             fill=np.array([fill[n] for n in seq], dtype=float),
-            coef_d=np.array([self.decode_model(n).coefficients for n in seq], dtype=float).reshape(-1, 3),
+            coef_d=np.array([self.decode_model(n).coefficients for n in seq], dtype=float).reshape(-1, 4),
             cap=np.array([max(1, nodes[n].max_running) for n in seq], dtype=float),
             kv_tokens=np.array([max(0, nodes[n].l1_capacity) for n in seq], dtype=float),
             k=self.cfg.k,

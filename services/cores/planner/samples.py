@@ -11,7 +11,7 @@ import numpy as np
 
 def width_of(key: str) -> int:
     """Floats per fitting sample of a "node|phase" key (the rows of _prefill_sample, _decode_sample)."""
-    return 4 if key.endswith("|prefill") else 3
+    return 4
 
 
 class Samples:
@@ -27,6 +27,9 @@ class Samples:
     @classmethod
     def of(cls, rows: list[list[float]], width: int) -> Samples:
         s = cls(width, max(64, len(rows)))
+        if rows and len(rows[0]) == 3 and width == 4:
+            # a decode row of a snapshot taken before the context term: (batch, t_fwd, duration)
+            rows = [[r[0], r[1], 0.0, r[2]] for r in rows]
         if rows:
             s.buf[: len(rows)] = rows
             s.n = len(rows)

@@ -171,7 +171,7 @@ class ClusterState:
         m = self._decode_models.get(node)
         if m is None:
             coef = self.nodes[node].decode_coef if node in self.nodes else None
-            m = DecodeModel(*coef, PRIOR_DECODE.k, PRIOR_DECODE.E) if coef else PRIOR_DECODE
+            m = DecodeModel.of(coef, PRIOR_DECODE.k, PRIOR_DECODE.E) if coef else PRIOR_DECODE
             self._decode_models[node] = m
         return m
 

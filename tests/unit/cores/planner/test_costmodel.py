@@ -139,3 +139,31 @@ def test_unobserved_restore_column_keeps_prior():
     assert fit.unidentified == [3]
     assert fit.coefficients[3] == PRIOR_PREFILL.c3
     assert fit.coefficients[1] == pytest.approx(TRUE_P.c1, rel=1e-3)
+
+
+def test_the_decode_fit_learns_the_context_term_when_iterations_report_context():
+    """Eq. 2 plus ``d3 * sum_ctx``: iterations that report the context they attend over identify
+    d3; without context (all 0) d3 is unidentified and stays the prior's 0, the rest as before."""
+    true = DecodeModel(d0=0.010, d1=0.020, d2=4.0e-4, k=8, E=256, d3=2.0e-8)
+    rng = np.random.default_rng(5)
+    rows = []
+    for _ in range(300):
+        B = int(rng.integers(1, 65))
+        ctx = float(B * rng.integers(100, 20_000))
+        rows.append((B, 1.0, ctx, true.iteration_s(B, 1.0, ctx) * (1 + 0.01 * rng.uniform(-1, 1))))
+    fit = fit_decode(rows, k=8, E=256)
+    assert fit.fitted and len(fit.coefficients) == 4
+    assert fit.coefficients[3] == pytest.approx(true.d3, rel=0.05)
+    assert fit.mape < 0.02
+    without = fit_decode([(b, f, 0.0, y) for b, f, _, y in rows], k=8, E=256)
+    assert without.unidentified == [3] and without.coefficients[3] == 0.0 and without.mape > fit.mape
+    # rows without a context column (logs and snapshots before the term) fit as context 0
+    assert fit_decode([(b, f, y) for b, f, _, y in rows], k=8, E=256).coefficients == without.coefficients
+
+
+def test_a_decode_model_from_three_coefficients_has_no_context_term():
+    m = DecodeModel.of([0.01, 0.02, 4e-4], k=8, E=256)
+    assert m.d3 == 0.0 and m.coefficients == [0.01, 0.02, 4e-4, 0.0]
+    m4 = DecodeModel.of([0.01, 0.02, 4e-4, 1e-8], k=8, E=256)
+    assert m4.request_s(10, 1.0, 4, context=1000) == pytest.approx(10 * (m.iteration_s(4) + 1e-8 * 4000))
+    assert m4.throughput_rps(10, 1.0, 4, context=1000) < m.throughput_rps(10, 1.0, 4, context=1000)

@@ -48,7 +48,7 @@ def reference_rows(events, max_samples: int) -> dict[str, list[list[float]]]:
         if ev.phase == "prefill":
             row = [float(ev.sum_t_uc), float(ev.sum_A), float(ev.sum_t_rst), ev.duration_s]
         else:
-            row = [float(ev.batch), ev.t_fwd, ev.duration_s]
+            row = [float(ev.batch), ev.t_fwd, float(ev.sum_t_c), ev.duration_s]
         rows = ref.setdefault(f"{ev.node}|{ev.phase}", [])
         rows.append(row)
         if len(rows) > max_samples:
@@ -101,6 +101,22 @@ def test_snapshot_keeps_the_rows_and_the_fits_stay_bit_identical():
     fitted = [e for e in out_whole if isinstance(e, ModelFitted)]
     assert fitted and out_restored == out_whole
     assert {k: s.view().tolist() for k, s in restored._samples.items()} == reference_rows(events, 300)
+
+
+def test_a_snapshot_taken_before_the_context_term_restores_with_context_zero():
+    """Decode rows were (batch, t_fwd, duration) before the decode model's context term; such a
+    snapshot restores with a context of 0 in each row and fits as before."""
+    events = [e for e in iterations(200) if e.phase == "decode"]
+    p = planner(max_samples=300)
+    for ev in events:
+        p.apply(ev)
+    snap = msgspec.msgpack.decode(p.snapshot(), type=_Snapshot)
+    old_rows = {k: [[r[0], r[1], r[3]] for r in rows] for k, rows in snap.state.samples.items()}
+    old = SNAPSHOT_ENCODER.encode(_Snapshot(snap.cls, snap.config,
+                                            msgspec.structs.replace(snap.state, samples=old_rows), snap.slices))
+    restored = EvolvingPlanner.from_snapshot(old)
+    assert {k: s.view().tolist() for k, s in restored._samples.items()} == \
+        {k: [[r[0], r[1], 0.0, r[2]] for r in rows] for k, rows in old_rows.items()}
 
 
 def test_a_snapshot_encodes_the_rows_as_lists_would_without_building_them():
