@@ -198,9 +198,22 @@ def _nnls_relative(X: np.ndarray, y: np.ndarray, prior: Sequence[float]) -> tupl
     return np.maximum(coef, 0.0), unidentified
 
 
+def usable(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """The rows a fit uses: a duration under a nanosecond or a count beyond 1e15 is a broken
+    report, not a sample."""
+    return np.isfinite(y) & (y > 1e-9) & np.all(np.isfinite(X) & (np.abs(X) < 1e15), axis=1)
+
+
+def fit_coefficients(X: np.ndarray, y: np.ndarray) -> tuple[list[float], list[int]]:
+    """The NNLS fit (relative residuals, unit-norm columns) on *all* the given rows, no hold-back
+    (for cross-validation by the caller); an all-zero column gets 0 and is listed."""
+    X, y = np.asarray(X, dtype=float), np.asarray(y, dtype=float)
+    coef, unidentified = _nnls_relative(X, y, [0.0] * X.shape[1])
+    return [float(c) for c in coef], unidentified
+
+
 def _fit(X: np.ndarray, y: np.ndarray, prior: Sequence[float], min_train: int) -> Fit:
-    # a duration under a nanosecond or a count beyond 1e15 is a broken report, not a sample
-    good = np.isfinite(y) & (y > 1e-9) & np.all(np.isfinite(X) & (np.abs(X) < 1e15), axis=1)
+    good = usable(X, y)
     X, y = X[good], y[good]
     n = len(y)
     train, hold = _split(n)

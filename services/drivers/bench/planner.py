@@ -79,12 +79,13 @@ def accuracy(seed: int = 0, noise: float = 0.05, samples: int = 2000) -> dict:
     dfit = fit_decode(
         list(zip(B[:samples], t_fwd[:samples], y[:samples], strict=True)), k=TRUE_DECODE.k, E=TRUE_DECODE.E
     )
-    dm = DecodeModel(*dfit.coefficients, k=TRUE_DECODE.k, E=TRUE_DECODE.E)
+    dm = DecodeModel.of(dfit.coefficients, k=TRUE_DECODE.k, E=TRUE_DECODE.E)
     pred = np.array([dm.iteration_s(b, f) for b, f in zip(B[samples:], t_fwd[samples:], strict=True)])
     out["decode"] = {"holdout_mape": dfit.mape, "test_mape": _mape(pred, y[samples:])}
     out["coefficient_rel_error"] = {
         "prefill": [abs(a - b) / b for a, b in zip(fit.coefficients, TRUE_PREFILL.coefficients, strict=True)],
-        "decode": [abs(a - b) / b for a, b in zip(dfit.coefficients, TRUE_DECODE.coefficients, strict=True)],
+        # eq. 2's three (the synthetic decode has no context: d3 is unidentified, 0)
+        "decode": [abs(a - b) / b for a, b in zip(dfit.coefficients[:3], TRUE_DECODE.coefficients[:3], strict=True)],
     }
     return out
 

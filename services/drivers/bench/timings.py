@@ -22,22 +22,33 @@ t_fwd           no        tokens fed per request per decode iteration (1 if abse
 k, E            no        routed experts per token / experts (MoE); absent = dense model
 ==============  ========  ===========================================================
 
-Fitting is the planner's own: NNLS on relative residuals, unit-norm columns, every fifth
-iteration held back (``services.cores.costmodel.fit_columns``); the error is the mean absolute
-percentage error (MAPE) on the held-back iterations only.
+Every form is fitted the planner's way (NNLS on relative residuals, unit-norm columns,
+``services.cores.costmodel``) on the usable rows (a duration over 1 ns, counts under 1e15; the
+others are counted and left out of every score) and scored twice: the planner's own split (every
+fifth iteration held back: ``holdout_mape``) and a 5-fold cross-validation over all usable rows
+(row i in fold i % 5, each predicted by the fit on the other four: ``cv_mape``, ``cv_p90``),
+which picks ``best`` (ties: fewer terms) - on a small file one fixed split scores 2-3 rows. A
+term whose column is a combination of the ones before it in these rows is named (``dependent``):
+the fit cannot tell them apart. A form that cannot be fitted says why.
 
 Model forms compared (prefill / decode):
 
 - ``naive``: ``a + b * total input tokens`` (prefill: new + cached; decode: context tokens).
 - ``eq1``: METHOD eq. 1, ``c0 + c1 sum_t_uc + c2 sum_A + c3 sum_t_rst``.
+- ``eq1+req``: eq. 1 plus a cost per request in the iteration (its kernel launches, padding to a
+  tile, sampling): where the cost per token depends on the batch beyond tokens and pairs.
 - ``eq1+split``: eq. 1 with separate coefficients for cached-new and new-new query-key pairs
-  (needs ``sum_A_new``): measured on GPUs the two differ 2.6-5x.
+  (needs ``sum_A_new`` on every row): measured on GPUs the two differ 2.6-5x.
 - ``eq1+floor``: eq. 1 with ``max(sum_t_uc, F)`` for the linear term: below ~256 new tokens an
-  iteration is bound by reading the weights, not by compute. ``F`` is chosen on the training
-  iterations (never on the held-back ones) from 32..1024.
-- ``eq2``: METHOD eq. 2, ``d0 + d1 phi(B) + d2 B``.
+  iteration is bound by reading the weights, not by compute. ``F`` is chosen on the planner's
+  training iterations (never its held-back ones) from 32..1024.
+- ``eq2``: METHOD eq. 2, ``d0 + d1 phi(B) + d2 B``; for a dense model phi is 1 for every batch
+  (the intercept again), so eq. 2 is ``d0 + d2 B`` there.
 - ``eq2+ctx``: eq. 2 plus ``d3 * sum_ctx``: a dense model without MLA reads every request's
-  KV each decode step.
+  KV each decode step (the planner's decode model since the context term).
+- ``eq2+bal``, ``eq2+ctx+bal`` (MoE rows): phi for evenly balanced routing, ``min(1, k t_fwd B / E)``,
+  instead of random routing's ``1 - (1 - k/E)^(t_fwd B)``: which one a model follows is a
+  property of its router (a choice per profile).
 
 Not a pure core: it reads files.
 """
@@ -53,7 +64,7 @@ from pathlib import Path
 import numpy as np
 
 from events.catalog import IterationDone
-from services.cores.costmodel import HOLDOUT_EVERY, fit_columns
+from services.cores.costmodel import HOLDOUT_EVERY, fit_coefficients, fit_columns, usable
 
 COLUMNS = ("phase", "duration_s", "batch", "sum_t_uc", "sum_A", "sum_t_rst", "sum_t_c", "sum_A_new",
            "sum_ctx", "t_fwd", "k", "E")
@@ -162,48 +173,79 @@ def from_iteration(ev: IterationDone, *, sum_ctx: float | None = None, sum_A_new
 
 
 # ------------------------------------------------------------------------------------ model forms
+#: Folds of the cross-validation every form is scored by (row i is in fold i % FOLDS).
+FOLDS = 5
+
+
 def _col(rows: Sequence[Timing], name: str) -> np.ndarray:
     return np.array([getattr(r, name) or 0.0 for r in rows], dtype=float)
 
 
-def _phi(rows: Sequence[Timing]) -> np.ndarray:
+def _moe(r: Timing) -> bool:
+    return r.k is not None and r.E is not None and r.E > 0
+
+
+def _phi(rows: Sequence[Timing], balanced: bool = False) -> np.ndarray:
+    """Fraction of routed experts a decode step reads: random routing ``1 - (1 - k/E)^(t_fwd B)``
+    (METHOD eq. 2), or evenly balanced routing ``min(1, k t_fwd B / E)``; 1 for a dense model."""
     B, t_fwd = _col(rows, "batch"), _col(rows, "t_fwd")
     out = np.zeros(len(rows))
     for i, r in enumerate(rows):
         if B[i] <= 0:
             continue
-        if r.k is None or r.E is None or r.E <= 0:
+        if not _moe(r):
             out[i] = 1.0  # dense: every weight is read each step
+        elif balanced:
+            out[i] = min(1.0, r.k * t_fwd[i] * B[i] / r.E)
         else:
             out[i] = 1.0 - (1.0 - r.k / r.E) ** (t_fwd[i] * B[i])
     return out
 
 
 Design = Callable[[Sequence[Timing]], np.ndarray]
+#: A form: its terms and design, or the reason it cannot be fitted on these rows.
+Form = tuple[tuple[str, ...], Design] | str
 
 
-def _prefill_forms(rows: Sequence[Timing]) -> dict[str, tuple[tuple[str, ...], Design]]:
-    ones = lambda rs: np.ones(len(rs))
-    forms: dict[str, tuple[tuple[str, ...], Design]] = {
-        "naive": (("1", "t_uc+t_c"), lambda rs: np.column_stack([ones(rs), _col(rs, "sum_t_uc") + _col(rs, "sum_t_c")])),
-        "eq1": (("1", "t_uc", "A", "t_rst"), lambda rs: np.column_stack(
-            [ones(rs), _col(rs, "sum_t_uc"), _col(rs, "sum_A"), _col(rs, "sum_t_rst")])),
+def _ones(rs: Sequence[Timing]) -> np.ndarray:
+    return np.ones(len(rs))
+
+
+def _prefill_forms(rows: Sequence[Timing]) -> dict[str, Form]:
+    eq1 = lambda rs: [_ones(rs), _col(rs, "sum_t_uc"), _col(rs, "sum_A"), _col(rs, "sum_t_rst")]
+    forms: dict[str, Form] = {
+        "naive": (("1", "t_uc+t_c"), lambda rs: np.column_stack([_ones(rs), _col(rs, "sum_t_uc") + _col(rs, "sum_t_c")])),
+        "eq1": (("1", "t_uc", "A", "t_rst"), lambda rs: np.column_stack(eq1(rs))),
+        # a cost per request in the iteration (its own kernel launches, padding to a tile, sampling)
+        "eq1+req": (("1", "t_uc", "A", "t_rst", "requests"), lambda rs: np.column_stack(eq1(rs) + [_col(rs, "batch")])),
     }
-    if all(r.sum_A_new is not None for r in rows):
+    lacking = sum(r.sum_A_new is None for r in rows)
+    if lacking:
+        forms["eq1+split"] = f"not fitted: needs sum_A_new, which {lacking} of {len(rows)} rows lack"
+    else:
         forms["eq1+split"] = (("1", "t_uc", "A_cached", "A_new", "t_rst"), lambda rs: np.column_stack(
-            [ones(rs), _col(rs, "sum_t_uc"), _col(rs, "sum_A") - _col(rs, "sum_A_new"), _col(rs, "sum_A_new"),
+            [_ones(rs), _col(rs, "sum_t_uc"), _col(rs, "sum_A") - _col(rs, "sum_A_new"), _col(rs, "sum_A_new"),
              _col(rs, "sum_t_rst")]))
     return forms
 
 
-def _decode_forms() -> dict[str, tuple[tuple[str, ...], Design]]:
-    ones = lambda rs: np.ones(len(rs))
-    return {
-        "naive": (("1", "ctx"), lambda rs: np.column_stack([ones(rs), _col(rs, "sum_ctx")])),
-        "eq2": (("1", "phi", "B"), lambda rs: np.column_stack([ones(rs), _phi(rs), _col(rs, "batch")])),
-        "eq2+ctx": (("1", "phi", "B", "ctx"), lambda rs: np.column_stack(
-            [ones(rs), _phi(rs), _col(rs, "batch"), _col(rs, "sum_ctx")])),
+def _decode_forms(rows: Sequence[Timing]) -> dict[str, Form]:
+    forms: dict[str, Form] = {
+        "naive": (("1", "ctx"), lambda rs: np.column_stack([_ones(rs), _col(rs, "sum_ctx")])),
     }
+    if not any(_moe(r) for r in rows):
+        # dense: phi(B) is 1 for every batch, the intercept again: eq. 2 is 1 + B
+        forms["eq2"] = (("1", "B"), lambda rs: np.column_stack([_ones(rs), _col(rs, "batch")]))
+        forms["eq2+ctx"] = (("1", "B", "ctx"), lambda rs: np.column_stack(
+            [_ones(rs), _col(rs, "batch"), _col(rs, "sum_ctx")]))
+        return forms
+    for suffix, balanced in (("", False), ("+bal", True)):
+        phi_name = "phi_bal" if balanced else "phi"
+        forms["eq2" + suffix] = (("1", phi_name, "B"), lambda rs, b=balanced: np.column_stack(
+            [_ones(rs), _phi(rs, b), _col(rs, "batch")]))
+        forms["eq2+ctx" + suffix] = (("1", phi_name, "B", "ctx"), lambda rs, b=balanced: np.column_stack(
+            [_ones(rs), _phi(rs, b), _col(rs, "batch"), _col(rs, "sum_ctx")]))
+    return forms
 
 
 def _floor_design(F: float) -> Design:
@@ -211,40 +253,81 @@ def _floor_design(F: float) -> Design:
                                        _col(rs, "sum_A"), _col(rs, "sum_t_rst")])
 
 
-def _train_mape(X: np.ndarray, y: np.ndarray, coef: Sequence[float]) -> float:
-    train = (np.arange(len(y)) % HOLDOUT_EVERY) != HOLDOUT_EVERY - 1
-    pred = X[train] @ np.asarray(coef)
-    return float(np.mean(np.abs(pred - y[train]) / y[train]))
+def _planner_split(n: int) -> tuple[np.ndarray, np.ndarray]:
+    hold = (np.arange(n) % HOLDOUT_EVERY) == HOLDOUT_EVERY - 1
+    return ~hold, hold
+
+
+def _dependent(X: np.ndarray, y: np.ndarray, terms: Sequence[str]) -> list[str]:
+    """Terms whose column is (numerically) a combination of the ones before it in these rows:
+    the fit cannot tell them apart, and its coefficients for them mean nothing alone."""
+    Xw = X / y[:, None]
+    norms = np.linalg.norm(Xw, axis=0)
+    live = norms > 0
+    if live.sum() < 2:
+        return []
+    R = np.linalg.qr(Xw[:, live] / norms[live], mode="r")
+    names = [t for t, keep in zip(terms, live, strict=True) if keep]
+    return [names[j] for j in range(len(names)) if abs(R[j, j]) < 1e-7]
+
+
+def _cross_validated(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Absolute percentage error of every row, each predicted by the fit on the other folds."""
+    fold = np.arange(len(y)) % FOLDS
+    ape = np.empty(len(y))
+    for f in range(FOLDS):
+        test = fold == f
+        coef, _ = fit_coefficients(X[~test], y[~test])
+        ape[test] = np.abs(X[test] @ np.asarray(coef) - y[test]) / y[test]
+    return ape
 
 
 def _score(name: str, terms: tuple[str, ...], X: np.ndarray, y: np.ndarray) -> dict:
+    keep = usable(X, y)  # the rows the planner's fit keeps are the rows every error is scored on
+    X, y = X[keep], y[keep]
     fit = fit_columns(X, y)
-    row = {"model": name, "terms": list(terms), "samples": fit.samples, "status": fit.status}
-    if fit.fitted:
-        hold = (np.arange(len(y)) % HOLDOUT_EVERY) == HOLDOUT_EVERY - 1
-        ape = np.abs(X[hold] @ np.asarray(fit.coefficients) - y[hold]) / y[hold]
-        row.update(coefficients=fit.coefficients, holdout_mape=fit.mape, holdout_p90=float(np.quantile(ape, 0.9)))
+    row: dict = {"model": name, "terms": list(terms), "rows": len(y), "dropped": int((~keep).sum()),
+                 "samples": fit.samples, "status": fit.status}
+    if not fit.fitted or len(y) < 2 * FOLDS:
+        return row
+    _, hold = _planner_split(len(y))
+    ape_hold = np.abs(X[hold] @ np.asarray(fit.coefficients) - y[hold]) / y[hold]
+    ape = _cross_validated(X, y)
+    row.update(coefficients=fit.coefficients, holdout_mape=fit.mape, holdout_p90=float(np.quantile(ape_hold, 0.9)),
+               cv_mape=float(np.mean(ape)), cv_p90=float(np.quantile(ape, 0.9)),
+               dependent=_dependent(X, y, terms))
     return row
 
 
 def fit_table(rows: Sequence[Timing]) -> dict:
-    """Every model form fitted on each phase's iterations, with hold-out errors and the ratio
-    of the naive form's error to each form's."""
+    """Every model form fitted on each phase's iterations: the planner's own fit and hold-back
+    (every fifth row) and a 5-fold cross-validation over all usable rows, which picks ``best``
+    (ties: fewer terms); the naive form's error over each form's; terms a form cannot tell apart
+    on these rows (``dependent``); forms that cannot be fitted, with the reason."""
     out: dict = {}
     for phase in ("prefill", "decode"):
         rs = [r for r in rows if r.phase == phase]
         if not rs:
             continue
         y = _col(rs, "duration_s")
-        forms = _prefill_forms(rs) if phase == "prefill" else _decode_forms()
-        table = [_score(name, terms, design(rs), y) for name, (terms, design) in forms.items()]
+        forms = _prefill_forms(rs) if phase == "prefill" else _decode_forms(rs)
+        table = []
+        for name, form in forms.items():
+            if isinstance(form, str):
+                table.append({"model": name, "terms": [], "rows": len(rs), "status": form})
+                continue
+            terms, design = form
+            table.append(_score(name, terms, design(rs), y))
         if phase == "prefill":
             best: tuple[float, float] | None = None
-            for F in FLOORS:  # F chosen on the training iterations only
+            for F in FLOORS:  # F chosen on the planner's training rows only, never the held-back ones
                 X = _floor_design(F)(rs)
-                fit = fit_columns(X, y)
+                keep = usable(X, y)
+                Xk, yk = X[keep], y[keep]
+                fit = fit_columns(Xk, yk)
                 if fit.fitted:
-                    m = _train_mape(X, y, fit.coefficients)
+                    train, _ = _planner_split(len(yk))
+                    m = float(np.mean(np.abs(Xk[train] @ np.asarray(fit.coefficients) - yk[train]) / yk[train]))
                     if best is None or m < best[0]:
                         best = (m, F)
             if best is not None:
@@ -252,13 +335,19 @@ def fit_table(rows: Sequence[Timing]) -> dict:
                 row = _score("eq1+floor", ("1", f"max(t_uc,{F})", "A", "t_rst"), _floor_design(F)(rs), y)
                 row["floor_tokens"] = F
                 table.append(row)
-        naive = next((t for t in table if t["model"] == "naive" and "holdout_mape" in t), None)
+        naive = next((t for t in table if t["model"] == "naive" and "cv_mape" in t), None)
         for t in table:
-            if naive is not None and t.get("holdout_mape"):
-                t["naive_over_this"] = naive["holdout_mape"] / t["holdout_mape"]
-        fitted = [t for t in table if "holdout_mape" in t]
-        out[phase] = {"iterations": len(rs), "models": table,
-                      "best": min(fitted, key=lambda t: (t["holdout_mape"], len(t["terms"])))["model"] if fitted else None}
+            if naive is not None and t.get("cv_mape"):
+                t["naive_over_this"] = naive["cv_mape"] / t["cv_mape"]
+        fitted = [t for t in table if "cv_mape" in t]
+        usable_rows = max((t.get("rows", 0) for t in table), default=0)
+        best_name = None
+        if fitted:  # the lowest error; within 1e-9 of it (the same fit, rounded otherwise), fewer terms
+            low = min(t["cv_mape"] for t in fitted)
+            best_name = min((t for t in fitted if t["cv_mape"] <= low * (1 + 1e-9)),
+                            key=lambda t: (len(t["terms"]), t["cv_mape"]))["model"]
+        out[phase] = {"iterations": len(rs), "usable": usable_rows, "folds": FOLDS, "models": table,
+                      "best": best_name}
     if not out:
         raise TimingsError("no prefill or decode iterations to fit")
     return out
@@ -267,12 +356,19 @@ def fit_table(rows: Sequence[Timing]) -> dict:
 def format_table(t: dict, title: str) -> str:
     lines = [title]
     for phase, block in t.items():
-        lines.append(f"  {phase}: {block['iterations']} iterations (every {HOLDOUT_EVERY}th held back); best: {block['best']}")
+        lines.append(f"  {phase}: {block['iterations']} iterations, {block['usable']} usable; scored by "
+                     f"{block['folds']}-fold cross-validation (the planner's own fit: every {HOLDOUT_EVERY}th "
+                     f"held back); best: {block['best']}")
         for m in block["models"]:
-            if "holdout_mape" not in m:
-                lines.append(f"    {m['model']:<10} {m['status']}")
+            if "cv_mape" not in m:
+                lines.append(f"    {m['model']:<12} {m['status']}")
                 continue
             ratio = f"   naive/this {m['naive_over_this']:6.1f}x" if "naive_over_this" in m else ""
-            lines.append(f"    {m['model']:<10} MAPE {m['holdout_mape']:8.2%}   p90 {m['holdout_p90']:8.2%}{ratio}"
-                         f"   [{' + '.join(m['terms'])}]")
+            lines.append(f"    {m['model']:<12} CV MAPE {m['cv_mape']:8.2%}   p90 {m['cv_p90']:8.2%}   "
+                         f"hold-back {m['holdout_mape']:8.2%}{ratio}   [{' + '.join(m['terms'])}]")
+            if m.get("dependent"):
+                lines.append(f"    {'':<12} ! {', '.join(m['dependent'])}: a combination of the terms before "
+                             "(collinear in these rows); those coefficients mean nothing alone")
+            if m.get("dropped"):
+                lines.append(f"    {'':<12} ! {m['dropped']} row(s) not usable (duration <= 1 ns or a count >= 1e15)")
     return "\n".join(lines)
