@@ -75,7 +75,7 @@ from services.drivers.up.children import (
     child_env,
     run_config,
 )
-from services.drivers.up.options import engine_kind, ready_timeout_s
+from services.drivers.up.options import engine_kind, gateway_options, ready_timeout_s
 from services.drivers.up.partitions import check_partitions, plan_partitioned, wait_partitions
 
 log = get_logger("up")
@@ -239,9 +239,8 @@ def plan_children(args, url: str, run_dir: Path, db: Path,
         port = args.gateway_port or free_port()
         model = (models.gateway_args(args.model) if kind == "torch" else
                  vllm_up.gateway_args(args) if kind == "vllm" else [])
-        model += [a for n in getattr(args, "served_model_name", []) for a in ("--served-model-name", n)]
         children.append(Child("gateway", [py, "-m", "services.drivers.gateway", "--host", "127.0.0.1", "--port", str(port),
-                                          *common, *model], G_GATEWAY, logs / "gateway.log"))
+                                          *common, *model, *gateway_options(args)], G_GATEWAY, logs / "gateway.log"))
         urls["gateway"] = f"http://127.0.0.1:{port}"
     if credentials is not None:
         for c in children:

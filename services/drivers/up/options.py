@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from services.adapters.bus.security import add_cli_options
+from services.drivers.gateway.toolcalls import PARSERS
 
 
 def vllm_options(p: argparse.ArgumentParser) -> None:
@@ -50,6 +51,10 @@ def add_up_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--served-model-name", action="append", default=[], metavar="NAME",
                    help="the gateway serves only these model names (repeatable; passed to it as "
                         "--served-model-name); default: any name a client sends")
+    p.add_argument("--tool-call-parser", choices=PARSERS, default=None,
+                   help="how the gateway reads tool calls from the model's text (passed to it; docs/gateway.md, "
+                        "Tool calls): hermes, llama3_json, mistral, none, auto; default: the gateway's (auto: "
+                        "from the chat template)")
     p.add_argument("--no-gateway", action="store_true")
     p.add_argument("--router", default="evolving")
     p.add_argument("--router-arg", action="append", default=[], metavar="K=V")
@@ -95,6 +100,14 @@ def _engines_spec(raw: str) -> int:
         spec.kind, spec.given = kind, bool(n)
         return spec
     return int(raw)
+
+
+def gateway_options(args) -> list[str]:
+    """The options of up that it passes through to the gateway it starts: each
+    ``--served-model-name``, and ``--tool-call-parser`` when given (else the gateway's default)."""
+    out = [a for n in getattr(args, "served_model_name", []) for a in ("--served-model-name", n)]
+    parser = getattr(args, "tool_call_parser", None)
+    return out + (["--tool-call-parser", parser] if parser else [])
 
 
 def engine_kind(args) -> str:

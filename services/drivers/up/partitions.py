@@ -31,6 +31,7 @@ from services.adapters.bus.natsserver import free_port
 from services.adapters.eventlog import DuckDbEventLog
 from services.cores.partitions import PartitionMap, partition_names
 from services.drivers.up.children import G_GATEWAY, Child, run_config
+from services.drivers.up.options import gateway_options
 
 
 def check_partitions(args) -> str | None:
@@ -104,7 +105,7 @@ def plan_partitioned(args, url: str, run_dir: Path, db: Path, plan_one) -> tuple
         port = args.gateway_port or free_port()
         children.append(Child("gateway", [sys.executable, "-m", "services.drivers.gateway", "--host", "127.0.0.1",
                                           "--port", str(port), "--nats-url", url, "--partition", pmap.names[0],
-                                          "--partitions", ",".join(pmap.names)], G_GATEWAY,
+                                          "--partitions", ",".join(pmap.names), *gateway_options(args)], G_GATEWAY,
                               logs / "gateway.log"))
         out["gateway"] = f"http://127.0.0.1:{port}"
     return children, out

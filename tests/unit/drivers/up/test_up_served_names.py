@@ -1,5 +1,7 @@
 """``--served-model-name`` (issue 36 part 1): repeatable on the gateway's command line, and
-``evolving up`` passes each one to the gateway it starts (and none when not given)."""
+``evolving up`` passes each one to the gateway it starts (and none when not given); so it does
+``--tool-call-parser`` (the gateway's own default, ``auto``, when not given), also to the one
+gateway of a partitioned run."""
 
 from __future__ import annotations
 
@@ -32,3 +34,37 @@ def test_up_passes_each_name_to_the_gateway(tmp_path):
     assert pairs == ["a", "b"]
     children, _ = plan_children(_up(), "nats://x:1", tmp_path, tmp_path / "r.duckdb")
     assert "--served-model-name" not in next(c.cmd for c in children if c.name == "gateway")
+
+
+def _gateway(args: argparse.Namespace, tmp_path) -> list[str]:
+    children, _ = plan_children(args, "nats://x:1", tmp_path, tmp_path / "r.duckdb")
+    return next(c.cmd for c in children if c.name == "gateway")
+
+
+def test_up_passes_the_tool_call_parser_to_the_gateway(tmp_path):
+    gw = _gateway(_up("--tool-call-parser", "hermes"), tmp_path)
+    assert gw[gw.index("--tool-call-parser") + 1] == "hermes"
+    # parsed by the gateway's own parser, as up starts it
+    assert build_parser().parse_args(gw[gw.index("--host"):]).tool_call_parser == "hermes"
+    assert "--tool-call-parser" not in _gateway(_up(), tmp_path)
+    assert build_parser().parse_args([]).tool_call_parser == "auto"
+
+
+def test_an_unknown_parser_is_refused_by_up(capsys):
+    p = argparse.ArgumentParser()
+    add_up_args(p)
+    try:
+        p.parse_args(["--tool-call-parser", "qwen_xml"])
+    except SystemExit as exc:
+        assert exc.code == 2
+    else:
+        raise AssertionError("accepted an unknown parser")
+    assert "invalid choice: 'qwen_xml'" in capsys.readouterr().err
+
+
+def test_the_gateway_of_a_partitioned_run_gets_the_options_too(tmp_path):
+    gw = _gateway(_up("--partitions", "2", "--engines", "2", "--tool-call-parser", "mistral",
+                      "--served-model-name", "a"), tmp_path)
+    assert "--partitions" in gw
+    assert gw[gw.index("--tool-call-parser") + 1] == "mistral"
+    assert gw[gw.index("--served-model-name") + 1] == "a"
