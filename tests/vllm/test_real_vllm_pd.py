@@ -37,7 +37,9 @@ async def test_prefill_on_one_server_decode_on_the_other_is_token_identical(vllm
     h = Host()
     ref = await attach(h, a, "ref", "collocated")  # one server, the whole request
     try:
-        ref.enqueue_prefill(real_job("ref", ids, 32, ignore_eos=True))
+        rj = real_job("ref", ids, 32, ignore_eos=True)
+        rj.decode_node = "ref"  # prefilled and decoded here
+        ref.enqueue_prefill(rj)
         await h.wait(lambda e: isinstance(e, RequestFinished) and e.request == "ref", 120)
         expected = "".join(m.text for m in h.tokens if m.request == "ref")
     finally:
