@@ -142,6 +142,51 @@ async def test_anthropic_client_multi_turn_tool_use_streaming_and_not(served):
     assert not any(isinstance(e, ContextCompacted) for e in evs)
 
 
+async def test_anthropic_defined_tools_client_ones_called_server_ones_left_out(served):
+    """Anthropic's own tool types through the ``anthropic`` client: the client tools (bash, the
+    text editor) are rendered with their documented input schemas and a forced call of each comes
+    back as a ``tool_use`` with the tool's name and an input valid against that schema; a server
+    tool (web search, web fetch) is accepted, left out of the prompt and reported - the response
+    header ``x-evolving-unserved-tools``, ``evolving.unserved_tools`` and the ignored-fields counter."""
+    import jsonschema
+
+    from services.drivers.gateway.anthropic_api import client_tool
+
+    url, gw, _bus = served
+    client = anthropic.AsyncAnthropic(base_url=url, api_key=KEY, max_retries=0)
+    bash = {"type": "bash_20250124", "name": "bash"}
+    editor = {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"}
+    search = {"type": "web_search_20250305", "name": "web_search", "max_uses": 3}
+    fetch = {"type": "web_fetch_20250910", "name": "web_fetch"}
+    msgs = [{"role": "user", "content": "List the files, then show README.md"}]
+    for tool in (bash, editor):
+        raw = await client.messages.with_raw_response.create(
+            model=MODEL, max_tokens=200, messages=msgs, tools=[bash, editor, search, fetch],
+            tool_choice={"type": "tool", "name": tool["name"]}, extra_headers={"x-branch-id": f"cc/{tool['name']}"})
+        msg = await raw.parse()
+        assert msg.stop_reason == "tool_use", msg
+        (use,) = [b for b in msg.content if b.type == "tool_use"]
+        assert use.name == tool["name"]
+        jsonschema.validate(use.input, client_tool(tool["type"], tool)["input_schema"])
+        assert raw.headers["x-evolving-unserved-tools"] == "web_search_20250305,web_fetch_20250910"
+        assert json.loads(await raw.read())["evolving"]["unserved_tools"] == ["web_search_20250305", "web_fetch_20250910"]
+    for kind in ("web_search_20250305", "web_fetch_20250910"):
+        assert gw.metrics.get("ei_gateway_ignored_fields_total", api="anthropic", field=f"tools[].type: {kind}") == 2
+    # the server tools are not in the prompt; the client tools are
+    with_all = await client.messages.count_tokens(model=MODEL, messages=msgs, tools=[bash, editor, search, fetch])
+    clients_only = await client.messages.count_tokens(model=MODEL, messages=msgs, tools=[bash, editor])
+    bare = await client.messages.count_tokens(model=MODEL, messages=msgs)
+    assert with_all.input_tokens == clients_only.input_tokens > bare.input_tokens
+    # the client runs the tool and sends its result back: the conversation goes on on its branch
+    second = await client.messages.create(
+        model=MODEL, max_tokens=4, tools=[bash, editor, search, fetch], extra_headers={"x-branch-id": "cc/bash"},
+        messages=[*msgs, {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "bash",
+                                                            "input": {"command": "ls"}}]},
+                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                                "content": "README.md"}]}])
+    assert second.stop_reason in ("end_turn", "max_tokens") and second.usage.output_tokens > 0
+
+
 async def test_raw_sse_event_sequence_and_anthropic_errors(served):
     url, _gw, _bus = served
     body = {"model": MODEL, "max_tokens": 5, "stream": True, "messages": [{"role": "user", "content": "hi"}]}

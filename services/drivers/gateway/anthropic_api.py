@@ -48,10 +48,10 @@ from services.drivers.gateway.api import (
     ApiError,
     ChatRequest,
     Message,
-    clip,
     convert,
     decode_object,
     function_def,
+    unserved_kind,
 )
 from services.drivers.gateway.tokenizer import GENERATION_PROMPT, TemplateError, render_chat
 from services.drivers.gateway.toolcalls import Piece, ToolCall
@@ -110,7 +110,8 @@ class AMessage(Struct):
 
 
 class Tool(Struct):
-    """A custom (client) tool; other fields (``cache_control``, ``strict``, ...) are ignored."""
+    """A custom (client) tool, or an Anthropic-defined client tool as one (:func:`client_tool`);
+    other fields (``cache_control``, ``strict``, ...) are ignored."""
 
     name: Annotated[str, Meta(min_length=1)]
     input_schema: dict[str, Any]
@@ -159,20 +160,101 @@ class CountTokensRequest(_Base, kw_only=True):
 SAMPLING: tuple[str, ...] = ()  # every sampling parameter reaches the engine (budget_request)
 
 
+# ----------------------------------------------------------------------------- Anthropic-defined tools
+# Anthropic-defined *client* tools (the client runs them; the model calls them by name with the
+# documented input): rendered as custom tools with their documented input schemas, so a model
+# served here can call them and the call comes back as a tool_use with the tool's name. Schemas:
+# Anthropic's tool-use docs ("Bash tool", "Text editor tool", "Computer use tool", "Memory tool"),
+# as the @ai-sdk/anthropic 3.0 provider's input schemas write them.
+_BASH = {"type": "object", "properties": {
+    "command": {"type": "string", "description": "The bash command to run. Required unless the tool is being restarted."},
+    "restart": {"type": "boolean", "description": "Specifying true will restart this tool. Otherwise, leave this unspecified."}}}
+
+
+def _editor(undo: bool) -> dict[str, Any]:
+    commands = ["view", "create", "str_replace", "insert"] + (["undo_edit"] if undo else [])
+    return {"type": "object", "required": ["command", "path"], "properties": {
+        "command": {"type": "string", "enum": commands},
+        "path": {"type": "string", "description": "Absolute path to the file or directory."},
+        "file_text": {"type": "string", "description": "create: the content of the new file."},
+        "view_range": {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2,
+                       "description": "view: the first and last line to show (1-based; -1: to the end)."},
+        "old_str": {"type": "string", "description": "str_replace: the exact text to replace."},
+        "new_str": {"type": "string", "description": "str_replace: the new text; insert: the text to insert."},
+        "insert_line": {"type": "integer", "description": "insert: the line after which to insert (0: the start)."}}}
+
+
+_XY = {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2}
+_ACTIONS_2024 = ["key", "type", "mouse_move", "left_click", "left_click_drag", "right_click", "middle_click",
+                 "double_click", "screenshot", "cursor_position"]
+_ACTIONS_2025 = ["key", "hold_key", "type", "cursor_position", "mouse_move", "left_mouse_down", "left_mouse_up",
+                 "left_click", "left_click_drag", "right_click", "middle_click", "double_click", "triple_click",
+                 "scroll", "wait", "screenshot"]
+
+
+def _computer(actions: list[str]) -> dict[str, Any]:
+    props: dict[str, Any] = {"action": {"type": "string", "enum": actions},
+                             "coordinate": {**_XY, "description": "(x, y) pixels from the top left"},
+                             "text": {"type": "string", "description": "key / type: the keys or the text"}}
+    if "scroll" in actions:
+        props.update(start_coordinate=_XY, duration={"type": "number"}, scroll_amount={"type": "integer"},
+                     scroll_direction={"type": "string", "enum": ["up", "down", "left", "right"]})
+    return {"type": "object", "required": ["action"], "properties": props}
+
+
+_MEMORY = {"type": "object", "required": ["command"], "properties": {
+    "command": {"type": "string", "enum": ["view", "create", "str_replace", "insert", "delete", "rename"]},
+    "path": {"type": "string"}, "view_range": _XY, "file_text": {"type": "string"}, "old_str": {"type": "string"},
+    "new_str": {"type": "string"}, "insert_line": {"type": "integer"}, "insert_text": {"type": "string"},
+    "old_path": {"type": "string"}, "new_path": {"type": "string"}}}
+
+#: type prefix -> (the tool's documented name, description, input schema by type). A version of
+#: a family not listed (a newer ``bash_2026...``) gets the family's latest schema.
+CLIENT_TOOLS: dict[str, tuple[str, str, dict[str, dict[str, Any]]]] = {
+    "bash_": ("bash", "Run a command in a persistent bash shell; restart: true restarts the shell.",
+              {"": _BASH}),
+    "text_editor_": ("str_replace_based_edit_tool",
+                     "View, create and edit text files: view (a file or a directory), create, str_replace, insert.",
+                     {"text_editor_20241022": _editor(True), "text_editor_20250124": _editor(True), "": _editor(False)}),
+    "computer_": ("computer", "Use the computer's mouse and keyboard and take screenshots.",
+                  {"computer_20241022": _computer(_ACTIONS_2024), "": _computer(_ACTIONS_2025)}),
+    "memory_": ("memory", "Read and write files in the /memories directory that persist between conversations.",
+                {"": _MEMORY}),
+}
+_EDITOR_NAMES = {"text_editor_20241022": "str_replace_editor", "text_editor_20250124": "str_replace_editor"}
+
+
+def client_tool(kind: str, tool: dict[str, Any]) -> dict[str, Any] | None:
+    """An Anthropic-defined client tool (``{"type": "bash_20250124", "name": "bash"}``) as the
+    custom tool the chat template renders (its name as the request gives it, else the documented
+    one); None when ``kind`` is not a client tool's type (a server tool: web search, ...)."""
+    for prefix, (name, description, schemas) in CLIENT_TOOLS.items():
+        if kind.startswith(prefix):
+            schema = schemas.get(kind, schemas[""])
+            if prefix == "computer_" and tool.get("display_width_px") and tool.get("display_height_px"):
+                description += f" The display is {tool['display_width_px']}x{tool['display_height_px']} pixels."
+            given = tool.get("name")
+            return {"name": given if isinstance(given, str) and given else _EDITOR_NAMES.get(kind, name),
+                    "description": description, "input_schema": schema}
+    return None
+
+
 # ----------------------------------------------------------------------------- parsing
-_SERVER_TOOL = ("server tools and Anthropic-defined tools run at Anthropic; this gateway renders only "
-                "custom tools ({'name', 'description', 'input_schema'})")
-
-
-def _decode(raw: bytes, cls: type[Struct], ignored: list[str] | None = None) -> Any:
+def _decode(raw: bytes, cls: type[Struct], ignored: list[str] | None = None,
+            unserved: list[str] | None = None) -> Any:
     obj = decode_object(raw)
     tools = obj.get("tools")
-    if isinstance(tools, list):
-        for i, t in enumerate(tools):
+    if isinstance(tools, list):  # Anthropic-defined tools: client ones rendered, server ones left out
+        kept = []
+        for t in tools:
             kind = t.get("type") if isinstance(t, dict) else None
-            if kind not in (None, "custom"):
-                raise ApiError(400, f"'tools[{i}].type': tool type {clip(str(kind))!r} is not supported: {_SERVER_TOOL}",
-                               f"tools[{i}].type", code="unsupported_parameter")
+            if kind in (None, "custom") or not isinstance(kind, str):
+                kept.append(t)  # a custom tool (or not an object: the Struct says what is wrong)
+            elif (tool := client_tool(kind, t)) is not None:
+                kept.append(tool)
+            elif unserved is not None:  # runs at Anthropic (web search, code execution, ...) or unknown
+                unserved.append(unserved_kind(kind))
+        obj["tools"] = kept
     try:
         req = convert(obj, cls, ignored)
     except ApiError as exc:
@@ -190,14 +272,16 @@ def _decode(raw: bytes, cls: type[Struct], ignored: list[str] | None = None) -> 
     return req
 
 
-def parse_messages(raw: bytes, ignored: list[str] | None = None) -> MessagesRequest:
+def parse_messages(raw: bytes, ignored: list[str] | None = None, unserved: list[str] | None = None) -> MessagesRequest:
     """The validated ``POST /v1/messages`` body (400 :class:`ApiError` naming the field); the
-    names of unknown top-level fields (dropped, never a 400) are appended to ``ignored``."""
-    return _decode(raw, MessagesRequest, ignored)
+    names of unknown top-level fields (dropped, never a 400) are appended to ``ignored``, the
+    types of the tools that cannot be served (server tools, unknown types: left out) to ``unserved``."""
+    return _decode(raw, MessagesRequest, ignored, unserved)
 
 
-def parse_count_tokens(raw: bytes, ignored: list[str] | None = None) -> CountTokensRequest:
-    return _decode(raw, CountTokensRequest, ignored)
+def parse_count_tokens(raw: bytes, ignored: list[str] | None = None,
+                       unserved: list[str] | None = None) -> CountTokensRequest:
+    return _decode(raw, CountTokensRequest, ignored, unserved)
 
 
 def unapplied(req: MessagesRequest) -> list[str]:

@@ -451,6 +451,24 @@ def chat_tools(req: ChatRequest) -> list[dict[str, Any]] | None:
     return [function_def(t.function.name, t.function.description, t.function.parameters) for t in req.tools]
 
 
+#: How a tool this gateway cannot serve is counted in ``ei_gateway_ignored_fields_total`` (a hosted
+#: tool that runs at OpenAI or Anthropic: web search, code execution, ...; on both the Responses
+#: and the Messages API): ``tools[].type: <type>``; the response lists the types in the header
+#: ``x-evolving-unserved-tools`` and ``evolving.unserved_tools`` (meta.Meta).
+UNSERVED_TOOL = "tools[].type: "
+
+
+def unserved_kind(kind: str) -> str:
+    """A client's tool type as the header and the counter carry it: at most 64 characters of
+    ``[A-Za-z0-9_.:-]``, any other character as ``?`` (a header value never holds a line break)."""
+    return "".join(c if c.isascii() and (c.isalnum() or c in "_.:-") else "?" for c in kind[:64]) or "?"
+
+
+def unserved_tool_names(kinds: list[str]) -> list[str]:
+    """The ignored-field names of the unserved tool types ``kinds`` (one per tool, in order)."""
+    return [UNSERVED_TOOL + k for k in kinds]
+
+
 def function_def(name: str, description: str | None, parameters: dict[str, Any] | None) -> dict[str, Any]:
     out: dict[str, Any] = {"name": name}
     if description is not None:

@@ -80,6 +80,7 @@ from services.drivers.gateway.api import (
     requested_max_tokens,
     sampling_fields,
     unapplied,
+    unserved_tool_names,
 )
 from services.drivers.gateway.auth import ApiKeys
 from services.drivers.gateway.cancel import Cancels, Tracked
@@ -435,23 +436,26 @@ class Gateway:
         """Anthropic's ``POST /v1/messages`` (services/drivers/gateway/anthropic_api.py)."""
         self.metrics.inc("ei_gateway_requests_total", endpoint="messages")
         ignored: list[str] = []
-        mreq = anthropic_api.parse_messages(await req.read(), ignored)
+        unserved: list[str] = []  # server tools (web search, code execution, ...): left out, said so
+        mreq = anthropic_api.parse_messages(await req.read(), ignored, unserved)
         model = self._model(mreq.model)
-        self._note_ignored("anthropic", ignored)
+        self._note_ignored("anthropic", ignored + unserved_tool_names(unserved))
         self._note_betas(req)
         structured = constraints.for_messages(mreq, anthropic_api.tool_defs(mreq), self.tool_parser)
         ids = self.tokenizer.encode(anthropic_api.render_prompt(mreq, self.template))
         tools = bool(mreq.tools) and (mreq.tool_choice is None or mreq.tool_choice.type != "none")
         return await self._serve(req, anthropic_api.budget_request(mreq), model, ids, chat=True, anthropic=mreq,
-                                 conversation=anthropic_api.chat_messages(mreq), tools=tools, structured=structured)
+                                 conversation=anthropic_api.chat_messages(mreq), tools=tools, structured=structured,
+                                 unserved=unserved)
 
     async def count_tokens(self, req: web.Request) -> web.Response:
         """Anthropic's ``POST /v1/messages/count_tokens``: the rendered prompt's tokens."""
         self.metrics.inc("ei_gateway_requests_total", endpoint="count_tokens")
         ignored: list[str] = []
-        creq = anthropic_api.parse_count_tokens(await req.read(), ignored)
+        unserved: list[str] = []
+        creq = anthropic_api.parse_count_tokens(await req.read(), ignored, unserved)
         self._model(creq.model)
-        self._note_ignored("anthropic", ignored)
+        self._note_ignored("anthropic", ignored + unserved_tool_names(unserved))
         self._note_betas(req)
         return web.json_response({"input_tokens": len(self.tokenizer.encode(anthropic_api.render_prompt(creq, self.template)))})
 
@@ -485,7 +489,7 @@ class Gateway:
         return await self._serve(req, responses_api.budget_request(parsed.req), model, self.tokenizer.encode(prompt),
                                  chat=True, responses=responses_api.Call(parsed, keep),
                                  conversation=msgs, tools=bool(parsed.tools) and parsed.req.tool_choice != "none",
-                                 structured=structured)
+                                 structured=structured, unserved=parsed.unserved)
 
     async def response_view(self, req: web.Request) -> web.Response:
         """``GET /v1/responses/{response_id}``: a stored response (404 once evicted or expired,
@@ -560,12 +564,14 @@ class Gateway:
                      chat: bool, anthropic: anthropic_api.MessagesRequest | None = None,
                      conversation: list[dict] | None = None,
                      responses: responses_api.Call | None = None, tools: bool = False,
-                     structured: constraints.Structured | None = None) -> web.StreamResponse:
+                     structured: constraints.Structured | None = None,
+                     unserved: list[str] | None = None) -> web.StreamResponse:
         """:meth:`_serve_request` observed by the frontend metrics (``ei_frontend_*``, metrics.py).
         ``conversation``: a chat request's messages (OpenAI-style), for a headerless request's
         branch (conversations.py); ``tools``: read tool calls out of the answer (the request has
         tools and ``tool_choice`` is not none); ``structured``: what the output must be (a forced
-        call, read with its parser; a JSON answer, read as text: constraints.py)."""
+        call, read with its parser; a JSON answer, read as text: constraints.py); ``unserved``: the
+        types of the request's tools left out of the prompt (said in a header and the extension)."""
         endpoint = "anthropic_messages" if anthropic is not None else "chat_completions" if chat else "completions"
         if responses is not None:
             endpoint = "responses"
@@ -573,7 +579,7 @@ class Gateway:
         ok = False
         try:
             work = self._serve_request(req, r, model, ids, chat, anthropic, obs, conversation, responses=responses,
-                                       tools=tools, structured=structured)
+                                       tools=tools, structured=structured, unserved=unserved)
             resp = await self.cancels.guard(req, work)  # a client that leaves cancels the request
             ok = True
             return resp
@@ -584,7 +590,8 @@ class Gateway:
                              ids: list[int], chat: bool, anthropic: anthropic_api.MessagesRequest | None,
                              obs: RequestObserver, conversation: list[dict] | None = None,
                              responses: responses_api.Call | None = None, tools: bool = False,
-                             structured: constraints.Structured | None = None) -> web.StreamResponse:
+                             structured: constraints.Structured | None = None,
+                             unserved: list[str] | None = None) -> web.StreamResponse:
         """Admit, publish, await the route, relay the tokens; ``anthropic``: answer as
         ``/v1/messages`` (``r`` then carries only its budget and ``stream``); ``responses``: as
         ``/v1/responses`` (its ``prompt_cache_key`` names the branch when no header does)."""
@@ -667,7 +674,8 @@ class Gateway:
                          responses.unapplied if responses is not None
                          else unapplied(r) if anthropic is None else anthropic_api.unapplied(anthropic),
                          cached_tokens=max(0, min(route.t_c, len(ids))), obs=obs, node_quiet_s=fails.quiet_s,
-                         tools=toolcalls.make(parser, token_key(request_id)) if tools else None)
+                         tools=toolcalls.make(parser, token_key(request_id)) if tools else None,
+                         unserved_tools=list(unserved or ()))
 
             async def end_branch() -> None:
                 await self._end_after(adm.end_after, branch)

@@ -66,6 +66,9 @@ class Meta:
     tools: ToolCallParser | None = None
     calls: int = 0  # tool calls answered so far (their index in a stream)
     said: list[Piece] = field(default_factory=list)  # the parsed answer so far: text and calls, in order
+    #: the types of the request's tools that cannot be served here and were left out of the prompt
+    #: (hosted tools: web search, code execution, ...; api.UNSERVED_TOOL)
+    unserved_tools: list[str] = field(default_factory=list)
 
     def split(self, text: str, end: bool = False) -> tuple[str, list[ToolCall]]:
         """The text and the completed tool calls in the engine's next ``text`` (``end``: its
@@ -109,6 +112,8 @@ class Meta:
             h["x-decode-node"] = self.route.decode_node
         if self.unapplied:
             h["x-evolving-unapplied"] = ",".join(self.unapplied)
+        if self.unserved_tools:
+            h["x-evolving-unserved-tools"] = ",".join(self.unserved_tools)
         return h
 
     def _id(self) -> str:
@@ -124,6 +129,8 @@ class Meta:
             ext["note"] = SIM_NOTE
         if self.unapplied:  # accepted sampling parameters the engine did not apply (services/drivers/gateway/api.py)
             ext["unapplied"] = list(self.unapplied)
+        if self.unserved_tools:
+            ext["unserved_tools"] = list(self.unserved_tools)
         return ext
 
     def usage(self, completion: int) -> dict:

@@ -56,6 +56,7 @@ class Evolving(Struct, forbid_unknown_fields=True):
     policy: str | UnsetType = UNSET
     note: str | UnsetType = UNSET
     unapplied: list[str] | UnsetType = UNSET  # accepted parameters the engine did not apply
+    unserved_tools: list[str] | UnsetType = UNSET  # tool types left out of the prompt (hosted tools)
 
 
 class AssistantMessage(Struct, forbid_unknown_fields=True):
@@ -535,6 +536,8 @@ _RESPONSE_HEADERS = {
     "x-prefill-node": "The node the router chose for the prefill.",
     "x-decode-node": "The node the router chose for the decode.",
     "x-evolving-unapplied": "Accepted parameters the engine did not apply, comma-separated.",
+    "x-evolving-unserved-tools": "The types of the request's tools this gateway cannot serve (hosted tools: web "
+                                 "search, code execution, ...), left out of the prompt, comma-separated.",
 }
 
 

@@ -54,12 +54,14 @@ import msgspec
 from msgspec import Meta, Struct
 
 from services.drivers.gateway.api import (
+    UNSERVED_TOOL,
     ApiError,
     ChatRequest,
     NvExt,
     clip,
     decode_object,
     function_def,
+    unserved_kind,
     validation_error,
 )
 from services.drivers.gateway.toolcalls import ToolCall
@@ -123,6 +125,11 @@ class Parsed:
     tools: list[dict[str, Any]] | None
     ignored: list[tuple[str, str]] = field(default_factory=list)
     unapplied: list[str] = field(default_factory=list)
+
+    @property
+    def unserved(self) -> list[str]:
+        """The types of the tools left out of the prompt (hosted tools: ``web_search``, ...)."""
+        return [name for kind, name in self.ignored if kind == "tool"]
 
 
 class _MessageItem(Struct):
@@ -224,7 +231,7 @@ def _tools(tools: list[dict[str, Any]] | None, ignored: list[tuple[str, str]]) -
             f = _convert(t, _FunctionTool, f"tools[{i}]")
             out.append(function_def(f.name, f.description, f.parameters))
         else:
-            ignored.append(("tool", kind))
+            ignored.append(("tool", unserved_kind(kind)))
     return out or None
 
 
@@ -250,7 +257,7 @@ def parse_responses(raw: bytes) -> Parsed:
 def ignored_names(ignored: list[tuple[str, str]]) -> list[str]:
     """The ignored things as the ignored-fields counter names them: a field by its name, a tool
     or an input item by its type (``tools[].type: web_search``, ``input[].type: reasoning``)."""
-    where = {"tool": "tools[].type: ", "item": "input[].type: "}
+    where = {"tool": UNSERVED_TOOL, "item": "input[].type: "}
     return [where.get(kind, "") + name for kind, name in ignored]
 
 

@@ -44,7 +44,6 @@ def test_minimal_request_and_defaults():
     (body(messages=[{"role": "user", "content": [{"type": "tool_result"}]}]), "messages[0].content[0].tool_use_id",
      "missing_required_parameter"),
     (body(tools=[{"name": "x"}]), "tools[0].input_schema", "missing_required_parameter"),
-    (body(tools=[{"type": "web_search_20250305", "name": "web_search"}]), "tools[0].type", "unsupported_parameter"),
     (body(tool_choice={"type": "tool"}), "tool_choice.name", "missing_required_parameter"),
     (body(tool_choice={"type": "sometimes"}), "tool_choice.type", "invalid_value"),
 ])
@@ -242,3 +241,62 @@ def test_openai_tools_are_accepted_and_a_forcing_tool_choice_is_applied():
         with pytest.raises(ApiError) as e:
             parse_chat(json.dumps({**base, **bad}).encode())
         assert (e.value.status, e.value.param) == (400, param)
+
+
+# ----------------------------------------------------------------------------- Anthropic-defined tools
+CLIENT = [{"type": "bash_20250124", "name": "bash"},
+          {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool", "max_characters": 10000},
+          {"type": "text_editor_20250124", "name": "str_replace_editor"},
+          {"type": "computer_20250124", "name": "computer", "display_width_px": 1024, "display_height_px": 768},
+          {"type": "computer_20241022", "name": "computer"},
+          {"type": "memory_20250818", "name": "memory"}]
+SERVER = [{"type": "web_search_20250305", "name": "web_search", "max_uses": 5},
+          {"type": "web_fetch_20250910", "name": "web_fetch"},
+          {"type": "code_execution_20250825", "name": "code_execution"},
+          {"type": "hologram_20990101", "name": "h"}]
+
+
+def test_anthropic_defined_client_tools_render_with_their_documented_schemas():
+    unserved: list[str] = []
+    r = aa.parse_messages(body(tools=CLIENT), [], unserved)
+    assert unserved == []
+    defs = {d["name"]: d["parameters"] for d in aa.tool_defs(r)}
+    assert [d["name"] for d in aa.tool_defs(r)] == [t["name"] for t in CLIENT]
+    assert set(defs["bash"]["properties"]) == {"command", "restart"}
+    edit = defs["str_replace_based_edit_tool"]
+    assert edit["required"] == ["command", "path"]
+    assert edit["properties"]["command"]["enum"] == ["view", "create", "str_replace", "insert"]  # no undo_edit
+    assert "undo_edit" in defs["str_replace_editor"]["properties"]["command"]["enum"]  # the 2025-01 editor's
+    by_type = dict(zip([t["type"] for t in CLIENT], aa.tool_defs(r), strict=True))
+    assert "scroll" in by_type["computer_20250124"]["parameters"]["properties"]["action"]["enum"]
+    assert "scroll" not in by_type["computer_20241022"]["parameters"]["properties"]["action"]["enum"]
+    assert "1024x768" in by_type["computer_20250124"]["description"]
+    # rendered into the prompt like any tool: the model sees the name and the input it takes
+    prompt = aa.render_prompt(r)
+    assert '"name":"str_replace_based_edit_tool"' in prompt and '"old_str"' in prompt
+
+
+def test_a_client_tool_without_a_name_gets_its_documented_one():
+    r = aa.parse_messages(body(tools=[{"type": "text_editor_20241022"}, {"type": "bash_20241022"},
+                                      {"type": "bash_20991231"}]))
+    assert [d["name"] for d in aa.tool_defs(r)] == ["str_replace_editor", "bash", "bash"]  # a newer bash too
+
+
+def test_server_tools_are_accepted_left_out_of_the_prompt_and_reported():
+    unserved: list[str] = []
+    ignored: list[str] = []
+    r = aa.parse_messages(body(tools=[*SERVER, {"type": "bash_20250124", "name": "bash"},
+                                      {"type": "evil\r\nx-injected: 1" + "z" * 200, "name": "e"}]), ignored, unserved)
+    assert [d["name"] for d in aa.tool_defs(r)] == ["bash"]
+    assert unserved[:4] == [t["type"] for t in SERVER]
+    assert unserved[4] == "evil??x-injected:?1" + "z" * 45 and len(unserved) == 5  # safe in a header, bounded
+    assert ignored == []  # the app counts them under their own names (api.unserved_tool_names)
+    plain = aa.parse_messages(body(tools=[{"type": "bash_20250124", "name": "bash"}]))
+    assert aa.render_prompt(r) == aa.render_prompt(plain)  # nothing of them in the prompt
+    only = aa.parse_messages(body(tools=SERVER[:1]))
+    assert aa.tool_defs(only) is None and aa.render_prompt(only) == aa.render_prompt(aa.parse_messages(body()))
+    # count_tokens parses the same way
+    u2: list[str] = []
+    aa.parse_count_tokens(b'{"model": "m", "messages": [{"role": "user", "content": "x"}], '
+                          b'"tools": [{"type": "web_fetch_20250910", "name": "web_fetch"}]}', [], u2)
+    assert u2 == ["web_fetch_20250910"]
