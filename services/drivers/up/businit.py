@@ -51,11 +51,15 @@ async def init_bus(args) -> int:
     return 1
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m services.drivers.up.businit", description=__doc__.splitlines()[0])
     add_bus_args(p)
     p.add_argument("--timeout-s", type=float, default=120.0, help="wait this long for the cluster")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     configure_logging()
     try:
         return asyncio.run(init_bus(args))
