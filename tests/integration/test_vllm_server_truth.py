@@ -175,6 +175,28 @@ async def test_a_new_server_instance_seen_on_metrics_drops_the_view_and_resets_i
         await fake.stop()
 
 
+async def test_lost_events_resync_the_view_with_the_servers_cache():
+    """A gap in the publisher's sequence (the event socket cut, a ZMQ high-water mark): the view
+    may miss stores and removals, so it is dropped and vLLM's cache reset; both refill alike."""
+    h = Host()
+    fake = FakeVllm(kv_events_port=0, block_size=64)
+    b = await attach(h, fake)
+    try:
+        b.enqueue_prefill(job("r1", [10, 11], max_tokens=2))
+        await h.wait(lambda e: isinstance(e, KvStored) and set(e.blocks) == {10, 11})
+        fake.seq += 3  # three batches never reached the worker
+        b.enqueue_prefill(job("r2", [20, 21], max_tokens=2))
+        gone = await h.wait(lambda e: isinstance(e, KvEvicted))
+        assert {10, 11} <= set(gone.blocks)
+        await until(lambda: b.resyncs["events_lost"] == 1 and not fake.blocks)
+        assert b.kv_gaps == 1 and b.kv_event_counts()["sequence_gaps"] == 1
+        b.enqueue_prefill(job("r3", [10, 11], max_tokens=2))  # refills from the server's events
+        await until(lambda: {10, 11} <= b.pool.l1)
+    finally:
+        await b.close()
+        await fake.stop()
+
+
 async def test_a_restarted_worker_resyncs_so_the_blocks_vllm_keeps_are_not_lost():
     """Bug 5: a worker that restarts has no page map for the blocks vLLM still holds; it resets
     the server's prefix cache at start, so later requests' events chain from the root and every
