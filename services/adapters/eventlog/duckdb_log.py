@@ -37,11 +37,13 @@ from services.adapters.eventlog.columnar import (
     SCHEMA_V2,
     SCHEMA_V3,
     BlockDict,
+    blocks_sql,
     decode_bitmap,
     decode_blocks,
     decode_row,
     encode_rows,
     events_view_sql,
+    rows_from_sql,
 )
 from services.adapters.eventlog.payload import decode_payload, encode_payload
 from services.adapters.eventlog.port import (
@@ -148,7 +150,7 @@ class DuckDbEventLog:
             try:
                 self._check_schema()
                 self.format = self._read_format()
-                create_views(self.con, temp=True, events_sql=self._events_sql())
+                create_views(self.con, temp=True, events_sql=self._events_sql(), stored=self._stored_sql())
                 self._applied = self._read_applied()
             except (duckdb.Error, ValueError) as exc:  # a truncated or corrupt file fails on its first read
                 self.con.close()
@@ -177,7 +179,7 @@ class DuckDbEventLog:
             self.con.execute("INSERT OR IGNORE INTO log_meta VALUES ('format', ?)", [self.format])
         self.con.execute(SKIPPED_SCHEMA)
         self.con.execute("INSERT OR IGNORE INTO log_meta VALUES ('skipped_since', '0')")
-        create_views(self.con, events_sql=self._events_sql())
+        create_views(self.con, events_sql=self._events_sql(), stored=self._stored_sql())
         self.con.execute("COMMIT")
 
     def _add_skipped(self, since: int) -> None:
@@ -214,6 +216,10 @@ class DuckDbEventLog:
     def _events_sql(self) -> str | None:
         """The ``events`` view of a format-2/3 log (format 1: ``events`` is the table itself)."""
         return events_view_sql(fmt=self.format) if self.format != "1" else None
+
+    def _stored_sql(self) -> tuple[str, str] | None:
+        """What the typed views of kinds with a block list read directly (format 2/3)."""
+        return (rows_from_sql(), blocks_sql(self.format)) if self.format != "1" else None
 
     def _block_dict(self) -> BlockDict:
         """The writer's dictionary, read back from the file (bounded: its newest entries)."""

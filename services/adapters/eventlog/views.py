@@ -75,13 +75,21 @@ def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def event_view_sql(event_type: type) -> str:
+def event_view_sql(event_type: type, stored: tuple[str, str] | None = None) -> str:
+    """``stored``: ``(FROM clause, block list expression)`` of a format-2/3 log
+    (services.adapters.eventlog.columnar ``rows_from_sql``, ``blocks_sql``). A kind with a
+    ``blocks`` field then reads its other fields from the stored payload (which holds
+    ``"blocks":[]``) and its list straight from the stored runs, as ``UBIGINT[]``: no JSON text of
+    the list is built and parsed again (7.3 M hashes in the README demo's log)."""
     fields = [f for f in msgspec.structs.fields(event_type) if f.name not in _SKIP_FIELDS]
     hints = get_type_hints(event_type)
     structure = {f.name: duck_type(hints[f.name]) for f in fields}
+    direct = stored is not None and "blocks" in structure
+    if direct:
+        structure.pop("blocks")
     cols = []
     for f in fields:
-        col = f"p.{_ident(f.name)}"
+        col = "b" if direct and f.name == "blocks" else f"p.{_ident(f.name)}"
         default = _sql_literal(f.default) if f.default is not msgspec.NODEFAULT else None
         if default is not None:
             col = f"coalesce({col}, {default})"
@@ -93,6 +101,13 @@ def event_view_sql(event_type: type) -> str:
         )
     select = ", ".join([*_BASE_COLUMNS, *cols])
     spec = json.dumps(structure).replace("'", "''")
+    if direct:
+        from_clause, blocks = stored
+        return (
+            f"CREATE OR REPLACE VIEW {view_name(event_type)} AS SELECT {select} FROM ("
+            f"SELECT r.seq, r.ts, r.src, r.subject, json_transform(r.payload, '{spec}') AS p, {blocks} AS b "
+            f"FROM {from_clause} WHERE r.type = '{event_type.__name__}')"
+        )
     return (
         f"CREATE OR REPLACE VIEW {view_name(event_type)} AS SELECT {select} FROM ("
         f"SELECT seq, ts, src, subject, json_transform(payload, '{spec}') AS p "
@@ -198,16 +213,20 @@ def _named_view_sql(body: str) -> str:
     return body.replace("{AT}", _AT).replace("{STARTED_EXTRA}", extra).replace("{STARTED_COLS}", cols)
 
 
-def create_views(con, temp: bool = False, events_sql: str | None = None) -> None:
+def create_views(con, temp: bool = False, events_sql: str | None = None,
+                 stored: tuple[str, str] | None = None) -> None:
     """(Re)create every view on ``con`` (inside the caller's transaction, if any). ``temp``:
     session-only views that shadow the ones stored in a file opened read-only, so a reader
     always sees the views of its own catalog version. ``events_sql``: the ``events`` relation
-    itself, as a view (a format-2 log, services/adapters/eventlog/columnar.py), made first."""
+    itself, as a view (a format-2 log, services/adapters/eventlog/columnar.py), made first;
+    ``stored``: that log's stored rows, which the kinds with a block list read directly
+    (:func:`event_view_sql`)."""
     kind = "TEMP VIEW" if temp else "VIEW"
     if events_sql is not None:
         con.execute(f"CREATE OR REPLACE {kind} events AS {events_sql}")
     for event_type in EVENT_TYPES:
-        con.execute(event_view_sql(event_type).replace("CREATE OR REPLACE VIEW", f"CREATE OR REPLACE {kind}", 1))
+        con.execute(event_view_sql(event_type, stored).replace("CREATE OR REPLACE VIEW",
+                                                               f"CREATE OR REPLACE {kind}", 1))
     for name, body in NAMED_VIEWS.items():
         con.execute(f"CREATE OR REPLACE {kind} {name} AS {_named_view_sql(body)}")
 

@@ -194,7 +194,27 @@ def _register_gateway(bench) -> None:
     p.set_defaults(func=_bench_gateway)
 
 
+def _bench_sql(args: argparse.Namespace) -> int:
+    from services.drivers.bench import sql as sql_bench  # lazy: duckdb
+
+    result = sql_bench.run([args.log, *args.more], repeats=args.repeats, bound=not args.no_bound)
+    print(json.dumps(result, indent=2) if args.json else sql_bench.format_report(result))
+    return 0
+
+
+def _register_sql(bench) -> None:
+    p = bench.add_parser("sql", help="the documented SQL over a recorded log: time through the views vs the "
+                                     "same query on plain tables (docs/recorder.md)")
+    p.add_argument("log", help="an event log (.duckdb) or Parquet roll")
+    p.add_argument("more", nargs="*", help="more logs, queried as one (as `evolving sql`)")
+    p.add_argument("--repeats", type=int, default=3, help="runs of each query; the median is reported")
+    p.add_argument("--no-bound", action="store_true", help="skip the plain-table bound (faster)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.set_defaults(func=_bench_sql)
+
+
 def register(sub, bench) -> None:
+    _register_sql(bench)
     _register_directory(bench)
     _register_planner(bench)
     _register_router(bench)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import sys
+import time
 from typing import Any
 
 import msgspec
@@ -123,6 +125,7 @@ def cmd_sql(args) -> int:
     if not args.more and not args.db.endswith(".parquet") and _holds_no_events(con):
         print(f"note: {args.db} holds no events (a copy taken without its .wal while the run was going? "
               "query the running stack with --live)", file=sys.stderr)
+    t0 = time.monotonic()
     try:
         rel = con.sql(query)
         if rel is None:  # a statement without a result
@@ -136,18 +139,30 @@ def cmd_sql(args) -> int:
         return 1
     finally:
         con.close()
+    elapsed = time.monotonic() - t0
+    if elapsed > 2.0:  # a slow query says so (on stderr: the output stays the result alone)
+        print(f"query took {elapsed:.1f} s ({len(rows)} row(s))", file=sys.stderr)
+    try:
+        _write_rows(args, cols, rows)
+    except BrokenPipeError:
+        # the reader left (`evolving sql ... | head`): what it wanted it has; no traceback, and no
+        # second error when Python flushes stdout at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+def _write_rows(args, cols: list[str], rows: list[tuple]) -> None:
     if args.fmt == "json":
         for row in rows:
             print(json.dumps({c: _jsonable(v) for c, v in zip(cols, row)}))
-        return 0
-    if args.fmt == "csv":
+    elif args.fmt == "csv":
         w = csv.writer(sys.stdout, lineterminator="\n")
         w.writerow(cols)
         for row in rows:
             w.writerow("" if v is None else _cell(v) for v in row)
-        return 0
-    print_table(cols, rows, args.max_rows)
-    return 0
+    else:
+        print_table(cols, rows, args.max_rows)
+    sys.stdout.flush()
 
 
 def _holds_no_events(con) -> bool:
@@ -169,11 +184,16 @@ def print_table(cols: list[str], rows: list[tuple], max_rows: int) -> None:
         table.add_column(Text(c), overflow="fold")
     for row in shown:
         table.add_row(*(Text(_cell(v)) for v in row))  # Text: a '[x]' in a value is not markup
-    console = Console()
+    console = _Console()
     if not console.is_terminal:
-        console = Console(width=max(80, Console(width=1 << 20).measure(table).maximum))
+        console = _Console(width=max(80, Console(width=1 << 20).measure(table).maximum))
     console.print(table)
     console.print(Text(f"{len(rows)} row(s)" + (f", first {max_rows} shown" if len(rows) > max_rows else "")))
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        raise BrokenPipeError  # rich would exit 1; the caller ends quietly, as for csv and json
 
 
 #: ``evolving verify``'s exit statuses (docs/recorder.md, "evolving verify")

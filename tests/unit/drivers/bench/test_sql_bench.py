@@ -1,0 +1,66 @@
+"""`evolving bench sql`: the documented queries timed through the views beside the same queries
+on plain tables; both must return the same rows (else the bound is of another query). And
+`evolving sql ... | head` ends quietly."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from services.adapters.eventlog import DuckDbEventLog, open_sources
+from services.drivers.bench import sql as sql_bench
+
+ROOT = Path(__file__).resolve().parents[4]
+
+
+@pytest.fixture(scope="module")
+def log_path(tmp_path_factory):
+    sys.path.insert(0, str(ROOT / "tests" / "unit" / "adapters" / "eventlog"))
+    try:
+        from test_views import scenario  # the hand-built run every documented query is checked on
+    finally:
+        sys.path.pop(0)
+    path = str(tmp_path_factory.mktemp("sqlbench") / "run.duckdb")
+    log = DuckDbEventLog(path)
+    log.append(scenario())
+    log.close()
+    return path
+
+
+def test_every_documented_query_is_timed_and_gives_the_same_rows_on_plain_tables(log_path):
+    result = sql_bench.run([log_path], repeats=1)
+    names = [q["query"] for q in result["queries"]]
+    assert "count requests" in names and sum(n.startswith("docs #") for n in names) >= 7
+    con = open_sources([log_path])
+    try:
+        for q in result["queries"]:
+            assert q["view_s"] > 0 and q["table_s"] > 0
+            rows = con.sql(q["sql"]).fetchall()
+            assert q["rows"] == len(rows)
+    finally:
+        con.close()
+    assert result["max_view_s"] == max(q["view_s"] for q in result["queries"])
+
+
+def test_the_cli_prints_json_and_a_table(log_path):
+    cmd = [sys.executable, "-m", "services.drivers.cli", "bench", "sql", log_path, "--repeats", "1"]
+    out = subprocess.run(cmd + ["--json"], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
+    assert json.loads(out.stdout)["events"] > 0
+    out = subprocess.run(cmd + ["--no-bound"], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
+    assert "count requests" in out.stdout and "slowest through the views" in out.stdout
+
+
+@pytest.mark.parametrize("fmt", ["table", "csv", "json"])
+def test_sql_into_a_pipe_that_closes_ends_without_a_traceback(log_path, fmt):
+    cmd = [sys.executable, "-m", "services.drivers.cli", "sql", log_path,
+           "SELECT e.seq, r.i FROM events e, range(5000) r(i)", "--format", fmt, "--max-rows", "100000"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.read(64)  # what `head -c 64` takes, then it leaves
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0, err
+    assert "Traceback" not in err and "BrokenPipe" not in err
