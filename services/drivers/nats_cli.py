@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
 import sys
 import time
 
@@ -16,7 +17,9 @@ from services.adapters.bus.natsserver import EmbeddedNats
 
 def register(sub, bench) -> None:
     p = sub.add_parser("nats", help="run the embedded nats-server with JetStream (Ctrl-C stops it)")
-    p.add_argument("--port", type=int, default=0, help="client port (0 = a free one)")
+    p.add_argument("--port", type=int, default=None,
+                   help="client port (default: NATS's 4222, which the services and `evolving serve` "
+                        "connect to by default, or a free one when 4222 is taken; 0 = a free one)")
     p.add_argument("--store-dir", default=None, help="JetStream store (default: a temporary folder)")
     p.add_argument("--host", default="127.0.0.1")
     p.set_defaults(func=_cmd_nats)
@@ -29,8 +32,15 @@ def register(sub, bench) -> None:
 
 
 def _cmd_nats(args) -> int:
-    srv = EmbeddedNats(port=args.port, store_dir=args.store_dir, host=args.host).start()
-    print(f"nats-server with JetStream at {srv.url} (store {srv.store_dir}); Ctrl-C to stop", flush=True)
+    port = args.port
+    note = ""
+    if port is None:
+        port = DEFAULT_PORT if _free(args.host, DEFAULT_PORT) else 0
+        if port == 0:
+            note = f" ({DEFAULT_PORT} is taken: pass this URL to the services)"
+    srv = EmbeddedNats(port=port, store_dir=args.store_dir, host=args.host).start()
+    print(f"nats-server with JetStream at {srv.url} (store {srv.store_dir}); Ctrl-C to stop{note}", flush=True)
+    print(f"export EI_NATS_URL={srv.url}", flush=True)
     stop = False
 
     def _stop(*_):
@@ -45,6 +55,19 @@ def _cmd_nats(args) -> int:
     finally:
         srv.stop()
     return 0
+
+
+#: NATS's own client port, the services' default URL (``nats://127.0.0.1:4222``).
+DEFAULT_PORT = 4222
+
+
+def _free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def _cmd_bench_bus(args) -> int:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import signal
 import sys
@@ -55,6 +56,10 @@ class PluginLoadError(RuntimeError):
 def build_parser(kind: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"python -m services.drivers.serve {kind}", description=f"the live {kind} service")
     add_service_args(p, kind)
+    p.add_argument("--start-timeout-s", type=float, default=START_RETRY_S,
+                   help=f"give up starting (no bus at the URL, or one that keeps failing) after this long, "
+                        f"with one line and status 2 (default {START_RETRY_S:.0f}); SIGTERM or SIGINT stops it "
+                        "at any time")
     return p
 
 
@@ -276,6 +281,39 @@ def transient_bus_error(exc: BaseException) -> bool:
     return isinstance(exc, NatsError | TimeoutError | OSError | ConnectionError)
 
 
+def _start_timeout(args) -> float:
+    return float(getattr(args, "start_timeout_s", None) or START_RETRY_S)
+
+
+class BusUnreachable(Exception):
+    """No bus answered at the URL within the start bound."""
+
+
+async def _connect_until_stopped(args, kind: str, stop: asyncio.Event, deadline: float) -> NatsBus | None:
+    """:func:`connect_bus`, given up when ``stop`` is set (None: the process was asked to stop;
+    nats-py's connect to a URL where nothing listens retries for ever, and a signal handler that
+    only sets ``stop`` never ended it: SIGTERM was ignored) or at ``deadline``
+    (:class:`BusUnreachable`, one line naming the URL)."""
+    loop = asyncio.get_running_loop()
+    connect = asyncio.ensure_future(connect_bus(args, f"evolving-{kind}"))
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        done, _ = await asyncio.wait({connect, stopped}, timeout=max(0.0, deadline - loop.time()),
+                                     return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if connect in done:
+        return connect.result()
+    connect.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):  # cancelled mid-connect: nothing to close
+        await connect
+    if stop.is_set():
+        return None
+    raise BusUnreachable(f"cannot reach the bus at {args.nats_url} within {_start_timeout(args):.0f} s "
+                         "(is nats-server running there? `evolving nats` starts one and prints its URL; "
+                         "pass it with --nats-url or EI_NATS_URL)")
+
+
 async def serve_async(kind: str, args) -> int:
     """Run the service until SIGTERM/SIGINT. Its start (connect, stream setup, snapshot read,
     consumer creation, the replay up to ready) is tried again, on a fresh connection, while it
@@ -287,20 +325,22 @@ async def serve_async(kind: str, args) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    deadline = loop.time() + START_RETRY_S
+    deadline = loop.time() + _start_timeout(args)
     attempt = 0
     while True:
         attempt += 1
         runners: list[ServiceRunner] = []
         bus = None
         try:
-            bus = await connect_bus(args, f"evolving-{kind}")
+            bus = await _connect_until_stopped(args, kind, stop, deadline)
+            if bus is None:  # stopped (SIGTERM / SIGINT) while it waited for the bus
+                return 0
             if SERVICES[kind].records:
                 await run_recorder_service(args, bus, stop)
             else:
                 await run_core_service(kind, args, bus, stop, runners=runners)
             return 0
-        except CredentialsError as exc:
+        except (CredentialsError, BusUnreachable) as exc:
             print(f"evolving serve {kind}: {exc}", file=sys.stderr)
             return 2
         except PluginLoadError as exc:
