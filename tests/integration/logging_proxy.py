@@ -29,7 +29,7 @@ SECRET_HEADERS = frozenset({"authorization", "x-api-key", "api-key", "cookie", "
                             "openai-api-key", "anthropic-api-key"})
 #: Hop-by-hop headers a proxy does not forward (RFC 9110 7.6.1), plus the ones aiohttp sets itself.
 #: The gateway's answer headers a record keeps: which request and branch the gateway made of it.
-REPLY_HEADERS = ("x-request-id", "x-branch-id", "x-evolving-unapplied")
+REPLY_HEADERS = ("x-request-id", "x-branch-id", "x-evolving-unapplied", "x-evolving-unserved-tools")
 HOP = frozenset({"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding",
                  "upgrade", "host", "content-length"})
 
@@ -91,6 +91,25 @@ def openai_tool_call(model: str, name: str, arguments: dict, call_id: str = "cal
     body = "".join([chunk({"role": "assistant", "content": None, "tool_calls": [call]}), chunk({}, "tool_calls"),
                     chunk({}, usage={"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}),
                     "data: [DONE]\n\n"])
+    return Scripted(body.encode(), headers={"content-type": "text/event-stream", "cache-control": "no-cache"})
+
+
+def responses_function_call(model: str, name: str, arguments: dict, call_id: str = "call_scripted_1",
+                            namespace: str | None = None) -> Scripted:
+    """A streamed Responses API turn that is one ``function_call`` item (``namespace``: a tool of
+    a namespace tool, as Codex names its sub-agent tools)."""
+    def ev(kind: str, **data) -> str:
+        return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n"
+    item = {"id": "fc_" + call_id, "type": "function_call", "status": "completed", "call_id": call_id,
+            "name": name, "arguments": json.dumps(arguments)}
+    if namespace is not None:
+        item["namespace"] = namespace
+    resp = {"id": "resp_scripted", "object": "response", "created_at": 0, "status": "completed", "model": model,
+            "output": [item], "usage": {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2}}
+    body = "".join([ev("response.created", response={**resp, "status": "in_progress", "output": []}),
+                    ev("response.output_item.added", output_index=0, item={**item, "status": "in_progress"}),
+                    ev("response.output_item.done", output_index=0, item=item),
+                    ev("response.completed", response=resp)])
     return Scripted(body.encode(), headers={"content-type": "text/event-stream", "cache-control": "no-cache"})
 
 

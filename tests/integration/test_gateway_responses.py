@@ -219,7 +219,8 @@ async def test_a_codex_like_body_is_served(partition):
         assert events[-1].type == "response.completed" and events[-1].response.store is False
         text = events[-1].response.output_text
         assert text  # a text answer (tool calls out of the model are not parsed here)
-        # the prompt: instructions, the messages, the call and its output; only function tools rendered
+        # the prompt: instructions, the messages, the call and its output; the function tools and the
+        # namespace's (under its flat name) rendered, web_search not
         expected = [{"role": "system", "content": body["instructions"]},
                     {"role": "developer", "content": "<permissions/>"},
                     {"role": "user", "content": "<env>cwd=/w</env>"}, {"role": "user", "content": "List the files."},
@@ -228,7 +229,7 @@ async def test_a_codex_like_body_is_served(partition):
                          "function": {"name": "tool_0", "arguments": '{"arg_0":"ls"}'}}]},
                     {"role": "tool", "tool_call_id": "call_1", "content": "a.py\nb.py"}]
         fns = [{"name": t["name"], "description": t["description"], "parameters": t["parameters"]}
-               for t in body["tools"][:7]]
+               for t in body["tools"][:7]] + [{"name": "mcp__files__read", "parameters": _schema(3)}]
         evs = await _events(bus)
         [sub] = [e for e in evs if isinstance(e, RequestSubmitted)]
         assert sub.prompt_tokens == _prompt(expected, fns)
@@ -239,8 +240,9 @@ async def test_a_codex_like_body_is_served(partition):
         assert len(gw.responses_store) == 0  # store: false
         ignored = {f: gw.metrics.get("ei_gateway_ignored_fields_total", api="responses", field=f)
                    for f in ("reasoning", "include", "parallel_tool_calls", "client_metadata", "text",
-                             "tools[].type: namespace", "tools[].type: web_search", "input[].type: reasoning")}
+                             "tools[].type: web_search", "input[].type: reasoning")}
         assert all(v == 1 for v in ignored.values()), ignored
+        assert gw.metrics.get("ei_gateway_ignored_fields_total", api="responses", field="tools[].type: namespace") == 0
         # the same session again: the same branch, whose prompt now extends the first
         body2 = {**body, "stream": False, "input": [*body["input"], {"type": "message", "role": "user",
                                                                      "content": "Thanks."}]}
@@ -248,6 +250,11 @@ async def test_a_codex_like_body_is_served(partition):
         assert r.status == "completed"
         subs = [e for e in await _events(bus) if isinstance(e, RequestSubmitted)]
         assert [s.branch for s in subs] == [body["prompt_cache_key"]] * 2
+        # a hosted tool is said to be unserved in the response, as on the Messages API
+        raw = await client.responses.with_raw_response.create(model=MODEL, input="hi", store=False, extra_body={
+            "tools": body["tools"][-2:]})
+        assert raw.headers["x-evolving-unserved-tools"] == "web_search"
+        assert json.loads(raw.content)["evolving"]["unserved_tools"] == ["web_search"]
         assert subs[1].blocks[: len(subs[0].blocks)] == subs[0].blocks
 
 

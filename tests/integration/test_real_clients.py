@@ -9,9 +9,10 @@ each through a logging proxy (tests/integration/logging_proxy.py) that records w
   mini-swe-agent, which sends none, the conversation its messages extend) - with no sub-agent,
   since none spawns one (the sim writes no tool calls); the prompt tokens on the stream are
   those the proxy log's measurement gives (docs/gateway.md, "Real clients").
-- Claude Code and opencode given a scripted tool call that starts a sub-agent (the proxy answers
-  that one turn; the request still reaches the gateway): the sub-agent's requests are a
-  ``subagent`` branch under the session on the stream.
+- Claude Code, opencode and Codex given a scripted tool call that starts a sub-agent (the proxy
+  answers that turn; the request still reaches the gateway): the sub-agent's requests are a
+  ``subagent`` branch under the session on the stream (Codex's sub-agent tools are namespaced:
+  the gateway renders them and reads a call back with its ``namespace``).
 - On ``evolving up --engines torch:1`` (SmolLM2-135M, 8,192 tokens) a prompt over the context is
   refused in each API's shape, before anything reaches the stream, and each client recognises
   the refusal as a prompt that is too long: Claude Code ``terminal_reason: prompt_too_long``,
@@ -50,6 +51,7 @@ from tests.integration.logging_proxy import (
     anthropic_tool_use,
     openai_tool_call,
     prompt_tokens,
+    responses_function_call,
 )
 
 pytestmark = pytest.mark.clients
@@ -321,6 +323,56 @@ def test_codex_finishes_a_turn_as_one_agent(sim_up, nats_url, tmp_path):
     first = _generation(records)[0]
     assert first.path == "/v1/responses" and first.json["stream"] is True and first.json["store"] is False
     _one_agent(nats_url, partition, records, first.json["prompt_cache_key"])
+
+
+@_needs(BIN / "codex")
+def test_codexs_sub_agent_is_folded_under_its_session(sim_up, nats_url, tmp_path):
+    """Codex 0.171 (its default model) lists its sub-agent tools in the namespace ``collaboration``
+    of an ``additional_tools`` input item; the gateway renders them (``collaboration__spawn_agent``)
+    and reads a call back as a ``function_call`` naming the namespace. The sim never writes one,
+    so the proxy answers the main agent's first turn with ``spawn_agent`` and its second with
+    ``wait_agent`` (the requests still reach the gateway). Codex runs the sub-agent in its own
+    thread - ``thread-id`` beside the session's ``session-id``, the parent in
+    ``x-codex-turn-metadata`` - and on the stream that is a sub-agent branch under the session;
+    the main agent's third turn carries the sub-agent's answer."""
+    from services.drivers.gateway.responses_api import parse_responses
+
+    url, partition = sim_up
+    scripted: list[str] = []
+
+    def collaborate(rec: Record):
+        meta = json.loads(rec.headers.get("x-codex-turn-metadata") or "{}")
+        if rec.path != "/v1/responses" or meta.get("agent_name") != "/root" or len(scripted) >= 2:
+            return None
+        scripted.append(rec.headers["session-id"])
+        if len(scripted) == 1:
+            return responses_function_call(rec.json["model"], "spawn_agent", {
+                "task_name": "say_hi", "message": "say hi", "fork_turns": "none"}, namespace="collaboration")
+        return responses_function_call(rec.json["model"], "wait_agent", {"timeout_ms": 120_000},
+                                       call_id="call_scripted_2", namespace="collaboration")
+
+    with LoggingProxy(url, script=collaborate) as proxy:
+        p = codex(proxy.url, "spawn an agent to say hi", tmp_path)
+    assert p.returncode == 0, _out(p)
+    gen = _generation(proxy.snapshot())
+    assert all(r.status == 200 for r in gen), [(r.path, r.status, r.error_body) for r in gen]
+    session = scripted[0]
+    # what the model saw: the namespace's tools under their flat names (the code tool's namespace not)
+    names = [t["name"] for t in parse_responses(json.dumps(gen[0].json).encode()).tools]
+    assert {"collaboration__spawn_agent", "collaboration__wait_agent"} <= set(names), names
+    children = {r.headers["thread-id"] for r in gen if r.headers["thread-id"] != session}
+    assert len(children) == 1, [r.headers for r in gen]
+    (child,) = children
+    by_branch: dict[str, list[str]] = {}
+    for r in gen:
+        assert r.headers["session-id"] == session and r.reply_headers["x-branch-id"] == r.headers["thread-id"]
+        by_branch.setdefault(r.reply_headers["x-branch-id"], []).append(r.reply_headers["x-request-id"])
+    assert len(by_branch[session]) == 3 and by_branch[child], by_branch  # spawn, wait, the answer
+    # the sub-agent got its task (Codex's agent_message item, rendered as a user message)
+    first_child = next(r for r in gen if r.headers["thread-id"] == child)
+    assert "say hi" in json.dumps(parse_responses(json.dumps(first_child.json).encode()).messages)
+    events = _agent_tree(nats_url, partition, by_branch, session, child)
+    assert not [e for e in events if isinstance(e, ContextCompacted) and e.branch in (session, child)]
 
 
 @_needs(BIN / "opencode")

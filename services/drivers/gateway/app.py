@@ -682,12 +682,12 @@ class Gateway:
 
             wait, metrics = self.cfg.token_timeout_s, self.metrics
             if responses is not None:  # the Responses API's object and event sequence (responses_relay)
-                rreq = responses.parsed.req
+                rreq, ns = responses.parsed.req, responses.parsed.namespaced
                 if r.stream:
                     return await responses_relay.stream(req, tsub, meta, rreq, responses.keep, end_branch,
-                                                        timeout_s=wait, metrics=metrics)
+                                                        timeout_s=wait, metrics=metrics, namespaced=ns)
                 return await responses_relay.collect(tsub, meta, rreq, responses.keep, end_branch,
-                                                     timeout_s=wait, metrics=metrics)
+                                                     timeout_s=wait, metrics=metrics, namespaced=ns)
             if anthropic is not None:  # Anthropic's body and event sequence (anthropic_relay)
                 if r.stream:
                     return await anthropic_relay.stream(req, tsub, meta, end_branch,

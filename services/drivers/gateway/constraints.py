@@ -208,9 +208,11 @@ def for_responses(req, tools: list[dict[str, Any]] | None, parser: str) -> Struc
     if tc == "required":
         return _forced(tools, None, parser, "tool_choice")
     if isinstance(tc, dict) and tc.get("type") == "function":
-        name = tc.get("name")
+        name, ns = tc.get("name"), tc.get("namespace")
         if not isinstance(name, str) or not name:
             raise ApiError(400, "'tool_choice.name': required when tool_choice.type is 'function'",
                            "tool_choice.name", code="missing_required_parameter")
+        if isinstance(ns, str) and ns:  # a namespaced tool, rendered under its flat name (responses_api)
+            name = f"{ns.rstrip('_')}__{name.lstrip('_')}"
         return _forced(tools, name, parser, "tool_choice.name")
     return _format((req.text or {}).get("format"), "text.format")

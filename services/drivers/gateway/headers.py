@@ -15,7 +15,9 @@ family (``source``)    branch / parent / end
                        ``x-claude-code-parent-agent-id``, else the session), else
                        ``x-claude-code-session-id`` / - / (never: idle expiry ends it)
 ``opencode``           ``x-session-id`` / ``x-parent-session-id`` / -
-``codex``              ``session-id`` / - / -
+``codex``              ``thread-id`` when it differs from ``session-id`` (a sub-agent; its parent
+                       is the ``parent_thread_id`` of ``x-codex-turn-metadata``, else the session),
+                       else ``session-id`` / - / -
 =====================  =========================================================================
 
 Rules:
@@ -36,6 +38,7 @@ Rules:
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -67,6 +70,10 @@ H_CC_PARENT_AGENT = "x-claude-code-parent-agent-id"
 H_OC_SESSION = "x-session-id"
 H_OC_PARENT = "x-parent-session-id"
 H_CODEX_SESSION = "session-id"
+# Codex 0.171 (measured): every request carries its agent's thread; a sub-agent's thread differs
+# from the session, and its turn metadata (JSON) names the parent thread
+H_CODEX_THREAD = "thread-id"
+H_CODEX_TURN_META = "x-codex-turn-metadata"
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -85,6 +92,9 @@ class Family:
     parent: str | None = None
     child: str | None = None
     strict: bool = False
+    #: (header, key): the parent of a ``child`` read from a JSON object header (Codex's turn
+    #: metadata) when no ``parent`` header names it
+    parent_json: tuple[str, str] | None = None
 
 
 #: Precedence order: the first family whose branch header is present wins.
@@ -94,7 +104,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("dynamo", H_DYN_SESSION, H_DYN_PARENT, strict=True),
     Family("claude-code", H_CC_SESSION, H_CC_PARENT_AGENT, child=H_CC_AGENT),
     Family("opencode", H_OC_SESSION, H_OC_PARENT),
-    Family("codex", H_CODEX_SESSION),
+    Family("codex", H_CODEX_SESSION, child=H_CODEX_THREAD, parent_json=(H_CODEX_TURN_META, "parent_thread_id")),
 )
 END_HEADERS = (H_END, H_DYN_TRAJ_FINAL, H_DYN_FINAL)
 
@@ -158,6 +168,24 @@ def _ident(headers: Mapping[str, str], name: str | None) -> str | None:
     return v
 
 
+def _json_ident(headers: Mapping[str, str], name: str, key: str) -> str | None:
+    """An id under ``key`` in the JSON object of header ``name``; None when the header is absent,
+    not a JSON object, or the value is not a valid id (metadata, not a signal: never an error)."""
+    raw = _get(headers, name)
+    if not raw:
+        return None
+    try:
+        v = json.loads(raw).get(key)
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(v, str) or not v:
+        return None
+    try:
+        return _ident({key: v}, key)
+    except HeaderError:
+        return None
+
+
 def parse_branch_headers(headers: Mapping[str, str]) -> BranchSignals:
     """Read the branch signals of one request (``headers`` must be case-insensitive, like
     aiohttp's ``CIMultiDictProxy``, or have lower-case keys). Raises :class:`HeaderError`."""
@@ -168,7 +196,8 @@ def parse_branch_headers(headers: Mapping[str, str]) -> BranchSignals:
     fam = next((f for f in FAMILIES if _get(headers, f.branch) is not None), None)
     if fam is None:
         for f in FAMILIES:
-            for name in (f.parent, f.child):
+            # a lone thread-id is no sign of Codex (a generic name, and Codex always sends session-id)
+            for name in (f.parent, f.child if f.parent_json is None else None):
                 if name is not None and _get(headers, name) is not None:
                     raise HeaderError(name, f"given without {f.branch}")
         if raw_mode is not None:
@@ -177,6 +206,8 @@ def parse_branch_headers(headers: Mapping[str, str]) -> BranchSignals:
     branch = _ident(headers, fam.branch)
     parent = _ident(headers, fam.parent)
     child = _ident(headers, fam.child)
+    if parent is None and fam.parent_json is not None and child is not None:
+        parent = _json_ident(headers, *fam.parent_json)
     if fam.child is not None:  # Claude Code: the session, or a sub-agent of it
         if child is not None and child != branch:
             branch, parent = child, (parent if parent is not None and parent != child else branch)

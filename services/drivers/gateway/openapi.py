@@ -345,6 +345,7 @@ class OutputFunctionCall(Struct, forbid_unknown_fields=True, tag_field="type", t
     name: str
     arguments: str
     status: ItemStatus
+    namespace: str | UnsetType = UNSET  # the call of a namespace tool's function (responses_api.flat_name)
 
 
 OutputItem = OutputMessage | OutputFunctionCall

@@ -125,6 +125,9 @@ class Parsed:
     tools: list[dict[str, Any]] | None
     ignored: list[tuple[str, str]] = field(default_factory=list)
     unapplied: list[str] = field(default_factory=list)
+    #: the flat name of each namespaced tool (flat_name) -> (namespace, name): a call of it comes
+    #: back as a ``function_call`` item naming both, as the client expects
+    namespaced: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     @property
     def unserved(self) -> list[str]:
@@ -141,6 +144,7 @@ class _FunctionCallItem(Struct):
     call_id: Annotated[str, Meta(min_length=1)]
     name: Annotated[str, Meta(min_length=1)]
     arguments: str
+    namespace: str | None = None  # a tool of a namespace tool (Codex's sub-agent tools): flat_name
 
 
 class _FunctionCallOutputItem(Struct):
@@ -174,7 +178,8 @@ def _parts(content: str | list[dict[str, Any]], at: str) -> str | list[dict[str,
         if not isinstance(kind, str):
             raise ApiError(400, f"'{at}[{i}].type': a content part needs a string 'type'", f"{at}[{i}].type",
                            code="missing_required_parameter")
-        key = "text" if kind in ("input_text", "output_text", "text") else "refusal" if kind == "refusal" else None
+        key = ("text" if kind in ("input_text", "output_text", "text") else "refusal" if kind == "refusal"
+               else "encrypted_content" if kind == "encrypted_content" else None)
         if key is None:
             out.append({"type": kind})
             continue
@@ -202,37 +207,74 @@ def input_messages(items: str | list[dict[str, Any]] | None, at: str = "input",
             out.append({"role": m.role, "content": _parts(m.content, f"{where}.content")})
         elif kind == "function_call":
             c = _convert(item, _FunctionCallItem, where)
-            call = {"id": c.call_id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            name = flat_name(c.namespace, c.name) if c.namespace else c.name
+            call = {"id": c.call_id, "type": "function", "function": {"name": name, "arguments": c.arguments}}
             if out and out[-1]["role"] == "assistant":
                 out[-1].setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": [], "tool_calls": [call]})
+        elif kind == "agent_message":  # Codex: a message from another agent of the session (a sub-agent's task)
+            content = item.get("content")
+            if not isinstance(content, list | str):
+                raise ApiError(400, f"'{where}.content': must be a string or a list of parts", f"{where}.content",
+                               code="invalid_type")
+            out.append({"role": "user", "content": _parts(content, f"{where}.content")})
         elif kind == "function_call_output":
             o = _convert(item, _FunctionCallOutputItem, where)
             msg: dict[str, Any] = {"role": "tool", "content": _parts(o.output, f"{where}.output")}
             if o.call_id:
                 msg["tool_call_id"] = o.call_id
             out.append(msg)
+        elif kind == "additional_tools":
+            continue  # its tools are the request's (parse_responses)
         elif ignored is not None:
             ignored.append(("item", kind if isinstance(kind, str) else "(none)"))
     return out
 
 
-def _tools(tools: list[dict[str, Any]] | None, ignored: list[tuple[str, str]]) -> list[dict[str, Any]] | None:
-    if not tools:
-        return None
-    out = []
-    for i, t in enumerate(tools):
-        kind = t.get("type")
+def flat_name(namespace: str, name: str) -> str:
+    """A namespaced tool's name as the model sees and calls it: Codex's own flat form of a
+    namespaced tool name (``ToolName::canonical_flat_name``), ``<namespace>__<name>`` with the
+    underscores at the seam trimmed (``multi_agent_v1__spawn_agent``, ``collaboration__wait_agent``)."""
+    return f"{namespace.rstrip('_')}__{name.lstrip('_')}"
+
+
+#: A namespace whose tools the client serves only from inside its own code tool (Codex 0.171's
+#: ``functions`` in an ``additional_tools`` item: nested tools of its ``exec`` JavaScript tool; a
+#: direct ``function_call`` of one is dropped by Codex, measured): not rendered, counted.
+CODE_ONLY_NAMESPACES = ("functions",)
+
+
+def _tools(tools: list[dict[str, Any]] | None, ignored: list[tuple[str, str]], at: str = "tools",
+           namespaced: dict[str, tuple[str, str]] | None = None,
+           skip: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Function tools as the template's definitions; a ``namespace`` tool's function tools as
+    well, each under :func:`flat_name` (``namespaced``: flat name -> (namespace, name), so a call
+    comes back as a ``function_call`` with its ``namespace``); any other type ignored and counted
+    (``ignored``: ``("tool", type)``)."""
+    out: list[dict[str, Any]] = []
+    for i, t in enumerate(tools or ()):
+        kind = t.get("type") if isinstance(t, dict) else None
         if not isinstance(kind, str):
-            raise ApiError(400, f"'tools[{i}].type': a tool needs a string 'type'", f"tools[{i}].type",
+            raise ApiError(400, f"'{at}[{i}].type': a tool needs a string 'type'", f"{at}[{i}].type",
                            code="missing_required_parameter")
         if kind == "function":
-            f = _convert(t, _FunctionTool, f"tools[{i}]")
+            f = _convert(t, _FunctionTool, f"{at}[{i}]")
             out.append(function_def(f.name, f.description, f.parameters))
+        elif kind == "namespace" and isinstance(t.get("name"), str) and t["name"] and t["name"] not in skip:
+            ns, inner = t["name"], t.get("tools")
+            if not isinstance(inner, list):
+                raise ApiError(400, f"'{at}[{i}].tools': a namespace needs a list of tools", f"{at}[{i}].tools",
+                               code="invalid_type")
+            sub = _tools(inner, ignored, f"{at}[{i}].tools")
+            for d in sub:
+                flat = flat_name(ns, d["name"])
+                if namespaced is not None:
+                    namespaced[flat] = (ns, d["name"])
+                out.append({**d, "name": flat})
         else:
-            ignored.append(("tool", unserved_kind(kind)))
-    return out or None
+            ignored.append(("tool", unserved_kind(kind if kind != "namespace" else f"namespace:{t.get('name')}")))
+    return out
 
 
 def parse_responses(raw: bytes) -> Parsed:
@@ -242,7 +284,16 @@ def parse_responses(raw: bytes) -> Parsed:
     ignored: list[tuple[str, str]] = [("field", k) for k in sorted(obj) if k not in fields]
     req = _convert({k: v for k, v in obj.items() if k in fields}, ResponsesRequest, "")
     ignored += [("field", k) for k in NO_EFFECT if getattr(req, k) is not None]
-    tools = _tools(req.tools, ignored)
+    namespaced: dict[str, tuple[str, str]] = {}
+    tools = _tools(req.tools, ignored, "tools", namespaced)
+    # Codex's "additional_tools" input items (its default model's request): more tools, same shapes
+    for i, item in enumerate(req.input if isinstance(req.input, list) else ()):
+        if isinstance(item, dict) and item.get("type") == "additional_tools":
+            extra = item.get("tools")
+            if not isinstance(extra, list):
+                raise ApiError(400, f"'input[{i}].tools': must be a list of tools", f"input[{i}].tools",
+                               code="invalid_type")
+            tools += _tools(extra, ignored, f"input[{i}].tools", namespaced, skip=CODE_ONLY_NAMESPACES)
     messages = input_messages(req.input, "input", ignored)
     # temperature and top_p reach the engine (budget_request); a forcing tool_choice and a JSON
     # text.format constrain its output (constraints.py); an allowed_tools or hosted tool choice does not
@@ -251,7 +302,7 @@ def parse_responses(raw: bytes) -> Parsed:
         unapplied.append("tool_choice")
     if req.text is not None and any(k != "format" for k in req.text):
         ignored.append(("field", "text"))  # verbosity: the engine writes what it writes
-    return Parsed(req, messages, tools, ignored, unapplied)
+    return Parsed(req, messages, tools or None, ignored, unapplied, namespaced)
 
 
 def ignored_names(ignored: list[tuple[str, str]]) -> list[str]:
@@ -336,6 +387,7 @@ class ResponseBuilder:
     output: list[dict[str, Any]] = field(default_factory=list)
     seq: int = 0
     _open: dict[str, Any] | None = None  # the message item being streamed
+    namespaced: dict[str, tuple[str, str]] = field(default_factory=dict)  # Parsed.namespaced
     _text: list[str] = field(default_factory=list)
 
     def body(self, status: str, use: dict[str, Any] | None = None, error: dict[str, Any] | None = None) -> dict:
@@ -381,8 +433,14 @@ class ResponseBuilder:
         return self._open is not None
 
     def call_item(self, c: ToolCall) -> dict[str, Any]:
-        return {"id": "fc_" + c.id.removeprefix("call_"), "type": "function_call", "status": "completed",
+        """A ``function_call`` item; a namespaced tool's carries its ``namespace`` and its own name
+        (what Codex reads: ``{"type": "function_call", "namespace": "multi_agent_v1", "name":
+        "spawn_agent", ...}``)."""
+        item = {"id": "fc_" + c.id.removeprefix("call_"), "type": "function_call", "status": "completed",
                 "call_id": c.id, "name": c.name, "arguments": c.arguments}
+        if c.name in self.namespaced:
+            item["namespace"], item["name"] = self.namespaced[c.name]
+        return item
 
     def add_call(self, c: ToolCall) -> bytes:
         """A parsed tool call as a ``function_call`` item, with OpenAI's events: output_item.added

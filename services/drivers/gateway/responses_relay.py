@@ -27,9 +27,10 @@ from services.drivers.gateway.toolcalls import ToolCall, merged
 Keep = Callable[[dict], None]  # the finished response object -> the store (or nowhere: store false)
 
 
-def make_builder(meta: Meta, req: responses_api.ResponsesRequest, simulated: bool) -> responses_api.ResponseBuilder:
+def make_builder(meta: Meta, req: responses_api.ResponsesRequest, simulated: bool,
+                 namespaced: dict[str, tuple[str, str]] | None = None) -> responses_api.ResponseBuilder:
     return responses_api.ResponseBuilder("resp_" + token_key(meta.request or meta.branch), meta.created,
-                                         meta.model, req, meta.extension(simulated))
+                                         meta.model, req, meta.extension(simulated), namespaced=namespaced or {})
 
 
 def _final(b: responses_api.ResponseBuilder, meta: Meta, total: int, finish: str) -> dict:
@@ -37,14 +38,15 @@ def _final(b: responses_api.ResponseBuilder, meta: Meta, total: int, finish: str
 
 
 async def collect(tsub, meta: Meta, req: responses_api.ResponsesRequest, keep: Keep, before_done, *,
-                  timeout_s: float, metrics: GatewayMetrics) -> web.Response:
+                  timeout_s: float, metrics: GatewayMetrics,
+                  namespaced: dict[str, tuple[str, str]] | None = None) -> web.Response:
     parts, simulated, end = [], False, None
     async with contextlib.aclosing(pieces(tsub, meta, timeout_s, metrics)) as relay:
         while end is None:
             text, sim, end = await anext(relay)
             parts.append(text)
             simulated |= sim
-    b = make_builder(meta, req, simulated)
+    b = make_builder(meta, req, simulated, namespaced)
     status = "incomplete" if responses_api.status_of(end[1]) == "incomplete" else "completed"
     said = meta.pieces("".join(parts), end=True)
     for p in merged(said):
@@ -61,7 +63,8 @@ async def collect(tsub, meta: Meta, req: responses_api.ResponsesRequest, keep: K
 
 
 async def stream(req: web.Request, tsub, meta: Meta, rreq: responses_api.ResponsesRequest, keep: Keep,
-                 before_done, *, timeout_s: float, metrics: GatewayMetrics) -> web.StreamResponse:
+                 before_done, *, timeout_s: float, metrics: GatewayMetrics,
+                 namespaced: dict[str, tuple[str, str]] | None = None) -> web.StreamResponse:
     """response.created, response.in_progress, output_item.added, content_part.added,
     output_text.delta..., output_text.done, content_part.done, output_item.done, then
     response.completed (response.incomplete at the budget); an ``error`` event and
@@ -72,7 +75,7 @@ async def stream(req: web.Request, tsub, meta: Meta, rreq: responses_api.Respons
     except BaseException:
         await relay.aclose()
         raise
-    b = make_builder(meta, rreq, simulated)
+    b = make_builder(meta, rreq, simulated, namespaced)
     resp = SseResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **meta.headers()})
     req[STREAMING] = True  # from here on, errors are events inside the stream
     await resp.prepare(req)

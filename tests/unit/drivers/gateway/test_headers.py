@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from events.catalog import BranchOpened, ContextCompacted
@@ -180,3 +182,40 @@ def test_regression_ids_that_are_not_utf8_are_refused(headers, field):
 
 def test_utf8_ids_are_fine():
     assert parse_branch_headers({"x-branch-id": "é/ü"}).branch == "é/ü"
+
+
+# ----------------------------------------------------------------------------- Codex's sub-agents
+def _codex(thread: str, parent: str | None = None, session: str = "s1") -> dict:
+    meta = {"agent_name": "/root" if parent is None else "/root/x", "thread_id": thread}
+    if parent is not None:
+        meta["parent_thread_id"] = parent
+    return {"session-id": session, "thread-id": thread, "x-codex-turn-metadata": json.dumps(meta)}
+
+
+@pytest.mark.parametrize("headers, expected", [
+    # the root agent: its thread is the session
+    (_codex("s1"), BranchSignals(branch="s1", source="codex")),
+    ({"session-id": "s1"}, BranchSignals(branch="s1", source="codex")),
+    # a sub-agent (Codex 0.171, measured): its own thread, the parent thread in the turn metadata
+    (_codex("t2", parent="s1"), BranchSignals(branch="t2", parent="s1", mode="subagent", source="codex")),
+    # a sub-agent of a sub-agent
+    (_codex("t3", parent="t2"), BranchSignals(branch="t3", parent="t2", mode="subagent", source="codex")),
+    # no (readable) metadata: under the session
+    ({"session-id": "s1", "thread-id": "t2"}, BranchSignals(branch="t2", parent="s1", mode="subagent", source="codex")),
+    ({"session-id": "s1", "thread-id": "t2", "x-codex-turn-metadata": "not json"},
+     BranchSignals(branch="t2", parent="s1", mode="subagent", source="codex")),
+    ({"session-id": "s1", "thread-id": "t2", "x-codex-turn-metadata": '{"parent_thread_id": "a\\u0001b"}'},
+     BranchSignals(branch="t2", parent="s1", mode="subagent", source="codex")),
+    # a lone thread-id is no sign of Codex (another client's generic header): no branch, no error
+    ({"thread-id": "t2"}, BranchSignals(branch=None)),
+])
+def test_codexs_threads(headers, expected):
+    assert parse_branch_headers(headers) == expected
+
+
+def test_a_codex_sub_agent_joins_the_session_under_its_parent():
+    t = BranchTable(src="gw")
+    _admit(t, parse_branch_headers(_codex("s1")), [1, 2], 0)
+    a = _admit(t, parse_branch_headers(_codex("t2", parent="s1")), [7], 1)
+    assert a.before == [BranchOpened(ts=1.0, src="gw", branch="t2", parent="s1", mode="subagent", session="s1")]
+    assert a.compaction == ""  # its own context: the session's prompt is not rewritten

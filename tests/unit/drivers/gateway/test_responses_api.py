@@ -63,7 +63,7 @@ def test_unknown_fields_and_tool_types_are_accepted_and_counted():
     assert p.tools == [{"name": "f", "parameters": {"type": "object"}}]
     names = responses_api.ignored_names(p.ignored)
     assert set(names) == {"future_field", "reasoning", "include", "parallel_tool_calls", "client_metadata",
-                          "tools[].type: web_search", "tools[].type: namespace"}  # text.format is honoured
+                          "tools[].type: web_search"}  # text.format is honoured; an empty namespace renders nothing
     assert p.unapplied == []  # temperature reaches the engine; tool_choice and text.format constrain it
     hosted = _parse({"input": "x", "tool_choice": {"type": "web_search_preview"}})
     assert hosted.unapplied == ["tool_choice"]  # a hosted tool's choice forces nothing here
@@ -204,3 +204,79 @@ def test_the_store_is_bounded_in_bytes():
     assert s.bytes <= 1000 and len(s) == 3 and s.get("r4") is not None and s.get("r0") is None
     s.put("r4", {"id": "z"}, [])  # replacing an entry recounts its size
     assert s.bytes == sum(st.size for st in s._items.values())
+
+
+# ----------------------------------------------------------------------------- namespace tools (Codex)
+SPAWN = {"type": "function", "name": "spawn_agent", "description": "Spawn a sub-agent.",
+         "parameters": {"type": "object", "properties": {"message": {"type": "string"}}, "required": ["message"]}}
+WAIT = {"type": "function", "name": "wait_agent", "parameters": {"type": "object", "properties": {}}}
+#: Codex 0.171 with model = "gpt-5-codex": its sub-agent tools in a namespace tool of ``tools``
+NS_TOOLS = [{"type": "function", "name": "exec_command", "parameters": {"type": "object"}},
+            {"type": "namespace", "name": "multi_agent_v1", "description": "Tools for sub-agents.",
+             "tools": [SPAWN, WAIT]},
+            {"type": "web_search", "external_web_access": False}]
+#: Codex 0.171 with its default model: the tools in an ``additional_tools`` input item, the
+#: sub-agent tools in the namespace ``collaboration``; ``functions`` holds its code tool's nested tools
+ADDITIONAL = {"type": "additional_tools", "role": "developer", "tools": [
+    {"type": "namespace", "name": "functions", "tools": [
+        {"type": "custom", "name": "exec", "format": {"type": "grammar"}}, {**WAIT, "name": "wait"}]},
+    {"type": "namespace", "name": "collaboration", "tools": [SPAWN, WAIT]}]}
+
+
+def test_a_namespaces_function_tools_are_rendered_under_codexs_flat_names():
+    p = _parse({"input": "hi", "tools": NS_TOOLS})
+    assert [t["name"] for t in p.tools] == ["exec_command", "multi_agent_v1__spawn_agent", "multi_agent_v1__wait_agent"]
+    assert p.tools[1]["parameters"] == SPAWN["parameters"] and p.tools[1]["description"] == "Spawn a sub-agent."
+    assert p.namespaced == {"multi_agent_v1__spawn_agent": ("multi_agent_v1", "spawn_agent"),
+                            "multi_agent_v1__wait_agent": ("multi_agent_v1", "wait_agent")}
+    assert p.unserved == ["web_search"]
+    assert responses_api.flat_name("ns_", "_f") == "ns__f"  # Codex trims the underscores at the seam
+
+
+def test_additional_tools_items_are_tools_and_the_code_only_namespace_is_left_out():
+    p = _parse({"input": [ADDITIONAL, {"role": "user", "content": "spawn an agent"}]})
+    assert [t["name"] for t in p.tools] == ["collaboration__spawn_agent", "collaboration__wait_agent"]
+    assert p.messages == [{"role": "user", "content": "spawn an agent"}]  # the item is no message
+    assert p.unserved == ["namespace:functions"]
+    with pytest.raises(ApiError) as e:
+        _parse({"input": [{"type": "additional_tools", "tools": "x"}]})
+    assert e.value.param == "input[0].tools"
+    with pytest.raises(ApiError) as e:
+        _parse({"input": "x", "tools": [{"type": "namespace", "name": "n", "tools": [{"name": "f"}]}]})
+    assert e.value.param == "tools[0].tools[0].type"
+
+
+def test_a_call_of_a_namespaced_tool_is_a_function_call_naming_its_namespace():
+    from services.drivers.gateway.toolcalls import ToolCall
+
+    p = _parse({"input": "hi", "tools": NS_TOOLS})
+    b = ResponseBuilder("resp_1", 7, "m", p.req, EXT, namespaced=p.namespaced)
+    spawn = b.call_item(ToolCall("call_1", "multi_agent_v1__spawn_agent", '{"message": "say hi"}'))
+    plain = b.call_item(ToolCall("call_2", "exec_command", "{}"))
+    assert (spawn["namespace"], spawn["name"], spawn["arguments"]) == ("multi_agent_v1", "spawn_agent",
+                                                                      '{"message": "say hi"}')
+    assert "namespace" not in plain and plain["name"] == "exec_command"
+    msgspec.convert(spawn, openapi.OutputFunctionCall)
+    # sent back as input (Codex's next turn), it renders under the same flat name again
+    back = _parse({"input": [{"role": "user", "content": "hi"}, {k: v for k, v in spawn.items() if k != "status"},
+                             {"type": "function_call_output", "call_id": "call_1", "output": "{}"}], "tools": NS_TOOLS})
+    assert back.messages[1]["tool_calls"][0]["function"]["name"] == "multi_agent_v1__spawn_agent"
+    assert responses_api.output_messages([spawn]) == back.messages[1:2]
+
+
+def test_a_named_tool_choice_in_a_namespace_forces_that_tool():
+    from services.drivers.gateway import constraints
+
+    p = _parse({"input": "hi", "tools": NS_TOOLS,
+                "tool_choice": {"type": "function", "name": "spawn_agent", "namespace": "multi_agent_v1"}})
+    s = constraints.for_responses(p.req, p.tools, "hermes")
+    assert s is not None and json.loads(s.constraint.json_schema)["properties"]["name"] == {"const": "multi_agent_v1__spawn_agent"}
+
+
+def test_an_agent_message_is_the_sub_agents_task():
+    p = _parse({"input": [{"type": "agent_message", "author": "/root", "recipient": "/root/say_hi", "content": [
+        {"type": "input_text", "text": "Message Type: NEW_TASK\nPayload:\n"},
+        {"type": "encrypted_content", "encrypted_content": "say hi"}]}]})
+    assert p.messages == [{"role": "user", "content": [{"type": "text", "text": "Message Type: NEW_TASK\nPayload:\n"},
+                                                       {"type": "text", "text": "say hi"}]}]
+    assert p.ignored == []
