@@ -239,8 +239,7 @@ def _register_regimes(sub) -> None:
     p = sub.add_parser("regimes", help="the regime map: KV capacity x agents on recorded sessions, per stack "
                                        "(agent-bound / loaded-roomy / near capacity / thrashing), JSON + PNG")
     p.add_argument("--trace", default=str(DEFAULT_CALIBRATION),
-                   help="workload spec (default: the 100 calibration sessions, ../shared/traces/"
-                        "weka-claude-code-calibration)")
+                   help="workload spec (default: the 100 calibration sessions, deploy/traces/calibration-100)")
     p.add_argument("--pace", type=_pace, default="agent", help="client pauses (default agent: tool time kept)")
     p.add_argument("--nodes", type=int, default=9)
     p.add_argument("--profile", default=None, help="base profile (default gb300-glm52); capacities come from the grid")

@@ -20,16 +20,16 @@ from replay.sim.cli import DEFAULT_CALIBRATION
 from services.cores.planner.evolving import EvolvingConfig
 
 PRESSURE_PROFILE = "gb300-glm52-pressure"  # the regime map's near-capacity cell: 86% KV demand (deploy/profiles)
-#: The recorded Claude Code sessions (issue 25): the 100 calibration sessions beside the checkout where
-#: they are (../shared/traces), else the 34 of them bundled with the repository (deploy/traces/calibration).
+#: The recorded Claude Code sessions: the 100 calibration sessions (deploy/traces/calibration-100), and the 34
+#: of them the README's demo replays (deploy/traces/calibration, "the bundled sessions").
 CALIBRATION_FULL = DEFAULT_CALIBRATION
 CALIBRATION_BUNDLED = Path(__file__).resolve().parents[2] / "deploy" / "traces" / "calibration"
 
 
 def calibration_trace(tiny: bool = False) -> Path:
-    """The calibration sessions the ``calib-126`` rows replay: the full 100 where they are, else (and in
-    the tests' tiny matrix, which must not depend on the machine) the bundled 34."""
-    return CALIBRATION_FULL if CALIBRATION_FULL.is_dir() and not tiny else CALIBRATION_BUNDLED
+    """The calibration sessions the ``calib-126`` rows replay: the 100, or in the tests' tiny matrix the
+    bundled 34."""
+    return CALIBRATION_BUNDLED if tiny else CALIBRATION_FULL
 
 
 SLO_TTFT_P95_S = 10.0  # open arrivals: the P95 TTFT a stack must keep (our choice, docs/experiments.md)

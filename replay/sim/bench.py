@@ -208,7 +208,8 @@ CALIBRATION_RUNS = {
     "full": ("log v{fmt} full", None, False, "full", True),
     "decisions": ("log v{fmt} decisions", None, False, "decisions", True),
 }
-DEFAULT_CALIBRATION = Path(__file__).resolve().parents[3] / "shared" / "traces" / "weka-claude-code-calibration"
+#: The 100 calibration sessions, shipped with the repository (deploy/traces/calibration-100/README.md).
+DEFAULT_CALIBRATION = Path(__file__).resolve().parents[2] / "deploy" / "traces" / "calibration-100"
 
 
 def _calibration_rows(args, out) -> list[dict]:

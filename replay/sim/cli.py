@@ -84,7 +84,7 @@ def add_run_args(p: argparse.ArgumentParser, default_duration: str = "1h", defau
     src.add_argument("--trace", type=_trace_arg,
                      help="a workload spec: trace path (session JSONL, kv-cache-tester JSON[.gz], Mooncake "
                           "JSONL, Claude Code transcripts; told by content), FORMAT:PATH (e.g. mooncake:t.jsonl) "
-                          "or gen:NAME[:key=value]... (default: the bundled real Claude Code sessions)")
+                          "or gen:NAME[:key=value]... (default: the 3 test-fixture Claude Code sessions, tests/fixtures/traces/weka-claude-code; the bundled 34 the README replays: deploy/traces/calibration)")
     src.add_argument("--workload", choices=["cc", "putnam", "osworld"], help="synthetic workload")
     load = p.add_mutually_exclusive_group()
     load.add_argument("--agents", type=int, default=None,
@@ -335,7 +335,7 @@ def register_sim(sub, bench) -> None:
                     help="skip the 1-partition baseline row (a 768-node single process does not fit here)")
     bp.add_argument("--calibration", default=str(DEFAULT_CALIBRATION),
                     help="recorded sessions for the calibration rows (126 agents at agent pace, 9 nodes, the event "
-                         "log written; default ../shared/traces/weka-claude-code-calibration; '' skips them)")
+                         "log written; default deploy/traces/calibration-100; '' skips them)")
     bp.add_argument("--calibration-runs", default="nolog,before,full,decisions",
                     help="calibration rows, comma-separated: nolog, before (log format 1 in the simulation's thread: "
                          "the path before format 2), full, decisions (the current format, writer thread, --log-level)")

@@ -23,7 +23,9 @@ from replay.traces.pacing import pace_session, parse_pace
 from replay.traces.workloads import WORKLOADS
 
 #: Bundled real Claude Code sessions (kv-cache-tester, Apache-2.0): the default trace.
-BUNDLED_TRACE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "traces" / "weka-claude-code"
+#: The default trace: the 3 test-fixture sessions (not "the bundled sessions": those are the 34 of
+#: deploy/traces/calibration that the README's demo replays; docs/traces.md, "Trace sets").
+FIXTURE_TRACE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "traces" / "weka-claude-code"
 WORKLOAD_PROFILE = {"cc": "gb300-glm52", "putnam": "gb300-glm52", "osworld": "gb300-kimi-k26"}
 
 
@@ -78,7 +80,7 @@ def session_source(args) -> tuple[SessionSource, str]:
             return pace_session(_w.make(f"{_name}-s{_seed}-{k:05d}", rng, _w.params), pace)
 
         return SessionSource(make=make), f"{args.workload}-like (seed {args.seed}, pace {pace})"
-    path = args.trace or BUNDLED_TRACE
+    path = args.trace or FIXTURE_TRACE
     try:  # a folder's unreadable files are skipped and listed on stderr; the rest is served
         w = load_workload(str(path), require_sessions=False)
     except (WorkloadSpecError, TraceFormatError, OSError) as exc:  # one line, not a traceback

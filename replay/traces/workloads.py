@@ -15,7 +15,7 @@ Two ways to run a workload (METHOD.md §5):
 Defaults, and where each comes from (docs/traces.md §4 has the tables; M = METHOD.md):
 
 CC-like (:class:`CcParams`, :func:`cc_session`): **fitted** to 100 real Claude Code sessions by
-  ``evolving trace fit ../shared/traces/weka-claude-code-calibration -o replay/traces/cc_params.json``
+  ``evolving trace fit deploy/traces/calibration-100 -o replay/traces/cc_params.json``
   (``replay.traces.fit``); ``WORKLOADS["cc"]`` loads that file. Distributions are quantile functions
   (:class:`Quantiles`); the dataclass defaults are priors used only where the file is silent.
   Requests carry ``pause_kind`` (tool / human) so ``replay.traces.pacing`` can replay them as agents.

@@ -18,7 +18,7 @@ import pytest
 from services.drivers.soak.agents import AgentLoadConfig, run_agents
 from services.drivers.up.testing import REPO
 
-SHARED = REPO.parent / "shared" / "traces" / "weka-claude-code-calibration"
+SHARED = REPO / "deploy" / "traces" / "calibration-100"  # the 100 calibration sessions
 BUNDLED = REPO / "deploy" / "traces" / "calibration"
 
 

@@ -1,7 +1,7 @@
 """A pinned simulator log: code moves and speed-ups must not change a single decision.
 
-``evolving replay --stack evolving --duration 5m --seed 3`` on the bundled real Claude Code
-sessions writes a DuckDB event log; the digest of every recorded event (sequence, time, type,
+``evolving replay --stack evolving --duration 5m --seed 3`` on the 3 test-fixture Claude Code
+sessions (the default trace) writes a DuckDB event log; the digest of every recorded event (sequence, time, type,
 source, subject, payload), in stream order, must equal the one recorded before the layering
 refactor (issue 11). A change that alters any event, decision or order fails here. If a change
 is *meant* to change decisions, re-pin the digest in the same commit and say why.

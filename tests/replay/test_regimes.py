@@ -21,7 +21,7 @@ from replay.experiments.regimes import (
     summarise,
 )
 from replay.sim.cli import parse_tokens
-from replay.sim.inputs import BUNDLED_TRACE
+from replay.sim.inputs import FIXTURE_TRACE
 from services.drivers.cli import main
 
 
@@ -91,7 +91,7 @@ def test_the_grid_and_the_cell_list():
 
 def test_a_tiny_grid_runs_end_to_end_and_a_second_call_reuses_its_rows(tmp_path, capsys):
     out = tmp_path / "map.json"
-    base = ["regimes", "--trace", str(BUNDLED_TRACE), "--nodes", "2", "--warmup", "30s", "--duration", "90s",
+    base = ["regimes", "--trace", str(FIXTURE_TRACE), "--nodes", "2", "--warmup", "30s", "--duration", "90s",
             "--out", str(out)]
     # a tiny KV tier (the agents' contexts do not fit) beside a roomy one
     assert main(base + ["--gpu", "60K,2M", "--agents", "12", "--stacks", "static:1P1D"]) == 0

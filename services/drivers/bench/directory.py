@@ -55,11 +55,9 @@ from services.cores.directory.core import DirectoryCore
 _REPO = Path(__file__).resolve().parents[3]
 #: The real sessions bundled with the tests (a few, replicated by the bench to its minimums).
 FIXTURE_TRACES = _REPO / "tests" / "fixtures" / "traces" / "weka-claude-code"
-#: The default: the calibration sessions beside the checkout (../shared/traces, .json.gz, more
-#: than 3,000 requests, so nothing is replicated), else the plain sessions, else the fixtures.
-DEFAULT_TRACES = next((p for p in (_REPO / ".." / "shared" / "traces" / "weka-claude-code-calibration",
-                                   _REPO / ".." / "shared" / "traces" / "weka-claude-code") if p.is_dir()),
-                      FIXTURE_TRACES)
+#: The default: the 100 calibration sessions shipped with the repository (.json.gz, more than 3,000
+#: requests, so nothing is replicated).
+DEFAULT_TRACES = _REPO / "deploy" / "traces" / "calibration-100"
 #: What makes SGLang's modules import on a CPU-only machine (../shared/tools/sglang-cpu/README.md).
 SGLANG_CPU_TOOLS = _REPO / ".." / "shared" / "tools" / "sglang-cpu"
 PREFILL_NODES = [f"p{i}" for i in range(4)]

@@ -53,7 +53,7 @@ def register(sub, bench) -> None:
                              "stack while busy loops compete for the CPU (issue 45; docs/live.md, Liveness)")
     g.add_argument("--trace", default=None, metavar="SPEC",
                    help="replay this workload instead of the Poisson load, e.g. deploy/traces/calibration or "
-                        "../shared/traces/weka-claude-code-calibration (the first --sessions that fit the context)")
+                        "deploy/traces/calibration-100 (the first --sessions that fit the context)")
     g.add_argument("--sessions", type=int, default=30, help="sessions of the trace (default 30)")
     g.add_argument("--concurrency", type=int, default=30, help="sessions at a time (default 30)")
     g.add_argument("--speedup", type=float, default=100.0, help="pauses between requests divided by this (100)")
