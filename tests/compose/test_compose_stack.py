@@ -15,7 +15,8 @@ podman-compose (or docker compose), profiles ``sim`` and ``torch``. Each run:
 
 Needs podman and podman-compose (bash scripts/install_podman.sh) or docker with its compose plugin
 and a daemon; skipped with the reason where no container runtime can run a container. The images
-are built first when missing (deploy/build-images.sh: minutes). Each phase's duration is printed
+are (re)built first by deploy/build-images.sh: minutes the first time, about a minute after a
+source change (the dependency layers are cached). Each phase's duration is printed
 (``-s``); docs/deploy.md, "Running the compose stack", has the figures.
 
 Podman 4.3 (Debian 12) starts a container whose ``depends_on`` service has dependencies of its
@@ -112,16 +113,13 @@ def runtime() -> Runtime:
     return rt
 
 
-def _ensure_image(rt: Runtime, profile: str) -> None:
-    image = IMAGES[profile]
-    if rt.run("image", "inspect", image, check=False).returncode == 0:
-        return
-    t0 = time.monotonic()
-    args = ["--torch", "--no-dev"] if profile == "torch" else []
+def _build_images(rt: Runtime, profile: str) -> None:
+    """deploy/build-images.sh every time: the images hold the source, so an image built before a
+    change would test old code; the dependency layers are cached (a source change: about a minute)."""
+    args = ["--torch"] if profile == "torch" else []  # torch: the engines' image, the rest runs on :dev
     r = _sh(["bash", str(DEPLOY / "build-images.sh"), *args], timeout=1800,
             env={**os.environ, "EI_CONTAINER_RUNTIME": rt.engine})
     assert r.returncode == 0, r.stderr[-3000:]
-    _log(f"built {image} in {time.monotonic() - t0:.0f} s")
 
 
 def _probe(rt: Runtime, image: str) -> None:
@@ -190,9 +188,11 @@ class Stack:
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/chat/completions", data=body, method="POST",
                                      headers={"Content-Type": "application/json",
                                               "Authorization": f"Bearer {self.api_key}"})
-        with urllib.request.urlopen(req, timeout=180) as r:
-            assert r.status == 200
-            out = json.loads(r.read())
+        try:
+            with urllib.request.urlopen(req, timeout=180) as r:
+                out = json.loads(r.read())
+        except urllib.error.HTTPError as exc:
+            pytest.fail(f"{text!r}: HTTP {exc.code}: {exc.read()[:2000]!r}")
         assert out["choices"][0]["finish_reason"] in ("length", "stop"), out
         assert out["usage"]["completion_tokens"] > 0, out
         self.answered.append(out["evolving"]["request"])
@@ -224,7 +224,8 @@ def _wait_gateway(stack: Stack, timeout_s: float) -> None:
 def stack(request, runtime: Runtime, tmp_path_factory) -> Iterator[Stack]:
     profile = request.param
     t0 = time.monotonic()
-    _ensure_image(runtime, profile)
+    _build_images(runtime, profile)
+    st_images = time.monotonic() - t0
     _probe(runtime, IMAGES[profile])
     r = _sh([sys.executable, "-m", "services.drivers.up.compose_secrets"], timeout=60, cwd=ROOT)
     assert r.returncode == 0, r.stderr
@@ -233,7 +234,8 @@ def stack(request, runtime: Runtime, tmp_path_factory) -> Iterator[Stack]:
         env["EI_TOKENIZER"] = "/opt/models/default.gguf"
     st = Stack(runtime, profile, f"eitest{profile}{os.getpid()}", int(env["EI_GATEWAY_PORT"]), env,
                (DEPLOY / "secrets" / "gateway-api-keys").read_text().split()[0])
-    st.timings["images, secrets"] = time.monotonic() - t0
+    st.timings["images (deploy/build-images.sh)"] = st_images
+    st.timings["probe, secrets"] = time.monotonic() - t0 - st_images
     try:
         t1 = time.monotonic()
         st.compose("up", "-d", *BUS, "bus-init")
@@ -259,10 +261,10 @@ def test_requests_survive_a_lost_nats_server_and_a_crashed_engine_and_nothing_is
 
     # one NATS server killed (it stays down): the R3 stream keeps its quorum, requests go on
     t0 = time.monotonic()
-    stack.rt.run("kill", stack.container("nats-2"))
-    assert stack.inspect("nats-2", "{{.State.Status}}") == "exited"
+    stack.rt.run("kill", stack.container("nats-2"))  # a killed container is not restarted (a crash is)
+    assert stack.inspect("nats-2", "{{.State.Status}}") in ("exited", "stopped")
     stack.chats(6, "nats-2 down")
-    assert stack.inspect("nats-2", "{{.State.Status}}") == "exited"  # it really was down all along
+    assert stack.inspect("nats-2", "{{.State.Status}}") in ("exited", "stopped")  # down all along
     stack.timings["nats-2 killed, 6 chats"] = time.monotonic() - t0
 
     # an engine crashes (SIGKILL from the host, not a stop): its restart policy brings it back

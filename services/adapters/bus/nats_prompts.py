@@ -21,8 +21,9 @@ import time
 from collections.abc import Sequence
 
 from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import api
-from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.js.errors import BucketNotFoundError, NoStreamResponseError, NotFoundError
 
 from services.adapters.bus.prompts import (
     DEFAULT_TTL_S,
@@ -51,6 +52,7 @@ class NatsPromptStore:
         self.prefix = f"$KV.{self.bucket}."
         self.ttl_s, self.replicas, self.timeout_s, self.memory = ttl_s, replicas, timeout_s, memory
         self.value_bytes = value_bytes or max(HEADROOM, int(nc.max_payload or 1024 * 1024) - HEADROOM)
+        self.retry_for_s = 10.0  # put: how long to try again while the bucket elects its leader
         self._ready = False  # the bucket is known to exist
         self._missing_until = 0.0  # a reader found no bucket: do not ask again before this
 
@@ -70,14 +72,29 @@ class NatsPromptStore:
         self._ready = True
 
     async def put(self, request: str, tokens: Sequence[int]) -> int:
+        """Store the prompt; while the bucket has no responder or does not answer in time (its
+        leader being elected: a bucket just created on a cluster, a server of it lost) the put is
+        tried again for up to :attr:`retry_for_s`. A retry cannot duplicate anything: a key holds
+        one value (history 1) and the same request writes the same bytes."""
         await self.ensure()
         key = self.prefix + prompt_key(request)
         values = split(encode_tokens(tokens), self.value_bytes)
+        deadline = time.monotonic() + self.retry_for_s
+        while True:
+            try:
+                await self._put_values(key, values)
+                return sum(len(v) for v in values)
+            except (NoStreamResponseError, NatsTimeoutError, TimeoutError) as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("prompt_put_retry", bucket=self.bucket, error=f"{type(exc).__name__}: {exc}")
+                await asyncio.sleep(0.2)
+
+    async def _put_values(self, key: str, values: list[bytes]) -> None:
         if len(values) > 1:  # the chunks before the head (module docstring)
             futs = [await self.js.publish_async(f"{key}.{i}", v) for i, v in enumerate(values[1:], 1)]
             await asyncio.wait_for(asyncio.gather(*futs), self.timeout_s)
         await self.js.publish(key, values[0], timeout=self.timeout_s)
-        return sum(len(v) for v in values)
 
     async def _value(self, subject: str) -> bytes | None:
         try:

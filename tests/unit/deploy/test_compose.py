@@ -212,7 +212,8 @@ def test_dockerfile_shape():
     lines = text.splitlines()
     assert lines[[ln.startswith("ARG BASE_IMAGE") for ln in lines].index(True)] == "ARG BASE_IMAGE=python:3.11-slim"
     assert [ln for ln in lines if ln.startswith("FROM")] == ["FROM ${BASE_IMAGE} AS build", "FROM ${BASE_IMAGE}"]
-    assert 'pip install -e ".${EI_EXTRAS}"' in text and 'ARG EI_EXTRAS="[engine]"' in text and "WORKDIR /app" in text
+    assert "pip install --no-deps --no-build-isolation -e ." in text and "WORKDIR /app" in text
+    assert 'ARG EI_EXTRAS="[engine]"' in text and '"$EI_EXTRAS" > /tmp/requirements.txt' in text
     # pip's configuration only as build secrets, never in ENV/ARG (a layer or the image history)
     assert "--mount=type=secret,id=pip.conf" in text and "--mount=type=secret,id=pip-cert" in text
     assert not [ln for ln in lines if ln.startswith(("ENV", "ARG")) and ("PIP_CONFIG" in ln or "PIP_CERT" in ln
