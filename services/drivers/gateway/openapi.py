@@ -645,6 +645,12 @@ def _components() -> dict[str, Any]:
     comps["ResponsesStreamEvent"] = {"title": "ResponsesStreamEvent", **responses_stream}
     for cls in REQUESTS:  # convert() drops an unknown top-level field (counted, never a 400)
         comps[cls.__name__]["additionalProperties"] = True
+    # a response needs something to respond to (responses_api.prompt_messages): an input, a
+    # stored conversation or instructions; anything else is a 400 missing_required_parameter
+    comps["ResponsesRequest"]["anyOf"] = [
+        {"required": ["input"], "properties": {"input": {"type": ["string", "array"], "minItems": 1}}},
+        {"required": ["instructions"], "properties": {"instructions": {"type": "string", "minLength": 1}}},
+        {"required": ["previous_response_id"]}]
     comps["NvExt"]["properties"]["agent_hints"] = {
         "anyOf": [{"$ref": REF.format(name="AgentHints")}, {"type": "null"}], "default": None,
         "description": "Known hints are checked; any other hint name is ignored (and counted)."}
