@@ -6,6 +6,7 @@ folded into one branch by the hash chain over its messages (docs/gateway.md)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -263,3 +264,77 @@ async def test_an_overlong_model_name_is_a_404_even_when_any_name_is_served(part
         assert (await client.post("/v1/messages", json={**ok, "model": "m" * 256})).status == 200
         r = await client.post("/v1/messages", json={**ok, "model": "m" * 257})
         assert r.status == 404 and "at most 256 characters" in (await r.json())["error"]["message"]
+
+
+# ----------------------------------------------------------------------------- side requests
+#: What ``opencode run "say hi"`` 1.18.33 sent (the logging proxy's record, cut to the method,
+#: path, its headers and the body; its working directory replaced): the title request (no tools,
+#: "You are a title generator ...") and the agent's turn (10 tools), both under one x-session-id.
+OPENCODE = [json.loads(line) for line in
+            (Path(__file__).parents[1] / "fixtures" / "clients" / "opencode-1.18.33-run.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("order", ["title_first", "turn_first"])
+async def test_opencodes_title_request_is_a_side_branch_not_a_compaction(partition, order):
+    """opencode sends its title request and the agent's turn at once, under the same session id,
+    and the two share no prefix: whichever comes first, the title request runs on a side branch
+    of the session (opened, one request, ended) and the session's prompt is the turn's - no
+    ContextCompacted; the turn's next request extends it (headers.is_side)."""
+    title, turn = OPENCODE
+    assert not title["body"].get("tools") and len(turn["body"]["tools"]) == 10
+    session = turn["headers"]["x-session-id"]
+    assert title["headers"]["x-session-id"] == session
+    bus = InMemoryBus(partition)
+    async with gateway(bus, MemoryTokens(partition)) as (gw, client):
+        async def send(rec, **over):
+            body = {**rec["body"], "max_tokens": 3, **over}  # streamed, as opencode asks
+            r = await client.post(rec["path"], json=body, headers={"x-session-id": session})
+            assert r.status == 200 and "[DONE]" in await r.text()
+            return r.headers["x-branch-id"]
+        got = [await send(r) for r in ((title, turn) if order == "title_first" else (turn, title))]
+        side = got[0] if order == "title_first" else got[1]
+        assert side.startswith(f"{session}:side-") and session in got
+        # the next turn (the reply, then a user message) extends the first turn: no compaction
+        nxt = [*turn["body"]["messages"], {"role": "assistant", "content": "tok tok tok"},
+               {"role": "user", "content": "and now?"}]
+        assert await send(turn, messages=nxt) == session
+        evs = await _events(bus)
+    opened = {e.branch: (e.parent, e.mode, e.session) for e in evs if isinstance(e, BranchOpened)}
+    assert opened == {session: (None, "root", session), side: (session, "subagent", session)}
+    assert not [e for e in evs if isinstance(e, ContextCompacted)]
+    subs = [(e.branch, e.version) for e in evs if isinstance(e, RequestSubmitted)]
+    assert sorted(subs) == sorted([(session, 0), (session, 0), (side, 0)])
+    assert [e.branch for e in evs if isinstance(e, BranchEnded)] == [side]
+    assert gw.metrics.get("ei_gateway_side_requests_total") == 1
+    assert gw.metrics.get("ei_gateway_compactions_total", reason="inferred") == 0
+
+
+async def test_a_side_request_needs_an_agent_native_branch_a_tool_less_call_and_no_shared_prefix(partition):
+    """Not side requests: ours (x-branch-id: a client that names its branches), a tool-less request
+    that extends the session's prompt (a plain chat turn), one that shares the first block (a
+    rewrite: compaction), a completions request. A tool-less client's first request on a new
+    session is one, its second opens the session's own context."""
+    bus = InMemoryBus(partition)
+    sys_a = {"role": "system", "content": "You are agent A. " * 8}
+    async with gateway(bus, MemoryTokens(partition)) as (_gw, client):
+        async def chat(headers, msgs, tools=None):
+            body = {"messages": msgs, "max_tokens": 2, **({"tools": tools} if tools else {})}
+            r = await client.post("/v1/chat/completions", json=body, headers=headers)
+            assert r.status == 200, await r.text()
+            return r.headers["x-branch-id"]
+        ours = {"x-branch-id": "named"}
+        assert await chat(ours, [sys_a, {"role": "user", "content": "x"}]) == "named"
+        assert await chat(ours, [{"role": "system", "content": "Another thing entirely. " * 8}]) == "named"
+        plain = {"x-session-id": "ses_plain"}  # a tool-less client using OpenCode's header
+        first = await chat(plain, [sys_a, {"role": "user", "content": "one"}])
+        assert first.startswith("ses_plain:side-")
+        assert await chat(plain, [sys_a, {"role": "user", "content": "one"}]) == "ses_plain"
+        two = [sys_a, {"role": "user", "content": "one"}, {"role": "assistant", "content": "ok"},
+               {"role": "user", "content": "two"}]
+        assert await chat(plain, two) == "ses_plain"  # extends: the session's turn
+        assert await chat(plain, [sys_a, {"role": "user", "content": "rewritten " * 30}]) == "ses_plain"  # compaction
+        r = await client.post("/v1/completions", json={"prompt": "z" * 200, "max_tokens": 2},
+                              headers={"x-session-id": "ses_c"})
+        assert r.headers["x-branch-id"] == "ses_c"
+        evs = await _events(bus)
+    assert [e.branch for e in evs if isinstance(e, ContextCompacted)] == ["named", "ses_plain"]

@@ -639,15 +639,24 @@ class Gateway:
         if structured is not None:  # the engine enforces it; a call is read with the format it was written in
             sampling["constraint"] = structured.constraint
             tools, parser = structured.parser is not None, structured.parser or parser
+        # whether a chat request has tools (a tool-less call unrelated to the agent's conversation is a
+        # side request: headers.is_side); None for a completions request
+        has_tools = (bool(anthropic.tools) if anthropic is not None else bool(responses.parsed.tools)
+                     if responses is not None else bool(r.tools) if isinstance(r, ChatRequest) else None)
         try:
             adm = self.table.admit(sig, branch, request_id, blocks, len(ids), max_tokens,
-                                   self.cfg.block_tokens, now, **_hint_fields(hints), sampling=sampling)
+                                   self.cfg.block_tokens, now, **_hint_fields(hints), sampling=sampling,
+                                   tools=has_tools)
         except BranchStateError as exc:
             raise ApiError(409, str(exc), "x-branch-id", "conflict", code="branch_ended") from None
         if adm.compaction:
             self.metrics.inc("ei_gateway_compactions_total", reason=adm.compaction)
         if adm.opened:
             self.metrics.inc("ei_gateway_branches_opened_total")
+        if adm.side:  # on its own child branch of the session, ended after the response
+            self.metrics.inc("ei_gateway_side_requests_total")
+            self.metrics.inc("ei_gateway_branches_opened_total")
+            branch = adm.branch or branch
         if chain:
             self.conversations.remember(chain[-1], branch, now)
         part = self.partition_of(branch)

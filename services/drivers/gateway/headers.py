@@ -30,10 +30,19 @@ Rules:
 - :class:`BranchTable` decides the harness events of one request: ``BranchOpened`` on first
   sight; ``ContextCompacted`` when ``x-context-compacted`` is true or when the prompt no longer
   extends the branch's previous prompt (the previous prompt's full blocks are not a prefix of
-  the new prompt's blocks), never on a branch's first request; ``BranchEnded`` after the
+  the new prompt's blocks), never on a branch's first request - unless the request is a *side
+  request* (below); ``BranchEnded`` after the
   response when the request ends the branch (or carried no branch headers at all), and
   ``BranchEnded(reason="idle")`` from :meth:`BranchTable.expire` for a branch without a request
   for longer than its TTL (decided from the ``ts`` values the caller passes, nothing else).
+- **Side requests** (:func:`is_side`): on a branch an agent-native header names (Claude Code,
+  OpenCode, Codex: clients that never say which calls are side calls), a chat request *without
+  tools* whose prompt shares not even its first block with the branch's previous prompt, or (the
+  OpenCode family) that is the first request the branch sees, is a call beside the agent's conversation (opencode's
+  title request, an agent's summary call), not a rewrite of it: it runs on its own child branch
+  ``<branch>:side-<request>`` (``BranchOpened(parent=branch, mode="subagent")``, ended after its
+  response), and the branch's prompt, version and blocks stay as they were (no
+  ``ContextCompacted``). A branch opened by a side request takes its own first request as usual.
 """
 
 from __future__ import annotations
@@ -252,13 +261,17 @@ class _Branch:
 @dataclass(frozen=True, slots=True)
 class Admission:
     """The harness events to publish before the request is submitted, and whether the branch
-    ends after its response. ``compaction`` is ``header``, ``inferred`` or empty."""
+    ends after its response. ``compaction`` is ``header``, ``inferred`` or empty; ``branch``: the
+    table's key of the branch the request runs on (a side request's own branch), None: the one
+    the caller passed."""
 
     before: list[Event]
     request: RequestSubmitted
     end_after: bool
     compaction: str = ""
     opened: bool = False
+    branch: str | None = None
+    side: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,6 +282,28 @@ class Expiry:
     branch: str
     session: str
     event: BranchEnded
+
+
+#: The header families whose clients never mark a side call: their tool-less, unrelated calls
+#: are side requests (:func:`is_side`). Ours and Dynamo's name every branch on purpose.
+AGENT_NATIVE = ("claude-code", "opencode", "codex")
+#: The families whose client sends a side call at the same time as its session's first turn
+#: (opencode 1.18: the title request, measured), so a tool-less first request is one.
+SIDE_FIRST = ("opencode",)
+
+
+def is_side(sig: BranchSignals, tools: bool | None, previous: Sequence[BlockHash] | None,
+            blocks: Sequence[BlockHash]) -> bool:
+    """A side request (module docstring): a chat request without tools (``tools is False``; None:
+    a completions request, never one) on an agent-native branch, no end or compaction header,
+    whose prompt has a full block and either shares not even its first block with the branch's
+    previous prompt (which has one) or, on OpenCode's family (:data:`SIDE_FIRST`), opens the
+    branch (``previous`` None)."""
+    if tools is not False or sig.source not in AGENT_NATIVE or sig.end or sig.compacted or not blocks:
+        return False
+    if previous is None:  # first sight: only OpenCode sends its side call beside its first turn
+        return sig.source in SIDE_FIRST
+    return len(previous) > 0 and previous[0] != blocks[0]
 
 
 def extends(previous: Sequence[BlockHash], new: Sequence[BlockHash]) -> bool:
@@ -308,10 +343,12 @@ class BranchTable:
     def admit(self, sig: BranchSignals, branch: str, request: str, blocks: list[BlockHash],
               prompt_tokens: int, max_tokens: int, block_tokens: int, ts: float, *,
               priority: int | msgspec.UnsetType = msgspec.UNSET,
-              osl: int | msgspec.UnsetType = msgspec.UNSET, sampling: dict | None = None) -> Admission:
+              osl: int | msgspec.UnsetType = msgspec.UNSET, sampling: dict | None = None,
+              tools: bool | None = None) -> Admission:
         """``branch`` is ``sig.branch`` or, for a request without branch headers, a fresh id.
         ``priority`` / ``osl``: the request's agent hints, carried on ``RequestSubmitted``, as
-        ``sampling`` (its ``ignore_eos``, ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop``)."""
+        ``sampling`` (its ``ignore_eos``, ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop``).
+        ``tools``: whether a chat request has tools (None: a completions request), for :func:`is_side`."""
         if branch in self.ended:
             raise BranchStateError(branch, f"branch {branch!r} has ended (an end header was sent: "
                                    f"x-branch-end / x-dynamo-session-final / x-dynamo-trajectory-final); "
@@ -320,6 +357,7 @@ class BranchTable:
         st = self.open.get(branch)
         opened = st is None
         compaction = ""
+        side = sig.branch is not None and is_side(sig, tools, None if st is None else st.blocks, blocks)
         if st is None:
             parent = sig.parent if sig.branch is not None else None
             pst = self.open.get(parent) if parent is not None else None
@@ -330,12 +368,26 @@ class BranchTable:
             before.append(BranchOpened(ts=ts, src=self.src, branch=BranchId(st.eid),
                                        parent=BranchId(peid) if peid else None,
                                        mode=sig.mode if parent else "root", session=st.session))
+            if side:  # opened by a side request: its own first request sets its prompt (no compaction)
+                st.last_ts = ts
         else:
             self.open.move_to_end(branch)
-            if sig.compacted:
+            if side:
+                st.last_ts = max(st.last_ts, ts)
+            elif sig.compacted:
                 compaction = "header"
             elif not extends(st.blocks, blocks):
                 compaction = "inferred"
+        common = dict(prompt_tokens=prompt_tokens, max_tokens=max_tokens, block_tokens=block_tokens,
+                      priority=priority, osl=osl, **(sampling or {}))
+        if side:  # its own child branch, one request, ended after the response
+            sid = f"{st.eid}:side-{request.rpartition('/')[2]}"
+            self.open[sid] = _Branch(session=st.session, eid=sid, blocks=list(blocks), requests=1, last_ts=ts)
+            before.append(BranchOpened(ts=ts, src=self.src, branch=BranchId(sid), parent=BranchId(st.eid),
+                                       mode="subagent", session=st.session))
+            req = RequestSubmitted(ts=ts, src=self.src, request=RequestId(request), branch=BranchId(sid), version=0,
+                                   blocks=list(blocks), **common)
+            return Admission(before=before, request=req, end_after=True, opened=opened, branch=sid, side=True)
         if compaction:
             st.version += 1
             before.append(ContextCompacted(ts=ts, src=self.src, branch=BranchId(st.eid),
@@ -344,9 +396,7 @@ class BranchTable:
         st.requests += 1
         st.last_ts = max(st.last_ts, ts) if st.requests > 1 else ts
         req = RequestSubmitted(ts=ts, src=self.src, request=RequestId(request), branch=BranchId(st.eid),
-                               version=st.version, blocks=list(blocks), prompt_tokens=prompt_tokens,
-                               max_tokens=max_tokens, block_tokens=block_tokens, priority=priority, osl=osl,
-                               **(sampling or {}))
+                               version=st.version, blocks=list(blocks), **common)
         end_after = sig.end or sig.branch is None
         return Admission(before=before, request=req, end_after=end_after, compaction=compaction,
                          opened=opened)

@@ -219,3 +219,35 @@ def test_a_codex_sub_agent_joins_the_session_under_its_parent():
     a = _admit(t, parse_branch_headers(_codex("t2", parent="s1")), [7], 1)
     assert a.before == [BranchOpened(ts=1.0, src="gw", branch="t2", parent="s1", mode="subagent", session="s1")]
     assert a.compaction == ""  # its own context: the session's prompt is not rewritten
+
+
+# ----------------------------------------------------------------------------- side requests
+def test_side_requests_run_on_their_own_branch_and_leave_the_sessions_context_alone():
+    t = BranchTable(src="gw")
+    cc = BranchSignals(branch="cc", source="claude-code")
+    # Claude Code's first request is its turn, with or without tools (only OpenCode sends a side call first)
+    first = t.admit(cc, "cc", "cc/i-1", [1, 2, 3], 200, 10, 64, 1.0, tools=False)
+    assert not first.side and first.request.branch == "cc"
+    # a tool-less call sharing no first block: a side branch, no compaction, ended after its answer
+    side = t.admit(cc, "cc", "cc/i-2", [9, 8], 130, 10, 64, 2.0, tools=False)
+    assert side.side and side.end_after and side.compaction == "" and side.branch == "cc:side-i-2"
+    assert side.before == [BranchOpened(ts=2.0, src="gw", branch="cc:side-i-2", parent="cc", mode="subagent",
+                                        session="cc")]
+    assert (side.request.branch, side.request.version) == ("cc:side-i-2", 0)
+    assert t.open["cc"].blocks == [1, 2, 3] and t.open["cc"].version == 0
+    # the session's next turn extends its own prompt: no compaction
+    assert t.admit(cc, "cc", "cc/i-3", [1, 2, 3, 4], 260, 10, 64, 3.0, tools=True).compaction == ""
+    # not side requests: with tools (a rewrite: compaction), a shared first block, a completions request
+    assert t.admit(cc, "cc", "cc/i-4", [7], 70, 10, 64, 4.0, tools=True).compaction == "inferred"
+    assert t.admit(cc, "cc", "cc/i-5", [7, 5], 130, 10, 64, 5.0, tools=False).compaction == ""
+    assert t.admit(cc, "cc", "cc/i-6", [6], 70, 10, 64, 6.0, tools=None).compaction == "inferred"
+    # OpenCode: a tool-less first request is a side request of the session it opens
+    oc = BranchSignals(branch="ses", source="opencode")
+    a = t.admit(oc, "ses", "ses/i-7", [3], 70, 10, 64, 7.0, tools=False)
+    assert a.side and a.opened and [type(e).__name__ for e in a.before] == ["BranchOpened", "BranchOpened"]
+    b = t.admit(oc, "ses", "ses/i-8", [4, 5], 130, 10, 64, 8.0, tools=True)
+    assert not b.side and b.compaction == "" and not b.before  # the session's first turn
+    # ours and Dynamo's never
+    ei = BranchSignals(branch="e", source="ei")
+    t.admit(ei, "e", "e/1", [1], 70, 10, 64, 9.0, tools=True)
+    assert t.admit(ei, "e", "e/2", [2], 70, 10, 64, 9.0, tools=False).compaction == "inferred"
