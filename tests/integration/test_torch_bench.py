@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 
 def test_bench_engine_agrees_with_transformers_and_reports_both_sides(tmp_path):
     ck = tiny_checkpoint(tmp_path / "tiny.gguf")
-    r = bench.run(ck.path, batches=(1, 3), prompt=70, steps=4, prefill=40, repeats=1, linear="aten")
+    r = bench.run(ck.path, batches=(1, 3), prompt=70, steps=4, prefill=40, repeats=1, linear="aten", vllm=False)
     assert r["greedy_agree"] is True and r["ours_linear"] == "aten"
     assert [row["batch"] for row in r["decode"]] == [1, 3]
     for row in r["decode"]:
@@ -22,3 +22,4 @@ def test_bench_engine_agrees_with_transformers_and_reports_both_sides(tmp_path):
         assert row["ratio"] == pytest.approx(row["ours_tok_s"] / row["hf_tok_s"])
     assert r["prefill"]["tokens"] == 40 and r["prefill"]["ours_tok_s"] > 0
     assert "decode batch 3" in bench.format_report(r)
+    assert r["vllm_skipped"] == "--no-vllm" and "no vLLM column: --no-vllm" in bench.format_report(r)

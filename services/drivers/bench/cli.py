@@ -174,7 +174,7 @@ def _register_engine(bench) -> None:
     from services.drivers.bench.engine import add_arguments  # lazy: keeps the bench modules' imports apart
 
     p = bench.add_parser("engine", help="torch reference engine: decode tok/s at batch 1/8/32 and prefill tok/s vs "
-                                        "transformers on the same weights (docs/engines.md)")
+                                        "transformers on the same weights, and vLLM when installed (docs/engines.md)")
     add_arguments(p)
     p.set_defaults(func=_bench_engine)
 

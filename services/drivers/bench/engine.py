@@ -15,6 +15,13 @@ sides (``*_cpu_ms``): on a shared machine the wall time swings with the load, th
 much less; the load average is recorded before and after. ``--ours-linear aten`` runs our
 side with ``F.linear`` (the kernels transformers uses) instead of oneDNN's packed GEMM, to
 show what each part of the difference is worth (docs/engines.md).
+
+When vLLM is importable, a third column: one vLLM server on the same model (converted to a
+Hugging Face folder as ``evolving up --engines vllm`` does), the same batch sizes, prompts,
+steps and threads, through its OpenAI API, after ours and transformers
+(services/drivers/bench/engine_vllm.py); each row gains ``vllm_tok_s`` and ``vllm_ratio`` (ours /
+vLLM). ``--vllm-dtype`` picks its dtype (bfloat16 as ``up`` serves it, or float32 as ours runs);
+``--no-vllm`` leaves the column out; without vLLM it is left out with the reason.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ import json
 import math
 import os
 import time
+
+from services.drivers.bench import engine_vllm
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,6 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ours-linear", choices=("auto", "onednn", "aten"), default="auto",
                    help="our side's linear layers: oneDNN with packed weights (auto on a CPU) or F.linear")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-vllm", action="store_true", help="leave out the vLLM column (measured when vllm is importable)")
+    p.add_argument("--vllm-dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                   help="the vLLM server's dtype (bfloat16: as evolving up serves it; float32: as ours runs)")
 
 
 class _Host:
@@ -161,7 +173,8 @@ def _ours_decode(ck, prompts, steps: int, linear: str = "auto") -> tuple[list[li
 
 
 def run(model: str | None = None, batches=(1, 8, 32), prompt: int = 128, steps: int = 16, prefill: int = 512,
-        repeats: int = 3, threads: int = 0, seed: int = 0, progress=None, linear: str = "auto") -> dict:
+        repeats: int = 3, threads: int = 0, seed: int = 0, progress=None, linear: str = "auto",
+        vllm: bool = True, vllm_dtype: str = "bfloat16") -> dict:
     import torch  # lazy: optional dependency (torch)
 
     from engine.backends.torch.loader import load  # lazy: optional dependency (torch)
@@ -187,8 +200,9 @@ def run(model: str | None = None, batches=(1, 8, 32), prompt: int = 128, steps: 
     result = {"model": ck.path, "threads": torch.get_num_threads(), "prompt": prompt, "steps": steps,
               "ours_linear": model.linear if model is not None else linear,
               "greedy_agree": agree, "decode": [], "prefill": {}, "load_before": load0}
+    decode_prompts = {}
     for b in batches:
-        prompts = [ids(prompt) for _ in range(b)]
+        prompts = decode_prompts[b] = [ids(prompt) for _ in range(b)]
         best = {"ours": (math.inf, math.inf), "hf": (math.inf, math.inf)}
         for _ in range(repeats):
             o = _ours_decode(ck, prompts, steps, linear)[1:]
@@ -218,6 +232,16 @@ def run(model: str | None = None, batches=(1, 8, 32), prompt: int = 128, steps: 
     result["prefill"] = {"tokens": prefill, "ours_tok_s": prefill / best["ours"], "hf_tok_s": prefill / best["hf"],
                          "ratio": best["hf"] / best["ours"]}
     result["load_after"] = os.getloadavg()[0]
+    result["vllm_skipped"] = "--no-vllm" if not vllm else engine_vllm.skip_reason()
+    if result["vllm_skipped"] is None:
+        v = engine_vllm.measure(ck.path, decode_prompts, steps, ids, prefill, repeats, torch.get_num_threads(),
+                                vllm_dtype, progress)
+        result["vllm"] = v
+        for row, vrow in zip(result["decode"], v["decode"], strict=True):
+            row["vllm_tok_s"] = vrow["tok_s"]
+            row["vllm_ratio"] = row["ours_tok_s"] / vrow["tok_s"]
+        result["prefill"]["vllm_tok_s"] = v["prefill"]["tok_s"]
+        result["prefill"]["vllm_ratio"] = result["prefill"]["ours_tok_s"] / v["prefill"]["tok_s"]
     return result
 
 
@@ -225,14 +249,24 @@ def format_report(r: dict) -> str:
     head = (f"model {r['model']}  (torch threads {r['threads']}, prompt {r['prompt']} tokens, {r['steps']} steps, "
             f"our linear layers: {r['ours_linear']}; greedy tokens equal to transformers: {r['greedy_agree']}; "
             f"load average {r['load_before']:.1f} -> {r['load_after']:.1f})")
+    v = r.get("vllm")
+    vhead = f"{'vLLM tok/s':>12}{'ours/vLLM':>11}" if v else ""
     lines = [head,
-             f"{'path':<18}{'ours tok/s':>12}{'transformers':>14}{'ratio':>8}{'cpu ms/step ours / theirs':>30}"]
+             f"{'path':<18}{'ours tok/s':>12}{'transformers':>14}{'ratio':>8}{vhead}{'cpu ms/step ours / theirs':>30}"]
     for row in r["decode"]:
+        vcol = f"{row['vllm_tok_s']:>12.1f}{row['vllm_ratio']:>10.2f}x" if v else ""
         lines.append(f"{'decode batch ' + str(row['batch']):<18}{row['ours_tok_s']:>12.1f}{row['hf_tok_s']:>14.1f}"
-                     f"{row['ratio']:>7.2f}x{row['ours_cpu_ms']:>14.1f} / {row['hf_cpu_ms']:.1f}"
+                     f"{row['ratio']:>7.2f}x{vcol}{row['ours_cpu_ms']:>14.1f} / {row['hf_cpu_ms']:.1f}"
                      f" ({row['cpu_ratio']:.2f}x)")
     p = r["prefill"]
-    lines.append(f"{'prefill ' + str(p['tokens']):<18}{p['ours_tok_s']:>12.1f}{p['hf_tok_s']:>14.1f}{p['ratio']:>7.2f}x")
+    vcol = f"{p['vllm_tok_s']:>12.1f}{p['vllm_ratio']:>10.2f}x" if v else ""
+    lines.append(f"{'prefill ' + str(p['tokens']):<18}{p['ours_tok_s']:>12.1f}{p['hf_tok_s']:>14.1f}"
+                 f"{p['ratio']:>7.2f}x{vcol}")
+    if v:
+        lines.append(f"vLLM: one server, {v['dtype']}, {v['threads']} OMP threads, through its OpenAI API (started in "
+                     f"{v['start_s']:.0f} s; load average {v['load_before']:.1f} -> {v['load_after']:.1f}; log {v['log']})")
+    else:
+        lines.append(f"no vLLM column: {r['vllm_skipped']}")
     return "\n".join(lines)
 
 
@@ -244,6 +278,6 @@ def main(args: argparse.Namespace) -> int:
         return 2
     progress = None if args.json else (lambda line: print(line, flush=True))
     r = run(args.model, tuple(int(x) for x in args.batches.split(",") if x), args.prompt, args.steps, args.prefill,
-            args.repeats, args.threads, args.seed, progress, args.ours_linear)
+            args.repeats, args.threads, args.seed, progress, args.ours_linear, not args.no_vllm, args.vllm_dtype)
     print(json.dumps(r, indent=2) if args.json else format_report(r))
     return 0
