@@ -250,8 +250,10 @@ class AttachedServer:
             self._token(request=rid, kind="error", error=error)
         else:
             self._token(request=rid, kind="done", tokens=0, total=total, finish_reason=finish_reason)
+        # a failure says so on the stream too (it was a RequestFinished like a completion's: the
+        # recorder, verify and the chaos accounting counted a broken stream as a finished request)
         self.host.emit(RequestFinished(ts=self._now(), src=self.node_id, request=rid, node=decode_node,
-                                       output_tokens=total))
+                                       output_tokens=total, error=error or ""))
 
     def _now(self) -> float:
         catch_up = getattr(self.host, "catch_up", None)

@@ -233,11 +233,20 @@ def test_engine_scenarios_run_only_with_engines():
 
     known = scenarios()
     engine_only = {s.name for s in known if s.engines_only}
-    assert engine_only == {"kill-engine-prefill", "kill-engine-decode", "cut-kv-transfer", "restart-gateway"}
+    vllm_only = {s.name for s in known if s.vllm_only}
+    assert vllm_only == {"kill-vllm-server", "cut-kv-events"}
+    assert engine_only - vllm_only == {"kill-engine-prefill", "kill-engine-decode", "cut-kv-transfer", "restart-gateway"}
     assert not engine_only & {s.name for s in select(known)}
-    assert engine_only <= {s.name for s in select(known, engines=True)}
+    assert engine_only - vllm_only <= {s.name for s in select(known, engines=True)}
+    assert not vllm_only & {s.name for s in select(known, engines=True, backend="torch")}
     with pytest.raises(ValueError, match="run them with --engines"):
         select(known, only=["kill-engine-decode"])
+    # --engines vllm: a worker killed, its server killed, its event socket cut (quick or not)
+    for quick in (False, True):
+        assert [s.name for s in select(known, quick=quick, engines=True, backend="vllm")] == [
+            "kill-engine-decode", "kill-vllm-server", "cut-kv-events"]
+    with pytest.raises(ValueError, match="run them with --engines vllm"):
+        select(known, only=["cut-kv-events"], engines=True, backend="torch")
 
 
 @pytest.mark.asyncio

@@ -198,6 +198,7 @@ async def test_load_from_the_servers_metrics_and_model_errors():
         b.enqueue_prefill(job("bad", range(3)))
         fin = await h.wait(lambda e: isinstance(e, RequestFinished) and e.request == "bad")
         assert fin.output_tokens == 0 and any(m.kind == "error" and "404" in m.error for m in h.tokens)
+        assert "404" in fin.error  # the stream says it failed, not only the client's token message
     finally:
         await b.close()
         await fake.stop()

@@ -13,10 +13,11 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 #: ``--engines BACKEND``: the engine workers' backend (engine.worker --backend)
-ENGINE_BACKENDS = ("sim", "torch")
+ENGINE_BACKENDS = ("sim", "torch", "vllm")
 #: with --engines --quick (sim): the CI form; at 20 the workers fell behind under load and its rows waited on the backlog
 QUICK_ENGINES_RATE = 10.0
 TORCH_RATE = 4.0  # the harness's default requests/s with --engines torch (10 overran one torch decode node at load average 20-25)
+VLLM_RATE = 1.0  # with --engines vllm: two vLLM servers of one thread each (services/drivers/chaos/vllm_engines.py)
 
 
 def _interrupt(signum, frame) -> None:
@@ -39,12 +40,12 @@ def _cmd(args) -> int:
     # nats-py logs every refused reconnect with a traceback: expected while a server is down
     logging.getLogger("nats").setLevel(logging.CRITICAL)
     only = [s.strip() for s in args.only.split(",")] if args.only else None
-    if args.model and args.engines != "torch":
-        err.print("evolving chaos: --model names the checkpoint of --engines torch")
+    if args.model and args.engines not in ("torch", "vllm"):
+        err.print("evolving chaos: --model names the checkpoint of --engines torch or vllm")
         return 2
     try:
         engines = args.engines is not None
-        n = len(select(scenarios(), quick=args.quick, only=only, engines=engines)) + 3
+        n = len(select(scenarios(), quick=args.quick, only=only, engines=engines, backend=args.engines or "sim")) + 3
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                       TimeElapsedColumn(), console=err, transient=True) as progress:
             task = progress.add_task("chaos", total=n)
@@ -53,7 +54,8 @@ def _cmd(args) -> int:
                 progress.update(task, description=f"chaos: {name}", advance=0 if name == "starting the stack" else 1)
 
             rate = args.rate if args.rate is not None else (
-                TORCH_RATE if args.engines == "torch" else QUICK_ENGINES_RATE if engines and args.quick else 20.0)
+                TORCH_RATE if args.engines == "torch" else VLLM_RATE if args.engines == "vllm"
+                else QUICK_ENGINES_RATE if engines and args.quick else 20.0)
             report = asyncio.run(run_chaos(quick=args.quick, only=only, rate=rate, engines=engines,
                                            engine_backend=args.engines or "sim", model=args.model,
                                            workdir=Path(args.workdir) if args.workdir else None, on_progress=step))
@@ -76,14 +78,16 @@ def register(sub, bench) -> None:
     p.add_argument("--only", default=None, metavar="NAME[,NAME]", help="run only these scenarios")
     p.add_argument("--rate", type=float, default=None,
                    help="harness requests/s during the run (default 20; 10 with --engines --quick, the CI form; 4 with "
-                        "--engines torch, whose workers compute every token and move real KV)")
+                        "--engines torch, whose workers compute every token and move real KV; 1 with --engines vllm)")
     p.add_argument("--engines", nargs="?", const="sim", default=None, choices=ENGINE_BACKENDS, metavar="BACKEND",
                    help="run an engine worker per node (engine.worker) instead of the load generator's nodes: "
-                        "sim (the default) or torch (the reference engine on a tiny random checkpoint the run "
-                        "writes, or --model); partition-engine then SIGSTOPs the worker")
+                        "sim (the default), torch (the reference engine on a tiny random checkpoint the run "
+                        "writes, or --model) or vllm (two vLLM servers on SmolLM2 or --model, a worker each, and "
+                        "the vLLM faults); partition-engine then SIGSTOPs the worker")
     p.add_argument("--model", default=None, metavar="PATH",
                    help="--engines torch: the checkpoint the workers load (a .gguf file or a Hugging Face folder; "
-                        "default: a tiny random Llama the run writes into its work directory)")
+                        "default: a tiny random Llama the run writes into its work directory); --engines vllm: "
+                        "what the servers serve (default SmolLM2-135M-Instruct, converted)")
     p.add_argument("--workdir", default=None, help="keep the services' logs and the DuckDB log here")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_cmd)

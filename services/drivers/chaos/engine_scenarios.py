@@ -20,7 +20,7 @@ from events.catalog import (
 )
 from services.cores.directory.core import DirectoryCore
 from services.drivers.chaos.accounting import ScenarioResult
-from services.drivers.chaos.load import NODES, PARTITIONED
+from services.drivers.chaos.load import PARTITIONED
 from services.drivers.chaos.progress import Progress
 from services.drivers.chaos.recovery import recover
 from services.drivers.chaos.supervisor import Stack
@@ -44,7 +44,7 @@ def _in_flight(stack: Stack, node: str, phase: str, upto: int | None = None) -> 
 
 def _role_of(stack: Stack, node: str) -> str:
     """The node's role as the stream last said (a planner switch may have moved it)."""
-    role = dict(NODES)[node]
+    role = dict(stack.nodes)[node]
     for d in stack.tail.deliveries:
         ev = d.event
         if type(ev) in (NodeRegistered, RoleSwitched) and ev.node == node:
@@ -55,7 +55,7 @@ def _role_of(stack: Stack, node: str) -> str:
 def _serving(stack: Stack, phase: str) -> str:
     """The first node (sorted, the one partition-engine stops last) whose role, as the stream
     last said, serves ``phase``: the planner may have switched the nodes' roles meanwhile."""
-    nodes = [n for n, _ in sorted(NODES) if n != PARTITIONED] + [PARTITIONED]
+    nodes = [n for n, _ in sorted(stack.nodes) if n != PARTITIONED] + [n for n, _ in stack.nodes if n == PARTITIONED]
     for n in nodes:
         if _role_of(stack, n) in (phase, "collocated"):
             return n
@@ -178,7 +178,7 @@ async def cut_kv_transfer(stack: Stack, res: ScenarioResult) -> None:
     and the request recompute the refused blocks (``kv_recompute`` in its log: ``KvEvicted`` then
     ``KvStored`` of them for the request on the stream) and finish; nothing is lost."""
     node = _serving(stack, "prefill")
-    offsets = {n: stack.engine_log_size(n) for n, _ in NODES}
+    offsets = {n: stack.engine_log_size(n) for n, _ in stack.nodes}
     head = await stack.bus.last_seq()
     mark = len(stack.tail.deliveries)
     t = time.monotonic()
@@ -189,7 +189,7 @@ async def cut_kv_transfer(stack: Stack, res: ScenarioResult) -> None:
         checked by ``kv_checksum_mismatch``, a read by ``kv_transfer_refused``); other
         recomputes (bytes a peer no longer had) are not this fault's"""
         out = []
-        for n, _ in NODES:
+        for n, _ in stack.nodes:
             recs = stack.engine_log(n, offsets[n])
             i = next((k for k, r in enumerate(recs)
                       if r.get("event") in ("kv_checksum_mismatch", "kv_transfer_refused")), None)

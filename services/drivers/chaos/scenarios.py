@@ -22,6 +22,7 @@ from services.drivers.chaos.load import LOAD_SRC, PARTITIONED
 from services.drivers.chaos.progress import Progress
 from services.drivers.chaos.recovery import recover
 from services.drivers.chaos.supervisor import SERVICES, SNAPSHOT_KINDS, Stack
+from services.drivers.chaos.vllm_scenarios import cut_kv_events, kill_vllm_server
 
 __all__ = ["Scenario", "recover", "scenarios"]
 
@@ -37,6 +38,10 @@ class Scenario:
     #: in ``--engines --quick`` (the engine faults, the CI form with engines; ``quick`` is the
     #: form without engines)
     engine_quick: bool = False
+    #: in ``--engines vllm`` (two vLLM nodes, services/drivers/chaos/vllm_engines.py: the faults
+    #: of a worker and of its server); ``vllm_only``: needs vLLM servers
+    vllm: bool = False
+    vllm_only: bool = False
 
 
 def kill_service(kind: str) -> Callable[[Stack, ScenarioResult], Awaitable[None]]:
@@ -265,7 +270,11 @@ def scenarios() -> list[Scenario]:
         Scenario("kill-engine-prefill", "SIGKILL a prefill worker mid-prefill, restart it", kill_engine("prefill"),
                  engines_only=True, engine_quick=True),
         Scenario("kill-engine-decode", "SIGKILL a decode worker mid-decode, restart it", kill_engine("decode"),
-                 engines_only=True, engine_quick=True),
+                 engines_only=True, engine_quick=True, vllm=True),
+        Scenario("kill-vllm-server", "SIGKILL a vLLM server mid-decode, start it again", kill_vllm_server,
+                 engines_only=True, vllm=True, vllm_only=True),
+        Scenario("cut-kv-events", "cut a vLLM server's KV-event socket, mend it", cut_kv_events,
+                 engines_only=True, vllm=True, vllm_only=True),
         Scenario("cut-kv-transfer", "cut a KV transfer mid-way (half of its bytes)", cut_kv_transfer,
                  engines_only=True, kv_bytes=True, engine_quick=True),
         Scenario("restart-gateway", "SIGTERM the gateway mid-stream, start it again", restart_gateway,

@@ -17,6 +17,7 @@ from services.drivers.chaos.progress import Progress
 from services.drivers.chaos.scenarios import Scenario, recover, scenarios
 from services.drivers.chaos.supervisor import Stack
 from services.drivers.chaos.torch_model import torch_missing
+from services.drivers.chaos.vllm_engines import vllm_missing
 from services.drivers.recorder.verify import verify_log
 from services.drivers.up.testing import acting_route_counts
 
@@ -24,12 +25,15 @@ log = get_logger("chaos")
 
 
 def select(known: list[Scenario], *, quick: bool = False, only: list[str] | None = None,
-           engines: bool = False) -> list[Scenario]:
+           engines: bool = False, backend: str = "sim") -> list[Scenario]:
     """The scenarios a run plays: ``only`` (each must exist, and an engines-only one needs
     ``engines``), else the quick ones or all, without the engines-only ones unless ``engines``.
     ``quick`` with ``engines`` is the engine faults' own short form (``engine_quick``: the
     worker killed mid-prefill and mid-decode, the partitioned worker, the cut transfer, the
-    restarted gateway), without it the services' and the bus's (``quick``)."""
+    restarted gateway), without it the services' and the bus's (``quick``). With the ``vllm``
+    backend the run is the vLLM faults (``vllm``: a worker killed mid-decode, its server killed
+    mid-decode, its KV-event socket cut), quick or not; a vLLM-only one needs that backend."""
+    vllm = engines and backend == "vllm"
     if only:
         unknown = set(only) - {s.name for s in known}
         if unknown:
@@ -38,9 +42,14 @@ def select(known: list[Scenario], *, quick: bool = False, only: list[str] | None
         need = sorted(s.name for s in known if s.name in only and s.engines_only and not engines)
         if need:
             raise ValueError(f"scenario(s) {', '.join(need)} kill engine workers: run them with --engines")
+        need = sorted(s.name for s in known if s.name in only and s.vllm_only and not vllm)
+        if need:
+            raise ValueError(f"scenario(s) {', '.join(need)} hit vLLM servers: run them with --engines vllm")
         return [s for s in known if s.name in only]
+    if vllm:
+        return [s for s in known if s.vllm]
     return [s for s in known if (not quick or (s.engine_quick if engines else s.quick))
-            and (engines or not s.engines_only)]
+            and (engines or not s.engines_only) and not s.vllm_only]
 
 
 async def serve_a_while(stack: Stack, dwell_s: float, cap_s: float = 60.0) -> None:
@@ -65,12 +74,15 @@ async def run_chaos(*, quick: bool = False, only: list[str] | None = None, workd
                     on_progress: Callable[[str], None] | None = None) -> ChaosReport:
     """Start the stack, run the scenarios one after the other under load, stop everything, and
     account for every event. ``on_progress(name)`` is called as each scenario starts.
-    ``engine_backend`` (with ``engines``): the workers' backend, ``sim`` or ``torch`` (on
-    ``model``, else a tiny random checkpoint the run writes)."""
-    chosen = select(scenarios(), quick=quick, only=only, engines=engines)
+    ``engine_backend`` (with ``engines``): the workers' backend, ``sim``, ``torch`` (on
+    ``model``, else a tiny random checkpoint the run writes) or ``vllm`` (a vLLM server per
+    node on ``model``, else SmolLM2)."""
+    chosen = select(scenarios(), quick=quick, only=only, engines=engines, backend=engine_backend)
     if engines and engine_backend == "torch" and (why := torch_missing()):
         raise ValueError(why)
-    if engines and engine_backend == "torch" and model is not None and not Path(model).exists():
+    if engines and engine_backend == "vllm" and (why := vllm_missing()):
+        raise ValueError(why)
+    if engines and engine_backend in ("torch", "vllm") and model is not None and not Path(model).exists():
         raise ValueError(f"--model {model} does not exist")
     dwell_s = (0.5 if quick else 3.0) if dwell_s is None else dwell_s
     t_start = time.monotonic()

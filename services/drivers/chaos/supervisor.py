@@ -1,6 +1,6 @@
 """The stack under test: a 3-server NATS cluster, the four services (and optionally an engine
-worker per node, sim or torch) as child processes, restarted when they exit unasked, the load and
-the tail."""
+worker per node, sim, torch or vllm, and with vllm a vLLM server per node) as child processes,
+restarted when they exit unasked, the load and the tail."""
 
 from __future__ import annotations
 
@@ -25,6 +25,9 @@ from services.adapters.logging import get_logger
 from services.drivers.chaos.load import NODES, Load
 from services.drivers.chaos.tail import Tail
 from services.drivers.chaos.torch_model import TORCH_ENV, torch_worker_args, write_tiny_checkpoint
+from services.drivers.chaos.vllm_engines import NODES as VLLM_NODES
+from services.drivers.chaos.vllm_engines import WORKER_ENV as VLLM_ENV
+from services.drivers.chaos.vllm_engines import VllmServers
 from services.drivers.up.testing import REPO, spawn_service
 
 log = get_logger("chaos")
@@ -63,9 +66,13 @@ class Stack:
         # ``--workdir`` may name a folder that does not exist yet (it was a traceback at the first log)
         workdir.mkdir(parents=True, exist_ok=True)
         self.workdir, self.partition, self.engines = workdir, partition, engines
-        #: ``sim`` or ``torch`` (``--engines torch``: the reference engine on ``model``, a tiny
+        #: ``sim``, ``torch`` (``--engines torch``: the reference engine on ``model``, a tiny
         #: random checkpoint :meth:`start` writes when None; services/drivers/chaos/torch_model.py)
+        #: or ``vllm`` (a vLLM server per node on ``model``, SmolLM2 when None; vllm_engines.py)
         self.engine_backend, self.model = engine_backend, model
+        #: the nodes and their roles: the load generator's four, or vLLM's two (vllm_engines.py)
+        self.nodes = VLLM_NODES if engines and engine_backend == "vllm" else NODES
+        self.vllm: VllmServers | None = None  # with --engines vllm, from :meth:`start` on
         #: the workers move real KV bytes (sim ``--kv-bytes``, Mooncake over TCP; the torch engine
         #: always does) and arm a cut transfer on SIGUSR1 (services/drivers/chaos/engine_faults.py)
         self.kv_bytes = kv_bytes or (engines and engine_backend == "torch")
@@ -119,6 +126,9 @@ class Stack:
         if self.engine_backend == "torch":
             cmd += torch_worker_args(self.model)
             env.update(TORCH_ENV)
+        elif self.engine_backend == "vllm":
+            cmd += self.vllm.worker_args(node)
+            env.update(VLLM_ENV)
         elif self.kv_bytes:
             cmd += ["--kv-bytes", "--transfer", "mooncake", "--transfer-host", "127.0.0.1"]
         with open(self.workdir / f"engine-{node}.log", "ab") as out:
@@ -183,7 +193,9 @@ class Stack:
             if rc is not None:
                 self.unplanned.append(f"engine {node} exited {rc}")
                 log.warning("engine_exited", node=node, rc=rc)
-                self.spawn_engine(node, dict(NODES)[node])
+                self.spawn_engine(node, dict(self.nodes)[node])
+        if self.vllm is not None:
+            self.vllm.supervise(self.unplanned)
 
     def log_events(self, kind: str, offset: int = 0) -> list[dict]:
         """The JSON log records a service wrote after byte ``offset`` of its log."""
@@ -226,6 +238,9 @@ class Stack:
     async def start(self) -> None:
         if self.engines and self.engine_backend == "torch" and self.model is None:
             self.model = str(await asyncio.to_thread(write_tiny_checkpoint, self.workdir / "tiny-llama.gguf"))
+        if self.engines and self.engine_backend == "vllm":  # minutes to load: first, beside the rest
+            self.vllm = await asyncio.to_thread(VllmServers, self.workdir, self.model, self.nodes)
+            self.vllm.start()
         self.cluster = NatsCluster(3, name="chaos")
         await asyncio.to_thread(self.cluster.start)
         self.bus = await connect_when_ready(self.cluster.url, self.partition)
@@ -238,7 +253,9 @@ class Stack:
         self.load = Load(self.bus, rate=self.rate, heartbeat_s=self.heartbeat_s)
         if self.engines:
             self.load.nodes = ()
-            for node, role in NODES:
+            if self.vllm is not None:  # a worker waits for its server, but the registration waits below do not
+                await self.wait(self.vllm_healthy, 900, "the vLLM servers to load", every_s=1.0)
+            for node, role in self.nodes:
                 self.spawn_engine(node, role)
         self.tail_bus = await connect_when_ready(self.cluster.url, self.partition)
         self.tail = Tail(self.tail_bus)
@@ -257,7 +274,10 @@ class Stack:
 
     async def all_registered(self) -> bool:
         seen = {d.event.node for d in self.tail.deliveries if type(d.event) is NodeRegistered}
-        return all(node in seen for node, _ in NODES)
+        return all(node in seen for node, _ in self.nodes)
+
+    async def vllm_healthy(self) -> bool:
+        return all(await asyncio.gather(*(asyncio.to_thread(self.vllm.healthy, n) for n in self.vllm.nodes)))
 
     async def decided_since(self, t: float) -> bool:
         return self.tail.first_decision_after(self.load.published, t) is not None
@@ -342,6 +362,8 @@ class Stack:
                     proc.send_signal(signal.SIGCONT)  # a stopped worker cannot die of SIGKILL's cleanup
                     proc.kill()
                     proc.wait()
+            if self.vllm is not None:
+                self.vllm.stop()
             try:
                 if self._http is not None:
                     with contextlib.suppress(Exception):

@@ -22,6 +22,7 @@ from events.catalog import (
 )
 from services.adapters.bus import Delivery
 from services.drivers.chaos import cli
+from services.drivers.chaos.load import NODES
 from services.drivers.chaos.progress import Progress
 from services.drivers.chaos.scenarios import scenarios
 from services.drivers.chaos.suite import select, serve_a_while
@@ -159,8 +160,9 @@ def test_engines_takes_an_optional_backend():
     assert _parse("--engines", "--quick").engines == "sim"
     args = _parse("--engines", "torch", "--model", "m.gguf", "--quick")
     assert (args.engines, args.model, args.quick) == ("torch", "m.gguf", True)
+    assert _parse("--engines", "vllm").engines == "vllm"
     with pytest.raises(SystemExit):
-        _parse("--engines", "vllm")
+        _parse("--engines", "sglang")
 
 
 def test_model_without_torch_engines_is_exit_2(capsys):
@@ -195,6 +197,7 @@ class _KillStack(_Stack):
     bus (as the real one does): ``on_last_seq`` is what it reads then."""
 
     kv_bytes = False
+    nodes = NODES
 
     def __init__(self, on_last_seq=()) -> None:
         super().__init__(rate=10.0)
