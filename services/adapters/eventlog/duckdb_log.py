@@ -55,7 +55,10 @@ from services.adapters.eventlog.port import (
     new_rows,
 )
 from services.adapters.eventlog.sandbox import connect_file, connect_sources, expand_parquet
-from services.adapters.eventlog.views import create_views
+from services.adapters.eventlog.views import catalog_key, create_views, materialize_views, use_materialized
+from services.adapters.logging import get_logger
+
+log = get_logger(__name__)
 
 _READ_CHUNK = 4096
 
@@ -115,7 +118,10 @@ class DuckDbEventLog:
 
     def __init__(self, path: str | os.PathLike, read_only: bool = False, *, sandbox: bool = False,
                  format: str = FORMAT, memory_limit: str | None = None,
-                 checkpoint_threshold: str | None = None, block_dict_entries: int | None = None) -> None:
+                 checkpoint_threshold: str | None = None, block_dict_entries: int | None = None,
+                 materialize_on_close: bool = True) -> None:
+        #: :meth:`close` stores the named views as tables when the log moved (:meth:`materialize`)
+        self.materialize_on_close = materialize_on_close
         if format not in FORMATS:
             raise ValueError(f"event log format {format!r}: this version writes {', '.join(FORMATS)}")
         self.path = os.fspath(path)
@@ -152,6 +158,8 @@ class DuckDbEventLog:
                 self.format = self._read_format()
                 create_views(self.con, temp=True, events_sql=self._events_sql(), stored=self._stored_sql())
                 self._applied = self._read_applied()
+                if self._materialized_current():
+                    use_materialized(self.con)
             except (duckdb.Error, ValueError) as exc:  # a truncated or corrupt file fails on its first read
                 self.con.close()
                 raise EventLogError(f"{self.path} is not a readable event log: {_first_line(exc)}") from exc
@@ -163,6 +171,9 @@ class DuckDbEventLog:
                 self._applied = self._read_applied()
                 if "skipped_seqs" not in tables:
                     self._add_skipped(self._applied)
+                # a writer may change any row: the materialised views stop being current now, and
+                # its close() writes them again
+                self.con.execute("DELETE FROM log_meta WHERE key LIKE 'materialized_%'")
             else:
                 self.format = format
                 self._create()
@@ -453,8 +464,56 @@ class DuckDbEventLog:
         os.replace(tmp, dest)
         return {"applied_seq": applied, "bytes": os.path.getsize(dest), "took_s": time.perf_counter() - t0}
 
+    def _meta(self, key: str) -> str | None:
+        row = self.con.execute("SELECT value FROM log_meta WHERE key = ?", [key]).fetchall()
+        return row[0][0] if row else None
+
+    def _materialized_current(self) -> bool:
+        """Whether the ``mat_*`` tables hold the named views' rows of this log as it is now (the
+        same applied position) and as this version's views define them."""
+        if not (self._applied > 0 and self._meta("materialized_seq") == str(self._applied)
+                and self._meta("materialized_views") == catalog_key()):
+            return False
+        # rows added or deleted by another tool since: the stored position no longer says so
+        (rows,) = self.con.execute(f"SELECT count(*) FROM {'events' if self.format == '1' else 'event_rows'}").fetchone()
+        return str(rows) == self._meta("materialized_rows")
+
+    def materialize(self) -> bool:
+        """Store the named views' rows as tables (``mat_requests``, ...), so a reader answers the
+        documented queries from plain tables: on a cluster-hour log computing ``requests`` from
+        the events takes tens of seconds. Done by :meth:`close` of a writer whose log moved since
+        the last time; a reader uses the tables only while they are current (same
+        ``applied_seq``, same version of the views), and computes the views otherwise. Returns
+        whether it wrote them."""
+        if self.read_only or self._applied == 0:
+            return False
+        with self._lock:
+            if self._materialized_current():
+                return False
+            # this version's views (a file's stored ones are its writer's), and no progress bar on stderr
+            self.con.execute("SET enable_progress_bar = false")
+            create_views(self.con, temp=True, events_sql=self._events_sql(), stored=self._stored_sql())
+            self.con.execute("BEGIN")
+            try:
+                materialize_views(self.con)
+                (rows,) = self.con.execute(
+                    f"SELECT count(*) FROM {'events' if self.format == '1' else 'event_rows'}").fetchone()
+                for key, value in (("materialized_seq", str(self._applied)), ("materialized_views", catalog_key()),
+                                   ("materialized_rows", str(rows))):
+                    self.con.execute("INSERT OR REPLACE INTO log_meta VALUES (?, ?)", [key, value])
+                self.con.execute("COMMIT")
+            except Exception:
+                self.con.execute("ROLLBACK")
+                raise
+        return True
+
     def close(self) -> None:
         with self._lock:
+            if not self.read_only and self.materialize_on_close:
+                try:
+                    self.materialize()
+                except duckdb.Error as exc:  # the log itself is whole: readers compute the views
+                    log.warning("materialize_failed", path=str(self.path), error=_first_line(exc))
             self.con.close()
 
     def __enter__(self) -> Self:

@@ -231,5 +231,30 @@ def create_views(con, temp: bool = False, events_sql: str | None = None,
         con.execute(f"CREATE OR REPLACE {kind} {name} AS {_named_view_sql(body)}")
 
 
+def catalog_key() -> str:
+    """What the named views are, as a digest of their SQL and of the kind views under them: a
+    table materialised by another version of the views is not read as this version's."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for event_type in EVENT_TYPES:
+        h.update(event_view_sql(event_type).encode())
+    for name, body in NAMED_VIEWS.items():
+        h.update(name.encode() + _named_view_sql(body).encode())
+    return h.hexdigest()[:16]
+
+
+def materialize_views(con) -> None:
+    """Each named view's rows as a table ``mat_<name>`` (inside the caller's transaction)."""
+    for name in NAMED_VIEWS:
+        con.execute(f"CREATE OR REPLACE TABLE mat_{name} AS SELECT * FROM {name}")
+
+
+def use_materialized(con) -> None:
+    """Session views that read the ``mat_<name>`` tables instead of computing the named views."""
+    for name in NAMED_VIEWS:
+        con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS SELECT * FROM mat_{name}")
+
+
 def view_names() -> list[str]:
     return [view_name(t) for t in EVENT_TYPES] + list(NAMED_VIEWS)
