@@ -22,6 +22,7 @@ hold the same columns (see ``roll_to_parquet`` in docs/recorder.md).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import types
@@ -234,8 +235,6 @@ def create_views(con, temp: bool = False, events_sql: str | None = None,
 def catalog_key() -> str:
     """What the named views are, as a digest of their SQL and of the kind views under them: a
     table materialised by another version of the views is not read as this version's."""
-    import hashlib
-
     h = hashlib.sha256()
     for event_type in EVENT_TYPES:
         h.update(event_view_sql(event_type).encode())
