@@ -9,11 +9,13 @@ sequence) to go in one step, as ours does. Measured after ours and transformers,
 them (one machine), and stopped (its process group killed) whatever happens.
 
 Decode at batch B: B ``/v1/completions`` requests with the same token-id prompts as ours,
-submitted together, streamed, ``max_tokens`` = steps + 1, ``ignore_eos``, temperature 0. Each
-streamed chunk is one token (``stream_interval`` 1, checked: a request with a different count
-fails the bench); the rate is the tokens whose chunks arrived while all B decoded (after the last
-first token, before the first request ended) over that window, so a request admitted a step late
-does not count as a smaller batch. Prefill: one request of ``--prefill`` fresh tokens (a new
+submitted together, streamed, ``max_tokens`` = steps + 1, ``ignore_eos``, temperature 0, with
+``continuous_usage_stats`` so that every chunk carries the request's ``completion_tokens`` so far
+(a chunk is not always one token: vLLM holds back a token whose text is an incomplete UTF-8
+character and sends it with the next; a request that does not end with exactly ``max_tokens``
+fails the bench). The rate is the tokens that arrived while all B decoded (after the last first
+token, before the first request ended) over that window, so a request admitted a step late does
+not count as a smaller batch. Prefill: one request of ``--prefill`` fresh tokens (a new
 prompt each round: the server's prefix cache would otherwise answer it), ``max_tokens`` 1, the
 request's wall time. Best of ``--repeats`` for both, after one warm-up request.
 
@@ -93,11 +95,11 @@ class Server:
         except ProcessLookupError:
             pass
 
-    def complete(self, prompt: list[int], max_tokens: int) -> list[float]:
-        """One streamed greedy completion of exactly ``max_tokens`` tokens; the arrival time
-        (``time.perf_counter``) of each token's chunk."""
+    def complete(self, prompt: list[int], max_tokens: int) -> list[tuple[float, int]]:
+        """One streamed greedy completion of exactly ``max_tokens`` tokens; per chunk its arrival
+        time (``time.perf_counter``) and the completion tokens so far."""
         body = {"model": SERVED, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0,
-                "stream": True}
+                "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
         req = urllib.request.Request(f"{self.url}/v1/completions", json.dumps(body).encode(),
                                      {"Content-Type": "application/json"})
         times = []
@@ -106,16 +108,18 @@ class Server:
                 line = raw.strip()
                 if not line.startswith(b"data:") or line == b"data: [DONE]":
                     continue
-                if json.loads(line[5:]).get("choices"):
-                    times.append(time.perf_counter())
-        if len(times) != max_tokens:
-            raise RuntimeError(f"vLLM streamed {len(times)} chunks for {max_tokens} tokens (want one a token)")
+                chunk = json.loads(line[5:])
+                total = (chunk.get("usage") or {}).get("completion_tokens")
+                if chunk.get("choices") and isinstance(total, int):
+                    times.append((time.perf_counter(), total))
+        if not times or times[-1][1] != max_tokens:
+            raise RuntimeError(f"vLLM streamed {times[-1][1] if times else 0} tokens, not max_tokens {max_tokens}")
         return times
 
 
-def _together(server: Server, prompts: list[list[int]], max_tokens: int) -> list[list[float]]:
-    """The prompts submitted at once (a thread each); every request's chunk times."""
-    out: list[list[float] | BaseException] = [[] for _ in prompts]
+def _together(server: Server, prompts: list[list[int]], max_tokens: int) -> list[list[tuple[float, int]]]:
+    """The prompts submitted at once (a thread each); every request's chunks (time, tokens so far)."""
+    out: list[list[tuple[float, int]] | BaseException] = [[] for _ in prompts]
 
     def one(i: int) -> None:
         try:
@@ -134,14 +138,19 @@ def _together(server: Server, prompts: list[list[int]], max_tokens: int) -> list
     return out  # type: ignore[return-value]
 
 
-def decode_rate(times: list[list[float]]) -> tuple[float, int, float]:
+def decode_rate(chunks: list[list[tuple[float, int]]]) -> tuple[float, int, float]:
     """(tokens/s, tokens, seconds) over the window in which every request decoded: from the last
-    first token to the first last token, counting the tokens that arrived inside it."""
-    start = max(t[0] for t in times)
-    end = min(t[-1] for t in times)
+    first chunk to the first last chunk, counting the tokens that arrived inside it (per request:
+    its tokens so far at the window's end less those at its start)."""
+    start = max(c[0][0] for c in chunks)
+    end = min(c[-1][0] for c in chunks)
     if end <= start:
         raise RuntimeError("no window in which every request decoded (the requests did not overlap)")
-    n = sum(1 for ts in times for x in ts[1:] if start < x <= end)
+
+    def upto(c: list[tuple[float, int]], t: float) -> int:
+        return max((n for x, n in c if x <= t), default=0)
+
+    n = sum(upto(c, end) - upto(c, start) for c in chunks)
     return n / (end - start), n, end - start
 
 
