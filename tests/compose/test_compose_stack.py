@@ -221,7 +221,7 @@ def _wait_gateway(stack: Stack, timeout_s: float) -> None:
 
 
 @pytest.fixture(scope="module", params=["sim", "torch"])
-def stack(request, runtime: Runtime, tmp_path_factory) -> Iterator[Stack]:
+def stack(request, runtime: Runtime) -> Iterator[Stack]:
     profile = request.param
     t0 = time.monotonic()
     _build_images(runtime, profile)
