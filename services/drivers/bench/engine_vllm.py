@@ -52,10 +52,9 @@ class Server:
 
     def __init__(self, model: str, *, threads: int, batched_tokens: int, max_model_len: int, dtype: str,
                  log: Path) -> None:
-        # lazy: only with the vLLM column (the converter needs gguf and safetensors)
-        from services.adapters.bus.natsserver import free_port
-        from services.drivers.up.hf_export import hf_folder
-        from services.drivers.up.vllm import server_command
+        from services.adapters.bus.natsserver import free_port  # lazy: only with the vLLM column
+        from services.drivers.up.hf_export import hf_folder  # lazy: the converter needs gguf and safetensors
+        from services.drivers.up.vllm import server_command  # lazy: only with the vLLM column
 
         self.hf = str(hf_folder(model))
         self.url = f"http://127.0.0.1:{free_port()}"

@@ -62,9 +62,9 @@ def export_gguf(src: Path, out: Path) -> None:
     """Write ``out`` (the module docstring) from the GGUF file ``src``."""
     import torch  # lazy: the torch engine's dependency, only when a model is converted
 
-    from engine.backends.torch.loader import load, write_safetensors
-    from services.drivers.gateway.gguf_meta import read_metadata
-    from services.drivers.gateway.model import gguf_tokenizer
+    from engine.backends.torch.loader import load, write_safetensors  # lazy: torch, as above
+    from services.drivers.gateway.gguf_meta import read_metadata  # lazy: gguf, only when converting
+    from services.drivers.gateway.model import gguf_tokenizer  # lazy: tokenizers, only when converting
 
     ck = load(str(src))
     write_safetensors(out, ck.cfg, {k: v.to(torch.bfloat16) for k, v in ck.weights.items()})
