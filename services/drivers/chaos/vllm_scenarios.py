@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import time
 
-from events.catalog import AnomalyReported, KvStored, NodeRegistered, RequestFinished
+from events.catalog import AnomalyReported, KvStored, NodeRegistered, RequestFinished, RequestStarted
 from services.cores.directory.core import DirectoryCore
 from services.drivers.chaos.accounting import ScenarioResult
 from services.drivers.chaos.engine_scenarios import _in_flight, _serving
@@ -117,8 +117,9 @@ async def kill_vllm_server(stack: Stack, res: ScenarioResult) -> None:
 
 async def cut_kv_events(stack: Stack, res: ScenarioResult) -> None:
     """Cut a node's KV-event socket (kill the forwarder between its server and its worker) while
-    requests run on it, until the server has stored blocks nobody heard of (requests finished on
-    the node since the cut), then mend it. The worker must see the gap in the sequence at the
+    requests run on it, until the server has stored blocks nobody heard of (two requests that
+    started on the node after the cut - each brings new blocks of its branch - have finished),
+    then mend it. The worker must see the gap in the sequence at the
     next event, drop the node's view (the directory then holds none of the blocks it knew) and
     reset the server's prefix cache, and the view must refill from the events after it."""
     node = _serving(stack, "decode")
@@ -126,13 +127,15 @@ async def cut_kv_events(stack: Stack, res: ScenarioResult) -> None:
     head = await stack.bus.last_seq()
     t = time.monotonic()
     stack.vllm.cut(node)
-    cut_seq = stack.tail.deliveries[mark - 1].seq if mark else 0
 
     async def missed() -> bool:  # two requests ran on it while nobody listened
-        return _served_after(stack, node, cut_seq) >= 2
+        started = {d.event.request for d in stack.tail.deliveries[mark:]
+                   if type(d.event) is RequestStarted and d.event.node == node and d.event.phase == "prefill"}
+        return sum(1 for d in stack.tail.deliveries[mark:] if type(d.event) is RequestFinished
+                   and d.event.node == node and not d.event.error and d.event.request in started) >= 2
 
     try:
-        await stack.wait(missed, 180, f"two requests to finish on {node} with its event socket cut", every_s=0.5)
+        await stack.wait(missed, 180, f"two requests to run on {node} with its event socket cut", every_s=0.5)
     finally:
         stack.vllm.start_proxy(node)
     t_mend = time.monotonic()
