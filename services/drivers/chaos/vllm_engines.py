@@ -63,7 +63,7 @@ class VllmServers:
 
     def __init__(self, workdir: Path, model: str | None, nodes=NODES) -> None:
         from services.adapters.bus.natsserver import free_port  # lazy: with --engines vllm only
-        from services.drivers.up.hf_export import hf_folder  # lazy: gguf + safetensors, --engines vllm only
+        from services.drivers.gateway.hf_export import hf_folder  # lazy: gguf + safetensors, vllm only
         from services.drivers.up.models import default_model  # lazy: with --engines vllm only
 
         self.workdir = workdir
@@ -74,7 +74,7 @@ class VllmServers:
 
     # ------------------------------------------------------------------ servers
     def start_server(self, node: str) -> None:
-        from services.drivers.up.vllm import server_command  # lazy: with --engines vllm only
+        from engine.backends.vllm.launch import server_command  # lazy: with --engines vllm only
 
         n = self.nodes[node]
         cmd, env = server_command(self.hf, SERVED, n.url, n.server_kv, block_size=BLOCK, max_model_len=MAX_MODEL_LEN,

