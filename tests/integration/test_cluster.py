@@ -105,6 +105,17 @@ async def test_losing_one_server_of_three_loses_nothing(tmp_path):
             stop.set()
             await asyncio.wait_for(router_task, 30)
         stream = await read_all_settled(pub)
+
+        async def recorded() -> bool:
+            # the recorder acks what it has written: after losing its server it reconnects and
+            # catches up, which under a loaded machine takes longer than the drain at its stop
+            try:
+                info = await pub.js.consumer_info(pub.stream, "recorder")
+            except Exception:  # noqa: BLE001 - a leader election: ask again
+                return False
+            return info.ack_floor.stream_seq >= stream[-1].seq
+
+        await wait_until(recorded, 60, what="the recorder caught up")
         rec_stop.set()
         await asyncio.wait_for(recorder, 30)
         harness = [d.event for d in stream if d.event.src == "harness"]
