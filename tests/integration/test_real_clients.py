@@ -259,7 +259,9 @@ def _agent_tree(nats_url: str, partition: str, by_branch: dict[str, list[str]], 
     submitted = {e.request: e.branch for e in events if isinstance(e, RequestSubmitted) and e.request in ids}
     assert submitted == {i: b for b, v in by_branch.items() for i in v}
     finished = [e for e in events if isinstance(e, RequestFinished) and e.request in ids]
-    assert len(finished) == len(ids) and not any(e.error for e in finished)
+    # every request finished; one the client itself gave up (opencode aborts a side stream it no longer
+    # needs: 'cancelled', seen once in a fresh-clone run) is the client's choice, not a failure
+    assert len(finished) == len(ids) and not any(e.error and e.error != "cancelled" for e in finished)
     return events
 
 
