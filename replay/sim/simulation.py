@@ -111,6 +111,10 @@ class SimConfig:
     # a second DirectoryCore folding the same events (module docstring, point 6). Same log; off
     # is the previous two-copy path, kept as the speed baseline (`evolving bench sim`).
     share_directory: bool = True
+    # Closed loop only. False: every session of the source runs once, ``agents`` at a time, and the
+    # run ends when the last one has finished (a trace ends the run, as a peer's trace replay does:
+    # Dynamo's ``replay_concurrency``); True: a finished agent is replaced, the pool cycled (re-salted).
+    refill: bool = True
 
     @property
     def end_s(self) -> float:
@@ -353,7 +357,7 @@ class Simulation:
         self.emit(ev)
 
     def _start_session(self) -> None:
-        if self.stopped:
+        if self.stopped or (not self.cfg.refill and self._next_session >= self._pool_size()):
             return
         k = self._next_session
         self._next_session += 1
@@ -364,8 +368,15 @@ class Simulation:
 
     def _session_done(self) -> None:
         self.active_sessions -= 1
-        if self.cfg.arrivals_per_min is None:
+        if self.cfg.arrivals_per_min is None and (self.cfg.refill or self._next_session < self._pool_size()):
             self.q.schedule(self.now, self._start_session)
+
+    def _pool_size(self) -> int:
+        """Sessions a run without refill plays (a generated source has no end: ``agents``)."""
+        return len(self.source.sessions) if self.source.make is None else int(self.cfg.agents or 1)
+
+    def _trace_ended(self) -> bool:
+        return not self.cfg.refill and self.active_sessions == 0 and self._next_session >= self._pool_size()
 
     def _arrival(self) -> None:
         self._start_session()
@@ -395,6 +406,8 @@ class Simulation:
             self.q.schedule(0.0, self._arrival)
         else:
             n = int(self.cfg.agents or 1)
+            if not self.cfg.refill:
+                n = min(n, self._pool_size())
             starts = np.sort(self.rng.uniform(0.0, self.cfg.stagger_s, size=n)) if n > 1 else [0.0]
             for t in starts:
                 self.q.schedule(float(t), self._start_session)
@@ -406,6 +419,8 @@ class Simulation:
         while self.q.peek_time() <= end:
             self.q.step()
             if limit is not None and self.q.processed >= limit:
+                break
+            if not self.cfg.refill and self._trace_ended():
                 break
         self.stopped = True
         unfinished = sorted(self.requests)  # submitted, not finished
