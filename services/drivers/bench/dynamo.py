@@ -1,0 +1,271 @@
+"""``evolving bench dynamo --offline``: the real NVIDIA Dynamo (ai-dynamo 1.6.1) side by side with
+our simulator's stacks on the same trace, the same request count and the same engine model
+(issue 46 parts 3 and 6; docs/experiments.md, "Against the real Dynamo").
+
+1. The trace: the first ``--sessions`` sessions of ``--trace`` (the bundled real Claude Code
+   sessions), each cut to its first ``--turns`` requests, exported as Mooncake JSONL with
+   ``--block-tokens`` blocks (``evolving trace export mooncake``'s code); both sides read that
+   one file, the recorded pauses included.
+2. The engine: :func:`~services.drivers.bench.dynamo_model.equalised_profile` of ``--profile``
+   on our side, the same model as the mocker's profiling data (NPZ) and limits on Dynamo's.
+3. Dynamo: ``dynamo.replay.run_trace_replay`` (its KV router, ``--prefill`` prefill and
+   ``--decode`` decode mocker workers, ``replay_concurrency`` = ``--concurrency``), run by
+   services/drivers/bench/dynamo_child.py in ``.venv-dynamo`` (``bash scripts/setup.sh --dynamo``).
+4. Ours: each ``--stacks`` stack on ``prefill + decode`` simulated nodes, ``--concurrency``
+   sessions at a time, no refill (``SimConfig.refill``): the trace ends the run.
+
+Per stack: throughput (requests / the span from the first arrival to the last finish), TTFT
+P50 / P95, E2E mean / P95 (every request, percentiles by ``numpy.percentile``), KV hit (prompt
+tokens served from cache / prompt tokens), wall and CPU time per simulated request. ``--json``
+prints ``{"rows": [{"mode", "stack", "metric", "value"}]}`` (stack ``dynamo``: the real one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from engine.profiles import Profile, load_profile
+from replay.sim.figures import MetricsFold
+from replay.sim.inputs import load_trace
+from replay.sim.simulation import SimConfig, Simulation
+from replay.sim.stacks import get_stack
+from replay.traces.export import export_sessions
+from replay.traces.importers.spec import load_workload
+from replay.traces.pacing import pace_sessions
+from services.drivers.bench.dynamo_model import equalised_profile, mocker_engine_args, write_mocker_npz
+
+ROOT = Path(__file__).resolve().parents[3]
+DYNAMO_PYTHON = ROOT / ".venv-dynamo" / "bin" / "python"
+CHILD = Path(__file__).with_name("dynamo_child.py")
+METRICS = ("throughput_rps", "ttft_p50_s", "ttft_p95_s", "prefill_done_p50_s", "prefill_done_p95_s", "e2e_mean_s", "e2e_p95_s", "kv_hit", "requests",
+           "wall_ms_per_request", "cpu_ms_per_request")
+
+
+@dataclass(frozen=True)
+class OfflineSpec:
+    trace: str
+    sessions: int
+    turns: int
+    block_tokens: int
+    concurrency: int
+    profile: str
+    prefill: int
+    decode: int
+    stacks: tuple[str, ...]
+    pace: str = "agent:60:10"
+    seed: int = 0
+
+
+def dynamo_missing(python: Path = DYNAMO_PYTHON) -> str | None:
+    """Why the real Dynamo cannot run here, or ``None``."""
+    if not python.exists():
+        return f"{python} is missing: bash scripts/setup.sh --dynamo"
+    r = subprocess.run([str(python), "-c", "import dynamo.replay"], capture_output=True, text=True, timeout=120, check=False)
+    if r.returncode:
+        return f"dynamo.replay does not import in {python}: {r.stderr.strip().splitlines()[-1:]}"
+    return None
+
+
+def write_trace(spec: OfflineSpec, path: Path) -> int:
+    """The Mooncake file both sides replay; returns its request count."""
+    sessions = pace_sessions(sorted(load_trace(spec.trace), key=lambda s: s.id)[: spec.sessions], spec.pace)
+    export_sessions(path, sessions, "mooncake", spec.block_tokens)
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    kept: list[dict] = []
+    seen: dict[str, int] = {}
+    for r in rows:
+        k = seen[r["session_id"]] = seen.get(r["session_id"], 0) + 1
+        if k <= spec.turns:
+            kept.append(r)
+    path.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in kept))
+    return len(kept)
+
+
+def figures(ttft_s: list[float], e2e_s: list[float], span_s: float, hit: float, wall_s: float,
+            cpu_s: float, prefill_done_s: list[float] | None = None) -> dict[str, float]:
+    """``prefill_done_s``: arrival to the end of the prefill, where it differs from the TTFT (Dynamo's
+    disaggregated TTFT is the decode worker's first token, after the KV transfer; our simulator's is
+    the prefill's own first token: docs/experiments.md, "Against the real Dynamo")."""
+    n = len(ttft_s)
+    done = ttft_s if prefill_done_s is None else prefill_done_s
+    return {"throughput_rps": n / span_s if span_s > 0 else float("nan"),
+            "ttft_p50_s": float(np.percentile(ttft_s, 50)), "ttft_p95_s": float(np.percentile(ttft_s, 95)),
+            "prefill_done_p50_s": float(np.percentile(done, 50)), "prefill_done_p95_s": float(np.percentile(done, 95)),
+            "e2e_mean_s": float(np.mean(e2e_s)), "e2e_p95_s": float(np.percentile(e2e_s, 95)), "kv_hit": hit,
+            "requests": float(n), "wall_ms_per_request": 1000.0 * wall_s / n, "cpu_ms_per_request": 1000.0 * cpu_s / n}
+
+
+def run_dynamo(spec: OfflineSpec, trace: Path, prof: Profile, work: Path,
+               python: Path = DYNAMO_PYTHON) -> tuple[dict[str, float], dict]:
+    npz = write_mocker_npz(prof, work / "mocker_perf.npz")
+    child_spec = {"trace": str(trace), "block_size": spec.block_tokens, "concurrency": spec.concurrency,
+                  "router_mode": "kv_router", "prefill_workers": spec.prefill, "decode_workers": spec.decode,
+                  "prefill_engine_args": mocker_engine_args(prof, "prefill", npz),
+                  "decode_engine_args": mocker_engine_args(prof, "decode", npz)}
+    (work / "spec.json").write_text(json.dumps(child_spec))
+    env = {**os.environ, "RUST_LOG": "error", "DYN_LOG": "error"}
+    r = subprocess.run([str(python), "-P", str(CHILD), str(work / "spec.json"), str(work / "out.json")],
+                       capture_output=True, text=True, env=env, timeout=1800, check=False)
+    if r.returncode:
+        raise RuntimeError(f"the Dynamo replay failed (rc {r.returncode}): {r.stderr.strip()[-2000:]}")
+    out = json.loads((work / "out.json").read_text())
+    reqs = [q for q in out["requests"] if q.get("terminal_status") == "completed"]
+    ttft = [q["ttft_ms"] / 1000.0 for q in reqs]
+    e2e = [q["e2e_latency_ms"] / 1000.0 for q in reqs]
+    t0 = min(q["arrival_time_ms"] for q in reqs)
+    span = max(q["arrival_time_ms"] + q["e2e_latency_ms"] for q in reqs) - t0
+    hit = sum(q["reused_input_tokens"] for q in reqs) / sum(q["input_length"] for q in reqs)
+    done = [(q["source_held_ms"] - q["arrival_time_ms"]) / 1000.0 for q in reqs if q.get("source_held_ms") is not None]
+    return figures(ttft, e2e, span / 1000.0, hit, out["wall_s"], out["cpu_s"],
+                   done if len(done) == len(reqs) else None), out
+
+
+def run_ours(spec: OfflineSpec, trace: Path, prof: Profile, stack_name: str) -> tuple[dict[str, float], object]:
+    sessions = load_workload(f"mooncake:{trace}", block_tokens=spec.block_tokens).sessions
+    horizon_s = 30 * 24 * 3600.0  # a bound only: the trace ends the run (refill off)
+    cfg = SimConfig(nodes=spec.prefill + spec.decode, warmup_s=0.0, duration_s=horizon_s, seed=spec.seed,
+                    agents=spec.concurrency, stagger_s=0.0, refill=False)
+    stack = get_stack(stack_name)
+    fold = MetricsFold(0.0, cfg.end_s)
+    sim = Simulation(prof, stack, sessions, cfg, keep_log=False, observe=fold)
+    t0, c0 = time.perf_counter(), time.process_time()
+    res = sim.run()
+    wall_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    m = fold.metrics(stack.name)
+    span = sim.now  # the clock stops at the last finish; every session starts at 0
+    return figures(list(m.ttft_s), list(m.e2e_s), span, m.kv_hit_actual, wall_s, cpu_s), (m, res)
+
+
+def run_offline(spec: OfflineSpec, python: Path = DYNAMO_PYTHON, work: Path | None = None) -> dict:
+    """Every row of the offline table, and what it ran."""
+    tmp = None
+    if work is None:
+        tmp = tempfile.TemporaryDirectory(prefix="bench-dynamo-")
+        work = Path(tmp.name)
+    try:
+        trace = work / "trace.mooncake.jsonl"
+        n = write_trace(spec, trace)
+        prof = equalised_profile(load_profile(spec.profile))
+        rows: list[dict] = []
+        notes: list[str] = []
+        results: dict[str, dict[str, float]] = {}
+        why = dynamo_missing(python)
+        version = None
+        if why is None:
+            results["dynamo"], out = run_dynamo(spec, trace, prof, work, python)
+            version = out["version"]
+            if len(out["requests"]) != n:
+                notes.append(f"Dynamo replayed {len(out['requests'])} of the trace's {n} requests")
+        else:
+            notes.append(f"no dynamo row: {why}")
+        for st in spec.stacks:
+            label = row_label(st)
+            results[label], (m, res) = run_ours(spec, trace, prof, st)
+            if res.finished != n:
+                notes.append(f"{label}: {res.finished} of the trace's {n} requests finished")
+            split = {k: v for k, v in m.split_time_s.items() if v > 0}
+            total = sum(split.values()) or 1.0  # the fold counts to the horizon: shares, not seconds
+            notes.append(f"{label}: time in split " + ", ".join(
+                f"{k} {v / total:.0%}" for k, v in sorted(split.items(), key=lambda kv: -kv[1])[:3]))
+        for stack, figs in results.items():
+            rows += [{"mode": "offline", "stack": stack, "metric": k, "value": figs[k]} for k in METRICS]
+        return {"rows": rows, "requests": n, "notes": notes, "dynamo_version": version, "profile": prof.name,
+                "spec": spec.__dict__}
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def row_label(stack: str) -> str:
+    """Our stack's name in the rows: ``dynamo`` is the real one, ours is ``dynamo-style``."""
+    return "dynamo-style" if stack == "dynamo" else stack
+
+
+def ratios(rows: list[dict], base: str = "dynamo", against: str = "dynamo") -> dict[str, float]:
+    """``against``'s figure over the real Dynamo's, per metric (1.0 = equal)."""
+    by = {(r["stack"], r["metric"]): r["value"] for r in rows}
+    return {k: by[(against, k)] / by[(base, k)] for k in METRICS
+            if (base, k) in by and (against, k) in by and by[(base, k)]}
+
+
+def print_table(result: dict) -> None:
+    rows = result["rows"]
+    stacks = list(dict.fromkeys(r["stack"] for r in rows))
+    by = {(r["stack"], r["metric"]): r["value"] for r in rows}
+    spec = result["spec"]
+    print(f"offline: {result['requests']} requests ({spec['sessions']} sessions x <= {spec['turns']} turns of "
+          f"{spec['trace']}, pace {spec['pace']}), {spec['concurrency']} at a time, {spec['prefill']}P{spec['decode']}D, engine "
+          f"{result['profile']}; ai-dynamo {result['dynamo_version'] or '-'}")
+    fmt = {"throughput_rps": "{:.3f}", "kv_hit": "{:.1%}", "requests": "{:.0f}"}
+    print(f"{'metric':<22}" + "".join(f"{s:>16}" for s in stacks))
+    for k in METRICS:
+        cells = []
+        for s in stacks:
+            v = by.get((s, k))
+            cells.append("-" if v is None else fmt.get(k, "{:.3f}").format(v))
+        print(f"{k:<22}" + "".join(f"{c:>16}" for c in cells))
+    if "dynamo" in stacks and len(stacks) > 1:
+        for s in stacks[1:]:
+            rs = ratios(rows, against=s)
+            print(f"{s} / dynamo: " + ", ".join(f"{k} {v:.2f}x" for k, v in rs.items()))
+    for note in result["notes"]:
+        print(f"note: {note}")
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--offline", action="store_true", help="trace replay on both sides (the only mode so far)")
+    p.add_argument("--trace", default=str(ROOT / "deploy" / "traces" / "calibration"))
+    p.add_argument("--sessions", type=int, default=30)
+    p.add_argument("--turns", type=int, default=8, help="requests kept per session (its first ones)")
+    p.add_argument("--concurrency", type=int, default=30, help="sessions at a time on both sides")
+    p.add_argument("--block-tokens", type=int, default=64)
+    p.add_argument("--profile", default="gb300-glm52-pressure")
+    p.add_argument("--prefill", type=int, default=6, help="prefill workers / nodes")
+    p.add_argument("--decode", type=int, default=3, help="decode workers / nodes")
+    p.add_argument("--stacks", default="dynamo,evolving,static:4P5D",
+                   help="our stacks (ours named dynamo is the row dynamo-style)")
+    p.add_argument("--pace", default="agent:60:10", help="client pauses written into the trace: recorded, "
+                   "agent[:TOOL_CAP[:HUMAN_CAP]] or scale:X (docs/traces.md), the README demo's by default")
+    p.add_argument("--dynamo-python", default=str(DYNAMO_PYTHON), help="the python of the venv with ai-dynamo")
+    p.add_argument("--keep", default=None, help="a folder to keep the trace, the NPZ and Dynamo's output in")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+
+
+def _bench_dynamo(args) -> int:
+    if not args.offline:
+        print("only --offline is implemented (issue 46 part 4, live, is not)", file=sys.stderr)
+        return 2
+    spec = OfflineSpec(trace=args.trace, sessions=args.sessions, turns=args.turns, block_tokens=args.block_tokens,
+                       concurrency=args.concurrency, profile=args.profile, prefill=args.prefill,
+                       decode=args.decode, stacks=tuple(s for s in args.stacks.split(",") if s), pace=args.pace,
+                       seed=args.seed)
+    work = None
+    if args.keep:
+        work = Path(args.keep)
+        work.mkdir(parents=True, exist_ok=True)
+    result = run_offline(spec, Path(args.dynamo_python), work)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print_table(result)
+    return 0
+
+
+def register(sub, bench) -> None:
+    p = bench.add_parser("dynamo", help="the real NVIDIA Dynamo (ai-dynamo) beside our simulator's stacks")
+    add_arguments(p)
+    p.set_defaults(func=_bench_dynamo)
+
+
+__all__ = ["OfflineSpec", "dynamo_missing", "figures", "ratios", "run_dynamo", "run_offline", "run_ours",
+           "write_trace"]
