@@ -27,12 +27,12 @@ from engine.worker.publish import _retryable
 from kernels.layout import KvLayoutError
 from services.adapters.bus import NatsBus, StreamSettings
 from services.adapters.bus.nats_prompts import NatsPromptStore
+from services.adapters.bus.options import bus_auth
 from services.adapters.bus.security import CredentialsError, add_cli_options
 from services.adapters.bus.tokens import NatsTokens
 from services.adapters.logging import configure_logging, get_logger
 from services.adapters.metrics import MetricsServer
 from services.cores.directory.eviction import POLICIES
-from services.drivers.options import bus_auth
 
 log = get_logger("worker")
 

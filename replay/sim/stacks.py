@@ -52,8 +52,8 @@ from typing import Any
 
 from engine.profiles import Profile
 from events.ids import Role
+from services.adapters.recipes import CORES, PLANNERS, ROUTERS, resolve
 from services.cores.directory.eviction import POLICIES
-from services.drivers.services import CORES, PLANNERS, ROUTERS, resolve
 
 
 @dataclass(frozen=True)

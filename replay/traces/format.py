@@ -431,6 +431,41 @@ def reblock(s: Session, block_tokens: int) -> Session:
     return msgspec.structs.replace(s, block_tokens=block_tokens, branches=branches)
 
 
+def cut_session(s: Session, turns: int) -> Session:
+    """``s`` with only its first ``turns`` requests, in the session's order (``Session.requests``:
+    the root branch first, then the children in order). A branch cut short ends after its last
+    kept request; a child whose ``Fork``/``Spawn`` was cut, or that keeps no request, is dropped
+    with that step. The prefix structure of what is kept is the trace's."""
+    if turns < 1:
+        raise ValueError("turns must be >= 1")
+    left = turns
+    opened = {s.branches[0].id} if s.branches else set()
+    cut: list[tuple[Branch, list]] = []
+    for b in s.branches:
+        if b.id not in opened or left == 0:
+            continue
+        steps: list = []
+        for st in b.steps:
+            if isinstance(st, Request):
+                if left == 0:
+                    while not isinstance(steps[-1], Request):  # nothing after the last request kept
+                        steps.pop()
+                    break
+                left -= 1
+            if not isinstance(st, End):
+                steps.append(st)
+        if any(isinstance(st, Request) for st in steps):
+            opened |= {st.branch for st in steps if isinstance(st, Fork | Spawn)}
+            cut.append((b, steps))
+    kept = {b.id for b, _ in cut}
+    branches = [Branch(id=b.id, parent=b.parent, mode=b.mode, label=b.label,
+                       steps=[*(st for st in steps if not (isinstance(st, Fork | Spawn) and st.branch not in kept)),
+                              End()])
+                for b, steps in cut]
+    return Session(id=s.id, format_version=s.format_version, block_tokens=s.block_tokens, source=s.source,
+                   approximate=s.approximate, start_s=s.start_s, branches=branches)
+
+
 # --------------------------------------------------------------------------- event cursor
 class _BranchState:
     __slots__ = ("branch", "ended", "gid", "next", "ready", "version", "waiting_req", "waits")

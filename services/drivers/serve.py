@@ -31,13 +31,14 @@ from nats.js.errors import APIError, ServiceUnavailableError
 
 from events.catalog import Tick
 from services.adapters.bus import NatsBus, StreamSettings
+from services.adapters.bus.options import bus_auth
 from services.adapters.bus.security import CredentialsError
 from services.adapters.eventlog import DuckDbEventLog
 from services.adapters.logging import configure_logging, get_logger
 from services.adapters.metrics import MetricsServer, ServiceMetrics
 from services.adapters.runner import RunnerConfig, ServiceRunner, cancel_all
 from services.cores.corestack import CoreStack
-from services.drivers.options import add_service_args, bus_auth
+from services.drivers.options import add_service_args
 from services.drivers.recorder.service import run_recorder
 from services.drivers.services import CONFIG_KEYS, SERVICES, ServiceConfig, ServiceKind
 

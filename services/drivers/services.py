@@ -19,108 +19,22 @@ Every service consumes the whole partition, ``ei.<p>.>``, through its own durabl
 shadow router's is ``shadow-NAME``): each core folds several subject families in the stream's
 order, and a single filter is the only one the server can check. What each account may read
 (:attr:`ServiceKind.consumes`) comes from its role's row of
-``services.adapters.bus.security.READS``, which the secured bus enforces. The same table builds the cores for ``evolving serve``
-(services/drivers/serve.py), for ``evolving verify`` (services/drivers/recorder/verify.py,
-from a log's ``run_config``) and for the simulator's stacks (replay/sim/stacks.py):
-
-* a core's ``run_config`` entry is ``{"class": "pkg.module:Class", "kwargs": {...}}`` or
-  ``{"plugin": NAME, "kwargs": {...}}`` (a plug-in of the recipe's entry-point group, see
-  services/adapters/plugins.py), or ``{}`` for the built-in default; :meth:`CoreRecipe.build`
-  builds it;
-* a service writes the entry it was started with to the snapshot store under
-  ``config.<key>`` (``config.shadow.NAME`` for a shadow router); the recorder merges the
-  non-shadow ones into the log's ``run_config``;
-* class paths of logs recorded before the layout of issue 21 (``services.planner.core:...``,
-  ``services.router.baselines:...``) resolve through :data:`LEGACY_CLASS_PATHS`.
+``services.adapters.bus.security.READS``, which the secured bus enforces. Each service builds
+the cores it folds from the table of cores (services/adapters/recipes.py, shared with
+``evolving verify`` and the simulator) and writes the run_config entry it was started with to
+the snapshot store under ``config.<key>`` (``config.shadow.NAME`` for a shadow router); the
+recorder merges the non-shadow ones into the log's ``run_config``.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from services.adapters.bus.security import READS
-from services.adapters.plugins import PLANNER_GROUP, ROUTER_GROUP, load
-
-# ---------------------------------------------------------------------------- core classes
-#: The built-in routers and planners by plug-in name (the entry points of pyproject.toml; a test
-#: checks that the two agree). The simulator's stacks name their cores by these.
-ROUTERS: dict[str, str] = {
-    "evolving": "services.cores.router.least_ttft:LeastTtftRouter",
-    "cache_aware": "services.cores.router.cache_aware:CacheAwareRouter",
-    "sticky": "services.cores.router.cache_aware:StickyRouter",
-    "round_robin": "services.cores.router.load_balancing:RoundRobinRouter",
-    "least_loaded": "services.cores.router.load_balancing:LeastLoadedRouter",
-    "dynamo_kv": "services.cores.router.dynamo:DynamoKvRouter",
-}
-PLANNERS: dict[str, str] = {
-    "evolving": "services.cores.planner.evolving:EvolvingPlanner",
-    "static": "services.cores.planner.static:StaticPlanner",
-    "dynamo": "services.cores.planner.dynamo:DynamoPlanner",
-    "arrow": "services.cores.planner.arrow:ArrowPlanner",
-}
-
-#: Class paths that logs recorded before the layout of issue 21 name in their ``run_config``
-#: (``services/<core>/...``, then briefly ``services/cores/<core>/baselines.py``) -> today's.
-#: ``evolving verify`` of such a log resolves them through this table; nothing else does.
-LEGACY_CLASS_PATHS: dict[str, str] = {
-    "services.directory.core:DirectoryCore": "services.cores.directory.core:DirectoryCore",
-    "services.planner.core:EvolvingPlanner": PLANNERS["evolving"],
-    **{f"{old}:{cls}": PLANNERS[name]
-       for old in ("services.planner.baselines", "services.cores.planner.baselines")
-       for name, cls in (("static", "StaticPlanner"), ("dynamo", "DynamoPlanner"), ("arrow", "ArrowPlanner"))},
-    "services.router.core:LeastTtftRouter": ROUTERS["evolving"],
-    **{f"{old}:{cls}": ROUTERS[name]
-       for old in ("services.router.baselines", "services.cores.router.baselines")
-       for name, cls in (("cache_aware", "CacheAwareRouter"), ("sticky", "StickyRouter"),
-                         ("round_robin", "RoundRobinRouter"), ("least_loaded", "LeastLoadedRouter"),
-                         ("dynamo_kv", "DynamoKvRouter"))},
-}
-
-
-def resolve(path: str):
-    """``"package.module:Attr"`` -> the attribute (a pre-layout path through
-    :data:`LEGACY_CLASS_PATHS` first)."""
-    module, _, attr = LEGACY_CLASS_PATHS.get(path, path).partition(":")
-    obj = importlib.import_module(module)
-    for part in attr.split(".") if attr else ():
-        obj = getattr(obj, part)
-    return obj
-
-
-@dataclass(frozen=True)
-class CoreRecipe:
-    """How one core is built from its ``run_config`` entry (module docstring)."""
-
-    key: str  # the run_config key, the core's name in ``evolving verify --cores``
-    default: str  # class path of the built-in, for an entry that names neither class nor plug-in
-    group: str | None = None  # plug-in entry-point group (None: not a plug-in)
-    builtins: Mapping[str, str] = field(default_factory=dict)  # plug-in name -> class path
-
-    def load(self, entry: Mapping[str, Any]):
-        """The class ``entry`` names (``plugins.PluginNotFound`` for an unknown plug-in)."""
-        if "class" in entry:
-            return resolve(entry["class"])
-        if "plugin" in entry and self.group is not None:
-            return load(self.group, entry["plugin"])
-        return resolve(self.default)
-
-    def build(self, entry: Mapping[str, Any]):
-        """A fresh core: ``load(entry)(**entry["kwargs"])``."""
-        return self.load(entry)(**entry.get("kwargs", {}))
-
-
-CORES: dict[str, CoreRecipe] = {
-    "directory": CoreRecipe("directory", "services.cores.directory.core:DirectoryCore"),
-    "planner": CoreRecipe("planner", PLANNERS["evolving"], PLANNER_GROUP, PLANNERS),
-    "router": CoreRecipe("router", ROUTERS["evolving"], ROUTER_GROUP, ROUTERS),
-    "liveness": CoreRecipe("liveness", "services.cores.liveness:LivenessWatcher"),
-}
-#: The cores ``evolving verify`` rebuilds when the log's run_config names none.
-VERIFIED_CORES = ("directory", "planner", "router")
+from services.adapters.recipes import CORES, CoreRecipe
 
 
 # ---------------------------------------------------------------------------- services

@@ -279,7 +279,7 @@ async def test_opencodes_title_request_is_a_side_branch_not_a_compaction(partiti
     """opencode sends its title request and the agent's turn at once, under the same session id,
     and the two share no prefix: whichever comes first, the title request runs on a side branch
     of the session (opened, one request, ended) and the session's prompt is the turn's - no
-    ContextCompacted; the turn's next request extends it (headers.is_side)."""
+    ContextCompacted; the turn's next request extends it (branches.is_side)."""
     title, turn = OPENCODE
     assert not title["body"].get("tools") and len(turn["body"]["tools"]) == 10
     session = turn["headers"]["x-session-id"]

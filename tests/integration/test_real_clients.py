@@ -244,7 +244,7 @@ def _one_agent(nats_url: str, partition: str, records: list[Record], branch: str
 def _agent_tree(nats_url: str, partition: str, by_branch: dict[str, list[str]], root: str, child: str) -> list:
     """On the stream: ``root`` a root agent and ``child`` a sub-agent under it (nothing else in
     that session but side branches, ``<branch>:side-...``, each under the branch it is named
-    after: headers.is_side), each request submitted on the branch the gateway answered with, all
+    after: branches.is_side), each request submitted on the branch the gateway answered with, all
     finished."""
     ids = {i for v in by_branch.values() for i in v}
     events = _stream(nats_url, partition, ids)
@@ -445,7 +445,7 @@ def test_opencodes_sub_agent_is_folded_under_its_session(sim_up, nats_url, tmp_p
     assert len(children) == 1, [r.headers for r in gen]
     (child,) = children
     by_branch: dict[str, list[str]] = {}
-    for r in gen:  # a title request (no tools) runs on a side branch of its session (headers.is_side)
+    for r in gen:  # a title request (no tools) runs on a side branch of its session (branches.is_side)
         want = r.headers["x-session-id"] if r.json.get("tools") else r.headers["x-session-id"] + ":side-"
         assert r.reply_headers["x-branch-id"].startswith(want), (want, r.reply_headers)
         by_branch.setdefault(r.reply_headers["x-branch-id"], []).append(r.reply_headers["x-request-id"])

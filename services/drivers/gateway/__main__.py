@@ -20,6 +20,7 @@ from aiohttp import web
 from services.adapters.bus import NatsBus, StreamSettings
 from services.adapters.bus.nats_prompts import NatsPromptStore
 from services.adapters.bus.natsserver import EmbeddedNats
+from services.adapters.bus.options import bus_auth
 from services.adapters.bus.security import CredentialsError, add_cli_options
 from services.adapters.logging import configure_logging, get_logger
 from services.drivers.gateway.app import Gateway, GatewayConfig
@@ -28,7 +29,6 @@ from services.drivers.gateway.guard import GatewayRunner
 from services.drivers.gateway.model import ModelError, load_model
 from services.drivers.gateway.tokenmux import TokenMux
 from services.drivers.gateway.toolcalls import PARSERS
-from services.drivers.options import bus_auth
 
 
 def _env_epoch() -> float | None:

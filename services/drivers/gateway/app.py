@@ -6,7 +6,8 @@ Request lifecycle (one POST /v1/chat/completions or /v1/completions)
    size (413); a body without Content-Length is cut at the same limit while it is read.
 1. Decode and validate the JSON body into msgspec Structs (``services.drivers.gateway.api``: 400
    naming the field, 400 for parameters it cannot honour, 404 ``model_not_found``) and parse
-   the branch headers (``services.drivers.gateway.headers``; 400 on a bad value, 409 on a branch that
+   the branch headers (``services.drivers.gateway.headers``; 400 on a bad value) and admit it to the
+   branch table (``services.cores.branches``; 409 on a branch that
    has ended). Prompt + completion over ``context_length``: 400 ``context_length_exceeded``.
 2. Render the prompt (the model's chat template, or the simple one: ``model``, ``chat_template``),
    tokenise it with the model's tokenizer and compute the chained block hashes of those ids
@@ -54,6 +55,7 @@ from events.wire import token_key
 from services.adapters.bus import Bus
 from services.adapters.bus.prompts import PromptStore
 from services.adapters.logging import get_logger
+from services.cores.branches import BranchSignals, BranchStateError, BranchTable
 from services.cores.partitions import session_index
 from services.drivers.gateway import (
     anthropic_api,
@@ -87,13 +89,7 @@ from services.drivers.gateway.cancel import Cancels, Tracked
 from services.drivers.gateway.config import GatewayConfig, scaled_clock
 from services.drivers.gateway.consumers import ConsumerHealth
 from services.drivers.gateway.guard import Guard
-from services.drivers.gateway.headers import (
-    BranchSignals,
-    BranchStateError,
-    BranchTable,
-    HeaderError,
-    parse_branch_headers,
-)
+from services.drivers.gateway.headers import HeaderError, parse_branch_headers
 from services.drivers.gateway.meta import Meta, openai_call
 from services.drivers.gateway.metrics import CONTENT_TYPE, GatewayMetrics, RequestObserver
 from services.drivers.gateway.model import PromptModel, load_model
@@ -640,7 +636,7 @@ class Gateway:
             sampling["constraint"] = structured.constraint
             tools, parser = structured.parser is not None, structured.parser or parser
         # whether a chat request has tools (a tool-less call unrelated to the agent's conversation is a
-        # side request: headers.is_side); None for a completions request
+        # side request: branches.is_side); None for a completions request
         has_tools = (bool(anthropic.tools) if anthropic is not None else bool(responses.parsed.tools)
                      if responses is not None else bool(r.tools) if isinstance(r, ChatRequest) else None)
         try:

@@ -39,7 +39,7 @@ COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "ei_gateway_errors_total": ("requests answered with an error, by HTTP status and error code",
                                 ("status", "code")),
     "ei_gateway_compactions_total": ("ContextCompacted published, by reason (header|inferred)", ("reason",)),
-    "ei_gateway_side_requests_total": ("requests served on a side branch of their session (headers.is_side)", ()),
+    "ei_gateway_side_requests_total": ("requests served on a side branch of their session (branches.is_side)", ()),
     "ei_gateway_branches_opened_total": ("BranchOpened published", ()),
     "ei_gateway_branches_ended_total": ("BranchEnded published", ()),
     "ei_gateway_output_tokens_total": ("output tokens relayed to clients", ()),

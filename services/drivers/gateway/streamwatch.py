@@ -27,8 +27,8 @@ from events.wire import TokenMsg
 from services.adapters.bus import Bus
 from services.adapters.bus.port import Delivery
 from services.adapters.logging import get_logger
+from services.cores.branches import BranchTable
 from services.drivers.gateway.consumers import Watch
-from services.drivers.gateway.headers import BranchTable
 from services.drivers.gateway.meta import STREAM_FAILURE, failure_error
 
 log = get_logger("gateway")

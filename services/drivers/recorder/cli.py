@@ -15,8 +15,8 @@ from rich.table import Table
 from rich.text import Text
 
 from events.codec import CodecError
+from services.adapters.bus.options import bus_auth
 from services.adapters.bus.security import CredentialsError, add_cli_options
-from services.drivers.options import bus_auth
 from services.drivers.recorder.verify import verify_log
 
 

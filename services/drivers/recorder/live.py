@@ -32,8 +32,8 @@ from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
 
 from events.subjects import token
+from services.adapters.bus.options import DEFAULT_NATS_URL
 from services.adapters.bus.security import Credentials, CredentialsError
-from services.drivers.options import DEFAULT_NATS_URL
 
 
 class LiveError(RuntimeError):

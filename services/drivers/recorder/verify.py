@@ -52,7 +52,7 @@ from events.authority import Admission
 from events.catalog import Event, KvStageOrdered, RouteDecided
 from events.codec import encode, to_json
 from services.adapters.eventlog.port import SeqHoles, Skipped
-from services.drivers.services import CORES, VERIFIED_CORES
+from services.adapters.recipes import CORES, VERIFIED_CORES
 
 Row = tuple[int, str, Event]
 

@@ -2,7 +2,7 @@
 up``, several times, while busy loops compete for the CPU (issue 45 part 4).
 
 The load of the issue: 30 real Claude Code sessions (the bundled calibration traces), each cut to
-its first 8 requests (:func:`cut_session`), 30 at a time, replayed closed-loop by the driver
+its first 8 requests (``replay.traces.format.cut_session``), 30 at a time, replayed closed-loop by the driver
 ``evolving drive`` uses (services/drivers/gateway/drive.py) - once per ``repeat``, on the same
 stack, each repeat under a run id of its own (its branches never meet the previous repeat's
 ended ones). ``busy`` processes ``python -c 'while True: pass'`` run beside the stack from before
@@ -41,49 +41,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
-from replay.traces.format import Branch, End, Fork, Request, Session, Spawn
+from replay.traces.format import Session, cut_session
 from services.drivers.soak.stats import nearest_rank
 
 #: node-initiated removals: the engine said it is going (not a liveness decision)
 OWN_REMOVALS = ("restarted", "shutdown")
 
 
-# --------------------------------------------------------------------------- the sessions (pure)
-def cut_session(s: Session, turns: int) -> Session:
-    """``s`` with only its first ``turns`` requests, in the session's order (``Session.requests``:
-    the root branch first, then the children in order). A branch cut short ends after its last
-    kept request; a child whose ``Fork``/``Spawn`` was cut, or that keeps no request, is dropped
-    with that step. The prefix structure of what is kept is the trace's."""
-    if turns < 1:
-        raise ValueError("turns must be >= 1")
-    left = turns
-    opened = {s.branches[0].id} if s.branches else set()
-    cut: list[tuple[Branch, list]] = []
-    for b in s.branches:
-        if b.id not in opened or left == 0:
-            continue
-        steps: list = []
-        for st in b.steps:
-            if isinstance(st, Request):
-                if left == 0:
-                    while not isinstance(steps[-1], Request):  # nothing after the last request kept
-                        steps.pop()
-                    break
-                left -= 1
-            if not isinstance(st, End):
-                steps.append(st)
-        if any(isinstance(st, Request) for st in steps):
-            opened |= {st.branch for st in steps if isinstance(st, Fork | Spawn)}
-            cut.append((b, steps))
-    kept = {b.id for b, _ in cut}
-    branches = [Branch(id=b.id, parent=b.parent, mode=b.mode, label=b.label,
-                       steps=[*(st for st in steps if not (isinstance(st, Fork | Spawn) and st.branch not in kept)),
-                              End()])
-                for b, steps in cut]
-    return Session(id=s.id, format_version=s.format_version, block_tokens=s.block_tokens, source=s.source,
-                   approximate=s.approximate, start_s=s.start_s, branches=branches)
-
-
+# --------------------------------------------------------------------------- the sessions
 def agent_sessions(spec: str, sessions: int, turns: int, context_tokens: int = 262_144) -> list[Session]:
     """The first ``sessions`` sessions of the workload ``spec`` that, cut to ``turns`` requests,
     fit the gateway's context (prompt + output <= ``context_tokens``, its default 262,144: a

@@ -17,9 +17,9 @@ import asyncio
 import sys
 import time
 
+from services.adapters.bus.options import add_bus_args
 from services.adapters.bus.security import CredentialsError
 from services.adapters.logging import configure_logging, get_logger
-from services.drivers.options import add_bus_args
 from services.drivers.serve import connect_bus
 
 log = get_logger("businit")

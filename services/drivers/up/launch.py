@@ -55,13 +55,14 @@ from events.catalog import (
 )
 from services.adapters.bus import NatsBus
 from services.adapters.bus.natsserver import EmbeddedNats, NatsServerError, free_port
+from services.adapters.bus.options import bus_auth
 from services.adapters.bus.security import ServiceSpec, generate_accounts, write_credentials
 from services.adapters.eventlog import DuckDbEventLog
 from services.adapters.logging import get_logger
 from services.adapters.plugins import PluginNotFound
-from services.drivers.options import bus_auth
+from services.adapters.recipes import CORES
 from services.drivers.serve import EXIT_PLUGIN
-from services.drivers.services import CORES, SERVICES
+from services.drivers.services import SERVICES
 from services.drivers.up import models
 from services.drivers.up import vllm as vllm_up
 from services.drivers.up.children import (

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from services.adapters.bus.options import AUTH_OPTIONS, add_bus_args, bus_auth
 from services.adapters.bus.security import BusAuth, Credentials, CredentialsError
-from services.drivers.options import AUTH_OPTIONS, add_bus_args, bus_auth
 
 
 def _parse(*argv: str) -> argparse.Namespace:

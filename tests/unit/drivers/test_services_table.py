@@ -16,21 +16,13 @@ from events.subjects import token
 from services.adapters.bus.memory import InMemoryBus
 from services.adapters.bus.port import subject_matches
 from services.adapters.bus.security import ServiceSpec, service_permissions
+from services.adapters.recipes import CORES, LEGACY_CLASS_PATHS, PLANNERS, ROUTERS, resolve
 from services.cores.corestack import CoreStack
 from services.cores.directory.core import DirectoryCore
 from services.cores.liveness import LivenessWatcher
 from services.drivers import serve
 from services.drivers.options import add_service_args
-from services.drivers.services import (
-    CONFIG_KEYS,
-    CORES,
-    LEGACY_CLASS_PATHS,
-    PLANNERS,
-    ROUTERS,
-    SERVICES,
-    parse_kv,
-    resolve,
-)
+from services.drivers.services import CONFIG_KEYS, SERVICES, parse_kv
 
 ROOT = Path(__file__).resolve().parents[3]
 

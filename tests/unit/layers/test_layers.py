@@ -1,6 +1,8 @@
 """The layer rule (docs/contracts.md): imports only go down or sideways, never up; no circles.
 
-    3 drivers   services/drivers/, engine/worker/, replay/ (sim, experiments, cli)
+    4 apps      services/drivers/: the live services, the gateway, the `evolving` commands;
+                replay/cli.py (the simulator's commands); replay/fidelity/ (live against simulated)
+    3 drivers   engine/worker/, replay/ (sim, experiments): started by the apps above
     2 adapters  services/adapters/, engine/ (backends, KV pool, transfer), kernels/, replay/traces/
     1 cores     services/cores/
     0 events    events/
@@ -27,8 +29,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 FIRST_PARTY = ("events", "services", "engine", "kernels", "replay")
 
-EVENTS, CORES, ADAPTERS, DRIVERS = 0, 1, 2, 3
-NAMES = {EVENTS: "events", CORES: "cores", ADAPTERS: "adapters", DRIVERS: "drivers"}
+EVENTS, CORES, ADAPTERS, DRIVERS, APPS = 0, 1, 2, 3, 4
+NAMES = {EVENTS: "events", CORES: "cores", ADAPTERS: "adapters", DRIVERS: "drivers", APPS: "apps"}
 
 #: folder prefix -> layer; the longest matching prefix wins.
 LAYER_OF = {
@@ -39,9 +41,13 @@ LAYER_OF = {
     "kernels": ADAPTERS,
     "replay.traces": ADAPTERS,  # the trace format and importers: the gateway's drive and the simulator share it
     "services": DRIVERS,  # services/__init__.py: the docstring only
-    "services.drivers": DRIVERS,
+    # `up` starts engine workers and `bench` runs the simulator: what those need from the apps
+    # (bus options, the table of cores) lives lower down, never here
+    "services.drivers": APPS,
     "engine.worker": DRIVERS,  # the node worker process, engine/worker/ (ARCHITECTURE.md puts it in engine/)
     "replay": DRIVERS,
+    "replay.cli": APPS,  # the simulator's `evolving` subcommands, registered by services/drivers/cli.py
+    "replay.fidelity": APPS,  # drives a live stack through the gateway and the simulator side by side
 }
 
 #: third-party packages a core may import besides the standard library.
@@ -239,10 +245,23 @@ def test_the_layer_check_can_fail(tmp_path, monkeypatch):
     monkeypatch.setitem(globals(), "module_name",
                         lambda p: "services.cores.directory._layer_probe" if p == fake else real_name(p))
     bad, lazy = violations(), unexplained_lazy_imports()
-    assert any("imports services.drivers.serve (drivers)" in b for b in bad)
+    assert any("imports services.drivers.serve (apps)" in b for b in bad)
     assert any("third-party duckdb" in b for b in bad)
     assert any("imports time (clock" in b for b in bad)
     assert any("_layer_probe.py:7: import numpy" in b for b in lazy)
+
+
+def test_a_driver_importing_the_apps_is_an_arrow_back_up(tmp_path, monkeypatch):
+    # the two arrows that once ran back up: the engine worker read the services' bus options, the
+    # simulator the services' table of cores
+    fake = tmp_path / "_up_probe.py"
+    fake.write_text("from services.drivers.options import add_service_args\n")
+    real_modules, real_name = first_party_modules, module_name
+    monkeypatch.setitem(globals(), "first_party_modules", lambda: [*real_modules(), fake])
+    monkeypatch.setitem(globals(), "module_name",
+                        lambda p: "engine.worker._up_probe" if p == fake else real_name(p))
+    assert [b for b in violations() if "_up_probe" in b] == [
+        "_up_probe.py:1: engine.worker._up_probe (drivers) imports services.drivers.options (apps)"]
 
 
 def test_the_circle_check_can_fail():

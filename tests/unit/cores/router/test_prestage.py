@@ -8,11 +8,11 @@ import pytest
 
 from events.catalog import KvStageOrdered, KvStored, RequestFinished, RouteDecided
 from replay.sim.stacks import PRESTAGING
+from services.adapters.recipes import ROUTERS, resolve
 from services.cores.router.cache_aware import CacheAwareRouter
 from services.cores.router.least_ttft import LeastTtftRouter
 from services.cores.router.prestage import PrestageCacheAwareRouter, PrestageLeastTtftRouter
 from services.drivers.bench import scenario as s
-from services.drivers.services import ROUTERS, resolve
 
 PROMPT = s.blocks(1_000, 100)
 

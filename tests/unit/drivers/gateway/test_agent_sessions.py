@@ -8,14 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from events.catalog import BranchEnded, BranchOpened, RequestSubmitted
-from services.drivers.gateway.headers import (
-    FAMILIES,
-    BranchSignals,
-    BranchStateError,
-    BranchTable,
-    HeaderError,
-    parse_branch_headers,
-)
+from services.cores.branches import BranchSignals, BranchStateError, BranchTable
+from services.drivers.gateway.headers import FAMILIES, HeaderError, parse_branch_headers
 
 CC = {"x-claude-code-session-id": "sess"}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 from events.catalog import BranchEnded, BranchOpened, ContextCompacted, RequestSubmitted
-from services.drivers.gateway.headers import BranchSignals, BranchTable
+from services.cores.branches import BranchSignals, BranchTable
 
 
 def _state(t: BranchTable) -> dict:

@@ -7,14 +7,8 @@ import json
 import pytest
 
 from events.catalog import BranchOpened, ContextCompacted
-from services.drivers.gateway.headers import (
-    BranchSignals,
-    BranchStateError,
-    BranchTable,
-    HeaderError,
-    extends,
-    parse_branch_headers,
-)
+from services.cores.branches import BranchSignals, BranchStateError, BranchTable, extends
+from services.drivers.gateway.headers import HeaderError, parse_branch_headers
 
 
 @pytest.mark.parametrize("headers, expected", [

@@ -4,14 +4,8 @@ silences are refolded from a log's rows exactly."""
 
 from __future__ import annotations
 
-from replay.traces.format import Branch, End, Fork, Request, Session, Spawn, validate_session
-from services.drivers.soak.agents import (
-    agent_sessions,
-    cut_session,
-    request_count,
-    silences,
-    summarize_silence,
-)
+from replay.traces.format import Branch, End, Fork, Request, Session, Spawn, cut_session, validate_session
+from services.drivers.soak.agents import agent_sessions, request_count, silences, summarize_silence
 from services.drivers.up.testing import REPO
 
 
