@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from engine.backends.sglang.backend import SglangBackend, SglangConfig, bootstrap_room, prompt_ids
+from engine.backends.attached import prompt_ids
+from engine.backends.sglang.backend import SglangBackend, SglangConfig, bootstrap_room
 from engine.backends.sglang.fake import FakeSglang
 from engine.profiles import load_profile
 from events.catalog import AnomalyReported, KvEvicted, KvStored, RequestFinished, RequestStarted, RoleSwitched

@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 
-from engine.backends.sglang.backend import prompt_ids
+from engine.backends.attached import prompt_ids
 from engine.backends.vllm.backend import VllmBackend, VllmConfig
 from engine.backends.vllm.fake import FakeVllm
 from engine.backends.vllm.wire import BlockRemoved, BlockStored, KVEventBatch

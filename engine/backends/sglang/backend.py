@@ -55,9 +55,9 @@ from engine.backends.attached import (
     sse_data,
     structured_params,
 )
-from engine.backends.sglang.kvmap import PageMap
+from engine.backends.kvmap import PageMap
 from engine.backends.sglang.logparse import parse_decode_line
-from engine.backends.sglang.wire import parse_frames
+from engine.backends.sglang.wire import SGLANG_TIERS, parse_frames
 from engine.kvpool import KvPool
 from engine.profiles import Profile
 from events.catalog import AnomalyReported, IterationDone, RoleSwitched
@@ -127,7 +127,7 @@ class SglangBackend(AttachedServer):
         self.bt = profile.block_tokens
         self.pool = KvPool(self.node_id, self.bt, profile.l1_capacity_tokens, profile.l2_capacity_tokens,
                            choose=lambda tier, tokens, pinned: [], emit=host.emit, now=self._now)
-        self.pagemap = PageMap(self.bt)
+        self.pagemap = PageMap(self.bt, tiers=SGLANG_TIERS)
         self.jobs: dict[str, PrefillJob] = {}
         self.tasks: dict[str, asyncio.Task] = {}
         self.started: set[str] = set()

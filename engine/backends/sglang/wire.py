@@ -24,6 +24,8 @@ MEDIUM_GPU = "GPU"  # L1
 MEDIUM_CPU = "CPU_PINNED"  # L2 (HiCache host tier)
 MEDIUM_DISK = "DISK"  # L3: not a tier of ours
 MEDIUM_EXTERNAL = "EXTERNAL"  # L4 (e.g. Mooncake store): not a tier of ours
+#: medium -> our tier (engine/backends/kvmap.py); DISK and EXTERNAL are none of ours
+SGLANG_TIERS = {None: "L1", MEDIUM_GPU: "L1", MEDIUM_CPU: "L2"}
 
 
 class _KvEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):

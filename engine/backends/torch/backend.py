@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import torch
 
 from engine.backend import DecodeJob, NodeLoad, PrefillJob, WorkerHost
-from engine.backends.sglang.backend import VOCAB, prompt_ids
+from engine.backends.attached import VOCAB, prompt_ids
 from engine.backends.torch import step
 from engine.backends.torch.grammar import GrammarError, Grammars
 from engine.backends.torch.kv import PagedKv

@@ -18,8 +18,8 @@ Attach only (``--backend vllm --vllm-url URL``): the worker never launches vLLM.
    by ``usage.completion_tokens``. End: ``RequestFinished``. A reroute of a request without a
    token yet closes the stream: vLLM aborts a request whose client went away.
 3. KV: vLLM's ZMQ publisher (``--kv-events-config``; one per DP rank, port + rank), decoded in
-   any of vLLM's layouts (engine/backends/vllm/wire.py) and translated by SGLang's page map
-   (engine/backends/sglang/kvmap.py) with vLLM's media: ``GPU`` -> L1, ``CPU`` -> L2, storage
+   any of vLLM's layouts (engine/backends/vllm/wire.py) and translated by the page map both
+   engine backends share (engine/backends/kvmap.py) with vLLM's media: ``GPU`` -> L1, ``CPU`` -> L2, storage
    tiers skipped. Of a hybrid model's KV-cache groups (``group_idx``) only the first
    full-attention group is followed: a sliding-window group drops blocks that the full group
    still holds.
@@ -70,7 +70,7 @@ from engine.backends.attached import (
     sse_data,
     structured_params,
 )
-from engine.backends.sglang.kvmap import PageMap
+from engine.backends.kvmap import PageMap
 from engine.backends.vllm.pd import VllmPd, request_seed
 from engine.backends.vllm.wire import MEDIUM_CPU, MEDIUM_GPU, parse_frames
 from engine.kvpool import KvPool

@@ -14,7 +14,7 @@ import os
 import msgspec
 import pytest
 
-from engine.backends.sglang.kvmap import PageMap
+from engine.backends.kvmap import PageMap
 from engine.backends.vllm.backend import VLLM_TIERS
 from engine.backends.vllm.wire import (
     AllBlocksCleared,

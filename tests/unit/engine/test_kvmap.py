@@ -1,4 +1,4 @@
-"""SGLang page hashes -> our block hashes (engine/backends/sglang/kvmap.py): exact blocks for
+"""SGLang page hashes -> our block hashes (engine/backends/kvmap.py): exact blocks for
 page sizes below, equal to and above our block size; removal, clearing, tiers, orphans."""
 
 from __future__ import annotations
@@ -7,8 +7,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.backends.sglang.kvmap import PageMap
-from engine.backends.sglang.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from engine.backends.kvmap import PageMap
+from engine.backends.sglang.wire import (
+    SGLANG_TIERS,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+)
 from events.hashing import block_hashes
 
 TOKENS = list(range(1000, 1000 + 64 * 3 + 10))  # 3 full blocks + a 10-token tail
@@ -27,7 +33,7 @@ def pages(tokens, page_size, medium="GPU", first_hash=100):
 
 @pytest.mark.parametrize("page_size", [1, 16, 64, 128])
 def test_our_hashes_come_out_for_any_page_size(page_size):
-    m = PageMap(64)
+    m = PageMap(64, tiers=SGLANG_TIERS)
     changes = m.apply(KVEventBatch(ts=0.0, events=pages(TOKENS, page_size)))
     stored = [b for c in changes for b in c.blocks]
     want = block_hashes(TOKENS, 64)
@@ -37,7 +43,7 @@ def test_our_hashes_come_out_for_any_page_size(page_size):
 
 
 def test_removal_reports_the_blocks_the_removed_pages_completed():
-    m = PageMap(64)
+    m = PageMap(64, tiers=SGLANG_TIERS)
     m.apply(KVEventBatch(ts=0.0, events=pages(TOKENS, 16)))
     want = block_hashes(TOKENS, 64)
     # leaf-first: the pages 8..11 (tokens 128..191) hold the third block's end
@@ -48,7 +54,7 @@ def test_removal_reports_the_blocks_the_removed_pages_completed():
 
 
 def test_host_tier_and_unknown_media_and_orphans():
-    m = PageMap(64)
+    m = PageMap(64, tiers=SGLANG_TIERS)
     ch = m.apply(KVEventBatch(ts=0.0, events=pages(TOKENS[:64], 64, medium="CPU_PINNED")))
     assert [(c.tier, c.blocks) for c in ch] == [("L2", block_hashes(TOKENS[:64]))]
     # the same page reaching the GPU too is a new L1 copy
@@ -61,7 +67,7 @@ def test_host_tier_and_unknown_media_and_orphans():
 
 
 def test_aliases_map_sent_tokens_to_the_requests_blocks():
-    m = PageMap(64)
+    m = PageMap(64, tiers=SGLANG_TIERS)
     sent = block_hashes(TOKENS[:128])
     m.alias(sent[0], 11)
     m.alias(sent[1], 22)
@@ -72,7 +78,7 @@ def test_aliases_map_sent_tokens_to_the_requests_blocks():
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(0, 50_000), min_size=0, max_size=400), st.sampled_from([1, 4, 16, 64, 256]))
 def test_stored_then_removed_leaves_nothing(tokens, page_size):
-    m = PageMap(64)
+    m = PageMap(64, tiers=SGLANG_TIERS)
     evs = pages(tokens, page_size)
     stored = [b for c in m.apply(KVEventBatch(ts=0.0, events=evs)) for b in c.blocks]
     assert stored == block_hashes(tokens[: len(tokens) - len(tokens) % page_size], 64)

@@ -1,4 +1,9 @@
-"""SGLang page hashes -> our block hashes: a pure translator of KV events (no I/O).
+"""An engine's page hashes -> our block hashes: a pure translator of KV events (no I/O).
+
+Shared by the SGLang and vLLM backends: both publish the same three events (``BlockStored``,
+``BlockRemoved``, ``AllBlocksCleared``) with their own media names, so each passes its own
+``tiers`` table (engine/backends/sglang/wire.py ``SGLANG_TIERS``, engine/backends/vllm/backend.py
+``VLLM_TIERS``) and neither backend imports the other.
 
 The mapping (docs/engines.md)
 - SGLang hashes *pages* of ``page_size`` tokens (``--page-size``; 1 by default, 64 here) with
@@ -16,11 +21,11 @@ The mapping (docs/engines.md)
 - ``BlockRemoved``: our blocks completed by the removed pages are gone from that tier.
   SGLang evicts leaf-first, so a block is never left half-held. ``AllBlocksCleared``: both
   tiers are empty (SGLang sends it on a cache flush and on a role switch).
-- ``medium``: ``GPU`` (or absent) -> L1, ``CPU_PINNED`` (HiCache host) -> L2; ``DISK`` and
-  ``EXTERNAL`` are not tiers of ours and are skipped (counted). Another engine passes its own
-  ``tiers`` table (vLLM: ``CPU`` -> L2, engine/backends/vllm/backend.py); events are told apart
-  by class name, so its own wire structs (engine/backends/vllm/wire.py) drive the same map, and
-  its page hashes may be ``bytes`` as well as ints.
+- ``medium``: the backend's ``tiers`` table maps it (SGLang: ``GPU`` or absent -> L1,
+  ``CPU_PINNED`` (HiCache host) -> L2; vLLM: ``CPU`` -> L2); a medium the table lacks (SGLang's
+  ``DISK`` and ``EXTERNAL``) is not a tier of ours and is skipped (counted). Events are told
+  apart by class name, so each engine's own wire structs drive the same map, and page hashes
+  may be ``bytes`` as well as ints.
 - A page whose parent page is unknown (events lost, or published before we subscribed) is
   skipped and counted (``orphan_pages``), never fatal, as Dynamo's indexer does.
 """
@@ -28,13 +33,12 @@ The mapping (docs/engines.md)
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from engine.backends.sglang.wire import MEDIUM_CPU, MEDIUM_GPU, BlockRemoved, BlockStored, KVEventBatch
 from events.hashing import ROOT_PARENT, hash_block_tokens
 from events.ids import BlockHash, Tier
-
-_TIERS = {None: "L1", MEDIUM_GPU: "L1", MEDIUM_CPU: "L2"}
 
 
 @dataclass(slots=True)
@@ -53,12 +57,12 @@ class Change:
 
 
 class PageMap:
-    """Translate SGLang KV events into our block facts (module docstring)."""
+    """Translate an engine's KV events into our block facts (module docstring)."""
 
-    def __init__(self, block_tokens: int = 64, root: int = ROOT_PARENT, tiers: dict | None = None) -> None:
+    def __init__(self, block_tokens: int, *, tiers: Mapping[str | None, Tier], root: int = ROOT_PARENT) -> None:
         self.bt = block_tokens
         self.root = root
-        self.tiers = _TIERS if tiers is None else tiers
+        self.tiers = tiers
         self.pages: dict[int | bytes, _Page] = {}
         self.aliases: dict[int, BlockHash] = {}
         self.errors: Counter[str] = Counter()
@@ -67,7 +71,9 @@ class PageMap:
         if sent_hash != block:
             self.aliases[sent_hash] = block
 
-    def apply(self, batch: KVEventBatch) -> list[Change]:
+    def apply(self, batch: Any) -> list[Change]:
+        """``batch``: an engine's ``KVEventBatch`` (its ``events``: BlockStored, BlockRemoved,
+        AllBlocksCleared of that engine's wire module)."""
         out: list[Change] = []
         for ev in batch.events:
             kind = type(ev).__name__  # SGLang's or vLLM's structs (module docstring)
@@ -86,7 +92,7 @@ class PageMap:
             self.errors[f"medium_{medium}"] += 1
         return tier
 
-    def _stored(self, ev: BlockStored, out: list[Change]) -> None:
+    def _stored(self, ev: Any, out: list[Change]) -> None:
         tier = self._tier(ev.medium)
         if tier is None:
             return
@@ -120,7 +126,7 @@ class PageMap:
         if new:
             out.append(Change("stored", tier, new))
 
-    def _removed(self, ev: BlockRemoved, out: list[Change]) -> None:
+    def _removed(self, ev: Any, out: list[Change]) -> None:
         tier = self._tier(ev.medium)
         if tier is None:
             return
