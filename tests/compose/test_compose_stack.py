@@ -105,11 +105,41 @@ def find_runtime() -> tuple[Runtime | None, str]:
     return None, "; ".join(why)
 
 
+def can_run_a_container(rt: Runtime, work: Path) -> str:
+    """'' where ``rt`` runs a container here, else what failed. Probed before any image is built
+    (minutes, and a build runs containers too) with a one-binary image imported from a tarball:
+    /bin/true and the libraries it links, so no registry and no base image are needed."""
+    root = work / "rootfs"
+    for d in ("bin", "dev", "proc", "sys", "tmp", "etc"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    true = Path(shutil.which("true") or "/bin/true").resolve()
+    shutil.copy2(true, root / "bin" / "true")
+    ldd = _sh(["ldd", str(true)], timeout=30).stdout
+    for lib in {w for w in ldd.split() if w.startswith("/")}:
+        dest = root / lib.lstrip("/")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(Path(lib).resolve(), dest)
+    tar = work / "probe.tar"
+    _sh(["tar", "-C", str(root), "-cf", str(tar), "."], timeout=60)
+    image = "localhost/evolving-probe:latest"
+    r = rt.run("import", str(tar), image, timeout=120, check=False)
+    if r.returncode != 0:
+        return f"{rt.engine} import failed: {(r.stderr or r.stdout).strip()[-500:]}"
+    try:
+        r = rt.run("run", "--rm", "--network", "none", image, "/bin/true", timeout=120, check=False)
+        return "" if r.returncode == 0 else f"{rt.engine} run failed: {(r.stderr or r.stdout).strip()[-500:]}"
+    finally:
+        rt.run("rmi", "-f", image, timeout=60, check=False)
+
+
 @pytest.fixture(scope="module")
-def runtime() -> Runtime:
+def runtime(tmp_path_factory) -> Runtime:
     rt, why = find_runtime()
     if rt is None:
         pytest.skip(f"no container runtime can run the stack here: {why}")
+    why = can_run_a_container(rt, tmp_path_factory.mktemp("probe"))
+    if why:
+        pytest.skip(f"{rt.engine} cannot run a container here: {why}")
     return rt
 
 
