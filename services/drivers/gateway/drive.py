@@ -25,7 +25,8 @@ hashes give equal text and, chained, equal gateway hashes; the partial tail is d
 the request id (never shared). Requests go to ``/v1/completions`` (no chat template, which
 would add bytes). The gateway's hash values differ from the trace's; the structure (which
 requests share which prefix) is the same, up to BLAKE2b collisions. With a non-byte
-tokenizer configured on the gateway the lengths and prefixes are only approximate.
+tokenizer configured on the gateway the lengths and prefixes are only approximate;
+``DriveConfig.token_ids`` (:func:`synth_ids`) sends token ids instead, exact with any tokenizer.
 
 On a terminal a progress bar (:class:`DriveProgress`, on stderr) shows sessions done/total, the
 requests answered, the errors and the request rate; ``--no-progress`` hides it. Ctrl-C (SIGINT,
@@ -77,6 +78,25 @@ def tail_text(request: str, tail_tokens: int) -> str:
 def synth_prompt(blocks: Sequence[int], tail_tokens: int, block_tokens: int, request: str) -> str:
     """Prompt text with ``len(blocks) * block_tokens + tail_tokens`` ASCII characters."""
     return "".join(block_text(h, block_tokens) for h in blocks) + tail_text(request, tail_tokens)
+
+
+def _id_stream(seed: bytes, n: int, vocab: int) -> list[int]:
+    # the top 7/8 of the vocabulary: clear of the control tokens at its bottom (SmolLM2: 0-16)
+    base = vocab // 8
+    raw = _hex_stream(seed, 4 * n)
+    return [base + int(raw[4 * i:4 * i + 4], 16) % (vocab - base) for i in range(n)]
+
+
+def synth_ids(blocks: Sequence[int], tail_tokens: int, block_tokens: int, request: str,
+              vocab: int = 32768) -> list[int]:
+    """Prompt token ids, exactly ``len(blocks) * block_tokens + tail_tokens`` of them: each full
+    block's ``block_tokens`` ids derived from the trace's block hash (equal hashes, equal ids, so
+    the gateway's chained hashes share exactly the trace's prefixes, block for block), the tail
+    from the request id. For a real tokenizer, where text lengths are only approximate."""
+    ids: list[int] = []
+    for h in blocks:
+        ids += _id_stream(b"blk" + int(h).to_bytes(8, "little"), block_tokens, vocab)
+    return ids + (_id_stream(b"tail" + request.encode(), tail_tokens, vocab) if tail_tokens > 0 else [])
 
 
 def last_request_steps(session: Session) -> dict[str, int | None]:
@@ -151,6 +171,7 @@ class DriveConfig:
     stream: bool = True
     wait_s: float = 0.0  # poll GET /health this long before the first session (0: do not wait)
     api_key: str | None = None  # sent as 'Authorization: Bearer KEY' when the gateway wants keys
+    token_ids: int = 0  # > 0: send prompts as ids below this vocabulary size (synth_ids), exact with any tokenizer
 
 
 class _SessionRun:
@@ -208,7 +229,10 @@ class _SessionRun:
             h["x-branch-end"] = "true"
             self.ended_by_header.add(e.branch)
         bt = self.s.block_tokens
-        text = synth_prompt(e.blocks, e.prompt_tokens - len(e.blocks) * bt, bt, e.request)
+        tail = e.prompt_tokens - len(e.blocks) * bt
+        vocab = self.d.cfg.token_ids
+        text = (synth_ids(e.blocks, tail, bt, e.request, vocab) if vocab > 0 else
+                synth_prompt(e.blocks, tail, bt, e.request))
         await self.d.post(self.s.id, e.branch, e.request, text, max(1, e.max_tokens), h)
         self.take(self.cur.on_finished(e.request, self.d.vnow()))
 
@@ -289,7 +313,7 @@ class Driver:
         base = self.cfg.gateway.rstrip("/")
         return f"{base}{path}" if base else path
 
-    async def post(self, session: str, branch: str, request: str, prompt: str, max_tokens: int,
+    async def post(self, session: str, branch: str, request: str, prompt: str | list[int], max_tokens: int,
                    headers: dict[str, str], end_only: bool = False) -> RequestResult:
         # ignore_eos: the trace's recorded output length is the answer's length (an engine that
         # ends turns on its own, the sim's drawn lengths or a model's EOS, would cut it short)
