@@ -31,6 +31,7 @@ from pathlib import Path
 
 import msgspec
 
+from replay.fidelity.cli import register as register_fidelity
 from replay.sim.cli import register_sim
 from replay.traces.export import EXPORT_FORMATS, export_sessions
 from replay.traces.format import TraceFormatError, save_sessions
@@ -44,6 +45,12 @@ from replay.traces.workloads import WORKLOADS, generate
 def register(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:
     _register_trace(sub)
     _register_sim(sub, bench)
+    _register_fidelity(sub)
+
+
+def _register_fidelity(sub: argparse._SubParsersAction) -> None:
+    """``evolving calibrate`` and ``evolving fidelity`` (replay/fidelity/)."""
+    register_fidelity(sub)
 
 
 # --------------------------------------------------------------------------- trace

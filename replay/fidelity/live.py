@@ -1,0 +1,91 @@
+"""One stack served live: ``evolving up --engines torch:N`` with the stack's planner, router,
+eviction, KV pool and start split, the scaled sessions replayed through its gateway by the
+driver of ``evolving drive`` (prompts sent as token ids, so lengths and shared prefixes are
+the trace's exactly), then ``up`` stopped and its recorder's DuckDB log returned.
+
+The stack's parts come from the simulator's own description of it (replay/sim/stacks.py
+``Stack.core_config``), so the live run and the simulated one are configured from one source:
+
+=================  ===============================================================
+Stack part         ``evolving up`` option
+=================  ===============================================================
+planner + kwargs   ``--planner NAME --planner-arg K=V`` (warm-up, window, mechanism, split)
+router + kwargs    ``--router NAME --router-arg K=V``
+start split        ``--prefill P`` (the first P engines prefill, the rest decode)
+eviction           ``--engine-arg=--eviction=lru|count_aware``
+KV pool            ``--engine-arg=--fetch-mode=async|at_start|none``
+=================  ===============================================================
+
+Not a pure module: it starts processes and reads the clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from replay.sim.stacks import Stack
+from replay.traces.format import Session
+from services.drivers.gateway.drive import DriveConfig, Driver, DriveReport
+from services.drivers.soak.stack import Stack as UpStack
+
+
+@dataclass(frozen=True)
+class LiveRun:
+    stack: str
+    db: Path
+    report: DriveReport
+    ready_s: float  # up's start to every engine registered and the gateway answering
+    drive_s: float
+
+
+def _kv(kwargs: dict[str, Any], skip: Sequence[str]) -> list[str]:
+    return [f"{k}={json.dumps(v)}" for k, v in sorted(kwargs.items()) if k not in skip]
+
+
+def up_args(conf: dict[str, Any], stack: Stack, engines: int) -> list[str]:
+    """``evolving up`` options serving ``stack`` (module docstring) from its ``core_config``."""
+    planner = conf["planner"]["kwargs"]
+    router = conf["router"]["kwargs"]
+    args = ["--planner", stack.planner, *[f"--planner-arg={a}" for a in _kv(planner, ("name",))],
+            "--router", stack.router, *[f"--router-arg={a}" for a in _kv(router, ("name", "shadow"))],
+            f"--engine-arg=--eviction={stack.eviction}", f"--engine-arg=--fetch-mode={stack.fetch_mode}"]
+    roles = stack.initial_roles(engines)
+    if "prefill" in roles:
+        args += ["--prefill", str(roles.count("prefill"))]
+    return args
+
+
+async def run_live(stack: Stack, conf: dict[str, Any], sessions: Sequence[Session], *, engines: int,
+                   concurrency: int, run_dir: Path, model: str | None = None, vocab: int = 49152,
+                   extra: Sequence[str] = (),
+                   start_timeout_s: float = 300.0, request_timeout_s: float = 300.0) -> LiveRun:
+    """Serve ``sessions`` on a live ``stack`` of ``engines`` torch engines (prompt ids below
+    ``vocab``, the model's vocabulary size); the log's path."""
+    args = up_args(conf, stack, engines)
+    if model:
+        args += ["--model", model]
+    up = UpStack(run_dir=run_dir, engines=f"torch:{engines}", up_args=[*args, *extra],  # type: ignore[arg-type]
+                 start_timeout_s=start_timeout_s)
+    t0 = time.monotonic()
+    try:
+        await up.start()
+        ready_s = time.monotonic() - t0
+        cfg = DriveConfig(gateway=up.gateway, concurrency=concurrency, model="evolving",
+                          timeout_s=request_timeout_s, run_id=f"fid-{stack.name}-", wait_s=30.0, token_ids=vocab)
+        t1 = time.monotonic()
+        report = await Driver(cfg).run(list(sessions))
+        drive_s = time.monotonic() - t1
+        await up.stop()
+    finally:
+        up.kill()
+    return LiveRun(stack.name, up.db, report, ready_s, drive_s)
+
+
+def run_live_sync(*a, **kw) -> LiveRun:
+    return asyncio.run(run_live(*a, **kw))

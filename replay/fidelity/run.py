@@ -1,0 +1,239 @@
+"""``evolving fidelity``: the same scaled real sessions served live and simulated, per stack.
+
+1. **Sessions.** The trace's sessions shrunk until CPU torch engines serve them in minutes
+   (replay/fidelity/workload.py; the scaling is printed). The *test* sessions are the first
+   ``--sessions`` that fit after the ``--calibration-sessions`` used for calibration: the
+   comparison is on sessions the profile never saw.
+2. **Profile.** ``--profile FILE`` (or a name), or ``--calibration-log LOG`` fitted by
+   ``evolving calibrate``'s code, or (default) a live ``evolving`` run on the calibration sessions,
+   fitted and written to ``OUT_DIR/calibrated.toml``.
+3. **Per stack**: a live run (replay/fidelity/live.py: ``evolving up --engines torch:N``, the
+   sessions through its gateway) and a simulated run of the same sessions on the profile with
+   the same configuration (replay/fidelity/compare.py); both logs are kept in ``--out-dir``.
+4. **Table**: per stack and metric, live and simulated, and how far apart (the issue's bar is
+   +-25% on throughput and P50 / P95 TTFT), then whether the stacks rank the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from engine.profiles import load_profile
+from replay.fidelity.calibrate import calibrate_log, format_calibration, profile_toml
+from replay.fidelity.compare import (
+    GATED,
+    TOLERANCE,
+    metrics_of,
+    off_by,
+    planner_offset_s,
+    ranking,
+    rows,
+    run_sim,
+    sim_warmup_s,
+)
+from replay.fidelity.live import LiveRun, run_live
+from replay.fidelity.workload import Scaling, scaled_sessions, workload_figures
+from replay.sim.simlog import SimLog
+from replay.sim.simulation import SimConfig
+from replay.sim.stacks import get_stack
+from services.adapters.eventlog import DuckDbEventLog
+from services.drivers.gateway.drive import DriveReport
+
+#: the torch run's planner keywords (services/drivers/up/models.py TORCH_PLANNER_DEFAULTS), given
+#: to both sides explicitly so the simulated planner is configured as the live one
+PLANNER_ARGS = {"window_s": 10, "slices": 2, "cooldown_s": 60}
+
+
+#: SmolLM2-135M's vocabulary (the torch engines' default model, a GGUF file)
+SMOLLM2_VOCAB = 49152
+
+
+def vocab_of(model: str | None) -> int:
+    """The vocabulary size of ``--model``: a Hugging Face folder's ``config.json``; SmolLM2's for the
+    default model or a GGUF file (prompt ids are drawn below it)."""
+    cfg = Path(model or "") / "config.json"
+    if model and cfg.is_file():
+        return int(json.loads(cfg.read_text())["vocab_size"])
+    return SMOLLM2_VOCAB
+
+
+def scaling_of(args) -> Scaling:
+    return Scaling(sessions=args.sessions, concurrency=args.concurrency, turns=args.turns, tokens=args.token_scale,
+                   output=args.output_scale, max_output=args.max_output, pause=args.pause_scale,
+                   skip=args.calibration_sessions)
+
+
+def read_events(db: Path) -> list:
+    with DuckDbEventLog(str(db), read_only=True) as log:
+        return [ev for _, _, ev in log.read()]
+
+
+def stack_of(name: str, engines: int, warmup_s: float):
+    """The stack with its start split fitted to ``engines`` and the torch planner keywords."""
+    st = get_stack(name)
+    st = replace(st, planner_args={**st.planner_args, **PLANNER_ARGS})
+    return st, SimConfig(nodes=engines, warmup_s=warmup_s, duration_s=3600.0)
+
+
+def write_sim_log(path: Path, events: list, config: dict) -> None:
+    rec = SimLog(path, config=config)
+    try:
+        for i, e in enumerate(events, start=1):
+            rec(i, e)
+    finally:
+        rec.close()
+
+
+class Fidelity:
+    """One ``evolving fidelity`` run (module docstring)."""
+
+    def __init__(self, args, console: Console) -> None:
+        self.args, self.console = args, console
+        self.out = Path(args.out_dir) if args.out_dir else Path(tempfile.mkdtemp(prefix="fidelity-"))
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.scaling = scaling_of(args)
+        self.notes: list[str] = []
+
+    def sessions(self):
+        from replay.traces.importers.spec import load_workload  # lazy: evolving --help (the importers)
+
+        real = load_workload(str(self.args.trace)).sessions
+        test = scaled_sessions(real, self.scaling)
+        cal = scaled_sessions(real, replace(self.scaling, skip=0, sessions=self.args.calibration_sessions))
+        if len(test) < self.scaling.sessions:
+            self.notes.append(f"only {len(test)} sessions fit after the calibration ones (asked {self.scaling.sessions})")
+        return cal, test
+
+    async def calibrate(self, cal_sessions, progress, task) -> tuple[Any, str]:
+        a = self.args
+        if a.profile:
+            return load_profile(a.profile), f"profile {a.profile} (given)"
+        log = Path(a.calibration_log) if a.calibration_log else None
+        kept = self.out / "calibration" / "run.duckdb"
+        if log is None and a.reuse_live and kept.exists():
+            log = kept
+        if log is None:
+            st, cfg = stack_of("evolving", a.engines, a.warmup_s)
+            conf = st.core_config(load_profile("gb300-glm52"), cfg)
+            progress.update(task, description=f"calibration run (live evolving, {len(cal_sessions)} sessions)")
+            lr = await run_live(st, conf, cal_sessions, engines=a.engines, concurrency=a.concurrency,
+                                run_dir=self.out / "calibration", model=a.model, vocab=vocab_of(a.model))
+            log = lr.db
+        cal = calibrate_log(log)
+        path = self.out / "calibrated.toml"
+        path.write_text(profile_toml(cal, "calibrated-torch"))
+        self.console.print(format_calibration(cal))
+        return load_profile(str(path)), f"calibrated from {log} -> {path}"
+
+    async def one_stack(self, name: str, profile, test_sessions) -> tuple[list[dict], dict]:
+        a = self.args
+        st, cfg = stack_of(name, a.engines, a.warmup_s)
+        conf = st.core_config(profile, cfg)
+        safe = name.replace(":", "_").replace("+", "_")
+        kept = self.out / f"live-{safe}" / "run.duckdb"
+        if a.reuse_live and kept.exists():  # the simulator side again, on the live log already kept
+            lr = LiveRun(name, kept, DriveReport(), float("nan"), float("nan"))
+        else:
+            lr = await run_live(st, conf, test_sessions, engines=a.engines, concurrency=a.concurrency,
+                                run_dir=self.out / f"live-{safe}", model=a.model, vocab=vocab_of(a.model))
+        live_events = read_events(lr.db)
+        offset = planner_offset_s(live_events)
+        warm = sim_warmup_s(a.warmup_s, offset)
+        sim_events = run_sim(profile, st, test_sessions, nodes=a.engines, concurrency=a.concurrency, warmup_s=warm,
+                             planner_args=PLANNER_ARGS, seed=a.seed)
+        write_sim_log(self.out / f"sim-{safe}.duckdb", sim_events,
+                      {"driver": "fidelity", "stack": st.describe(), "profile": profile.name, "nodes": a.engines,
+                       "warmup_s": warm, **conf})
+        live_m, sim_m = metrics_of(live_events, name), metrics_of(sim_events, name)
+        info = {"stack": name, "live_log": str(lr.db), "sim_log": str(self.out / f"sim-{safe}.duckdb"),
+                "ready_s": round(lr.ready_s, 1), "drive_s": round(lr.drive_s, 1),
+                "requests_failed": len(lr.report.failed), "planner_offset_s": round(offset, 2),
+                "sim_warmup_s": round(warm, 2), "unfinished_live": live_m.submitted - live_m.finished,
+                "unfinished_sim": sim_m.submitted - sim_m.finished}
+        return rows(name, live_m, sim_m), info
+
+    async def run(self) -> dict:
+        a = self.args
+        cal_sessions, test = self.sessions()
+        stacks = [s.strip() for s in a.stacks.split(",") if s.strip()]
+        fig = workload_figures(test)
+        self.console.print(f"scaling: {self.scaling.describe()}")
+        self.console.print(f"test sessions: {fig['sessions']} sessions, {fig['requests']} requests, "
+                           f"{fig['prompt_tokens']} prompt tokens, {fig['output_tokens']} output tokens; "
+                           f"{a.engines} torch engines per stack")
+        progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=self.console, transient=True)
+        out_rows: list[dict] = []
+        infos: list[dict] = []
+        t0 = time.monotonic()
+        with progress:
+            task = progress.add_task("profile", total=1 + len(stacks))
+            profile, prof_src = await self.calibrate(cal_sessions, progress, task)
+            progress.advance(task)
+            for name in stacks:
+                progress.update(task, description=f"{name}: live run + simulation")
+                r, info = await self.one_stack(name, profile, test)
+                out_rows += r
+                infos.append(info)
+                progress.advance(task)
+        live_rank, sim_rank = ranking(out_rows)
+        return {"rows": out_rows, "stacks": infos, "scaling": asdict(self.scaling), "workload": fig,
+                "profile": prof_src, "ranking": {"live": live_rank, "sim": sim_rank, "same": live_rank == sim_rank},
+                "out_dir": str(self.out), "wall_s": round(time.monotonic() - t0, 1), "notes": self.notes}
+
+
+def format_report(res: dict) -> str:
+    lines = [f"profile: {res['profile']}",
+             f"{'stack':<14} {'metric':<15} {'live':>10} {'sim':>10} {'sim/live-1':>11}"]
+    for r in res["rows"]:
+        d = off_by(r["live"], r["sim"])
+        flag = " *" if d is not None and abs(d) > TOLERANCE and r["metric"] in GATED else ""
+        fmt = lambda v: "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
+        lines.append(f"{r['stack']:<14} {r['metric']:<15} {fmt(r['live']):>10} {fmt(r['sim']):>10} "
+                     f"{'-' if d is None else f'{d:+.0%}':>11}{flag}")
+    rk = res["ranking"]
+    lines.append(f"ranking by throughput: live {' > '.join(rk['live'])}; sim {' > '.join(rk['sim'])} "
+                 f"({'same' if rk['same'] else 'different'})")
+    lines.append(f"* = off by more than {TOLERANCE:.0%} on a gated metric ({', '.join(GATED)})")
+    for s in res["stacks"]:
+        lines.append(f"{s['stack']}: live log {s['live_log']}, sim log {s['sim_log']}; up ready {s['ready_s']} s, "
+                     f"drive {s['drive_s']} s, {s['requests_failed']} failed; sim warm-up {s['sim_warmup_s']} s")
+    lines += [f"note: {n}" for n in res["notes"]]
+    return "\n".join(lines)
+
+
+def cmd_fidelity(args) -> int:
+    console = Console(stderr=True) if args.json else Console()
+    res = asyncio.run(Fidelity(args, console).run())
+    if args.json:
+        print(json.dumps(res, indent=2))
+    else:
+        console.print(format_report(res), highlight=False)
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    cal = calibrate_log(args.log)
+    if cal.prefill is None and cal.decode is None:
+        print(f"error: {args.log}: no engine iterations to fit ({'; '.join(cal.notes)})", file=sys.stderr)
+        return 1
+    text = profile_toml(cal, args.name or Path(args.out).stem, base=args.base)
+    Path(args.out).write_text(text)
+    load_profile(args.out)  # the file is one the simulator reads
+    if args.json:
+        print(json.dumps({"calibration": asdict(cal), "out": args.out}, indent=2, default=str))
+    else:
+        print(format_calibration(cal))
+        print(f"wrote {args.out} (evolving replay --profile {args.out})")
+    return 0
+

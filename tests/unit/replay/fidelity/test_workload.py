@@ -1,0 +1,85 @@
+"""The fidelity workload (replay/fidelity/workload.py), the driver's id prompts and the
+comparison's window, on the bundled real sessions."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import pytest
+
+from events.catalog import RequestFinished, RequestSubmitted, Tick
+from replay.fidelity.compare import off_by, planner_offset_s, ranking, sim_warmup_s, window
+from replay.fidelity.workload import Scaling, scale_session, scaled_sessions, workload_figures
+from services.drivers.gateway.drive import synth_ids
+
+FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "traces" / "weka-claude-code"
+
+
+@pytest.fixture(scope="module")
+def real():
+    from replay.traces.importers.spec import load_workload
+
+    return load_workload(str(FIXTURES)).sessions
+
+
+def shared(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def test_token_lengths_shrink_and_prefixes_stay_the_traces(real):
+    sc = Scaling(turns=6, tokens=16, output=8, max_output=20, pause=0.1)
+    s = real[0]
+    small = scale_session(s, sc)
+    big = [r for _, _, r in s.requests()][:6]
+    got = [r for _, _, r in small.requests()]
+    assert len(got) == len(big) and small.block_tokens == 64
+    for r0, r1 in zip(big, got, strict=True):
+        tokens0 = len(r0.blocks) * s.block_tokens + r0.tail_tokens
+        tokens1 = len(r1.blocks) * 64 + r1.tail_tokens
+        assert abs(tokens1 - tokens0 / 16) <= 64, (tokens0, tokens1)  # / 16, up to the merged leftover
+        assert 1 <= r1.output_tokens <= 20
+    for (a0, b0), (a1, b1) in zip(itertools.pairwise(big), itertools.pairwise(got), strict=True):
+        # two prompts sharing m trace blocks of 64 share m // 16 merged blocks
+        assert shared(a1.blocks, b1.blocks) == shared(a0.blocks, b0.blocks) * s.block_tokens // (64 * 16)
+
+
+def test_scaled_sessions_fit_the_context_and_skip_the_calibration_ones(real):
+    sc = Scaling(sessions=2, turns=3, tokens=64, context_tokens=8192)
+    first = scaled_sessions(real, sc)
+    after = scaled_sessions(real, Scaling(sessions=2, turns=3, tokens=64, skip=1))
+    assert len(first) == 2 and after[0].id == first[1].id  # the held-out set starts after the skipped one
+    for s in first:
+        for _, _, r in s.requests():
+            assert len(r.blocks) * 64 + r.tail_tokens + r.output_tokens <= 8192
+    fig = workload_figures(first)
+    assert fig["sessions"] == 2 and fig["requests"] == 6 and fig["prompt_tokens"] > 0
+
+
+def test_id_prompts_have_exact_lengths_and_equal_blocks_give_equal_ids():
+    a = synth_ids([11, 22], 5, 64, "r1", vocab=384)
+    b = synth_ids([11, 33], 7, 64, "r2", vocab=384)
+    assert len(a) == 133 and len(b) == 135
+    assert a[:64] == b[:64] and a[64:128] != b[64:128]  # the shared block, then not
+    assert all(384 // 8 <= x < 384 for x in a + b)  # clear of the control tokens, inside the vocabulary
+
+
+def test_window_offset_and_ranking():
+    ev = [Tick(ts=100.0, src="planner"),
+          RequestSubmitted(ts=112.0, src="gw", request="a", branch="b", prompt_tokens=1, blocks=[]),
+          RequestFinished(ts=130.0, src="n0", request="a", node="n0")]
+    t0, t1 = window(ev)
+    assert t0 == 112.0 and t1 == pytest.approx(130.0)
+    assert planner_offset_s(ev) == 12.0
+    assert sim_warmup_s(30.0, 12.0) == 18.0 and sim_warmup_s(10.0, 12.0) == 1.0
+    assert off_by(2.0, 2.5) == 0.25 and off_by(0, 1.0) is None and off_by(None, 1.0) is None
+    rows = [{"stack": "x", "metric": "throughput_rps", "live": 1.0, "sim": 2.0},
+            {"stack": "y", "metric": "throughput_rps", "live": 1.5, "sim": 1.0}]
+    assert ranking(rows) == (["y", "x"], ["x", "y"])
+    assert not math.isnan(t1)
