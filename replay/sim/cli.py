@@ -91,7 +91,8 @@ def add_run_args(p: argparse.ArgumentParser, default_duration: str = "1h", defau
                       help="fixed concurrency, finished agents replaced (default: the workload's, 126 for traces)")
     load.add_argument("--arrivals", type=float, default=None, help="open arrivals: agents per minute")
     p.add_argument("--nodes", type=int, default=9)
-    p.add_argument("--profile", default=None, help="deploy/profiles/<name>.toml (default by workload)")
+    p.add_argument("--profile", default=None, help="deploy/profiles/<name>.toml, or a path to a profile file "
+                   "(evolving calibrate writes one from a live run; default by workload)")
     p.add_argument("--duration", type=parse_duration, default=parse_duration(default_duration),
                    help="measured time after the warm-up (e.g. 1h, 20m)")
     p.add_argument("--warmup", type=parse_duration, default=parse_duration(default_warmup))
