@@ -15,6 +15,17 @@ ROUTER_GROUP = "evolving.routers"
 PLANNER_GROUP = "evolving.planners"
 
 
+#: Other names a command line accepts for a built-in plug-in -> its one canonical name, the one
+#: recorded in run_config and in events. The least-TTFT router is ``evolving`` (the stack it
+#: belongs to, as the planner); ``least_ttft`` names its policy, as ``cache_aware`` does.
+SYNONYMS: dict[str, dict[str, str]] = {ROUTER_GROUP: {"least_ttft": "evolving"}}
+
+
+def canonical(group: str, name: str) -> str:
+    """``name``'s canonical plug-in name in ``group`` (itself unless it is a synonym)."""
+    return SYNONYMS.get(group, {}).get(name, name)
+
+
 class PluginNotFound(LookupError):
     pass
 
@@ -24,7 +35,8 @@ def available(group: str) -> dict[str, object]:
 
 
 def load(group: str, name: str):
-    """The class (or factory) registered as ``name`` in ``group``."""
+    """The class (or factory) registered as ``name`` (or a synonym of it) in ``group``."""
+    name = canonical(group, name)
     eps = available(group)
     if name not in eps:
         known = ", ".join(sorted(eps)) or "none"

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.adapters.bus.security import READS
+from services.adapters.plugins import PLANNER_GROUP, ROUTER_GROUP, canonical
 from services.adapters.recipes import CORES, CoreRecipe
 
 
@@ -97,6 +98,7 @@ class ServiceKind:
     publishes: tuple[str, ...]  # subjects, ``<p>`` the partition
     options: tuple[Option, ...] = ()
     plugin: str | None = None  # the option naming its plug-in (``--router``; ``--router-arg`` K=V)
+    group: str | None = None  # that plug-in's entry-point group (its synonyms resolve there)
     ticks: bool = False  # publishes Tick every --tick-s (the adapter's clock)
     shadow_publishes: tuple[str, ...] = ()  # with ``--shadow NAME`` instead of ``publishes``
     runner_args: tuple[str, ...] = ()  # options recorded in the runner's config besides the entry
@@ -120,7 +122,10 @@ class ServiceKind:
         """The run_config entry of this service's own core, from its options."""
         if self.plugin is None:
             return {}
-        return {"plugin": getattr(args, self.plugin), "kwargs": parse_kv(getattr(args, f"{self.plugin}_arg"))}
+        name = getattr(args, self.plugin)
+        if self.group is not None:
+            name = canonical(self.group, name)  # the run_config records the canonical name
+        return {"plugin": name, "kwargs": parse_kv(getattr(args, f"{self.plugin}_arg"))}
 
     def configure(self, args) -> ServiceConfig:
         entry = self.entry(args)
@@ -152,17 +157,18 @@ SERVICES: dict[str, ServiceKind] = {
                 help="Tick ts = epoch + (wall - epoch) * scale (match the engines' --time-scale)"),
             opt("--clock-epoch", type=float, default=None, help="epoch of the scaled clock (default: now)"),
         ),
-        plugin="planner", ticks=True, runner_args=("heartbeat_timeout_s",)),
+        plugin="planner", group=PLANNER_GROUP, ticks=True, runner_args=("heartbeat_timeout_s",)),
     "router": ServiceKind(
         "router", "router", (Fold("router"),), ("ei.<p>.route", "ei.<p>.anomaly.router_<policy>"),
         options=(
-            opt("--router", default="evolving", help="router plug-in name (evolving.routers)"),
+            opt("--router", default="evolving",
+                help="router plug-in name (evolving.routers; least_ttft: a synonym of evolving)"),
             opt("--router-arg", action="append", default=[], metavar="K=V",
                 help="router constructor keyword (repeatable)"),
             opt("--shadow", default=None, metavar="NAME",
                 help="run in shadow under this name: decisions go to ei.<p>.shadow.NAME.>"),
         ),
-        plugin="router", shadow_publishes=("ei.<p>.shadow.<name>.route", "ei.<p>.anomaly.router_<name>")),
+        plugin="router", group=ROUTER_GROUP, shadow_publishes=("ei.<p>.shadow.<name>.route", "ei.<p>.anomaly.router_<name>")),
     "recorder": ServiceKind(
         "recorder", "recorder", (), (),
         options=(

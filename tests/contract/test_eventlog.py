@@ -69,7 +69,7 @@ ONE_OF_EACH = [
     RequestFinished(ts=2.2, request="r1", node="n2", output_tokens=20, error=""),
     RouteDecided(ts=1.05, src="router", request="r1", prefill_node="n1", decode_node="n2", t_c=128, t_uc=172,
                  fetch_plan=[FetchStep(src_node="n3", first_block=2, n_blocks=1)], predicted_ttft_s=0.1 + 0.2,
-                 policy="least_ttft", scores=[NodeScore(node="n1", score=0.3, t_c=128, queue_s=0.01)],
+                 policy="evolving", scores=[NodeScore(node="n1", score=0.3, t_c=128, queue_s=0.01)],
                  branch="b1"),
     KvStageOrdered(ts=2.2, src="router", request="r1", src_node="n2", dst_node="n1", branch="b1", tier="L2",
                    predicted_ttft_s=0.05, policy="prestage"),
@@ -169,12 +169,12 @@ class EventLogContract(abc.ABC):
     def test_state_survives_reopen(self, tmp_path):
         log = self.make(tmp_path)
         log.append(ticks([1, 2]))
-        log.set_run_config({"router": {"plugin": "least_ttft", "kwargs": {"name": "r", "shadow": False}}})
+        log.set_run_config({"router": {"plugin": "evolving", "kwargs": {"name": "r", "shadow": False}}})
         log = self.reopen(log, tmp_path)
         assert log.last_seq() == 2
         assert log.append(ticks([2, 3])) == 1
         assert [s for s, _, _ in log.read()] == [1, 2, 3]
-        assert log.run_config() == {"router": {"plugin": "least_ttft", "kwargs": {"name": "r", "shadow": False}}}
+        assert log.run_config() == {"router": {"plugin": "evolving", "kwargs": {"name": "r", "shadow": False}}}
 
     def test_run_config_upserts_keys(self, tmp_path):
         log = self.make(tmp_path)

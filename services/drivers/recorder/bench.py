@@ -66,7 +66,7 @@ def workload(n_requests: int, seed: int = 7, blocks_per_request: int = 1000) -> 
             RequestSubmitted(ts=ts, src="gw", request=req, branch=branch, blocks=blocks,
                              prompt_tokens=64 * blocks_per_request + 17, max_tokens=300),
             RouteDecided(ts=ts, src="router", request=req, prefill_node=p, decode_node=d, t_c=48000,
-                         t_uc=16017, predicted_ttft_s=0.8, policy="least_ttft", branch=branch,
+                         t_uc=16017, predicted_ttft_s=0.8, policy="evolving", branch=branch,
                          fetch_plan=[FetchStep(src_node=nodes[5], first_block=600, n_blocks=150)],
                          scores=[NodeScore(node=n, score=rng.random(), t_c=rng.randrange(64000))
                                  for n in nodes[:4]]),

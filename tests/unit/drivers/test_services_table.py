@@ -122,3 +122,10 @@ def test_a_plug_in_that_does_not_load_is_one_line():
     with pytest.raises(serve.PluginLoadError, match="cannot load planner plug-in 'static': ValidationError"):
         serve.build_runner("planner", _args("planner", "--planner", "static", "--planner-arg", "bogus=1"),
                            InMemoryBus("p"))
+
+
+def test_least_ttft_is_a_synonym_of_the_evolving_router_and_the_log_records_evolving():
+    r = serve.build_runner("router", _args("router", "--router", "least_ttft"), InMemoryBus("p"))
+    assert r.cfg.config["plugin"] == "evolving"
+    assert type(r.make_core()) is resolve(ROUTERS["evolving"])
+    assert SERVICES["router"].entry(_args("router", "--router", "cache_aware"))["plugin"] == "cache_aware"
