@@ -4,8 +4,8 @@ our simulator's stacks on the same trace, the same request count and the same en
 
 1. The trace: the first ``--sessions`` sessions of ``--trace`` (the bundled real Claude Code
    sessions), each cut to its first ``--turns`` requests, exported as Mooncake JSONL with
-   ``--block-tokens`` blocks (``evolving trace export mooncake``'s code); both sides read that
-   one file, the recorded pauses included.
+   ``--block-tokens`` blocks (``evolving trace export mooncake``'s code) after ``--pace`` (the
+   README demo's ``agent:60:10`` by default); both sides read that one file, pauses included.
 2. The engine: :func:`~services.drivers.bench.dynamo_model.equalised_profile` of ``--profile``
    on our side, the same model as the mocker's profiling data (NPZ) and limits on Dynamo's.
 3. Dynamo: ``dynamo.replay.run_trace_replay`` (its KV router, ``--prefill`` prefill and
@@ -91,11 +91,11 @@ def write_trace(spec: OfflineSpec, path: Path) -> int:
 
 
 def figures(ttft_s: list[float], e2e_s: list[float], span_s: float, hit: float, wall_s: float,
-            cpu_s: float, prefill_done_s: list[float] | None = None) -> dict[str, float]:
+            cpu_s: float, prefill_done_s: list[float] | None = None, requests: int | None = None) -> dict[str, float]:
     """``prefill_done_s``: arrival to the end of the prefill, where it differs from the TTFT (Dynamo's
     disaggregated TTFT is the decode worker's first token, after the KV transfer; our simulator's is
     the prefill's own first token: docs/experiments.md, "Against the real Dynamo")."""
-    n = len(ttft_s)
+    n = len(ttft_s) if requests is None else requests
     done = ttft_s if prefill_done_s is None else prefill_done_s
     return {"throughput_rps": n / span_s if span_s > 0 else float("nan"),
             "ttft_p50_s": float(np.percentile(ttft_s, 50)), "ttft_p95_s": float(np.percentile(ttft_s, 95)),
@@ -119,14 +119,18 @@ def run_dynamo(spec: OfflineSpec, trace: Path, prof: Profile, work: Path,
         raise RuntimeError(f"the Dynamo replay failed (rc {r.returncode}): {r.stderr.strip()[-2000:]}")
     out = json.loads((work / "out.json").read_text())
     reqs = [q for q in out["requests"] if q.get("terminal_status") == "completed"]
-    ttft = [q["ttft_ms"] / 1000.0 for q in reqs]
-    e2e = [q["e2e_latency_ms"] / 1000.0 for q in reqs]
+    # a request with no output token (output_length 0 in the trace) has no TTFT / E2E in Dynamo's report
+    timed = [q for q in reqs if q["ttft_ms"] is not None and q["e2e_latency_ms"] is not None]
+    ttft = [q["ttft_ms"] / 1000.0 for q in timed]
+    e2e = [q["e2e_latency_ms"] / 1000.0 for q in timed]
     t0 = min(q["arrival_time_ms"] for q in reqs)
-    span = max(q["arrival_time_ms"] + q["e2e_latency_ms"] for q in reqs) - t0
+    span = max(q["arrival_time_ms"] + q["e2e_latency_ms"] for q in timed) - t0
     hit = sum(q["reused_input_tokens"] for q in reqs) / sum(q["input_length"] for q in reqs)
-    done = [(q["source_held_ms"] - q["arrival_time_ms"]) / 1000.0 for q in reqs if q.get("source_held_ms") is not None]
+    done = [(q["source_held_ms"] - q["arrival_time_ms"]) / 1000.0 for q in timed if q.get("source_held_ms") is not None]
+    if len(timed) < len(reqs):
+        out["untimed"] = len(reqs) - len(timed)
     return figures(ttft, e2e, span / 1000.0, hit, out["wall_s"], out["cpu_s"],
-                   done if len(done) == len(reqs) else None), out
+                   done if len(done) == len(timed) else None, requests=len(reqs)), out
 
 
 def run_ours(spec: OfflineSpec, trace: Path, prof: Profile, stack_name: str) -> tuple[dict[str, float], object]:
@@ -165,6 +169,9 @@ def run_offline(spec: OfflineSpec, python: Path = DYNAMO_PYTHON, work: Path | No
             version = out["version"]
             if len(out["requests"]) != n:
                 notes.append(f"Dynamo replayed {len(out['requests'])} of the trace's {n} requests")
+            if out.get("untimed"):
+                notes.append(f"dynamo: {out['untimed']} request(s) with no output token have no TTFT / E2E (left out of "
+                             "its latency figures)")
         else:
             notes.append(f"no dynamo row: {why}")
         for st in spec.stacks:
