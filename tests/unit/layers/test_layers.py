@@ -44,7 +44,7 @@ LAYER_OF = {
     # `up` starts engine workers and `bench` runs the simulator: what those need from the apps
     # (bus options, the table of cores) lives lower down, never here
     "services.drivers": APPS,
-    "engine.worker": DRIVERS,  # the node worker process, engine/worker/ (ARCHITECTURE.md puts it in engine/)
+    "engine.worker": DRIVERS,  # the node worker process: a loop over an engine backend, started by `up`
     "replay": DRIVERS,
     "replay.cli": APPS,  # the simulator's `evolving` subcommands, registered by services/drivers/cli.py
     "replay.fidelity": APPS,  # drives a live stack through the gateway and the simulator side by side
