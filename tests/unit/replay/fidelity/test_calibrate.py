@@ -126,3 +126,22 @@ def test_too_few_iterations_are_not_fitted_and_say_so():
     assert cal.prefill is None and cal.decode is None
     assert any("not fitted" in n for n in cal.notes)
     assert fit_link("x", [1, 2], [1, 2]) is None  # under 3 samples
+
+
+def test_dispersed_timings_are_scaled_to_their_measured_total():
+    """Right-skewed noise (a loaded machine: most iterations near the model, some far slower):
+    the relative NNLS alone predicts short; the profile's coefficients carry the scale that makes
+    the fit's total the measured total, so the simulator's busy time is the measured one."""
+    rng = np.random.default_rng(1)
+    ev = []
+    for i in range(200):
+        B, ctx = int(rng.integers(1, 9)), int(rng.integers(100, 8000))
+        slow = rng.lognormal(0.0, 0.8)  # median 1, mean ~1.38
+        ev.append(IterationDone(ts=float(i), src="n0", node="n0", phase="decode", batch=B, sum_t_c=ctx,
+                                duration_s=(D["d0"] + D["d2"] * B + D["d_ctx"] * ctx) * slow))
+    cal = calibrate_events(ev)
+    fit = cal.decode
+    assert fit.mean_scale > 1.2  # the relative fit alone fell short of the total
+    pred = sum(fit.coef("d0") + fit.coef("d2") * e.batch + fit.coef("d_ctx") * e.sum_t_c for e in ev)
+    assert pred == pytest.approx(sum(e.duration_s for e in ev), rel=1e-9)
+    assert fit.residual_rsd > 0.5  # the simulator's noise says how dispersed they were
