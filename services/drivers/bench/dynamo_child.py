@@ -26,7 +26,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 def main(spec_path: str, out_path: str) -> int:
     with open(spec_path) as f:
         spec = json.load(f)
-    from dynamo.replay import run_trace_replay
+    from dynamo.replay import run_trace_replay  # lazy: after the path fix above, only in .venv-dynamo
 
     kw = {"router_mode": spec.get("router_mode", "kv_router"), "trace_block_size": spec["block_size"],
           "trace_format": "mooncake", "replay_concurrency": spec.get("concurrency"), "capture_per_request": True}
