@@ -14,7 +14,8 @@ header (``x-branch-mode``), or is ``null`` when no single field is at fault.
 Parameters fall in three groups (docs/gateway.md, "Parameters"):
 
 - **honoured**: ``model``, ``messages`` / ``prompt``, ``max_tokens`` / ``max_completion_tokens``,
-  ``stream``, ``stream_options.include_usage``, ``n: 1``, ``ignore_eos``, ``min_tokens``,
+  ``stream``, ``stream_options.include_usage``, ``stream_options.continuous_usage_stats`` (vLLM's and
+  SGLang's: usage on every chunk), ``n: 1``, ``ignore_eos``, ``min_tokens``,
   ``tools`` (function definitions, rendered into the prompt by the chat template),
   ``tool_choice`` (``"none"`` / ``"auto"``; ``"required"`` or a named function: the engine's
   output is constrained to one call, ``constraints``), ``response_format`` ``json_object`` /
@@ -36,7 +37,11 @@ Parameters fall in three groups (docs/gateway.md, "Parameters"):
 Any other top-level field is **ignored**: dropped before validation, its name counted in
 ``ei_gateway_ignored_fields_total{api, field}`` and logged once per name (``ignored_fields``),
 never a 400: agent clients send fields newer than this gateway, and a 400 stops them at their
-first request. The known fields keep their strict type and range checks.
+first request. So are vLLM's and SGLang's own request fields this gateway does not apply
+(:data:`PEER_FIELDS`: ``skip_special_tokens``, ``add_special_tokens``, ``stop_token_ids``, ...: a
+benchmark client written for those servers sends them), and unknown keys inside
+``stream_options`` (counted as ``stream_options.<key>``). The known fields keep their strict type
+and range checks.
 
 Bad input (docs/gateway.md, "Bad input"): a body nested deeper than :data:`MAX_JSON_DEPTH` is a
 400 ``json_too_deep`` before it is decoded (``events.jsondepth`` scans the bytes), and whatever
@@ -99,8 +104,14 @@ TokenId = Annotated[int, Meta(ge=0, lt=2**31)]
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 
-class StreamOptions(Struct, forbid_unknown_fields=True):
+class StreamOptions(Struct):
+    """``stream_options``: ``include_usage`` (a last chunk with ``usage``, OpenAI) and
+    ``continuous_usage_stats`` (vLLM's and SGLang's extension: with ``include_usage``, a ``usage``
+    object on every chunk, its ``completion_tokens`` counting so far; vLLM's rule, which aiperf's
+    ``--per-chunk-usage`` relies on). Other keys are ignored and counted (:func:`convert`)."""
+
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
 class ContentPart(Struct):
@@ -214,6 +225,20 @@ class CompletionRequest(_Common, kw_only=True):
     suffix: str | None = None
 
 
+#: Request fields of vLLM's (0.32, ``ChatCompletionRequest`` / ``CompletionRequest``) and SGLang's
+#: (0.5.23) OpenAI servers that this gateway accepts and does not apply: dropped like any unknown
+#: field (counted in ``ei_gateway_ignored_fields_total``), listed here so the docs and a test can
+#: say that none of them is a 400. ``ignore_eos`` and ``min_tokens`` are honoured (fields above).
+PEER_FIELDS = ("add_generation_prompt", "add_special_tokens", "allowed_token_ids", "bad_words", "cache_salt",
+               "chat_template", "chat_template_kwargs", "continue_final_message", "documents",
+               "include_reasoning", "include_stop_str_in_output", "kv_transfer_params", "length_penalty",
+               "lora_path", "no_stop_trim", "priority", "prompt_logprobs", "regex", "ebnf", "rid",
+               "request_id", "return_hidden_states", "return_token_ids", "return_tokens_as_token_ids",
+               "separate_reasoning", "session_id", "session_params", "skip_special_tokens",
+               "spaces_between_special_tokens", "stop_token_ids", "stream_interval", "stream_reasoning",
+               "structured_outputs", "thinking_token_budget", "truncate_prompt_tokens", "truncation_side",
+               "use_beam_search", "vllm_xargs")
+
 #: sampling parameters accepted, range-checked and not applied (the others reach the engine)
 SAMPLING = ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 
@@ -307,6 +332,13 @@ def convert(obj: dict[str, Any], cls: type[Struct], ignored: list[str] | None = 
         obj = {k: v for k, v in obj.items() if k in fields}
         if ignored is not None:
             ignored.extend(sorted(unknown))
+    opts = obj.get("stream_options")
+    if isinstance(opts, dict) and "stream_options" in fields:  # a peer's newer stream option: ignored
+        extra = sorted(k for k in opts if k not in StreamOptions.__struct_fields__)
+        if extra:
+            obj = {**obj, "stream_options": {k: v for k, v in opts.items() if k not in extra}}
+            if ignored is not None:
+                ignored.extend(f"stream_options.{clip(k, 64)}" for k in extra)
     try:
         return msgspec.convert(obj, cls)
     except msgspec.ValidationError as exc:

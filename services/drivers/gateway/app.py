@@ -699,9 +699,11 @@ class Gateway:
                                                         timeout_s=wait, metrics=metrics)
                 return await anthropic_relay.collect(tsub, meta, end_branch, timeout_s=wait, metrics=metrics)
             if r.stream:
-                include_usage = r.stream_options is not None and r.stream_options.include_usage
+                opts = r.stream_options
+                include_usage = opts is not None and opts.include_usage
                 return await openai_relay.stream(req, tsub, meta, include_usage, end_branch,
-                                                 timeout_s=wait, metrics=metrics)
+                                                 timeout_s=wait, metrics=metrics,
+                                                 continuous_usage=include_usage and opts.continuous_usage_stats)
             return await openai_relay.collect(tsub, meta, end_branch, timeout_s=wait, metrics=metrics)
         finally:
             if chain and meta is not None and meta.reply:  # the reply the client will send back

@@ -1,7 +1,9 @@
 """The engine's tokens back as an OpenAI response (step 6 of app.py's lifecycle).
 
 ``collect``: one JSON body (``/v1/chat/completions``, ``/v1/completions``); ``stream``: SSE chunks
-(``stream: true``), the usage chunk when ``stream_options.include_usage``, then ``[DONE]``. Both
+(``stream: true``), the usage chunk when ``stream_options.include_usage``, then ``[DONE]``; with
+``continuous_usage_stats`` too (vLLM's rule) every chunk carries ``usage``, its
+``completion_tokens`` the tokens streamed so far. Both
 call ``before_done`` (the branch's end) before the client sees the end of the response. With a
 tool-call parser (``Meta.tools``), calls in the text become ``message.tool_calls`` / streamed
 ``delta.tool_calls`` (each call whole in one delta) and ``finish_reason`` ``tool_calls``.
@@ -42,7 +44,7 @@ async def collect(tsub, meta: Meta, before_done, *,
 
 
 async def stream(req: web.Request, tsub, meta: Meta, include_usage: bool, before_done, *,
-                  timeout_s: float, metrics: GatewayMetrics) -> web.StreamResponse:
+                  timeout_s: float, metrics: GatewayMetrics, continuous_usage: bool = False) -> web.StreamResponse:
     m = await next_token(tsub, meta, timeout_s)  # errors before the first byte are plain JSON errors
     if m.kind == "error":
         raise engine_failure(meta, m)
@@ -56,14 +58,20 @@ async def stream(req: web.Request, tsub, meta: Meta, include_usage: bool, before
             got += m.tokens
             text, calls = meta.split(m.text)
             if first or text or calls:  # a possible tool-call marker held back: nothing to say yet
-                await resp.write(sse(meta.chunk(text, None, first, m.simulated, calls)))
+                out = meta.chunk(text, None, first, m.simulated, calls)
+                if continuous_usage:
+                    out["usage"] = meta.usage(got)
+                await resp.write(sse(out))
             first = False
         elif m.kind == "done":
             got += m.tokens
             total = max(got, m.total)
             metrics.inc("ei_gateway_output_tokens_total", total)
             text, calls = meta.split(m.text + (sim_text(total - got) if total > got and m.simulated else ""), end=True)
-            tail = sse(meta.chunk(text, meta.finish_reason(m.finish_reason or "length"), first, m.simulated, calls))
+            out = meta.chunk(text, meta.finish_reason(m.finish_reason or "length"), first, m.simulated, calls)
+            if continuous_usage:
+                out["usage"] = meta.usage(total)
+            tail = sse(out)
             if include_usage:
                 tail += sse(meta.usage_chunk(total))
             break
