@@ -1,5 +1,5 @@
 """Hypothesis: the directory's compiled table kernels (``_native``: mark, touch, read, held_prefix,
-runs, fresh, dropped) give exactly what their numpy / Python definitions give (the code they
+runs, fresh, dropped, common_prefix) give exactly what their numpy / Python definitions give (the code they
 replaced in table.py, lookup.py and core.py), on random tables, slot lists and contexts."""
 
 from __future__ import annotations
@@ -96,6 +96,17 @@ def test_fresh_and_dropped_match_the_comprehensions(blocks, old, counted, exclud
         x for x in dict.fromkeys(blocks) if x not in counted]
     assert _native.dropped(old, counted, set(blocks), excluded) == [x for x in dict.fromkeys(old)
                                                                     if x in counted and x not in new]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(BLOCK, max_size=30), st.lists(BLOCK, max_size=30), st.integers(0, 30))
+def test_common_prefix_matches_its_definition(a, b, k):
+    b = a[:k] + b  # a shared head of any length, then anything
+    p = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    assert _native.common_prefix(a, b) == p
+    assert _native.common_prefix(tuple(a), b) == p
+    # equal values that are distinct int objects compare equal (not only identical ones)
+    assert _native.common_prefix([int(str(x)) for x in a], a) == len(a)
 
 
 @settings(max_examples=100, deadline=None)

@@ -40,3 +40,35 @@ def test_slots_follow_a_dict_model(ops):
         assert len(set(model.values())) == len(model) and 0 not in model.values()
         assert t.slots(PROBE, len(PROBE)).tolist() == [model.get(k, 0) for k in PROBE]
         assert len(t.index) == len(model)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(KEY, max_size=80), st.lists(KEY, max_size=80), st.lists(KEY, max_size=80))
+def test_ensure_of_a_stale_probe_equals_a_fresh_one(seed, between, keys):
+    """``ensure(keys, s)`` with ``s`` probed before other blocks were allocated (the fold's
+    cached slots, exact while no slot is freed; the compiled pass re-probes each 0)
+    gives what a fresh ``ensure(keys)`` gives, and leaves the same table behind (free slots
+    reused in the same order)."""
+    a, b = BlockTable(), BlockTable()
+    for t in (a, b):
+        t.ensure(seed)
+        t.release(t.slots(seed[::3], len(seed[::3])))
+    stale = a.slots(keys, len(keys))
+    for t in (a, b):
+        t.ensure(between)
+    assert a.ensure(keys, stale).tolist() == b.ensure(keys).tolist()
+    assert (a.size, a.free) == (b.size, b.free)
+    assert a.slots(PROBE, len(PROBE)).tolist() == b.slots(PROBE, len(PROBE)).tolist()
+
+
+def test_a_hash_outside_64_bits_allocates_nothing():
+    t = BlockTable()
+    t.ensure([1, 2])
+    for bad in ([3, 2**64], [3, -1]):
+        try:
+            t.ensure(bad)
+        except OverflowError:
+            pass
+        else:
+            raise AssertionError(f"{bad} was allocated")
+        assert (t.size, len(t.index), t.find(3)) == (3, 2, None)

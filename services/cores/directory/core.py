@@ -60,6 +60,7 @@ from events.catalog import (
     RouteDecided,
 )
 from events.ids import BlockHash, BranchId, NodeId, Tier
+from services.cores.directory._native import common_prefix
 from services.cores.directory._native import dropped as dropped_blocks
 from services.cores.directory._native import fresh as fresh_blocks
 from services.cores.directory.lookup import LiveNodes, Lookup
@@ -81,8 +82,8 @@ class _Node:
 
 
 class _Branch:
-    __slots__ = ("counted", "cslots", "ctx", "excluded", "holders", "id", "last_req", "mode", "parent",
-                 "version")
+    __slots__ = ("counted", "cslots", "ctx", "distinct", "excluded", "holders", "id", "last_req", "mode",
+                 "parent", "version")
 
     def __init__(self, branch_id: str, parent: str | None, mode: str) -> None:
         self.id = branch_id
@@ -91,6 +92,9 @@ class _Branch:
         self.version = 0
         self.ctx: list[int] = []  # blocks of the current context, in order
         self.counted: set[int] = set()  # set(ctx) - excluded
+        # True only if ``ctx`` is known to repeat no block (False: not known; the rewrite then
+        # takes the general path). Chained hashes never repeat, so it is True in practice.
+        self.distinct = True
         self.excluded: frozenset[int] = frozenset()  # sub-agent: parent's context at spawn
         self.holders = [-1, -1]  # node index holding the count, per phase
         self.cslots: tuple[np.ndarray, int] | None = None  # table slots of counted, table gen
@@ -355,6 +359,7 @@ class DirectoryCore:
             b = _Branch(bs.id, bs.parent, bs.mode)
             b.version, b.ctx, b.excluded = bs.version, bs.ctx, frozenset(bs.excluded)
             b.counted = set(b.ctx) - b.excluded
+            b.distinct = len(set(b.ctx)) == len(b.ctx)
             core._branches[b.id] = b
             for h in sorted(set(bs.holders) - {-1}):
                 core._t.add_refs(h, core._branch_slots(b), +1)
@@ -485,20 +490,32 @@ class DirectoryCore:
         old = b.ctx
         # ``known_prefix``: a list the lookup of this very list already compared (the same
         # object as the old context: the compare of up to thousands of blocks is not redone)
-        append = (known_prefix is not None and known_prefix is old) or (
-            len(blocks) >= len(old) and blocks[: len(old)] == old)
+        if known_prefix is not None and known_prefix is old:
+            p = len(old)
+        else:
+            p = common_prefix(old, blocks)
+        append = p == len(old)
         tail_slots = None
+        # Every block of ``old`` is counted or excluded, so the blocks of the common prefix
+        # ``blocks[:p] == old[:p]`` are never added, and only ``blocks[p:]`` is searched.
+        tail = blocks[p:]
+        # the tail's blocks counted nowhere yet, in order, each once (a compiled loop)
+        added = fresh_blocks(tail, b.counted, b.excluded)
+        fresh_tail = len(added) == len(tail)  # the tail repeats no block and none of ``old``
         if append:  # continuation: only the appended blocks can be new
-            tail = blocks[len(old):]
-            # the tail's blocks counted nowhere yet, in order, each once (a compiled loop)
-            added = fresh_blocks(tail, b.counted, b.excluded)
-            if not b.excluded and len(added) == len(tail):
+            if not b.excluded and fresh_tail:
                 added = tail  # the common case: every appended block is new and distinct
                 tail_slots = self._cached_tail(r, len(tail))
             dropped: list[int] = []
+        elif b.distinct:
+            # A rewrite (usually only the last, partial block changed). A block of
+            # ``old[:p]`` is kept (it is in ``blocks[:p]``); one of ``old[p:]`` is dropped
+            # unless ``blocks`` has it, and with no repeats in ``old`` it is not in
+            # ``old[:p] == blocks[:p]``: only ``blocks[p:]`` needs a set.
+            dropped = dropped_blocks(old[p:], b.counted, set(tail), b.excluded)
         else:
-            added = fresh_blocks(blocks, b.counted, b.excluded)
             dropped = dropped_blocks(old, b.counted, set(blocks), b.excluded)
+        b.distinct = b.distinct and fresh_tail
         b.ctx = blocks
         holders = sorted({h for h in b.holders if h >= 0})
         if added:
@@ -513,7 +530,16 @@ class DirectoryCore:
         if dropped:
             s_drop = self._t.slots(dropped, len(dropped)) if holders else None
             b.counted.difference_update(dropped)
+            # the cached counted slots lose the dropped ones (re-probing the whole context at
+            # the next holder change cost more than the rest of a rewrite); exact while no
+            # slot is freed, which the -1 below may do (then gen moves and the cache lapses)
+            c = b.cslots
             b.cslots = None
+            if c is not None and c[1] == self._t.gen and s_drop is not None and len(s_drop) <= 8:
+                keep = c[0] != s_drop[0]  # a few dropped slots (np.isin costs ~100x more here)
+                for x in s_drop[1:].tolist():
+                    keep &= c[0] != x
+                b.cslots = (c[0][keep], c[1])
             for h in holders:
                 self._t.add_refs(h, s_drop, -1)
         return append
@@ -558,6 +584,7 @@ class DirectoryCore:
         # fork: reuses the parent's context where the parent's KV lives (+1 on those copies);
         # a fork of a sub-agent inherits what the sub-agent does not count
         b.ctx = parent.ctx
+        b.distinct = parent.distinct
         b.excluded = parent.excluded
         b.counted = set(parent.counted)
         b.cslots = parent.cslots

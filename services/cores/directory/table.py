@@ -26,7 +26,15 @@ from collections.abc import Set as AbstractSet
 
 import numpy as np
 
-from services.cores.directory._native import BlockCounts, SlotMap, bucket_pick, held_prefix, unpinned
+from services.cores.directory._native import (
+    FILL_MAX,
+    BlockCounts,
+    SlotMap,
+    bucket_pick,
+    fill_new,
+    held_prefix,
+    unpinned,
+)
 from services.cores.directory._native import mark as mark_copies
 from services.cores.directory._native import read as read_copies
 from services.cores.directory._native import touch as touch_prefixes
@@ -105,14 +113,20 @@ class BlockTable:
         given = s is not None
         if s is None:
             s = self.slots(blocks, len(blocks))
-        missing = np.flatnonzero(s == 0)
-        if not len(missing):
+        # up to FILL_MAX unknown blocks (a live event's few, a turn's appended ones): one compiled
+        # pass re-probes the 0s and allocates the rest, the same slots as the numpy path below
+        if self.size + FILL_MAX > len(self.block):
+            self._grow(self.size + FILL_MAX)
+        size = fill_new(self.index, blocks, s, self.block, self.free, self.size)
+        if size >= 0:
+            self.size = size
             return s
+        missing = np.flatnonzero(s == 0)
         if given:  # a 0 of an earlier probe may have been allocated since: probe those again
             s[missing] = self.slots([blocks[i] for i in missing.tolist()], len(missing))
             missing = np.flatnonzero(s == 0)
-            if not len(missing):
-                return s
+        if not len(missing):
+            return s
         if 4 * len(missing) > len(s):
             mk = np.fromiter(blocks, dtype=np.uint64, count=len(blocks))[missing]
         else:
