@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -76,6 +77,26 @@ def test_every_event_is_admitted_on_its_own_subject():
 def test_forgeries_are_refused(event, subject, words):
     why = check_subject(event, subject)
     assert why is not None and words in why, why
+
+
+def test_admission_remembers_only_what_it_checked():
+    """The subject verdicts an Admission remembers never admit a forgery: each one of
+    the forgeries above is refused right after a twin on its own subject was admitted, by the
+    same Admission (same type, same subject or same fields: never both)."""
+    a = Admission()
+    forgeries = [(KvStored(ts=1, node="n1", tier="L1", blocks=[1]), "ei.default.kv.n0"),
+                 (BranchOpened(ts=1, branch="b2"), "ei.default.agent.b1"),
+                 (SwitchRole(ts=1, node="n1", to_role="prefill"), "ei.default.cmd.n0"),
+                 (RouteDecided(ts=1, request="r", prefill_node="a", decode_node="b", shadow=True), "ei.default.route")]
+    for forged, subject in forgeries:
+        twin = msgspec.structs.replace(forged, **{"node": "n0"} if hasattr(forged, "node") else
+                                       {"branch": "b1"} if hasattr(forged, "branch") and not
+                                       isinstance(forged, RouteDecided) else {"shadow": False})
+        assert a.reason(twin, subject) is None, twin
+        assert a.reason(twin, subject) is None  # remembered
+        assert a.reason(forged, subject) is not None, forged
+        own = subject_for(forged, P, shadow="x" if getattr(forged, "shadow", False) else None)
+        assert a.reason(forged, own) is None  # and on its own subject it passes
 
 
 def test_permissions_follow_the_table():
