@@ -34,6 +34,9 @@ from replay.traces.format import Session
 from services.drivers.gateway.drive import DriveConfig, Driver, DriveReport
 from services.drivers.soak.stack import Stack as UpStack
 
+#: ``evolving up --heartbeat-timeout-s`` of a fidelity run (see ``up_args``)
+HEARTBEAT_TIMEOUT_S = 120.0
+
 
 @dataclass(frozen=True)
 class LiveRun:
@@ -58,13 +61,17 @@ def up_args(conf: dict[str, Any], stack: Stack, engines: int) -> list[str]:
     roles = stack.initial_roles(engines)
     if "prefill" in roles:
         args += ["--prefill", str(roles.count("prefill"))]
-    return args
+    # a torch engine on a loaded 2-core box can go more than the default 10 s without a heartbeat
+    # reaching the stream (a 2K-token prefill iteration alone took 10-20 s at load 16-20): the
+    # liveness watcher then removed both engines of a run and 8 of its 12 requests hung until the
+    # client's timeout. Liveness is not what fidelity measures; a removal there is a lost run.
+    return [*args, "--heartbeat-timeout-s", str(HEARTBEAT_TIMEOUT_S)]
 
 
 async def run_live(stack: Stack, conf: dict[str, Any], sessions: Sequence[Session], *, engines: int,
                    concurrency: int, run_dir: Path, model: str | None = None, vocab: int = 49152,
                    extra: Sequence[str] = (),
-                   start_timeout_s: float = 300.0, request_timeout_s: float = 300.0) -> LiveRun:
+                   start_timeout_s: float = 300.0, request_timeout_s: float = 900.0) -> LiveRun:
     """Serve ``sessions`` on a live ``stack`` of ``engines`` torch engines (prompt ids below
     ``vocab``, the model's vocabulary size); the log's path."""
     args = up_args(conf, stack, engines)

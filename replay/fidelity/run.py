@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
 import tempfile
 import time
@@ -207,13 +208,19 @@ def format_report(res: dict) -> str:
     lines.append(f"* = off by more than {TOLERANCE:.0%} on a gated metric ({', '.join(GATED)})")
     for s in res["stacks"]:
         lines.append(f"{s['stack']}: live log {s['live_log']}, sim log {s['sim_log']}; up ready {s['ready_s']} s, "
-                     f"drive {s['drive_s']} s, {s['requests_failed']} failed; sim warm-up {s['sim_warmup_s']} s")
+                     f"drive {s['drive_s']} s, {s['requests_failed']} failed, unfinished live {s['unfinished_live']} / sim "
+                     f"{s['unfinished_sim']}; sim warm-up {s['sim_warmup_s']} s")
     lines += [f"note: {n}" for n in res["notes"]]
     return "\n".join(lines)
 
 
+def _stop_on_sigterm(signum, frame) -> None:
+    raise SystemExit(143)  # unwinds through run_live's finally: the live stack is stopped, not orphaned
+
+
 def cmd_fidelity(args) -> int:
     console = Console(stderr=True) if args.json else Console()
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     res = asyncio.run(Fidelity(args, console).run())
     if args.json:
         print(json.dumps(res, indent=2))
