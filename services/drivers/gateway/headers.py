@@ -2,7 +2,7 @@
 of services/cores/branches.py.
 
 The harness tells the gateway which branch (unit of context with its own request sequence)
-a request belongs to. Six header families are read; when several are present the first one in
+a request belongs to. Eight header families are read; when several are present the first one in
 this order wins and the others are ignored (docs/gateway.md, "Branch headers", has the table):
 
 =====================  =========================================================================
@@ -19,6 +19,10 @@ family (``source``)    branch / parent / end
 ``codex``              ``thread-id`` when it differs from ``session-id`` (a sub-agent; its parent
                        is the ``parent_thread_id`` of ``x-codex-turn-metadata``, else the session),
                        else ``session-id`` / - / -
+``session-affinity``   ``x-session-affinity`` / - / - (aiperf's multi-turn mode, pi-ai; opencode
+                       sends it too, equal to its ``x-session-id``, which wins)
+``correlation``        ``x-correlation-id`` / - / - (aiperf: one per conversation; last, as a
+                       generic tracing header some clients set per request)
 =====================  =========================================================================
 
 Rules:
@@ -67,6 +71,10 @@ H_CODEX_SESSION = "session-id"
 # from the session, and its turn metadata (JSON) names the parent thread
 H_CODEX_THREAD = "thread-id"
 H_CODEX_TURN_META = "x-codex-turn-metadata"
+# Benchmark clients: aiperf 0.13's multi-turn mode sends both, stable per conversation. Neither
+# ends a session: the branch table's idle expiry closes it, as for the agent-native families.
+H_AFFINITY = "x-session-affinity"
+H_CORRELATION = "x-correlation-id"
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -98,6 +106,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("claude-code", H_CC_SESSION, H_CC_PARENT_AGENT, child=H_CC_AGENT),
     Family("opencode", H_OC_SESSION, H_OC_PARENT),
     Family("codex", H_CODEX_SESSION, child=H_CODEX_THREAD, parent_json=(H_CODEX_TURN_META, "parent_thread_id")),
+    Family("session-affinity", H_AFFINITY),
+    Family("correlation", H_CORRELATION),
 )
 END_HEADERS = (H_END, H_DYN_TRAJ_FINAL, H_DYN_FINAL)
 

@@ -41,6 +41,13 @@ CC = {"x-claude-code-session-id": "sess"}
     ({"x-session-id": "oc1", "x-parent-session-id": "oc1"}, BranchSignals(branch="oc1", source="opencode")),
     # Codex: one session header
     ({"session-id": "cx"}, BranchSignals(branch="cx", source="codex")),
+    # aiperf's multi-turn mode: both, one value per conversation; the affinity header wins
+    ({"x-session-affinity": "conv-1", "x-correlation-id": "conv-1x"},
+     BranchSignals(branch="conv-1", source="session-affinity")),
+    ({"x-correlation-id": "c7", "x-dynamo-session-final": "true"},
+     BranchSignals(branch="c7", end=True, source="correlation")),
+    # opencode sends x-session-affinity equal to x-session-id: its own family names the branch
+    ({"x-session-id": "ses_1", "x-session-affinity": "ses_1"}, BranchSignals(branch="ses_1", source="opencode")),
     # our mode header applies to an agent-native parent; any end header ends any family's branch
     ({"x-session-id": "oc2", "x-parent-session-id": "oc1", "x-branch-mode": "fork"},
      BranchSignals(branch="oc2", parent="oc1", mode="fork", source="opencode")),
@@ -59,9 +66,12 @@ ALL = {  # one branch (and parent) header set per family, in precedence order
     "claude-code": {"x-claude-code-session-id": "cc", "x-claude-code-agent-id": "cc-a"},
     "opencode": {"x-session-id": "oc", "x-parent-session-id": "oc-p"},
     "codex": {"session-id": "cx"},
+    "session-affinity": {"x-session-affinity": "sa"},
+    "correlation": {"x-correlation-id": "co"},
 }
 EXPECTED = {"ei": ("ei", "ei-p"), "dynamo-trajectory": ("dt", "dt-p"), "dynamo": ("ds", "ds-p"),
-            "claude-code": ("cc-a", "cc"), "opencode": ("oc", "oc-p"), "codex": ("cx", None)}
+            "claude-code": ("cc-a", "cc"), "opencode": ("oc", "oc-p"), "codex": ("cx", None),
+            "session-affinity": ("sa", None), "correlation": ("co", None)}
 
 
 def test_the_documented_precedence_order():
@@ -91,6 +101,8 @@ def test_the_first_family_present_wins_and_the_others_are_ignored(present):
     ({"x-claude-code-session-id": ""}, "x-claude-code-session-id"),
     ({"session-id": "c\x01x"}, "session-id"),
     ({"session-id": "cx", "x-branch-mode": "fork"}, "x-branch-mode"),
+    ({"x-session-affinity": "a" * 257}, "x-session-affinity"),
+    ({"x-correlation-id": "sa", "x-branch-mode": "subagent"}, "x-branch-mode"),
 ])
 def test_errors_name_the_header(headers, field):
     with pytest.raises(HeaderError) as ei:
