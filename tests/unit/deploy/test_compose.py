@@ -85,6 +85,8 @@ def test_profiles_select_the_engines():
     assert {k for k in gpu if k.startswith(("engine", "sglang"))} == {"engine-g1", "engine-g2", "sglang-g1",
                                                                        "sglang-g2"}
     assert {k for k in _services("torch") if k.startswith("engine")} == {"engine-t1", "engine-t2", "engine-t3"}
+    assert {k for k in _services("vllm") if k.startswith(("engine", "vllm"))} == {"engine-v1", "engine-v2",
+                                                                                   "vllm-v1", "vllm-v2"}
 
 
 @needs_compose
@@ -122,6 +124,73 @@ def test_torch_profile_runs_the_engines_of_up_engines_torch():
                                 env={"PATH": "/usr/bin:/bin", "HOME": str(ROOT), "EI_TOKENIZER": "/opt/models/default.gguf"})
     gw = json.loads(with_model.stdout)["services"]["gateway"]
     assert gw["environment"]["EI_TOKENIZER"] == "/opt/models/default.gguf"
+
+
+@needs_compose
+def test_vllm_profile_runs_the_servers_and_workers_of_up_engines_vllm(tmp_path, monkeypatch):
+    """Each vLLM server container runs the command ``up --engines vllm`` launches
+    (services/drivers/up/vllm_server.py -> engine/backends/vllm/launch.py), listening beyond its
+    loopback; each worker gets every option up gives a vLLM worker (services/drivers/up/vllm.py),
+    attached to its own server's API and KV events, collocated as ``up --engines vllm:2``; the
+    servers run the vLLM image whose pin is scripts/install_vllm.sh's."""
+    from engine.backends.vllm.options import check_args
+    from engine.worker.__main__ import build_parser
+    from services.drivers.up import vllm_server
+    from services.drivers.up.vllm import Server, VllmPlan, engine_args
+
+    cfg = _services("vllm")
+    servers = {k: v for k, v in cfg.items() if k.startswith("vllm-")}
+    pin = subprocess.run(["bash", str(ROOT / "scripts" / "install_vllm.sh"), "--version"], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    launched, execs = {}, []
+    monkeypatch.setattr(vllm_server.os, "execve", lambda path, c, env: execs.append((c, env)))
+    for name, svc in servers.items():
+        assert svc["image"] == "evolving-infra:vllm" and svc["build"]["args"]["EI_VLLM"] == pin, name
+        assert "kv" in svc["build"]["args"]["EI_EXTRAS"], name
+        assert svc["healthcheck"]["test"][-1].endswith("'http://127.0.0.1:8000/health', timeout=2)"), name
+        cmd = svc["command"]
+        assert cmd[:3] == ["python", "-m", "services.drivers.up.vllm_server"], name
+        # the vLLM command line it execs, from a model converted here the way the image converts it
+        model = tmp_path / "default.gguf"
+        if not model.exists():
+            try:
+                model.symlink_to(vllm_server.models.default_model())
+            except ValueError as exc:
+                pytest.skip(str(exc))
+        argv = [str(model) if a == "/opt/models/default.gguf" else str(tmp_path) if a == "/opt/models" else
+                str(ROOT / a.removeprefix("/app/")) if a.startswith("/app/") else a for a in cmd[3:]]
+        execs.clear()
+        try:
+            vllm_server.main(argv)
+        except ModuleNotFoundError as exc:  # the converter needs torch (the kv extra)
+            pytest.skip(f"cannot convert the model here: {exc}")
+        (vcmd, env), = execs
+        assert _opt(vcmd, "--host") == "0.0.0.0" and _opt(vcmd, "--port") == "8000", name
+        assert "--enable-prefix-caching" in vcmd and _opt(vcmd, "--block-size") == "64"
+        assert _opt(vcmd, "--max-model-len") == "8192" and env["OMP_NUM_THREADS"] == "1"
+        kv = json.loads(_opt(vcmd, "--kv-events-config"))
+        assert kv["enable_kv_cache_events"] and kv["publisher"] == "zmq" and kv["endpoint"] == "tcp://*:5557"
+        launched[name] = (_opt(vcmd, "--served-model-name"), kv["topic"])
+    assert sorted(servers) == ["vllm-v1", "vllm-v2"]
+    parser = build_parser()
+    roles = []
+    for name in ("engine-v1", "engine-v2"):
+        svc = cfg[name]
+        args = parser.parse_args(svc["command"][3:])
+        assert args.backend == "vllm" and check_args(args) is None and name == f"engine-{args.node}", name
+        server = f"vllm-{args.node}"
+        assert svc["depends_on"][server]["condition"] == "service_healthy" and svc["image"] == "evolving-infra:dev"
+        plan = VllmPlan(launch=True, served=launched[server][0], tokenizer="", max_model_len=8192, block_size=64,
+                        servers=[Server(f"http://{server}:8000", f"tcp://{server}:5557")])
+        up = engine_args(type("A", (), {"vllm": plan, "vllm_pd": False})(), 0)
+        for flag, value in zip(up[::2], up[1::2], strict=True):
+            if flag != "--vllm-model":  # the worker asks its server (GET /v1/models): any EI_VLLM_MODEL
+                assert _opt(svc["command"], flag) == value, (name, flag)
+        assert args.kv_events_topic == launched[server][1]
+        roles.append(args.role)
+    assert roles == ["collocated", "collocated"]  # as up --engines vllm:2 (no --vllm-pd)
+    docker = (DEPLOY / "Dockerfile").read_text()
+    assert 'ARG EI_VLLM=""' in docker and "bash /tmp/install_vllm.sh" in docker and "--convert-only" in docker
 
 
 def _opt(cmd: list[str], flag: str) -> str:
@@ -176,7 +245,7 @@ def test_gpu_profile_runs_sglang_servers_behind_our_workers():
 
 @needs_compose
 def test_every_command_names_an_existing_module_and_profile():
-    for name, svc in _services("sim", "gpu", "torch", "drive").items():
+    for name, svc in _services("sim", "gpu", "torch", "vllm", "drive").items():
         cmd = svc.get("command") or []
         if cmd[:2] == ["python", "-m"]:
             assert importlib.util.find_spec(cmd[2]) is not None, f"{name}: no module {cmd[2]}"
@@ -224,12 +293,13 @@ def test_dockerfile_shape():
 
 
 # ---------------------------------------------------------------------------- security (issue 15)
-BUS_SERVICES_SKIP = ("nats-", "sglang-", "drive")
+BUS_SERVICES_SKIP = ("nats-", "sglang-", "vllm-", "drive")
 
 
 @needs_compose
 def test_only_the_gateway_is_published_and_the_bus_is_internal():
-    r = compose("--profile", "sim", "--profile", "gpu", "--profile", "torch", "--profile", "drive", "config",
+    r = compose("--profile", "sim", "--profile", "gpu", "--profile", "torch", "--profile", "vllm",
+                "--profile", "drive", "config",
                 "--format", "json")
     assert r.returncode == 0, r.stderr
     cfg = json.loads(r.stdout)
@@ -252,7 +322,8 @@ def test_only_the_gateway_is_published_and_the_bus_is_internal():
 def test_every_bus_service_reads_its_own_account_from_a_secret(tmp_path):
     from services.drivers.up.compose_secrets import generate
 
-    cfg = json.loads(compose("--profile", "sim", "--profile", "gpu", "--profile", "torch", "--profile", "drive",
+    cfg = json.loads(compose("--profile", "sim", "--profile", "gpu", "--profile", "torch", "--profile", "vllm",
+                "--profile", "drive",
                              "config", "--format", "json").stdout)
     written = {p.name for p in generate(tmp_path / "s")}
     declared = {name: Path(v["file"]).name for name, v in cfg["secrets"].items()}
@@ -292,3 +363,7 @@ def test_generated_secrets_are_private_and_kept(tmp_path):
     assert generate(folder) == []  # existing secrets are kept (the servers hold these passwords)
     assert json.loads((folder / "nats-router.json").read_text()) == router
     assert generate(folder, force=True) and json.loads((folder / "nats-router.json").read_text()) != router
+    (folder / "nats-engine-v2.json").unlink()  # a folder written before a service was added
+    with pytest.raises(ValueError, match="no secrets for engine-v2"):
+        generate(folder)
+    assert generate(folder, force=True) and (folder / "nats-engine-v2.json").exists()
