@@ -58,6 +58,7 @@ def test_bench_cli_prints_json_figures(capsys):
         assert out[key] > 0
     assert out["anomalies"] == {}
     assert "ratio" in bench.format_report(out)
+    assert out["cpus"] >= 1 and out["loadavg_1m_before"] >= 0 and "load average" in bench.format_report(out)
 
 
 def test_sglang_input_renumbers_blocks_densely_per_request(tmp_path):
