@@ -1,8 +1,12 @@
 """Export sessions to the peers' trace formats, so our workloads replay in their tools.
 
-- ``mooncake``: Mooncake request JSONL as Dynamo, aiperf and SGLang read it
+- ``mooncake``: Mooncake request JSONL, **cumulative**: each row is the request's whole prompt
   (``{"session_id", "timestamp" | "delay", "input_length", "output_length", "hash_ids"}``;
-  Dynamo's ``MooncakeRow`` in ``lib/data-gen/src/mooncake.rs``).
+  Dynamo's ``MooncakeRow`` in ``lib/data-gen/src/mooncake.rs``, its replay's default
+  ``--trace-format mooncake``; SGLang's bench reads rows this way too).
+- ``mooncake-delta``: the same rows with a session's later turns carrying only their **new**
+  input (:func:`delta_rows`): aiperf's ``mooncake_trace`` dataset and Dynamo's
+  ``--trace-format mooncake-delta`` add the history (earlier prompts and responses) themselves.
 - ``agentic-mooncake``: Dynamo's agentic Mooncake rows (``AgenticMooncakeRow``, same file): the
   session tree as a DAG of ``wait_for`` dependencies.
 
@@ -25,7 +29,7 @@ from typing import Any
 from events.catalog import RequestSubmitted
 from replay.traces.format import Compact, Fork, Request, Session, Spawn, reblock, session_events
 
-EXPORT_FORMATS = ("mooncake", "agentic-mooncake")
+EXPORT_FORMATS = ("mooncake", "mooncake-delta", "agentic-mooncake")
 
 
 @dataclass
@@ -33,6 +37,9 @@ class ExportResult:
     rows: list[dict[str, Any]]
     block_tokens: int
     notes: list[str] = field(default_factory=list)
+    #: per row of :func:`mooncake_rows`: how many leading ``hash_ids`` name full blocks (a last id
+    #: past them is a partial tail's, fresh; re-cut sessions can have a tail of a whole block)
+    full_ids: list[int] = field(default_factory=list)
 
 
 class _Ids:
@@ -91,6 +98,7 @@ def mooncake_rows(sessions: Iterable[Session], block_tokens: int | None = None) 
     ss, bt = _same_block_size(list(sessions), block_tokens)
     ids = _Ids()
     rows: list[dict[str, Any]] = []
+    full_ids: list[int] = []
     serialized = compacts = folded = 0
     for s in ss:
         compacts += sum(1 for b in s.branches for st in b.steps if isinstance(st, Compact))
@@ -121,6 +129,7 @@ def mooncake_rows(sessions: Iterable[Session], block_tokens: int | None = None) 
                 row["delay"] = _ms(delay)
             row.update(_base(r, ids, bt))
             rows.append(row)
+            full_ids.append(len(r.blocks))
     notes = []
     if serialized:
         notes.append(f"{serialized} session(s) with sub-agents or forks serialized into one chain each (Mooncake "
@@ -129,7 +138,56 @@ def mooncake_rows(sessions: Iterable[Session], block_tokens: int | None = None) 
         notes.append(f"{compacts} compaction(s) not kept (the next prompt's hash_ids show the rewrite)")
     if folded:
         notes.append(f"{folded} first-request pause(s) folded into the session's timestamp")
-    return ExportResult(rows, bt, notes)
+    return ExportResult(rows, bt, notes, full_ids)
+
+
+# --------------------------------------------------------------------------- Mooncake, deltas
+def delta_rows(sessions: Iterable[Session], block_tokens: int | None = None) -> ExportResult:
+    """:func:`mooncake_rows` in the delta convention. A session's first row is unchanged; a later
+    row's ``input_length`` is what the turn adds after the previous prompt and its answer
+    (``input_length - previous input_length - previous output_length``, at least 1: an agent's
+    history often keeps less of an answer than was generated, its thinking dropped, and the
+    replaying client appends the whole answer it got), its ``hash_ids`` the last
+    ``ceil(new / block)`` ids of the whole prompt (the blocks the turn appends). A turn whose
+    prompt does not start with the previous prompt's full blocks (a compaction, a serialized
+    sub-agent) cannot be a delta: it starts a new ``session_id`` (``<id>#2``, ...) with its whole
+    prompt. Notes count both."""
+    res = mooncake_rows(sessions, block_tokens)
+    bt = res.block_tokens
+    out: list[dict[str, Any]] = []
+    restarts = clamped = grown = 0
+    prev: dict[str, tuple[dict[str, Any], int]] = {}  # session id -> its previous row, its full ids
+    part: dict[str, int] = {}  # session id -> its current part (1, then 2 after a restart, ...)
+    for row, n_full in zip(res.rows, res.full_ids, strict=True):
+        sid, d = row["session_id"], dict(row)
+        last, last_full = prev.get(sid, (None, 0))
+        prev[sid] = (row, n_full)
+        if last is not None:
+            new = row["input_length"] - last["input_length"] - last["output_length"]
+            # the previous prompt's full blocks but its last (a tail re-cut into a block of its own
+            # is named apart from the same tokens inside a longer prompt): a tail's id is fresh
+            full = last["hash_ids"][: max(0, last_full - 1)]
+            if row["hash_ids"][: len(full)] == full:
+                if new < 1:  # the history kept less of the answer than was generated (thinking dropped)
+                    clamped, grown = clamped + 1, grown + 1 - new
+                    new = 1
+                n_ids = -(-new // bt)
+                d["input_length"], d["hash_ids"] = new, row["hash_ids"][len(row["hash_ids"]) - n_ids:]
+            else:
+                restarts += 1
+                part[sid] = part.get(sid, 1) + 1
+                d.pop("delay", None)  # a session's first turn has no delay (Dynamo and aiperf refuse one)
+        if part.get(sid, 1) > 1:
+            d["session_id"] = f"{sid}#{part[sid]}"
+        out.append(d)
+    notes = list(res.notes)
+    if clamped:
+        notes.append(f"{clamped} turn(s) whose prompt kept less than the previous answer's output tokens sent as "
+                     f"1 new token: a replay that appends the whole answer sends {grown} token(s) more in all")
+    if restarts:
+        notes.append(f"{restarts} turn(s) whose prompt does not extend the previous prompt and answer started a "
+                     "new session_id (<id>#2, ...) with their whole prompt (a delta cannot shrink the history)")
+    return ExportResult(out, bt, notes)
 
 
 # --------------------------------------------------------------------------- agentic Mooncake
@@ -232,6 +290,8 @@ def export_sessions(path: str | os.PathLike[str], sessions: Iterable[Session], f
     """Write ``sessions`` to ``path`` as JSONL in ``fmt`` (one of :data:`EXPORT_FORMATS`)."""
     if fmt == "mooncake":
         res = mooncake_rows(sessions, block_tokens)
+    elif fmt == "mooncake-delta":
+        res = delta_rows(sessions, block_tokens)
     elif fmt == "agentic-mooncake":
         res = agentic_rows(sessions, block_tokens)
     else:
@@ -243,4 +303,4 @@ def export_sessions(path: str | os.PathLike[str], sessions: Iterable[Session], f
     return res
 
 
-__all__ = ["EXPORT_FORMATS", "ExportResult", "agentic_rows", "export_sessions", "mooncake_rows"]
+__all__ = ["EXPORT_FORMATS", "ExportResult", "agentic_rows", "delta_rows", "export_sessions", "mooncake_rows"]

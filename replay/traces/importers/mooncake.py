@@ -43,6 +43,13 @@ record (Dynamo refuses it too). Rows without ``session_id`` in the same file are
 above. The upstream aliases ``input_tokens``, ``output_tokens``, ``created_time``, ``delay_ms``
 are read when the canonical field is absent. ``block_tokens`` (``--block-tokens``) is the
 block size of ``hash_ids`` (default 512).
+
+**The delta convention** (``mooncake-delta``: aiperf's ``mooncake_trace`` multi-turn rows,
+Dynamo's ``--trace-format mooncake-delta``; :func:`import_mooncake_delta`): a session's later
+row gives only the turn's new input; the prompt is the previous prompt, the previous answer
+(``output_length`` tokens) and the new input. Its full blocks are the previous prompt's, then
+fresh ids (history no other request shares: the answer and the realignment), then the row's
+full-block ``hash_ids``, so every turn extends the last and the lengths add up exactly.
 """
 
 from __future__ import annotations
@@ -174,11 +181,40 @@ def infer_sessions(recs: list[tuple[float, tuple[int, ...]]], max_gap_s: float =
     return sessions
 
 
-def import_mooncake(
+def _accumulate(rows: list[_Row], block_tokens: int) -> list[_Row]:
+    """Delta rows (module docstring) as cumulative ones; rows without a session id unchanged.
+    History blocks get negative ids (a trace's own ids are what it wrote: never negative here)."""
+    last: dict[str, _Row] = {}
+    fresh = itertools.count(1)
+    out = []
+    for r in rows:
+        prev = last.get(r.sid) if r.sid is not None else None
+        if prev is not None:
+            n_in = prev.n_in + prev.n_out + r.n_in
+            need = n_in // block_tokens - len(prev.full)
+            own = r.full[len(r.full) - need:] if 0 < need <= len(r.full) else r.full if need > 0 else ()
+            full = prev.full + tuple(-next(fresh) for _ in range(need - len(own))) + own
+            r = _Row(r.t, r.line, full, n_in, r.n_out, r.sid, r.delay)
+        if r.sid is not None:
+            last[r.sid] = r
+        out.append(r)
+    return out
+
+
+def import_mooncake_delta(
     src: str | os.PathLike[str], skip_bad: bool = False, block_tokens: int = MOONCAKE_BLOCK_TOKENS,
     max_gap_s: float = MAX_GAP_S,
 ) -> ImportResult:
-    """Import a Mooncake JSONL file into sessions (see the module docstring for the rules)."""
+    """Import Mooncake rows written in the delta convention (module docstring)."""
+    return import_mooncake(src, skip_bad, block_tokens, max_gap_s, delta=True)
+
+
+def import_mooncake(
+    src: str | os.PathLike[str], skip_bad: bool = False, block_tokens: int = MOONCAKE_BLOCK_TOKENS,
+    max_gap_s: float = MAX_GAP_S, delta: bool = False,
+) -> ImportResult:
+    """Import a Mooncake JSONL file into sessions (see the module docstring for the rules);
+    ``delta``: its session rows give each later turn's new input only."""
     if block_tokens <= 0:
         raise ValueError(f"block_tokens must be positive, got {block_tokens}")
     res = ImportResult()
@@ -186,6 +222,8 @@ def import_mooncake(
     stem = Path(src).stem
     ns = f"mooncake:{stem}"
     rows = _rows(src, problems, block_tokens)
+    if delta:
+        rows = _accumulate(rows, block_tokens)
     cache: dict[int, int] = {}
 
     def blocks_of(full: tuple[int, ...]) -> list[int]:
