@@ -399,8 +399,24 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     veto: str = ""
 
 
+class ShiftTest(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """The change-point test that opened a planner decision between window ends (issue 41):
+    ``signal``'s mean over the last ``n_recent`` slices (``recent``) against the ``n_older``
+    slices before them in the sliding window (``older``); shifted when ``recent - older`` exceeds
+    twice ``se``, the Welch standard error of that difference."""
+
+    signal: str
+    recent: float
+    older: float
+    se: float
+    n_recent: int
+    n_older: int
+
+
 class PlanEvaluated(Event, frozen=True, kw_only=True, gc=False):
-    """The planner compared candidate splits at the end of a window."""
+    """The planner compared candidate splits at the end of a window, or (``shift`` set) at a
+    slice end where the mix had shifted (``window_start``/``window_end`` then span the recent
+    slices the candidates were evaluated over)."""
 
     window_start: float
     window_end: float
@@ -409,6 +425,9 @@ class PlanEvaluated(Event, frozen=True, kw_only=True, gc=False):
     chosen: Split | None = None
     reason: str = ""
     planner: str = ""
+    # Appended (schema 1.5, issue 41 part 1), UNSET on window-end decisions, so their payload is
+    # byte-identical to 1.4: the change-point test of a decision taken on the shift path
+    shift: ShiftTest | msgspec.UnsetType = msgspec.UNSET
 
 
 class RoleSwitchOrdered(Event, frozen=True, kw_only=True, gc=False):

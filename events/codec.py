@@ -16,7 +16,8 @@ from events.catalog import AnyEvent, Event
 from events.ids import MAX_BLOCK_HASH
 
 SCHEMA_MAJOR = 1
-SCHEMA_MINOR = 4  # 1.2: RequestCancelled; 1.3: RequestSubmitted sampling fields; 1.4: its constraint (issue 36)
+SCHEMA_MINOR = 5  # 1.2: RequestCancelled; 1.3: RequestSubmitted sampling fields; 1.4: its constraint (issue 36);
+# 1.5: PlanEvaluated.shift (issue 41)
 SCHEMA_VERSION = f"{SCHEMA_MAJOR}.{SCHEMA_MINOR}"
 SCHEMA_HEADER = "Ei-Schema"
 

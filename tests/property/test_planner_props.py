@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import msgspec
 import numpy as np
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -27,10 +28,11 @@ from events.catalog import (
 )
 from services.cores.costmodel import fit_decode, fit_prefill
 from services.cores.planner.arrow import ArrowPlanner
-from services.cores.planner.base import GATED, INITIAL, NEWCOMERS, REPAIR, SLO_ESCAPE, plan_path
+from services.cores.planner.base import GATED, INITIAL, NEWCOMERS, REPAIR, SHIFT, SLO_ESCAPE, plan_path
 from services.cores.planner.dynamo import DynamoPlanner
 from services.cores.planner.evaluate import NodeArrays, WorkArrays, theta, theta_reference
 from services.cores.planner.evolving import EvolvingPlanner
+from services.cores.planner.shift import passed
 from services.cores.planner.static import StaticPlanner
 from services.cores.planner.window import Work
 
@@ -183,7 +185,7 @@ def check_paths(planner, before: dict[str, str], was_frozen: bool, out: list, ts
         assert had_role == set(before)
         assert len({r for r in before.values()}) == 1
         assert len(orders) == 1 and orders[0].from_role != orders[0].to_role
-    elif path in (GATED, SLO_ESCAPE) and orders:  # only with a split in place and no newcomer
+    elif path in (GATED, SLO_ESCAPE, SHIFT) and orders:  # only with a split in place and no newcomer
         assert had_role == set(before) and len(set(before.values())) == 2
     if orders:
         assert plan.chosen is not None
@@ -207,6 +209,15 @@ def check_paths(planner, before: dict[str, str], was_frozen: bool, out: list, ts
         assert now.predicted_ttft_p95_s > cfg.slo_ttft_p95_s
         assert c.predicted_ttft_p95_s <= now.predicted_ttft_p95_s - cfg.ttft_min_improvement_s
         assert c.throughput >= (1 - cfg.throughput_tolerance) * now.throughput - 1e-9
+    if path == SHIFT:  # issue 41: opened by a passing change-point test, then the gated rule
+        assert isinstance(planner, EvolvingPlanner) and passed(plan.shift)
+        if orders:
+            cfg = planner.cfg
+            assert last_switch is None or ts - last_switch >= cfg.cooldown_s
+            c = next(c for c in plan.candidates if c.split == plan.chosen)
+            assert (c.mean_gain > 2 * c.se and c.passed) or ": slo escape: " in plan.reason
+    else:
+        assert plan.shift is msgspec.UNSET
     if orders and path != NEWCOMERS:  # placing a newcomer starts no cooldown
         return ts
     return last_switch
@@ -216,6 +227,8 @@ def check_paths(planner, before: dict[str, str], was_frozen: bool, out: list, ts
 @settings(suppress_health_check=[HealthCheck.too_slow])
 def test_any_stream_keeps_the_planner_invariants(steps, cls):
     cfg = {"warmup_s": 60, "window_s": 60, "slices": 3, "cooldown_s": 90}
+    if cls is EvolvingPlanner:  # room for the shift path: 4 older and 2 recent slices of 10 s
+        cfg = dict(cfg, slices=6, shift_slices=2)
     planner = cls(**cfg)
     ts = 0.0
     for n in NODES[:3]:

@@ -86,8 +86,10 @@ def _check_for(event_type: type) -> _Check:
     if expr is None:
         return lambda v: False
     scope = {"isfinite": math.isfinite, "_any_nonfinite": _any_nonfinite}
+    # TypeError: an UNSET float; AttributeError: an UNSET struct (msgspec.inspect drops UnsetType
+    # from the union, so the expression reads a field of UNSET: PlanEvaluated.shift)
     exec(f"def check(v):\n    try:\n        return not isfinite({expr})\n"  # noqa: S102 - from the catalog's types
-         "    except TypeError:\n        return _any_nonfinite(v)", scope)
+         "    except (TypeError, AttributeError):\n        return _any_nonfinite(v)", scope)
     return scope["check"]
 
 

@@ -68,10 +68,16 @@ GATED = "gated"  # the mean-gain > 2 SE switch with its cooldown (any other reas
 # (EvolvingPlanner with the TTFT objective; cooldown applies, no 2-SE test)
 SLO_ESCAPE = "slo escape"
 UNGATED_PATHS = (INITIAL, NEWCOMERS, REPAIR, SLO_ESCAPE)
+# between window ends, at a slice end where a change-point test says the mix shifted
+# (EvolvingPlanner, issue 41): the 2-SE test (or the SLO escape) over the recent slices, cooldown
+# applies; the event carries the test (``PlanEvaluated.shift``)
+SHIFT = "shift"
 
 
 def plan_path(reason: str) -> str:
     """The path a ``PlanEvaluated`` (or ``RoleSwitchOrdered``) took, read from its reason."""
+    if reason.startswith(SHIFT + " "):
+        return SHIFT
     return next((p for p in UNGATED_PATHS if reason.startswith(p)), GATED)
 
 
@@ -128,6 +134,7 @@ class PlannerState(msgspec.Struct, kw_only=True):
     last_fit_at: float | None = None
     last_switch_at: float | None = None
     next_window_k: int | None = None  # slice index at which the current window ends
+    slice_k: int | None = None  # slice index of the last slice-end check (``_on_slice``)
     nodes: dict[str, NodeInfo] = {}
     # "node|phase" -> rows; in the snapshot only (a live core packs them: PlannerBase._samples)
     samples: dict[str, list[list[float]]] = {}
@@ -385,14 +392,29 @@ class PlannerBase:
         return out
 
     def _window_tick(self, ts: float) -> list[Event]:
-        """After warm-up: decide once per window, at the first tick past its end."""
+        """After warm-up: decide once per window, at the first tick past its end; at the first
+        tick of any other slice, ``_on_slice`` may decide early (the shift path)."""
         k_now = math.floor(ts / self.cfg.slice_s)
-        if self.st.next_window_k is None or k_now < self.st.next_window_k:
+        if self.st.next_window_k is None:
             return []
+        if k_now < self.st.next_window_k:
+            if self.st.slice_k is not None and k_now <= self.st.slice_k:
+                return []
+            self.st.slice_k = k_now
+            return self._on_slice(ts, k_now)
         k_end = k_now  # a late tick evaluates the latest complete window
         out = self._on_tick(ts, k_end)
         self._close_window(k_end)
         return out
+
+    def _on_slice(self, ts: float, k_now: int) -> list[Event]:
+        """A slice ended between window ends (slices ``< k_now`` are complete): no decision
+        unless a planner overrides this."""
+        return []
+
+    def slices_kept(self) -> int:
+        """Closed slices kept back at a window end (a sliding window for ``_on_slice``)."""
+        return 0
 
     def window_slices(self, k_end: int) -> list[SliceStats]:
         """The ``slices`` slices before slice index ``k_end`` (empty ones included)."""
@@ -400,7 +422,9 @@ class PlannerBase:
 
     def _close_window(self, k_end: int) -> None:
         self.st.next_window_k = k_end + self.cfg.slices
-        for old in [i for i in self.st.slices if i < k_end]:
+        self.st.slice_k = k_end
+        keep_from = k_end - self.slices_kept()
+        for old in [i for i in self.st.slices if i < keep_from]:
             del self.st.slices[old]
         horizon = (k_end - self.cfg.slices) * self.cfg.slice_s  # a branch silent for a window
         for b in [b for b, t in self.st.last_submit.items() if t < horizon]:

@@ -24,6 +24,13 @@ sides are staffed; the guard state (``PlannerBase.guard``) sends it elsewhere ot
   test, no cooldown (and it starts none);
 - ``repair``: every node on one side (0P or 0D), none without a role: exactly one node moves.
 
+Between window ends (issue 41 part 1, ``shift_path``, on by default): at every slice end the
+change-point test of ``shift.py`` compares the last ``shift_slices`` slices of the sliding
+window with the slices before them, on each candidate's per-slice gain and on the measured
+prefill queue. When one has shifted, the ``shift`` path decides as the gated one does (mean gain
+> 2 SE, SLO guard, TTFT objective, SLO escape, cooldown) over the recent slices alone, and the
+``PlanEvaluated`` carries the test (``shift``). No shift: nothing is emitted.
+
 Beyond the paper (both on by default, both off = the paper exactly):
 
 - ``slo_guard``: a passing candidate is vetoed when its predicted P95 prefill-queue wait or P95
@@ -40,9 +47,20 @@ import re
 
 import numpy as np
 
-from events.catalog import Candidate, Event, PlanEvaluated, Split
-from services.cores.planner.base import INITIAL, NEWCOMERS, REPAIR, SLO_ESCAPE, BaseConfig, PlannerBase
+import services.cores.numerics as nm
+from events.catalog import Candidate, Event, PlanEvaluated, ShiftTest, Split
+from services.cores.planner.base import (
+    GATED,
+    INITIAL,
+    NEWCOMERS,
+    REPAIR,
+    SHIFT,
+    SLO_ESCAPE,
+    BaseConfig,
+    PlannerBase,
+)
 from services.cores.planner.evaluate import NodeArrays, WorkArrays, queue_prediction, theta
+from services.cores.planner.shift import change_point, strongest, why
 from services.cores.planner.window import SliceStats, Work, work_of
 
 
@@ -56,6 +74,10 @@ class EvolvingConfig(BaseConfig, kw_only=True, forbid_unknown_fields=True):
     ttft_min_improvement_s: float = 1.0  # trade throughput only for at least this much P95 TTFT
     # the warm-up-end reference split when the nodes warm up collocated ("" = half prefill)
     initial: str = ""
+    # the shift path (issue 41 part 1): a change-point test at every slice end between window
+    # ends; the recent part of the sliding window is the last ``shift_slices`` slices
+    shift_path: bool = True
+    shift_slices: int = 3
 
 
 class Evaluation:
@@ -117,7 +139,10 @@ class EvolvingPlanner(PlannerBase):
 
     def works(self, k_end: int) -> list[Work]:
         """``w_bar`` of each non-empty slice of the window ending at slice ``k_end``."""
-        slices = self.window_slices(k_end)
+        return self.works_of(self.window_slices(k_end))
+
+    def works_of(self, slices: list[SliceStats]) -> list[Work]:
+        """``w_bar`` of each non-empty slice of ``slices`` (a mean a slice lacks: theirs)."""
         window = SliceStats()
         for s in slices:
             window.add(s)
@@ -425,7 +450,66 @@ class EvolvingPlanner(PlannerBase):
             out += self.order(self.nodes_to_switch(P), ts, reason)
         return out
 
+    # ------------------------------------------------------------------ the shift path
+    def slices_kept(self) -> int:
+        return self.cfg.slices if self.cfg.shift_path else 0
+
+    def shift_test(self, k_now: int) -> tuple[ShiftTest | None, list[Work]]:
+        """(the strongest passing change-point test or None, the recent slices' works) over the
+        sliding window of ``slices`` slices ending at slice ``k_now``."""
+        cfg = self.cfg
+        # only slices after the warm-up end: collocated serving and the agents' first minutes
+        # are no mix to compare with (at the demo's 5-min warm-up end they read as a shift)
+        first = int(self.st.extra.get("shift_from_k", k_now - cfg.slices))
+        slices = [s if k >= first else SliceStats()
+                  for k, s in zip(range(k_now - cfg.slices, k_now), self.window_slices(k_now), strict=True)]
+        cut = cfg.slices - cfg.shift_slices
+        older, recent = self.works_of(slices[:cut]), self.works_of(slices[cut:])
+        if len(older) < 2 or len(recent) < 2:
+            return None, recent
+        cur = self.current_split().prefill - 1
+        th, _, _ = theta(self.node_arrays(self.assignment_order()), WorkArrays.of(older + recent))
+        gains = th - th[cur][None, :]
+        n = len(older)
+        tests = [
+            change_point(f"gain {i + 1}P", gains[i, :n].tolist(), gains[i, n:].tolist())
+            for i in range(th.shape[0])
+            if i != cur and nm.total(gains[i, n:]) > 0.0  # the shift favours P
+        ]
+        tests.append(change_point(
+            "prefill queue", [w.prefill_queue for w in older], [w.prefill_queue for w in recent]
+        ))
+        return strongest([t for t in tests if t is not None]), recent
+
+    def _on_slice(self, ts: float, k_now: int) -> list[Event]:
+        """SHIFT: at a slice end between window ends, when the mix shifted (``shift_test``),
+        the gated decision over the recent slices alone (cooldown applies)."""
+        cfg, st = self.cfg, self.st
+        N = len(st.nodes)
+        if not cfg.shift_path or N < 2 or self.guard() != GATED:
+            return []
+        shift, recent = self.shift_test(k_now)
+        if shift is None:
+            return []
+        current = self.current_split()
+        start = (k_now - cfg.shift_slices) * cfg.slice_s
+        ev = self.evaluate(self.assignment_order(), recent, current.prefill, self.serving_split(start))
+        cooling = ""
+        if st.last_switch_at is not None and ts - st.last_switch_at < cfg.cooldown_s:
+            cooling = f"cooldown: last switch {ts - st.last_switch_at:.0f} s ago < {cfg.cooldown_s:g} s"
+        P, cands, decided = self.decide(ev, current.prefill, cooling)
+        reason = f"{SHIFT} ({why(shift)}): {decided}"
+        chosen = Split(prefill=P, decode=N - P) if P is not None else None
+        out: list[Event] = [PlanEvaluated(
+            ts=ts, src=self.name, window_start=start, window_end=k_now * cfg.slice_s, current=current,
+            candidates=cands, chosen=chosen, reason=reason, planner=self.name, shift=shift,
+        )]
+        if P is not None:
+            out += self.order(self.nodes_to_switch(P), ts, reason)
+        return out
+
     def _on_warmup_end(self, ts: float, k_end: int) -> list[Event]:
+        self.st.extra["shift_from_k"] = float(k_end)
         return self._plan(ts, k_end, warmup_end=True)
 
     def _on_tick(self, ts: float, k_end: int) -> list[Event]:

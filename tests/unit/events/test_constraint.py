@@ -30,7 +30,7 @@ def test_constraint_round_trips_and_a_13_reader_ignores_it():
     data = codec.encode(ev)
     assert codec.decode_message(data, codec.headers()) == ev
     assert codec.from_json(codec.to_json(ev)).constraint == c
-    assert codec.headers() == {codec.SCHEMA_HEADER: "1.4"}
+    assert codec.SCHEMA_MAJOR == 1 and codec.SCHEMA_MINOR >= 4  # 1.4 added it (1.5: PlanEvaluated.shift)
     old = msgspec.msgpack.decode(data, type=RequestSubmitted13)
     assert (old.request, old.max_tokens, old.stop) == ("r", 8, msgspec.UNSET)
 

@@ -16,6 +16,7 @@ from events.catalog import (
     SwitchRole,
     Tick,
 )
+from services.cores.planner.base import GATED, SHIFT, plan_path
 from services.cores.planner.evolving import Evaluation, EvolvingPlanner
 from services.drivers.bench.synthetic import Mix, Scenario, drive
 
@@ -59,20 +60,34 @@ def test_warmup_fits_publishes_and_picks_initial_split_by_throughput():
     assert prefill_count(tr, 301) == first.chosen.prefill
 
 
-def test_sustained_shift_to_prefill_heavy_switches_after_the_window_toward_prefill():
+@pytest.mark.parametrize("shift_path,first_switch_ts", [
+    (False, 2100.9),  # window ends only: the first window made only of the new workload
+    (True, 1680.9),  # the shift path: 3 slices (180 s) of the new workload after the shift at 1500 s
+])
+def test_sustained_shift_to_prefill_heavy_switches_toward_prefill(shift_path, first_switch_ts):
     tr = drive(
-        EvolvingPlanner(warmup_s=300), Scenario(mixes=[Mix(1500, **DECODE_HEAVY), Mix(1300, **PREFILL_HEAVY)])
+        EvolvingPlanner(warmup_s=300, shift_path=shift_path),
+        Scenario(mixes=[Mix(1500, **DECODE_HEAVY), Mix(1300, **PREFILL_HEAVY)]),
     )
     p0 = prefill_count(tr, 301)
     assert p0 <= 2  # decode-heavy: few prefill nodes
     later = switches(tr, after=302)
     assert later, "a sustained shift must cause a switch"
-    assert later[0].ts == pytest.approx(2100.9)  # the first window made only of the new workload
+    assert later[0].ts == pytest.approx(first_switch_ts)
     assert all(e.to_role == "prefill" for e in later)
-    assert prefill_count(tr, 2101) > p0 + 3
+    assert prefill_count(tr, first_switch_ts + 0.5) > p0 + 3
     chosen = next(p for p in plans(tr) if p.ts == later[0].ts)
     cand = {c.split.prefill: c for c in chosen.candidates}[chosen.chosen.prefill]
     assert cand.mean_gain > 2 * cand.se and cand.passed
+    assert (chosen.shift is not msgspec.UNSET) == shift_path
+    assert plan_path(chosen.reason) == (SHIFT if shift_path else GATED)
+    if shift_path:  # the test that opened it: the new split's gain rose beyond 2 SE of the rise
+        t = chosen.shift
+        assert t.n_recent == 3 and t.n_older == 7 and t.recent - t.older > 2 * t.se
+        assert chosen.window_end - chosen.window_start == 180.0
+    # no shift, no event between window ends: every other decision is at a window end
+    assert all(p.shift is not msgspec.UNSET or (p.ts - 300.9) % 600 == pytest.approx(0, abs=1e-6)
+               for p in plans(tr))
 
 
 def test_a_60s_subagent_burst_does_not_switch():
@@ -82,7 +97,7 @@ def test_a_60s_subagent_burst_does_not_switch():
         mixes=[Mix(960, **balanced), Mix(60, **dict(burst, t_uc=3000, t_out=400)), Mix(1200, **balanced)]
     )
     tr = drive(EvolvingPlanner(warmup_s=300), sc)
-    assert switches(tr, after=302) == []
+    assert switches(tr, after=302) == []  # the shift path included: a minute is not a shift
     burst_window = [p for p in plans(tr) if p.window_start <= 960 < p.window_end]
     assert burst_window and burst_window[0].chosen is None
 
@@ -102,7 +117,8 @@ def test_burst_slice_alone_would_favour_another_split():
 
 
 def test_cooldown_blocks_a_second_switch_within_120s():
-    cfg = {"warmup_s": 300, "window_s": 60, "slices": 6, "cooldown_s": 120}
+    # window ends only (the shift path, on by default, would move at slice ends)
+    cfg = {"warmup_s": 300, "window_s": 60, "slices": 6, "cooldown_s": 120, "shift_path": False}
     sc = Scenario(mixes=[Mix(360, **DECODE_HEAVY), Mix(60, **PREFILL_HEAVY), Mix(240, **DECODE_HEAVY)])
     tr = drive(EvolvingPlanner(**cfg), sc)
     times = sorted({e.ts for e in switches(tr, after=302)})
@@ -123,7 +139,7 @@ SLO_DECODE_GROWS = {"t_uc": 4000, "t_c": 10_000, "t_out": 1000, "q": 64, "arriva
 def test_slo_guard_vetoes_a_switch_that_overloads_prefill(guard):
     # open arrivals at 8 req/s; decode work grows, so fewer prefill nodes raise throughput, but
     # one prefill node serves only ~6.6 req/s of this work: its queue would grow without bound
-    planner = EvolvingPlanner(warmup_s=300, slo_guard=guard, ttft_objective=False)
+    planner = EvolvingPlanner(warmup_s=300, slo_guard=guard, ttft_objective=False, shift_path=False)
     tr = drive(planner, Scenario(mixes=[Mix(900, **SLO_WARM), Mix(700, **SLO_DECODE_GROWS)]))
     p = next(x for x in plans(tr) if x.ts == pytest.approx(1500.9))
     one = {c.split.prefill: c for c in p.candidates}[1]
@@ -141,13 +157,15 @@ def test_ttft_objective_prefers_lower_ttft_within_tolerance():
     # same windows as above with the guard off: 2P gives 95 % of 1P's throughput and its
     # predicted P95 TTFT is two orders of magnitude lower
     tr = drive(
-        EvolvingPlanner(warmup_s=300, slo_guard=False, ttft_objective=True, throughput_tolerance=0.1),
+        EvolvingPlanner(warmup_s=300, slo_guard=False, ttft_objective=True, throughput_tolerance=0.1,
+                        shift_path=False),
         Scenario(mixes=[Mix(900, **SLO_WARM), Mix(700, **SLO_DECODE_GROWS)]),
     )
     p = next(x for x in plans(tr) if x.ts == pytest.approx(1500.9))
     assert p.chosen.prefill == 2 and "ttft objective" in p.reason
     tr = drive(
-        EvolvingPlanner(warmup_s=300, slo_guard=False, ttft_objective=True, throughput_tolerance=0.01),
+        EvolvingPlanner(warmup_s=300, slo_guard=False, ttft_objective=True, throughput_tolerance=0.01,
+                        shift_path=False),
         Scenario(mixes=[Mix(900, **SLO_WARM), Mix(700, **SLO_DECODE_GROWS)]),
     )
     assert next(x for x in plans(tr) if x.ts == pytest.approx(1500.9)).chosen.prefill == 1
