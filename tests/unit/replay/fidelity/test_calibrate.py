@@ -145,3 +145,15 @@ def test_dispersed_timings_are_scaled_to_their_measured_total():
     pred = sum(fit.coef("d0") + fit.coef("d2") * e.batch + fit.coef("d_ctx") * e.sum_t_c for e in ev)
     assert pred == pytest.approx(sum(e.duration_s for e in ev), rel=1e-9)
     assert fit.residual_rsd > 0.5  # the simulator's noise says how dispersed they were
+
+
+def test_the_simulators_profile_flag_takes_the_files_path(tmp_path):
+    """``evolving replay --profile FILE.toml`` (replay/sim/inputs.py): a path, not only a name."""
+    from argparse import Namespace
+
+    from replay.sim.inputs import run_profile
+
+    path = tmp_path / "cal.toml"
+    path.write_text(profile_toml(calibrate_events(synthetic_run(), source="synthetic"), "cal"))
+    p = run_profile(Namespace(profile=str(path), kv_gpu_tokens=None, kv_host_tokens=None))
+    assert p.name == "cal" and p.c1 == pytest.approx(C["c1"], rel=1e-6)
