@@ -1,4 +1,4 @@
-"""Compiled inner loops (issue 24; the measurements behind each are in docs/directory.md and
+"""Compiled inner loops (the measurements behind each are in docs/directory.md and
 docs/simulator.md §8). Everything else is in pyproject.toml. ``pip install -e .`` (scripts/setup.sh)
 builds them in place; gcc and Cython (a build requirement) are all they need."""
 

@@ -1,4 +1,4 @@
-"""Byte-backed KV tiers: real bytes behind a ``KvPool`` tier's block ids (issue 14, part 2).
+"""Byte-backed KV tiers: real bytes behind a ``KvPool`` tier's block ids.
 
 ``KvBytes`` gives one tier of one node's ``engine.kvpool.KvPool`` storage without changing the
 pool: a ``kernels.pool.BlockPool`` with one slot per block the tier can hold, a map

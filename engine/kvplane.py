@@ -1,4 +1,4 @@
-"""Real KV bytes behind a worker's pool (``--kv-bytes``; issue 14 parts 2-3, docs/kernels.md).
+"""Real KV bytes behind a worker's pool (``--kv-bytes``, docs/kernels.md).
 
 ``KvDataPlane`` gives both tiers of one node's pool (``engine/kvpool.py``) a byte-backed
 ``engine.kvbytes.KvBytes`` (host buffers, pinned when CUDA is present, ``--kv-block-bytes`` per
@@ -321,7 +321,7 @@ class KvDataPlane:
         """One KV fact of this node, before it is published (the worker's emit path)."""
         t = type(event)
         if t is KvStored and event.node == self.node:
-            for tier in event.tiers():  # a write-through store lands in both (issue 24)
+            for tier in event.tiers():  # a write-through store lands in both
                 kb = self.tiers[tier]
                 before = len(kb.slot_of)
                 kb.observe(event)

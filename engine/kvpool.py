@@ -13,7 +13,7 @@ What it guarantees (tests/unit/engine/test_kvpool.py pins each point)
    KV, a running request) pins it (``pin``/``unpin``, counted per owner), or while a call
    passes it as ``also_pinned``. The pins are counted per block as they change (``pin``
    adds the new owner's list and takes back its old one, from where the two differ), so an
-   eviction reads the pinned blocks instead of rebuilding their set (issue 24: rebuilt per
+   eviction reads the pinned blocks instead of rebuilding their set (rebuilt per
    eviction it was 15% of a calibration-session run, docs/simulator.md §8).
 4. Every change a peer must know about is an event, emitted in the order it happens:
    ``KvStored`` for blocks added by ``store`` (never a block already held; ``store_through``
@@ -61,7 +61,7 @@ class KvPool:
         self.node = node
         self.bt = block_tokens
         # the tiers: compiled uint64 sets (services/cores/directory/_native.pyx), probed by the
-        # scans of engine/_kvscan.pyx with the hashes (issue 24, docs/simulator.md §8)
+        # scans of engine/_kvscan.pyx with the hashes (docs/simulator.md §8)
         self.l1 = BlockSet()
         self.l2 = BlockSet()
         self.l1_cap_blocks = l1_capacity_tokens // block_tokens
@@ -93,7 +93,7 @@ class KvPool:
     @staticmethod
     def prefix_len(blocks: Sequence[BlockHash], start: int, store: BlockSet | AbstractSet) -> int:
         """End of the run of ``blocks[start:]`` held in ``store`` (a tier, or any set): one
-        compiled loop over the list probing the tier's table (``engine/_kvscan.pyx``, issue 24;
+        compiled loop over the list probing the tier's table (``engine/_kvscan.pyx``;
         it replaced ``set.issuperset`` of 64-block slices, see docs/simulator.md §8)."""
         return _kvscan.prefix_len(blocks, start, store)
 
@@ -209,7 +209,7 @@ class KvPool:
         """``store("L1", ...)`` then ``store("L2", ...)`` (write-through): the same tiers, the same
         evictions in the same order, and the blocks each added (returned); only when both add
         the same blocks and L2 has room for them without an eviction, the two ``KvStored`` are
-        one, ``write_through`` (issue 24: it folds as the pair, events/catalog.py).
+        one, ``write_through`` (it folds as the pair, events/catalog.py).
 
         ``l2_blocks``: what is written through to L2 if not ``blocks``, taken from L1 once the
         L1 write is done (the blocks of it L1 holds then): the torch engine adopts its newly

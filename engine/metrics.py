@@ -128,7 +128,7 @@ class EngineMetrics:
                                  registry=r)
         self.events = Counter("ei_engine_events", "events the node emitted, by type", lab + ["type"], registry=r)
         # the worker's stream input (engine/worker/stream.py): how far it folded, how far behind
-        # the stream's head, and what it would not fold (issue 45: a consumer that silently stopped)
+        # the stream's head, and what it would not fold (a consumer that silently stopped)
         self.applied = Gauge("ei_engine_applied_seq", "last stream sequence folded into the worker's view", lab,
                              registry=r)
         self.lag = Gauge("ei_engine_consumer_lag_events", "stream head minus the last sequence folded", lab,

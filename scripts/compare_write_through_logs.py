@@ -1,4 +1,4 @@
-"""Two event logs of the same run, before and after one ``KvStored`` for both tiers (issue 24):
+"""Two event logs of the same run, before and after one ``KvStored`` for both tiers:
 is the new one the old one with each L1, L2 pair merged, and nothing else changed?
 
     python scripts/compare_write_through_logs.py OLD.duckdb NEW.duckdb

@@ -51,5 +51,5 @@ def partition(request) -> str:
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "hostile: the hostile suite (issue 45): every account of a secured `evolving up` sends bad "
+        "markers", "hostile: the hostile suite: every account of a secured `evolving up` sends bad "
                    "bytes and forged events; in the default suite and so in .ci/run")

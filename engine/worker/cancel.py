@@ -1,4 +1,4 @@
-"""The worker's side of cancellation (issue 36 part 5; docs/gateway.md, "Cancellation"): a
+"""The worker's side of cancellation (docs/gateway.md, "Cancellation"): a
 ``RequestCancelled`` folded from the stream (after the start head) stops the request wherever it
 is on this node. Every node folds the cancel; only the one holding the request reports it.
 

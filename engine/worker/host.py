@@ -25,7 +25,7 @@ class _TierView:
     """``block in view``: does ``node`` hold ``block`` in ``tier``, per the local directory. One
     lookup per block: building ``copies()`` (every block the node holds) for each test made a
     prefill's fetch plan quadratic - 1,200 blocks against a peer holding 30 K took the worker's
-    loop 2-10 s under load, and the liveness watcher removed it for silence (issue 45)."""
+    loop 2-10 s under load, and the liveness watcher removed it for silence."""
 
     def __init__(self, directory: DirectoryCore, node: str, tier: str) -> None:
         self.d, self.node, self.tier = directory, node, tier

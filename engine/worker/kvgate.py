@@ -4,7 +4,7 @@ The data plane (engine/kvplane.py) moves the bytes a KV fact implies after the n
 emitted it; every block travels with its checksum and the transfer layer refuses a read whose
 bytes differ from the owner's (``TransferCorrupt``: a transfer cut mid-way), as the plane
 refuses a P->D push that lands with another checksum. ``KvGate`` is the worker's reaction
-(issue 26, the "KV transfer cut mid-way" scenario of ``evolving chaos --engines``):
+(the "KV transfer cut mid-way" scenario of ``evolving chaos --engines``):
 
 - ``KvFetched`` into this node (a queued prefill read a peer's blocks): the job waits until the
   bytes are in (its ``ready_s`` is put off), then runs; blocks refused or lost are evicted

@@ -105,12 +105,12 @@ class Stationary:
 
 STATIONARY = {
     "calib-126": Stationary("calibration sessions", 126, "static:4P5D",
-                            "issue 25: at the pressure profile ours should lead every baseline on throughput, "
+                            "at the pressure profile ours should lead every baseline on throughput, "
                             "P95 TTFT (several times lower than Dynamo's) and lost KV reuse (at most a fifth of "
                             "Dynamo's; M §5: 81-95% lower)",
                             quick_stacks=["evolving", "dynamo"], statics=("static:3P6D",), recorded=True,
                             profile=PRESSURE_PROFILE),
-    # issue 25 part 2: CC at 90/108/126 agents in the regime the paper ran (the pressure profile)
+    # CC at 90/108/126 agents in the regime the paper ran (the pressure profile)
     "cc-90": Stationary("cc", 90, "static:4P5D", CC_CLAIM, profile=PRESSURE_PROFILE),
     "cc-108": Stationary("cc", 108, "static:4P5D", CC_CLAIM, profile=PRESSURE_PROFILE),
     "cc-126": Stationary("cc", 126, "static:4P5D", CC_CLAIM, profile=PRESSURE_PROFILE),

@@ -1,4 +1,4 @@
-"""The TTFT objective's trade-off curve (issue 12 part 9): Putnam-like at 256 agents,
+"""The TTFT objective's trade-off curve: Putnam-like at 256 agents,
 Evolving Infra started at 1P8D (the split a throughput-only planner keeps, METHOD.md §6.1)
 under different objective settings, next to static 1P8D / 2P7D / 3P6D.
 

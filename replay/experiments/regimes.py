@@ -1,4 +1,4 @@
-"""``evolving regimes``: the regime map (issue 25 part 1).
+"""``evolving regimes``: the regime map.
 
 A grid of per-node KV capacities (GPU tokens x host:GPU ratios) and concurrencies (agents) on
 recorded sessions at agent pace; each cell run once per stack with the same code every other
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from replay.sim.figures import RunMetrics
 
-#: the four regimes of issue 25, mildest first (a cell takes the most severe of its stacks')
+#: the four regimes, mildest first (a cell takes the most severe of its stacks')
 REGIMES = ("agent-bound", "loaded-roomy", "near-capacity", "thrashing")
 
 

@@ -1,4 +1,4 @@
-"""The regime map's PNG (issue 25 part 1): one row of panels per stack, one panel per metric
+"""The regime map's PNG: one row of panels per stack, one panel per metric
 (req/s, P95 TTFT, lost KV reuse, peak KV demand of kept KV and of GPU KV, idle GPU of the busier phase,
 regime), agents down, per-node KV capacities (GPU/host) across; every cell annotated with its
 value. Matplotlib's Agg backend (no display)."""

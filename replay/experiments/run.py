@@ -50,19 +50,19 @@ def missing_piece(run: Run, parser: argparse.ArgumentParser) -> str:
     opts = {o for a in parser._actions for o in a.option_strings}
     for flag in (a for a in run.argv if a.startswith("--")):
         if flag not in opts:
-            need = {"--kv-gpu-tokens": "KV capacity flags (issue 12 part 3)",
-                    "--kv-host-tokens": "KV capacity flags (issue 12 part 3)",
-                    "--pace": "agent pacing (issue 12 part 2)",
-                    "--start": "--start for every stack (issue 12 part 6)"}.get(flag, flag)
+            need = {"--kv-gpu-tokens": "KV capacity flags",
+                    "--kv-host-tokens": "KV capacity flags",
+                    "--pace": "agent pacing",
+                    "--start": "--start for every stack"}.get(flag, flag)
             return f"needs {need}"
     start = run.argv[run.argv.index("--start") + 1] if "--start" in run.argv else None
     try:
         st = stacks.get_stack(run.stack, start=start)
     except (KeyError, ValueError) as exc:
-        part = "data plane as a stack choice (issue 12 part 5)" if "+" in run.stack else str(exc)
+        part = "data plane as a stack choice" if "+" in run.stack else str(exc)
         return f"needs {part}"
     if start is not None and st.planner == "evolving" and getattr(st, "start", None) is None:
-        return "needs --start honoured by the evolving stack (issue 12 part 6)"
+        return "needs --start honoured by the evolving stack"
     if run.schedule is not None and not hasattr(Simulation, "bind_source_clock"):
         return "needs the simulator's session-clock hook (replay/sim/simulation.py)"
     return ""

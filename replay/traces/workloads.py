@@ -285,7 +285,7 @@ class PutnamParams:
     """Putnam-like sessions (docs/traces.md §4 names the source of each value). Output median and
     kept fraction are calibrated so the best static split on 9 nodes at 224 agents is 2P7D
     (METHOD.md §5): with 6,000-token outputs of which 30% stayed in context, prefill work was so
-    small that 1P8D won every comparison (issue 12)."""
+    small that 1P8D won every comparison."""
 
     block_tokens: int = 64
     system_tokens: int = 2_000

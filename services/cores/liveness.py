@@ -8,7 +8,7 @@ life at its ``ts``, and refreshes the node's *last seen* time. Time is only ever
 (engines and the planner adapter stamp wall-clock seconds), so a replay of the log decides the
 same removals at the same ticks.
 
-**A slow node is not a dead one (issue 45).** Under load an engine's events reach the stream
+**A slow node is not a dead one.** Under load an engine's events reach the stream
 late and its loop runs late, but it goes on. So:
 
 * A ``NodeHeartbeat`` (sent from a thread of the engine's own, engine/worker/publish.py) is life
@@ -71,7 +71,7 @@ class _Snap(msgspec.Struct, array_like=True):
     decode_of: list[tuple[str, str]] = []  # (request, decode node) of the acting route, before it
     orphaned: list[tuple[str, float]] = []  # (node, removal ts) removed for silence, not back yet
     now: float = 0.0  # ts of the last Tick folded
-    # issue 45: the rule that tells a slow node from a dead one (module docstring)
+    # the rule that tells a slow node from a dead one (module docstring)
     jitter_factor: float = 3.0
     max_grace_s: float = -1.0  # -1: 3 x timeout_s (snapshots written before it)
     window: int = 128

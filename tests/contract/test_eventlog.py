@@ -182,7 +182,7 @@ class EventLogContract(abc.ABC):
         log.set_run_config({"a": "two"})
         assert log.run_config() == {"a": "two", "b": {"x": [1, 2]}}
 
-    # ---------------------------------------------------------------- issue 45: a bad row is one row
+    # ---------------------------------------------------------------- a bad row is one row
     @abc.abstractmethod
     def corrupt(self, log: EventLog, seq: int, payload: str) -> None:
         """Overwrite row ``seq``'s stored payload (an edited or damaged file)."""
@@ -266,7 +266,7 @@ class TestDuckDbEventLog(EventLogContract):
         log.con.execute("UPDATE event_rows SET payload = ? WHERE seq = ?", [payload, seq])
 
     def test_a_nan_ts_written_as_null_before_reads_back_from_its_ts_column(self, tmp_path):
-        """Logs recorded before issue 45 hold such a row as ``"ts":null`` (msgspec's JSON) and
+        """Older logs (before such events were refused) hold such a row as ``"ts":null`` (msgspec's JSON) and
         the NaN in the ``ts`` column: it reads back."""
         log = self.make(tmp_path)
         log.append(ticks([1, 2]))

@@ -159,7 +159,7 @@ class TransferContract(abc.ABC):
     @abc.abstractmethod
     def dead_endpoint(self) -> str: ...
 
-    # ------------------------------------------------------------------ checksums (issue 26)
+    # ------------------------------------------------------------------ checksums
     def test_a_read_given_the_owners_checksums_verifies_what_landed(self, nodes):
         _, b, pa, pb, da, _ = nodes
         want = block_checksums(pa, [3, 4, 9])

@@ -1,5 +1,5 @@
 """The real NVIDIA Dynamo (ai-dynamo 1.6.1 in .venv-dynamo: ``bash scripts/setup.sh --dynamo``) beside
-our simulator (issue 46 parts 2, 3, 6; ``pytest -m dynamo``, not in the default suite; skipped with
+our simulator (``pytest -m dynamo``, not in the default suite; skipped with
 the reason where Dynamo is not installed).
 
 - One request, one prefill and one decode worker on each side, the same engine model

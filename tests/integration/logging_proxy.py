@@ -1,4 +1,4 @@
-"""A logging reverse proxy for the real-client tests (issue 36 part 8): it sits between an agent
+"""A logging reverse proxy for the real-client tests: it sits between an agent
 client (Claude Code, Codex, opencode, mini-swe-agent) and the gateway, forwards every request
 unchanged, streams the answer back as it comes, and records what the client sent - method, path,
 query, headers without secrets, the body (parsed when it is JSON) and its size - with the

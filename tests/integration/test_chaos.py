@@ -1,4 +1,4 @@
-"""``evolving chaos`` (issue 15 part 9): the short suite runs over a real 3-server NATS cluster,
+"""``evolving chaos``: the short suite runs over a real 3-server NATS cluster,
 real service processes and a real DuckDB log, and must print an all-zero table; the accounting
 that fills the table is checked on a stream with known losses and duplicates; and the two bus
 faults the suite found stay fixed (an R1 client scaling an R3 stream down; an async publish

@@ -1,4 +1,4 @@
-"""``evolving chaos --engines --quick`` in CI (issue 26 part 1): the engine faults' short form
+"""``evolving chaos --engines --quick`` in CI: the engine faults' short form
 with a real sim engine worker per node - a worker SIGSTOPped until the planner removes it (it
 registers again), a worker SIGKILLed mid-prefill and one mid-decode (their requests re-routed
 or failed with a clear error, the directory forgets their KV), a KV transfer cut mid-way

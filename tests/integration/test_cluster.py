@@ -1,4 +1,4 @@
-"""Clustered JetStream as users run it (issue 15 part 2): three real nats-servers, the stream
+"""Clustered JetStream as users run it: three real nats-servers, the stream
 replicated on all three, services connected with the full server list. One server is killed
 in the middle of a run: no event is lost or duplicated, the router keeps deciding, and the
 recorded log passes ``evolving verify``."""

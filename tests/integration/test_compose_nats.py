@@ -1,4 +1,4 @@
-"""The compose deployment's bus without Docker (issue 15 parts 1, 2): deploy/nats/nats.conf with
+"""The compose deployment's bus without Docker: deploy/nats/nats.conf with
 the secrets ``python -m services.drivers.up.compose_secrets`` generates, on three real nats-servers
 (loopback addresses 127.0.0.1-3 stand for nats-1..3, same ports as in compose's network):
 the routes authenticate and form one JetStream cluster, ``bus-init`` creates the R3 stream with

@@ -1,4 +1,4 @@
-"""Deliveries lost in transit are read again (issue 26: in `evolving chaos --engines`, when all
+"""Deliveries lost in transit are read again (in `evolving chaos --engines`, when all
 three NATS servers were killed and started again, the recorder's durable consumer had been
 handed three messages that never arrived, and its next cumulative ack acknowledged them unseen:
 three events missing from the DuckDB log, and `verify` diverged from there). The consumer

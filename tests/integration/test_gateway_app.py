@@ -263,7 +263,7 @@ async def test_over_real_nats(nats_url, partition):
         await bus.close()
 
 
-# --------------------------------------------------------------------------- hardening (issue 15 part 5)
+# --------------------------------------------------------------------------- hardening
 KEY = "sk-test-key-0001"
 
 
@@ -590,7 +590,7 @@ async def test_an_unexpected_exception_is_a_json_500(partition):
 
 
 async def test_claude_code_headers_give_one_agent_with_a_subagent_and_idle_expiry(partition):
-    """Issue 23 part 2: Claude Code's headers (session, agent id) become a root branch and a
+    """Claude Code's headers (session, agent id) become a root branch and a
     sub-agent; Claude Code never ends a session, so both end by idle expiry on the stream."""
     bus = InMemoryBus(partition)
     now = [100.0]

@@ -1,4 +1,4 @@
-"""A client that leaves stops its engine (issue 36 part 5): the gateway (served as ``__main__``
+"""A client that leaves stops its engine: the gateway (served as ``__main__``
 serves it) in front of a real sim engine worker and a stub router on the in-process bus. A
 streaming client that disconnects after its first tokens, and one that gives up on a
 non-streamed answer, make the gateway publish ``RequestCancelled`` once; the engine stops

@@ -1,4 +1,4 @@
-"""Issue 36 parts 1 and 6 against the in-process bus: what Claude Code sends gets a 200 (unknown
+"""Real clients' requests against the in-process bus: what Claude Code sends gets a 200 (unknown
 fields ignored and counted, system messages folded, any model name), ``--served-model-name``
 restricts the names, and a client without session headers has its multi-turn conversation
 folded into one branch by the hash chain over its messages (docs/gateway.md)."""

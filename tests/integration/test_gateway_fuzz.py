@@ -238,7 +238,7 @@ def test_regression_api_key_not_utf8_is_a_401():
         assert status == 200
 
 
-# ----------------------------------------------------------------------------- issue 45: bad bytes
+# ----------------------------------------------------------------------------- bad bytes
 COMPLETIONS = (b"/v1/completions", b'{"prompt":"hi","max_tokens":2}')
 COUNT = (b"/v1/messages/count_tokens", b'{"model":"evolving-sim","messages":[{"role":"user","content":"hi"}]}')
 RESPONSES = (b"/v1/responses", b'{"model":"evolving-sim","input":"hi","max_output_tokens":2}')

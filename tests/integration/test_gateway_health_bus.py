@@ -1,4 +1,4 @@
-"""The gateway's ``/health`` reports the bus (issue 15 part 4): 200 with the connected server
+"""The gateway's ``/health`` reports the bus: 200 with the connected server
 while NATS answers, 503 ``bus_unavailable`` while the server is down (a load balancer stops
 sending requests that could only time out), 200 again once the client reconnected to the
 restarted server. A real nats-server, killed and restarted on the same port and store."""

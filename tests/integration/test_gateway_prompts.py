@@ -1,4 +1,4 @@
-"""Prompts on the bus (issue 22 part 1): the gateway with SmolLM2's own tokenizer and chat template
+"""Prompts on the bus: the gateway with SmolLM2's own tokenizer and chat template
 (its real GGUF) hashes blocks of the model's token ids and puts those ids into the prompt store
 before it publishes the request; the recorder keeps neither the text nor the ids."""
 

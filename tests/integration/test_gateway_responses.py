@@ -284,7 +284,7 @@ async def test_a_branch_header_wins_over_prompt_cache_key(partition):
 
 
 async def test_a_responses_stream_whose_client_leaves_stops_the_engine(partition, capfd):
-    """The route shares the serving path's cancellation (issue 36 part 5): a client that leaves
+    """The route shares the serving path's cancellation: a client that leaves
     mid-stream makes the gateway publish RequestCancelled and the real sim engine stop."""
     from tests.integration.test_gateway_cancel import LONG, _engine_stopped, stack
 

@@ -1,4 +1,4 @@
-"""Tool calls out of the model (issue 36 part 3) through each API, streaming and not, with the
+"""Tool calls out of the model through each API, streaming and not, with the
 official ``openai`` and ``anthropic`` clients parsing the answers: a fake engine writes a
 Hermes-format call (``<tool_call>{...}</tool_call>``) in small deltas, the gateway's parser
 (``--tool-call-parser hermes``) turns it into ``tool_calls`` / ``tool_use`` / ``function_call``

@@ -1,4 +1,4 @@
-"""The hostile suite (issue 45; docs/security.md, "The hostile suite"): ``evolving up`` with its
+"""The hostile suite (docs/security.md, "The hostile suite"): ``evolving up`` with its
 accounts on, attacked by every account but the admin's with malformed bytes, a newer schema's
 major, 1 MiB payloads, every event type forged about another node or branch, NaN and
 far-future timestamps, on every subject of the partition (services/drivers/chaos/hostile.py).

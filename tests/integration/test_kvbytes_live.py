@@ -1,4 +1,4 @@
-"""Issue 14's "done when": ``evolving up --kv-bytes`` (sim engines with real bytes, Mooncake
+"""Real KV bytes end to end: ``evolving up --kv-bytes`` (sim engines with real bytes, Mooncake
 over TCP between the worker processes) serves a bundled trace (the three weka Claude Code
 sessions, cut to their first requests and short outputs so the run stays short) and every block
 the log says was moved (``KvMoved``, prefill -> decode) or fetched (``KvFetched``, from a

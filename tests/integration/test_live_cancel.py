@@ -1,4 +1,4 @@
-"""End to end (issue 36 part 5): ``evolving up`` (its default sim engine, services, recorder and
+"""End to end: ``evolving up`` (its default sim engine, services, recorder and
 gateway as child processes) on the session's nats-server. A streaming client that disconnects
 after its first tokens: the gateway logs one ``request_cancelled`` line and no traceback, the
 recorded log holds its ``RequestCancelled`` and the engine's ``RequestFinished(error="cancelled")``

@@ -1,4 +1,4 @@
-"""Liveness under load (issue 45 part 4), on a real ``evolving up --engines 4``: real Claude Code
+"""Liveness under load, on a real ``evolving up --engines 4``: real Claude Code
 sessions through the gateway, the same load twice on one stack, while two busy loops
 (``python -c 'while True: pass'``) compete for the CPU. Nothing may be lost and no engine removed.
 

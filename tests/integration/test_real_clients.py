@@ -1,4 +1,4 @@
-"""Issue 36 parts 7 and 8: the real coding agents, unchanged and headless, against ``evolving up``,
+"""The real coding agents, unchanged and headless, against ``evolving up``,
 each through a logging proxy (tests/integration/logging_proxy.py) that records what it sends.
 
 - On the default ``evolving up`` (sim engines) Claude Code (``claude -p``), Codex (``codex

@@ -1,4 +1,4 @@
-"""The log side of the hostile suite (issue 45): a run of the real cores with forgeries, a NaN
+"""The log side of the hostile suite: a run of the real cores with forgeries, a NaN
 timestamp and junk bytes on the stream, recorded into DuckDB by the recorder service, then
 `evolving verify`: OK with every forgery named as refused; and the same file with rows deleted
 from it: the missing seqs named, exit 3. Bus: the in-process twin (the recorder and the bytes

@@ -80,7 +80,7 @@ def test_a_forged_model_fit_is_caught(tmp_path, capsys, run_rows):
 
 
 def test_a_log_recorded_before_the_layout_still_verifies(tmp_path, capsys, run_rows):
-    """Logs written before issue 21's layout name the cores by their old class paths
+    """Logs written before the layered folders name the cores by their old class paths
     (``services.planner.core:...``); ``evolving verify`` resolves them through the alias table
     (services/drivers/services.py, LEGACY_CLASS_PATHS)."""
     old = {"cores": ["directory", "planner", "router"],

@@ -1,5 +1,5 @@
 """A secured bus, on a real nats-server: no anonymous client, and every service confined to
-its subjects (issue 15 part 1). Each refusal is checked twice: the client is told, and the
+its subjects. Each refusal is checked twice: the client is told, and the
 stream did not change."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Each account reads only what its row of ``READS`` grants (issue 26 part 3), on a real
+"""Each account reads only what its row of ``READS`` grants, on a real
 nats-server: the consumers an account may create (filters, durable, ephemeral) are enforced by
 the server, tokens are read by the gateway alone, and an engine cannot publish decisions.
 

@@ -1,4 +1,4 @@
-"""The TLS option end to end (issue 15 part 1): a nats-server with a certificate from a private
+"""The TLS option end to end: a nats-server with a certificate from a private
 CA, a client that trusts that CA connects and publishes; a client without it, or without
 TLS, is refused. Certificates are made with the openssl command line for the test."""
 

@@ -2,7 +2,7 @@
 ``evolving up`` (services, sim engines and the gateway as child processes) streams a tool-use
 conversation with Claude Code's own session headers, then a sub-agent of that session asks its
 own question. The recorded log, folded through a fresh directory core, holds one agent with a
-sub-agent (issue 23, "Done when"), every request finished, and ``evolving verify`` reproduces
+sub-agent ("Done when"), every request finished, and ``evolving verify`` reproduces
 every recorded decision."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""``evolving up`` with plug-ins from outside the repository, as a newcomer runs it (issue 11
-part 4): a router plug-in found on the user's ``PYTHONPATH`` (a relative entry, ``up`` started
+"""``evolving up`` with plug-ins from outside the repository, as a newcomer runs it: a
+router plug-in found on the user's ``PYTHONPATH`` (a relative entry, ``up`` started
 from another directory) runs in shadow in its child process and its decisions reach the stream;
 the start line names the gateway URL and every metrics port (each answers); a plug-in that
 ``up`` can import but its child cannot makes ``up`` stop everything and exit 3 with one line

@@ -1,4 +1,4 @@
-"""``evolving up`` on its own embedded nats-server (issue 15 parts 1 and 4), real processes:
+"""``evolving up`` on its own embedded nats-server, real processes:
 
 - the server is secured: every child runs on its own throwaway account (credential files 0600,
   each child handed only its own), requests are served with no permission violation on the

@@ -1,4 +1,4 @@
-"""Structured output end to end (issue 36 part 3): ``evolving up`` with one sim engine, and with
+"""Structured output end to end: ``evolving up`` with one sim engine, and with
 one torch engine computing SmolLM2-135M-Instruct (whose chat template has no tool-call format:
 the gateway constrains the call to Hermes' and reads it so). Through the official clients, a
 forced tool call (OpenAI ``tool_choice: "required"``, Anthropic ``{"type": "any"}``, the

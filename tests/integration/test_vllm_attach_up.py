@@ -2,7 +2,7 @@
 (``python -m engine.backends.vllm.fake``; real HTTP, real ZMQ, the session's nats-server): the
 stack serves a chat through the gateway that ends at the server's end of turn, the servers' KV
 events reach the recorded stream as the prompt's own blocks, a client that leaves mid-stream
-leaves no traceback in the gateway's log (issue 37 bug 8), and ``evolving verify`` reproduces
+leaves no traceback in the gateway's log, and ``evolving verify`` reproduces
 the run. The same against two real vLLM servers: tests/vllm/test_real_vllm.py."""
 
 from __future__ import annotations

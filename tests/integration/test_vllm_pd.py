@@ -1,4 +1,4 @@
-"""PD between two vLLM servers through two workers on a bus (issue 37 part 4), against fake
+"""PD between two vLLM servers through two workers on a bus, against fake
 vLLM servers that share a KV store as vLLM's ExampleConnector does (kv_both): the prefill
 worker's server computes the prompt and gives the first token, the decode worker's server loads
 the prompt's KV from the store and streams the rest; the roles switch in place. The same with

@@ -1,4 +1,4 @@
-"""The vLLM backend kept true to its server (issue 37, bugs 1-7) against the fake vLLM server in
+"""The vLLM backend kept true to its server (bugs 1-7) against the fake vLLM server in
 this process (real HTTP, real ZMQ): a client's sampling and end of turn reach vLLM, the node
 registers vLLM's KV capacity and honours its ``max_model_len``, a restarted server or worker
 never leaves the directory with blocks the server no longer holds, what cannot be folded is

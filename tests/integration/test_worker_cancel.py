@@ -1,5 +1,5 @@
-"""A ``RequestCancelled`` on the stream stops the request on the sim engine workers that hold it
-(issue 36 part 5): a running decode within an iteration, a request routed after its cancel at
+"""A ``RequestCancelled`` on the stream stops the request on the sim engine workers that hold it:
+a running decode within an iteration, a request routed after its cancel at
 once; exactly one ``RequestFinished(error="cancelled")``, nothing of the request after it."""
 
 from __future__ import annotations

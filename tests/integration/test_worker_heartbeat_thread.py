@@ -1,4 +1,4 @@
-"""Heartbeats from a thread of their own (issue 45 part 4), on a real nats-server: while the
+"""Heartbeats from a thread of their own, on a real nats-server: while the
 worker's loop is blocked (a fold or a callback that runs for seconds), its heartbeats still reach
 the stream on time, over a connection of their own, and say how late the loop is
 (``loop_lag_s``) and that it made no progress meanwhile; the liveness watcher, refolding them,

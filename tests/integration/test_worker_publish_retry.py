@@ -1,8 +1,8 @@
-"""The engine worker retries a publication the bus did not confirm (issue 15 part 4), with the
+"""The engine worker retries a publication the bus did not confirm, with the
 same message id, so the stream's duplicate window stores it once: a bus that fails a few
 publications (one of them after storing it: the ack was lost) loses and duplicates nothing,
 and the events stay in the node's order. An error a retry cannot fix is not retried.
-Heartbeats go straight to the bus (issue 26 part 2: never queued behind the node's events) with
+Heartbeats go straight to the bus (never queued behind the node's events) with
 message ids of their own, and a failed one is not retried: the next one follows."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Liveness that heals (issue 26 part 2), with a real worker process on a real nats-server: a
+"""Liveness that heals, with a real worker process on a real nats-server: a
 worker stopped (SIGSTOP) past the heartbeat timeout is removed by the planner's liveness
 watcher; after SIGCONT it sees its own removal on the stream, registers again, re-publishes
 its KV and serves the next request the router sends it; it is not removed again, and it

@@ -1,4 +1,4 @@
-"""A re-route that reaches the stream after the prefill it moves has started elsewhere (issue 26,
+"""A re-route that reaches the stream after the prefill it moves has started elsewhere (seen in
 `evolving chaos --engines`: a worker's events arrive seconds late on a loaded machine; the
 planner switched p0 to decode, the router re-routed six requests it still saw queued on p0,
 which had begun them; p1 prefilled them a second time 30 s later and their decode node took

@@ -1,4 +1,4 @@
-"""Hypothesis: ``BlockSet`` (a node KV pool's tier, services/cores/directory/_native.pyx, issue 24)
+"""Hypothesis: ``BlockSet`` (a node KV pool's tier, services/cores/directory/_native.pyx)
 is a Python ``set`` of uint64 hashes: the same members, length, membership answers and
 comparisons under any sequence of writes, whatever the table's growth and tombstones do; a write
 naming a bad hash (negative, >= 2**64, not an int) raises and leaves the set as it was. One

@@ -1,4 +1,4 @@
-"""Hypothesis: where counts sit when routes are not (yet) followed by KV (issue 12), and what
+"""Hypothesis: where counts sit when routes are not (yet) followed by KV, and what
 count-aware eviction does with them.
 
 Random interleavings of branch opens, submissions (each with its ``RouteDecided``), fetches,

@@ -3,7 +3,7 @@ starts and finishes, never trip the directory's assertions, and the invariants o
 tests/property/test_directory_invariants.py (every count equal to a recomputation from
 scratch, counts never negative, holders and copies as the rules say) hold after every step.
 
-Issue 26 part 2 ("liveness that heals"): the liveness watcher may remove a node that is only
+Liveness that heals: the liveness watcher may remove a node that is only
 late; its worker then registers again, re-publishes its KV (``KvStored`` without a request),
 and goes on publishing what it had in flight, so the directory sees removals, re-registrations,
 repeated removals and KV of a removed node in any order. The reference model adds the rules

@@ -1,4 +1,4 @@
-"""One write-through ``KvStored`` (issue 24) folds exactly as the pair it replaces.
+"""One write-through ``KvStored`` folds exactly as the pair it replaces.
 
 Producers before schema 1.1 sent ``KvStored`` L1 then ``KvStored`` L2 with the same ``ts``,
 blocks, request and branch; now they send one ``KvStored(tier="L1", write_through=True)``.

@@ -1,4 +1,4 @@
-"""Hypothesis: the liveness rule of issue 45 part 4 (services/cores/liveness.py).
+"""Hypothesis: the liveness rule (services/cores/liveness.py).
 
 * A node that goes on - heartbeats every ``h`` seconds, however late they reach the stream
   within the timeout, however late its loop, as long as it progresses - is never removed.

@@ -1,4 +1,4 @@
-"""Hypothesis: liveness on model time under any time scale (issue 26 part 2).
+"""Hypothesis: liveness on model time under any time scale.
 
 Every clock of a run is ``epoch + (wall - epoch) * S``: the planner's ``Tick``
 (services/drivers/serve.py ``ticker``) and each engine worker's node model (engine/worker/:

@@ -1,4 +1,4 @@
-"""The router's learned fetch cost (issue 12 part 10) under random links and random streams
+"""The router's learned fetch cost under random links and random streams
 (hypothesis): exact recovery of any FIFO link from its ``KvFetched`` reports however much the
 fetches queue, and a model that is always finite and non-negative whatever is reported."""
 

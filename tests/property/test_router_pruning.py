@@ -1,4 +1,4 @@
-"""Candidate pruning of the least-TTFT router (issue 16): on random cluster states (many nodes,
+"""Candidate pruning of the least-TTFT router: on random cluster states (many nodes,
 random queues, running batches, KV holders in both tiers, per-node fitted models and token
 budgets, fetch parameters), the pruned decision equals full scoring's: same prefill node,
 ``t_c``/``t_uc``, predicted TTFT, fetch plan, decode node, and every score it lists is the one

@@ -1,4 +1,4 @@
-"""`verify` names exactly the rows deleted from a log (issue 45): for any set of rows deleted
+"""`verify` names exactly the rows deleted from a log: for any set of rows deleted
 from a recorded DuckDB file - its first, its last, runs, all of them - the report's gaps are
 the deleted seqs as ranges, nothing else, and the verdict is not OK unless nothing was deleted.
 Seqs the recorder was not handed (noted in the log) are never gaps."""

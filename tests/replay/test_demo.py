@@ -1,4 +1,4 @@
-"""``scripts/demo.sh`` (issue 25 part 4): the sessions it replays are bundled with their LICENSE
+"""``scripts/demo.sh``: the sessions it replays are bundled with their LICENSE
 and source, its flags are ``evolving compare``'s, and docs/demo.md shows the table it prints."""
 
 from __future__ import annotations

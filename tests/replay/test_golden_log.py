@@ -3,27 +3,27 @@
 ``evolving replay --stack evolving --duration 5m --seed 3`` on the 3 test-fixture Claude Code
 sessions (the default trace) writes a DuckDB event log; the digest of every recorded event (sequence, time, type,
 source, subject, payload), in stream order, must equal the one recorded before the layering
-refactor (issue 11). A change that alters any event, decision or order fails here. If a change
+refactor. A change that alters any event, decision or order fails here. If a change
 is *meant* to change decisions, re-pin the digest in the same commit and say why.
 
-Re-pinned (issue 12 part 6): the warm-up-end decision is SE-gated against a reference split
+Re-pinned: the warm-up-end decision is SE-gated against a reference split
 (4P5D here); 3P6D's mean gain over it (0.146 req/s) does not exceed 2 SE (0.167), so the run
 keeps 4P5D where the ungated choice took 3P6D. Every event before t = 1800 s is unchanged.
 
-Re-pinned (issue 12 part 10): the router charges the fetch cost it learns from ``KvFetched``
+Re-pinned: the router charges the fetch cost it learns from ``KvFetched``
 (1.12e-6 s/token, the profile's link) instead of the 4e-7 prior. With learning off
 (``learn_fetch=False``) the log is byte-identical to the previous pin; with it on, the first
 changed event is the decision at t = 22.7 s (a 17,856-token fetch now charged 22 ms instead of
 9 ms: the request goes to the holder with a 17 ms queue). 22182 -> 21980 events.
 
-Re-pinned (issue 12 part 9): the planner's queueing prediction (request-weighted work, the
+Re-pinned: the planner's queueing prediction (request-weighted work, the
 agents' closed loop, service-time spread; docs/planner.md). One event differs, the
 ``PlanEvaluated`` at t = 1800 s: its candidates' ``predicted_ttft_p95_s`` (1P8D 1.58 -> 5.38 s,
 the others 0.86 -> 1.74 s); every decision, order and other event is unchanged (21980 events).
 Re-pinned again for the same event: the P95 bisection's 40 instead of 50 steps moves 1P8D's
 5.375919929561499 s in its 14th digit (large clusters: the normal tail beyond 50 departures).
 
-Re-pinned (issue 21, the layout): the replay now runs in a child process with OpenBLAS's kernel
+Re-pinned (the layout): the replay now runs in a child process with OpenBLAS's kernel
 fixed (``OPENBLAS_CORETYPE=Prescott``, SSE3, which every x86-64 machine has; one BLAS thread).
 Left to auto-detection the digest depends on the CPU: the NNLS fits of the cost models
 (scipy.optimize.nnls, numpy norms) round differently per BLAS kernel, and with them the
@@ -33,14 +33,14 @@ Sandybridge 2b7911d0..., Nehalem d6740082..., Prescott c3b489ff...; the previous
 came from the last CI machine's kernel. Same 21980 events under every kernel; the code move
 changed none of them (both trees give the same digest under each kernel).
 
-Re-pinned (issue 24, one store event for both tiers): a prefill's ``KvStored`` L1 and
+Re-pinned (one store event for both tiers): a prefill's ``KvStored`` L1 and
 ``KvStored`` L2 (write-through, same ts, blocks and request) are one ``KvStored`` with
 ``write_through``. 21980 -> 20258 events: 1722 pairs became one event each (KvStored 3584 ->
 1862); expanding each write-through event into its L1, L2 pair gives the previous log exactly
 (type, ts, src, subject, payload of every event; only the sequence numbers after the first
 merge move), so all 2225 decision events and all 18396 events that are not ``KvStored`` are
 unchanged, in order (the previous commit's log and this one's, both under Prescott, compared
-event by event: docs/simulator.md, "Fewer events per request (issue 24)").
+event by event: docs/simulator.md, "Fewer events per request").
 
 Re-pinned (the CI machine changed): 25d39a8d... was taken on a CPU with AVX-512; the CI machine
 of 2 Dec 2026 is an AMD EPYC without it (numpy dispatches X86_V3 at most), and there the same
@@ -69,6 +69,16 @@ the context its batch attended over (``sum_t_c``), and the planner fits eq. 2 pl
 sum_ctx`` (docs/planner.md). Every decode ``ModelFitted`` now carries four coefficients (d3
 1.1-1.6e-9 where identified, 0 elsewhere); the split chosen at t = 1800 s is unchanged (4P5D);
 20258 events; the same digest under the kernels below.
+
+Re-pinned (issue 41 parts 1 and 3, decisions change by design): the evolving stack's prefill
+nodes serve their queue ``short_first`` (shortest expected prefill first with aging, iterations
+bounded in time, a long prompt held to half an iteration while shorter ones wait:
+engine/backends/sim/prefill_order.py) instead of FCFS, so prefill iterations, their timings and
+every event that follows them move; the planner's shift path (a change-point test at slice ends)
+publishes nothing here (no shift in the 5 min after the warm-up end at 1800 s), and the split
+chosen there is unchanged (4P5D kept). Taken on the tree with the directory fold's changes of
+the same day (which had moved the pin without re-pinning: 224 ``AnomalyReported`` of the
+directory's ``unversioned_rewrite``); ``evolving verify`` of the new log reproduces every decision.
 """
 
 from __future__ import annotations

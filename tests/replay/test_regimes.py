@@ -1,4 +1,4 @@
-"""``evolving regimes`` (issue 25 part 1): the classification of one run's figures into the four
+"""``evolving regimes``: the classification of one run's figures into the four
 regimes, the grid, and a tiny grid run end to end through the CLI (rows in one JSON, reused by
 a second call that adds a stack at one cell, a PNG map)."""
 

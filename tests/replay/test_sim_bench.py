@@ -76,7 +76,7 @@ def test_calibration_rows_measure_the_log_beside_the_path_before(capsys):
 
 
 def test_a_size_can_carry_its_own_span_and_the_targets_are_marked(capsys):
-    """``NODES:AGENTS@WARMUP+DURATION`` (issue 24: every target in one run, each size its own
+    """``NODES:AGENTS@WARMUP+DURATION`` (every target in one run, each size its own
     span); the evolving row of a size with a target says what it is measured against."""
     assert main(["bench", "sim", "--calibration", "", "--sizes", "9:4@5s+10s,3:4", "--runs", "evolving,baseline",
                  "--warmup", "10s", "--duration", "10s", "--json"]) == 0

@@ -1,4 +1,4 @@
-"""``evolving chaos --engines vllm`` (issue 37 part 6; ``pytest -m vllm``): two real vLLM servers
+"""``evolving chaos --engines vllm`` (``pytest -m vllm``): two real vLLM servers
 on SmolLM2, a worker attached to each, over the real 3-server NATS cluster and services - a
 worker SIGKILLed mid-decode, a vLLM server SIGKILLed mid-decode and started again, a KV-event
 socket cut and mended. The table must be all zero (no event lost or duplicated, no decision

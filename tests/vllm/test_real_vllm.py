@@ -1,4 +1,4 @@
-"""The vLLM backend against two real vLLM servers on the CPU (issue 37; ``pytest -m vllm``, see
+"""The vLLM backend against two real vLLM servers on the CPU (``pytest -m vllm``, see
 conftest.py): the bugs the fake-server tests cover (tests/integration/test_vllm_server_truth.py),
 held against vLLM itself, and ``evolving up --engines vllm --attach`` serving a chat through the
 gateway on both servers."""

@@ -1,5 +1,5 @@
-"""PD between two real vLLM servers whose ExampleConnector (kv_both) shares one folder (issue 37
-part 4; ``pytest -m vllm``): the prefill node's server computes the prompt and the first token,
+"""PD between two real vLLM servers whose ExampleConnector (kv_both) shares one folder
+(``pytest -m vllm``): the prefill node's server computes the prompt and the first token,
 the decode node's server - which never saw the prompt - loads its KV from the store and
 decodes; the output is token-identical to one server's, greedy. The roles switch in place."""
 

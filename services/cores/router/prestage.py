@@ -1,4 +1,4 @@
-"""Prestaging (issue 25 part 3): the next turn's KV staged during the tool wait. Pure: no I/O,
+"""Prestaging: the next turn's KV staged during the tool wait. Pure: no I/O,
 no clock, no randomness.
 
 After a turn of a branch finishes (``RequestFinished`` on its decode node ``D``), the agent

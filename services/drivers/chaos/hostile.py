@@ -1,4 +1,4 @@
-"""The hostile suite's attacker (issue 45, docs/security.md "The hostile suite"): for each account
+"""The hostile suite's attacker (docs/security.md "The hostile suite"): for each account
 of a secured stack, every kind of bad message on every subject of the partition.
 
 For each account (its own NATS credentials, as ``evolving up`` writes them) and each subject of

@@ -1,4 +1,4 @@
-"""Cancellation (issue 36 part 5; docs/gateway.md, "Cancellation"): a request whose client went
+"""Cancellation (docs/gateway.md, "Cancellation"): a request whose client went
 away, or that the gateway gave up on, is cancelled on its engine.
 
 As vLLM aborts a request when its HTTP client disconnects (and SGLang has ``/abort_request``),

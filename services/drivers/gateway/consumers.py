@@ -1,4 +1,4 @@
-"""What the gateway's ``/health`` says of the stream's readers (issue 45: an engine whose input
+"""What the gateway's ``/health`` says of the stream's readers (an engine whose input
 stopped on one malformed message while every health check said ok).
 
 - :class:`Watch`: one of the gateway's own readers (the route watcher, the failure watcher):

@@ -370,7 +370,7 @@ _STREAM_ERROR_STATUS = {"timeout": 504, "request_failed": 503, "route_timeout": 
 def _stream_error_status(err: dict) -> int:
     """The HTTP status an error event inside a stream stands for. Its ``code`` is a word
     (``timeout``) or a number; reading it as an int raised ``ValueError`` and ended the drive
-    (one of the 62 requests counted lost under the agent load before issue 45's fixes)."""
+    (one of the 62 requests an agent-load soak once counted lost)."""
     code = err.get("code")
     if isinstance(code, int) or (isinstance(code, str) and code.isdigit()):
         return int(code)

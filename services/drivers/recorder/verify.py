@@ -6,7 +6,7 @@ How it works (docs/recorder.md has the long form):
 1. The cores are built from the log's ``run_config`` table (plug-in name or class path and
    constructor kwargs, one key per core) by the recipes of the services table
    (services/drivers/services.py: ``CORES``, which also resolves the class paths of logs
-   recorded before the layout of issue 21), through a registry of :class:`CoreSpec` so any
+   recorded before the folders had layers), through a registry of :class:`CoreSpec` so any
    core can be verified (tests use a fake one).
 2. Every recorded event is folded, in seq order, through every core - exactly what the live
    adapters do, echoes of a core's own decisions included. What a core emits is *not* folded:
@@ -27,7 +27,7 @@ A core that leaves ``src`` empty gets the recorded ``src`` before the comparison
 the publisher id, cores do not.
 
 The log is the stream, refused events included, so verify applies the event authority the live
-consumers apply (issue 45; events/authority.py): one :class:`~events.authority.Admission` over
+consumers apply (events/authority.py): one :class:`~events.authority.Admission` over
 the rows in seq order, each checked with its recorded subject. A refused row is not folded into
 any core, not compared as a decision (a forged ``RouteDecided`` on the gateway's subject is no
 decision of the router's), counted, and listed with its reason; refusals do not fail the check.

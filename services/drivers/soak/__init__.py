@@ -1,4 +1,4 @@
-"""``evolving soak``: a bounded soak of the live stack (issue 26 part 4).
+"""``evolving soak``: a bounded soak of the live stack.
 
 It starts ``evolving up`` on loopback (simulated engines), or attaches to a running one, sends
 streaming chat requests through the gateway at a Poisson rate over N agent streams (multi-turn

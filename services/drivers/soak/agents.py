@@ -1,5 +1,5 @@
 """``evolving soak --trace``: real agent sessions replayed through the gateway of one ``evolving
-up``, several times, while busy loops compete for the CPU (issue 45 part 4).
+up``, several times, while busy loops compete for the CPU.
 
 The load of the issue: 30 real Claude Code sessions (the bundled calibration traces), each cut to
 its first 8 requests (``replay.traces.format.cut_session``), 30 at a time, replayed closed-loop by the driver

@@ -50,7 +50,7 @@ def register(sub, bench) -> None:
     p.add_argument("--plot", default=None, metavar="FILE.png", help="latency, RSS and open files over time (PNG)")
     p.add_argument("--no-progress", action="store_true", help="no live display")
     g = p.add_argument_group("agent load (--trace): real agent sessions through the gateway, repeated on one "
-                             "stack while busy loops compete for the CPU (issue 45; docs/live.md, Liveness)")
+                             "stack while busy loops compete for the CPU (docs/live.md, Liveness)")
     g.add_argument("--trace", default=None, metavar="SPEC",
                    help="replay this workload instead of the Poisson load, e.g. deploy/traces/calibration or "
                         "deploy/traces/calibration-100 (the first --sessions that fit the context)")

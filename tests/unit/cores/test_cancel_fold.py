@@ -1,4 +1,4 @@
-"""How the cores fold a cancellation (issue 36 part 5): ``RequestCancelled`` changes no core's
+"""How the cores fold a cancellation: ``RequestCancelled`` changes no core's
 state and decides nothing (a replay with or without it decides the same), and the engine's
 ``RequestFinished(error="cancelled")`` closes the request in every core that tracks requests in
 flight; ``evolving verify`` reproduces every decision of a log holding both."""

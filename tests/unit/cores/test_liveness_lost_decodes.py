@@ -1,4 +1,4 @@
-"""A removed node's decodes end with a clear error (issue 26: an engine killed mid-decode left its
+"""A removed node's decodes end with a clear error (an engine killed mid-decode left its
 requests in flight for good). The liveness watcher fails every request past its first token
 whose decode node is removed, once, from event ``ts`` only: at once when the engine says its KV
 is gone (restarted, shutdown), after a grace of ``timeout_s`` for a removal for silence (a node
@@ -76,7 +76,7 @@ def test_a_node_removed_for_silence_keeps_its_decodes_if_it_comes_back_in_time()
 
 
 def test_a_registration_that_arrives_late_counts_from_when_it_is_folded():
-    # issue 26: a worker whose publications lagged 2 minutes registered again with a ts 126 s
+    # seen under chaos: a worker whose publications lagged 2 minutes registered again with a ts 126 s
     # old and was removed at the next tick, again and again
     w = LivenessWatcher(6.0)
     _feed(w, [NodeRegistered(ts=0.0, node="p1", role="prefill"), Tick(ts=100.0)])  # removed (silent)

@@ -1,4 +1,4 @@
-"""Liveness under load (issue 45 part 4): the watcher tells a slow node from a dead one.
+"""Liveness under load: the watcher tells a slow node from a dead one.
 
 A heartbeat is life at its ``ts`` when the node progressed since its previous heartbeat (or its
 loop is not late), else only when its loop last answered (``ts - loop_lag_s``); a node's grace

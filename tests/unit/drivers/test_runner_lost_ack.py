@@ -1,4 +1,4 @@
-"""A decision the bus acknowledged but never stored is published again (issue 26: `evolving chaos
+"""A decision the bus acknowledged but never stored is published again (`evolving chaos
 --engines`, kill-nats-leader). After the stream leader was killed, the router's retried publish
 of one decision was answered "duplicate" although the new leader never stored it: the request
 stayed undecided until a later restart of the router re-published it 50 s later, behind the

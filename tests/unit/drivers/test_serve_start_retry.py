@@ -1,4 +1,4 @@
-"""A service's start goes through transient bus errors (issue 26: the quick chaos scenario
+"""A service's start goes through transient bus errors (the quick chaos scenario
 corrupt-planner-snapshot once ended "planner exited 1" under heavy machine load, a JetStream
 request of the restarted planner timing out): it connects again, for up to START_RETRY_S; an
 error a retry cannot fix still ends it at once."""

@@ -117,7 +117,7 @@ async def test_p2d_move_and_peer_fetch_move_verified_bytes(cluster):
 
 async def test_a_corrupted_block_is_refused_and_the_prefill_recomputes_it(cluster):
     """The owner's copy is torn: the read lands bytes whose checksum is not the owner's, the
-    transfer layer refuses them (issue 26: before, the block was kept without bytes and the
+    transfer layer refuses them (before, the block was kept without bytes and the
     prefill counted it as cached), the block is evicted and the prefill computes it."""
     bus, worker = cluster
     p1, p2 = worker("p1", "collocated"), worker("p2", "collocated")

@@ -1,4 +1,4 @@
-"""A KV transfer cut mid-way between workers (issue 26, ``evolving chaos --engines``'s
+"""A KV transfer cut mid-way between workers (``evolving chaos --engines``'s
 ``cut-kv-transfer``): the transport reports it done, half of the bytes are missing, the
 checksums refuse it and the request recomputes the refused blocks; in-process over the
 loopback fabric (tests/contract/test_transfer.py has the same refusal on Mooncake)."""

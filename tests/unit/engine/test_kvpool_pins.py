@@ -1,4 +1,4 @@
-"""The pool's pins are counted as they change (issue 24): after any sequence of pins and unpins,
+"""The pool's pins are counted as they change: after any sequence of pins and unpins,
 re-pins of the same owner with other lists included, the pinned blocks are exactly the union of
 the owners' current lists (what ``pinned()`` rebuilt per eviction before), an eviction sees them
 (and ``also_pinned``) as pinned, and ``also_pinned`` counts for that call only."""

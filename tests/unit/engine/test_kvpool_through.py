@@ -1,4 +1,4 @@
-"""``KvPool.store_through`` (issue 24): L1 written through to L2 is ``store("L1")`` then
+"""``KvPool.store_through``: L1 written through to L2 is ``store("L1")`` then
 ``store("L2")`` - same tiers, same evictions in the same order, same blocks returned - with the
 two ``KvStored`` sent as one ``write_through`` event when both tiers add the same blocks and L2
 has room for them without evicting (a prompt a full tier cuts short stays a pair)."""
@@ -37,7 +37,7 @@ class Fixture:
 
 
 def _expand(log: list) -> list:
-    """The log as a producer before issue 24 wrote it: a write-through store as L1 then L2."""
+    """The log as an older producer wrote it: a write-through store as L1 then L2."""
     out = []
     for e in log:
         if isinstance(e, KvStored) and e.write_through is True:

@@ -1,5 +1,5 @@
 """The pool's compiled scans (engine/_kvscan.pyx) give the same answers against its typed tables
-(a tier is a ``BlockSet``, the pins a ``BlockCounts``, probed with the uint64 hashes, issue 24)
+(a tier is a ``BlockSet``, the pins a ``BlockCounts``, probed with the uint64 hashes)
 as against Python sets holding the same hashes: on random block lists with repeats and with
 entries that are no uint64 hash (negative, too large: in no table, as in no set of hashes). The
 typed scans convert and probe in chunks of 64 blocks: lists cross the chunk edges."""

@@ -203,7 +203,7 @@ def test_collocated_to_decode_switches_once_prefill_is_drained_while_decoding_co
 
 
 def test_in_place_switch_to_prefill_serves_prefill_at_once_and_carries_running_decodes():
-    """METHOD.md §4.1/§4.4 (issue 12 part 6): a collocated node ordered to prefill takes
+    """METHOD.md §4.1/§4.4: a collocated node ordered to prefill takes
     prefill work from the order on, and the decodes it runs finish in place, one decode step
     per prefill iteration (a mixed batch costing their per-request share of eq. 2)."""
     h = Host()

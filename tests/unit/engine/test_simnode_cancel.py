@@ -1,4 +1,4 @@
-"""Cancellation on the simulated node (issue 36 part 5): ``SimNode.cancel`` drops a queued prefill
+"""Cancellation on the simulated node: ``SimNode.cancel`` drops a queued prefill
 at once, stops a running decode at its next iteration boundary, and reports one
 ``RequestFinished(error="cancelled")`` with the tokens produced so far; the prompt's KV stays
 cached as for a finished request. Times are hand-checked from the profile (noise off)."""

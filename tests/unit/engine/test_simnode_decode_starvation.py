@@ -1,5 +1,5 @@
 """A node that is not collocated never starves the decodes it runs behind a prefill backlog
-(issue 26 part 1, `evolving chaos --engines`: worker d1 kept starting prefills and ran no decode
+(`evolving chaos --engines`: worker d1 kept starting prefills and ran no decode
 iteration for minutes, 2180 requests hung).
 
 Decodes reach a prefill node when no decode node is left (the router's "decode on the prefill

@@ -1,4 +1,4 @@
-"""Issue 25 part 2: a fetch whose KV finds no room in the GPU tier lands in host memory.
+"""A fetch whose KV finds no room in the GPU tier lands in host memory.
 
 Before the fix, fetched KV had to fit in both tiers of the destination at once; when the GPU
 tier was full of blocks pinned by the running and queued requests (each queued job pins the KV

@@ -35,7 +35,7 @@ class Host:
         self.dir.apply(e)
         t = type(e)
         if t is KvStored:
-            for tier in e.tiers():  # a write-through store: L1 and L2 (issue 24)
+            for tier in e.tiers():  # a write-through store: L1 and L2
                 self.held[e.node, tier].update(e.blocks)
         elif t is KvEvicted:
             assert set(e.blocks) <= self.held[e.node, e.tier]

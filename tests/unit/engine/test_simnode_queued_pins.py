@@ -1,4 +1,4 @@
-"""Issue 12: a queued prefill job keeps the prefix its node already holds.
+"""A queued prefill job keeps the prefix its node already holds.
 
 Before the fix a queued job pinned its blocks only once fetched KV had landed (or it had
 started); a job whose prefix was all local pinned nothing, so the stores of the requests ahead

@@ -1,4 +1,4 @@
-"""events.jsondepth: the nesting depth of JSON text, read from its bytes (issue 45)."""
+"""events.jsondepth: the nesting depth of JSON text, read from its bytes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``KvStored.write_through`` (schema 1.1, issue 24): on the wire only when set, so a single-tier
+"""``KvStored.write_through`` (schema 1.1): on the wire only when set, so a single-tier
 store is byte-identical to one written before; a payload without it reads as a single-tier
 store (old logs); ``tiers()`` is what every consumer folds."""
 

@@ -1,4 +1,4 @@
-"""Issue 12: a branch's count moves with its KV, not with the routing decision.
+"""A branch's count moves with its KV, not with the routing decision.
 
 Before the fix, ``RouteDecided`` moved the branch's counts to the routed prefill and decode
 nodes at once. While the request waited in the prefill queue (minutes under KV pressure), the

@@ -1,6 +1,6 @@
 """The directory remembers at most ``max_ended`` ended branches, the oldest end forgotten first,
 and a snapshot carries that order: a restored core forgets (and so decides) exactly as one that
-folded the whole history (issue 26 part 4: the soak found ``_ended`` kept every branch)."""
+folded the whole history (the soak found ``_ended`` kept every branch)."""
 
 from __future__ import annotations
 

@@ -153,7 +153,7 @@ def test_core_imports_only_stdlib_numpy_msgspec_events(module):
 
 
 def test_compiled_modules_import_only_c_and_numpy():
-    """The compiled parts of the core (``*.pyx``, issue 24) stay pure too: the Python C API, libc
+    """The compiled parts of the core (``*.pyx``) stay pure too: the Python C API, libc
     and numpy, nothing that does I/O or reads a clock."""
     pyx = sorted(PKG.glob("*.pyx"))
     assert pyx, "no compiled module found"

@@ -1,6 +1,6 @@
 """The window's per-request prefill work is what the engine found cached at prefill start, not
 the router's plan: reuse lost while a request queued (its KV evicted, a fetch that found no
-room) is prefill work the planner must see (issue 12, the KV-pressure deviation)."""
+room) is prefill work the planner must see (the KV-pressure deviation)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The three paths of a window-end decision after warm-up (issue 15 part 8), kept apart and
+"""The three paths of a window-end decision after warm-up, kept apart and
 named in ``PlanEvaluated.reason``: place newcomers (only nodes without a role get one), repair a
 0P/0D split (exactly one node moves), and the SE-gated switch with its cooldown.
 

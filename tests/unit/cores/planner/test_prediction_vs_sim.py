@@ -1,5 +1,5 @@
-"""The planner's predicted P95 TTFT against what the simulator measures at a static split
-(issue 12 part 9). Before, the prediction averaged the slices' service *rates* and treated
+"""The planner's predicted P95 TTFT against what the simulator measures at a static split.
+Before, the prediction averaged the slices' service *rates* and treated
 agents as open Poisson arrivals with a 600 s overload horizon: on Putnam-like at 256 agents it
 said 0.27 s for 1P8D where 14.5 s was measured (and 369 s once the queue was near saturation).
 

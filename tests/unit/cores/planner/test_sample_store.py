@@ -1,4 +1,4 @@
-"""The warm-up sample store: packed rows (issue 26 part 4: the soak saw the planner grow with
+"""The warm-up sample store: packed rows (the soak saw the planner grow with
 it), the same values, thinning and fits as the list of rows it replaces, and it survives a
 snapshot."""
 

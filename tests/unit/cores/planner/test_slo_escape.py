@@ -1,4 +1,4 @@
-"""The SLO escape (issue 12 part 9): with the TTFT objective on, a split whose predicted P95
+"""The SLO escape: with the TTFT objective on, a split whose predicted P95
 TTFT breaks ``slo_ttft_p95_s`` is left for one that meets it at no predicted throughput loss
 beyond ``throughput_tolerance``, even when no candidate's gain passes 2 SE (the 2-SE test asks
 for certainty of a throughput gain; this switch trades none)."""

@@ -1,4 +1,4 @@
-"""The decision at the end of the warm-up (issue 12 part 6): SE-gated against a reference split
+"""The decision at the end of the warm-up: SE-gated against a reference split
 as METHOD.md §4.3 describes (a candidate replaces the reference only when its mean gain over it
 exceeds twice its standard error), whether the nodes warmed up collocated or started at a split."""
 

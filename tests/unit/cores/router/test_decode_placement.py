@@ -1,6 +1,6 @@
 """LeastTtftRouter's decode choice when some decode nodes have not decoded yet.
 
-Found in the fixed-4P5D ablation (issue 12, docs/router.md "Decode node"): with ``t_acc`` = 1.0
+Found in the fixed-4P5D ablation (docs/router.md "Decode node"): with ``t_acc`` = 1.0
 for a node that never decoded and ~2.6 measured on the others, the unmeasured node's predicted
 time per output token was 2.6x too high, it never got a request and so never measured: one
 decode node of five stayed idle for the whole run.

@@ -1,4 +1,4 @@
-"""The router's fetch cost, learned online from ``KvFetched`` (issue 12 part 10).
+"""The router's fetch cost, learned online from ``KvFetched``.
 
 The streams below come from a model of the simulator's fetch link: one FIFO link per
 destination node, a fetch of ``tokens`` occupies it for ``latency + tokens * s_per_token``,

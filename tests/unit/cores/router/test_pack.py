@@ -1,4 +1,4 @@
-"""``pack_slack``: a long prefill joins other long work instead of the short queue (issue 12,
+"""``pack_slack``: a long prefill joins other long work instead of the short queue (the
 fixed-4P5D ablation: docs/router.md "Long requests and the short queue")."""
 
 from __future__ import annotations

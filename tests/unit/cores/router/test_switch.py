@@ -133,7 +133,7 @@ def test_in_place_switch_to_prefill_takes_prefills_at_once(mechanism, takes_pref
 
 @pytest.mark.parametrize("cls", [LeastTtftRouter, RoundRobinRouter])
 def test_a_removed_nodes_running_prefills_are_rerouted_and_prefills_bound_for_it_move_their_decode(cls):
-    # issue 26: an engine killed mid-prefill left its running requests undecided for good
+    # seen under chaos: an engine killed mid-prefill left its running requests undecided for good
     r = cls()
     feed(r, s.register(2, 2) + [s.branch("b", 0.0)])
     first = routes(feed(r, [s.submit(f"r{i}", "b", s.blocks(1_000 * i, 20), 1.0) for i in range(4)]))

@@ -1,5 +1,5 @@
-"""The engine model exported to Dynamo's mocker (services/drivers/bench/dynamo_model.py, issue 46
-part 2): the NPZ's prefill line is eq. 1 of the equalised profile exactly, its decode grid is
+"""The engine model exported to Dynamo's mocker (services/drivers/bench/dynamo_model.py):
+the NPZ's prefill line is eq. 1 of the equalised profile exactly, its decode grid is
 eq. 2 / t_acc within 0.5% under the mocker's bilinear interpolation, and the worker limits are
 the profile's. The real mocker's timing of one request: tests/dynamo/test_dynamo_side_by_side.py."""
 

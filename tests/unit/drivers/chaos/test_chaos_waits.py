@@ -1,4 +1,4 @@
-"""``evolving chaos``'s waits end on what the stream shows, not on a fixed time (issue 26 part 1:
+"""``evolving chaos``'s waits end on what the stream shows, not on a fixed time (once
 1,830 requests counted "hung" under load while they were still finishing), and the CLI's
 ``--engines [sim|torch]`` / the engine faults' quick form."""
 

@@ -1,4 +1,4 @@
-"""``nvext.agent_hints`` parsing (issue 23 part 2): known hints typed, unknown ones ignored."""
+"""``nvext.agent_hints`` parsing: known hints typed, unknown ones ignored."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Sessions from the headers agents send (issue 23 part 2): every header family, their precedence,
+"""Sessions from the headers agents send: every header family, their precedence,
 and the branch table's idle expiry (pure, exact; a hypothesis property for the TTL)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Bad input on the request bodies (issue 45): nesting refused before decoding, echoes bounded.
+"""Bad input on the request bodies: nesting refused before decoding, echoes bounded.
 
 The live answers (all four POST routes, aiohttp's own 400s, the 404 of a 7 MB model name) are
 in tests/integration/test_gateway_fuzz.py (``test_regression_*``)."""
@@ -45,7 +45,7 @@ PARSERS = [lambda raw: parse_chat(raw), parse_completion, anthropic_api.parse_me
 
 @pytest.mark.parametrize("parse", PARSERS, ids=["chat", "completions", "messages", "count_tokens", "responses"])
 @pytest.mark.parametrize("raw", [
-    b"[" * 990 + b"]" * 990,  # the repro of issue 45: was a RecursionError (500) on every route
+    b"[" * 990 + b"]" * 990,  # was a RecursionError (500) on every route
     b'{"messages": ' + b"[" * 990 + b"]" * 990 + b"}",
     b'{"a": ' + b'{"a": ' * 100_000 + b"1" + b"}" * 100_001,
     json.dumps({"messages": MSG, "metadata": nested(MAX_JSON_DEPTH)}).encode(),

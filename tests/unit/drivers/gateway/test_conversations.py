@@ -1,4 +1,4 @@
-"""Sessions without headers (issue 36 part 6): the hash chain over a conversation's messages and
+"""Sessions without headers: the hash chain over a conversation's messages and
 the bounded index of prefixes -> branches (pure, exact; a hypothesis property for the rule)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The gateway's token timeout tells a busy node from a dead one (issue 45 part 4: the agent load's
+"""The gateway's token timeout tells a busy node from a dead one (the agent load's
 last two lost requests were cold 246 K-token prefills on a live node that outlasted 60 s)."""
 
 from __future__ import annotations

@@ -117,7 +117,7 @@ def live_log(events: list, cores: list, delay: int = 0, src: str = "", *,
     order, and what a core emits is published ``delay`` stream positions later. An item of
     ``events`` may be ``(subject, event)``: published on that subject, not its own (a forgery).
     ``authority``: the cores fold only what the event authority admits (events/authority.py),
-    as the live services do since issue 45; the refused events stay on the stream."""
+    as the live services do; the refused events stay on the stream."""
     from events.authority import Admission
 
     admission = Admission()

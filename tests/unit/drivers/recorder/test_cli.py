@@ -101,7 +101,7 @@ def test_verify_names_an_unreadable_row(tmp_path, capsys):
     log = DuckDbEventLog(tmp_path / "run.duckdb")
     log.con.execute("""UPDATE event_rows SET payload = '{"type":"NoSuchEvent","ts":1.0}' WHERE seq = 7""")
     log.close()
-    assert main(["verify", str(tmp_path / "run.duckdb")]) == 3  # named and counted, the rest replayed (issue 45)
+    assert main(["verify", str(tmp_path / "run.duckdb")]) == 3  # named and counted, the rest replayed
     out = capsys.readouterr().out
     assert "UNREADABLE: 1 row(s)" in out and "seq 7 on ei.default.agent.b" in out and "NoSuchEvent" in out
     assert "INCOMPLETE" in out

@@ -149,7 +149,7 @@ def test_unknown_core_name_is_a_clear_error():
 
 
 def test_decisions_stored_out_of_emission_order_are_reproduced_and_counted():
-    # issue 26: a router batch whose first publication was lost with the stream leader and
+    # seen under chaos: a router batch whose first publication was lost with the stream leader and
     # retried lands after the decisions that followed it, bytes unchanged (published 4 events
     # late: both inputs are folded before either decision lands)
     rows = recorded(delay=4)
@@ -174,7 +174,7 @@ def test_a_decision_overtaken_and_never_recorded_is_a_divergence_even_when_not_s
     assert d.kind == "mismatch" and d.predicted == dropped and d.seq > seq and d.recorded is None
 
 
-# --------------------------------------------------------------------------- issue 45: authority and gaps
+# --------------------------------------------------------------------------- authority and gaps
 def forged_log(authority=True):
     """The fake run with forgeries on the stream, refused (never folded) by the live services."""
     evs = inputs()

@@ -1,6 +1,6 @@
 """Snapshots that cannot lie: any bit flipped, a foreign core or configuration, a position the
 stream does not have - each is refused, and the service rebuilds from sequence 0 with the same
-state it would have had (issue 15 part 3)."""
+state it would have had."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """``evolving up``'s bus supervision and accounts without processes: a dead server that will
 not start again stops everything with one reason; the accounts ``up`` generates match the
 children it starts, and the permission table gives each service exactly its own config
-snapshot (issue 15 parts 1, 4)."""
+snapshot."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``evolving up`` writes its ready file only once every engine's ``NodeRegistered`` is on the
 stream; when one is still missing after ``--ready-timeout-s`` it writes none, stops, and
-names the missing engines (issue 26 part 2)."""
+names the missing engines."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``--served-model-name`` (issue 36 part 1): repeatable on the gateway's command line, and
+"""``--served-model-name``: repeatable on the gateway's command line, and
 ``evolving up`` passes each one to the gateway it starts (and none when not given); so it does
 ``--tool-call-parser`` (the gateway's own default, ``auto``, when not given), also to the one
 gateway of a partitioned run."""

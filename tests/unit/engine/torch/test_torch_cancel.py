@@ -1,4 +1,4 @@
-"""Cancellation on the torch engine (issue 36 part 5): a running decode stops between iterations
+"""Cancellation on the torch engine: a running decode stops between iterations
 with ``RequestFinished(error="cancelled")``, its prompt's KV kept like a finished request's; a
 queued request is dropped at once; the other requests of the batch run on."""
 

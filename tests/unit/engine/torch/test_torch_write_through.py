@@ -1,5 +1,5 @@
 """The torch engine writes its computed blocks through to L2 with one ``KvStored(write_through=True)``
-where L1 and L2 add the same blocks (issue 24), as the simulator's ``KvPool.store_through`` does; when
+where L1 and L2 add the same blocks, as the simulator's ``KvPool.store_through`` does; when
 L2 already holds some of them, it still sends the L1 event, then the L2 one. Either way the directory
 ends with the blocks in both tiers and the bytes in L2 are L1's."""
 

@@ -1,4 +1,4 @@
-"""The data plane as an independent choice (issue 12 part 5) and composed stacks.
+"""The data plane as an independent choice and composed stacks.
 
 A baseline router plans no peer fetch; with a shared-pool data plane the node's driver plans
 it from the directory's lookup, so the same routing runs with or without asynchronous fetch.

@@ -1,4 +1,4 @@
-"""KV capacity and pressure (issue 12 part 3) and the planner's start (part 6) in the simulator:
+"""KV capacity and pressure and the planner's start (part 6) in the simulator:
 the KV demand metric on a hand-built log, capacity overrides, the pressure profile, and
 ``--start`` for the evolving stack."""
 
@@ -70,7 +70,7 @@ def test_the_pressure_profile_is_the_glm_profile_with_smaller_kv():
     assert "gb300-glm52-pressure" in available_profiles()
     base, pressure = load_profile("gb300-glm52"), load_profile("gb300-glm52-pressure")
     assert pressure.l1_capacity_tokens < base.l1_capacity_tokens
-    # issue 25: re-derived from the regime map (the profile's header and docs/simulator.md,
+    # re-derived from the regime map (the profile's header and docs/simulator.md,
     # "Regimes"): 86% of the GPU tier with METHOD's host = 4 x GPU [M §4.1]; host = GPU thrashed
     assert pressure.l2_capacity_tokens == 4 * pressure.l1_capacity_tokens
     # everything but the capacities (and the name) is the base profile's

@@ -1,4 +1,4 @@
-"""The next turn's KV (issue 25 part 3): ``+prestage`` (the router stages a finished turn's
+"""The next turn's KV: ``+prestage`` (the router stages a finished turn's
 prompt + output KV in the predicted node's host tier) and ``+specprefill`` (Dynamo's
 speculative next-turn prefill), on a tiny cluster with hand-made sessions whose next prompt is
 the previous prompt + its output + a tool result."""

@@ -1,4 +1,4 @@
-"""A run without refill (``SimConfig.refill=False``, issue 46): every session of the trace runs
+"""A run without refill (``SimConfig.refill=False``): every session of the trace runs
 once, ``agents`` at a time, and the run ends when the last one has finished, as a peer's trace
 replay does (Dynamo's ``replay_concurrency``). With refill a finished agent is replaced by a
 re-salted copy of the pool (``~1`` ids) until the clock runs out."""

@@ -1,4 +1,4 @@
-"""``+pack`` (issue 25): the least-TTFT router's ``pack_slack`` as a stack part, so a run can put
+"""``+pack``: the least-TTFT router's ``pack_slack`` as a stack part, so a run can put
 long cold prefills behind other long work instead of one on every prefill node
 (docs/experiments.md, "Head-of-line blocking behind cold prefills"). The packing rule itself is
 pinned in tests/unit/cores/router/test_pack.py; here: the part reaches the router of a run, and

@@ -85,7 +85,7 @@ def test_conservation_and_capacities(stack, evolving_run):
     for e in res.log:
         t = type(e)
         if t is KvStored:
-            for tier in e.tiers():  # a write-through store: L1 and L2 (issue 24)
+            for tier in e.tiers():  # a write-through store: L1 and L2
                 held[e.node, tier].update(e.blocks)
         elif t is KvEvicted:
             assert set(e.blocks) <= held[e.node, e.tier], "evicted a block the node does not hold"

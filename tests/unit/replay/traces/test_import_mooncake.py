@@ -68,7 +68,7 @@ def test_sessions_follow_the_continuation_rule():
 
 
 def test_a_shared_prefix_never_chains_sessions(tmp_path):
-    """The bug of issue 12: 300 requests opening with the same system prompt (blocks 0-2), one of
+    """A bug once seen: 300 requests opening with the same system prompt (blocks 0-2), one of
     them *exactly* the system prompt, made one giant session. Only real next turns may join."""
     recs = [_line(0, [0, 1, 2])]  # a prompt that is only the shared system prompt
     for u in range(100):  # 100 users, 3 turns each, interleaved; private blocks per user

@@ -1,4 +1,4 @@
-"""A trace file nested 100k deep is a one-line error naming the file, not a traceback (issue 45):
+"""A trace file nested 100k deep is a one-line error naming the file, not a traceback:
 every importer checks the nesting of its JSON text before decoding it
 (``replay.traces.format.MAX_JSON_DEPTH``, ``events.jsondepth``)."""
 

@@ -1,4 +1,4 @@
-"""The fast session generator (issue 16) generates exactly what the per-block numpy version did.
+"""The fast session generator generates exactly what the per-block numpy version did.
 
 The digests below were computed with the generator as it was before the fast path
 (``hash_block_tokens`` per block through numpy, ``np.searchsorted`` + ``np.linspace`` per
