@@ -8,7 +8,7 @@ import pytest
 
 from events import codec
 from events.catalog import BranchOpened, KvStored, RequestSubmitted, Tick
-from services.adapters.bus import Bus, Consumer, InMemoryBus, NatsBus, subject_matches
+from services.adapters.bus import Bus, Consumer, InMemoryBus, NatsBus, StreamInfo, subject_matches
 
 
 def _events(n: int):
@@ -179,6 +179,36 @@ class BusContract:
         # at least once, in order: it restarts at or before 11 (an ack may still be in flight
         # when a process dies) and nothing after its first redelivery is skipped
         assert rest[0] <= 11 and rest == list(range(rest[0], 41))
+        await bus.close()
+
+    async def test_stream_info_counts_the_stream_and_its_dead_letters(self, partition):
+        bus = await self.make_bus(partition)
+        await bus.publish(Tick(ts=1.0))
+        await bus.publish_raw(f"ei.{partition}.agent.x", b"\xc1garbage")
+        await bus.publish(Tick(ts=2.0))
+        assert await bus.stream_info() == StreamInfo(last_seq=3, messages=3, replicas=1, dead_letters=0)
+        async with bus.consumer("info-test") as c:
+            await _take(c, 2)
+        for _ in range(50):  # the garbage reaches the dead-letter subject as the consumer passes it
+            info = await bus.stream_info()
+            if info.dead_letters:
+                break
+            await asyncio.sleep(0.02)
+        assert info == StreamInfo(last_seq=3, messages=3, replicas=1, dead_letters=1)
+        await bus.close()
+
+    async def test_another_partition_over_the_same_connection(self, partition):
+        bus = await self.make_bus(partition)
+        other = bus.for_partition(partition + "x")
+        assert bus.for_partition(partition) is bus and other.partition == partition + "x"
+        if isinstance(other, NatsBus):
+            await other.ensure_streams()
+        await other.publish(Tick(ts=1.0))
+        assert (await other.last_seq(), await bus.last_seq()) == (1, 0)
+        await other.close()  # leaves the shared connection open
+        await bus.publish(Tick(ts=2.0))
+        assert await bus.last_seq() == 1
+        assert await bus.for_partition(partition + "x").last_seq() == 1  # one stream per partition
         await bus.close()
 
     async def test_large_event_round_trips(self, partition):

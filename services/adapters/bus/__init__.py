@@ -32,6 +32,7 @@ from services.adapters.bus.port import (
     Consumer,
     DeadLetter,
     Delivery,
+    StreamInfo,
     decode_or_reason,
     subject_matches,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "Delivery",
     "InMemoryBus",
     "NatsBus",
+    "StreamInfo",
     "StreamSettings",
     "decode_or_reason",
     "subject_matches",

@@ -22,6 +22,7 @@ from services.adapters.bus.port import (
     MSG_ID,
     DeadLetter,
     Delivery,
+    StreamInfo,
     decode_or_reason,
     subject_matches,
 )
@@ -44,6 +45,8 @@ class InMemoryBus:
         self._cond = asyncio.Condition()
         self.dead_lettered = 0
         self.account: str | None = None  # no accounts in process: dead letters name the consumer
+        #: the buses of every partition of this "connection" (for_partition), this one included
+        self._partitions: dict[str, InMemoryBus] = {partition: self}
 
     async def publish(self, event: Event, *, msg_id: str | None = None, shadow: str | None = None) -> int:
         return await self.publish_raw(subject_for(event, self.partition, shadow), codec.encode(event),
@@ -89,6 +92,17 @@ class InMemoryBus:
 
     async def dead_letters(self) -> list[DeadLetter]:
         return list(self._dlq)
+
+    async def stream_info(self) -> StreamInfo:
+        n = len(self._log)
+        return StreamInfo(last_seq=n, messages=n, replicas=1, dead_letters=len(self._dlq))
+
+    def for_partition(self, partition: str) -> InMemoryBus:
+        other = self._partitions.get(partition)
+        if other is None:
+            other = self._partitions[partition] = InMemoryBus(partition)
+            other._partitions = self._partitions
+        return other
 
     async def close(self) -> None:
         pass

@@ -43,6 +43,7 @@ from services.adapters.bus.port import (
     MSG_ID,
     DeadLetter,
     Delivery,
+    StreamInfo,
     dead_letter,
     decode_or_reason,
 )
@@ -81,6 +82,7 @@ class NatsBus:
         self.publish_timeout_s = 5.0
         self.retry_for_s = 60.0
         self.snapshot_timeout_s = 10.0  # one read of a snapshot (get_snapshot)
+        self._owns_connection = True  # False for a for_partition() sibling: close() leaves nc open
 
     @classmethod
     async def connect(
@@ -220,6 +222,20 @@ class NatsBus:
         info = await self.js.stream_info(self.stream)
         return info.state.last_seq
 
+    async def stream_info(self) -> StreamInfo:
+        info = await self.js.stream_info(self.stream)
+        dlq = await self.js.stream_info(self.dlq_stream)
+        return StreamInfo(last_seq=info.state.last_seq, messages=info.state.messages,
+                          replicas=info.config.num_replicas or 1, dead_letters=dlq.state.messages)
+
+    def for_partition(self, partition: str) -> NatsBus:
+        if partition == self.partition:
+            return self
+        other = NatsBus(self.nc, self.js, partition, self.settings)
+        other.account = self.account
+        other._owns_connection = False
+        return other
+
     def consumer(self, durable: str | None, *, start_seq: int | None = None,
                  subjects: str | None = None, batch_acks: int = 256) -> _NatsConsumer:
         return _NatsConsumer(self, durable, start_seq, subjects or all_subjects(self.partition), batch_acks)
@@ -280,7 +296,7 @@ class NatsBus:
             self.dead_letters_failed += 1
 
     async def close(self) -> None:
-        if not self.nc.is_closed:
+        if self._owns_connection and not self.nc.is_closed:
             await self.nc.drain()
 
     async def __aenter__(self) -> Self:

@@ -107,6 +107,16 @@ class Consumer(Protocol):
     async def __aexit__(self, *exc) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class StreamInfo:
+    """The partition's stream as the bus sees it now (:meth:`Bus.stream_info`)."""
+
+    last_seq: int
+    messages: int  # held now (a stream with limits may have dropped the oldest)
+    replicas: int  # 1 in process
+    dead_letters: int  # messages on the partition's dead-letter subject(s)
+
+
 @runtime_checkable
 class Bus(Protocol):
     """What every service needs from the bus (``NatsBus`` on JetStream, ``InMemoryBus`` in
@@ -124,6 +134,13 @@ class Bus(Protocol):
                           msg_id: str | None = None) -> int: ...
 
     async def last_seq(self) -> int: ...
+
+    async def stream_info(self) -> StreamInfo: ...
+
+    def for_partition(self, partition: str) -> Bus:
+        """A bus for another partition over the same connection (same settings and account); the
+        same partition's handles all see one stream. Closing it closes nothing shared."""
+        ...
 
     def consumer(self, durable: str | None, *, start_seq: int | None = None,
                  subjects: str | None = None) -> Consumer: ...

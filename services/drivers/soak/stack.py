@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from engine.profiles import PROFILE_DIR, load_profile
-from events.subjects import dlq_stream_name, stream_name
 from services.adapters.bus import NatsBus
 from services.adapters.bus.security import Credentials
 from services.adapters.eventlog import DuckDbEventLog
@@ -149,9 +148,8 @@ class Stack:
         bus = await NatsBus.connect(self.ready["nats"], self.partition, credentials=self.credentials(),
                                     ensure=False, name="evolving-soak")
         try:
-            info = await bus.js.stream_info(stream_name(self.partition))
-            dlq = await bus.js.stream_info(dlq_stream_name(self.partition))
-            return StreamState(info.state.last_seq, info.state.messages, dlq.state.messages)
+            info = await bus.stream_info()
+            return StreamState(info.last_seq, info.messages, info.dead_letters)
         finally:
             await asyncio.wait_for(bus.close(), 5)
 

@@ -39,10 +39,9 @@ async def init_bus(args) -> int:
             await asyncio.sleep(1.0)
             continue
         try:
-            info = await bus.js.stream_info(bus.stream)
-            log.info("streams_ready", stream=bus.stream, replicas=info.config.num_replicas,
-                     messages=info.state.messages)
-            print(f"stream {bus.stream}: {info.config.num_replicas} replica(s), {info.state.messages} message(s)")
+            info = await bus.stream_info()
+            log.info("streams_ready", stream=bus.stream, replicas=info.replicas, messages=info.messages)
+            print(f"stream {bus.stream}: {info.replicas} replica(s), {info.messages} message(s)")
         finally:
             await bus.close()
         return 0

@@ -436,7 +436,7 @@ class Up:
         seen: set[str] = set()
 
         async def watch(part: str, nodes: set[str]) -> None:
-            b = bus if part == bus.partition else NatsBus(bus.nc, bus.js, part, bus.settings)
+            b = bus.for_partition(part)
             async with b.consumer(None, start_seq=1, subjects=f"ei.{part}.node.>") as c:
                 async for d in c:
                     if isinstance(d.event, NodeRegistered) and d.event.node in nodes:

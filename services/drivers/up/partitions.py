@@ -26,7 +26,6 @@ import sys
 import time
 from pathlib import Path
 
-from services.adapters.bus import NatsBus
 from services.adapters.bus.natsserver import free_port
 from services.adapters.eventlog import DuckDbEventLog
 from services.cores.partitions import PartitionMap, partition_names
@@ -115,7 +114,7 @@ async def wait_partitions(up, bus, timeout_s: float = 60.0) -> None:
     """``Up._wait_services`` for every partition: each decision service of each partition wrote
     its configuration (a child that cannot load its plug-in ends the wait)."""
     names = engine_map(up.args).names
-    buses = [NatsBus(bus.nc, bus.js, p, bus.settings) for p in names]
+    buses = [bus.for_partition(p) for p in names]
     keys = ["config.directory", "config.planner", "config.router",
             *[f"config.shadow.{name}" for name in up.args.shadow]]
     deadline = time.monotonic() + timeout_s
