@@ -23,10 +23,10 @@ from services.drivers.chaos.accounting import ScenarioResult
 from services.drivers.chaos.load import PARTITIONED
 from services.drivers.chaos.progress import Progress
 from services.drivers.chaos.recovery import recover
-from services.drivers.chaos.supervisor import Stack
+from services.drivers.chaos.supervisor import ChaosCluster
 
 
-def _in_flight(stack: Stack, node: str, phase: str, upto: int | None = None) -> set[str]:
+def _in_flight(stack: ChaosCluster, node: str, phase: str, upto: int | None = None) -> set[str]:
     """Requests the harness's copy of the stream (its first ``upto`` deliveries, default all)
     shows running ``phase`` on ``node``: a prefill started without its first token, a decode
     started without its end."""
@@ -42,7 +42,7 @@ def _in_flight(stack: Stack, node: str, phase: str, upto: int | None = None) -> 
     return started
 
 
-def _role_of(stack: Stack, node: str) -> str:
+def _role_of(stack: ChaosCluster, node: str) -> str:
     """The node's role as the stream last said (a planner switch may have moved it)."""
     role = dict(stack.nodes)[node]
     for d in stack.tail.deliveries:
@@ -52,7 +52,7 @@ def _role_of(stack: Stack, node: str) -> str:
     return role
 
 
-def _serving(stack: Stack, phase: str) -> str:
+def _serving(stack: ChaosCluster, phase: str) -> str:
     """The first node (sorted, the one partition-engine stops last) whose role, as the stream
     last said, serves ``phase``: the planner may have switched the nodes' roles meanwhile."""
     nodes = [n for n, _ in sorted(stack.nodes) if n != PARTITIONED] + [n for n, _ in stack.nodes if n == PARTITIONED]
@@ -63,10 +63,10 @@ def _serving(stack: Stack, phase: str) -> str:
 
 
 class _Stalled(Exception):
-    """A wait given up: nothing moved for too long (not a "not yet" for ``Stack.wait``)."""
+    """A wait given up: nothing moved for too long (not a "not yet" for ``ChaosCluster.wait``)."""
 
 
-def kill_engine(phase: str) -> Callable[[Stack, ScenarioResult], Awaitable[None]]:
+def kill_engine(phase: str) -> Callable[[ChaosCluster, ScenarioResult], Awaitable[None]]:
     """SIGKILL the worker of a node serving ``phase`` (:func:`_serving`) while the stream shows
     requests running ``phase`` on it (its
     queue, its running batch and the events it had not published yet die with it), start it
@@ -77,7 +77,7 @@ def kill_engine(phase: str) -> Callable[[Stack, ScenarioResult], Awaitable[None]
     ``restarted``, or the watcher's when the restart outlasted the heartbeat timeout), and a
     directory folding the stream must hold none of the node's old KV at that point."""
 
-    async def run(stack: Stack, res: ScenarioResult) -> None:
+    async def run(stack: ChaosCluster, res: ScenarioResult) -> None:
         node = _serving(stack, phase)
 
         async def busy() -> bool:
@@ -146,7 +146,7 @@ def kill_engine(phase: str) -> Callable[[Stack, ScenarioResult], Awaitable[None]
     return run
 
 
-def _kv_forgotten(stack: Stack, node: str, mark: int) -> tuple[bool, str]:
+def _kv_forgotten(stack: ChaosCluster, node: str, mark: int) -> tuple[bool, str]:
     """Fold the harness's stream through a fresh directory: at the restarted worker's
     registration (after ``mark``), is every block of the node's old KV gone from it?"""
     deliveries = list(stack.tail.deliveries)  # a copy: the tail grows meanwhile
@@ -171,7 +171,7 @@ def _kv_forgotten(stack: Stack, node: str, mark: int) -> tuple[bool, str]:
                        else f"the directory still held {left} blocks of {node} after its restart")
 
 
-async def cut_kv_transfer(stack: Stack, res: ScenarioResult) -> None:
+async def cut_kv_transfer(stack: ChaosCluster, res: ScenarioResult) -> None:
     """Arm a cut on the next KV transfer of a node serving prefill (its next P->D push: it
     writes the blocks into the decode node's slots; SIGUSR1, services/drivers/chaos/engine_faults.py):
     half of the bytes arrive, the transport says done. The receiver's checksums must refuse it

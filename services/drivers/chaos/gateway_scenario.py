@@ -38,7 +38,7 @@ import aiohttp
 from events.catalog import BranchOpened, RequestSubmitted
 from services.drivers.chaos.accounting import ScenarioResult, finished_requests
 from services.drivers.chaos.progress import Progress
-from services.drivers.chaos.supervisor import Stack
+from services.drivers.chaos.supervisor import ChaosCluster
 from services.drivers.up.testing import REPO, acting_route_counts
 
 BRANCH = "chaos-gw"
@@ -51,7 +51,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawn_gateway(stack: Stack, port: int) -> subprocess.Popen:
+def spawn_gateway(stack: ChaosCluster, port: int) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "services.drivers.gateway", "--host", "127.0.0.1", "--port", str(port),
            "--nats-url", stack.cluster.url, "--partition", stack.partition, "--stream-replicas", "3",
            # the workers' token messages queue behind their events (seconds late under load)
@@ -63,7 +63,7 @@ def spawn_gateway(stack: Stack, port: int) -> subprocess.Popen:
     return proc
 
 
-async def _up(stack: Stack, http: aiohttp.ClientSession, base: str) -> None:
+async def _up(stack: ChaosCluster, http: aiohttp.ClientSession, base: str) -> None:
     async def ok() -> bool:
         try:
             async with http.get(f"{base}/health", timeout=aiohttp.ClientTimeout(total=2)) as r:
@@ -90,7 +90,7 @@ async def _complete(http: aiohttp.ClientSession, base: str, turn: int) -> tuple[
         return r.status, choice.get("finish_reason") or ""
 
 
-async def restart_gateway(stack: Stack, res: ScenarioResult) -> None:
+async def restart_gateway(stack: ChaosCluster, res: ScenarioResult) -> None:
     # the load's requests stop meanwhile: on a loaded machine the engines' queues (and their
     # token messages, queued behind their events) ran past the gateway's 120 s token timeout
     stack.load.paused = True
@@ -101,7 +101,7 @@ async def restart_gateway(stack: Stack, res: ScenarioResult) -> None:
         stack.load.paused = False
 
 
-async def _drained(stack: Stack, most: int = 20, stall_s: float = 30.0, cap_s: float = 600.0) -> None:
+async def _drained(stack: ChaosCluster, most: int = 20, stall_s: float = 30.0, cap_s: float = 600.0) -> None:
     """Wait until at most ``most`` of the load's decided requests are unfinished, so this row's
     own requests do not queue behind minutes of backlog: while engine work moves on the stream
     (a loaded machine drains slowly), not past ``stall_s`` without any (``cap_s`` bounds it)."""
@@ -119,7 +119,7 @@ async def _drained(stack: Stack, most: int = 20, stall_s: float = 30.0, cap_s: f
         await stack.wait(few, cap_s, "the engines' backlog to drain", every_s=1.0)
 
 
-async def _restart_gateway(stack: Stack, res: ScenarioResult) -> None:
+async def _restart_gateway(stack: ChaosCluster, res: ScenarioResult) -> None:
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     spawn_gateway(stack, port)

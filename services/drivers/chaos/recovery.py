@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from services.drivers.chaos.supervisor import Stack
+from services.drivers.chaos.supervisor import ChaosCluster
 
 
-async def recover(stack: Stack, t_fault: float, head: int, timeout_s: float = 45.0) -> float:
+async def recover(stack: ChaosCluster, t_fault: float, head: int, timeout_s: float = 45.0) -> float:
     """Seconds from ``t_fault`` until every service folded past ``head`` and a request
     published after the fault is decided."""
 

@@ -21,7 +21,7 @@ from services.drivers.chaos.gateway_scenario import restart_gateway
 from services.drivers.chaos.load import LOAD_SRC, PARTITIONED
 from services.drivers.chaos.progress import Progress
 from services.drivers.chaos.recovery import recover
-from services.drivers.chaos.supervisor import SERVICES, SNAPSHOT_KINDS, Stack
+from services.drivers.chaos.supervisor import SERVICES, SNAPSHOT_KINDS, ChaosCluster
 from services.drivers.chaos.vllm_scenarios import cut_kv_events, kill_vllm_server
 
 __all__ = ["Scenario", "recover", "scenarios"]
@@ -31,7 +31,7 @@ __all__ = ["Scenario", "recover", "scenarios"]
 class Scenario:
     name: str
     fault: str
-    run: Callable[[Stack, ScenarioResult], Awaitable[None]]
+    run: Callable[[ChaosCluster, ScenarioResult], Awaitable[None]]
     quick: bool = False
     engines_only: bool = False  # kills or restarts an engine worker: only with --engines
     kv_bytes: bool = False  # needs workers moving real KV bytes (the stack then runs them with --kv-bytes)
@@ -44,8 +44,8 @@ class Scenario:
     vllm_only: bool = False
 
 
-def kill_service(kind: str) -> Callable[[Stack, ScenarioResult], Awaitable[None]]:
-    async def run(stack: Stack, res: ScenarioResult) -> None:
+def kill_service(kind: str) -> Callable[[ChaosCluster, ScenarioResult], Awaitable[None]]:
+    async def run(stack: ChaosCluster, res: ScenarioResult) -> None:
         head = await stack.bus.last_seq()
         t = time.monotonic()
         stack.kill(kind)
@@ -55,8 +55,8 @@ def kill_service(kind: str) -> Callable[[Stack, ScenarioResult], Awaitable[None]
     return run
 
 
-def corrupt_snapshot(kind: str) -> Callable[[Stack, ScenarioResult], Awaitable[None]]:
-    async def run(stack: Stack, res: ScenarioResult) -> None:
+def corrupt_snapshot(kind: str) -> Callable[[ChaosCluster, ScenarioResult], Awaitable[None]]:
+    async def run(stack: ChaosCluster, res: ScenarioResult) -> None:
         async def present() -> bool:
             return await stack.bus.get_snapshot(kind) is not None
 
@@ -80,7 +80,7 @@ def corrupt_snapshot(kind: str) -> Callable[[Stack, ScenarioResult], Awaitable[N
     return run
 
 
-async def kill_nats_leader(stack: Stack, res: ScenarioResult) -> None:
+async def kill_nats_leader(stack: ChaosCluster, res: ScenarioResult) -> None:
     info = await stack.bus.js.stream_info(stack.bus.stream)
     leader = info.cluster.leader if info.cluster else None
     names = [s.server_name for s in stack.cluster.servers]
@@ -106,7 +106,7 @@ async def kill_nats_leader(stack: Stack, res: ScenarioResult) -> None:
     res.detail = f"killed {names[i]} (the stream leader); stream still R3, all replicas current"
 
 
-async def partition_engine(stack: Stack, res: ScenarioResult) -> None:
+async def partition_engine(stack: ChaosCluster, res: ScenarioResult) -> None:
     worker = stack.engine_procs.get(PARTITIONED)
     if worker is not None:
         worker.send_signal(signal.SIGSTOP)  # the whole process stops: no heartbeat, no work
@@ -159,7 +159,7 @@ async def partition_engine(stack: Stack, res: ScenarioResult) -> None:
         res.detail += "; after SIGCONT the worker did not register again within 60 s (left out of routing)"
 
 
-async def restart_all_nats(stack: Stack, res: ScenarioResult) -> None:
+async def restart_all_nats(stack: ChaosCluster, res: ScenarioResult) -> None:
     """SIGKILL all three servers of the cluster (their stores stay, as after a power cut), then
     start all three again: the stream (file storage, R3) must come back whole, and every client
     reconnects by itself."""
@@ -178,7 +178,7 @@ async def restart_all_nats(stack: Stack, res: ScenarioResult) -> None:
     res.detail = f"all {n} servers killed and started again; stream head {head} -> {last}, R{info.config.num_replicas}"
 
 
-async def duplicate_publish(stack: Stack, res: ScenarioResult, window: int = 50) -> None:
+async def duplicate_publish(stack: ChaosCluster, res: ScenarioResult, window: int = 50) -> None:
     recent = stack.load.published[-window:]
     head = await stack.bus.last_seq()
     t = time.monotonic()
@@ -189,7 +189,7 @@ async def duplicate_publish(stack: Stack, res: ScenarioResult, window: int = 50)
     res.detail = f"{len(recent)} republished with their ids: {same} answered with the original sequence"
 
 
-async def rewind_consumer(stack: Stack, res: ScenarioResult, behind: int = 100) -> None:
+async def rewind_consumer(stack: ChaosCluster, res: ScenarioResult, behind: int = 100) -> None:
     js, stream = stack.bus.js, stack.bus.stream
     info = await js.consumer_info(stream, "router")
     floor = info.ack_floor.stream_seq if info.ack_floor else 0
@@ -225,7 +225,7 @@ def _negative_block_request() -> bytes:
     return msgspec.msgpack.encode(swap(raw))
 
 
-async def malformed_events(stack: Stack, res: ScenarioResult) -> None:
+async def malformed_events(stack: ChaosCluster, res: ScenarioResult) -> None:
     bus = stack.bus
     good = RequestSubmitted(ts=time.time(), src=LOAD_SRC, request="bad/x", branch="bad", blocks=[1],
                             prompt_tokens=74, max_tokens=16)

@@ -15,7 +15,7 @@ from services.adapters.logging import get_logger
 from services.drivers.chaos.accounting import ChaosReport, ScenarioResult, account, finished_requests
 from services.drivers.chaos.progress import Progress
 from services.drivers.chaos.scenarios import Scenario, recover, scenarios
-from services.drivers.chaos.supervisor import Stack
+from services.drivers.chaos.supervisor import ChaosCluster
 from services.drivers.chaos.torch_model import torch_missing
 from services.drivers.chaos.vllm_engines import vllm_missing
 from services.drivers.recorder.verify import verify_log
@@ -52,7 +52,7 @@ def select(known: list[Scenario], *, quick: bool = False, only: list[str] | None
             and (engines or not s.engines_only) and not s.vllm_only]
 
 
-async def serve_a_while(stack: Stack, dwell_s: float, cap_s: float = 60.0) -> None:
+async def serve_a_while(stack: ChaosCluster, dwell_s: float, cap_s: float = 60.0) -> None:
     """Keep the load on the (recovered) stack until the requests of ``dwell_s`` seconds of it,
     published from now on, are decided: on a busy machine that takes longer than ``dwell_s``
     (the load generator and the router run late), and a fixed sleep would leave the window
@@ -92,7 +92,7 @@ async def run_chaos(*, quick: bool = False, only: list[str] | None = None, workd
         workdir = Path(tmp.name)
     # real workers on a loaded 2-core machine miss a 2 s heartbeat deadline (all four were removed
     # within 20 s in a trial run): give them 6 s
-    stack = Stack(Path(workdir), rate=rate, engines=engines, heartbeat_timeout_s=6.0 if engines else 2.0,
+    stack = ChaosCluster(Path(workdir), rate=rate, engines=engines, heartbeat_timeout_s=6.0 if engines else 2.0,
                   kv_bytes=engines and any(s.kv_bytes for s in chosen), engine_backend=engine_backend, model=model)
     results: list[ScenarioResult] = []
     try:

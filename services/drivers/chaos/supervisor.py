@@ -56,7 +56,7 @@ async def connect_when_ready(url: str, partition: str, timeout_s: float = 30.0) 
             await asyncio.sleep(0.3)
 
 
-class Stack:
+class ChaosCluster:
     """The cluster, the four services as child processes, the load and the tail."""
 
     def __init__(self, workdir: Path, *, partition: str = "chaos", rate: float = 20.0,

@@ -12,18 +12,18 @@ from services.cores.directory.core import DirectoryCore
 from services.drivers.chaos.accounting import ScenarioResult
 from services.drivers.chaos.engine_scenarios import _in_flight, _serving
 from services.drivers.chaos.recovery import recover
-from services.drivers.chaos.supervisor import Stack
+from services.drivers.chaos.supervisor import ChaosCluster
 
 RESYNC = "engine_kv_resync"  # the worker's AnomalyReported kind when it drops its view (vllm/backend.py, 7)
 
 
-def _resyncs(stack: Stack, node: str, mark: int) -> list:
+def _resyncs(stack: ChaosCluster, node: str, mark: int) -> list:
     """The node's view drops after delivery ``mark`` (their deliveries)."""
     return [d for d in stack.tail.deliveries[mark:]
             if type(d.event) is AnomalyReported and d.event.kind == RESYNC and d.event.src == node]
 
 
-def _held(stack: Stack, node: str, upto_seq: int, only: set[int] | None = None) -> int:
+def _held(stack: ChaosCluster, node: str, upto_seq: int, only: set[int] | None = None) -> int:
     """Blocks of ``node`` a directory folding the stream up to ``upto_seq`` holds (of ``only``)."""
     directory = DirectoryCore()
     for d in list(stack.tail.deliveries):
@@ -36,19 +36,19 @@ def _held(stack: Stack, node: str, upto_seq: int, only: set[int] | None = None) 
     return len(held if only is None else held & only)
 
 
-def _stored_before(stack: Stack, node: str, mark: int) -> set[int]:
+def _stored_before(stack: ChaosCluster, node: str, mark: int) -> set[int]:
     """The block hashes the stream said ``node`` stored before delivery ``mark``."""
     return {h for d in stack.tail.deliveries[:mark] if type(d.event) is KvStored and d.event.node == node
             for h in d.event.blocks}
 
 
-def _served_after(stack: Stack, node: str, seq: int) -> int:
+def _served_after(stack: ChaosCluster, node: str, seq: int) -> int:
     """Requests finished without an error on ``node`` after stream sequence ``seq``."""
     return sum(1 for d in stack.tail.deliveries if d.seq > seq and type(d.event) is RequestFinished
                and d.event.node == node and not d.event.error)
 
 
-async def kill_vllm_server(stack: Stack, res: ScenarioResult) -> None:
+async def kill_vllm_server(stack: ChaosCluster, res: ScenarioResult) -> None:
     """SIGKILL the vLLM server (API server and engine core) of a node while the stream shows a
     request decoding on it, and start it again at once; its worker stays. The requests it was
     running must end (with an error: their tokens were streaming), nothing may hang; once the new
@@ -115,7 +115,7 @@ async def kill_vllm_server(stack: Stack, res: ScenarioResult) -> None:
                   + ("serving again with its view refilling" if again else "it did not serve again"))
 
 
-async def cut_kv_events(stack: Stack, res: ScenarioResult) -> None:
+async def cut_kv_events(stack: ChaosCluster, res: ScenarioResult) -> None:
     """Cut a node's KV-event socket (kill the forwarder between its server and its worker) while
     requests run on it, until the server has stored blocks nobody heard of (two requests that
     started on the node after the cut - each brings new blocks of its branch - have finished),

@@ -181,9 +181,9 @@ def test_torch_workers_get_the_model_no_prompt_store_and_small_pools():
 
 @pytest.mark.asyncio
 async def test_the_stack_waits_for_every_worker_to_register(tmp_path):
-    from services.drivers.chaos.supervisor import Stack
+    from services.drivers.chaos.supervisor import ChaosCluster
 
-    stack = Stack(tmp_path, engines=True)
+    stack = ChaosCluster(tmp_path, engines=True)
     stack.tail = _Tail()
     for node in ("p0", "p1", "d0"):
         stack.tail.add(NodeRegistered(ts=1.0, src=node, node=node, role="prefill"))
