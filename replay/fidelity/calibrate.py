@@ -65,6 +65,8 @@ from events.catalog import (
 from services.cores.costmodel import fit_coefficients, theil_sen, usable
 
 FOLDS = 5
+#: fewest iterations an equation is fitted on: every fold then trains on at least 5 rows for its 3-4 terms
+MIN_ROWS = FOLDS + 2
 #: the events a calibration reads
 TYPES = ("IterationDone", "KvFetched", "KvMoved", "NodeRegistered", "RequestSubmitted", "FirstToken",
          "SwitchRole", "RoleSwitched")
@@ -129,10 +131,10 @@ def _cv(X: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def fit_equation(equation: str, terms: Sequence[str], X: np.ndarray, y: np.ndarray) -> EquationFit | None:
-    """NNLS fit of ``X c = y`` with each term's error (module docstring); None under 2 x FOLDS rows."""
+    """NNLS fit of ``X c = y`` with each term's error (module docstring); None under ``MIN_ROWS`` rows."""
     keep = usable(X, y)
     X, y = X[keep], y[keep]
-    if len(y) < 2 * FOLDS:
+    if len(y) < MIN_ROWS:
         return None
     coef, unidentified = fit_coefficients(X, y)
     pred = X @ np.asarray(coef)
@@ -228,7 +230,7 @@ def calibrate_events(events: Iterable, source: str = "<events>") -> Calibration:
         cal.decode = fit_equation("eq2", ("d0", "d2", "d_ctx"), X, a[:, 3])
     for what, got, n in (("prefill", cal.prefill, len(pre)), ("decode", cal.decode, len(dec))):
         if got is None:
-            cal.notes.append(f"{what}: {n} iterations, fewer than {2 * FOLDS}: not fitted (the base profile's kept)")
+            cal.notes.append(f"{what}: {n} iterations, fewer than {MIN_ROWS}: not fitted (the base profile's kept)")
     return cal
 
 

@@ -25,6 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--torch-l2-blocks", type=int, default=0,
                    help="L2 (host) KV blocks (default: the profile's L2, at most 1 GiB)")
     g.add_argument("--torch-token-budget", type=int, default=2048, help="new tokens per prefill iteration")
+    g.add_argument("--torch-staging-blocks", type=int, default=32,
+                   help="staging pool, 64-token blocks: the KV of one prefill -> decode pull passes through it, so a "
+                        "prompt over this many blocks is recomputed on the decode node instead (default 32)")
     g.add_argument("--torch-ignore-eos", action="store_true",
                    help="generate max_tokens even past the model's end-of-sequence token (trace replays); "
                         "default: stop there, finish_reason 'stop', as vLLM and SGLang do")
@@ -62,7 +65,7 @@ def make_backend(args: argparse.Namespace, profile):
     cfg = TorchConfig(model=args.model, device=args.device, dtype=args.torch_dtype, linear=args.torch_linear,
                       l1_blocks=args.torch_l1_blocks, l2_blocks=args.torch_l2_blocks, token_budget=args.torch_token_budget,
                       transfer="mooncake" if ok else "none", host=args.transfer_host,
-                      ignore_eos=args.torch_ignore_eos)
+                      ignore_eos=args.torch_ignore_eos, staging_blocks=args.torch_staging_blocks)
     return registering(lambda host, w: TorchBackend(host, w.src, args.role, profile, cfg))
 
 
