@@ -118,6 +118,7 @@ class PrefillJob:
     osl: int = 0
     sampling: Sampling | None = None
     output_tokens: int = 0  # the sim node's drawn output length (engine/backends/sim/lengths.py); 0: max_tokens
+    est_uc: int = 0  # the sim node's expected new tokens at enqueue (its short_first queue order)
 
 
 @dataclass(slots=True)

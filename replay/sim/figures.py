@@ -77,6 +77,8 @@ class RunMetrics:
     ttft_mean_s: float = float("nan")
     ttft_p50_s: float = float("nan")
     ttft_p95_s: float = float("nan")
+    ttft_p99_s: float = float("nan")  # the tail beyond P95 (issue 41 part 3)
+    ttft_max_s: float = float("nan")
     e2e_mean_s: float = float("nan")
     e2e_p95_s: float = float("nan")
     tpot_mean_ms: float = float("nan")
@@ -385,6 +387,7 @@ def _latencies(m: RunMetrics, f: _Fold) -> None:
     m.unfinished = len(f.sub) - len(f.done)
     m.throughput_rps = f.finished_in_window / m.window_s if m.window_s > 0 else float("nan")
     m.ttft_mean_s, m.ttft_p50_s, m.ttft_p95_s = _mean(f.ttft), _pct(f.ttft, 50), _pct(f.ttft, 95)
+    m.ttft_p99_s, m.ttft_max_s = _pct(f.ttft, 99), _pct(f.ttft, 100)
     m.e2e_mean_s, m.e2e_p95_s = _mean(f.e2e), _pct(f.e2e, 95)
     m.tpot_mean_ms = _mean(f.tpot) * 1e3
     m.ttft_s, m.e2e_s = f.ttft, f.e2e

@@ -23,6 +23,8 @@ ROWS: list[tuple[str, str, str, bool | None]] = [
     ("TTFT mean (s)", "ttft_mean_s", "{:.2f}", True),
     ("TTFT P50 (s)", "ttft_p50_s", "{:.2f}", True),
     ("TTFT P95 (s)", "ttft_p95_s", "{:.2f}", True),
+    ("TTFT P99 (s)", "ttft_p99_s", "{:.2f}", True),
+    ("TTFT max (s)", "ttft_max_s", "{:.2f}", True),
     ("E2E mean (s)", "e2e_mean_s", "{:.2f}", True),
     ("E2E P95 (s)", "e2e_p95_s", "{:.2f}", True),
     ("TPOT (ms)", "tpot_mean_ms", "{:.1f}", True),

@@ -163,6 +163,8 @@ class Simulation:
             nid: SimNode(nid, roles[i], profile, self, int(seeds[i].generate_state(1)[0]), stack.fetch_mode)
             for i, nid in enumerate(ids)
         }
+        for node in self.nodes.values():
+            node.prefill_order = getattr(stack, "prefill_order", "fcfs")
         directory, planner, router = stack.make_cores(profile, config)
         self._shared: _RouterDirectory | None = None
         if config.directory_core:

@@ -4,6 +4,7 @@
 stack                  planner    router        eviction     KV pool      switch          start
 =====================  =========  ============  ===========  ===========  ==============  ========
 evolving               evolving   evolving      count_aware  shared/async in_place        collocated warm-up
+                       (prefill queue order short_first; every other stack fcfs)
 dynamo                 dynamo     cache_aware   lru          node-local   restart         6P3D
 arrow                  arrow      cache_aware   lru          node-local   in_place_drop_kv 6P3D
 static:<P>P<D>D        static     cache_aware   lru          node-local   (none)          P/D
@@ -27,6 +28,9 @@ part named by its value (the kinds never share a name)::
                 request); docs/simulator.md, "The next turn's KV"
     routing     pack (the least-TTFT router's ``pack_slack`` = ``PACK_SLACK``: long prefills join
                 long work; docs/experiments.md, "Head-of-line blocking behind cold prefills")
+    prefill     fcfs (SGLang's and vLLM's default queue order: the baselines'), short_first
+    order       (evolving's: shortest expected prefill first with aging, time-bounded
+                iterations; engine/backends/sim/prefill_order.py)
 
 e.g. ``static:4P5D+round_robin+async`` (a fixed split, round-robin routing, the shared pool
 with asynchronous fetch) or ``dynamo+count_aware``. A spec that starts with a part applies it
@@ -74,6 +78,9 @@ class Stack:
     # sends Dynamo's speculative next-turn prefill, a max_tokens=1 request (``+specprefill``)
     prestage: bool = False
     specprefill: bool = False
+    # the prefill nodes' queue order (engine/backends/sim/prefill_order.py, issue 41 part 3):
+    # ``fcfs`` as SGLang and vLLM by default; ``short_first`` (ours) without head-of-line blocking
+    prefill_order: str = "fcfs"
 
     @property
     def plans_fetch(self) -> bool:
@@ -130,7 +137,7 @@ class Stack:
         start = "collocated warm-up" if first is None else f"{first[0]}P{first[1]}D"
         extra = "".join(f" {k}=on" for k in ("prestage", "specprefill") if getattr(self, k))
         return (f"{self.name}: planner={self.planner} router={self.router} eviction={self.eviction} "
-                f"pool={self.fetch_mode} switch={self.mechanism} start={start}{extra}")
+                f"pool={self.fetch_mode} switch={self.mechanism} prefill={self.prefill_order} start={start}{extra}")
 
 
 def _accepted(path: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -146,7 +153,7 @@ def _accepted(path: str, args: dict[str, Any]) -> dict[str, Any]:
 BASELINE_START = (6, 3)
 _SPLIT = re.compile(r"^(\d+)P(\d+)D$", re.IGNORECASE)
 
-EVOLVING = Stack("evolving")
+EVOLVING = Stack("evolving", prefill_order="short_first")
 PRESETS: dict[str, Stack] = {
     "evolving": EVOLVING,
     "dynamo": Stack("dynamo", planner="dynamo", router="cache_aware", eviction="lru", fetch_mode="none",
@@ -207,6 +214,8 @@ PARTS: dict[str, tuple[str, Any]] = {
     "prestage": ("prestage", True),
     "specprefill": ("specprefill", True),
     "pack": ("router_args", {"pack_slack": PACK_SLACK}),
+    "fcfs": ("prefill_order", "fcfs"),
+    "short_first": ("prefill_order", "short_first"),
 }
 
 

@@ -12,8 +12,10 @@ Request lifecycle on a node (numbers match the docstring of replay/sim/simulatio
 2. Prefill start: the node measures its own cached prefix (own L1, then own L2 = restore
    ``t_rst``; with fetch-at-start the peer fetch is done now and its time is added to this
    iteration). ``RequestStarted(phase=prefill)`` carries the tokens actually reused.
-3. Prefill iterations take up to ``token_budget`` new tokens (running chunk first, then queued
-   eligible requests FCFS); time = eq. 1 with the profile's coefficients x noise.
+3. Prefill iterations take up to ``token_budget`` new tokens in the node's ``prefill_order``
+   (prefill_order.py): ``fcfs`` (running chunk first, then queued eligible requests FCFS) or
+   ``short_first`` (shortest expected remaining prefill first with aging, iterations bounded in
+   time); time = eq. 1 with the profile's coefficients x noise.
 4. Last chunk done: ``KvStored`` (L1 and, write-through, L2: one event with ``write_through``
    when both tiers add the same blocks, ``KvPool.store_through``) for the new blocks,
    ``FirstToken``, then KV transfer to the decode node over the GPU path (``p2d_transfer_s``).
@@ -64,6 +66,16 @@ from typing import Protocol
 import numpy as np
 
 from engine.backend import DecodeJob, PrefillJob
+from engine.backends.sim.prefill_order import (
+    LONG_S,
+    LONG_SHARE,
+    PREFILL_ORDERS,
+    chunk_s,
+    chunk_within,
+    iteration_cap_s,
+    order_key,
+    remaining_s,
+)
 from engine.kvpool import EVICT_BATCH, BlockSet, KvPool
 from engine.profiles import Profile
 from events.catalog import (
@@ -84,8 +96,8 @@ from events.ids import BlockHash, NodeId, RequestId, Role, SwitchMechanism, Tier
 #: (fetch when prefill starts, time added to prefill; memory-pool baseline), "none" (node-local
 #: cache only; HiCache per node).
 FETCH_MODES = ("async", "at_start", "none")
-__all__ = ["COLLOCATED_DECODE_SLICE_S", "EVICT_BATCH", "FETCH_MODES", "DecodeJob", "NodeHost", "PrefillJob",
-           "SimNode"]
+__all__ = ["COLLOCATED_DECODE_SLICE_S", "EVICT_BATCH", "FETCH_MODES", "PREFILL_ORDERS", "DecodeJob", "NodeHost",
+           "PrefillJob", "SimNode"]
 #: A collocated node runs decode for at most this long between prefill iterations.
 COLLOCATED_DECODE_SLICE_S = 0.25
 
@@ -133,6 +145,8 @@ class SimNode:
         self.l2_cap_blocks = self.pool.l2_cap_blocks
         # prefill
         self.pqueue: list[PrefillJob] = []
+        self.prefill_order = "fcfs"  # or "short_first" (prefill_order.py); the driver sets it
+        self._cap_s = iteration_cap_s(profile)
         self.fetch_link_free_s = 0.0
         # decode
         self.running: dict[RequestId, DecodeJob] = {}
@@ -265,8 +279,10 @@ class SimNode:
     def enqueue_prefill(self, job: PrefillJob) -> None:
         now = self.host.now
         job.ready_s = now
-        if self.fetch_mode == "async" and job.fetch_plan:
+        tokens = 0
+        if self.prefill_order != "fcfs" or (self.fetch_mode == "async" and job.fetch_plan):
             local = self._prefix_len(job.blocks, self._prefix_len(job.blocks, 0, self.l1), self.l2)
+        if self.fetch_mode == "async" and job.fetch_plan:
             got = self._collect_fetch(job, local)
             tokens = sum(len(b) for _, b in got) * self.bt
             if tokens:
@@ -281,8 +297,11 @@ class SimNode:
                 job.ready_s = start + dur
                 job.fetched = got
                 self.host.schedule(job.ready_s, self._fetch_done, job)
+        if self.prefill_order != "fcfs":  # what it will likely find cached at its start
+            job.est_uc = max(1, job.prompt_tokens - local * self.bt - tokens)
         # Higher priority (the agent hint) goes ahead of lower-priority jobs not yet started;
-        # equal priorities (all 0 without hints) keep arrival order.
+        # equal priorities (all 0 without hints) keep arrival order (``short_first`` sorts the
+        # queue at each iteration: _prefill_batch_order).
         i = len(self.pqueue)
         while i > 0 and not self.pqueue[i - 1].started and self.pqueue[i - 1].priority < job.priority:
             i -= 1
@@ -495,6 +514,15 @@ class SimNode:
         """Switching in place to prefill: its running decodes ride along prefill iterations."""
         return self.status == "draining" and self.switch_mech == "in_place" and self.switch_to == "prefill"
 
+    def _prefill_batch_order(self, now: float) -> list[PrefillJob]:
+        if self.prefill_order == "fcfs":
+            return self.pqueue
+        return sorted(self.pqueue, key=lambda j: order_key(self.p, j, now))
+
+    @staticmethod
+    def _left(job: PrefillJob, long: set, time_left: float, long_left: float) -> float:
+        return min(time_left, long_left) if job.request in long else time_left
+
     def _start_prefill_iteration(self, carry_decode: bool = False) -> None:
         now = self.host.now
         budget = self.p.prefill_token_budget
@@ -502,17 +530,36 @@ class SimNode:
         sum_uc = sum_rst = sum_tc = 0
         sum_A = 0.0
         extra = 0.0
-        for job in self.pqueue:
-            if budget <= 0:
+        bounded = self.prefill_order == "short_first"
+        order = self._prefill_batch_order(now)
+        time_left = long_left = self._cap_s - self.p.c0
+        if bounded:  # 3. while a short request is eligible, long ones share LONG_SHARE of the time
+            long = {j.request for j in order if remaining_s(self.p, j) > LONG_S}
+            if any(j.request not in long and (j.started or j.ready_s <= now) for j in order):
+                long_left *= LONG_SHARE
+        for job in order:
+            if budget <= 0 or (bounded and batch and time_left <= 0):
                 break
             if not job.started:
                 if job.ready_s > now:
                     continue
+                if bounded and batch and chunk_within(self.p, self._left(job, long, time_left, long_left),
+                                                      job.prompt_tokens - job.est_uc) <= 0:
+                    continue  # no token of it would fit: do not start it in this iteration
                 extra += self._begin_job(job)
                 sum_rst += job.t_rst
             remaining = job.t_uc - job.done_uc
             chunk = min(remaining, budget)
             before = job.t_c + job.done_uc
+            if bounded:  # the iteration's predicted time stays within the cap (prefill_order.py)
+                left = self._left(job, long, time_left, long_left)
+                chunk = min(chunk, max(0 if batch else 1, chunk_within(self.p, left, before)))
+                if chunk <= 0:
+                    continue
+                spent = chunk_s(self.p, chunk, before)
+                time_left -= spent
+                if job.request in long:
+                    long_left -= spent
             A = chunk * before + chunk * (chunk + 1) / 2.0
             batch.append((job, chunk, A))
             budget -= chunk
