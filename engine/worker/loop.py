@@ -181,7 +181,7 @@ class EngineWorker(StreamFolding, Publishing):
 
     async def _progress(self) -> None:
         while True:
-            await asyncio.sleep(self.token_interval_s)
+            await asyncio.sleep(progress_wait_s(self.backend, self.token_interval_s))
             self.host.catch_up()
             self.backend.progress()
 
@@ -280,3 +280,25 @@ class EngineWorker(StreamFolding, Publishing):
         with contextlib.suppress(Exception):
             await self.backend.close()
         log.info("worker_stopped", node=self.node_id, reason=reason)
+
+
+#: the shortest wait between two ``progress()`` calls: a sim run at a large time scale has
+#: iterations of microseconds of wall time; past 500 calls a second they are batched into chunks
+MIN_PROGRESS_S = 0.002
+#: how often a pacing backend with no run is asked again: a run that starts meanwhile has its
+#: first iterations' tokens in one chunk for at most this long
+PACED_IDLE_S = 0.02
+
+
+def progress_wait_s(backend, interval_s: float) -> float:
+    """How long the worker waits before its next ``backend.progress()``: ``interval_s``
+    (``--token-interval-s``), or less when the backend says when its next iteration ends
+    (``next_progress_s()``, the sim engine's: one chunk per iteration; :data:`PACED_IDLE_S` while
+    it has no run), never under :data:`MIN_PROGRESS_S`."""
+    nxt = getattr(backend, "next_progress_s", None)  # optional: only backends that pace their output
+    if nxt is None:
+        return interval_s
+    due = nxt()
+    if due is None:  # no run now: look again soon, a run may start before the interval is over
+        return min(interval_s, PACED_IDLE_S)
+    return max(MIN_PROGRESS_S, min(interval_s, due + 1e-4))

@@ -147,6 +147,21 @@ class SimBackend:
             est = job.total_out - job.left + min(job.left, done * self.profile.t_acc)
             self._chunk(job, int(est + 1e-9))
 
+    def next_progress_s(self) -> float | None:
+        """Wall seconds until the decode run in progress ends its next iteration (None: no run),
+        so the worker calls :meth:`progress` once per iteration and each iteration's tokens go out
+        as one chunk, as vLLM and SGLang stream them: a client measures real inter-token latency
+        and time to the second token instead of one chunk per ``--token-interval-s``."""
+        n = self.node
+        clock, scale = getattr(self.host, "clock", None), getattr(self.host, "scale", None)
+        if not (n.busy and n.run_batch and n.run_iter_s > 0) or clock is None or not scale:
+            return None
+        t = clock()
+        done = int((t - n.run_start_s) / n.run_iter_s)
+        if done >= n.run_iters:
+            return None
+        return max(0.0, (n.run_start_s + (done + 1) * n.run_iter_s - t) / scale)
+
     # ------------------------------------------------------------------ tokens
     def _token(self, **kw) -> None:
         self.host.token(TokenMsg(node=self.node_id, ts=self.host.now, simulated=True, **kw))
