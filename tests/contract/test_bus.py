@@ -8,7 +8,17 @@ import pytest
 
 from events import codec
 from events.catalog import BranchOpened, KvStored, RequestSubmitted, Tick
-from services.adapters.bus import Bus, Consumer, InMemoryBus, NatsBus, StreamInfo, subject_matches
+from services.adapters.bus import (
+    Bus,
+    Consumer,
+    InMemoryBus,
+    Listener,
+    Message,
+    NatsBus,
+    NoResponder,
+    StreamInfo,
+    subject_matches,
+)
 
 
 def _events(n: int):
@@ -27,6 +37,12 @@ async def _take(consumer, n: int, timeout: float = 5.0):
 
     await asyncio.wait_for(run(), timeout)
     return out
+
+
+def _counts(info: StreamInfo) -> StreamInfo:
+    """The counts both backends agree on (bytes and the leader's name are the backend's own)."""
+    return StreamInfo(last_seq=info.last_seq, messages=info.messages, replicas=info.replicas,
+                      dead_letters=info.dead_letters)
 
 
 class BusContract:
@@ -186,15 +202,19 @@ class BusContract:
         await bus.publish(Tick(ts=1.0))
         await bus.publish_raw(f"ei.{partition}.agent.x", b"\xc1garbage")
         await bus.publish(Tick(ts=2.0))
-        assert await bus.stream_info() == StreamInfo(last_seq=3, messages=3, replicas=1, dead_letters=0)
+        first = await bus.stream_info()
+        assert _counts(first) == StreamInfo(last_seq=3, messages=3, replicas=1, dead_letters=0)
+        assert first.replicas_current == 1 and isinstance(first.leader, str)
+        await bus.publish(Tick(ts=3.0))
+        assert (await bus.stream_info()).bytes > first.bytes > len(b"\xc1garbage")
         async with bus.consumer("info-test") as c:
-            await _take(c, 2)
+            await _take(c, 3)
         for _ in range(50):  # the garbage reaches the dead-letter subject as the consumer passes it
             info = await bus.stream_info()
             if info.dead_letters:
                 break
             await asyncio.sleep(0.02)
-        assert info == StreamInfo(last_seq=3, messages=3, replicas=1, dead_letters=1)
+        assert _counts(info) == StreamInfo(last_seq=4, messages=4, replicas=1, dead_letters=1)
         await bus.close()
 
     async def test_another_partition_over_the_same_connection(self, partition):
@@ -209,6 +229,86 @@ class BusContract:
         await bus.publish(Tick(ts=2.0))
         assert await bus.last_seq() == 1
         assert await bus.for_partition(partition + "x").last_seq() == 1  # one stream per partition
+        await bus.close()
+
+    async def test_request_reply_on_a_listened_subject(self, partition):
+        bus = await self.make_bus(partition)
+        subject = f"eictl.{partition}.echo"
+        seen: list[Message] = []
+
+        async def echo(msg: Message) -> bytes | None:
+            seen.append(msg)
+            if msg.data == b"boom":
+                raise ValueError("a bad request")
+            return None if msg.data == b"mute" else b"re:" + msg.data
+
+        with pytest.raises(NoResponder):
+            await bus.request(subject, b"x", timeout_s=2.0)
+        lst = await bus.listen(subject, echo)
+        assert isinstance(lst, Listener) and lst.subject == subject
+        assert await bus.request(subject, b"hello", timeout_s=2.0) == b"re:hello"
+        for silent in (b"mute", b"boom"):  # no reply, and a handler that raises: the requester times out
+            with pytest.raises(TimeoutError):
+                await bus.request(subject, silent, timeout_s=0.2)
+        assert await bus.request(subject, b"again", timeout_s=2.0) == b"re:again"  # the listener goes on
+        assert [m.data for m in seen] == [b"hello", b"mute", b"boom", b"again"]
+        await lst.close()
+        await lst.close()  # idempotent
+        with pytest.raises(NoResponder):
+            await bus.request(subject, b"x", timeout_s=2.0)
+        await bus.close()
+
+    async def test_listeners_see_events_as_they_are_stored(self, partition):
+        bus = await self.make_bus(partition)
+        got: list[Message] = []
+        arrived = asyncio.Event()
+
+        async def on_route(msg: Message) -> None:
+            got.append(msg)
+            arrived.set()
+
+        lst = await bus.listen(f"ei.{partition}.*", on_route)  # one token: the clock, not agent.x
+        other = bus.for_partition(partition + "y")
+        if isinstance(other, NatsBus):
+            await other.ensure_streams()
+        everywhere = await bus.listen("ei.*.clock", on_route)  # a sibling's subjects are heard too
+        await bus.publish(Tick(ts=1.0))
+        await other.publish(Tick(ts=2.0))
+        for _ in range(100):
+            if len(got) >= 3:
+                break
+            await asyncio.sleep(0.02)
+        assert sorted((m.subject, codec.decode_message(m.data, m.headers).ts) for m in got) == [
+            (f"ei.{partition}.clock", 1.0), (f"ei.{partition}.clock", 1.0), (f"ei.{partition}y.clock", 2.0)]
+        await lst.close()
+        await everywhere.close()
+        await other.close()
+        await bus.close()
+
+    async def test_rewind_a_durable_consumer(self, partition):
+        bus = await self.make_bus(partition)
+        assert await bus.consumer_ack_floor("rw") is None
+        await bus.publish_many(_events(20))
+        async with bus.consumer("rw") as c:
+            await _take(c, 15)
+            await c.flush()
+        assert await bus.consumer_ack_floor("rw") == 15
+        await bus.rewind_consumer("rw", 6)
+        assert await bus.consumer_ack_floor("rw") == 5
+        async with bus.consumer("rw") as c:
+            again = await _take(c, 15)
+        assert [d.seq for d in again] == list(range(6, 21))
+        await bus.rewind_consumer("fresh", 18)  # a durable not there yet is made at that position
+        async with bus.consumer("fresh") as c:
+            assert [d.seq for d in await _take(c, 3)] == [18, 19, 20]
+        await bus.close()
+
+    async def test_url_says_where_another_process_reaches_it(self, partition):
+        bus = await self.make_bus(partition)
+        if isinstance(bus, NatsBus):
+            assert bus.url == self.url
+        else:
+            assert bus.url is None
         await bus.close()
 
     async def test_large_event_round_trips(self, partition):

@@ -1,7 +1,8 @@
 """The bus: the port and its two backends, side by side (docs/bus.md).
 
 - :mod:`.port` - the port: the ``Bus`` and ``Consumer`` protocols every service is typed
-  against, ``Delivery`` and ``DeadLetter``, the header names (``MSG_ID``, ``DLQ_*``),
+  against, ``Delivery``, ``DeadLetter``, ``StreamInfo``, plain-subject ``Message`` s (``listen`` /
+  ``request``), the header names (``MSG_ID``, ``DLQ_*``),
   ``subject_matches`` and the decode-or-dead-letter helper both backends share;
 - :mod:`.memory` - ``InMemoryBus``, the in-process twin (unit tests, the simulator);
 - :mod:`.nats_bus` - ``NatsBus`` and ``StreamSettings``, the bus on NATS JetStream;
@@ -32,6 +33,10 @@ from services.adapters.bus.port import (
     Consumer,
     DeadLetter,
     Delivery,
+    Handler,
+    Listener,
+    Message,
+    NoResponder,
     StreamInfo,
     decode_or_reason,
     subject_matches,
@@ -47,8 +52,12 @@ __all__ = [
     "Consumer",
     "DeadLetter",
     "Delivery",
+    "Handler",
     "InMemoryBus",
+    "Listener",
+    "Message",
     "NatsBus",
+    "NoResponder",
     "StreamInfo",
     "StreamSettings",
     "decode_or_reason",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Self
 
 from events import codec
@@ -22,13 +23,28 @@ from services.adapters.bus.port import (
     MSG_ID,
     DeadLetter,
     Delivery,
+    Handler,
+    Message,
+    NoResponder,
     StreamInfo,
     decode_or_reason,
+    handle,
     subject_matches,
 )
 from services.adapters.logging import get_logger
 
 log = get_logger("bus")
+
+
+@dataclass(eq=False)
+class _MemListener:
+    subject: str
+    handler: Handler
+    _all: list = field(repr=False)
+
+    async def close(self) -> None:
+        if self in self._all:
+            self._all.remove(self)
 
 
 class InMemoryBus:
@@ -45,6 +61,10 @@ class InMemoryBus:
         self._cond = asyncio.Condition()
         self.dead_lettered = 0
         self.account: str | None = None  # no accounts in process: dead letters name the consumer
+        self.url: str | None = None  # nothing outside the process reaches it
+        #: listeners of plain subjects, shared by every partition of this "connection" (as on NATS)
+        self._listeners: list[_MemListener] = []
+        self._handling: set[asyncio.Task] = set()  # handlers running (a reference keeps each alive)
         #: the buses of every partition of this "connection" (for_partition), this one included
         self._partitions: dict[str, InMemoryBus] = {partition: self}
 
@@ -75,7 +95,41 @@ class InMemoryBus:
             if msg_id is not None:
                 self._ids[msg_id] = seq
             self._cond.notify_all()
+        self._deliver(Message(subject, bytes(data), hdrs))
         return seq
+
+    def _deliver(self, msg: Message) -> list[asyncio.Task]:
+        """Start the handler of every listener of ``msg.subject`` (each on its own, as NATS
+        calls them); returns their tasks."""
+        tasks = []
+        for lst in [x for x in self._listeners if subject_matches(x.subject, msg.subject)]:
+            t = asyncio.ensure_future(handle(lst.handler, msg))
+            self._handling.add(t)
+            t.add_done_callback(self._handling.discard)
+            tasks.append(t)
+        return tasks
+
+    async def listen(self, subject: str, handler: Handler) -> _MemListener:
+        lst = _MemListener(subject, handler, self._listeners)
+        self._listeners.append(lst)
+        return lst
+
+    async def request(self, subject: str, data: bytes, timeout_s: float) -> bytes:
+        tasks = self._deliver(Message(subject, bytes(data)))
+        if not tasks:
+            raise NoResponder(subject)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        pending = set(tasks)
+        while pending:  # the first reply wins (NATS hands the requester the first one back)
+            done, pending = await asyncio.wait(pending, timeout=max(0.0, deadline - loop.time()),
+                                               return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                break
+            for t in done:
+                if t.result() is not None:
+                    return t.result()
+        raise TimeoutError(f"no reply on {subject} within {timeout_s:g} s")
 
     async def last_seq(self) -> int:
         return len(self._log)
@@ -95,13 +149,20 @@ class InMemoryBus:
 
     async def stream_info(self) -> StreamInfo:
         n = len(self._log)
-        return StreamInfo(last_seq=n, messages=n, replicas=1, dead_letters=len(self._dlq))
+        held = sum(len(s) + len(d) + sum(len(k) + len(v) for k, v in h.items()) for s, d, h in self._log)
+        return StreamInfo(last_seq=n, messages=n, replicas=1, dead_letters=len(self._dlq), bytes=held)
+
+    async def consumer_ack_floor(self, durable: str) -> int | None:
+        return self._acks.get(durable)
+
+    async def rewind_consumer(self, durable: str, start_seq: int) -> None:
+        self._acks[durable] = max(start_seq, 1) - 1
 
     def for_partition(self, partition: str) -> InMemoryBus:
         other = self._partitions.get(partition)
         if other is None:
             other = self._partitions[partition] = InMemoryBus(partition)
-            other._partitions = self._partitions
+            other._partitions, other._listeners, other._handling = self._partitions, self._listeners, self._handling
         return other
 
     async def close(self) -> None:
@@ -118,7 +179,7 @@ class _MemConsumer:
     def __init__(self, bus: InMemoryBus, durable: str | None, start_seq: int | None, subjects: str) -> None:
         self.bus, self.durable, self.subjects = bus, durable, subjects
         self.name = durable or "ephemeral"
-        floor = bus._acks.get(durable, 0) if durable else 0
+        floor = bus._acks.setdefault(durable, 0) if durable else 0  # opened: it exists from now on
         self._next = start_seq if start_seq is not None else floor + 1
         self._next = max(self._next, 1)
 

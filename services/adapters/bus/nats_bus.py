@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import Self
 
 import nats
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import api
 from nats.js.errors import BucketNotFoundError, NoStreamResponseError, NotFoundError, ObjectNotFoundError
 
@@ -43,9 +45,13 @@ from services.adapters.bus.port import (
     MSG_ID,
     DeadLetter,
     Delivery,
+    Handler,
+    Message,
+    NoResponder,
     StreamInfo,
     dead_letter,
     decode_or_reason,
+    handle,
 )
 from services.adapters.bus.security import Credentials, snapshot_bucket
 from services.adapters.logging import get_logger
@@ -225,8 +231,54 @@ class NatsBus:
     async def stream_info(self) -> StreamInfo:
         info = await self.js.stream_info(self.stream)
         dlq = await self.js.stream_info(self.dlq_stream)
+        cl = info.cluster
+        current = 1 + sum(1 for r in (cl.replicas or []) if r.current) if cl else 1
         return StreamInfo(last_seq=info.state.last_seq, messages=info.state.messages,
-                          replicas=info.config.num_replicas or 1, dead_letters=dlq.state.messages)
+                          replicas=info.config.num_replicas or 1, dead_letters=dlq.state.messages,
+                          bytes=info.state.bytes, leader=(cl.leader or "") if cl else "", replicas_current=current)
+
+    @property
+    def url(self) -> str | None:
+        u = self.nc.connected_url
+        return f"{u.scheme}://{u.hostname}:{u.port}" if u else None
+
+    async def consumer_ack_floor(self, durable: str) -> int | None:
+        try:
+            info = await self.js.consumer_info(self.stream, durable)
+        except NotFoundError:
+            return None
+        return info.ack_floor.stream_seq if info.ack_floor else 0
+
+    async def rewind_consumer(self, durable: str, start_seq: int) -> None:
+        subjects = all_subjects(self.partition)
+        try:
+            info = await self.js.consumer_info(self.stream, durable)
+        except NotFoundError:
+            pass
+        else:
+            subjects = info.config.filter_subject or subjects
+            await self.js.delete_consumer(self.stream, durable)
+        await self.js.add_consumer(self.stream, config=_durable_config(durable, max(start_seq, 1), subjects))
+
+    async def listen(self, subject: str, handler: Handler) -> _NatsListener:
+        async def cb(msg) -> None:
+            reply = await handle(handler, Message(msg.subject, msg.data, msg.headers or {}))
+            if reply is not None and msg.reply:
+                with contextlib.suppress(Exception):  # the requester may be gone
+                    await msg.respond(reply)
+
+        sub = await self.nc.subscribe(subject, cb=cb, pending_msgs_limit=-1, pending_bytes_limit=-1)
+        await self.nc.flush()  # the server knows the listener when this returns
+        return _NatsListener(subject, sub)
+
+    async def request(self, subject: str, data: bytes, timeout_s: float) -> bytes:
+        try:
+            msg = await self.nc.request(subject, data, timeout=timeout_s)
+        except NoRespondersError as exc:
+            raise NoResponder(subject) from exc
+        except NatsTimeoutError as exc:
+            raise TimeoutError(f"no reply on {subject} within {timeout_s:g} s") from exc
+        return msg.data
 
     def for_partition(self, partition: str) -> NatsBus:
         if partition == self.partition:
@@ -304,6 +356,28 @@ class NatsBus:
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
+
+
+def _durable_config(durable: str, start: int, subjects: str) -> api.ConsumerConfig:
+    """A durable pull consumer starting at ``start``. ``name`` too: nats-py then sends the
+    filtered create subject, the only one a secured bus grants (security.py, READS)."""
+    return api.ConsumerConfig(
+        name=durable, durable_name=durable, ack_policy=api.AckPolicy.ALL, max_ack_pending=100_000,
+        ack_wait=30.0, deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+        opt_start_seq=start, filter_subject=subjects, max_waiting=16)
+
+
+class _NatsListener:
+    """An open :meth:`NatsBus.listen` (a core NATS subscription)."""
+
+    def __init__(self, subject: str, sub) -> None:
+        self.subject, self._sub = subject, sub
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            sub, self._sub = self._sub, None
+            with contextlib.suppress(Exception):  # a closed connection has nothing left to release
+                await sub.unsubscribe()
 
 
 def _quiet_callbacks(opts: dict, name: str) -> None:
@@ -401,12 +475,7 @@ class _NatsConsumer:
         return max(self.start_seq if self.start_seq is not None else floor + 1, 1)
 
     async def _create_durable(self, start: int) -> None:
-        # ``name`` too: nats-py then sends the filtered create subject, the only one a secured
-        # bus grants (services/adapters/bus/security.py, READS)
-        await self.bus.js.add_consumer(self.bus.stream, config=api.ConsumerConfig(
-            name=self.durable, durable_name=self.durable, ack_policy=api.AckPolicy.ALL, max_ack_pending=100_000,
-            ack_wait=30.0, deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
-            opt_start_seq=start, filter_subject=self.subjects, max_waiting=16))
+        await self.bus.js.add_consumer(self.bus.stream, config=_durable_config(self.durable, start, self.subjects))
 
     async def _reopen_after_gap(self) -> None:
         """Deliveries were lost on the way (the consumer sequence jumped, or a stream sequence

@@ -56,6 +56,14 @@ class NatsPromptStore:
         self._ready = False  # the bucket is known to exist
         self._missing_until = 0.0  # a reader found no bucket: do not ask again before this
 
+    @classmethod
+    def from_bus(cls, bus, partition: str | None = None, **kw) -> NatsPromptStore:
+        """The store over a :class:`~services.adapters.bus.nats_bus.NatsBus`'s connection (the
+        bus's partition unless another is named; the event stream's replicas unless ``replicas``
+        is given): drivers never take the connection out of the bus."""
+        kw.setdefault("replicas", bus.settings.replicas)
+        return cls(bus.nc, partition or bus.partition, **kw)
+
     async def ensure(self) -> None:
         """Create the bucket unless it exists (the writer's part; needs its permission)."""
         if self._ready:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, Self, runtime_checkable
 
@@ -115,6 +115,35 @@ class StreamInfo:
     messages: int  # held now (a stream with limits may have dropped the oldest)
     replicas: int  # 1 in process
     dead_letters: int  # messages on the partition's dead-letter subject(s)
+    bytes: int = 0  # what the stream holds, as the backend counts it (JetStream adds subjects, headers)
+    leader: str = ""  # the server that leads the stream ("" in process)
+    replicas_current: int = 1  # replicas up to date: the leader and its current followers
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A message on a plain (not stored) subject: :meth:`Bus.listen`, :meth:`Bus.request`."""
+
+    subject: str
+    data: bytes
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+#: A listener's handler: the reply's bytes, or None for no reply (a request then times out).
+Handler = Callable[[Message], Awaitable[bytes | None]]
+
+
+class NoResponder(LookupError):
+    """Nobody listens on the subject a :meth:`Bus.request` was sent to (answered at once)."""
+
+
+@runtime_checkable
+class Listener(Protocol):
+    """An open :meth:`Bus.listen`; ``close()`` stops it (idempotent, never raises)."""
+
+    subject: str
+
+    async def close(self) -> None: ...
 
 
 @runtime_checkable
@@ -124,6 +153,9 @@ class Bus(Protocol):
 
     partition: str
     dead_lettered: int
+    #: where another process reaches this bus (``nats://host:port`` of the server connected to);
+    #: None in process
+    url: str | None
 
     async def publish(self, event: Event, *, msg_id: str | None = None, shadow: str | None = None) -> int: ...
 
@@ -144,6 +176,30 @@ class Bus(Protocol):
 
     def consumer(self, durable: str | None, *, start_seq: int | None = None,
                  subjects: str | None = None) -> Consumer: ...
+
+    async def consumer_ack_floor(self, durable: str) -> int | None:
+        """The last sequence the durable consumer acknowledged (0: none yet); None when no such
+        durable exists."""
+        ...
+
+    async def rewind_consumer(self, durable: str, start_seq: int) -> None:
+        """Move a durable consumer (re-created with its subject filter, or made) so that the next
+        reader opened with its name starts at ``start_seq``; its ack floor is then
+        ``start_seq - 1`` (an operator's reset; chaos's rewind). A reader open on it now must
+        skip what it already handed out (every core is idempotent on the sequence)."""
+        ...
+
+    async def listen(self, subject: str, handler: Handler) -> Listener:
+        """Hand every message published on ``subject`` (wildcards allowed; an event's subject
+        too: a stored publish reaches listeners as it is stored) to ``handler``, from the time
+        this returns; a handler's reply answers a :meth:`request`. Nothing is kept for a late
+        listener (core NATS). A handler that raises is logged and sends no reply."""
+        ...
+
+    async def request(self, subject: str, data: bytes, timeout_s: float) -> bytes:
+        """Send ``data`` to a listener of ``subject`` and return its reply; raises
+        :class:`NoResponder` when nobody listens, ``TimeoutError`` when no reply comes in time."""
+        ...
 
     async def put_snapshot(self, name: str, data: bytes) -> None: ...
 
@@ -176,3 +232,13 @@ async def dead_letter(bus, consumer: str, seq: int, subject: str, data: bytes, r
                                 reason=reason[:1000], error=f"{type(exc).__name__}: {exc}", bytes=len(data),
                                 data_b64=base64.b64encode(data[:4096]).decode())
         return False
+
+
+async def handle(handler: Handler, msg: Message) -> bytes | None:
+    """Run a listener's handler as both backends do: an exception is logged (the listener goes
+    on, the request gets no reply), never raised into the bus."""
+    try:
+        return await handler(msg)
+    except Exception as exc:  # noqa: BLE001 - one bad message must not stop the listener
+        get_logger("bus").warning("listener_failed", subject=msg.subject, error=f"{type(exc).__name__}: {exc}")
+        return None

@@ -51,10 +51,16 @@ class TokenSub:
 
 
 class NatsTokens:
-    """Token channel over a nats-py client (``bus.nc`` of a :class:`services.adapters.bus.nats_bus.NatsBus`)."""
+    """Token channel over a nats-py client; build it from a bus with :meth:`from_bus`."""
 
     def __init__(self, nc, partition: str) -> None:
         self.nc, self.partition = nc, partition
+
+    @classmethod
+    def from_bus(cls, bus, partition: str | None = None) -> NatsTokens:
+        """The channel over a :class:`~services.adapters.bus.nats_bus.NatsBus`'s connection (the
+        bus's partition unless another is named): drivers never take the connection out of the bus."""
+        return cls(bus.nc, partition or bus.partition)
 
     async def publish(self, msg: TokenMsg) -> None:
         await self.nc.publish(token_subject(self.partition, msg.request), encode(msg))
