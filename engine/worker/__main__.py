@@ -148,7 +148,7 @@ async def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(1)
         kv = KvBytesConfig(block_bytes=args.kv_block_bytes, transfer=args.transfer, host=args.transfer_host)
     try:
-        worker = EngineWorker(bus, NatsTokens(bus.nc, args.partition), args.node, args.role, profile,
+        worker = EngineWorker(bus, NatsTokens.from_bus(bus, args.partition), args.node, args.role, profile,
                               seed=args.seed, time_scale=args.time_scale, fetch_mode=args.fetch_mode,
                               eviction=args.eviction, heartbeat_s=args.heartbeat_s,
                               token_interval_s=args.token_interval_s, clock_epoch=args.clock_epoch,
@@ -190,7 +190,7 @@ def _prompt_store(args: argparse.Namespace, bus) -> NatsPromptStore | None:
     """The prompt store this worker reads job token ids from (``--prompt-store``), or None."""
     if args.prompt_store == "off" or (args.prompt_store == "auto" and args.backend == "sim"):
         return None
-    return NatsPromptStore(bus.nc, args.partition)
+    return NatsPromptStore.from_bus(bus, args.partition)
 
 
 def _kv_bytes_preflight(args: argparse.Namespace) -> str:

@@ -130,7 +130,7 @@ class Observer:
         self.route: dict[str, float] = {}
         self.tok: dict[str, float] = {}
 
-    async def start(self, nc) -> None:
+    async def start(self, bus) -> None:
         async def on_event(msg) -> None:
             t = time.perf_counter()
             try:
@@ -146,10 +146,9 @@ class Observer:
             t = time.perf_counter()
             self.tok.setdefault(wire.decode(msg.data).request, t)
 
-        await nc.subscribe("ei.*.agent.>", cb=on_event)
-        await nc.subscribe("ei.*.route", cb=on_event)
-        await nc.subscribe("eitok.*.>", cb=on_token)
-        await nc.flush()
+        await bus.listen("ei.*.agent.>", on_event)  # every partition's: one connection sees them all
+        await bus.listen("ei.*.route", on_event)
+        await bus.listen("eitok.*.>", on_token)
 
 
 @dataclass
@@ -215,10 +214,10 @@ class Bench:
         self.gateway = self._spawn("gateway", ["services.drivers.gateway", "--nats-url", url, "--partition", self.pb,
                                 "--port", str(self.port), "--log-format", "json", *gw])
         self.base = f"http://127.0.0.1:{self.port}"
-        self.tokens_a = NatsTokens(self.bus_a.nc, self.pa)
-        self.store_a = NatsPromptStore(self.bus_a.nc, self.pa) if self.model_path else None
+        self.tokens_a = NatsTokens.from_bus(self.bus_a)
+        self.store_a = NatsPromptStore.from_bus(self.bus_a, replicas=1) if self.model_path else None
         self.model = load_model(self.model_path)
-        await self.obs.start(self.bus_a.nc)
+        await self.obs.start(self.bus_a)
         self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                           timeout=aiohttp.ClientTimeout(total=120))
         await self._ready()

@@ -34,8 +34,8 @@ from rich.table import Table
 from events import codec
 from events.catalog import RequestSubmitted
 from events.hashing import block_hashes
-from events.subjects import subject_for
-from services.adapters.bus.nats_bus import NatsBus, StreamSettings
+from events.subjects import dlq_stream_name, stream_name, subject_for
+from services.adapters.bus.nats_bus import NatsBus
 from services.adapters.bus.nats_prompts import NatsPromptStore
 from services.adapters.bus.natsserver import EmbeddedNats
 from services.adapters.bus.prompts import decode_tokens, encode_tokens
@@ -50,30 +50,32 @@ def _ms(xs: list[float]) -> dict:
     return {"p50_ms": round(statistics.median(s) * 1e3, 3), "p95_ms": round(s[min(len(s) - 1, int(0.95 * len(s)))] * 1e3, 3)}
 
 
-async def _stream_bytes(js, stream: str) -> int:
+async def _stream_bytes(bus) -> int:
     try:
-        return (await js.stream_info(stream)).state.bytes
+        return (await bus.stream_info()).bytes
     except Exception:  # noqa: BLE001 - a store not created yet holds nothing
         return 0
 
 
-async def _one_size(nc, tokens: int, requests: int, vocab: int, seed: int) -> dict:
+async def _one_size(base: NatsBus, js, tokens: int, requests: int, vocab: int, seed: int) -> dict:
+    """``base``: the bus every way publishes on (one partition per way, one connection);
+    ``js``: the bench's own JetStream context, for what is no port's (the object store, and
+    dropping what a way made)."""
     rng = random.Random(seed)
     prompts = [[rng.randrange(vocab) for _ in range(tokens)] for _ in range(min(requests, 8))]
     out: dict = {}
     for way in WAYS:
         part = f"bp{tokens}{WAYS.index(way)}{seed}"
-        bus = NatsBus(nc, nc.jetstream(), part, StreamSettings())  # one connection for every way
+        bus = base.for_partition(part)  # one connection for every way
         await bus.ensure_streams()
-        js = bus.js
         store = None
         if way.startswith("KV bucket"):
-            store = NatsPromptStore(nc, part, ttl_s=600, memory="memory" in way)
+            store = NatsPromptStore.from_bus(bus, ttl_s=600, memory="memory" in way)
         obs = None
         if way == "object store":
             obs = await js.create_object_store(f"BENCH_{part.upper()}", config=api.ObjectStoreConfig(
                 bucket=f"BENCH_{part.upper()}", ttl=600))
-        before_log = await _stream_bytes(js, bus.stream)
+        before_log = await _stream_bytes(bus)
         puts, gets, pubs, stored = [], [], [], 0
         for i in range(requests):
             ids = prompts[i % len(prompts)]
@@ -92,7 +94,7 @@ async def _one_size(nc, tokens: int, requests: int, vocab: int, seed: int) -> di
             elif way == "ids in the event":
                 payload += encode_tokens(ids)
             t1 = time.perf_counter()
-            await js.publish(subject_for(ev, part), payload, headers=codec.headers())
+            await bus.publish_raw(subject_for(ev, part), payload, codec.headers())
             t2 = time.perf_counter()
             if store is not None:
                 got = await store.get(rid)
@@ -107,7 +109,7 @@ async def _one_size(nc, tokens: int, requests: int, vocab: int, seed: int) -> di
             puts.append(t1 - t0)
             pubs.append(t2 - t1)
             gets.append(t3 - t2)
-        log_bytes = (await _stream_bytes(js, bus.stream) - before_log) / requests
+        log_bytes = (await _stream_bytes(bus) - before_log) / requests
         out[way] = {"put": _ms(puts) if way != "event only" else _ms([]),  # the event way: encoding the ids
                     "get": _ms(gets) if way != "event only" else _ms([]),  # the event way: decoding them
                     "publish": _ms(pubs), "stored_bytes_per_request": round(stored / requests),
@@ -118,8 +120,8 @@ async def _one_size(nc, tokens: int, requests: int, vocab: int, seed: int) -> di
             await js.delete_object_store(f"BENCH_{part.upper()}")
         if store is not None:
             await js.delete_stream(store.stream)
-        await js.delete_stream(bus.stream)
-        await js.delete_stream(bus.dlq_stream)
+        await js.delete_stream(stream_name(part))
+        await js.delete_stream(dlq_stream_name(part))
     base = out["event only"]["total_p50_ms"] or 1e-9
     for way in WAYS:
         out[way]["ratio_vs_event_only"] = round(out[way]["total_p50_ms"] / base, 2)
@@ -128,13 +130,16 @@ async def _one_size(nc, tokens: int, requests: int, vocab: int, seed: int) -> di
 
 async def run_async(sizes: list[int], requests: dict[int, int], vocab: int, seed: int) -> dict:
     with EmbeddedNats() as srv:
-        nc = await nats.connect(srv.url, name="bench-prompts")
+        nc = await nats.connect(srv.url, name="bench-prompts-objects")
+        base = await NatsBus.connect(srv.url, "bp", name="bench-prompts", ensure=False)
         res = {"server": "nats-server (embedded, file store)", "max_payload": nc.max_payload, "vocab": vocab,
                "sizes": {}}
         try:
             for n in sizes:
-                res["sizes"][str(n)] = {"requests": requests[n], **await _one_size(nc, n, requests[n], vocab, seed)}
+                res["sizes"][str(n)] = {"requests": requests[n],
+                                        **await _one_size(base, nc.jetstream(), n, requests[n], vocab, seed)}
         finally:
+            await base.close()
             await nc.close()
     return res
 

@@ -10,7 +10,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import msgspec
-from nats.js import api
 
 from events import codec
 from events.catalog import NodeRegistered, NodeRemoved, RequestSubmitted
@@ -81,8 +80,7 @@ def corrupt_snapshot(kind: str) -> Callable[[ChaosCluster, ScenarioResult], Awai
 
 
 async def kill_nats_leader(stack: ChaosCluster, res: ScenarioResult) -> None:
-    info = await stack.bus.js.stream_info(stack.bus.stream)
-    leader = info.cluster.leader if info.cluster else None
+    leader = (await stack.bus.stream_info()).leader
     names = [s.server_name for s in stack.cluster.servers]
     i = names.index(leader) if leader in names else 0
     head = await stack.bus.last_seq()
@@ -95,11 +93,10 @@ async def kill_nats_leader(stack: ChaosCluster, res: ScenarioResult) -> None:
 
     async def rejoined() -> bool:
         try:
-            inf = await asyncio.wait_for(stack.bus.js.stream_info(stack.bus.stream), 3)
+            inf = await asyncio.wait_for(stack.bus.stream_info(), 3)
         except Exception:  # noqa: BLE001 - still electing
             return False
-        reps = (inf.cluster.replicas or []) if inf.cluster else []
-        return inf.config.num_replicas == 3 and len(reps) == 2 and all(r.current for r in reps)
+        return inf.replicas == 3 and inf.replicas_current == 3  # the leader and two current followers
 
     await stack.wait(rejoined, 30, f"{names[i]} to rejoin the stream")
     res.survived = True
@@ -173,9 +170,9 @@ async def restart_all_nats(stack: ChaosCluster, res: ScenarioResult) -> None:
         await asyncio.to_thread(stack.cluster.restart, i)
     res.recover_s = await recover(stack, t, head, timeout_s=60.0)
     last = await asyncio.wait_for(stack.bus.last_seq(), 10)
-    info = await asyncio.wait_for(stack.bus.js.stream_info(stack.bus.stream), 10)
-    res.survived = last >= head and info.config.num_replicas == n
-    res.detail = f"all {n} servers killed and started again; stream head {head} -> {last}, R{info.config.num_replicas}"
+    info = await asyncio.wait_for(stack.bus.stream_info(), 10)
+    res.survived = last >= head and info.replicas == n
+    res.detail = f"all {n} servers killed and started again; stream head {head} -> {last}, R{info.replicas}"
 
 
 async def duplicate_publish(stack: ChaosCluster, res: ScenarioResult, window: int = 50) -> None:
@@ -190,18 +187,11 @@ async def duplicate_publish(stack: ChaosCluster, res: ScenarioResult, window: in
 
 
 async def rewind_consumer(stack: ChaosCluster, res: ScenarioResult, behind: int = 100) -> None:
-    js, stream = stack.bus.js, stack.bus.stream
-    info = await js.consumer_info(stream, "router")
-    floor = info.ack_floor.stream_seq if info.ack_floor else 0
+    floor = await stack.bus.consumer_ack_floor("router") or 0
     start = max(1, floor - behind)
     head = await stack.bus.last_seq()
     t = time.monotonic()
-    await js.delete_consumer(stream, "router")
-    cfg = info.config
-    await js.add_consumer(stream, config=api.ConsumerConfig(
-        durable_name="router", ack_policy=api.AckPolicy.ALL, max_ack_pending=cfg.max_ack_pending,
-        ack_wait=cfg.ack_wait, deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start,
-        filter_subject=cfg.filter_subject, max_waiting=cfg.max_waiting))
+    await stack.bus.rewind_consumer("router", start)
     res.recover_s = await recover(stack, t, head)
     res.survived = True
     res.detail = f"router's durable re-created at {start} (ack floor {floor}) while it ran"

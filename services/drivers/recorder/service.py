@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from services.adapters.bus import NatsBus
+from services.adapters.bus import Bus, Message
 from services.adapters.eventlog import EventLog
 from services.adapters.logging import get_logger
 from services.cores.recording import Recorder
@@ -74,7 +74,7 @@ async def run_recorder(
     queue: asyncio.Queue = asyncio.Queue(maxsize=max_queued or max_batch)
     writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="recorder-writer")
     stop = stop or asyncio.Event()
-    serve_live = live and getattr(bus, "nc", None) is not None and hasattr(event_log, "snapshot")
+    serve_live = live and getattr(bus, "url", None) is not None and hasattr(event_log, "snapshot")
 
     async with (bus.consumer(durable, start_seq=stats.last_seq + 1, subjects=subjects) as consumer,
                 LiveSnapshots(bus, event_log) if serve_live else contextlib.nullcontext()):
@@ -192,7 +192,7 @@ class LiveSnapshots:
     removes both files on exit. One snapshot at a time; the last one is reused while the log has
     not moved or is younger than ``min_interval_s``."""
 
-    def __init__(self, bus: NatsBus, event_log, *, min_interval_s: float = 1.0) -> None:
+    def __init__(self, bus: Bus, event_log, *, min_interval_s: float = 1.0) -> None:
         self.bus, self.event_log, self.min_interval_s = bus, event_log, min_interval_s
         self.db = os.path.abspath(event_log.path)
         self.subject = snapshot_subject(bus.partition)
@@ -206,10 +206,8 @@ class LiveSnapshots:
         self._sub = None
 
     async def __aenter__(self):
-        self._sub = await self.bus.nc.subscribe(self.subject, cb=self._on_request)
-        await self.bus.nc.flush()
-        url = self.bus.nc.connected_url
-        info = {"nats_url": f"{url.scheme}://{url.hostname}:{url.port}" if url else None,
+        self._sub = await self.bus.listen(self.subject, self._on_request)
+        info = {"nats_url": self.bus.url,
                 "partition": self.bus.partition, "subject": self.subject, "pid": os.getpid(),
                 "db": os.path.basename(self.db), "snapshot": os.path.basename(self.snapshot)}
         await asyncio.to_thread(_write_atomically, self.sidecar, json.dumps(info, indent=2))
@@ -218,8 +216,7 @@ class LiveSnapshots:
 
     async def __aexit__(self, *exc) -> None:
         if self._sub is not None:
-            with contextlib.suppress(Exception):  # NATS may be gone already
-                await self._sub.unsubscribe()
+            await self._sub.close()
         for f in (self.sidecar, self.snapshot):
             with contextlib.suppress(FileNotFoundError):
                 os.remove(f)
@@ -242,16 +239,14 @@ class LiveSnapshots:
                      took_s=round(res["took_s"], 4))
             return {**self._last, "age_s": 0.0}
 
-    async def _on_request(self, msg) -> None:
+    async def _on_request(self, msg: Message) -> bytes:
         try:
             reply = await self.take()
         except Exception as exc:  # noqa: BLE001 - the client gets the reason; the recorder goes on
             log.warning("live_snapshot_failed", error=f"{type(exc).__name__}: {exc}")
             reply = {"ok": False, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
         self.served += 1
-        if msg.reply:
-            with contextlib.suppress(Exception):
-                await msg.respond(json.dumps(reply).encode())
+        return json.dumps(reply).encode()
 
 
 def _write_atomically(path: str, text: str) -> None:

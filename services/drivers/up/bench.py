@@ -77,7 +77,7 @@ async def route_latency(url: str, rate: float, n: int, router_name: str = "evolv
         if not ev.reroute:
             arrived.setdefault(ev.request, time.perf_counter())
 
-    sub = await bus.nc.subscribe(f"ei.{part}.route", cb=on_route)
+    sub = await bus.listen(f"ei.{part}.route", on_route)
     try:
         async def started() -> bool:
             return await bus.get_snapshot("config.router") is not None
@@ -120,7 +120,7 @@ async def route_latency(url: str, rate: float, n: int, router_name: str = "evolv
         lat_ms = [(arrived[r] - sent[r]) * 1e3 for r in sent]
         core_ms = _router_core_ms(await _stream_events(bus), router_name)
     finally:
-        await sub.unsubscribe()
+        await sub.close()
         await _stop_process(router)
         await bus.close()
     return {"rate_rps": rate, "requests": n, "achieved_rps": round(n / elapsed, 1),
