@@ -76,9 +76,10 @@ first with aging, iterations bounded in time, a long prompt held to half an iter
 shorter ones wait: engine/backends/sim/prefill_order.py) instead of FCFS, so prefill iterations,
 their timings and the events that follow them move; the shift path (a change-point test at
 slice ends) publishes nothing here (no shift in the 5 min after the warm-up end at 1800 s) and
-the split chosen there is unchanged (4P5D kept). The pin had already moved with the directory
-fold's changes of the same day (224 ``AnomalyReported`` of kind ``unversioned_rewrite``, in this
-log too). 20258 -> 21748 events; ``evolving verify`` of the new log reproduces every decision.
+the split chosen there is unchanged (4P5D kept). 20258 -> 21748 events; ``evolving verify`` of
+the new log reproduces every decision. (The directory fold's speed-up of the same day changed
+nothing: the commits before and after it both give the previous pin, 7a335499..., 20258 events,
+224 ``AnomalyReported`` of kind ``unversioned_rewrite`` in both.)
 """
 
 from __future__ import annotations
