@@ -60,9 +60,6 @@ from events.catalog import (
     Tick,
 )
 
-_SEEN = (IterationDone, RequestStarted, FirstToken, RequestFinished, RoleSwitched,
-         KvStored, KvEvicted)
-
 
 class _Snap(msgspec.Struct, array_like=True):
     timeout_s: float
@@ -136,24 +133,22 @@ class LivenessWatcher:
 
     def _track(self, event: Event) -> None:
         """Where each request decodes, from its first token on (what a removal loses)."""
-        t = type(event)
-        if t is RouteDecided:
-            if not event.shadow:
+        match event:
+            case RouteDecided() if not event.shadow:
                 if event.request in self.decoding:
                     self.decoding[event.request] = event.decode_node
                 else:
                     self.decode_of[event.request] = event.decode_node
-        elif t is RequestStarted:
-            if event.phase == "decode":
+            case RequestStarted() if event.phase == "decode":
                 self.decode_of.pop(event.request, None)
                 self.decoding[event.request] = event.node
-        elif t is FirstToken:
-            node = self.decode_of.pop(event.request, None)
-            if node is not None:
-                self.decoding.setdefault(event.request, node)
-        elif t is RequestFinished:
-            self.decode_of.pop(event.request, None)
-            self.decoding.pop(event.request, None)
+            case FirstToken():
+                node = self.decode_of.pop(event.request, None)
+                if node is not None:
+                    self.decoding.setdefault(event.request, node)
+            case RequestFinished():
+                self.decode_of.pop(event.request, None)
+                self.decoding.pop(event.request, None)
 
     def _lost_with(self, node: str, ts: float, why: str) -> list[Event]:
         """``RequestFinished(error=...)`` for each request decoding on ``node``: its KV and its
@@ -188,38 +183,43 @@ class LivenessWatcher:
 
     def apply(self, event: Event) -> list[Event]:
         self._track(event)
-        t = type(event)
-        if t is NodeRegistered:
-            # a registration counts from when it is folded, at least: one that sat in a lagging
-            # worker's queue (its ts minutes old) was removed again at the next tick, and the
-            # worker's next one lagged the same way (a node that never came back under load)
-            seen = max(event.ts, self.now)
-            self.last_seen[event.node] = max(seen, self.last_seen.get(event.node, seen))
-            self.orphaned.pop(event.node, None)  # back: its decodes run on
-        elif t is NodeHeartbeat:
-            if event.node in self.last_seen:  # a node never registered is not watched
-                self._seen(event.node, self._life(event))
-        elif isinstance(event, _SEEN):
-            if event.node in self.last_seen:
-                self._seen(event.node, event.ts)
-        elif t is NodeRemoved:
-            self.last_seen.pop(event.node, None)
-            self.progress.pop(event.node, None)  # a new run counts from its first heartbeat
-            return self._removed(event)
-        elif t is Tick and self.timeout_s > 0:
-            self.now = max(self.now, event.ts)
-            graces = {n: self.grace(n) for n in self.last_seen}
-            dead = sorted(n for n, t in self.last_seen.items() if event.ts - t > graces[n])
-            out: list[Event] = self._expire(event.ts)
-            for node in dead:
-                silent = event.ts - self.last_seen.pop(node)
-                self.progress.pop(node, None)
-                g = graces[node]
-                why = f"{g:g} s" if g == self.timeout_s else f"{g:.1f} s (the timeout scaled by its jitter)"
-                out.append(NodeRemoved(ts=event.ts, src="liveness", node=node,
-                                       reason=f"heartbeat timeout: silent for {silent:.1f} s > {why}"))
-            return out
+        match event:
+            case NodeRegistered():
+                # a registration counts from when it is folded, at least: one that sat in a lagging
+                # worker's queue (its ts minutes old) was removed again at the next tick, and the
+                # worker's next one lagged the same way (a node that never came back under load)
+                seen = max(event.ts, self.now)
+                self.last_seen[event.node] = max(seen, self.last_seen.get(event.node, seen))
+                self.orphaned.pop(event.node, None)  # back: its decodes run on
+            case NodeHeartbeat():
+                if event.node in self.last_seen:  # a node never registered is not watched
+                    self._seen(event.node, self._life(event))
+            case IterationDone() | RequestStarted() | FirstToken() | RequestFinished() | RoleSwitched() \
+                    | KvStored() | KvEvicted():  # work from a node: a sign of life
+                if event.node in self.last_seen:
+                    self._seen(event.node, event.ts)
+            case NodeRemoved():
+                self.last_seen.pop(event.node, None)
+                self.progress.pop(event.node, None)  # a new run counts from its first heartbeat
+                return self._removed(event)
+            case Tick() if self.timeout_s > 0:
+                return self._tick(event)
         return []
+
+    def _tick(self, event: Tick) -> list[Event]:
+        """Remove every node silent past its grace (and expire orphaned decodes) at ``event.ts``."""
+        self.now = max(self.now, event.ts)
+        graces = {n: self.grace(n) for n in self.last_seen}
+        dead = sorted(n for n, t in self.last_seen.items() if event.ts - t > graces[n])
+        out: list[Event] = self._expire(event.ts)
+        for node in dead:
+            silent = event.ts - self.last_seen.pop(node)
+            self.progress.pop(node, None)
+            g = graces[node]
+            why = f"{g:g} s" if g == self.timeout_s else f"{g:.1f} s (the timeout scaled by its jitter)"
+            out.append(NodeRemoved(ts=event.ts, src="liveness", node=node,
+                                   reason=f"heartbeat timeout: silent for {silent:.1f} s > {why}"))
+        return out
 
     def snapshot(self) -> bytes:
         return msgspec.msgpack.encode(_Snap(

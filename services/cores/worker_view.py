@@ -38,11 +38,11 @@ class WorkerView:
 
     def apply(self, event: Event) -> list[Event]:
         self.directory.apply(event)
-        t = type(event)
-        if t is RequestSubmitted:
-            self.requests[event.request] = event
-        elif t is RequestFinished:
-            self.requests.pop(event.request, None)
+        match event:
+            case RequestSubmitted():
+                self.requests[event.request] = event
+            case RequestFinished():
+                self.requests.pop(event.request, None)
         return []
 
     def snapshot(self) -> bytes:

@@ -134,13 +134,14 @@ class RouterBase:
             self.directory.apply(event)
         displaced = self.state.apply(event)
         out: list[Event] = []
-        if isinstance(event, RequestSubmitted):
-            out.extend(self._route_new(event))
-        elif isinstance(event, BranchOpened):
-            self.branches.add(event.branch)
-        elif isinstance(event, BranchEnded):
-            self.branches.discard(event.branch)
-            self.on_branch_ended(event.branch)
+        match event:
+            case RequestSubmitted():
+                out.extend(self._route_new(event))
+            case BranchOpened():
+                self.branches.add(event.branch)
+            case BranchEnded():
+                self.branches.discard(event.branch)
+                self.on_branch_ended(event.branch)
         self.on_event(event)
         if displaced:
             out.extend(self._reroute(displaced, event.ts))

@@ -95,7 +95,7 @@ class LeastTtftRouter(RouterBase):
 
     def on_event(self, event: Event) -> None:
         f = self.fetch
-        if type(event) is KvFetched:
+        if isinstance(event, KvFetched):
             f.observe(event.dst_node, event.request, event.ts, event.duration_s,
                       len(event.blocks) * self.block_tokens)
         elif f.pending:

@@ -64,11 +64,10 @@ class PrestageMixin:
         self.turns: dict[str, _Turn] = {}
 
     def apply(self, event: Event) -> list[Event]:
-        t = type(event)
-        if t is RequestSubmitted:
+        if isinstance(event, RequestSubmitted):  # the turn is kept before the router folds it
             self.turns[event.request] = _Turn(event.branch, list(event.blocks), int(event.prompt_tokens))
         out = super().apply(event)  # type: ignore[misc]
-        if t is RequestFinished:
+        if isinstance(event, RequestFinished):
             turn = self.turns.pop(event.request, None)
             if turn is not None and not event.error and not self.shadow:  # type: ignore[attr-defined]
                 order = self.stage_order(event, turn)

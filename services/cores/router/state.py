@@ -197,39 +197,40 @@ class ClusterState:
     def apply(self, event: Event) -> list[str]:
         """Fold one event (a ``RouteDecided`` only if it is an acting decision: the caller
         filters shadow decisions). Returns displaced request ids, in a deterministic order."""
-        if isinstance(event, RequestSubmitted):
-            self._submitted(event)
-        elif isinstance(event, RouteDecided):
-            self.assign(event)
-        elif isinstance(event, RequestStarted):
-            self._started(event)
-        elif isinstance(event, FirstToken):
-            self._first_token(event)
-        elif isinstance(event, RequestFinished):
-            self._finished(event)
-        elif isinstance(event, IterationDone):
-            if event.phase == "decode" and event.node in self.nodes and event.batch > 0:
-                ns = self.nodes[event.node]
-                # an aggregated event stands for ``iterations`` iterations, each accepting
-                # ``accepted_tokens`` (catalog): weigh both sums by it
-                n_iter = max(1, getattr(event, "iterations", 1))
-                ns.accepted_tokens += event.accepted_tokens * n_iter
-                ns.request_iterations += event.batch * n_iter
-        elif isinstance(event, NodeRegistered):
-            return self._registered(event)
-        elif isinstance(event, RoleSwitchOrdered):
-            return self._switch_ordered(event)
-        elif isinstance(event, RoleSwitched):
-            ns = self.nodes.get(event.node)
-            if ns is not None:
-                before = ns.phases()
-                ns.role, ns.switching_to = event.role, None
-                self._eligible = None
-                return self._displaced(ns, before - ns.phases())  # a switch nobody ordered
-        elif isinstance(event, NodeRemoved):
-            return self._removed(event)
-        elif isinstance(event, ModelFitted):
-            self._model_fitted(event)
+        match event:
+            case RequestSubmitted():
+                self._submitted(event)
+            case RouteDecided():
+                self.assign(event)
+            case RequestStarted():
+                self._started(event)
+            case FirstToken():
+                self._first_token(event)
+            case RequestFinished():
+                self._finished(event)
+            case IterationDone():
+                if event.phase == "decode" and event.node in self.nodes and event.batch > 0:
+                    ns = self.nodes[event.node]
+                    # an aggregated event stands for ``iterations`` iterations, each accepting
+                    # ``accepted_tokens`` (catalog): weigh both sums by it
+                    n_iter = max(1, getattr(event, "iterations", 1))
+                    ns.accepted_tokens += event.accepted_tokens * n_iter
+                    ns.request_iterations += event.batch * n_iter
+            case NodeRegistered():
+                return self._registered(event)
+            case RoleSwitchOrdered():
+                return self._switch_ordered(event)
+            case RoleSwitched():
+                ns = self.nodes.get(event.node)
+                if ns is not None:
+                    before = ns.phases()
+                    ns.role, ns.switching_to = event.role, None
+                    self._eligible = None
+                    return self._displaced(ns, before - ns.phases())  # a switch nobody ordered
+            case NodeRemoved():
+                return self._removed(event)
+            case ModelFitted():
+                self._model_fitted(event)
         return []
 
     def _submitted(self, ev: RequestSubmitted) -> None:
