@@ -1,10 +1,14 @@
 """deploy/docker-compose.yml run for real (issue 39 part 2; marker ``compose``, not in the default
 suite: ``pytest -m compose``): the images of deploy/build-images.sh, the stack brought up with
-podman-compose (or docker compose), profiles ``sim`` and ``torch``. Each run:
+podman-compose (or docker compose), profiles ``sim``, ``torch`` and ``vllm`` (two vLLM servers on
+the CPU, each with our worker attached). Each run:
 
 1. brings up the 3-server NATS cluster and bus-init, then the recorder, directory, planner,
-   router, gateway and three engines, and waits until every container's healthcheck passes;
+   router, gateway and the engines (and the vLLM servers), and waits until every container's
+   healthcheck passes;
 2. sends chat requests through the gateway's published port, with an API key from the secrets;
+   on a real model (torch, vllm) one asks for a short answer and must stop at the end of the turn
+   (finish_reason "stop" within its budget), not run to max_tokens;
 3. kills one NATS container (it stays down): requests go on (the stream is R3);
 4. crashes an engine (SIGKILL to its process from the host, as a crash would): the restart policy
    brings it back, it registers again and serves again;
@@ -55,9 +59,15 @@ DEPLOY = ROOT / "deploy"
 COMPOSE_FILE = DEPLOY / "docker-compose.yml"
 BUS = ("nats-1", "nats-2", "nats-3")
 SERVICES = ("recorder", "directory", "planner", "router", "gateway")
-ENGINES = {"sim": ("engine-n1", "engine-n2", "engine-n3"), "torch": ("engine-t1", "engine-t2", "engine-t3")}
-IMAGES = {"sim": "evolving-infra:dev", "torch": "evolving-infra:torch"}
-UP_TIMEOUT_S = {"sim": 240, "torch": 480}
+ENGINES = {"sim": ("engine-n1", "engine-n2", "engine-n3"), "torch": ("engine-t1", "engine-t2", "engine-t3"),
+           "vllm": ("engine-v1", "engine-v2")}
+#: containers a profile runs beside its engines: the vLLM servers the workers attach to
+SERVERS = {"vllm": ("vllm-v1", "vllm-v2")}
+IMAGES = {"sim": "evolving-infra:dev", "torch": "evolving-infra:torch", "vllm": "evolving-infra:vllm"}
+#: vLLM on the CPU: each server loads and compiles the model on one thread (1-3 min alone, more on a busy box)
+UP_TIMEOUT_S = {"sim": 240, "torch": 480, "vllm": 900}
+#: the profiles that serve a real model (the gateway tokenises with it; a turn ends by itself)
+MODEL_PROFILES = ("torch", "vllm")
 
 
 def _sh(args: list[str], **kw) -> subprocess.CompletedProcess:
@@ -146,7 +156,8 @@ def runtime(tmp_path_factory) -> Runtime:
 def _build_images(rt: Runtime, profile: str) -> None:
     """deploy/build-images.sh every time: the images hold the source, so an image built before a
     change would test old code; the dependency layers are cached (a source change: about a minute)."""
-    args = ["--torch"] if profile == "torch" else []  # torch: the engines' image, the rest runs on :dev
+    # torch / vllm: the engines' (servers') image; the rest runs on :dev
+    args = {"torch": ["--torch"], "vllm": ["--vllm"]}.get(profile, [])
     r = _sh(["bash", str(DEPLOY / "build-images.sh"), *args], timeout=1800,
             env={**os.environ, "EI_CONTAINER_RUNTIME": rt.engine})
     assert r.returncode == 0, r.stderr[-3000:]
@@ -213,8 +224,9 @@ class Stack:
         r = self.rt.run("logs", "--tail", str(tail), self.container(service), check=False)
         return (r.stdout + r.stderr)[-3000:]
 
-    def chat(self, text: str) -> dict:
-        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": 8}).encode()
+    def chat(self, text: str, max_tokens: int = 8) -> dict:
+        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": text}],
+                           "max_tokens": max_tokens, "temperature": 0}).encode()
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/chat/completions", data=body, method="POST",
                                      headers={"Content-Type": "application/json",
                                               "Authorization": f"Bearer {self.api_key}"})
@@ -250,7 +262,7 @@ def _wait_gateway(stack: Stack, timeout_s: float) -> None:
     pytest.fail(f"the gateway did not answer /health in {timeout_s:.0f} s ({last})\n{stack.logs('gateway')}")
 
 
-@pytest.fixture(scope="module", params=["sim", "torch"])
+@pytest.fixture(scope="module", params=["sim", "torch", "vllm"])
 def stack(request, runtime: Runtime) -> Iterator[Stack]:
     profile = request.param
     t0 = time.monotonic()
@@ -258,9 +270,11 @@ def stack(request, runtime: Runtime) -> Iterator[Stack]:
     st_images = time.monotonic() - t0
     _probe(runtime, IMAGES[profile])
     r = _sh([sys.executable, "-m", "services.drivers.up.compose_secrets"], timeout=60, cwd=ROOT)
+    if r.returncode != 0 and "no secrets for" in r.stderr:  # written before a service was added
+        r = _sh([sys.executable, "-m", "services.drivers.up.compose_secrets", "--force"], timeout=60, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     env = {**os.environ, "EI_GATEWAY_PORT": str(_free_port())}
-    if profile == "torch":  # the gateway tokenises with the engines' model (docker-compose.yml's header)
+    if profile in MODEL_PROFILES:  # the gateway tokenises with the engines' model (docker-compose.yml's header)
         env["EI_TOKENIZER"] = "/opt/models/default.gguf"
     st = Stack(runtime, profile, f"eitest{profile}{os.getpid()}", int(env["EI_GATEWAY_PORT"]), env,
                (DEPLOY / "secrets" / "gateway-api-keys").read_text().split()[0])
@@ -270,9 +284,10 @@ def stack(request, runtime: Runtime) -> Iterator[Stack]:
         t1 = time.monotonic()
         st.compose("up", "-d", *BUS, "bus-init")
         assert runtime.run("wait", st.container("bus-init"), timeout=300).stdout.strip() == "0", st.logs("bus-init")
-        st.compose("up", "-d", "--no-deps", *SERVICES, *ENGINES[profile])
+        servers = SERVERS.get(profile, ())
+        st.compose("up", "-d", "--no-deps", *servers, *SERVICES, *ENGINES[profile])
         _wait_gateway(st, UP_TIMEOUT_S[profile])
-        st.wait_healthy((*BUS, *SERVICES, *ENGINES[profile]), UP_TIMEOUT_S[profile])
+        st.wait_healthy((*BUS, *servers, *SERVICES, *ENGINES[profile]), UP_TIMEOUT_S[profile])
         st.timings["up, all healthy"] = time.monotonic() - t1
         yield st
     finally:
@@ -288,6 +303,11 @@ def stack(request, runtime: Runtime) -> Iterator[Stack]:
 def test_requests_survive_a_lost_nats_server_and_a_crashed_engine_and_nothing_is_lost(stack: Stack, tmp_path):
     engines = ENGINES[stack.profile]
     stack.chats(6, "warm")
+    if stack.profile in MODEL_PROFILES:  # the model ends its turn: no ignore_eos, the budget is not the end
+        t0 = time.monotonic()
+        out = stack.chat("Answer with one word: what colour is the sky on a clear day?", max_tokens=200)
+        assert out["choices"][0]["finish_reason"] == "stop" and out["usage"]["completion_tokens"] < 200, out
+        stack.timings["a chat that ends its turn"] = time.monotonic() - t0
 
     # one NATS server killed (it stays down): the R3 stream keeps its quorum, requests go on
     t0 = time.monotonic()
@@ -335,7 +355,7 @@ def test_requests_survive_a_lost_nats_server_and_a_crashed_engine_and_nothing_is
     events = [e for _, _, e in rows]
     submitted = {e.request for e in events if isinstance(e, RequestSubmitted)}
     finished = {e.request for e in events if isinstance(e, RequestFinished)}
-    assert len(stack.answered) == 21 and set(stack.answered) <= submitted  # every answered request is in the log
+    assert len(stack.answered) == 21 + (stack.profile in MODEL_PROFILES) and set(stack.answered) <= submitted  # every answered request is in the log
     assert submitted == finished  # and every request in the log finished
     node = victim.removeprefix("engine-")
     removed = [e for e in events if isinstance(e, NodeRemoved) and e.node == node]
