@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -212,6 +213,10 @@ def _cmd_regimes(args) -> int:
     t = Thresholds(loaded_idle=args.loaded_idle, loaded_wait_s=args.loaded_wait, near_demand=args.near_demand, thrash_lost=args.thrash_lost,
                    kv_bound_rate=args.kv_bound_rate, near_of=args.near_of)
     if args.replot:
+        if not out.is_file():
+            print(f"evolving regimes: --replot reads an earlier grid's JSON and {out} does not exist: run the grid "
+                  f"first, or name its file with --out (the bundled map: --out docs/regimes_map.json)", file=sys.stderr)
+            return 2
         doc = summarise(json.loads(out.read_text()), t)
         out.write_text(json.dumps(doc, indent=2))
     else:

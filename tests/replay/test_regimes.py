@@ -119,3 +119,13 @@ def test_a_tiny_grid_runs_end_to_end_and_a_second_call_reuses_its_rows(tmp_path,
     two = next(c for c in doc2["cells"] if c["key"] == big["key"])
     assert two["stacks"] == ["static:1P1D", "evolving"]
     assert two["regime"] == cell_regime([r for r in doc2["rows"] if r["key"] == big["key"]])
+
+
+def test_replot_without_a_grid_file_says_so_in_one_line(tmp_path, capsys):
+    from services.drivers.cli import main
+
+    missing = tmp_path / "none.json"
+    assert main(["regimes", "--replot", "--markdown", "--out", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert str(missing) in err and "--replot" in err and "Traceback" not in err
+    assert not missing.exists()
