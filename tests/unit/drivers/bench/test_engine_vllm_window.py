@@ -30,3 +30,33 @@ def test_a_chunk_with_two_tokens_counts_two():
     b = [(0.0, 1), (0.1, 2), (0.2, 3), (0.3, 4), (0.4, 5)]
     rate, n, secs = decode_rate([a, b])
     assert (n, secs) == (8, pytest.approx(0.4)) and rate == pytest.approx(20.0)
+
+
+class _Staggered:
+    """A server whose first ``bad`` batches come back one after another (no overlap), then together."""
+
+    def __init__(self, bad: int):
+        import threading
+
+        self.bad, self.calls, self._lock = bad, 0, threading.Lock()
+
+    def complete(self, prompt, max_tokens):
+        with self._lock:
+            self.calls += 1
+            k = self.calls
+        batch = (k - 1) // 2  # two prompts per batch
+        off = (k - 1) % 2 if batch < self.bad else 0
+        t0 = batch * 100.0 + off * 10.0
+        return [(t0 + i, i + 1) for i in range(max_tokens)]
+
+
+def test_a_batch_that_did_not_overlap_is_submitted_again_then_given_up():
+    from services.drivers.bench import engine_vllm as ev
+
+    s = _Staggered(bad=2)
+    rate, n, secs = ev._overlapping_rate(s, [[1], [2]], 4)
+    assert s.calls == 6 and secs == 3.0 and n == 6 and rate == 2.0  # two staggered batches, then one together
+    s = _Staggered(bad=ev.OVERLAP_TRIES)
+    with pytest.raises(RuntimeError, match=f"in {ev.OVERLAP_TRIES} submissions"):
+        ev._overlapping_rate(s, [[1], [2]], 4)
+    assert s.calls == 2 * ev.OVERLAP_TRIES
