@@ -38,17 +38,19 @@ def _cmd_nats(args) -> int:
         port = DEFAULT_PORT if _free(args.host, DEFAULT_PORT) else 0
         if port == 0:
             note = f" ({DEFAULT_PORT} is taken: pass this URL to the services)"
-    srv = EmbeddedNats(port=port, store_dir=args.store_dir, host=args.host).start()
-    print(f"nats-server with JetStream at {srv.url} (store {srv.store_dir}); Ctrl-C to stop{note}", flush=True)
-    print(f"export EI_NATS_URL={srv.url}", flush=True)
     stop = False
 
     def _stop(*_):
         nonlocal stop
         stop = True
 
+    # Before the URL is printed: whoever reads it may stop us at once (a test, a script's trap),
+    # and a SIGTERM that came before the handler would kill us with the server left running.
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
+    srv = EmbeddedNats(port=port, store_dir=args.store_dir, host=args.host).start()
+    print(f"nats-server with JetStream at {srv.url} (store {srv.store_dir}); Ctrl-C to stop{note}", flush=True)
+    print(f"export EI_NATS_URL={srv.url}", flush=True)
     try:
         while not stop and srv.proc and srv.proc.poll() is None:
             time.sleep(0.2)
