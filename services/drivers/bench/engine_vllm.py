@@ -153,21 +153,24 @@ def decode_rate(chunks: list[list[tuple[float, int]]]) -> tuple[float, int, floa
     return n / (end - start), n, end - start
 
 
-#: submissions of one batch before giving up on a window in which all its requests decode together
-OVERLAP_TRIES = 5
+#: submissions of one batch before giving up on a window in which all its requests decode together;
+#: each submission asks for twice the tokens of the one before
+OVERLAP_TRIES = 4
 
 
 def _overlapping_rate(server: Server, prompts: list[list[int]], max_tokens: int) -> tuple[float, int, float]:
-    """decode_rate of a batch submitted at once, submitted again when its requests did not overlap:
-    on a loaded machine the threads can start late enough that a short request finishes before the
-    last one's first chunk, and such a sample measures no batch at all."""
+    """decode_rate of a batch submitted at once, submitted again with twice the tokens when its
+    requests did not overlap: the server admits requests one by one as they arrive, and on a quiet
+    machine a request of a few tokens can finish before the last one's first chunk (on a loaded one,
+    the threads can start that late); such a sample measures no batch at all."""
     for attempt in range(1, OVERLAP_TRIES + 1):
+        tokens = max_tokens * 2 ** (attempt - 1)
         try:
-            return decode_rate(_together(server, prompts, max_tokens))
+            return decode_rate(_together(server, prompts, tokens))
         except RuntimeError as exc:
             if "did not overlap" not in str(exc) or attempt == OVERLAP_TRIES:
-                raise RuntimeError(f"{exc} in {attempt} submissions of {len(prompts)} requests x {max_tokens} tokens: "
-                                   f"the machine is too loaded for this batch; use more --steps") from None
+                raise RuntimeError(f"{exc} in {attempt} submissions of {len(prompts)} requests, the last of {tokens} "
+                                   f"tokens each: use more --steps") from None
     raise AssertionError("unreachable")
 
 
@@ -177,7 +180,7 @@ def measure(model: str, decode_prompts: dict[int, list[list[int]]], steps: int, 
     (``fresh(n)`` gives a new prompt of n token ids)."""
     prompt = max(len(p) for ps in decode_prompts.values() for p in ps)
     batched = max(2048, prefill + 1, max(decode_prompts) * (prompt + 1))
-    max_len = max(prompt + steps + 2, prefill + 2)
+    max_len = max(prompt + (steps + 1) * 2 ** (OVERLAP_TRIES - 1) + 1, prefill + 2)  # room for the last retry
     log = Path(tempfile.mkdtemp(prefix="bench-vllm-")) / "vllm.log"
     result = {"dtype": dtype, "threads": threads, "log": str(log), "decode": [], "prefill": {}}
     server = Server(model, threads=threads, batched_tokens=batched, max_model_len=max_len, dtype=dtype, log=log)

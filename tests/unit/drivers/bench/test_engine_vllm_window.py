@@ -38,24 +38,26 @@ class _Staggered:
     def __init__(self, bad: int):
         import threading
 
-        self.bad, self.calls, self._lock = bad, 0, threading.Lock()
+        self.bad, self.calls, self.tokens, self._lock = bad, 0, [], threading.Lock()
 
     def complete(self, prompt, max_tokens):
         with self._lock:
             self.calls += 1
             k = self.calls
+            self.tokens.append(max_tokens)
         batch = (k - 1) // 2  # two prompts per batch
         off = (k - 1) % 2 if batch < self.bad else 0
-        t0 = batch * 100.0 + off * 10.0
+        t0 = batch * 10_000.0 + off * 1_000.0
         return [(t0 + i, i + 1) for i in range(max_tokens)]
 
 
-def test_a_batch_that_did_not_overlap_is_submitted_again_then_given_up():
+def test_a_batch_that_did_not_overlap_is_submitted_again_with_more_tokens_then_given_up():
     from services.drivers.bench import engine_vllm as ev
 
     s = _Staggered(bad=2)
     rate, n, secs = ev._overlapping_rate(s, [[1], [2]], 4)
-    assert s.calls == 6 and secs == 3.0 and n == 6 and rate == 2.0  # two staggered batches, then one together
+    # two staggered batches (4, then 8 tokens each), then one together with 16 tokens each
+    assert s.calls == 6 and s.tokens == [4, 4, 8, 8, 16, 16] and secs == 15.0 and n == 30 and rate == 2.0
     s = _Staggered(bad=ev.OVERLAP_TRIES)
     with pytest.raises(RuntimeError, match=f"in {ev.OVERLAP_TRIES} submissions"):
         ev._overlapping_rate(s, [[1], [2]], 4)
