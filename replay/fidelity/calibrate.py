@@ -62,7 +62,7 @@ from events.catalog import (
     RoleSwitched,
     SwitchRole,
 )
-from services.cores.costmodel import fit_coefficients, theil_sen, usable
+from services.cores.costmodel import cross_validated_ape, fit_coefficients, theil_sen, usable
 
 FOLDS = 5
 #: fewest iterations an equation is fitted on: every fold then trains on at least 5 rows for its 3-4 terms
@@ -119,17 +119,6 @@ class Calibration:
 
 
 # --------------------------------------------------------------------------- fitting (pure)
-def _cv(X: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Absolute percentage error of every row, predicted by the fit on the other folds."""
-    fold = np.arange(len(y)) % FOLDS
-    ape = np.empty(len(y))
-    for f in range(FOLDS):
-        test = fold == f
-        coef, _ = fit_coefficients(X[~test], y[~test])
-        ape[test] = np.abs(X[test] @ np.asarray(coef) - y[test]) / y[test]
-    return ape
-
-
 def fit_equation(equation: str, terms: Sequence[str], X: np.ndarray, y: np.ndarray) -> EquationFit | None:
     """NNLS fit of ``X c = y`` with each term's error (module docstring); None under ``MIN_ROWS`` rows."""
     keep = usable(X, y)
@@ -140,7 +129,7 @@ def fit_equation(equation: str, terms: Sequence[str], X: np.ndarray, y: np.ndarr
     pred = X @ np.asarray(coef)
     scale = float(np.sum(y) / np.sum(pred)) if np.sum(pred) > 0 else 1.0
     coef = [c * scale for c in coef]
-    ape = _cv(X, y)
+    ape = cross_validated_ape(X, y, FOLDS)
     folds = np.arange(len(y)) % FOLDS
     per_fold = np.array([fit_coefficients(X[folds != f], y[folds != f])[0] for f in range(FOLDS)])
     out = EquationFit(equation, len(y), int((~keep).sum()), float(np.mean(ape)), float(np.quantile(ape, 0.9)),
@@ -149,7 +138,7 @@ def fit_equation(equation: str, terms: Sequence[str], X: np.ndarray, y: np.ndarr
         mean = float(np.mean(per_fold[:, j]))
         rsd = float(np.std(per_fold[:, j]) / mean) if mean > 0 else float("nan")
         others = [i for i in range(len(terms)) if i != j]
-        without = float(np.mean(_cv(X[:, others], y))) if others else float("nan")
+        without = float(np.mean(cross_validated_ape(X[:, others], y, FOLDS))) if others else float("nan")
         out.terms.append(TermFit(name, float(coef[j]), rsd, without, identified=j not in unidentified))
     return out
 

@@ -232,6 +232,20 @@ def _fit(X: np.ndarray, y: np.ndarray, prior: Sequence[float], min_train: int) -
     )
 
 
+def cross_validated_ape(X: np.ndarray, y: np.ndarray, folds: int = 5) -> np.ndarray:
+    """Absolute percentage error of every row, each predicted by ``fit_coefficients`` on the other
+    folds (row i in fold i mod ``folds``): how a form of the model does on rows it was not fitted on.
+    The check of the fitter on public GPU timings (``bench planner --timings``) and of a live run's
+    calibration (``evolving calibrate``) both score forms with it."""
+    fold = np.arange(len(y)) % folds
+    ape = np.empty(len(y))
+    for f in range(folds):
+        test = fold == f
+        coef, _ = fit_coefficients(X[~test], y[~test])
+        ape[test] = np.abs(X[test] @ np.asarray(coef) - y[test]) / y[test]
+    return ape
+
+
 def fit_columns(X: np.ndarray, y: np.ndarray, min_train: int = MIN_TRAIN_SAMPLES) -> Fit:
     """The same NNLS fit (relative residuals, unit-norm columns, every fifth sample held back)
     over any design ``X`` (rows: iterations, columns: terms) and measured durations ``y``;

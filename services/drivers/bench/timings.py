@@ -64,7 +64,7 @@ from pathlib import Path
 import numpy as np
 
 from events.catalog import IterationDone
-from services.cores.costmodel import HOLDOUT_EVERY, fit_coefficients, fit_columns, usable
+from services.cores.costmodel import HOLDOUT_EVERY, cross_validated_ape, fit_columns, usable
 
 COLUMNS = ("phase", "duration_s", "batch", "sum_t_uc", "sum_A", "sum_t_rst", "sum_t_c", "sum_A_new",
            "sum_ctx", "t_fwd", "k", "E")
@@ -271,17 +271,6 @@ def _dependent(X: np.ndarray, y: np.ndarray, terms: Sequence[str]) -> list[str]:
     return [names[j] for j in range(len(names)) if abs(R[j, j]) < 1e-7]
 
 
-def _cross_validated(X: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Absolute percentage error of every row, each predicted by the fit on the other folds."""
-    fold = np.arange(len(y)) % FOLDS
-    ape = np.empty(len(y))
-    for f in range(FOLDS):
-        test = fold == f
-        coef, _ = fit_coefficients(X[~test], y[~test])
-        ape[test] = np.abs(X[test] @ np.asarray(coef) - y[test]) / y[test]
-    return ape
-
-
 def _score(name: str, terms: tuple[str, ...], X: np.ndarray, y: np.ndarray) -> dict:
     keep = usable(X, y)  # the rows the planner's fit keeps are the rows every error is scored on
     X, y = X[keep], y[keep]
@@ -292,7 +281,7 @@ def _score(name: str, terms: tuple[str, ...], X: np.ndarray, y: np.ndarray) -> d
         return row
     _, hold = _planner_split(len(y))
     ape_hold = np.abs(X[hold] @ np.asarray(fit.coefficients) - y[hold]) / y[hold]
-    ape = _cross_validated(X, y)
+    ape = cross_validated_ape(X, y, FOLDS)
     row.update(coefficients=fit.coefficients, holdout_mape=fit.mape, holdout_p90=float(np.quantile(ape_hold, 0.9)),
                cv_mape=float(np.mean(ape)), cv_p90=float(np.quantile(ape, 0.9)),
                dependent=_dependent(X, y, terms))
