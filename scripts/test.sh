@@ -40,7 +40,8 @@ fi
 #            synthetic, multi-turn and mooncake_trace runs: ~2 min (+1 min install).
 #   dynamo   the real NVIDIA Dynamo 1.6.1 (.venv-dynamo, scripts/setup.sh --dynamo: ~1.5 min)
 #            beside our simulator: one request's times, the offline side by side: seconds.
-# Together with the default suite about 55 min on 2 cores from a clean clone; CI allows 90.
+# Together with the default suite about 55-60 min on 2 cores from a clean clone, summed from the
+# figures above (each measured alone; not yet timed as one run); CI allows 90.
 heavy() {  # heavy NAME PREPARE TEST_PATH [PYTEST_ARGS...]: run one heavy suite when enabled
   local name=$1 prepare=$2 path=$3 var
   shift 3
