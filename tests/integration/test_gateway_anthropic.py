@@ -25,6 +25,8 @@ from tests.integration.test_gateway_app import gateway
 
 KEY = "sk-evolving-test-key"
 MODEL = "evolving-sim"
+#: the whole max_tokens budget: the sim engine may end a turn early (its drawn length; random request ids)
+FULL = {"ignore_eos": True}
 TOOLS = [{"name": "get_weather", "description": "The weather in a city.",
           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
 OPENAI_TOOLS = [{"type": "function", "function": {"name": t["name"], "description": t["description"],
@@ -90,7 +92,7 @@ async def test_anthropic_client_multi_turn_tool_use_streaming_and_not(served):
 
     # turn 1, streaming: the SDK's stream helper accumulates the events into a message
     async with client.messages.stream(model=MODEL, max_tokens=6, system=system, tools=TOOLS,
-                                      messages=history, extra_headers=branch) as stream:
+                                      messages=history, extra_headers=branch, extra_body=FULL) as stream:
         kinds = [ev.type async for ev in stream]
         first = await stream.get_final_message()
     assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
@@ -109,7 +111,7 @@ async def test_anthropic_client_multi_turn_tool_use_streaming_and_not(served):
                                               "content": "18 C, sunny"}]}]
     # turn 2, non-streaming
     second = await client.messages.create(model=MODEL, max_tokens=4, system=system, tools=TOOLS,
-                                          messages=history, extra_headers=branch)
+                                          messages=history, extra_headers=branch, extra_body=FULL)
     assert second.content[0].text == "tok " * 4 and second.stop_reason == "max_tokens"
     u = second.usage
     total_in = u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens
@@ -122,7 +124,7 @@ async def test_anthropic_client_multi_turn_tool_use_streaming_and_not(served):
     # turn 3, streaming again, through the raw event stream
     history += [second.to_param(), {"role": "user", "content": "Thanks. And tomorrow?"}]
     raw = await client.messages.create(model=MODEL, max_tokens=3, system=system, tools=TOOLS, messages=history,
-                                       stream=True, extra_headers={**branch, "x-branch-end": "true"})
+                                       stream=True, extra_headers={**branch, "x-branch-end": "true"}, extra_body=FULL)
     events = [ev async for ev in raw]  # the SDK drops the pings
     kinds = [e.type for e in events]
     assert kinds[:2] == ["message_start", "content_block_start"]

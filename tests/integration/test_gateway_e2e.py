@@ -37,14 +37,15 @@ async def test_http_to_sim_engine_and_back(nats_url, partition):
     gw = Gateway(gw_bus, NatsTokens(gw_bus.nc, partition), GatewayConfig(partition=partition))
     try:
         async with TestClient(TestServer(gw.make_app())) as client:
-            body = {"messages": [{"role": "user", "content": "y" * 300}], "max_tokens": 12, "stream": True}
+            body = {"messages": [{"role": "user", "content": "y" * 300}], "max_tokens": 12, "stream": True,
+                    "ignore_eos": True}  # the whole budget: a sim turn may end early (random request ids)
             r = await client.post("/v1/chat/completions", json=body, headers={"x-branch-id": "e2e"})
             assert r.status == 200
             data = [ln[6:] for ln in (await r.text()).splitlines() if ln.startswith("data: ")]
             assert data[-1] == "[DONE]"
             text = "".join(json.loads(x)["choices"][0]["delta"].get("content", "") for x in data[:-1])
             assert text == "tok " * 12
-            r = await client.post("/v1/completions", json={"prompt": "z" * 100, "max_tokens": 5},
+            r = await client.post("/v1/completions", json={"prompt": "z" * 100, "max_tokens": 5, "ignore_eos": True},
                                   headers={"x-branch-id": "e2e", "x-branch-end": "true",
                                            "x-context-compacted": "true"})
             assert r.status == 200

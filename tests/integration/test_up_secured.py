@@ -73,7 +73,7 @@ def _get(url: str) -> int:
 
 def _complete(gateway: str, prompt: str) -> dict:
     req = urllib.request.Request(f"{gateway}/v1/completions", method="POST",
-                                 data=json.dumps({"prompt": prompt, "max_tokens": 4}).encode(),
+                                 data=json.dumps({"prompt": prompt, "max_tokens": 4, "ignore_eos": True}).encode(),
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=40) as r:
         return json.loads(r.read())
