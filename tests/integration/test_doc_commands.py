@@ -11,6 +11,10 @@ A block runs as written unless an HTML comment on the lines just above its fence
         --ready-file, the rest run once the file is there, then command 1 gets SIGTERM
 
 A block with neither a runnable command nor a declared reason fails `test_every_block_is_run_or_declared`.
+Every fence names its language (`test_every_fence_is_tagged`): a bare ``` fails, naming file:line, so a
+command cannot sit in a block nobody runs; output, schemas and pseudo-code are ```text. A non-shell
+block whose lines read as shell commands (`$ `, `evolving ...`, `python -m ...` at the start of a
+line) fails too: tag it sh / console and let it run or say why not.
 Options in brackets (`[--quick]`) are left out. Long commands are shrunk by their own documented
 flags (SHRINK: a stable prefix -> the flags replaced or added, and why). A console block's output
 lines (after `$ command`) are checked by their first words, up to the first digit: a stable part.
@@ -55,6 +59,8 @@ SHRINK: dict[str, tuple[dict[str, str], str, bool]] = {
         "every static split of 256 agents for 30 minutes; 8 agents for 40 simulated seconds", False),
     "evolving sim-report": ({}, "reads the log that the replay before it wrote", True),
     "evolving up": ({"--gateway-port": "0"}, "port 8000 may be taken on a shared machine", False),
+    "evolving bench recorder": ({"--requests": "200"}, "2,000 requests of 1,000 hashes in four writers: ~40 s; 200",
+                                False),
 }
 
 
@@ -114,6 +120,51 @@ def _commands(block: Block) -> list[tuple[str, list[str]]]:
     return out
 
 
+@dataclass
+class Fence:
+    doc: str
+    line: int
+    lang: str
+    body: list[str]
+
+
+# a line that reads as a shell command (not indented: output tables indent their rows)
+COMMANDISH = re.compile(r"^(\$ |(\w+=\S+ )*(nice -n \d+ )?(\.venv/bin/)?(evolving [a-z]|python3? -m |pytest |"
+                        r"bash |docker |kubectl |cd ))")
+
+
+def fences(text: str, name: str = "-") -> list[Fence]:
+    """Every fenced block of a Markdown text, whatever its language ('' for a bare fence)."""
+    lines = text.splitlines()
+    out: list[Fence] = []
+    i = 0
+    while i < len(lines):
+        m = re.match(r"^\s*```(\S*)\s*$", lines[i])
+        if not m:
+            i += 1
+            continue
+        j = i + 1
+        while j < len(lines) and not lines[j].strip().startswith("```"):
+            j += 1
+        out.append(Fence(name, i + 1, m.group(1), lines[i + 1:j]))
+        i = j + 1
+    return out
+
+
+def untagged(all_fences: list[Fence]) -> list[str]:
+    """What `test_every_fence_is_tagged` reports: bare fences, and commands in a block that never runs."""
+    bad = []
+    for f in all_fences:
+        if not f.lang:
+            bad.append(f"{f.doc}:{f.line}: a fence without a language")
+        elif f.lang not in LANGS:
+            hit = next((n for n, line in enumerate(f.body) if COMMANDISH.match(line)), None)
+            if hit is not None and f.lang not in ("python", "sql", "toml", "json", "yaml"):
+                bad.append(f"{f.doc}:{f.line + 1 + hit}: a shell command in a ```{f.lang} block, which never runs "
+                           f"({f.body[hit].strip()[:60]!r})")
+    return bad
+
+
 def parse(doc: Path, root: Path = ROOT) -> list[Block]:
     return parse_text(doc.read_text(), str(doc.relative_to(root)))
 
@@ -150,6 +201,7 @@ def docs() -> list[Path]:
 
 
 ALL = [b for d in docs() for b in parse(d)]
+FENCES = [f for d in docs() for f in fences(d.read_text(), str(d.relative_to(ROOT)))]
 
 
 def shrink(cmd: str) -> tuple[str, str | None]:
@@ -196,6 +248,12 @@ def test_every_block_is_run_or_declared():
     assert not bad, "\n".join(bad)
 
 
+def test_every_fence_is_tagged():
+    bad = untagged(FENCES)
+    assert not bad, ("tag each block sh/bash/console (then it runs here, or a doc-test declaration says why "
+                     "not) or text/sql/python/... (then it holds no command):\n" + "\n".join(bad))
+
+
 def test_the_check_can_fail(tmp_path):
     doc = tmp_path / "x.md"
     doc.write_text("text\n\n```sh\n# only a comment\n```\n\n<!-- doc-test: heavy (long) -->\n```bash\na \\\n  b  # c\n```\n")
@@ -205,6 +263,9 @@ def test_the_check_can_fail(tmp_path):
     assert shrink(".venv/bin/evolving up --engines torch")[0] == ".venv/bin/evolving up --engines torch --gateway-port 0"
     assert shrink("evolving replay --workload cc --agents 126 --out r.duckdb")[0] == \
         "evolving replay --workload cc --agents 4 --out r.duckdb --duration 20s --warmup 10s"
+    text = "```\nevolving sql x\n```\n\n```text\n  evolving  881\n```\n\n```text\nout\n$ evolving up\n```\n"
+    assert [b.split(": ")[0] for b in untagged(fences(text, "d.md"))] == ["d.md:1", "d.md:11"]
+    assert untagged(fences("```sql\nSELECT 1\n```\n```console\n$ evolving sql\n```\n")) == []
     (c,) = parse_text("```sh\npython - <<'PY'\nprint(1)  # x\nPY\n```\n")
     assert c.commands == [("python - <<'PY'\nprint(1)  # x\nPY", [])]
 
