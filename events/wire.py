@@ -18,7 +18,13 @@ Each message is one JSON-encoded :class:`TokenMsg` (readable with ``nats sub 'ei
 - ``kind="done"``: generation finished, ``total`` output tokens, ``finish_reason``.
 - ``kind="error"``: the request failed on the engine, ``error`` says why.
 
-The sim engine generates no real text: ``text`` is ``"tok "`` per token (:func:`sim_text`).
+The sim engine generates no model output: its ``text`` cycles the words of :data:`SIM_WORDS`, one
+word per token (:func:`sim_text`). Each word is a whole English word with a leading space, one
+token in byte-level BPE vocabularies (SmolLM2's, the default stack's tokenizer; GPT-2's, Llama 3's
+and Qwen 2's split words the same way): their pre-tokenizer cuts the text before every
+space-led word, so no merge crosses two of them and a client that re-tokenises the text counts
+the tokens the engine reported (tests/unit/drivers/gateway/test_sim_text.py checks it with the
+bundled model's tokenizer).
 
 Bottom layer: msgspec and the standard library only. The NATS adapter that publishes and
 subscribes these messages is ``services.adapters.bus.tokens.NatsTokens``.
@@ -33,7 +39,9 @@ import msgspec
 
 from events.subjects import token
 
-SIM_TOKEN_TEXT = "tok "
+#: the sim engine's output, one word per token, cycled from token 0 of each request (module docstring)
+SIM_WORDS = (" this", " is", " a", " simulated", " answer", " and", " not", " the", " output", " of", " a",
+             " model")
 _ENC = msgspec.json.Encoder()
 
 
@@ -47,7 +55,7 @@ class TokenMsg(msgspec.Struct, frozen=True, kw_only=True):
     ts: float = 0.0
     finish_reason: str = ""
     error: str = ""
-    simulated: bool = False  # the text is dummy ("tok " per token) from the sim engine
+    simulated: bool = False  # the text is the sim engine's (SIM_WORDS), not a model's
     # "first" only: prompt tokens the engine found cached (engine/worker/loop.py fills it in from the
     # node's RequestStarted); UNSET (absent from the JSON) when unknown.
     cached_tokens: int | msgspec.UnsetType = msgspec.UNSET
@@ -56,9 +64,12 @@ class TokenMsg(msgspec.Struct, frozen=True, kw_only=True):
 _DEC = msgspec.json.Decoder(TokenMsg)
 
 
-def sim_text(n: int) -> str:
-    """The sim engine's dummy text for ``n`` tokens."""
-    return SIM_TOKEN_TEXT * max(0, n)
+def sim_text(n: int, start: int = 0) -> str:
+    """The sim engine's text for its output tokens ``start`` to ``start + n``: the words of
+    :data:`SIM_WORDS` from position ``start``, so a request's chunks join into the same text
+    however its tokens were split between messages."""
+    k = len(SIM_WORDS)
+    return "".join(SIM_WORDS[(start + i) % k] for i in range(max(0, n)))
 
 
 def token_key(request: str) -> str:

@@ -48,12 +48,12 @@ async def fake_cluster(bus, tokens, chunk: int = 3, shadow_first: bool = True, f
                 continue
             done = 1
             while ev.max_tokens - done > chunk:
+                await tokens.publish(TokenMsg(request=ev.request, kind="chunk", tokens=chunk, total=done + chunk,
+                                              text=sim_text(chunk, done), simulated=True))
                 done += chunk
-                await tokens.publish(TokenMsg(request=ev.request, kind="chunk", tokens=chunk, total=done,
-                                              text=sim_text(chunk), simulated=True))
             rest = ev.max_tokens - done
             await tokens.publish(TokenMsg(request=ev.request, kind="done", tokens=rest, total=ev.max_tokens,
-                                          text=sim_text(rest), finish_reason="length", simulated=True))
+                                          text=sim_text(rest, done), finish_reason="length", simulated=True))
 
 
 @contextlib.asynccontextmanager
@@ -95,7 +95,7 @@ async def test_chat_non_streaming_publishes_the_harness_events(partition):
         assert r.status == 200, await r.text()
         body = await r.json()
         assert body["object"] == "chat.completion"
-        assert body["choices"][0]["message"] == {"role": "assistant", "content": "tok " * 8}
+        assert body["choices"][0]["message"] == {"role": "assistant", "content": sim_text(8)}
         assert body["choices"][0]["finish_reason"] == "length"
         prompt = "<|user|>\n" + "x" * 200 + "<|end|>\n<|assistant|>\n"
         assert body["usage"] == {"prompt_tokens": len(prompt), "completion_tokens": 8,
@@ -125,7 +125,7 @@ async def test_streaming_sse_chunks_and_done(partition):
         chunks = events[:-1]
         assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
         text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
-        assert text == "tok " * 8
+        assert text == sim_text(8)
         finals = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
         assert len(finals) == 1 and finals[0]["choices"][0]["finish_reason"] == "length"
         assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 8
@@ -141,7 +141,7 @@ async def test_completions_fork_and_inferred_compaction(partition):
         for prompt in (p1, p1 + "b" * 64):  # grows: same version
             r = await client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2}, headers=h)
             assert r.status == 200, await r.text()
-            assert (await r.json())["choices"][0]["text"] == "tok tok "
+            assert (await r.json())["choices"][0]["text"] == sim_text(2)
         r = await client.post("/v1/completions", json={"prompt": "c" * 130, "max_tokens": 2}, headers=h)
         assert r.status == 200
         r = await client.post("/v1/completions", json={"prompt": p1, "max_tokens": 1},
@@ -256,7 +256,7 @@ async def test_over_real_nats(nats_url, partition):
             assert r.status == 200
             events = _sse(await r.text())
             text = "".join(c["choices"][0]["delta"].get("content", "") for c in events[:-1])
-            assert text == "tok " * 8 and events[-1] == "[DONE]"
+            assert text == sim_text(8) and events[-1] == "[DONE]"
             names = [type(e).__name__ for e in await _events(bus)]
             assert names == ["BranchOpened", "RequestSubmitted", "BranchEnded"]
     finally:
@@ -291,7 +291,7 @@ async def test_api_keys(partition):
         assert await bus.last_seq() == 0  # nothing published without a key
         ok = {"Authorization": f"Bearer {KEY}"}
         r = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}, headers=ok)
-        assert r.status == 200 and (await r.json())["choices"][0]["text"] == "tok tok "
+        assert r.status == 200 and (await r.json())["choices"][0]["text"] == sim_text(2)
         assert (await client.get("/v1/models", headers=ok)).status == 200
         assert (await client.get("/health")).status == 200  # probes need no key
         assert (await (await client.get("/health")).json())["auth"] is True

@@ -12,7 +12,7 @@ import pytest
 
 from events.catalog import BranchEnded, BranchOpened, ContextCompacted, RequestSubmitted
 from services.adapters.bus import InMemoryBus
-from services.adapters.bus.tokens import MemoryTokens
+from services.adapters.bus.tokens import MemoryTokens, sim_text
 from services.drivers.gateway.app import Gateway, GatewayConfig
 from services.drivers.gateway.openapi import ModelCard, ModelList
 from tests.integration.gateway_harness import serving
@@ -66,7 +66,7 @@ async def test_a_claude_code_request_gets_a_200_and_its_unknown_fields_are_count
             assert r.status == 200, await r.text()
             raw = await r.text()
             assert '"model":"claude-opus-4-8"' in raw  # the name it asked for
-            assert _anthropic_text(raw) == "tok " * 32 and "event: message_stop" in raw
+            assert _anthropic_text(raw) == sim_text(32) and "event: message_stop" in raw
         for field in ("context_management", "output_config"):
             assert gw.metrics.get("ei_gateway_ignored_fields_total", api="anthropic", field=field) == 2
         for beta in BETAS.split(","):

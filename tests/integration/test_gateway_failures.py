@@ -69,7 +69,7 @@ async def cluster(bus, tokens, lose_after_first=frozenset(), lose_before_route=f
                 await bus.publish(RequestFinished(ts=ev.ts, src="planner", request=ev.request, node="n2",
                                                   error=LOST))
                 continue
-            await tokens.publish(TokenMsg(request=ev.request, kind="done", tokens=3, total=4, text=sim_text(3),
+            await tokens.publish(TokenMsg(request=ev.request, kind="done", tokens=3, total=4, text=sim_text(3, 1),
                                           finish_reason="length", simulated=True))
 
 
@@ -99,7 +99,7 @@ async def _openai_cases(client) -> None:
     r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers={"x-branch-id": "lost-b"})
     assert r.status == 200
     data = _data(await asyncio.wait_for(r.text(), 10))
-    assert data[0]["choices"][0]["delta"]["content"] == "tok "
+    assert data[0]["choices"][0]["delta"]["content"] == sim_text(1)
     assert data[-2]["error"]["code"] == "request_failed" and "removed mid-decode" in data[-2]["error"]["message"]
     assert data[-1] == "[DONE]" and len(data) == 3
     # before the route: a plain 503 error, streaming or not
@@ -110,7 +110,7 @@ async def _openai_cases(client) -> None:
         assert (await r.json())["error"]["code"] == "request_failed"
     # a healthy request beside them is served
     r = await client.post("/v1/chat/completions", json=CHAT, headers={"x-branch-id": "ok"})
-    assert r.status == 200 and (await r.json())["choices"][0]["message"]["content"] == "tok " * 4
+    assert r.status == 200 and (await r.json())["choices"][0]["message"]["content"] == sim_text(4)
     assert time.monotonic() - t0 < 10  # no token timeout (30 s) was waited for
 
 
@@ -277,7 +277,7 @@ async def test_the_official_clients_see_the_failure(partition):
                                                       stream=True, extra_headers={"x-branch-id": "lost-b"})
             async for chunk in stream:
                 got.append(chunk.choices[0].delta.content)
-        assert got == ["tok "]
+        assert got == [sim_text(1)]
         an = anthropic.AsyncAnthropic(base_url=base, api_key="x", max_retries=0)
         with pytest.raises(anthropic.APIStatusError) as aerr:
             await an.messages.create(model="evolving-sim", messages=MSG["messages"], max_tokens=4,
@@ -289,4 +289,4 @@ async def test_the_official_clients_see_the_failure(partition):
                                           extra_headers={"x-branch-id": "lost-b"}) as s:
                 async for t in s.text_stream:
                     text.append(t)
-        assert text == ["tok "]
+        assert text == [sim_text(1)]

@@ -37,12 +37,12 @@ async def fake_cluster(bus, tokens, finish: str) -> None:
                                           simulated=True, cached_tokens=min(CACHED, ev.prompt_tokens)))
             done = 1
             while ev.max_tokens - done > 3:
+                await tokens.publish(TokenMsg(request=ev.request, kind="chunk", tokens=3, total=done + 3,
+                                              text=sim_text(3, done), simulated=True))
                 done += 3
-                await tokens.publish(TokenMsg(request=ev.request, kind="chunk", tokens=3, total=done,
-                                              text=sim_text(3), simulated=True))
             rest = ev.max_tokens - done
             await tokens.publish(TokenMsg(request=ev.request, kind="done", tokens=rest, total=ev.max_tokens,
-                                          text=sim_text(rest), finish_reason=finish, simulated=True))
+                                          text=sim_text(rest, done), finish_reason=finish, simulated=True))
 
 
 @contextlib.asynccontextmanager
@@ -77,7 +77,7 @@ async def test_text_answer_non_streaming_with_usage(partition):
         r = await client.responses.create(model=MODEL, instructions="Be brief.", input="What is 2+2?",
                                           max_output_tokens=8)
         assert r.object == "response" and r.status == "completed" and r.incomplete_details is None
-        assert r.output_text == "tok " * 8
+        assert r.output_text == sim_text(8)
         [item] = r.output
         assert (item.type, item.role, item.status) == ("message", "assistant", "completed")
         assert item.content[0].type == "output_text" and item.content[0].annotations == []
@@ -101,7 +101,7 @@ async def test_budget_reached_is_incomplete(partition):
     async with served(partition, finish="length") as (_gw, client, _bus):
         r = await client.responses.create(model=MODEL, input="hi", max_output_tokens=5)
         assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
-        assert r.output[0].status == "incomplete" and r.output_text == "tok " * 5
+        assert r.output[0].status == "incomplete" and r.output_text == sim_text(5)
         stream = await client.responses.create(model=MODEL, input="hi", max_output_tokens=5, stream=True)
         kinds = [ev.type async for ev in stream]
         assert kinds[-1] == "response.incomplete"
@@ -125,7 +125,7 @@ async def test_streaming_event_order(partition):
         assert created.status == "in_progress" and created.output == [] and created.usage is None
         assert created.id == done.id and done.status == "completed"
         deltas = "".join(ev.delta for ev in events if ev.type == "response.output_text.delta")
-        assert deltas == "tok " * 10 == done.output_text
+        assert deltas == sim_text(10) == done.output_text
         added, item_done = events[2], events[-2]
         assert added.item.status == "in_progress" and item_done.item.status == "completed"
         assert {ev.item_id for ev in events if hasattr(ev, "item_id")} == {added.item.id}
@@ -134,7 +134,7 @@ async def test_streaming_event_order(partition):
         # the SDK's own accumulator checks the sequence too
         async with client.responses.stream(model=MODEL, input="Again.", max_output_tokens=4) as s:
             final = await s.get_final_response()
-        assert final.output_text == "tok " * 4 and final.status == "completed"
+        assert final.output_text == sim_text(4) and final.status == "completed"
 
 
 async def test_previous_response_id_continues_the_conversation(partition):
@@ -149,7 +149,7 @@ async def test_previous_response_id_continues_the_conversation(partition):
         final = [ev async for ev in r2][-1].response
         assert final.previous_response_id == r1.id
         # instructions are not carried over; the first turn's input and output are
-        history = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "tok " * 4},
+        history = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": sim_text(4)},
                    {"role": "user", "content": "And 3+3?"}]
         assert final.usage.input_tokens == _prompt(history)
         subs = [e for e in await _events(bus) if isinstance(e, RequestSubmitted)]
@@ -157,14 +157,14 @@ async def test_previous_response_id_continues_the_conversation(partition):
         # a third turn continues the second (which was streamed)
         r3 = await client.responses.create(model=MODEL, previous_response_id=final.id, input="Thanks.",
                                            max_output_tokens=2)
-        assert r3.usage.input_tokens == _prompt(history + [{"role": "assistant", "content": "tok " * 4},
+        assert r3.usage.input_tokens == _prompt(history + [{"role": "assistant", "content": sim_text(4)},
                                                            {"role": "user", "content": "Thanks."}])
 
 
 async def test_store_false_is_not_kept(partition):
     async with served(partition) as (gw, client, _bus):
         r = await client.responses.create(model=MODEL, input="secret", store=False, max_output_tokens=3)
-        assert r.store is False and r.output_text == "tok " * 3
+        assert r.store is False and r.output_text == sim_text(3)
         with pytest.raises(openai.NotFoundError) as err:
             await client.responses.retrieve(r.id)
         assert err.value.body["code"] == "not_found"

@@ -1,7 +1,8 @@
 """The sim backend: :class:`SimNode` behind the engine port, for a live worker.
 
 The node model runs on the worker's host (model time, scheduled callbacks). What the port adds
-to the bare node: tokens for the gateway (the sim generates no text: ``"tok "`` per token) -
+to the bare node: tokens for the gateway (the sim generates no model text: the words of
+``events.wire.SIM_WORDS``, one per token, which re-tokenise to the same count) -
 ``first`` at the prefill's ``FirstToken``, ``chunk`` after each decode run and, while a run is
 going, estimated from its iteration time at every ``progress()`` call, ``done`` at
 ``RequestFinished`` (none for a cancelled request: its client is gone).
@@ -14,7 +15,7 @@ said (a trace driver's request: its budget is the recorded length), makes it the
 when it reached it. A prefill node and a decode node draw the same length.
 
 A constrained request (``sampling.constraint``: a forced tool call, a JSON schema) gets a value
-that validates instead of ``"tok "`` (instance.py): its text is ``prefix + JSON + suffix``, one
+that validates instead of those words (instance.py): its text is ``prefix + JSON + suffix``, one
 token per :data:`CHARS_PER_TOKEN` characters; its length is that many tokens (capped by
 ``max_tokens``, ``"length"`` then), whatever ``ignore_eos`` says, and it ends ``"stop"`` when whole.
 """
@@ -65,10 +66,10 @@ class SimBackend:
 
     def _text(self, request: str, start: int, end: int) -> str:
         """The text of output tokens ``start`` to ``end``: a constrained output's characters, else
-        ``"tok "`` each."""
+        the sim words at those positions (``sim_text``)."""
         text = self._texts.get(request)
         if text is None:
-            return sim_text(end - start)
+            return sim_text(end - start, start)
         return text[start * CHARS_PER_TOKEN:end * CHARS_PER_TOKEN]
 
     # ------------------------------------------------------------------ NodeHost for SimNode

@@ -18,7 +18,7 @@ import contextlib
 import msgspec
 
 from events.wire import (  # noqa: F401 - re-exported for the adapters' users
-    SIM_TOKEN_TEXT,
+    SIM_WORDS,
     TokenMsg,
     decode,
     encode,

@@ -33,7 +33,7 @@ async def pieces(tsub, meta: Meta, timeout_s: float, metrics: GatewayMetrics):
         if m.kind == "done":
             total = max(got, m.total)
             metrics.inc("ei_gateway_output_tokens_total", total)
-            fill = sim_text(total - got) if total > got and m.simulated else ""
+            fill = sim_text(total - got, got) if total > got and m.simulated else ""
             yield m.text + fill, m.simulated, (total, m.finish_reason or "length")
             return
         yield m.text, m.simulated, None

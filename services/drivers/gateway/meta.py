@@ -16,7 +16,7 @@ from services.drivers.gateway.api import ApiError
 from services.drivers.gateway.metrics import RequestObserver
 from services.drivers.gateway.toolcalls import Piece, ToolCall, ToolCallParser
 
-SIM_NOTE = "simulated engine: the text is 'tok ' per generated token, not model output"
+SIM_NOTE = "simulated engine: the text cycles fixed words, one per generated token, not model output"
 
 #: ``TokenMsg.finish_reason`` of an error the gateway made from the stream's ``RequestFinished``
 #: (streamwatch.FailWatcher): answered 503 ``request_failed`` instead of the engine's own 502

@@ -35,7 +35,7 @@ async def collect(tsub, meta: Meta, before_done, *,
         if m.kind == "done":
             total = max(got, m.total)
             if total > got and simulated:  # a lost chunk (core NATS is at-most-once)
-                parts.append(sim_text(total - got))
+                parts.append(sim_text(total - got, got))
             metrics.inc("ei_gateway_output_tokens_total", total)
             text, calls = meta.split("".join(parts), end=True)
             await before_done()
@@ -67,7 +67,7 @@ async def stream(req: web.Request, tsub, meta: Meta, include_usage: bool, before
             got += m.tokens
             total = max(got, m.total)
             metrics.inc("ei_gateway_output_tokens_total", total)
-            text, calls = meta.split(m.text + (sim_text(total - got) if total > got and m.simulated else ""), end=True)
+            text, calls = meta.split(m.text + (sim_text(total - got, got) if total > got and m.simulated else ""), end=True)
             out = meta.chunk(text, meta.finish_reason(m.finish_reason or "length"), first, m.simulated, calls)
             if continuous_usage:
                 out["usage"] = meta.usage(total)

@@ -88,7 +88,7 @@ def test_token_subject_is_one_safe_token_per_request():
 def test_token_msg_round_trip_and_sim_text():
     m = TokenMsg(request="r", kind="chunk", tokens=3, total=4, text=sim_text(3), simulated=True)
     assert decode(encode(m)) == m
-    assert sim_text(2) == "tok tok " and sim_text(-1) == ""
+    assert sim_text(2) == " this is" and sim_text(-1) == "" and sim_text(2, 11) == " model this"
 
 
 def test_tools_render_first_as_one_block_and_not_at_all_without_tools():
