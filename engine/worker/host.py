@@ -72,6 +72,9 @@ class WallClockHost:
         self._heap: list = []
         self._seq = itertools.count()
         self._wake = asyncio.Event()
+        #: set at every schedule (never cleared here): the worker's progress loop, with no decode
+        #: run to pace, sleeps on it instead of polling (engine/worker/loop.py, ``_progress``)
+        self.scheduled = asyncio.Event()
         self._emit, self._choose, self._peer, self._token = emit, choose, peer, token
 
     def clock(self) -> float:
@@ -94,6 +97,7 @@ class WallClockHost:
     def schedule(self, t: float, fn, *args) -> None:
         heapq.heappush(self._heap, (t, next(self._seq), fn, args))
         self._wake.set()
+        self.scheduled.set()
 
     def choose_eviction(self, node, tier, tokens, pinned):
         return self._choose(node, tier, tokens, pinned)

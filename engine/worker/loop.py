@@ -180,10 +180,7 @@ class EngineWorker(StreamFolding, Publishing):
         self._out.put_nowait(event)
 
     async def _progress(self) -> None:
-        while True:
-            await asyncio.sleep(progress_wait_s(self.backend, self.token_interval_s))
-            self.host.catch_up()
-            self.backend.progress()
+        await progress_loop(self.backend, self.host, self.token_interval_s)
 
     #: behind the stream's head with no sequence folded for this long: the stream input is stuck
     STUCK_AFTER_S = 5.0
@@ -285,20 +282,36 @@ class EngineWorker(StreamFolding, Publishing):
 #: the shortest wait between two ``progress()`` calls: a sim run at a large time scale has
 #: iterations of microseconds of wall time; past 500 calls a second they are batched into chunks
 MIN_PROGRESS_S = 0.002
-#: how often a pacing backend with no run is asked again: a run that starts meanwhile has its
-#: first iterations' tokens in one chunk for at most this long
-PACED_IDLE_S = 0.02
 
 
-def progress_wait_s(backend, interval_s: float) -> float:
+def progress_wait_s(backend, interval_s: float) -> float | None:
     """How long the worker waits before its next ``backend.progress()``: ``interval_s``
     (``--token-interval-s``), or less when the backend says when its next iteration ends
-    (``next_progress_s()``, the sim engine's: one chunk per iteration; :data:`PACED_IDLE_S` while
-    it has no run), never under :data:`MIN_PROGRESS_S`."""
+    (``next_progress_s()``, the sim engine's: one chunk per iteration), never under
+    :data:`MIN_PROGRESS_S`. ``None``: the backend paces its output and has no run now, so the
+    loop waits for the host's next ``schedule`` (a run starts in a callback that schedules its
+    end) for at most ``interval_s``, instead of asking again every few ms (polling at 50 Hz cost
+    each idle engine several ms of CPU a second)."""
     nxt = getattr(backend, "next_progress_s", None)  # optional: only backends that pace their output
     if nxt is None:
         return interval_s
     due = nxt()
-    if due is None:  # no run now: look again soon, a run may start before the interval is over
-        return min(interval_s, PACED_IDLE_S)
+    if due is None:
+        return None
     return max(MIN_PROGRESS_S, min(interval_s, due + 1e-4))
+
+
+async def progress_loop(backend, host: WallClockHost, interval_s: float) -> None:
+    """The worker's token pacing, for its whole life: ``backend.progress()`` after each wait of
+    :func:`progress_wait_s`; with no run to pace, until the host schedules something (a run
+    starts in a callback that schedules its end) or ``interval_s`` has passed."""
+    while True:
+        wait = progress_wait_s(backend, interval_s)
+        if wait is None:
+            host.scheduled.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(host.scheduled.wait(), interval_s)
+        else:
+            await asyncio.sleep(wait)
+        host.catch_up()
+        backend.progress()

@@ -10,7 +10,7 @@ import math
 from dataclasses import replace
 
 from engine.backends.sim.backend import SimBackend
-from engine.worker.loop import MIN_PROGRESS_S, PACED_IDLE_S, progress_wait_s
+from engine.worker.loop import MIN_PROGRESS_S, progress_loop, progress_wait_s
 from events.catalog import RequestFinished
 from tests.contract.test_backend import PROFILE, Harness, job
 
@@ -20,14 +20,13 @@ async def _stream(max_tokens: int, scale: float, interval_s: float, paced: bool)
     h.backend = SimBackend(h.host, "n1", "collocated", PROFILE, seed=1)
     runner = asyncio.create_task(h.host.run())
 
-    async def progress():  # the worker's loop (engine/worker/loop.py, _progress)
+    async def unpaced():  # the worker's loop before it paced the sim's output
         while True:
-            wait = progress_wait_s(h.backend, interval_s) if paced else interval_s
-            await asyncio.sleep(wait)
+            await asyncio.sleep(interval_s)
             h.host.catch_up()
             h.backend.progress()
 
-    ticker = asyncio.create_task(progress())
+    ticker = asyncio.create_task(progress_loop(h.backend, h.host, interval_s) if paced else unpaced())
     try:
         h.host.catch_up()
         h.backend.enqueue_prefill(replace(job("r", max_tokens=max_tokens), ignore_eos=True))
@@ -69,5 +68,32 @@ def test_the_wait_is_the_interval_without_a_run_and_never_under_the_floor():
             return 0.0
 
     assert progress_wait_s(object(), 0.2) == 0.2  # a backend that does not pace its output
-    assert progress_wait_s(Idle(), 0.2) == PACED_IDLE_S  # no run yet: asked again soon
+    assert progress_wait_s(Idle(), 0.2) is None  # no run yet: wait for the host's next schedule
     assert progress_wait_s(Due(), 0.2) == MIN_PROGRESS_S
+
+
+async def test_an_idle_loop_sleeps_until_the_host_schedules():
+    """No run to pace: the loop does not poll (it asked every 20 ms, 50 wake-ups a second per
+    idle engine), and a schedule wakes it at once, so a run's first chunk is not late."""
+    h = Harness(1.0)
+
+    class Counting:
+        calls = 0
+
+        def next_progress_s(self):
+            return None
+
+        def progress(self):
+            Counting.calls += 1
+
+    loop = asyncio.create_task(progress_loop(Counting(), h.host, 10.0))
+    try:
+        await asyncio.sleep(0.3)
+        assert Counting.calls == 0
+        t0 = asyncio.get_running_loop().time()
+        h.host.schedule(h.host.clock() + 100.0, lambda: None)
+        while Counting.calls == 0 and asyncio.get_running_loop().time() - t0 < 5:
+            await asyncio.sleep(0.001)
+        assert Counting.calls == 1 and asyncio.get_running_loop().time() - t0 < 1.0
+    finally:
+        loop.cancel()
