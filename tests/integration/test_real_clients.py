@@ -48,7 +48,7 @@ from engine.model_files import smollm2_gguf
 from events.catalog import BranchEnded, BranchOpened, ContextCompacted, RequestFinished, RequestSubmitted
 from services.adapters.bus import NatsBus
 from services.cores.directory.core import DirectoryCore
-from services.drivers.gateway.model import load_model
+from services.drivers.gateway.model import AUTO, load_model
 from services.drivers.up.testing import read_all, stop_up, wait_ready_file
 from tests.integration.logging_proxy import (
     LoggingProxy,
@@ -211,8 +211,9 @@ def _one_agent(nats_url: str, partition: str, records: list[Record], branch: str
                model=None) -> tuple[str, list]:
     """Every generation request of one client run got a 2xx on the same branch; on the stream
     that branch is one root agent with no child branch, every request was submitted on it with
-    the prompt tokens the proxy log's measurement gives (``model``'s tokenizer and template; the
-    byte-level one of the sim engines' gateway by default), and finished without an error."""
+    the prompt tokens the proxy log's measurement gives (``model``'s tokenizer and template; by
+    default the sim stack's gateway's: ``--tokenizer auto``, the bundled model's), and finished
+    without an error."""
     gen = _generation(records)
     assert gen, "the client sent no generation request"
     assert all(200 <= r.status < 300 for r in records), [(r.method, r.path, r.status, r.error_body)
@@ -233,7 +234,7 @@ def _one_agent(nats_url: str, partition: str, records: list[Record], branch: str
     assert view is not None and view["parent"] is None and view["mode"] == "root", view
     submitted = {e.request: e for e in events if isinstance(e, RequestSubmitted) and e.branch == got}
     assert set(submitted) == set(ids), (sorted(submitted), sorted(ids))
-    model = model or load_model(None)
+    model = model or load_model(AUTO)
     for rid, rec in ids.items():
         assert submitted[rid].prompt_tokens == prompt_tokens(rec.path, rec.json, model), rid
     finished = {e.request: e for e in events if isinstance(e, RequestFinished) and e.request in ids}

@@ -26,7 +26,7 @@ from services.adapters.logging import configure_logging, get_logger
 from services.drivers.gateway.app import Gateway, GatewayConfig
 from services.drivers.gateway.auth import ENV_VAR, ApiKeyConfigError, load_api_keys
 from services.drivers.gateway.guard import GatewayRunner
-from services.drivers.gateway.model import ModelError, load_model
+from services.drivers.gateway.model import AUTO, ModelError, load_model, names_model
 from services.drivers.gateway.tokenmux import TokenMux
 from services.drivers.gateway.toolcalls import PARSERS
 
@@ -105,18 +105,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a model name requests may ask for (repeatable); given, only --model and these are "
                         "served (another is a 404); default: any name a client sends is served by this model")
     p.add_argument("--block-tokens", type=int, default=64)
-    p.add_argument("--tokenizer", "--model-path", dest="tokenizer", default=os.environ.get("EI_TOKENIZER") or None,
-                   metavar="PATH",
+    p.add_argument("--tokenizer", "--model-path", dest="tokenizer", default=os.environ.get("EI_TOKENIZER") or AUTO,
+                   metavar="PATH|auto|bytes",
                    help="the model's tokenizer and chat template: a GGUF file, a tokenizer.json or a model folder "
                         "(tokenizer.json + tokenizer_config.json); needs 'tokenizers' and 'jinja2' (pip install -e "
-                        "'.[engine]'); default: env EI_TOKENIZER, else the byte-level tokenizer and simple template")
+                        "'.[engine]'); 'auto': the bundled model's (SmolLM2-135M-Instruct's GGUF, without its context "
+                        "length: usage counts agree with a client using that tokenizer), bytes where it is not "
+                        "installed; 'bytes': the byte-level tokenizer and simple template (one ASCII character = one "
+                        "token, no model files); default: env EI_TOKENIZER, else auto")
     p.add_argument("--tool-call-parser", choices=PARSERS, default="auto",
                    help="how tool calls are read from the model's text (docs/gateway.md, Tool calls): hermes "
                         "(<tool_call> JSON: Hermes, Qwen), llama3_json, mistral ([TOOL_CALLS]), none; auto "
                         "(default): from the chat template")
     p.add_argument("--prompt-store", choices=("auto", "on", "off"), default="auto",
                    help="put each prompt's token ids into the partition's prompt bucket EI_PROMPTS_<P> for the "
-                        "engine that prefills it (docs/engines.md, Prompts); auto: on when --tokenizer names a model")
+                        "engine that prefills it (docs/engines.md, Prompts); auto: on when --tokenizer names a model's files")
     p.add_argument("--prompt-ttl-s", type=float, default=600.0,
                    help="seconds a prompt stays in the store (the bucket's max age; default %(default)s)")
     p.add_argument("--route-timeout-s", type=float, default=10.0)
@@ -159,10 +162,12 @@ async def serve(args: argparse.Namespace) -> int:
         model = load_model(args.tokenizer)
     except ModelError as exc:
         raise SystemExit(f"python -m services.drivers.gateway: {exc}") from None
+    if args.tokenizer == AUTO and model.tokenizer.name == "bytes":  # the default could not have the bundled model's
+        log.warning("tokenizer_fallback", tokenizer=model.note)
     context_length, max_body, keys, ctx_from = resolve_limits(args, (model.context_length, model.context_from))
     if not args.prompt_ttl_s > 0:
         raise SystemExit(f"python -m services.drivers.gateway: --prompt-ttl-s must be > 0, got {args.prompt_ttl_s}")
-    store_prompts = args.prompt_store == "on" or (args.prompt_store == "auto" and bool(args.tokenizer))
+    store_prompts = args.prompt_store == "on" or (args.prompt_store == "auto" and names_model(args.tokenizer))
     if not keys and args.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("no_api_keys", host=args.host,
                     hint=f"anyone who reaches {args.host}:{args.port} can submit requests: "

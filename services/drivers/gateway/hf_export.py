@@ -66,29 +66,44 @@ def export_gguf(src: Path, out: Path) -> None:
     import torch  # lazy: the torch engine's dependency, only when a model is converted
 
     from engine.backends.torch.loader import load, write_safetensors  # lazy: torch, as above
-    from services.drivers.gateway.gguf_meta import read_metadata  # lazy: gguf, only when converting
-    from services.drivers.gateway.model import gguf_tokenizer  # lazy: tokenizers, only when converting
 
     ck = load(str(src))
     write_safetensors(out, ck.cfg, {k: v.to(torch.bfloat16) for k, v in ck.weights.items()})
     config = json.loads((out / "config.json").read_text())
     config.update(torch_dtype="bfloat16", max_position_embeddings=ck.cfg.max_pos)
     (out / "config.json").write_text(json.dumps(config, indent=1))
+    export_tokenizer(src, out, ck.cfg.max_pos)
+    (out / "generation_config.json").write_text(json.dumps({"bos_token_id": ck.cfg.bos, "eos_token_id": ck.cfg.eos}))
+
+
+def export_tokenizer(src: Path, out: Path, model_max_length: int | None = None) -> Path:
+    """The tokenizer of the GGUF file ``src`` as a Hugging Face tokenizer folder ``out``
+    (``tokenizer.json``: the gateway's own build, :func:`gguf_tokenizer`; ``tokenizer_config.json``:
+    the special tokens and the chat template), which transformers' ``AutoTokenizer`` loads
+    offline: what a client such as aiperf (``--tokenizer DIR``) counts tokens with, alike the
+    gateway's ``--tokenizer auto``. ``model_max_length``: the file's context length unless given
+    (the sim stack serves longer prompts than SmolLM2's 8,192). No torch needed."""
+    from services.drivers.gateway.gguf_meta import read_metadata  # lazy: only when converting
+    from services.drivers.gateway.model import gguf_tokenizer  # lazy: tokenizers, only when converting
+
     meta = read_metadata(src)
     tokens = meta.get("tokenizer.ggml.tokens") or []
+    out.mkdir(parents=True, exist_ok=True)
     gguf_tokenizer(meta, str(src)).save(str(out / "tokenizer.json"))
 
     def token(key: str) -> str | None:
         i = meta.get(f"tokenizer.ggml.{key}_token_id")
         return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else None
 
+    if model_max_length is None:
+        model_max_length = meta.get(f"{meta.get('general.architecture')}.context_length")
     tok_cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": token("bos"), "eos_token": token("eos"),
                "unk_token": token("unknown"), "pad_token": token("padding"),
                "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
-               "model_max_length": ck.cfg.max_pos, "clean_up_tokenization_spaces": False}
+               "model_max_length": model_max_length, "clean_up_tokenization_spaces": False}
     template = meta.get("tokenizer.chat_template")
     if isinstance(template, str) and template:
         tok_cfg["chat_template"] = template
     (out / "tokenizer_config.json").write_text(json.dumps({k: v for k, v in tok_cfg.items() if v is not None},
                                                           indent=1))
-    (out / "generation_config.json").write_text(json.dumps({"bos_token_id": ck.cfg.bos, "eos_token_id": ck.cfg.eos}))
+    return out

