@@ -6,6 +6,7 @@ the reason where Dynamo is not installed).
   (services/drivers/bench/dynamo_model.py): prefill and decode times agree within 5%.
 - ``evolving bench dynamo --offline --json`` on a small cut of the bundled sessions: the rows'
   shape, the same request count on every side, the real Dynamo's row named ``dynamo``.
+- ``--live --json`` on a tinier cut: both live stacks answer every request (services/drivers/bench/dynamo_live.py).
 """
 
 from __future__ import annotations
@@ -59,4 +60,25 @@ def test_bench_offline_json_rows(capsys) -> None:
     assert {r["stack"] for r in rows} == {"dynamo", "dynamo-style", "static:1P2D"}
     counts = {r["stack"]: r["value"] for r in rows if r["metric"] == "requests"}
     assert set(counts.values()) == {float(res["requests"])} and res["requests"] > 4
+    assert res["dynamo_version"] == "1.6.1"
+
+
+def test_bench_live_json_rows(capsys, tmp_path: Path) -> None:
+    """``--live`` on a tiny cut: Dynamo's frontend + mockers and ``evolving up`` serve the same
+    requests through one client, every one answered on both sides, the second turns of a session
+    served from cache on both, CPU split by process role."""
+    from services.drivers.cli import main
+
+    assert main(["bench", "dynamo", "--live", "--sessions", "2", "--turns", "2", "--engines", "2",
+                 "--overhead-requests", "4", "--keep", str(tmp_path), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    by = {(r["stack"], r["metric"]): r["value"] for r in res["rows"]}
+    assert {r["mode"] for r in res["rows"]} == {"live"} and {r["stack"] for r in res["rows"]} == {"dynamo", "evolving"}
+    for stack in ("dynamo", "evolving"):
+        assert by[(stack, "requests")] == res["requests"] == 4 and by[(stack, "errors")] == 0
+        assert 0 < by[(stack, "kv_hit")] < 1 and by[(stack, "cpu_ms_per_request")] > 0
+        assert by[(stack, "overhead_ttft_p50_ms.c1")] > res["prefill_1block_ms"] * 0.9
+    assert {"frontend", "mockers"} <= {m.split(".", 1)[1] for s, m in by if s == "dynamo" and m.startswith("cpu_ms_per_request.")}
+    ours = {m.split(".", 1)[1] for s, m in by if s == "evolving" and m.startswith("cpu_ms_per_request.")}
+    assert {"gateway", "router", "directory", "planner", "recorder", "engines", "nats-server"} <= ours
     assert res["dynamo_version"] == "1.6.1"

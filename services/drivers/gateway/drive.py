@@ -121,6 +121,7 @@ class RequestResult:
     status: int
     prompt_tokens: int
     output_tokens: int = 0
+    cached_tokens: int = 0  # usage.prompt_tokens_details.cached_tokens (vLLM's, Dynamo's and the gateway's)
     ttft_s: float | None = None
     latency_s: float = 0.0
     error: str = ""
@@ -335,6 +336,7 @@ class Driver:
                 else:
                     data = await r.json()
                     res.output_tokens = data.get("usage", {}).get("completion_tokens", 0)
+                    res.cached_tokens = _cached_tokens(data.get("usage"))
         except Exception as exc:  # noqa: BLE001 - a failed request is recorded, the session goes on
             res.error = f"{type(exc).__name__}: {exc}"
         res.latency_s = time.monotonic() - t0
@@ -359,6 +361,12 @@ class Driver:
                     res.ttft_s = time.monotonic() - t0
                 if obj.get("usage"):
                     res.output_tokens = obj["usage"].get("completion_tokens", 0)
+                    res.cached_tokens = _cached_tokens(obj["usage"])
+
+
+def _cached_tokens(usage: dict | None) -> int:
+    details = (usage or {}).get("prompt_tokens_details") or {}
+    return int(details.get("cached_tokens") or 0)
 
 
 #: the status a non-stream answer would have had, by the error event's code (the gateway's codes
