@@ -10,6 +10,7 @@ import asyncio
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 
 from engine.backend import BackendUnavailable
@@ -229,7 +230,19 @@ def main(argv: list[str] | None = None) -> int:
         if err:
             print(f"engine.worker: {err}", file=sys.stderr)
             return 2
-    return asyncio.run(run(args))
+    out = os.environ.get("EI_PROFILE_DIR")
+    if not out:
+        return asyncio.run(run(args))
+    # a CPU profile of this worker's main thread, written at its exit (docs/experiments.md,
+    # "Against the real Dynamo": how the live engines' CPU was found)
+    import cProfile  # lazy: only with EI_PROFILE_DIR
+
+    prof = cProfile.Profile(time.process_time)
+    try:
+        return prof.runcall(asyncio.run, run(args))
+    finally:
+        os.makedirs(out, exist_ok=True)
+        prof.dump_stats(os.path.join(out, f"engine-{args.node}.prof"))
 
 
 if __name__ == "__main__":

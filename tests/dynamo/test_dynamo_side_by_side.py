@@ -70,13 +70,14 @@ def test_bench_live_json_rows(capsys, tmp_path: Path) -> None:
     from services.drivers.cli import main
 
     assert main(["bench", "dynamo", "--live", "--sessions", "2", "--turns", "2", "--engines", "2",
-                 "--overhead-requests", "4", "--keep", str(tmp_path), "--json"]) == 0
+                 "--overhead-requests", "4", "--idle-s", "2", "--keep", str(tmp_path), "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     by = {(r["stack"], r["metric"]): r["value"] for r in res["rows"]}
     assert {r["mode"] for r in res["rows"]} == {"live"} and {r["stack"] for r in res["rows"]} == {"dynamo", "evolving"}
     for stack in ("dynamo", "evolving"):
         assert by[(stack, "requests")] == res["requests"] == 4 and by[(stack, "errors")] == 0
         assert 0 < by[(stack, "kv_hit")] < 1 and by[(stack, "cpu_ms_per_request")] > 0
+        assert by[(stack, "idle_cpu_ms_per_s")] >= 0
         assert by[(stack, "overhead_ttft_p50_ms.c1")] > res["prefill_1block_ms"] * 0.9
     assert {"frontend", "mockers"} <= {m.split(".", 1)[1] for s, m in by if s == "dynamo" and m.startswith("cpu_ms_per_request.")}
     ours = {m.split(".", 1)[1] for s, m in by if s == "evolving" and m.startswith("cpu_ms_per_request.")}

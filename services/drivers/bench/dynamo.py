@@ -249,6 +249,8 @@ def add_arguments(p) -> None:
                    help="live: engines' model seconds per wall second (mocker --speedup-ratio, up --time-scale)")
     p.add_argument("--overhead-requests", type=int, default=100,
                    help="live: max_tokens-1 requests at 1 and at 8 clients for the serving-path overhead (0: none)")
+    p.add_argument("--idle-s", type=float, default=10.0,
+                   help="live: measure each stack's idle CPU this long before the trace (0: not)")
     p.add_argument("--live-stacks", default="dynamo,evolving", help="live: which stacks serve: dynamo, evolving, evolving:CHECKOUT (evolving up run from another "
                    "checkout, e.g. a worktree of an older commit, for before / after)")
     p.add_argument("--pace", default="agent:60:10", help="client pauses written into the trace: recorded, "
@@ -286,7 +288,7 @@ def _bench_dynamo(args) -> int:
                                   concurrency=args.concurrency or sessions, engines=args.engines,
                                   profile=args.profile, pace=args.pace, speedup=args.speedup,
                                   time_scale=args.time_scale, block_tokens=args.block_tokens,
-                                  overhead_requests=args.overhead_requests,
+                                  overhead_requests=args.overhead_requests, idle_s=args.idle_s,
                                   stacks=tuple(s for s in args.live_stacks.split(",") if s))
             results.append(live.run_live(lspec, work / "live", Path(args.dynamo_python)))
     finally:

@@ -22,7 +22,9 @@ real Dynamo", Live).
 4. CPU: utime + stime (``/proc/PID/stat``) of every process of each stack (the process tree of
    ``evolving up``; Dynamo's frontend and mocker trees), read when the stack is ready and after
    the trace, so start-up and the overhead probe are not counted; per request = CPU seconds /
-   requests answered, split by process role.
+   requests answered, split by process role. Before the trace, the idle stack's CPU over
+   ``--idle-s`` (ms per wall second, by role): the part of the per-request figure that is the
+   stack's background (heartbeats, ticks, the recorder's flushes) rather than the requests.
 5. Gateway overhead: ``--overhead-requests`` requests of ``max_tokens`` 1, streaming, a fresh
    64-token prompt each (no cache hit), at 1 and 8 clients: TTFT P50 / P99, and the same minus
    the model's prefill of that prompt (eq. 1, identical on both sides), which is what the serving
@@ -77,6 +79,7 @@ class LiveSpec:
     time_scale: float = 1.0  # engines' model seconds per wall second, both sides
     block_tokens: int = 64
     overhead_requests: int = 100
+    idle_s: float = 10.0  # CPU of the idle stack measured this long before the trace (0: not)
     stacks: tuple[str, ...] = ("dynamo", "evolving")
     timeout_s: float = 600.0
 
@@ -369,10 +372,18 @@ def run_stack(stack, spec: LiveSpec, sessions, prefill_1block_s: float) -> tuple
     roots = stack.start()
     try:
         meter = CpuMeter(roots)
+        idle: dict[str, float] = {}
+        if spec.idle_s > 0:  # what the stack burns with nothing to serve: CPU ms per wall second
+            meter.start()
+            time.sleep(spec.idle_s)
+            idle = {k: 1000.0 * v / spec.idle_s for k, v in meter.stop().items()}
         meter.start()
         rep = asyncio.run(drive_trace(stack.url, sessions, spec, f"live-{stack.stack}-{os.getpid()}-"))
         figs = trace_figures(rep, meter.stop())
         errors = sorted({r.error[:160] for r in rep.failed})
+        if idle:
+            figs["idle_cpu_ms_per_s"] = sum(idle.values())
+            figs.update({f"idle_cpu_ms_per_s.{k}": v for k, v in sorted(idle.items())})
         for clients in (1, 8):
             if spec.overhead_requests <= 0:
                 break
