@@ -1,8 +1,10 @@
 """aiperf 0.13 (NVIDIA's load generator, the one Dynamo's, vLLM's and SGLang's users run) against
 ``evolving up``, unchanged: a synthetic streaming run with ``--per-chunk-usage``, a multi-turn run
 (one branch per conversation, read from aiperf's ``X-Session-Affinity``), and a ``mooncake_trace``
-replay of bundled real sessions exported as ``mooncake-delta``; each with 0 errors. Plus our delta
-export read by aiperf's own row model and loader. aiperf lives in ``.venv-aiperf``
+replay of bundled real sessions exported as ``mooncake-delta``; each with 0 errors and neither of
+aiperf's warnings: no "Token Count Discrepancy" (its client-side counts, with the bundled model's
+tokenizer and chat template, against our ``usage``: within 1% here) and no "Output Sequence Length
+Mismatch". Plus our delta export read by aiperf's own row model and loader. aiperf lives in ``.venv-aiperf``
 (``bash scripts/install_aiperf.sh``); ``pytest -m aiperf``. Figures: docs/benchmarking.md."""
 
 from __future__ import annotations
@@ -35,30 +37,50 @@ def aiperf() -> Path:
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory) -> Path:
-    """The bundled model's tokenizer as a Hugging Face folder (aiperf loads one by path: no network)."""
+    """The bundled model's tokenizer and chat template as a Hugging Face folder (aiperf loads one
+    by path: no network), the one ``evolving up``'s gateway counts with (``--tokenizer auto``)."""
     from engine.model_files import smollm2_gguf
-    from services.drivers.gateway.gguf_meta import read_metadata
-    from services.drivers.gateway.model import gguf_tokenizer
+    from services.drivers.gateway.hf_export import export_tokenizer
 
-    out = tmp_path_factory.mktemp("tokenizer")
-    gguf = str(smollm2_gguf())
-    meta = read_metadata(gguf)
-    gguf_tokenizer(meta, gguf).save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
-                                                           "model_max_length": 8192}))
-    return out
+    return export_tokenizer(smollm2_gguf(), tmp_path_factory.mktemp("tokenizer"), model_max_length=262_144)
 
 
 def _metric(text: str, name: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith((name + " ", name + "{")))
 
 
+#: the panels aiperf prints when its counts disagree with ours or outputs miss their requested length
+WARNINGS = ("Token Count Discrepancy", "Output Sequence Length Mismatch")
+
+
 def _profile(aiperf: Path, url: str, tokenizer: Path, out: Path, *args: str) -> dict:
+    """One ``aiperf profile`` run, as docs/benchmarking.md gives it: client-side token counts with
+    the chat template (``--apply-chat-template``), outputs at their requested length
+    (``ignore_eos``); its summary, checked for errors and warnings."""
     cmd = [str(aiperf), "profile", "-m", "evolving-sim", "--url", url, "--endpoint-type", "chat", "--streaming",
-           "--tokenizer", str(tokenizer), "--artifact-dir", str(out), "--ui-type", "none", *args]
+           "--tokenizer", str(tokenizer), "--apply-chat-template", "--extra-inputs", "ignore_eos:true",
+           "--artifact-dir", str(out), "--ui-type", "none", *args]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=400, check=False)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
-    return json.loads((out / "profile_export_aiperf.json").read_text())
+    said = r.stdout + r.stderr
+    assert not [w for w in WARNINGS if w in said], said[-3000:]
+    got = json.loads((out / "profile_export_aiperf.json").read_text())
+    assert got["error_summary"] == [] and _avg(got, "osl_mismatch_count") == 0
+    if "--use-server-token-count" not in args:  # else aiperf counts nothing itself (--per-chunk-usage needs it)
+        # the counts aiperf computed and the usage we reported, request by request (its diff metrics)
+        assert _avg(got, "usage_discrepancy_count") == 0
+        assert _max(got, "usage_prompt_tokens_diff_pct") < 1.0 and _max(got, "usage_completion_tokens_diff_pct") < 1.0
+    return got
+
+
+def _avg(summary: dict, tag: str) -> float:
+    m = summary.get(tag)
+    return 0.0 if m is None else float(m.get("avg") or 0.0)  # a counter that never counted is left out
+
+
+def _max(summary: dict, tag: str) -> float:
+    assert tag in summary, f"aiperf computed no {tag}: {sorted(summary)}"
+    return float(summary[tag]["max"])
 
 
 def test_aiperf_runs_against_up(aiperf, tokenizer, nats_url, partition, tmp_path):
@@ -72,26 +94,32 @@ def test_aiperf_runs_against_up(aiperf, tokenizer, nats_url, partition, tmp_path
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url = wait_ready_file(ready, up, 120)["gateway"]
-        # synthetic, streaming, usage on every chunk (vLLM's continuous_usage_stats)
-        syn = _profile(aiperf, url, tokenizer, tmp_path / "synthetic", "--per-chunk-usage",
-                       "--use-server-token-count", "--synthetic-input-tokens-mean", "100",
+        # synthetic, streaming: aiperf's own counts (the bundled model's tokenizer) agree with our usage
+        syn = _profile(aiperf, url, tokenizer, tmp_path / "synthetic", "--synthetic-input-tokens-mean", "100",
                        "--output-tokens-mean", "16", "--request-count", "12", "--concurrency", "3")
-        assert syn["request_count"]["avg"] == 12 and syn["error_summary"] == []
-        assert syn["inter_token_latency"]["count"] == 12
+        assert syn["request_count"]["avg"] == 12
+        assert syn["output_sequence_length"]["min"] == syn["output_sequence_length"]["max"] == 16
+        assert syn["input_sequence_length"]["avg"] == 100  # the chat template's tokens included, as asked
+        # usage on every chunk (vLLM's continuous_usage_stats): aiperf then takes the server's counts
+        per = _profile(aiperf, url, tokenizer, tmp_path / "per-chunk", "--per-chunk-usage", "--use-server-token-count",
+                       "--synthetic-input-tokens-mean", "100",
+                       "--output-tokens-mean", "16", "--request-count", "12", "--concurrency", "3")
+        assert per["request_count"]["avg"] == 12
+        assert per["inter_token_latency"]["count"] == 12
         # multi-turn: 4 conversations of 3 turns, each one branch
         before = _metric(_get(url + "/metrics"), "ei_gateway_branches_opened_total")
         multi = _profile(aiperf, url, tokenizer, tmp_path / "multi", "--synthetic-input-tokens-mean", "100",
                          "--output-tokens-mean", "16", "--conversation-num", "4", "--conversation-turn-mean", "3",
                          "--conversation-turn-stddev", "0", "--concurrency", "2")
-        assert multi["request_count"]["avg"] == 12 and multi["error_summary"] == []
+        assert multi["request_count"]["avg"] == 12
         after = _metric(_get(url + "/metrics"), "ei_gateway_branches_opened_total")
         assert after - before == 4
         # the bundled sessions' first turns, exported as deltas and replayed by aiperf
         rows = len(trace.read_text().splitlines())
         rep = _profile(aiperf, url, tokenizer, tmp_path / "trace", "--input-file", str(trace),
                        "--custom-dataset-type", "mooncake_trace", "--prompt-input-tokens-block-size", "64",
-                       "--extra-inputs", "ignore_eos:true", "--concurrency", "3", "--request-count", str(rows))
-        assert rep["request_count"]["avg"] == rows and rep["error_summary"] == []
+                       "--concurrency", "3", "--request-count", str(rows))
+        assert rep["request_count"]["avg"] == rows
     finally:
         stop_up(up)
 
