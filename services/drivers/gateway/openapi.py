@@ -188,7 +188,9 @@ class Health(Struct, forbid_unknown_fields=True):
     partition: str
     partitions: list[str]
     bus: BusState
-    tokenizer: str
+    tokenizer: str  # a line: what the gateway tokenises with, and from where
+    tokenizer_name: str  # "bytes" for the byte-level tokenizer, else the model's (e.g. gguf:<file>)
+    vocab_size: int  # the tokenizer's ids are below it (256 for bytes)
     auth: bool
     context_length: int
     max_body_bytes: int

@@ -33,6 +33,7 @@ GENERATION_PROMPT = "<|assistant|>\n"
 
 class Tokenizer(Protocol):
     name: str
+    vocab_size: int  # ids are below it
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -43,6 +44,7 @@ class ByteTokenizer:
     """UTF-8 bytes -> token ids 0..255 (one ASCII character = one token)."""
 
     name = "bytes"
+    vocab_size = 256
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
@@ -58,6 +60,7 @@ class HfTokenizer:
 
     def __init__(self, tok, name: str) -> None:
         self._tok, self.name = tok, name
+        self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
 
     @classmethod
     def from_file(cls, path: str | Path) -> HfTokenizer:
