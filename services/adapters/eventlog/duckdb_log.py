@@ -55,7 +55,8 @@ from services.adapters.eventlog.port import (
     new_rows,
 )
 from services.adapters.eventlog.sandbox import connect_file, connect_sources, expand_parquet
-from services.adapters.eventlog.views import catalog_key, create_views, materialize_views, use_materialized
+from services.adapters.eventlog.views import catalog_key, create_views, materialize_views
+from services.adapters.eventlog.views import use_materialized as use_materialized_views
 from services.adapters.logging import get_logger
 
 log = get_logger(__name__)
@@ -114,14 +115,18 @@ class DuckDbEventLog:
     keeps its own. ``memory_limit``: DuckDB's cap for a long-running writer; it also sets
     ``checkpoint_threshold`` (default :data:`STREAM_CHECKPOINT_THRESHOLD`), so the rows not yet
     checkpointed stay few, and bounds the block dictionary (``block_dict_entries``, default
-    :data:`STREAM_BLOCK_DICT_ENTRIES`; ``0``: unbounded)."""
+    :data:`STREAM_BLOCK_DICT_ENTRIES`; ``0``: unbounded). ``use_materialized=False``: a reader
+    computes the named views from the events even where the ``mat_*`` tables are current (what
+    ``evolving bench sql`` times as the other path)."""
 
     def __init__(self, path: str | os.PathLike, read_only: bool = False, *, sandbox: bool = False,
                  format: str = FORMAT, memory_limit: str | None = None,
                  checkpoint_threshold: str | None = None, block_dict_entries: int | None = None,
-                 materialize_on_close: bool = True) -> None:
+                 materialize_on_close: bool = True, use_materialized: bool = True) -> None:
         #: :meth:`close` stores the named views as tables when the log moved (:meth:`materialize`)
         self.materialize_on_close = materialize_on_close
+        #: whether this reader's named views read the ``mat_*`` tables (set by a read-only open)
+        self.materialized = False
         if format not in FORMATS:
             raise ValueError(f"event log format {format!r}: this version writes {', '.join(FORMATS)}")
         self.path = os.fspath(path)
@@ -158,8 +163,9 @@ class DuckDbEventLog:
                 self.format = self._read_format()
                 create_views(self.con, temp=True, events_sql=self._events_sql(), stored=self._stored_sql())
                 self._applied = self._read_applied()
-                if self._materialized_current():
-                    use_materialized(self.con)
+                if use_materialized and self._materialized_current():
+                    use_materialized_views(self.con)
+                    self.materialized = True
             except (duckdb.Error, ValueError) as exc:  # a truncated or corrupt file fails on its first read
                 self.con.close()
                 raise EventLogError(f"{self.path} is not a readable event log: {_first_line(exc)}") from exc
@@ -559,15 +565,16 @@ def _columns(rows: Sequence[Row]) -> dict[str, np.ndarray]:
             "payload": payload}
 
 
-def open_sources(sources: Sequence[str]):
+def open_sources(sources: Sequence[str], materialized: bool = True):
     """A read-only, sandboxed query session over several recorded sources: DuckDB event logs
     (``*.duckdb``) and Parquet files or globs written by :meth:`DuckDbEventLog.export_parquet`.
     ``events`` is their union (they must not overlap in ``seq``) and every view is defined
     over it. One DuckDB file alone is opened directly (its own views). The session cannot read
     or write other files, attach databases, load extensions or change its settings
-    (:mod:`services.adapters.eventlog.sandbox`)."""
+    (:mod:`services.adapters.eventlog.sandbox`). ``materialized=False``: one DuckDB file computes
+    its named views from the events even where its ``mat_*`` tables are current."""
     if len(sources) == 1 and not _is_parquet(sources[0]):
-        return DuckDbEventLog(sources[0], sandbox=True).con
+        return DuckDbEventLog(sources[0], sandbox=True, use_materialized=materialized).con
     db_files: list[str] = []
     parquet: list[list[str]] = []
     for src in sources:

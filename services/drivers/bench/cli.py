@@ -197,7 +197,19 @@ def _register_gateway(bench) -> None:
 def _bench_sql(args: argparse.Namespace) -> int:
     from services.drivers.bench import sql as sql_bench  # lazy: duckdb
 
-    result = sql_bench.run([args.log, *args.more], repeats=args.repeats, bound=not args.no_bound)
+    if args.case:
+        try:
+            result = sql_bench.run_case(args.case, args.log, repeats=args.repeats, bound=not args.no_bound)
+        except sql_bench.CaseError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    elif args.log is None:
+        print("error: name a log (evolving bench sql RUN.duckdb) or a case (--case "
+              f"{'|'.join(sql_bench.CASES)})", file=sys.stderr)
+        return 2
+    else:
+        result = sql_bench.run([args.log, *args.more], repeats=args.repeats, bound=not args.no_bound,
+                               computed=args.computed)
     print(json.dumps(result, indent=2) if args.json else sql_bench.format_report(result))
     return 0
 
@@ -205,8 +217,15 @@ def _bench_sql(args: argparse.Namespace) -> int:
 def _register_sql(bench) -> None:
     p = bench.add_parser("sql", help="the documented SQL over a recorded log: time through the views vs the "
                                      "same query on plain tables (docs/recorder.md)")
-    p.add_argument("log", help="an event log (.duckdb) or Parquet roll")
+    p.add_argument("log", nargs="?", help="an event log (.duckdb) or Parquet roll (with --case: where that "
+                                          "case's log is, instead of its own place)")
     p.add_argument("more", nargs="*", help="more logs, queried as one (as `evolving sql`)")
+    p.add_argument("--case", choices=["demo", "hour-96"],
+                   help="a named log with its target per query: demo (runs/demo/evolving.duckdb, <= 1 s), hour-96 "
+                        "(an hour of 96 simulated nodes, written to runs/bench-sql/ when missing, <= 10 s); "
+                        "times both paths of the named views")
+    p.add_argument("--computed", action="store_true",
+                   help="also time the named views computed from the events (a log whose mat_* tables are stale)")
     p.add_argument("--repeats", type=int, default=3, help="runs of each query; the median is reported")
     p.add_argument("--no-bound", action="store_true", help="skip the plain-table bound (faster)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")

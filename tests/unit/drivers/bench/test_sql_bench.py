@@ -64,3 +64,44 @@ def test_sql_into_a_pipe_that_closes_ends_without_a_traceback(log_path, fmt):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 0, err
     assert "Traceback" not in err and "BrokenPipe" not in err
+
+
+def test_the_computed_path_is_timed_and_answers_what_the_tables_answer(log_path):
+    result = sql_bench.run([log_path], repeats=1, bound=False, computed=True)
+    assert result["answered_from"] == "materialized"  # the writer's close stored them
+    assert all(q["computed_s"] > 0 for q in result["queries"])
+    assert result["max_computed_s"] == max(q["computed_s"] for q in result["queries"])
+    mat, comp = open_sources([log_path]), open_sources([log_path], materialized=False)
+    try:
+        assert (sql_bench.answered_from(mat), sql_bench.answered_from(comp)) == ("materialized", "computed")
+        for q in result["queries"]:
+            assert sorted(map(repr, mat.sql(q["sql"]).fetchall())) == sorted(map(repr, comp.sql(q["sql"]).fetchall()))
+    finally:
+        mat.close()
+        comp.close()
+
+
+def test_a_case_writes_its_log_once_stores_stale_tables_again_and_reports_its_target(tmp_path, monkeypatch):
+    log = str(tmp_path / "cases" / "tiny.duckdb")
+    make = ("replay", "--nodes", "2", "--agents", "2", "--warmup", "10s", "--duration", "20s", "--no-progress",
+            "--out", "{log}")
+    monkeypatch.setitem(sql_bench.CASES, "tiny", sql_bench.Case(log, make, "a tiny run", 60.0))
+    first = sql_bench.run_case("tiny", repeats=1, bound=False)
+    assert first["made_s"] > 0 and first["materialized_s"] is None and first["answered_from"] == "materialized"
+    assert first["met"] and first["events"] > 0 and "computed_s" in first["queries"][0]
+    DuckDbEventLog(log, materialize_on_close=False).close()  # a writable open: the tables are stale now
+    monkeypatch.setitem(sql_bench.CASES, "tiny", sql_bench.Case(log, make, "a tiny run", 0.0))
+    again = sql_bench.run_case("tiny", repeats=1, bound=False)
+    assert again["made_s"] is None and again["materialized_s"] > 0 and again["answered_from"] == "materialized"
+    assert not again["met"] and again["events"] == first["events"]
+    assert "case tiny: target <= 0 s per query: NOT met" in sql_bench.format_report(again)
+
+
+def test_a_case_whose_log_cannot_be_made_here_says_how_and_the_cli_lists_the_cases(tmp_path):
+    with pytest.raises(sql_bench.CaseError, match="scripts/demo.sh"):
+        sql_bench.run_case("demo", str(tmp_path / "none.duckdb"))
+    cmd = [sys.executable, "-m", "services.drivers.cli", "bench", "sql", "--case", "demo", str(tmp_path / "none.duckdb")]
+    out = subprocess.run(cmd, check=False, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "scripts/demo.sh" in out.stderr and "Traceback" not in out.stderr
+    out = subprocess.run(cmd[:5] + ["--help"], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
+    assert all(name in out.stdout for name in sql_bench.CASES)
