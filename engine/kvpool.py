@@ -46,8 +46,9 @@ EVICT_BATCH = 0.02
 _RUN_MEMO = 4096
 
 #: ``choose(tier, tokens_to_free, pinned) -> blocks in eviction order`` (the directory's policy).
-#: ``pinned`` is a read-only set view of the pool's pinned blocks (``also_pinned`` included),
-#: valid during the call: a chooser that keeps it must copy it (``frozenset(pinned)``).
+#: ``pinned`` is a read-only set view of the pool's pinned blocks, valid during the call: a
+#: chooser that keeps it must copy it (``frozenset(pinned)``). A call's ``also_pinned`` is not
+#: in it: the pool leaves those blocks out of the answer itself (:meth:`KvPool._without`).
 Chooser = Callable[[Tier, int, AbstractSet], list]
 
 
@@ -177,21 +178,31 @@ class KvPool:
             return True
         want = max(over, int(cap * self.evict_batch))
         counts = self._pin_n
-        # ``also_pinned`` not pinned already: counted for this call only
-        extra = _kvscan.missing_after(also_pinned, 0, counts) if also_pinned else ()
-        if extra:
-            counts.add(extra)
-        try:
-            chosen = self._choose(tier, want * self.bt, counts)
-            victims = _kvscan.held_unpinned(chosen, store, counts)  # held and not pinned, in order
-        finally:
-            if extra:
-                counts.remove(extra)
+        chosen = self._choose(tier, want * self.bt, counts)
+        if also_pinned and chosen:
+            chosen = self._without(tier, want, chosen, also_pinned)
+        victims = _kvscan.held_unpinned(chosen, store, counts)  # held and not pinned, in order
         if victims:
             store.difference_update(victims)
             self._removed(store)
             self._emit(KvEvicted(ts=self._now(), src=self.node, node=self.node, tier=tier, blocks=victims))
         return len(store) + used_extra + need_blocks <= cap
+
+    def _without(self, tier: Tier, want: int, chosen: list, also_pinned: Sequence[BlockHash]) -> list:
+        """The policy's first ``want`` blocks with ``also_pinned`` (pinned for this call only)
+        left out, given ``chosen``, its first ``want`` with them in (as many: ``want``, or fewer
+        when the tier has fewer unpinned blocks): the same order
+        less those blocks. Usually none of them is among ``chosen`` (a request's own prompt was
+        just used, so it comes late in an LRU order), and ``chosen`` is the answer; otherwise
+        the policy is asked for as many more as there are such blocks and they are dropped.
+        (Counting them into the pins and taking them back instead logged a release of every
+        one per call, which the directory's next eviction order re-read: 5-8% of a
+        calibration-session run, docs/simulator.md §8.)"""
+        if not _kvscan.held_unpinned(also_pinned, set(chosen), ()):  # none of also_pinned is among them
+            return chosen
+        extra = set(also_pinned)
+        more = self._choose(tier, (want + len(extra)) * self.bt, self._pin_n)
+        return [b for b in more if b not in extra][:len(chosen)]
 
     def store(self, tier: Tier, blocks: Sequence[BlockHash], pinned: Sequence[BlockHash] = (),
               request: RequestId | None = None) -> list[BlockHash]:

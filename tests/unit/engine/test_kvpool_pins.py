@@ -1,7 +1,8 @@
 """The pool's pins are counted as they change: after any sequence of pins and unpins,
 re-pins of the same owner with other lists included, the pinned blocks are exactly the union of
 the owners' current lists (what ``pinned()`` rebuilt per eviction before), an eviction sees them
-(and ``also_pinned``) as pinned, and ``also_pinned`` counts for that call only."""
+as pinned, evicts none of them nor of ``also_pinned``, and ``also_pinned`` counts for that call
+only (it is never counted into the pins: the pool drops it from the chooser's answer)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def test_pinned_is_the_union_of_the_owners_lists(ops):
         seen.append(frozenset(pinned))
         return sorted(pool.l1)
 
-    pool = KvPool("n", 1, 8, 8, choose=choose, emit=lambda e: None, now=lambda: 0.0)
+    evicted = []
+    pool = KvPool("n", 1, 8, 8, choose=choose, emit=lambda e: evicted.extend(e.blocks), now=lambda: 0.0)
     owners: dict[int, list[int]] = {}
     for op, owner, blocks in ops:
         if op == "pin":
@@ -37,8 +39,11 @@ def test_pinned_is_the_union_of_the_owners_lists(ops):
         else:
             pool.add("L1", range(100, 108))
             want = set().union(*owners.values())
+            evicted.clear()
             pool.make_room("L1", 1, also_pinned=blocks)
-            assert seen[-1] == frozenset(want | set(blocks))  # the chooser saw both
+            assert seen[-1] == frozenset(want)  # the chooser saw the owners' pins
+            assert not set(evicted) & (want | set(blocks))  # neither those nor the call's were evicted
+            assert set(evicted) == set(range(100, 108)) - want - set(blocks)  # the chooser's order, less them
         want = frozenset(set().union(*owners.values()))
         assert pool.pinned() == want  # also_pinned is gone again
         assert all(pool.is_pinned(b) for b in want)
@@ -69,3 +74,26 @@ def test_block_counts_is_a_multiset_of_uint64_hashes():
     with pytest.raises(KeyError):
         c.remove([7])
     assert sorted(c) == [5]  # checked first: nothing changed
+
+
+@settings(max_examples=200, deadline=None)
+@given(order=st.permutations(list(range(100, 116))), pinned=st.sets(st.integers(100, 115), max_size=6),
+       also=st.lists(st.integers(100, 120), max_size=10), need=st.integers(1, 16))
+def test_also_pinned_gives_the_policys_first_blocks_without_them(order, pinned, also, need):
+    """A policy answers the first blocks of its order that are not pinned. The pool asks it
+    without ``also_pinned`` and drops those blocks itself: the victims are those the policy
+    gives when ``also_pinned`` is pinned too, in its order."""
+
+    def choose(tier, tokens, pins):
+        return [b for b in order if b not in pins][:tokens]
+
+    evicted = []
+    pool = KvPool("n", 1, 16, 16, choose=choose, emit=lambda e: evicted.extend(e.blocks), now=lambda: 0.0,
+                  evict_batch=0.0)
+    pool.add("L1", order)
+    pool.pin("owner", sorted(pinned))
+    fits = pool.make_room("L1", need, also_pinned=also)
+    expected = choose("L1", need, pinned | set(also))
+    assert evicted == expected
+    assert fits == (len(expected) >= need)
+    assert pool.pinned() == frozenset(pinned)
