@@ -19,7 +19,7 @@ from engine.profiles import load_profile
 from engine.worker.loop import EngineWorker
 from events.catalog import ContextCompacted, RequestSubmitted, RouteDecided
 from services.adapters.bus import InMemoryBus, NatsBus
-from services.adapters.bus.tokens import MemoryTokens, NatsTokens
+from services.adapters.bus.tokens import MemoryTokens, NatsTokens, sim_text
 from services.drivers.gateway.app import Gateway, GatewayConfig
 from tests.integration.test_gateway_app import gateway
 
@@ -97,7 +97,7 @@ async def test_anthropic_client_multi_turn_tool_use_streaming_and_not(served):
         first = await stream.get_final_message()
     assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
     assert {"content_block_start", "content_block_delta", "content_block_stop", "message_delta"} <= set(kinds)
-    assert [b.type for b in first.content] == ["text"] and first.content[0].text == "tok " * 6
+    assert [b.type for b in first.content] == ["text"] and first.content[0].text == sim_text(6)
     assert first.stop_reason == "max_tokens" and first.usage.output_tokens == 6
     assert first.usage.cache_read_input_tokens == 0  # nothing seen before
     counted = await client.messages.count_tokens(model=MODEL, system=system, tools=TOOLS, messages=history)
@@ -112,7 +112,7 @@ async def test_anthropic_client_multi_turn_tool_use_streaming_and_not(served):
     # turn 2, non-streaming
     second = await client.messages.create(model=MODEL, max_tokens=4, system=system, tools=TOOLS,
                                           messages=history, extra_headers=branch, extra_body=FULL)
-    assert second.content[0].text == "tok " * 4 and second.stop_reason == "max_tokens"
+    assert second.content[0].text == sim_text(4) and second.stop_reason == "max_tokens"
     u = second.usage
     total_in = u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens
     counted2 = await client.messages.count_tokens(model=MODEL, system=system, tools=TOOLS, messages=history)
@@ -131,7 +131,7 @@ async def test_anthropic_client_multi_turn_tool_use_streaming_and_not(served):
     assert kinds[-3:] == ["content_block_stop", "message_delta", "message_stop"]
     assert set(kinds[2:-3]) == {"content_block_delta"}
     text = "".join(e.delta.text for e in events if e.type == "content_block_delta")
-    assert text == "tok " * 3
+    assert text == sim_text(3)
     delta = next(e for e in events if e.type == "message_delta")
     assert delta.delta.stop_reason == "max_tokens" and delta.usage.output_tokens == 3
 
@@ -253,7 +253,7 @@ async def test_openai_client_chat_with_tools_multi_turn_streaming(served):
         return text, usage
 
     text, usage = turn1 = await turn(5)
-    assert text == "tok " * 5 and usage.completion_tokens == 5
+    assert text == sim_text(5) and usage.completion_tokens == 5
     # the same conversation through the Messages API renders to the same prompt
     counted = await anthropic.AsyncAnthropic(base_url=url, api_key=KEY, max_retries=0).messages.count_tokens(
         model=MODEL, system=messages[0]["content"], tools=TOOLS, messages=messages[1:])
@@ -264,7 +264,7 @@ async def test_openai_client_chat_with_tools_multi_turn_streaming(served):
                                   "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]},
                  {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"}]
     text2, usage2 = await turn(3)
-    assert text2 == "tok " * 3 and usage2.prompt_tokens > usage.prompt_tokens
+    assert text2 == sim_text(3) and usage2.prompt_tokens > usage.prompt_tokens
     evs = await _stream_events(bus)
     subs = [e for e in evs if isinstance(e, RequestSubmitted)]
     assert [s.branch for s in subs] == ["codex/main"] * 2

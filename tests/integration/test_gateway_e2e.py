@@ -15,7 +15,7 @@ from engine.profiles import load_profile
 from engine.worker.loop import EngineWorker
 from events.catalog import BranchEnded, RequestFinished, RequestSubmitted, RouteDecided
 from services.adapters.bus import NatsBus
-from services.adapters.bus.tokens import NatsTokens
+from services.adapters.bus.tokens import NatsTokens, sim_text
 from services.drivers.gateway.app import Gateway, GatewayConfig
 
 
@@ -44,13 +44,13 @@ async def test_http_to_sim_engine_and_back(nats_url, partition):
             data = [ln[6:] for ln in (await r.text()).splitlines() if ln.startswith("data: ")]
             assert data[-1] == "[DONE]"
             text = "".join(json.loads(x)["choices"][0]["delta"].get("content", "") for x in data[:-1])
-            assert text == "tok " * 12
+            assert text == sim_text(12)
             r = await client.post("/v1/completions", json={"prompt": "z" * 100, "max_tokens": 5, "ignore_eos": True},
                                   headers={"x-branch-id": "e2e", "x-branch-end": "true",
                                            "x-context-compacted": "true"})
             assert r.status == 200
             out = await r.json()
-            assert out["choices"][0]["text"] == "tok " * 5 and out["usage"]["completion_tokens"] == 5
+            assert out["choices"][0]["text"] == sim_text(5) and out["usage"]["completion_tokens"] == 5
             assert out["evolving"]["version"] == 1 and out["evolving"]["prefill_node"] == "n1"
         head = await r_bus.last_seq()
         evs = []

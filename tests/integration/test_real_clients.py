@@ -46,6 +46,7 @@ import pytest
 
 from engine.model_files import smollm2_gguf
 from events.catalog import BranchEnded, BranchOpened, ContextCompacted, RequestFinished, RequestSubmitted
+from events.wire import sim_text
 from services.adapters.bus import NatsBus
 from services.cores.directory.core import DirectoryCore
 from services.drivers.gateway.model import AUTO, load_model
@@ -333,7 +334,7 @@ def test_codex_finishes_a_turn_as_one_agent(sim_up, nats_url, tmp_path):
     with LoggingProxy(url) as proxy:
         p = codex(proxy.url, "say hi", tmp_path)
     assert p.returncode == 0, _out(p)
-    assert "tok" in p.stdout  # the sim's answer is the turn's final message
+    assert sim_text(3) in p.stdout  # the sim's answer is the turn's final message
     records = proxy.snapshot()
     first = _generation(records)[0]
     assert first.path == "/v1/responses" and first.json["stream"] is True and first.json["store"] is False
@@ -396,7 +397,7 @@ def test_opencode_finishes_a_turn_as_one_agent(sim_up, nats_url, tmp_path):
     with LoggingProxy(url) as proxy:
         p = opencode(proxy.url, "say hi", tmp_path)
     assert p.returncode == 0, _out(p)
-    assert "tok" in p.stdout
+    assert sim_text(3) in p.stdout
     records = proxy.snapshot()
     gen = _generation(records)
     # its title request (no tools) and the agent's turn (its tools), both under its session id
