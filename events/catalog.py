@@ -397,6 +397,12 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     predicted_ttft_p95_s: float = 0.0
     passed: bool = False
     veto: str = ""
+    # Appended (schema 1.6, issue 41 part 1), UNSET unless a backlog was measured (``Backlog``):
+    # the P95 TTFT the decision used, the prediction's or the measured backlog's wait plus the
+    # predicted prefill latency, whichever is larger; and the throughput with the queued requests
+    # counted in the decode population (deferred decode work; the SLO escape's tolerance)
+    measured_ttft_p95_s: float | msgspec.UnsetType = msgspec.UNSET
+    throughput_with_queue: float | msgspec.UnsetType = msgspec.UNSET
 
 
 class ShiftTest(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -413,10 +419,38 @@ class ShiftTest(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     n_older: int
 
 
+class Backlog(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """The prefill backlog a planner decision measured over its last ``n_slices`` slices (issue
+    41 part 1), every one with a queue: the mean ``queue`` (requests waiting for prefill) and the
+    last slice's ``last_queue`` (the backlog a request arriving now waits behind), the
+    ``arrivals_rps`` and Little's mean ``wait_s = queue / arrivals_rps``; ``served_rps``
+    prefilled, ``node_rps`` per busy prefill node, ``growth_rps`` of the queue and the
+    ``demand_rps`` they imply; ``wait_p95_s``: the P95 prefill-queue wait of the requests whose
+    prefill started in the slices, ``spread`` its ratio to their mean wait (at least 1);
+    ``need_prefill``: the fewest prefill nodes whose measured capacity serves the demand and
+    drains the backlog within ``horizon_s``, its P95 wait within ``horizon_s`` too."""
+
+    queue: float
+    last_queue: float
+    arrivals_rps: float
+    wait_s: float
+    served_rps: float
+    node_rps: float
+    growth_rps: float
+    demand_rps: float
+    wait_p95_s: float = 0.0
+    spread: float = 1.0
+    horizon_s: float
+    need_prefill: int
+    n_slices: int
+
+
 class PlanEvaluated(Event, frozen=True, kw_only=True, gc=False):
     """The planner compared candidate splits at the end of a window, or (``shift`` set) at a
     slice end where the mix had shifted (``window_start``/``window_end`` then span the recent
-    slices the candidates were evaluated over)."""
+    slices the candidates were evaluated over). ``backlog`` (set when a prefill queue waited
+    in each of the last slices) is the measured backlog the decision read beside the
+    predictions."""
 
     window_start: float
     window_end: float
@@ -428,6 +462,9 @@ class PlanEvaluated(Event, frozen=True, kw_only=True, gc=False):
     # Appended (schema 1.5, issue 41 part 1), UNSET on window-end decisions, so their payload is
     # byte-identical to 1.4: the change-point test of a decision taken on the shift path
     shift: ShiftTest | msgspec.UnsetType = msgspec.UNSET
+    # Appended (schema 1.6, issue 41 part 1), UNSET when no backlog was measured (no sustained
+    # prefill queue), so such payloads are byte-identical to 1.5
+    backlog: Backlog | msgspec.UnsetType = msgspec.UNSET
 
 
 class RoleSwitchOrdered(Event, frozen=True, kw_only=True, gc=False):

@@ -143,8 +143,9 @@ class PlannerState(msgspec.Struct, kw_only=True):
     extra: dict[str, float] = {}  # planner-specific scalars
     # branch -> ts of its last RequestSubmitted (the agents' cycle time; pruned at window ends)
     last_submit: dict[str, float] = {}
-    # request -> [slice index, t_uc, t_c] of its acting route, until its prefill starts: the
-    # slice's work is then corrected to what the engine found cached (SliceStats.on_started)
+    # request -> [slice index, t_uc, t_c, route ts in ms] of its acting route, until its prefill
+    # starts: the slice's work is then corrected to what the engine found cached
+    # (SliceStats.on_started) and the start's slice counts the wait (SliceStats.on_wait)
     routed_work: dict[str, list[int]] = {}
 
 
@@ -243,7 +244,8 @@ class PlannerBase:
         if not ev.shadow and not ev.reroute:
             k = math.floor(ev.ts / self.cfg.slice_s)
             self._slice(ev.ts).on_route(ev.t_uc, ev.t_c)
-            self.st.routed_work[ev.request] = [k, int(ev.t_uc), int(ev.t_c)]
+            # the route's time in ms: the request's prefill-queue wait when its prefill starts
+            self.st.routed_work[ev.request] = [k, int(ev.t_uc), int(ev.t_c), math.floor(ev.ts * 1000.0)]
 
     def _fold_started(self, ev: RequestStarted) -> None:
         if ev.phase != "prefill":
@@ -251,7 +253,9 @@ class PlannerBase:
         w = self.st.routed_work.pop(ev.request, None)
         if w is None:
             return
-        k, t_uc, t_c = w
+        k, t_uc, t_c = w[:3]
+        if len(w) > 3:  # (a snapshot taken before issue 41 kept no route time)
+            self._slice(ev.ts).on_wait(ev.ts - w[3] / 1000.0)
         s = self.st.slices.get(k)  # gone once its window closed: the route's figures were used
         if s is not None:
             prompt = t_uc + t_c

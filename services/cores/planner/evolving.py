@@ -31,6 +31,15 @@ prefill queue. When one has shifted, the ``shift`` path decides as the gated one
 > 2 SE, SLO guard, TTFT objective, SLO escape, cooldown) over the recent slices alone, and the
 ``PlanEvaluated`` carries the test (``shift``). No shift: nothing is emitted.
 
+The measured backlog (issue 41 part 1, ``measured_backlog``, on by default; ``backlog.py``): on
+the gated and the shift paths, when a prefill queue waited in each of the last ``shift_slices``
+slices, the SLO guard, the TTFT objective and the SLO escape read, per candidate, the larger of
+the predicted P95 TTFT and the one the measured backlog implies; the escape's throughput
+tolerance counts the queued requests in the decode population, and it moves at once to at
+least the prefill count that drains the backlog within ``slo_ttft_p95_s`` (when one qualifies)
+instead of one node per decision. The 2-SE rule of the gated path and the cooldown are
+unchanged; ``PlanEvaluated.backlog`` carries the measurement.
+
 Beyond the paper (both on by default, both off = the paper exactly):
 
 - ``slo_guard``: a passing candidate is vetoed when its predicted P95 prefill-queue wait or P95
@@ -42,13 +51,16 @@ Beyond the paper (both on by default, both off = the paper exactly):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
+import msgspec
 import numpy as np
 
 import services.cores.numerics as nm
-from events.catalog import Candidate, Event, PlanEvaluated, ShiftTest, Split
+import services.cores.planner.backlog as bl
+from events.catalog import Backlog, Candidate, Event, PlanEvaluated, ShiftTest, Split
 from services.cores.planner.base import (
     GATED,
     INITIAL,
@@ -78,6 +90,11 @@ class EvolvingConfig(BaseConfig, kw_only=True, forbid_unknown_fields=True):
     # ends; the recent part of the sliding window is the last ``shift_slices`` slices
     shift_path: bool = True
     shift_slices: int = 3
+    # the measured backlog (issue 41 part 1, backlog.py): over the last ``shift_slices`` slices,
+    # when a prefill queue waited in each, the SLO guard, the TTFT objective and the SLO escape
+    # read the measured wait beside the predicted one, and the escape moves at least to the
+    # prefill count that drains the backlog within ``slo_ttft_p95_s``
+    measured_backlog: bool = True
 
 
 class Evaluation:
@@ -92,14 +109,25 @@ class Evaluation:
         wait95: np.ndarray,
         ttft95: np.ndarray,
         n_slices: int,
+        backlog: Backlog | None = None,
+        measured_ttft95: np.ndarray | None = None,
+        theta_backlog: np.ndarray | None = None,
     ) -> None:
         self.P = P_values
         self.theta_mean = theta_mean
         self.gain = gain
         self.se = se
         self.wait95 = wait95
+        # the model's prediction; the decision reads ``ttft`` (with a measured backlog: the
+        # larger of it and the backlog's wait plus the predicted latency)
         self.ttft95 = ttft95
         self.n_slices = n_slices
+        self.backlog = backlog
+        self.measured_ttft95 = measured_ttft95
+        self.ttft = ttft95 if measured_ttft95 is None else measured_ttft95
+        # throughput with the queued requests counted in the decode population (they are
+        # deferred decode work in a closed loop); the escape's tolerance reads it
+        self.theta_backlog = theta_mean if theta_backlog is None else theta_backlog
 
 
 class EvolvingPlanner(PlannerBase):
@@ -164,7 +192,12 @@ class EvolvingPlanner(PlannerBase):
         return P if 1 <= P < len(st.nodes) else None
 
     def evaluate(
-        self, seq: list[str], works: list[Work], current_P: int | None, serving_P: int | None = None
+        self,
+        seq: list[str],
+        works: list[Work],
+        current_P: int | None,
+        serving_P: int | None = None,
+        backlog: Backlog | None = None,
     ) -> Evaluation:
         arrays = self.node_arrays(seq)
         w = WorkArrays.of(works)
@@ -182,7 +215,27 @@ class EvolvingPlanner(PlannerBase):
             se = np.zeros(N - 1)
         # queueing prediction at the window's request-weighted work and mean arrival rate
         wait95, ttft95 = queue_prediction(arrays, w, self.cfg.window_s, serving_P)
-        return Evaluation(P_values, theta_mean, gain, se, wait95, ttft95, n)
+        if backlog is None:
+            return Evaluation(P_values, theta_mean, gain, se, wait95, ttft95, n)
+        # the measured backlog beside the prediction: the P95 wait it implies at each candidate
+        # (the current split, when it is the split served: at least the P95 wait measured),
+        # plus the predicted prefill latency; the larger of that and the prediction decides
+        waits = np.array([bl.fluid_wait_s(backlog, int(P)) for P in P_values])
+        if current_P is not None and serving_P == current_P and 1 <= current_P <= N - 1:
+            waits[current_P - 1] = max(waits[current_P - 1], backlog.wait_p95_s)
+        measured = np.maximum(ttft95, waits + (ttft95 - wait95))
+        deferred = WorkArrays.of([dataclasses.replace(x, q=x.q + x.prefill_queue) for x in works])
+        th_b, _, _ = theta(arrays, deferred)
+        return Evaluation(
+            P_values, theta_mean, gain, se, wait95, ttft95, n, backlog, measured, th_b.mean(axis=1)
+        )
+
+    def measure_backlog(self, slices: list[SliceStats]) -> Backlog | None:
+        """The backlog of the recent ``slices`` (``backlog.measure``), when configured."""
+        cfg = self.cfg
+        if not cfg.measured_backlog:
+            return None
+        return bl.measure(slices, cfg.slice_s, cfg.slo_ttft_p95_s, len(self.st.nodes))
 
     def _veto(self, ev: Evaluation, i: int, cur: int | None) -> str:
         cfg = self.cfg
@@ -191,13 +244,14 @@ class EvolvingPlanner(PlannerBase):
         # against the current split (a split already breaking the SLO may be improved on);
         # with no current split (warm-up end) against the SLO alone
         cur_wait = ev.wait95[cur] if cur is not None else -math.inf
-        cur_ttft = ev.ttft95[cur] if cur is not None else -math.inf
+        cur_ttft = ev.ttft[cur] if cur is not None else -math.inf
         if ev.wait95[i] > cfg.slo_prefill_queue_p95_s and ev.wait95[i] > cur_wait:
             return (
                 f"slo: predicted prefill queue p95 {ev.wait95[i]:.1f} s > {cfg.slo_prefill_queue_p95_s:g} s"
             )
-        if ev.ttft95[i] > cfg.slo_ttft_p95_s and ev.ttft95[i] > cur_ttft:
-            return f"slo: predicted ttft p95 {ev.ttft95[i]:.1f} s > {cfg.slo_ttft_p95_s:g} s"
+        if ev.ttft[i] > cfg.slo_ttft_p95_s and ev.ttft[i] > cur_ttft:
+            what = "predicted" if ev.measured_ttft95 is None else "predicted/measured"
+            return f"slo: {what} ttft p95 {ev.ttft[i]:.1f} s > {cfg.slo_ttft_p95_s:g} s"
         return ""
 
     def decide(
@@ -216,7 +270,7 @@ class EvolvingPlanner(PlannerBase):
         cands, eligible, passed_any = self._candidates(ev, cur, allowed)
         if cur is None and not eligible:  # every split breaks the SLO: take the least bad TTFT
             pool = [i for i in range(len(ev.P)) if _within(int(ev.P[i]), allowed)]
-            i = min(pool, key=lambda i: (ev.ttft95[i], -ev.theta_mean[i], i))
+            i = min(pool, key=lambda i: (ev.ttft[i], -ev.theta_mean[i], i))
             return int(ev.P[i]), cands, f"{label}: every split breaks the SLO, lowest predicted ttft p95"
         if not eligible:
             why = "vetoed by the SLO guard" if passed_any else "no candidate's mean gain exceeds 2 SE"
@@ -237,32 +291,49 @@ class EvolvingPlanner(PlannerBase):
         return self._ttft_objective(ev, eligible, cur, best, cands, reason)
 
     def _slo_escape(self, ev: Evaluation, cur: int | None, allowed: tuple[int, int] | None) -> int | None:
-        """With the TTFT objective on and the current split's predicted P95 TTFT above
-        ``slo_ttft_p95_s``: the candidate whose predicted throughput is within
-        ``throughput_tolerance`` of the current split's and whose predicted P95 TTFT meets the
-        SLO (the highest throughput among them), else the one with the lowest predicted P95
+        """With the TTFT objective on and the current split's P95 TTFT (predicted, or measured
+        when a backlog was: ``Evaluation.ttft``) above ``slo_ttft_p95_s``: the candidate whose
+        throughput is within ``throughput_tolerance`` of the current split's and whose P95 TTFT
+        meets the SLO (the highest throughput among them), else the one with the lowest P95
         TTFT, if it beats the current split's by ``ttft_min_improvement_s``; ``None`` otherwise.
         The 2-SE test asks for certainty of a throughput gain; a split breaking the SLO needs
-        none to be left for one that meets it at the same throughput (issue 12 part 9)."""
+        none to be left for one that meets it at the same throughput (issue 12 part 9).
+
+        With a measured backlog (issue 41 part 1) the throughput is the one with the queued
+        requests counted in decode (``theta_backlog``), and when the backlog needs more prefill
+        nodes than the current split has (``Backlog.need_prefill``) only candidates with at
+        least that many are taken, if any qualifies: one move sized to drain it, not one node
+        per decision."""
         cfg = self.cfg
-        if not cfg.ttft_objective or cur is None or ev.ttft95[cur] <= cfg.slo_ttft_p95_s:
+        if not cfg.ttft_objective or cur is None or ev.ttft[cur] <= cfg.slo_ttft_p95_s:
             return None
-        floor = (1.0 - cfg.throughput_tolerance) * ev.theta_mean[cur]
+        theta = ev.theta_backlog
+        floor = (1.0 - cfg.throughput_tolerance) * theta[cur]
         pool = [
             i for i in range(len(ev.P))
-            if i != cur and _within(int(ev.P[i]), allowed) and ev.theta_mean[i] >= floor
-            and ev.ttft95[i] <= ev.ttft95[cur] - cfg.ttft_min_improvement_s
+            if i != cur and _within(int(ev.P[i]), allowed) and theta[i] >= floor
+            and ev.ttft[i] <= ev.ttft[cur] - cfg.ttft_min_improvement_s
         ]
-        meets = [i for i in pool if ev.ttft95[i] <= cfg.slo_ttft_p95_s]
+        b = ev.backlog
+        if b is not None and b.need_prefill > ev.P[cur]:
+            pool = [i for i in pool if ev.P[i] >= b.need_prefill] or pool
+        meets = [i for i in pool if ev.ttft[i] <= cfg.slo_ttft_p95_s]
         if meets:
-            return max(meets, key=lambda i: (ev.theta_mean[i], -ev.ttft95[i], -abs(i - cur)))
-        return min(pool, key=lambda i: (ev.ttft95[i], -ev.theta_mean[i])) if pool else None
+            return max(meets, key=lambda i: (theta[i], -ev.ttft[i], -abs(i - cur)))
+        return min(pool, key=lambda i: (ev.ttft[i], -theta[i])) if pool else None
 
     def _escape_why(self, ev: Evaluation, cur: int, i: int) -> str:
+        if ev.backlog is None:
+            return (
+                f"current split's predicted ttft p95 {ev.ttft95[cur]:.1f} s > {self.cfg.slo_ttft_p95_s:g} s; "
+                f"{ev.P[i]}P predicts {ev.ttft95[i]:.1f} s at {ev.theta_mean[i]:.3f} req/s "
+                f"(current {ev.theta_mean[cur]:.3f}, tolerance {self.cfg.throughput_tolerance:.0%})"
+            )
         return (
-            f"current split's predicted ttft p95 {ev.ttft95[cur]:.1f} s > {self.cfg.slo_ttft_p95_s:g} s; "
-            f"{ev.P[i]}P predicts {ev.ttft95[i]:.1f} s at {ev.theta_mean[i]:.3f} req/s "
-            f"(current {ev.theta_mean[cur]:.3f}, tolerance {self.cfg.throughput_tolerance:.0%})"
+            f"current split's ttft p95 {ev.ttft[cur]:.1f} s (predicted {ev.ttft95[cur]:.1f} s) > "
+            f"{self.cfg.slo_ttft_p95_s:g} s; {bl.why(ev.backlog)}; {ev.P[i]}P: {ev.ttft[i]:.1f} s "
+            f"(predicted {ev.ttft95[i]:.1f} s) at {ev.theta_backlog[i]:.3f} req/s with the queue in "
+            f"decode (current {ev.theta_backlog[cur]:.3f}, tolerance {self.cfg.throughput_tolerance:.0%})"
         )
 
     def _candidates(
@@ -289,6 +360,12 @@ class EvolvingPlanner(PlannerBase):
                     predicted_ttft_p95_s=_f(ev.ttft95[i]),
                     passed=passed and not veto,
                     veto=veto if reachable else "would move an assigned node",
+                    measured_ttft_p95_s=(
+                        msgspec.UNSET if ev.measured_ttft95 is None else _f(ev.measured_ttft95[i])
+                    ),
+                    throughput_with_queue=(
+                        msgspec.UNSET if ev.backlog is None else _f(ev.theta_backlog[i])
+                    ),
                 )
             )
         return cands, eligible, passed_any
@@ -309,8 +386,8 @@ class EvolvingPlanner(PlannerBase):
         pool = eligible + ([cur] if cur is not None else [])
         top = max(ev.theta_mean[i] for i in eligible)
         near = [i for i in pool if ev.theta_mean[i] >= (1.0 - cfg.throughput_tolerance) * top]
-        pick = min(near, key=lambda i: (ev.ttft95[i], -ev.gain[i], i))
-        if not (pick != best and ev.ttft95[pick] <= ev.ttft95[best] - cfg.ttft_min_improvement_s):
+        pick = min(near, key=lambda i: (ev.ttft[i], -ev.gain[i], i))
+        if not (pick != best and ev.ttft[pick] <= ev.ttft[best] - cfg.ttft_min_improvement_s):
             return int(ev.P[best]), cands, reason
         if pick == cur:
             return (
@@ -319,12 +396,12 @@ class EvolvingPlanner(PlannerBase):
                 (
                     f"ttft objective: current split within {cfg.throughput_tolerance:.0%} of "
                     f"the best throughput with lower predicted ttft p95 "
-                    f"({ev.ttft95[pick]:.2f} s vs {ev.ttft95[best]:.2f} s)"
+                    f"({ev.ttft[pick]:.2f} s vs {ev.ttft[best]:.2f} s)"
                 ),
             )
         reason += (
             f"; ttft objective: {ev.P[pick]}P within {cfg.throughput_tolerance:.0%} of the best "
-            f"throughput, predicted ttft p95 {ev.ttft95[pick]:.2f} s vs {ev.ttft95[best]:.2f} s"
+            f"throughput, predicted ttft p95 {ev.ttft[pick]:.2f} s vs {ev.ttft[best]:.2f} s"
         )
         return int(ev.P[pick]), cands, reason
 
@@ -436,8 +513,9 @@ class EvolvingPlanner(PlannerBase):
         if len(works) < 2:
             return [PlanEvaluated(**base, reason=f"insufficient data: {len(works)} non-empty slice(s)")]
         current = base["current"]
+        backlog = self.measure_backlog(self.window_slices(k_end)[-cfg.shift_slices:])
         ev = self.evaluate(
-            self.assignment_order(), works, current.prefill, self.serving_split(base["window_start"])
+            self.assignment_order(), works, current.prefill, self.serving_split(base["window_start"]), backlog
         )
         cooling = ""
         if st.last_switch_at is not None and ts - st.last_switch_at < cfg.cooldown_s:
@@ -445,7 +523,9 @@ class EvolvingPlanner(PlannerBase):
         P, cands, reason = self.decide(ev, current.prefill, cooling)
         N = len(st.nodes)
         chosen = Split(prefill=P, decode=N - P) if P is not None else None
-        out: list[Event] = [PlanEvaluated(**base, candidates=cands, chosen=chosen, reason=reason)]
+        out: list[Event] = [PlanEvaluated(
+            **base, candidates=cands, chosen=chosen, reason=reason, backlog=backlog or msgspec.UNSET
+        )]
         if P is not None:
             out += self.order(self.nodes_to_switch(P), ts, reason)
         return out
@@ -454,9 +534,9 @@ class EvolvingPlanner(PlannerBase):
     def slices_kept(self) -> int:
         return self.cfg.slices if self.cfg.shift_path else 0
 
-    def shift_test(self, k_now: int) -> tuple[ShiftTest | None, list[Work]]:
-        """(the strongest passing change-point test or None, the recent slices' works) over the
-        sliding window of ``slices`` slices ending at slice ``k_now``."""
+    def shift_test(self, k_now: int) -> tuple[ShiftTest | None, list[Work], list[SliceStats]]:
+        """(the strongest passing change-point test or None, the recent slices' works, the
+        recent slices) over the sliding window of ``slices`` slices ending at slice ``k_now``."""
         cfg = self.cfg
         # only slices after the warm-up end: collocated serving and the agents' first minutes
         # are no mix to compare with (at the demo's 5-min warm-up end they read as a shift)
@@ -466,7 +546,7 @@ class EvolvingPlanner(PlannerBase):
         cut = cfg.slices - cfg.shift_slices
         older, recent = self.works_of(slices[:cut]), self.works_of(slices[cut:])
         if len(older) < 2 or len(recent) < 2:
-            return None, recent
+            return None, recent, slices[cut:]
         cur = self.current_split().prefill - 1
         th, _, _ = theta(self.node_arrays(self.assignment_order()), WorkArrays.of(older + recent))
         gains = th - th[cur][None, :]
@@ -479,7 +559,7 @@ class EvolvingPlanner(PlannerBase):
         tests.append(change_point(
             "prefill queue", [w.prefill_queue for w in older], [w.prefill_queue for w in recent]
         ))
-        return strongest([t for t in tests if t is not None]), recent
+        return strongest([t for t in tests if t is not None]), recent, slices[cut:]
 
     def _on_slice(self, ts: float, k_now: int) -> list[Event]:
         """SHIFT: at a slice end between window ends, when the mix shifted (``shift_test``),
@@ -488,12 +568,13 @@ class EvolvingPlanner(PlannerBase):
         N = len(st.nodes)
         if not cfg.shift_path or N < 2 or self.guard() != GATED:
             return []
-        shift, recent = self.shift_test(k_now)
+        shift, recent, recent_slices = self.shift_test(k_now)
         if shift is None:
             return []
         current = self.current_split()
         start = (k_now - cfg.shift_slices) * cfg.slice_s
-        ev = self.evaluate(self.assignment_order(), recent, current.prefill, self.serving_split(start))
+        backlog = self.measure_backlog(recent_slices)
+        ev = self.evaluate(self.assignment_order(), recent, current.prefill, self.serving_split(start), backlog)
         cooling = ""
         if st.last_switch_at is not None and ts - st.last_switch_at < cfg.cooldown_s:
             cooling = f"cooldown: last switch {ts - st.last_switch_at:.0f} s ago < {cfg.cooldown_s:g} s"
@@ -503,6 +584,7 @@ class EvolvingPlanner(PlannerBase):
         out: list[Event] = [PlanEvaluated(
             ts=ts, src=self.name, window_start=start, window_end=k_now * cfg.slice_s, current=current,
             candidates=cands, chosen=chosen, reason=reason, planner=self.name, shift=shift,
+            backlog=backlog or msgspec.UNSET,
         )]
         if P is not None:
             out += self.order(self.nodes_to_switch(P), ts, reason)

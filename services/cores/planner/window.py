@@ -7,11 +7,16 @@ land in the slice of their ``ts``.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import msgspec
 
 from services.cores.costmodel import prefill_A
+
+#: upper edges (s) of the buckets of ``SliceStats.wait_hist``; the last bucket is open
+WAIT_EDGES_S = (0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 15.0, 20.0, 25.0,
+                30.0, 40.0, 60.0, 90.0, 120.0, 180.0, 300.0)
 
 
 class SliceStats(msgspec.Struct, kw_only=True):
@@ -56,6 +61,11 @@ class SliceStats(msgspec.Struct, kw_only=True):
     pre_t_rst: float = 0.0
     pre_busy_s: float = 0.0
     pre_queue: float = 0.0  # sum of queued * duration_s
+    # prefill-queue waits (route to prefill start) of the requests whose prefill started in
+    # the slice: their count, sum and histogram (buckets ``WAIT_EDGES_S``; issue 41 part 1)
+    waited: int = 0
+    sum_wait_s: float = 0.0
+    wait_hist: list[int] = []
 
     def empty(self) -> bool:
         return (
@@ -68,8 +78,11 @@ class SliceStats(msgspec.Struct, kw_only=True):
 
     def add(self, o: SliceStats) -> None:
         for f in self.__struct_fields__:
-            if f != "dec_occupancy":
+            if f not in ("dec_occupancy", "wait_hist"):
                 setattr(self, f, getattr(self, f) + getattr(o, f))
+        if o.wait_hist:
+            h = self.wait_hist or [0] * len(o.wait_hist)
+            self.wait_hist = [a + b for a, b in zip(h, o.wait_hist, strict=True)]
 
     def decode_population(self) -> float:
         """Requests in decode (running + waiting), whole cluster: per node the duration-weighted
@@ -103,6 +116,31 @@ class SliceStats(msgspec.Struct, kw_only=True):
         self.sum_uc_A += sign * t_uc * A
         self.sum_uc_c += sign * float(t_uc) * t_c
         self.sum_A_c += sign * A * t_c
+
+    def on_wait(self, wait_s: float) -> None:
+        """A request's prefill started ``wait_s`` after its route."""
+        wait_s = max(0.0, wait_s)
+        if not self.wait_hist:
+            self.wait_hist = [0] * (len(WAIT_EDGES_S) + 1)
+        self.waited += 1
+        self.sum_wait_s += wait_s
+        self.wait_hist[bisect.bisect_left(WAIT_EDGES_S, wait_s)] += 1
+
+    def wait_quantile_s(self, q: float) -> float:
+        """The ``q`` quantile of the waits, linear within its bucket (the open last bucket:
+        its lower edge); 0 without waits."""
+        if self.waited <= 0 or not self.wait_hist:
+            return 0.0
+        rank = q * self.waited
+        below = 0
+        for i, n in enumerate(self.wait_hist):
+            if n > 0 and below + n >= rank:
+                lo = WAIT_EDGES_S[i - 1] if i > 0 else 0.0
+                if i == len(WAIT_EDGES_S):
+                    return lo
+                return lo + (WAIT_EDGES_S[i] - lo) * (rank - below) / n
+            below += n
+        return WAIT_EDGES_S[-1]
 
     def on_submit(self, prompt_tokens: int, max_tokens: int) -> None:
         self.submitted += 1

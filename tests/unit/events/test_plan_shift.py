@@ -43,6 +43,6 @@ def test_the_shift_test_round_trips_and_a_14_reader_ignores_it():
     data = codec.encode(ev)
     assert codec.decode_message(data, codec.headers()) == ev
     assert codec.from_json(codec.to_json(ev)).shift == t
-    assert codec.headers() == {codec.SCHEMA_HEADER: "1.5"}
+    assert codec.headers() == {codec.SCHEMA_HEADER: "1.6"}
     old = msgspec.msgpack.decode(data, type=PlanEvaluated14)
     assert (old.reason, old.chosen) == (ev.reason, ev.chosen)

@@ -16,11 +16,12 @@ from services.cores.planner.evolving import EvolvingPlanner
 from services.cores.planner.static import StaticPlanner
 from services.drivers.bench.synthetic import Mix, Scenario, drive
 
-PURE = ["../costmodel.py", "evolving.py", "configured.py", "static.py", "load_signals.py", "dynamo.py", "arrow.py", "base.py", "window.py", "evaluate.py", "samples.py"]
+PURE = ["../costmodel.py", "evolving.py", "configured.py", "static.py", "load_signals.py", "dynamo.py", "arrow.py", "base.py", "window.py", "evaluate.py", "samples.py", "shift.py", "backlog.py"]
 ALLOWED = {
     "__future__",
     "math",
     "re",
+    "bisect",
     "dataclasses",
     "typing",
     "collections",

@@ -34,8 +34,11 @@ def test_work_of_a_request_is_corrected_to_what_its_prefill_found():
     p.apply(started("b", 21.0, cached=0))  # as planned
     s = p.st.slices[0]
     want = fresh([(8_000, 2_000), (500, 0)])
+    for w in (19.0, 19.0):  # each waited 19 s from its route to its prefill start (issue 41)
+        want.on_wait(w)
     for f in SliceStats.__struct_fields__:
         assert getattr(s, f) == pytest.approx(getattr(want, f)), f
+    assert s.waited == 2 and s.sum_wait_s == pytest.approx(38.0)
     assert p.st.routed_work == {}
 
 
@@ -63,7 +66,7 @@ def test_a_late_start_after_its_window_closed_is_dropped_and_the_snapshot_round_
     p = EvolvingPlanner()
     p.apply(route("a", 1.0, t_uc=100, t_c=900))
     q = EvolvingPlanner.from_snapshot(p.snapshot())
-    assert q.st.routed_work == {"a": [0, 100, 900]}
+    assert q.st.routed_work == {"a": [0, 100, 900, 1000]}  # the route time in ms (issue 41)
     p._close_window(p.cfg.slices)
     assert p.st.routed_work == {}
     p.apply(started("a", 700.0, cached=0))  # no slice to correct, no error
