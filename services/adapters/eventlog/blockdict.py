@@ -10,6 +10,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from services.cores.directory._native import SlotMap
+
 
 class _Table:
     """An open-addressing hash table from uint64 hashes to uint32 ids in NumPy arrays (the
@@ -77,6 +79,39 @@ class _Table:
         return ids, found
 
 
+class _MapTable:
+    """:class:`_Table`'s interface over the directory's compiled ``uint64 -> int`` table
+    (:class:`~services.cores.directory._native.SlotMap`, values id + 1): an unbounded
+    dictionary's. One C probe per hash instead of a dozen array passes over the batch: a
+    simulated run's log looks up every block of every event (~40 M on 30 minutes of the
+    calibration sessions; 15 ns a hash against 42, docs/simulator.md §8). It grows by itself
+    (at 1/2 load), so the bounded dictionary, whose tables must keep their size, keeps
+    :class:`_Table`."""
+
+    def __init__(self, slots: int) -> None:
+        self._map = SlotMap(slots)
+
+    @property
+    def count(self) -> int:
+        return len(self._map)
+
+    @property
+    def slots(self) -> int:
+        return self._map.capacity
+
+    def items(self) -> tuple[np.ndarray, np.ndarray]:
+        keys, vals = self._map.items()
+        return keys, (vals - 1).astype(np.uint32)
+
+    def insert(self, keys: np.ndarray, ids: np.ndarray, claim: np.ndarray | None = None) -> None:
+        self._map.insert(np.ascontiguousarray(keys, dtype=np.uint64), ids.astype(np.int64) + 1)
+
+    def lookup(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        v = self._map.find(np.ascontiguousarray(h, dtype=np.uint64))
+        found = v > 0
+        return np.where(found, v - 1, 0).astype(np.uint32), found
+
+
 def _slots_for(n: int, load: float) -> int:
     cap = 1024
     while cap * load < n:
@@ -87,7 +122,8 @@ def _slots_for(n: int, load: float) -> int:
 class BlockDict:
     """The writer's hash -> id dictionary (ids dense from 0, in order of first appearance).
 
-    Lookups are vectorized over a batch (:class:`_Table`, at most 60% full). A batch's new
+    Lookups are vectorized over a batch (:class:`_Table`, at most 60% full; unbounded, the
+    compiled :class:`_MapTable`, at most 50%). A batch's new
     hashes enter the table when the batch is stored (:meth:`commit`).
 
     ``max_entries`` bounds its memory (a long-running writer: the recorder). The dictionary
@@ -114,8 +150,9 @@ class BlockDict:
         self.size = int(size if size is not None else (int(ids.max()) + 1 if len(ids) else 0))
         self.max_entries = max_entries
         self._old: _Table | None = None
+        self._cur: _Table | _MapTable
         if max_entries is None:
-            self._cur = _Table(_slots_for(len(keys), self._MAX_LOAD))
+            self._cur = _MapTable(_slots_for(len(keys), self._MAX_LOAD))
         else:
             assert max_entries >= 1, "a bounded dictionary holds at least one hash"
             if len(keys) > max_entries:  # the newest ids
@@ -136,7 +173,8 @@ class BlockDict:
     def nbytes(self) -> int:
         """Memory of its tables (fixed when bounded)."""
         tables = [t for t in (self._cur, self._old) if t is not None]
-        return sum(t.keys.nbytes + t.vals.nbytes for t in tables) + self._claim.nbytes
+        return sum(16 * t.slots if isinstance(t, _MapTable) else t.keys.nbytes + t.vals.nbytes
+                   for t in tables) + self._claim.nbytes
 
     def lookup(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(ids, found)``: the id of each of ``h`` where known."""
@@ -196,6 +234,9 @@ class BlockDict:
         if not len(keys):
             return
         cur = self._cur
+        if isinstance(cur, _MapTable):  # unbounded: the compiled table grows by itself
+            cur.insert(keys, ids)
+            return
         if cur.count + len(keys) > cur.slots * self._MAX_LOAD:  # grow: every entry again
             held, held_ids = cur.items()
             self._cur = _Table(_slots_for(cur.count + len(keys), self._MAX_LOAD))

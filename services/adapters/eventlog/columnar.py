@@ -213,9 +213,13 @@ def _runs(lists: list[list[int]], bd: BlockDict, bitmaps: bool = True):
     keyed = (sizes >= 2 * _RUN_FACTOR) & (nseg * _RUN_FACTOR <= sizes)
     ek = keyed[lst]
     if ek.any():  # sort the ids of keyed lists within each segment
+        # one sort of (segment << 32 | id): segments are numbered in order, so this sorts
+        # within each; only the sorted ids are needed, not the permutation (a 2-key lexsort
+        # was ~300 ns an id, 5% of a simulated run's CPU; this is ~20)
         idx = np.flatnonzero(ek)
-        order = np.lexsort((ids[idx], seg_global[idx]))
-        ids[idx] = ids[idx][order]
+        key = (seg_global[idx].astype(np.uint64) << np.uint64(32)) | ids[idx]
+        key.sort()
+        ids[idx] = key.astype(np.uint32)  # the low 32 bits: the ids
     # runs: a new run at a list start, a segment start (keyed lists) or a break in consecutive ids
     run_start = head.copy()
     run_start[1:] |= ids[1:] != ids[:-1] + 1
