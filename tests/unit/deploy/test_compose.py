@@ -115,7 +115,7 @@ def test_torch_profile_runs_the_engines_of_up_engines_torch():
         roles.append(args.role)
         assert svc["image"] == "evolving-infra:torch" and "torch" in svc["profiles"], name
         assert "kv" in svc["build"]["args"]["EI_EXTRAS"] and "transfer" in svc["build"]["args"]["EI_EXTRAS"]
-        assert svc["environment"]["EI_TOKENIZER"] == ""  # unset here: the gateway tokenises bytes
+        assert svc["environment"]["EI_TOKENIZER"] == ""  # unset here: the gateway's auto (bundled tokenizer)
     assert sorted(roles) == ["decode", "decode", "prefill"]
     docker = (DEPLOY / "Dockerfile").read_text()
     assert "/opt/models/default.gguf" in docker and "libibverbs1" in docker
