@@ -665,7 +665,7 @@ class DirectoryCore:
             # A route moves no KV, so it moves no count: a branch already counted on some copy
             # keeps it there until its KV reaches the routed node (KvFetched, KvMoved, KvStored
             # or RequestStarted there). Moving it now would leave the only copies of a queued
-            # branch's context uncounted, i.e. first in line for eviction (issue 12). A phase
+            # branch's context uncounted, i.e. first in line for eviction. A phase
             # with no holder yet attaches to the routed node.
             for ph, idx in ((PREFILL, pn.idx), (DECODE, dn.idx)):
                 if b.holders[ph] < 0:
@@ -731,7 +731,7 @@ class DirectoryCore:
         return self._cached_tail(r, k)
 
     def _on_kv_stored(self, ev: KvStored) -> None:
-        """A write-through store (``write_through``, issue 24) folds as the pair it replaces:
+        """A write-through store (``write_through``) folds as the pair it replaces:
         the L1 store, then the L2 store, each step as its own event did (the L2 step reuses the
         slots the L1 step resolved: the blocks it just stored stay allocated)."""
         s = None

@@ -43,7 +43,7 @@ class CopyOrder:
     entries of one bucket after de-duplication, and in no other bucket, so the order is exact.
     The table rebuilds a column from scratch when stale entries outnumber live ones 4 to 1.
 
-    Pins (issue 24, docs/simulator.md "The eviction walk remembers its pinned blocks"): on the
+    Pins (docs/simulator.md, "The eviction walk remembers its pinned blocks"): on the
     calibration sessions ~85% of a node's L1 copies are pinned, so a walk read ~44 K entries to
     find ~3 K victims. Under a :class:`~services.cores.directory._native.BlockCounts` of pins a
     read bucket remembers (``memo``) how many of its arrays it read and which valid copies were

@@ -4,7 +4,7 @@ Layout (``S`` slots; node ``n``'s copy in tier ``t`` (0 = L1, 1 = L2) is bit ``j
 stored in word ``j // 64`` at bit ``j % 64``; ``W`` words cover ``32 W`` nodes):
 
 - ``index: SlotMap`` (block hash -> slot; compiled, ``_native.pyx``): a request's block list
-  is resolved by one C loop over the Python list (issue 24: it replaced a ``dict`` read through
+  is resolved by one C loop over the Python list (it replaced a ``dict`` read through
   ``np.fromiter(map(index.get, ...))`` and a vectorised numpy copy of it for long lists).
   Slot 0 is a sentinel that holds nothing, so an unknown block maps to 0 and numpy code needs
   no special case.
@@ -342,7 +342,7 @@ class BlockTable:
         got = 0
         # a membership test per block of the groups read (compiled): a node's pinned set is
         # ~10^5 blocks on the calibration sessions, and converting and sorting it per call cost
-        # more than the whole walk (issue 24)
+        # more than the whole walk
         spin = pinned if pinned else None
         # a BlockCounts is probed inside the validity pass (and its buckets remembered); another
         # container after it

@@ -9,7 +9,7 @@ placed on 4 prefill + 5 decode nodes. Per request the stream carries what a live
 reports: ``RequestSubmitted`` (version bumped when the context is not a pure append),
 ``RouteDecided`` (prefill on the node with the longest local prefix, ties and every 5th request
 of a branch round-robin, decode sticky per branch), ``RequestStarted``, ``KvStored`` L1+L2
-(one write-through event, issue 24) of what the prefill node lacked, ``KvMoved``
+(one write-through event) of what the prefill node lacked, ``KvMoved``
 prefill->decode of what the decode node lacked plus its L2 write-through, ``FirstToken``,
 ``RequestFinished``; ``BranchEnded`` after a branch's last request.
 

@@ -1,5 +1,5 @@
 """``evolving bench gateway``: what the gateway, the bus and the router add to TTFT, beside the
-engine alone, in one run (issue 22's target: p99 <= 10 ms).
+engine alone, in one run (the target: p99 <= 10 ms).
 
 One embedded ``nats-server`` on loopback (as ``evolving up`` starts it, here without accounts),
 two partitions and two identical engine worker processes (``python -m engine.worker``, the sim

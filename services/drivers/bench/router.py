@@ -56,7 +56,7 @@ def _setup(prefill: int, agents: int, context_blocks: int) -> tuple[list[Event],
 
 
 #: Named configurations usable as baselines: ``evolving-full`` is our router scoring every
-#: prefill node (no candidate pruning), i.e. the decision path before issue 16.
+#: prefill node (no candidate pruning), i.e. the decision path before the router pruned candidates.
 ALIASES = {"evolving-full": "evolving:full_scoring_max_nodes=1000000000"}
 
 

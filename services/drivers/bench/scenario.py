@@ -51,7 +51,7 @@ def submit(request: str, branch: str, blks: list[int], ts: float, block_tokens: 
 
 
 def store(node: str, blks: list[int], ts: float, tiers: Iterable[str] = ("L1", "L2")) -> list[Event]:
-    """``node`` holds ``blks`` in ``tiers``; L1 then L2 is one write-through ``KvStored`` (issue 24)."""
+    """``node`` holds ``blks`` in ``tiers``; L1 then L2 is one write-through ``KvStored``."""
     tiers = tuple(tiers)
     if tiers == ("L1", "L2"):
         return [KvStored(ts=ts, node=node, tier="L1", blocks=blks, write_through=True)]
