@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from events.catalog import NodeHeartbeat, Tick
 from services.adapters.bus import Bus, Message
 from services.adapters.eventlog import EventLog
 from services.adapters.logging import get_logger
@@ -31,6 +32,12 @@ from services.drivers.recorder.live import sidecar_path, snapshot_path, snapshot
 log = get_logger("recorder")
 
 _EOF = object()
+
+#: events that only say the cluster is alive (a heartbeat a second per node, the planner's tick a
+#: second): while nothing else is buffered they wait up to ``background_flush_s``, not
+#: ``flush_interval_s``. Each flush is one DuckDB transaction (~5 ms): flushing every 0.2 s for
+#: them was most of an idle stack's recorder CPU (docs/experiments.md, "Against the real Dynamo").
+BACKGROUND = (NodeHeartbeat, Tick)
 
 
 @dataclass
@@ -48,6 +55,7 @@ async def run_recorder(
     *,
     max_batch: int = 4096,
     flush_interval_s: float = 0.2,
+    background_flush_s: float = 1.0,
     stop: asyncio.Event | None = None,
     subjects: str | None = None,
     live: bool = True,
@@ -58,6 +66,11 @@ async def run_recorder(
     cancelled (what was committed stays; the rest is redelivered on restart). ``live``: answer
     ``evolving sql --live`` while recording (NATS bus and DuckDB log only). ``trim_interval_s``:
     after an append at most this often, hand the C heap's free pages back (:func:`release_free_heap`).
+
+    A batch is appended when ``max_batch`` rows are buffered, or ``flush_interval_s`` after the
+    oldest buffered row arrived; while every buffered row is a heartbeat or a tick
+    (:data:`BACKGROUND`), ``background_flush_s`` after it instead (never less than
+    ``flush_interval_s``): any other event flushes them with it.
 
     ``max_queued`` (default ``max_batch``): decoded deliveries waiting for the writer. While an
     append runs, the next batch is read ahead, no more: a stalled writer then stops the consumer,
@@ -105,30 +118,45 @@ async def run_recorder(
             stats.batches += 1
             stats.last_seq = rows[-1][0]
 
-        def take_ready(first) -> bool:
-            """Offer ``first`` and whatever else is queued; True when a flush is due."""
+        def take_ready(first) -> tuple[bool, bool]:
+            """Offer ``first`` and whatever else is queued: (a flush is due, an offered event is
+            not :data:`BACKGROUND`)."""
             full = recorder.offer(first.seq, first.subject, first.event)
+            urgent = not isinstance(first.event, BACKGROUND)
             while not full and not queue.empty():
                 d = queue.get_nowait()
                 full = recorder.offer(d.seq, d.subject, d.event)
-            return full
+                urgent = urgent or not isinstance(d.event, BACKGROUND)
+            return full, urgent
 
         loop = asyncio.get_running_loop()
         pump_task = asyncio.create_task(pump(), name="recorder-pump")
         stop_task = asyncio.create_task(stop.wait(), name="recorder-stop")
-        oldest = None  # loop time when the oldest buffered row arrived
+        oldest = None  # loop time when the oldest buffered row that is not BACKGROUND arrived
+        oldest_bg = None  # ... the oldest buffered row
+
+        def flush_due() -> float | None:
+            """Loop time of the next flush by age (None: nothing buffered)."""
+            dues = [t + dt for t, dt in ((oldest, flush_interval_s), (oldest_bg, max(flush_interval_s, background_flush_s)))
+                    if t is not None]
+            return min(dues) if dues else None
+
         try:
             while True:
-                timeout = flush_interval_s if oldest is None else max(0.0, oldest + flush_interval_s - loop.time())
+                due = flush_due()
+                timeout = flush_interval_s if due is None else max(0.0, due - loop.time())
                 get = asyncio.create_task(queue.get())
                 done, _ = await asyncio.wait(
                     {get, stop_task, pump_task}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
                 )
                 full = False
                 if get in done:
-                    if oldest is None:
-                        oldest = loop.time()
-                    full = take_ready(get.result())
+                    now = loop.time()
+                    full, urgent = take_ready(get.result())
+                    if oldest_bg is None:
+                        oldest_bg = now
+                    if urgent and oldest is None:
+                        oldest = now
                 else:
                     get.cancel()  # not completed (no await since wait): the item stays queued
                 if pump_task in done:
@@ -139,9 +167,10 @@ async def run_recorder(
                         recorder.offer(d.seq, d.subject, d.event)
                     await flush()
                     break
-                if full or (oldest is not None and loop.time() - oldest >= flush_interval_s):
+                due = flush_due()
+                if full or (due is not None and loop.time() >= due):
                     await flush()
-                    oldest = loop.time() if recorder.pending else None
+                    oldest = oldest_bg = loop.time() if recorder.pending else None
         finally:
             pump_task.cancel()
             stop_task.cancel()

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from events.catalog import Tick
+from events.catalog import NodeHeartbeat, NodeRemoved, Tick
 from services.adapters.bus import InMemoryBus
 from services.adapters.eventlog import DuckDbEventLog, InMemoryEventLog
 from services.cores.recording import Recorder
@@ -79,3 +79,33 @@ async def test_stop_flushes_what_is_buffered():
     assert log.last_seq() == 0  # neither full nor idle long enough
     stop.set()
     assert (await task).recorded == 3 and log.last_seq() == 3
+
+
+async def test_heartbeats_and_ticks_alone_wait_for_the_background_interval():
+    """An idle stack's heartbeats and ticks are appended once a background interval, not every
+    flush interval (one DuckDB transaction each); any other event flushes them at once with it."""
+    log = InMemoryEventLog()
+    bus = InMemoryBus()
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_recorder(bus, log, max_batch=64, flush_interval_s=0.05,
+                                            background_flush_s=0.8, stop=stop))
+    try:
+        loop = asyncio.get_running_loop()
+        await bus.publish(NodeHeartbeat(ts=1.0, src="n0", node="n0", role="collocated"))
+        await bus.publish(Tick(ts=1.0))
+        t0 = loop.time()
+        await asyncio.sleep(0.4)
+        assert log.last_seq() == 0  # 8 flush intervals: still buffered
+        await _wait_for(lambda: log.last_seq() == 2)
+        assert loop.time() - t0 >= 0.7
+        await bus.publish(Tick(ts=2.0))
+        await asyncio.sleep(0.2)
+        assert log.last_seq() == 2
+        t1 = loop.time()
+        await bus.publish(NodeRemoved(ts=2.0, src="n0", node="n0", reason="shutdown"))
+        await _wait_for(lambda: log.last_seq() == 4)
+        assert loop.time() - t1 < 0.5  # the removal's flush interval, the buffered tick with it
+    finally:
+        stop.set()
+        await task
+    assert log.count_by_type() == {"NodeHeartbeat": 1, "Tick": 2, "NodeRemoved": 1}
