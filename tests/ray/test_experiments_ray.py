@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -47,3 +48,33 @@ def test_rows_as_ray_tasks_make_the_same_runs_as_local_processes(ray_cluster, tm
             assert mine["metrics"] == theirs["metrics"]
             assert (out / "start-split" / (os.path.basename(mine["log"]) + ".key")).exists()
         assert not list(out.rglob("*.part"))
+
+
+def _children(pid: int) -> set[int]:
+    out = set()
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.add(int(d))
+            except (OSError, IndexError, ValueError):
+                continue
+    return out
+
+
+def test_ray_local_runs_on_an_instance_of_its_own_and_stops_it(ray_cluster, tmp_path, capsys):
+    """``--ray local`` (Ray's own meaning: a new instance for this command) with ``--jobs 2``:
+    the row runs in its workers and nothing of the instance outlives the command. (``ray_cluster``
+    only for the auth token it puts in the environment: Ray reads it once per process, so the
+    instance gets the same one, and nothing is read from or written to ~/.ray.)"""
+    before = _children(os.getpid())
+    out = tmp_path / "local"
+    assert main([*BASE, "--rows", "start 1P8D", "--out-dir", str(out), "--ray", "local", "--jobs", "2"]) == 0
+    assert "at local: 2 CPUs on 1 node(s)" in " ".join(capsys.readouterr().out.split())
+    [row] = _rows(out)
+    assert row["status"] == "ok" and str(os.getpid()) not in row["ran_on"].split()
+    assert log_digest(row["log"])[0] > 100
+    left = {p for p in _children(os.getpid()) - before if os.path.exists(f"/proc/{p}")}
+    zombies = {p for p in left if Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"}
+    assert left == zombies, left  # Ray's shutdown stopped its daemons (a zombie is already dead)
