@@ -1,12 +1,13 @@
 """Every figure in the docs carries its date, and the command that produced it (issue 48 part 5).
 
 A section of README.md or docs/*.md that holds a table of figures (two rows or more, each with at
-least two number cells: `4.88`, `1,002`, `23.0x`, `40.6%`, `0.35 s`) must name, in its own text
-or in the opening text of a section above it (the part before that section's first subheading):
+least two number cells: `4.88`, `1,002`, `23.0x`, `40.6%`, `0.35 s`) must name:
 
-- a date: `2026-12-06`, `6 Dec 2026`, or the words `date not recorded` (where git does not know it
-  either: then say so, never guess);
-- a command: a fenced sh/bash/console block, or an inline `` `evolving ...` ``, `` `python ...` ``,
+- in its own text (from its heading to the next heading), a date: `2026-12-06`, `6 Dec 2026`, or
+  the words `date not recorded` (where git does not know it either: then say so, never guess); a
+  section above often dates other figures than a subsection's;
+- in its own text or the opening text of a section above it (the part before that section's first
+  subheading), a command: a fenced sh/bash/console block, or an inline `` `evolving ...` ``, `` `python ...` ``,
   `` `pytest ...` ``, `` `bash ...` `` or `` `scripts/...` ``.
 
 A table of numbers that are not measurements (a profile's parameters, a definition) says so in its
@@ -73,7 +74,8 @@ def audit(text: str, doc: str = "-") -> list[str]:
         if figure_rows(s.body) < 2 or NOT_MEASURED.search(own):
             continue
         context = "\n".join([own, *("\n".join(a.body) for a in ancestors)])
-        missing = [what for what, rx in (("a date", DATE), ("a command", COMMAND)) if not rx.search(context)]
+        missing = [what for what, rx, text in (("a date", DATE, own), ("a command", COMMAND, context))
+                   if not rx.search(text)]
         if missing:
             bad.append(f"{doc}:{s.line}: {s.title[:70]!r}: a table of figures without {' or '.join(missing)}")
     return bad
@@ -94,8 +96,10 @@ def test_the_audit_can_fail():
     table = "| run | a | b |\n|---|---|---|\n| x | 1.5 | 20% |\n| y | 2,000 | 3.1x |\n"
     assert audit(f"# A\n\n## B\n{table}") == ["-:3: '## B': a table of figures without a date or a command"]
     assert audit(f"# A\n\n## B\nOn 6 Dec 2026:\n{table}") == ["-:3: '## B': a table of figures without a command"]
-    # the date and the command may stand in the opening text of a section above
-    assert audit(f"# A\nMeasured 2026-12-01 with `evolving bench sim`.\n\n## B\n\n### C\n{table}") == []
+    # the command may stand in the opening text of a section above; the date may not
+    assert audit(f"# A\nRun with `evolving bench sim`.\n\n## B\n\n### C\n2026-12-01\n{table}") == []
+    assert audit(f"# A\n2026-12-01 `evolving bench sim`\n\n## B\n{table}") == [
+        "-:4: '## B': a table of figures without a date"]
     # ... but not in a sibling's
     assert audit(f"# A\n\n## B\n2026-12-01 `evolving x`\n\n## C\n{table}") != []
     assert audit(f"## B\n<!-- figures: not measured (a profile's parameters) -->\n{table}") == []
