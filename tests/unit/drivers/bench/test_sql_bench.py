@@ -105,3 +105,16 @@ def test_a_case_whose_log_cannot_be_made_here_says_how_and_the_cli_lists_the_cas
     assert out.returncode == 2 and "scripts/demo.sh" in out.stderr and "Traceback" not in out.stderr
     out = subprocess.run(cmd[:5] + ["--help"], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
     assert all(name in out.stdout for name in sql_bench.CASES)
+
+
+def test_each_case_that_makes_its_log_names_flags_the_simulator_takes():
+    from services.drivers.cli import build_parser
+
+    parser = build_parser()
+    made = {name: c for name, c in sql_bench.CASES.items() if c.make is not None}
+    assert "hour-96" in made
+    for case in made.values():
+        args = parser.parse_args([a.replace("{log}", "x.duckdb") for a in case.make])
+        assert args.out == "x.duckdb"
+    hour = parser.parse_args([a.replace("{log}", "x.duckdb") for a in made["hour-96"].make])
+    assert (hour.nodes, hour.agents, hour.duration + hour.warmup) == (96, 192, 70 * 60)
