@@ -7,7 +7,9 @@ least two number cells: `4.88`, `1,002`, `23.0x`, `40.6%`, `0.35 s`) must name:
   the words `date not recorded` (where git does not know it either: then say so, never guess); a
   section above often dates other figures than a subsection's;
 - in its own text or the opening text of a section above it (the part before that section's first
-  subheading), a command: a fenced sh/bash/console block, or an inline `` `evolving ...` ``, `` `python ...` ``,
+  subheading), the machine (`2-core`, `cores`, `machine`, `VM`, `CPU`, `H100`, ...: a loose check,
+  it catches a table with no word about where it ran; statistics of files say they are the same on
+  any machine) and a command: a fenced sh/bash/console block, or an inline `` `evolving ...` ``, `` `python ...` ``,
   `` `pytest ...` ``, `` `bash ...` `` or `` `scripts/...` ``.
 
 A table of numbers that are not measurements (a profile's parameters, a definition) says so in its
@@ -24,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[3]
 DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b|\b\d{1,2} (Nov|Dec)[a-z]* 20\d\d\b|date not recorded", re.IGNORECASE)
 COMMAND = re.compile(r"`(\.venv/bin/)?(evolving|python3?|pytest|bash|scripts/)[ /][^`]*`|^\s*```(sh|bash|console)\s*$",
                      re.MULTILINE)
+MACHINE = re.compile(r"\d-core|\bcores?\b|machine|\bVM\b|\bbox\b|\bCPU|\bGPU|H100|H200", re.IGNORECASE)
 NOT_MEASURED = re.compile(r"<!--\s*figures:\s*not measured\s*\((.+?)\)\s*-->")
 NUMBER = re.compile(r"^\s*\**[~<>+-]?\s*\d[\d,]*(\.\d+)?\s*(x|×|%|s|ms|us|µs|GB|GiB|MB|MiB|req/s|/s)?\**\s*$")
 
@@ -74,8 +77,8 @@ def audit(text: str, doc: str = "-") -> list[str]:
         if figure_rows(s.body) < 2 or NOT_MEASURED.search(own):
             continue
         context = "\n".join([own, *("\n".join(a.body) for a in ancestors)])
-        missing = [what for what, rx, text in (("a date", DATE, own), ("a command", COMMAND, context))
-                   if not rx.search(text)]
+        missing = [what for what, rx, text in (("a date", DATE, own), ("a machine", MACHINE, context),
+                                               ("a command", COMMAND, context)) if not rx.search(text)]
         if missing:
             bad.append(f"{doc}:{s.line}: {s.title[:70]!r}: a table of figures without {' or '.join(missing)}")
     return bad
@@ -94,14 +97,16 @@ def test_every_table_of_figures_has_its_date_and_command():
 
 def test_the_audit_can_fail():
     table = "| run | a | b |\n|---|---|---|\n| x | 1.5 | 20% |\n| y | 2,000 | 3.1x |\n"
-    assert audit(f"# A\n\n## B\n{table}") == ["-:3: '## B': a table of figures without a date or a command"]
-    assert audit(f"# A\n\n## B\nOn 6 Dec 2026:\n{table}") == ["-:3: '## B': a table of figures without a command"]
-    # the command may stand in the opening text of a section above; the date may not
-    assert audit(f"# A\nRun with `evolving bench sim`.\n\n## B\n\n### C\n2026-12-01\n{table}") == []
-    assert audit(f"# A\n2026-12-01 `evolving bench sim`\n\n## B\n{table}") == [
+    assert audit(f"# A\n\n## B\n{table}") == [
+        "-:3: '## B': a table of figures without a date or a machine or a command"]
+    assert audit(f"# A\n\n## B\nOn 6 Dec 2026, 2 cores:\n{table}") == [
+        "-:3: '## B': a table of figures without a command"]
+    # the machine and the command may stand in the opening text of a section above; the date may not
+    assert audit(f"# A\nOn the 2-core VM, `evolving bench sim`.\n\n## B\n\n### C\n2026-12-01\n{table}") == []
+    assert audit(f"# A\n2026-12-01 on this machine, `evolving bench sim`\n\n## B\n{table}") == [
         "-:4: '## B': a table of figures without a date"]
     # ... but not in a sibling's
-    assert audit(f"# A\n\n## B\n2026-12-01 `evolving x`\n\n## C\n{table}") != []
+    assert audit(f"# A\n\n## B\n2026-12-01 machine `evolving x`\n\n## C\n{table}") != []
     assert audit(f"## B\n<!-- figures: not measured (a profile's parameters) -->\n{table}") == []
     assert audit("## B\n| a | b | c |\n|---|---|---|\n| 1 | 2 | 3 |\n") == []  # one row is not a table of figures
-    assert audit(f"## B\n```text\n# not a heading\n```\ndate not recorded; `python -m x`\n{table}") == []
+    assert audit(f"## B\n```text\n# not a heading\n```\ndate not recorded, 2 cores; `python -m x`\n{table}") == []
