@@ -23,9 +23,6 @@ from pathlib import Path
 
 import pytest
 
-if importlib.util.find_spec("ray") is None:  # not imported here: Ray reads its auth settings when imported
-    pytest.skip("ray is not installed: bash scripts/install_ray.sh (the ray extra)", allow_module_level=True)
-
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -64,7 +61,15 @@ def _started(pid: int) -> str | None:
 
 
 @pytest.fixture(scope="session")
-def ray_cluster():
+def ray_installed() -> None:
+    """Skips (each test, so the suite reports why) where Ray is not installed. Looked up, not
+    imported: Ray reads its auth settings once, when first imported."""
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("ray is not installed: bash scripts/install_ray.sh (the ray extra)")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(ray_installed):
     """The head's address (``HOST:PORT``), with the auth token in this process's environment."""
     ray_bin = os.path.join(sysconfig.get_path("scripts"), "ray")
     if not os.path.exists(ray_bin):

@@ -33,7 +33,7 @@ class TestRay(ExecutorContract):
         assert ray_executor.describe().endswith(f"at {ray_cluster}: 2 CPUs on 1 node(s)")
 
 
-def test_auto_without_a_cluster_on_this_machine_says_so(monkeypatch, tmp_path):
+def test_auto_without_a_cluster_on_this_machine_says_so(ray_installed, monkeypatch, tmp_path):
     """``auto`` looks for a cluster started on this machine (RAY_ADDRESS, then Ray's record of
     the latest one under its temp folder): none there is a RayUnavailable, not a hang."""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
