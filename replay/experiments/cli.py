@@ -177,7 +177,8 @@ def register(sub, bench) -> None:
     p.add_argument("--resume", action="store_true",
                    help="rows whose log in --out-dir holds the same simulation run to the end are read back from "
                         "it, not run again (a stopped matrix, or --rows run earlier, completes its tables)")
-    p.add_argument("--no-progress", action="store_true", help="no per-run progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (per run with --jobs 1; of the simulations done with workers or --ray)")
     p.add_argument("--json", action="store_true", help="also print the summary as JSON")
     p.add_argument("--jobs", type=int, default=None,
                    help="rows simulated at a time, each in its own process (default: the cores available, at "
