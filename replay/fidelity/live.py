@@ -36,8 +36,6 @@ from services.drivers.soak.stack import Stack as UpStack
 
 #: ``evolving up --heartbeat-timeout-s`` of a fidelity run (see ``up_args``)
 HEARTBEAT_TIMEOUT_S = 120.0
-#: the torch engines' staging pool in a fidelity run: SmolLM2's 8,192-token context (see ``up_args``)
-STAGING_BLOCKS = 128
 
 
 @dataclass(frozen=True)
@@ -67,11 +65,8 @@ def up_args(conf: dict[str, Any], stack: Stack, engines: int) -> list[str]:
     # reaching the stream (a 2K-token prefill iteration alone took 10-20 s at load 16-20): the
     # liveness watcher then removed both engines of a run and 8 of its 12 requests hung until the
     # client's timeout. Liveness is not what fidelity measures; a removal there is a lost run.
-    # the torch engine pulls a prompt's KV through its staging pool; a prompt larger than the pool
-    # (32 blocks by default) is recomputed on the decode node, a fallback the simulator does not
-    # have (docs/simulator.md, "Validated against live"): the pool holds the model's whole context
-    return [*args, "--heartbeat-timeout-s", str(HEARTBEAT_TIMEOUT_S),
-            f"--engine-arg=--torch-staging-blocks={STAGING_BLOCKS}"]
+    # (the torch engine's default staging pool is enough: a pull larger than it moves in chunks)
+    return [*args, "--heartbeat-timeout-s", str(HEARTBEAT_TIMEOUT_S)]
 
 
 async def run_live(stack: Stack, conf: dict[str, Any], sessions: Sequence[Session], *, engines: int,

@@ -99,7 +99,7 @@ class TorchBackend(PeerTransfers):
         self.drained = 0
         self.last_was_decode = False
         self.counters = {"pulled_blocks": 0, "served_blocks": 0, "fetched_blocks": 0, "recomputed": 0,
-                         "failed": 0}
+                         "failed": 0, "pull_chunks": 0}
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._bg: set[asyncio.Task] = set()

@@ -9,11 +9,15 @@
   every ``KvEvicted`` it emits frees the blocks' slots here before the event goes on.
 - A sequence's own blocks (its partial tail, the tokens it generates, a chunk being computed)
   are *private* slots of L1, counted as the pool's ``reserved_tokens`` (decode working memory),
-  and become shared, hashed blocks once full and computed (``adopt``).
+  and become shared, hashed blocks once full and computed (``adopt``), or once pulled whole
+  from a peer (``claim``).
+- The staging slots are handed out by ``Staging``: a transfer larger than what is free moves
+  through them in chunks, never failing for their lack.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 
 import torch
@@ -21,7 +25,7 @@ import torch
 from engine.kvpool import KvPool
 from events.catalog import Event, KvEvicted
 from events.ids import BlockHash, NodeId
-from kernels.layout import KvLayout
+from kernels.layout import KvLayout, KvLayoutError
 from kernels.ops import copy_blocks
 from kernels.pool import BlockPool, SlotAllocator
 
@@ -30,6 +34,56 @@ def _pool(layout: KvLayout, n: int, device: str) -> BlockPool:
     # zeroed (BlockPool's default), not empty: attention multiplies the masked keys' values by
     # zero weights, and garbage NaN bytes in a never-written slot would turn that into NaN
     return BlockPool(layout, n, torch.device(device))
+
+
+class Staging:
+    """The node's staging slots, shared by the pulls it receives (the decode side: a peer writes
+    into them) and the pulls it serves from L1 (the prefill side: L1 -> staging -> the peer).
+
+    A transfer of more blocks than are free moves in chunks: ``take(n)`` gives between 1 and
+    ``n`` slots as soon as any is free (lowest first), and the caller moves that chunk, gives
+    the slots back, and takes the next. Receivers together hold at most ``num_slots - reserve``
+    slots (``reserve``: a quarter of the pool, at least one; none in a pool of one): a sender
+    gives its slots back without waiting on any peer, so two nodes pulling from each other with
+    full pools cannot deadlock — each one's serving side always finds the reserve, in time."""
+
+    def __init__(self, alloc: SlotAllocator) -> None:
+        self.alloc = alloc
+        n = alloc.num_slots
+        self.reserve = max(1, n // 4) if n > 1 else 0
+        self.receiving = 0  # slots held by receivers
+        self._waiters: list[asyncio.Future] = []
+
+    def grant(self, n: int, receiving: bool) -> int:
+        """How many slots ``take(n)`` gets now (0: it waits)."""
+        free = self.alloc.num_free
+        if receiving:
+            free = min(free, self.alloc.num_slots - self.reserve - self.receiving)
+        return max(0, min(n, free))
+
+    async def take(self, n: int, receiving: bool) -> list[int]:
+        if n <= 0:
+            return []
+        if self.alloc.num_slots == 0:
+            raise KvLayoutError("no staging pool (0 slots): this node moves no KV through staging")
+        while not (k := self.grant(n, receiving)):
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            await waiter
+        if receiving:
+            self.receiving += k
+        return self.alloc.alloc(k)
+
+    def give(self, slots: Sequence[int], receiving: bool) -> None:
+        if not slots:
+            return
+        self.alloc.free(list(slots))
+        if receiving:
+            self.receiving -= len(slots)
+        waiters, self._waiters = self._waiters, []
+        for w in waiters:  # each re-checks its grant: the loop runs them one at a time
+            if not w.done():
+                w.set_result(None)
 
 
 class PagedKv:
@@ -41,6 +95,7 @@ class PagedKv:
         self.pools = {"L1": _pool(layout, l1_blocks, device), "L2": _pool(layout, l2_blocks, "cpu"),
                       "stage": _pool(layout, staging_blocks, "cpu")}
         self.alloc = {t: SlotAllocator(p.num_slots) for t, p in self.pools.items()}
+        self.staging = Staging(self.alloc["stage"])
         self.slot: dict[str, dict[BlockHash, int]] = {"L1": {}, "L2": {}}
         self._emit = emit
         self.pool = KvPool(node, self.bt, l1_blocks * self.bt, l2_blocks * self.bt,
@@ -94,6 +149,25 @@ class PagedKv:
         if new2:
             self._copy_to_l2(new2)
         return adopted
+
+    def claim(self, hashes: Sequence[BlockHash], slots: Sequence[int]) -> list[tuple[BlockHash, int]]:
+        """Private L1 slots into which full blocks were pulled whole from a peer become the shared
+        blocks ``hashes`` with no event of the pool's (the caller emits ``KvMoved``); a block L1
+        came to hold meanwhile keeps its slot and the pulled copy's slot is freed. Returns the
+        blocks claimed with their slots. No eviction: the private slots already counted."""
+        new: list[tuple[BlockHash, int]] = []
+        spare: list[int] = []
+        for h, s in zip(hashes, slots, strict=True):
+            if h in self.slot["L1"]:
+                spare.append(s)
+            else:
+                self.slot["L1"][h] = s
+                new.append((h, s))
+        self.free_private(spare)
+        self.pool.reserved_tokens -= len(new) * self.bt
+        assert self.pool.make_room("L1", len(new)), "claim: private slots turned shared must fit L1"
+        self.pool.add("L1", [h for h, _ in new])
+        return new
 
     # ------------------------------------------------------------------ tiers
     def _copy_to_l2(self, new: Sequence[BlockHash]) -> None:

@@ -8,8 +8,10 @@ control messages over the KV plane's exchange, engine/kvplane.py), a mixin of ``
   ``FirstToken``; the decode node, when the worker calls ``kv_arrived``, sends ``Pull`` with the
   blocks it lacks and staging slots of its own; the prefill node writes the blocks there
   (``write_blocks``: full blocks from its L2, the rest through its staging pool) and answers
-  with the first token id. The decode node copies them into L1 (``KvMoved``) and decodes. If
-  the pull fails, the decode node recomputes the prompt: same tokens, same output.
+  with the first token id. The decode node copies them into L1 (``KvMoved``) and decodes. A
+  pull larger than either node's free staging moves in chunks (``kv.Staging``), one ``Pull``
+  each, one ``KvMoved`` in all. If the pull fails, the decode node recomputes the prompt:
+  same tokens, same output.
 - serving peers: ``Lease`` / ``Release`` of L2 blocks and ``Pull`` of a hand-off.
 
 ``DataPlane``: the worker's data-plane hooks, played by the backend (it moves its own KV).
@@ -52,6 +54,8 @@ class Pull(msgspec.Struct, tag="pull"):
     indices: list[int]
     pool: PoolDescriptor
     slots: list[int]
+    #: False for every chunk of a pull but the last (``_pull``): the sender keeps the KV until then
+    last: bool = True
 
 
 class Reply(msgspec.Struct):
@@ -163,49 +167,35 @@ class PeerTransfers:
 
     # ------------------------------------------------------------------ prefill -> decode
     async def _pull(self, s: Seq, src: NodeId) -> None:
-        """Decode admission of a request prefilled on ``src``: pull its KV and first token."""
+        """Decode admission of a request prefilled on ``src``: pull its KV and first token.
+
+        The blocks land in private L1 slots, a chunk at a time through this node's staging
+        slots (as many as ``Staging`` grants: a prompt larger than the pool, or than what other
+        pulls leave free, takes several ``Pull``s, the last one ``last``); once every chunk has
+        landed and verified they become shared blocks (``claim``), in one ``KvMoved``."""
         held = self.kv.held_prefix(s.hashes, "L1")
         need = list(range(held, len(s.hashes))) + ([len(s.hashes)] if s.prompt % 64 else [])
-        stage: list[int] = []
+        full = [i for i in need if i < len(s.hashes)]
         self.kv.pool.pin(s.owner(), s.hashes[:held])  # the prefix already here stays while we pull
         try:
             ctl = self._peer(src)
-            private = self.kv.take_private(s.total_blocks(True) - len(s.hashes), s.hashes)
+            work = s.total_blocks(True) - len(s.hashes)  # the partial tail and the output
+            private = self.kv.take_private(len(full) + work, s.hashes)
             if private is None:
-                raise TransferError("no room in L1 for the request's working memory")
+                raise TransferError("no room in L1 for the request's blocks and working memory")
             s.private = set(private)
-            s.slots = [-1] * len(s.hashes) + private
-            stage = self.kv.alloc["stage"].alloc(len(need))
-            self.kv.pools["stage"].poison(stage)  # no earlier pull's bytes can pass as this one's
-            reply = await self.exchange.request(
-                ctl, Pull(request=s.request, indices=need, pool=self.descs["stage"], slots=stage), self.cfg.timeout_s)
-            if reply.error:
-                raise TransferError(f"peer {src}: {reply.error}")
-            if reply.checksums:  # nothing is adopted from the staging slots before this holds
-                try:
-                    verify_landed(self.kv.pools["stage"], stage, reply.checksums, f"pull of {s.request} from {src}")
-                except TransferCorrupt as exc:
-                    log.warning("kv_checksum_mismatch", node=self.node_id, request=s.request, src=src,
-                                blocks=len(exc.slots), error=str(exc))
-                    log.warning("kv_recompute", node=self.node_id, request=s.request, kv_event="KvMoved", src=src,
-                                blocks=len(need), action="recomputed on the decode node")
-                    raise
-            full = [i for i in need if i < len(s.hashes)]
-            moved = self.kv.add_l1([s.hashes[i] for i in full], s.hashes) if full else []
-            if moved is None:
-                raise TransferError("no room in L1 for the request's blocks")
-            dst = dict(moved)
-            pairs = [(st, dst[s.hashes[i]]) for i, st in zip(need, stage, strict=False)
-                     if i < len(s.hashes) and s.hashes[i] in dst]
+            landing, work_slots = private[:len(full)], private[len(full):]
+            s.slots = [-1] * len(s.hashes) + work_slots
+            dst = dict(zip(full, landing, strict=True))
             if s.prompt % 64:
-                pairs.append((stage[-1], private[0]))
-            if pairs:
-                copy_blocks(self.kv.pools["stage"], [a for a, _ in pairs], self.kv.pools["L1"],
-                            [b for _, b in pairs]).wait()
+                dst[len(s.hashes)] = work_slots[0]
+            first = await self._pull_chunks(s, src, ctl, need, dst)
+            s.private -= set(landing)  # claimed, or freed where L1 came to hold the block meanwhile
+            moved = self.kv.claim([s.hashes[i] for i in full], landing)
             for i, h in enumerate(s.hashes):
                 s.slots[i] = self.kv.slot["L1"][h]
             self.kv.pool.pin(s.owner(), s.hashes)
-            s.n, s.out = s.prompt, [reply.first_token]
+            s.n, s.out = s.prompt, [first]
             s.sent, s.sent_text = 1, self._sendable(s, self._text(s.out), False)  # as the prefill node sent it
             self.counters["pulled_blocks"] += len(need)
             self.host.emit(KvMoved(ts=self._now(), src=self.node_id, src_node=src, dst_node=self.node_id,
@@ -221,9 +211,41 @@ class PeerTransfers:
             self.pqueue.insert(0, s)
             self._pin_queued(s)
             self._kick()
-        finally:
-            if stage:
-                self.kv.alloc["stage"].free(stage)
+
+    async def _pull_chunks(self, s: Seq, src: NodeId, ctl: str, need: list[int], dst: dict[int, int]) -> int:
+        """``need``'s blocks from ``src`` into the L1 slots ``dst`` names, through staging in
+        chunks (``_pull``); returns the first token id. Raises as the pull fails."""
+        pos, first = 0, -1
+        while True:
+            stage = await self.kv.staging.take(len(need) - pos, receiving=True)
+            try:
+                part = need[pos:pos + len(stage)]
+                self.kv.pools["stage"].poison(stage)  # no earlier pull's bytes can pass as this one's
+                last = pos + len(part) == len(need)
+                reply = await self.exchange.request(
+                    ctl, Pull(request=s.request, indices=part, pool=self.descs["stage"], slots=stage, last=last),
+                    self.cfg.timeout_s)
+                if reply.error:
+                    raise TransferError(f"peer {src}: {reply.error}")
+                if reply.checksums:  # nothing is adopted from the staging slots before this holds
+                    try:
+                        verify_landed(self.kv.pools["stage"], stage, reply.checksums,
+                                      f"pull of {s.request} from {src}")
+                    except TransferCorrupt as exc:
+                        log.warning("kv_checksum_mismatch", node=self.node_id, request=s.request, src=src,
+                                    blocks=len(exc.slots), error=str(exc))
+                        log.warning("kv_recompute", node=self.node_id, request=s.request, kv_event="KvMoved",
+                                    src=src, blocks=len(need), action="recomputed on the decode node")
+                        raise
+                if part:
+                    copy_blocks(self.kv.pools["stage"], stage, self.kv.pools["L1"], [dst[i] for i in part]).wait()
+                self.counters["pull_chunks"] += 1
+                first = reply.first_token
+            finally:
+                self.kv.staging.give(stage, receiving=True)
+            pos += len(part)
+            if last:
+                return first
 
     # ------------------------------------------------------------------ serving peers
     async def _handle(self, msg) -> Reply:
@@ -272,25 +294,28 @@ class PeerTransfers:
                 order.append(("L1", len(from_l1)))
                 from_l1.append(s.slots[i])
                 l1_dst.append(d)
-        stage: list[int] = []
         sums: dict[str, list[int]] = {"L1": [], "L2": []}
         try:
-            if from_l1:
-                stage = self.kv.alloc["stage"].alloc(len(from_l1))
-                copy_blocks(self.kv.pools["L1"], from_l1, self.kv.pools["stage"], stage).wait()
-                sums["L1"] = (await asyncio.to_thread(self.transfer.write_blocks, self.kv.pools["stage"], stage,
-                                                      msg.pool, l1_dst, checksums=True)).checksums
+            k = 0
+            while k < len(from_l1):  # L1 -> the peer through this node's staging, a chunk at a time
+                stage = await self.kv.staging.take(len(from_l1) - k, receiving=False)
+                try:
+                    end = k + len(stage)
+                    copy_blocks(self.kv.pools["L1"], from_l1[k:end], self.kv.pools["stage"], stage).wait()
+                    sums["L1"] += (await asyncio.to_thread(self.transfer.write_blocks, self.kv.pools["stage"], stage,
+                                                           msg.pool, l1_dst[k:end], checksums=True)).checksums
+                finally:
+                    self.kv.staging.give(stage, receiving=False)
+                k = end
             if from_l2:
                 sums["L2"] = (await asyncio.to_thread(self.transfer.write_blocks, self.kv.pools["L2"], from_l2,
                                                       msg.pool, l2_dst, checksums=True)).checksums
         except (TransferError, KvLayoutError) as exc:
             return Reply(error=str(exc))
-        finally:
-            if stage:
-                self.kv.alloc["stage"].free(stage)
         self.counters["served_blocks"] += len(msg.indices)
         first = s.out[0]
-        self._drop_handoff(msg.request)
+        if msg.last:  # a chunked pull: the KV stays until its last chunk is served
+            self._drop_handoff(msg.request)
         return Reply(first_token=first, checksums=[sums[w][k] for w, k in order])
 
 
