@@ -65,6 +65,7 @@ from typing import Protocol
 
 import numpy as np
 
+from engine._kvscan import held_unpinned
 from engine.backend import DecodeJob, PrefillJob
 from engine.backends.sim.prefill_order import (
     LONG_S,
@@ -327,9 +328,7 @@ class SimNode:
                 break
             store = src.l2 if step.tier == "L2" else src.l1
             end = step.first_block + step.n_blocks
-            j = pos
-            while j < end and j < len(job.blocks) and job.blocks[j] in store:
-                j += 1
+            j = min(KvPool.prefix_len(job.blocks, pos, store), end)  # held from pos on (a compiled scan)
             if j > pos:
                 got.append((src.id, list(job.blocks[pos:j])))
             if j < end:
@@ -491,7 +490,7 @@ class SimNode:
                     l1n = self._prefix_len(blocks, 0, self.l1)
                     localn = self._prefix_len(blocks, l1n, self.l2)
         # restore own host blocks into GPU memory (eq. 1's t_rst)
-        restore = [b for b in blocks[l1n:localn] if b not in self.l1]
+        restore = self._to_restore(blocks, l1n, localn)
         pins = blocks
         if restore:
             self._store("L1", restore, pins, job.request)
@@ -509,6 +508,15 @@ class SimNode:
                                   cached_tokens=t_c, restored_tokens=job.t_rst,
                                   fetched_tokens=min(fetched_tokens, t_c)))
         return charged
+
+    def _to_restore(self, blocks: Sequence[BlockHash], l1n: int, localn: int) -> list[BlockHash]:
+        """``blocks[l1n:localn]`` not in L1, in order (duplicates kept): held in L2 as measured,
+        they are L2's blocks that L1 lacks, which one compiled scan gives; if a fetch since
+        evicted some from L2, each is tested."""
+        part = blocks[l1n:localn]
+        if KvPool.prefix_len(part, 0, self.l2) == len(part):
+            return held_unpinned(part, self.l2, self.l1)
+        return [b for b in part if b not in self.l1]
 
     def _mixes_decode_into_prefill(self) -> bool:
         """Switching in place to prefill: its running decodes ride along prefill iterations."""
