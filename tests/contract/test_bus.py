@@ -10,6 +10,7 @@ from events import codec
 from events.catalog import BranchOpened, KvStored, RequestSubmitted, Tick
 from services.adapters.bus import (
     Bus,
+    Connection,
     Consumer,
     InMemoryBus,
     Listener,
@@ -309,6 +310,49 @@ class BusContract:
             assert bus.url == self.url
         else:
             assert bus.url is None
+        await bus.close()
+
+    async def test_consumers_lists_durables_and_open_readers(self, partition):
+        bus = await self.make_bus(partition)
+        assert await bus.consumers() == []
+        await bus.publish_many(_events(20))
+        async with bus.consumer("reader") as c:
+            await _take(c, 15)
+            await c.flush()
+        clock = f"ei.{partition}.clock"
+        async with bus.consumer(None, subjects=clock) as eph:
+            assert await eph.pending() == 20  # nothing handed over yet
+            await _take(eph, 20)
+            assert await eph.pending() == 0
+            states = {c.name: c for c in await bus.consumers()}
+            (eph_name,) = [n for n in states if n != "reader"]
+            e = states[eph_name]
+            assert (e.durable, e.filter, e.pending, e.delivered, e.ack_floor, e.position) == (
+                False, clock, 0, 20, 20, 20)
+            r = states["reader"]
+            # acknowledged 15 of 20: the other 5 wait for it (handed over or not)
+            assert (r.durable, r.pending, r.ack_floor, r.position) == (True, 5, 15, 15)
+            assert r.filter == f"ei.{partition}.>"
+        assert [c.name for c in await bus.consumers()] == ["reader"]  # a closed ephemeral is gone
+        await bus.close()
+
+    async def test_pending_counts_only_the_readers_subjects(self, partition):
+        bus = await self.make_bus(partition)
+        await bus.publish_many(_events(4))
+        await bus.publish(BranchOpened(ts=1.0, branch="b1", session="s1"))
+        async with bus.consumer(None, subjects=f"ei.{partition}.clock") as c:
+            assert await c.pending() == 4
+            await _take(c, 4)
+            assert await c.pending() == 0
+        await bus.close()
+
+    async def test_connection_says_whether_it_reaches_its_server(self, partition):
+        bus = await self.make_bus(partition)
+        c = bus.connection()
+        if isinstance(bus, NatsBus):
+            assert c == Connection(connected=True, reconnecting=False, server=self.url.removeprefix("nats://"))
+        else:
+            assert c == Connection(connected=True)
         await bus.close()
 
     async def test_large_event_round_trips(self, partition):

@@ -59,4 +59,12 @@ async def test_the_in_process_bus_is_always_connected():
     gw = Gateway(bus, MemoryTokens("hb2"), GatewayConfig(partition="hb2"))
     async with TestClient(TestServer(gw.make_app())) as client:
         status, body = await _health(client)
-    assert status == 200 and body["bus"] == {"kind": "InMemoryBus", "connected": True}
+        deadline = time.monotonic() + 5.0
+        while len(body["consumers"]) < 2:  # the bus lists the gateway's own readers once polled
+            assert time.monotonic() < deadline, body
+            await asyncio.sleep(0.05)
+            _, body = await _health(client)
+    assert status == 200 and body["bus"] == {"kind": "InMemoryBus", "connected": True, "reconnecting": False,
+                                             "server": None}
+    # the route and failure watchers: ephemeral, at the head, not stuck
+    assert {c["durable"] for c in body["consumers"].values()} == {False} and body["stuck"] == []

@@ -21,6 +21,8 @@ from services.adapters.bus.port import (
     DLQ_SEQ,
     DLQ_SUBJECT,
     MSG_ID,
+    Connection,
+    ConsumerState,
     DeadLetter,
     Delivery,
     Handler,
@@ -67,6 +69,9 @@ class InMemoryBus:
         self._handling: set[asyncio.Task] = set()  # handlers running (a reference keeps each alive)
         #: the buses of every partition of this "connection" (for_partition), this one included
         self._partitions: dict[str, InMemoryBus] = {partition: self}
+        self._filters: dict[str, str] = {}  # durable -> its subject filter (consumers())
+        self._open: list[_MemConsumer] = []  # the consumers open now, in the order they opened
+        self._opened = 0  # ephemerals opened so far: each has its own name, as on JetStream
 
     async def publish(self, event: Event, *, msg_id: str | None = None, shadow: str | None = None) -> int:
         return await self.publish_raw(subject_for(event, self.partition, shadow), codec.encode(event),
@@ -155,6 +160,28 @@ class InMemoryBus:
     async def consumer_ack_floor(self, durable: str) -> int | None:
         return self._acks.get(durable)
 
+    def _waiting(self, after: int, subjects: str) -> int:
+        """Messages of ``subjects`` past sequence ``after``."""
+        return sum(1 for s, _, _ in self._log[after:] if subject_matches(subjects, s))
+
+    async def consumers(self) -> list[ConsumerState]:
+        out: dict[str, ConsumerState] = {}
+        for durable, floor in self._acks.items():  # open or not, a durable exists once opened
+            subjects = self._filters.get(durable, all_subjects(self.partition))
+            open_ = [c for c in self._open if c.durable == durable]
+            delivered = max([c._next - 1 for c in open_] + [floor])
+            out[durable] = ConsumerState(name=durable, durable=True, filter=subjects,
+                                         pending=self._waiting(floor, subjects), delivered=delivered, ack_floor=floor)
+        for c in self._open:
+            if not c.durable:
+                out[c.listed_as] = ConsumerState(name=c.listed_as, durable=False, filter=c.subjects,
+                                            pending=self._waiting(c._next - 1, c.subjects), delivered=c._next - 1,
+                                            ack_floor=c._next - 1)
+        return [out[k] for k in sorted(out)]
+
+    def connection(self) -> Connection:
+        return Connection(connected=True)
+
     async def rewind_consumer(self, durable: str, start_seq: int) -> None:
         self._acks[durable] = max(start_seq, 1) - 1
 
@@ -180,14 +207,25 @@ class _MemConsumer:
         self.bus, self.durable, self.subjects = bus, durable, subjects
         self.name = durable or "ephemeral"
         floor = bus._acks.setdefault(durable, 0) if durable else 0  # opened: it exists from now on
+        if durable:
+            bus._filters.setdefault(durable, subjects)
+        self.listed_as = self.name
         self._next = start_seq if start_seq is not None else floor + 1
         self._next = max(self._next, 1)
 
     async def __aenter__(self) -> Self:
+        if not self.durable:
+            self.bus._opened += 1  # its name in consumers(); dead letters keep naming it "ephemeral"
+            self.listed_as = f"ephemeral-{self.bus._opened}"
+        self.bus._open.append(self)
         return self
 
     async def __aexit__(self, *exc) -> None:
-        pass
+        if self in self.bus._open:
+            self.bus._open.remove(self)
+
+    async def pending(self) -> int | None:
+        return self.bus._waiting(self._next - 1, self.subjects)
 
     def __aiter__(self) -> AsyncIterator[Delivery]:
         return self._iter()

@@ -43,6 +43,8 @@ from services.adapters.bus.port import (
     DLQ_SEQ,
     DLQ_SUBJECT,
     MSG_ID,
+    Connection,
+    ConsumerState,
     DeadLetter,
     Delivery,
     Handler,
@@ -249,6 +251,17 @@ class NatsBus:
             return None
         return info.ack_floor.stream_seq if info.ack_floor else 0
 
+    async def consumers(self) -> list[ConsumerState]:
+        # $JS.API.CONSUMER.LIST.<stream>: read-only, allowed to the gateway's account (security.py)
+        infos = await self.js.consumers_info(self.stream)
+        return sorted((_consumer_state(i) for i in infos), key=lambda c: c.name)
+
+    def connection(self) -> Connection:
+        nc = self.nc
+        u = nc.connected_url if nc.is_connected else None
+        return Connection(connected=bool(nc.is_connected), reconnecting=bool(nc.is_reconnecting),
+                          server=f"{u.hostname}:{u.port}" if u is not None else None)
+
     async def rewind_consumer(self, durable: str, start_seq: int) -> None:
         subjects = all_subjects(self.partition)
         try:
@@ -356,6 +369,16 @@ class NatsBus:
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
+
+
+def _consumer_state(info: api.ConsumerInfo) -> ConsumerState:
+    """The fields of a ``ConsumerInfo`` that tell whether a consumer keeps up."""
+    cfg = info.config
+    return ConsumerState(name=info.name, durable=bool(getattr(cfg, "durable_name", None)),
+                         filter=getattr(cfg, "filter_subject", None) or "",
+                         pending=int(info.num_pending or 0) + int(info.num_ack_pending or 0),
+                         delivered=info.delivered.stream_seq if info.delivered else 0,
+                         ack_floor=info.ack_floor.stream_seq if info.ack_floor else 0)
 
 
 def _durable_config(durable: str, start: int, subjects: str) -> api.ConsumerConfig:
@@ -641,6 +664,15 @@ class _NatsConsumer:
                 await self.ack(seq)
                 continue
             yield Delivery(seq, msg.subject, event, msg.headers or {})
+
+    async def pending(self) -> int | None:
+        if self._consumer is None:
+            return None
+        try:
+            info = await self.bus.js.consumer_info(self.bus.stream, self._consumer)
+        except Exception:  # noqa: BLE001 - cannot ask now (the port: None)
+            return None
+        return int(info.num_pending or 0)
 
     async def ack(self, seq: int) -> None:
         """Cumulative ack up to ``seq``; sent every ``batch_acks`` messages, and by an idle

@@ -102,6 +102,12 @@ class Consumer(Protocol):
 
     async def flush(self) -> None: ...
 
+    async def pending(self) -> int | None:
+        """Messages of its subjects the bus still holds for this reader and has not handed it
+        (0: it is at the head); None when the bus cannot say now. On NATS a message the server
+        already sent may still be on its way, so 0 is final only when it is read twice."""
+        ...
+
     async def __aenter__(self) -> Self: ...
 
     async def __aexit__(self, *exc) -> None: ...
@@ -118,6 +124,33 @@ class StreamInfo:
     bytes: int = 0  # what the stream holds, as the backend counts it (JetStream adds subjects, headers)
     leader: str = ""  # the server that leads the stream ("" in process)
     replicas_current: int = 1  # replicas up to date: the leader and its current followers
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerState:
+    """One reader of the partition's stream as the bus sees it (:meth:`Bus.consumers`)."""
+
+    name: str
+    durable: bool
+    filter: str  # its subject filter
+    pending: int  # not yet handed to it, plus handed and not acknowledged (durables)
+    delivered: int  # stream sequence of the last message handed to it
+    ack_floor: int  # the last sequence it acknowledged (an ephemeral needs no ack: what it was handed)
+
+    @property
+    def position(self) -> int:
+        """How far it got: a durable acknowledges what it folded (its floor); an ephemeral
+        acknowledges nothing, so what it was handed is its position."""
+        return self.ack_floor if self.durable else self.delivered
+
+
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """Whether the bus reaches its server now (:meth:`Bus.connection`)."""
+
+    connected: bool
+    reconnecting: bool = False
+    server: str | None = None  # ``host:port`` of the server connected to; None in process or while down
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +201,14 @@ class Bus(Protocol):
     async def last_seq(self) -> int: ...
 
     async def stream_info(self) -> StreamInfo: ...
+
+    async def consumers(self) -> list[ConsumerState]:
+        """Every reader of the partition's stream (durables, and the ephemerals open now), by name."""
+        ...
+
+    def connection(self) -> Connection:
+        """Whether the bus reaches its server now (the in-process bus always does)."""
+        ...
 
     def for_partition(self, partition: str) -> Bus:
         """A bus for another partition over the same connection (same settings and account); the

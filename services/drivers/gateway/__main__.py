@@ -22,12 +22,12 @@ from services.adapters.bus.nats_prompts import NatsPromptStore
 from services.adapters.bus.natsserver import EmbeddedNats
 from services.adapters.bus.options import bus_auth
 from services.adapters.bus.security import CredentialsError, add_cli_options
+from services.adapters.bus.tokens import NatsTokenMux
 from services.adapters.logging import configure_logging, get_logger
 from services.drivers.gateway.app import Gateway, GatewayConfig
 from services.drivers.gateway.auth import ENV_VAR, ApiKeyConfigError, load_api_keys
 from services.drivers.gateway.guard import GatewayRunner
 from services.drivers.gateway.model import AUTO, ModelError, load_model, names_model
-from services.drivers.gateway.tokenmux import TokenMux
 from services.drivers.gateway.toolcalls import PARSERS
 
 
@@ -205,13 +205,12 @@ async def serve(args: argparse.Namespace) -> int:
                 settings=StreamSettings(replicas=replicas))
             if b is not bus:
                 extra.append(b)
-            lanes[name] = (b, TokenMux(b.nc, name))
+            lanes[name] = (b, NatsTokenMux.from_bus(b))
     prompts = None
     if store_prompts:
         buses = {n: b for n, (b, _) in lanes.items()} if lanes else {args.partition: bus}
-        prompts = {n: NatsPromptStore(b.nc, n, ttl_s=args.prompt_ttl_s, replicas=b.settings.replicas)
-                   for n, b in buses.items()}
-    gw = Gateway(bus, TokenMux(bus.nc, args.partition), cfg, lanes=lanes, prompts=prompts, model=model)
+        prompts = {n: NatsPromptStore.from_bus(b, ttl_s=args.prompt_ttl_s) for n, b in buses.items()}
+    gw = Gateway(bus, NatsTokenMux.from_bus(bus), cfg, lanes=lanes, prompts=prompts, model=model)
     runner = GatewayRunner(gw.make_app())  # aiohttp's own protocol errors as JSON (guard.py)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)

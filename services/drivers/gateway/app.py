@@ -54,6 +54,7 @@ from events.hashing import block_hashes
 from events.wire import token_key
 from services.adapters.bus import Bus
 from services.adapters.bus.prompts import PromptStore
+from services.adapters.bus.tokens import TokenChannel
 from services.adapters.logging import get_logger
 from services.cores.branches import BranchSignals, BranchStateError, BranchTable
 from services.cores.partitions import session_index
@@ -105,17 +106,17 @@ MAX_MODEL_NAME_CHARS = 256
 
 
 class Gateway:
-    """The HTTP app's state. ``bus``: NatsBus or InMemoryBus; ``tokens``: tokenmux.TokenMux,
-    NatsTokens or MemoryTokens; ``clock`` gives event timestamps (seconds)."""
+    """The HTTP app's state. ``bus``: NatsBus or InMemoryBus; ``tokens``: a token channel
+    (NatsTokenMux, NatsTokens or MemoryTokens); ``clock`` gives event timestamps (seconds)."""
 
-    def __init__(self, bus: Bus, tokens, config: GatewayConfig | None = None,
-                 clock: Callable[[], float] | None = None, lanes: dict[str, tuple[Bus, object]] | None = None,
+    def __init__(self, bus: Bus, tokens: TokenChannel, config: GatewayConfig | None = None,
+                 clock: Callable[[], float] | None = None, lanes: dict[str, tuple[Bus, TokenChannel]] | None = None,
                  prompts: dict[str, PromptStore] | None = None, model: PromptModel | None = None) -> None:
         self.bus, self.tokens = bus, tokens
         self.cfg = config or GatewayConfig()
         # partition -> (bus, tokens) of that partition (docs/partitions.md); one partition by default.
         # A session goes to partition session_index(root branch, N) of the lanes, in order.
-        self.lanes: dict[str, tuple[Bus, object]] = dict(lanes) if lanes else {self.cfg.partition: (bus, tokens)}
+        self.lanes: dict[str, tuple[Bus, TokenChannel]] = dict(lanes) if lanes else {self.cfg.partition: (bus, tokens)}
         self.partitions = tuple(self.lanes)
         self.clock = clock or scaled_clock(self.cfg.time_scale, self.cfg.clock_epoch)
         # the model's tokenizer and chat template (model.py; a named model that cannot load raises ModelError)
@@ -185,8 +186,7 @@ class Gateway:
 
     async def _on_startup(self, _app) -> None:
         for _, tokens in self.lanes.values():
-            if hasattr(tokens, "start"):  # tokenmux.TokenMux: one subscription per partition
-                await tokens.start()
+            await tokens.start()  # NatsTokenMux: its one subscription of the partition
         await self._rebuild()
         for w in self.watchers.values():
             await w.start()
@@ -212,8 +212,7 @@ class Gateway:
         for ch in self.consumer_health.values():
             await ch.stop()
         for _, tokens in self.lanes.values():
-            if hasattr(tokens, "stop"):
-                await tokens.stop()
+            await tokens.stop()
 
     def fail_in_flight(self, error: str) -> int:
         """End every request in flight with a 503 / an error event naming ``error`` (a stopping
@@ -349,13 +348,9 @@ class Gateway:
     def bus_state(self) -> dict:
         """Whether the gateway can reach the bus: a NATS connection that is down (the server
         died, a reconnect in progress) is not; the in-process bus always is."""
-        nc = getattr(self.bus, "nc", None)
-        if nc is None:
-            return {"kind": type(self.bus).__name__, "connected": True}
-        url = getattr(nc, "connected_url", None)
-        return {"kind": type(self.bus).__name__, "connected": bool(nc.is_connected),
-                "reconnecting": bool(getattr(nc, "is_reconnecting", False)),
-                "server": f"{url.hostname}:{url.port}" if url is not None and nc.is_connected else None}
+        c = self.bus.connection()
+        return {"kind": type(self.bus).__name__, "connected": c.connected, "reconnecting": c.reconnecting,
+                "server": c.server}
 
     def _watch_states(self) -> list:
         return [w.reader.state for w in [*self.watchers.values(), *self.failures.values()]]

@@ -6,8 +6,9 @@ stopped on one malformed message while every health check said ok).
   the event authority first (events/authority.py: a refused one is dead-lettered to the
   gateway's account, counted, never handled); a consumer that fails is opened again after the
   last sequence it handed over. Its state (position, refusals, last error) is reported.
-- :class:`ConsumerHealth`: every consumer of the partition's stream as JetStream sees it
-  (``$JS.API.CONSUMER.LIST.<stream>``, a read-only call the gateway's account may make): the
+- :class:`ConsumerHealth`: every consumer of the partition's stream as the bus sees it
+  (``Bus.consumers``: on NATS ``$JS.API.CONSUMER.LIST.<stream>``, a read-only call the gateway's
+  account may make; the in-process bus lists its durables and open readers): the
   durables of the directory, planner, router and recorder, and the ephemerals of the engines and
   of the gateway (named after their account: ``engine-n0-<hex>``). A consumer with messages
   waiting whose position has not moved for ``stuck_after_s`` is **stuck**; one with more than
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from events import codec
 from events.authority import Admission
 from services.adapters.bus import Bus
-from services.adapters.bus.port import Delivery, dead_letter
+from services.adapters.bus.port import ConsumerState, Delivery, dead_letter
 from services.adapters.logging import get_logger
 
 log = get_logger("gateway")
@@ -114,8 +115,7 @@ class _Seen:
 
 
 class ConsumerHealth:
-    """Polls JetStream's view of every consumer of the stream (module docstring). Works only on
-    a JetStream bus; on an in-process bus :meth:`report` says so."""
+    """Polls the bus's view of every consumer of the stream (``Bus.consumers``; module docstring)."""
 
     def __init__(self, bus: Bus, every_s: float = 1.0, stuck_after_s: float = STUCK_AFTER_S,
                  lag_events: int = LAG_EVENTS, clock: Callable[[], float] = time.monotonic) -> None:
@@ -126,12 +126,8 @@ class ConsumerHealth:
         self.polled_at: float | None = None
         self._task: asyncio.Task | None = None
 
-    @property
-    def supported(self) -> bool:
-        return getattr(self.bus, "js", None) is not None
-
     def start(self) -> None:
-        if self.supported and self._task is None:
+        if self._task is None:
             self._task = asyncio.create_task(self._loop(), name="consumer-health")
 
     async def stop(self) -> None:
@@ -148,12 +144,12 @@ class ConsumerHealth:
 
     async def poll(self) -> None:
         try:
-            infos = await asyncio.wait_for(self.bus.js.consumers_info(self.bus.stream), 5.0)
+            states = await asyncio.wait_for(self.bus.consumers(), 5.0)
         except Exception as exc:  # noqa: BLE001 - reported, not fatal
             self.error = f"{type(exc).__name__}: {exc}"[:300] or type(exc).__name__
             return
         self.error = None
-        self.observe([_row(i) for i in infos])
+        self.observe([_row(c) for c in states])
 
     def observe(self, rows: list[dict]) -> None:
         """Fold one poll's rows (``name``, ``pending``, ``position``, ...): what moved and when."""
@@ -172,8 +168,6 @@ class ConsumerHealth:
 
     def report(self) -> dict:
         """``{"consumers": {...}, "stuck": [...], "lagging": [...]}`` for ``/health``."""
-        if not self.supported:
-            return {"consumers": {}, "stuck": [], "lagging": [], "note": "in-process bus: no consumer view"}
         now = self.clock()
         consumers, stuck, lagging = {}, [], []
         for name in sorted(self.seen):
@@ -193,15 +187,7 @@ class ConsumerHealth:
         return out
 
 
-def _row(info) -> dict:
-    """The fields of a nats-py ``ConsumerInfo`` that tell whether a consumer keeps up."""
-    cfg = info.config
-    durable = bool(getattr(cfg, "durable_name", None))
-    delivered = info.delivered.stream_seq if info.delivered else 0
-    floor = info.ack_floor.stream_seq if info.ack_floor else 0
-    pending = int(info.num_pending or 0) + int(info.num_ack_pending or 0)
-    # a durable acknowledges what it folded (AckPolicy.ALL): its floor is its position; an
-    # ephemeral acknowledges nothing: what it was handed is its position
-    return {"name": info.name, "durable": durable, "filter": getattr(cfg, "filter_subject", None) or "",
-            "pending": pending, "position": floor if durable else delivered, "delivered": delivered,
-            "ack_floor": floor}
+def _row(c: ConsumerState) -> dict:
+    """A consumer's row in ``/health``."""
+    return {"name": c.name, "durable": c.durable, "filter": c.filter, "pending": c.pending,
+            "position": c.position, "delivered": c.delivered, "ack_floor": c.ack_floor}

@@ -33,22 +33,10 @@ from services.drivers.gateway.meta import STREAM_FAILURE, failure_error
 
 log = get_logger("gateway")
 
-async def _pending(bus: Bus, consumer) -> int | None:
-    """Messages the server still holds for ``consumer`` (NatsBus); None when it cannot say."""
-    js, name = getattr(bus, "js", None), getattr(consumer, "_consumer", None)
-    if js is None or name is None:
-        return None
-    try:
-        info = await js.consumer_info(bus.stream, name)
-    except Exception:  # noqa: BLE001 - cannot ask: keep reading until the next idle check
-        return None
-    return int(info.num_pending or 0)
-
-
 async def rebuild(bus: Bus, table: BranchTable, idle_s: float = 0.25, timeout_s: float = 120.0) -> int:
     """Fold the partition's harness events up to the head seen now into ``table``; the number
     of events folded. Ends when the head is reached, or when the consumer is idle and the
-    server holds nothing more for it (an in-process bus: idle is the end)."""
+    bus holds nothing more for it (``Consumer.pending``, read twice)."""
     head = await bus.last_seq()
     if head == 0:
         return 0
@@ -68,9 +56,7 @@ async def rebuild(bus: Bus, table: BranchTable, idle_s: float = 0.25, timeout_s:
                     nxt = asyncio.ensure_future(it.__anext__())
                 done, _ = await asyncio.wait({nxt}, timeout=idle_s)
                 if not done:
-                    left = await _pending(bus, c)
-                    if left is None and getattr(bus, "js", None) is None:
-                        break  # in process: idle is the end
+                    left = await c.pending()
                     # nothing left on the server twice in a row: a message it had sent before
                     # the first check (on its way to us) would have come in between
                     idle = idle + 1 if left == 0 else 0
