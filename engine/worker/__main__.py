@@ -14,12 +14,11 @@ import time
 from collections.abc import Callable
 
 from engine.backend import BackendUnavailable
-from engine.backends.sglang.backend import SglangBackend, config_from_args
-from engine.backends.sglang.options import add_arguments, check_args
+from engine.backends.sglang.backend import SglangBackend
+from engine.backends.sglang.options import add_arguments, check_args, config_from_args
 from engine.backends.torch import options as torch_options
 from engine.backends.vllm import options as vllm_options
 from engine.backends.vllm.backend import VllmBackend
-from engine.backends.vllm.backend import config_from_args as vllm_config_from_args
 from engine.profiles import load_profile
 from engine.transfer import TransferError
 from engine.transfer.exit import exit_process
@@ -108,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
 async def run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
     backend: str | Callable = "sim"
-    attached = {"sglang": (SglangBackend, config_from_args), "vllm": (VllmBackend, vllm_config_from_args)}
+    attached = {"sglang": (SglangBackend, config_from_args), "vllm": (VllmBackend, vllm_options.config_from_args)}
     if args.backend in attached:  # an SGLang or vLLM server: check it before touching the bus
         cls, config = attached[args.backend]
         cfg = config(args)

@@ -40,7 +40,6 @@ import re
 import shlex
 import sys
 import time
-from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 import aiohttp
@@ -57,6 +56,7 @@ from engine.backends.attached import (
 )
 from engine.backends.kvmap import PageMap
 from engine.backends.sglang.logparse import parse_decode_line
+from engine.backends.sglang.options import SglangConfig
 from engine.backends.sglang.wire import SGLANG_TIERS, parse_frames
 from engine.kvpool import KvPool
 from engine.profiles import Profile
@@ -65,42 +65,7 @@ from events.ids import NodeId, RequestId, Role, SwitchMechanism
 from services.adapters.logging import get_logger
 
 log = get_logger("sglang")
-__all__ = ["VOCAB", "SglangBackend", "SglangConfig", "bootstrap_room", "config_from_args", "prompt_ids"]
-
-
-@dataclass
-class SglangConfig:
-    url: str | None = None
-    launch: str | None = None
-    launch_timeout_s: float = 900.0
-    wait_s: float = 0.0  # attach: wait this long for /health (a server still loading its model)
-    kv_events_endpoint: str | None = None
-    kv_events_topic: str = ""
-    bootstrap_host: str | None = None
-    bootstrap_port: int = 8998
-    peers: dict[str, str] = field(default_factory=dict)  # node -> http url
-    switch_fallback: str = "restart"
-    drain_timeout_s: float = 120.0
-    request_timeout_s: float = 600.0
-    decode_cuda_graph_memory_gb: float | None = None
-    decode_log_interval: int = 40  # SGLang --decode-log-interval: iterations per "Decode batch" log line
-    metrics_interval_s: float = 2.0  # poll /metrics (SGLang --enable-metrics) for the server's load; 0: off
-    retry_s: float = 60.0  # a request that cannot connect (a server restarting) is retried this long
-
-
-def config_from_args(args) -> SglangConfig:
-    url = args.sglang_url
-    if url is None and args.sglang_launch:
-        m = re.search(r"--port[ =](\d+)", args.sglang_launch)
-        url = f"http://127.0.0.1:{m.group(1) if m else 30000}"
-    return SglangConfig(url=url, launch=args.sglang_launch, launch_timeout_s=args.sglang_launch_timeout_s,
-                        wait_s=args.sglang_wait_s,
-                        kv_events_endpoint=args.kv_events_endpoint, kv_events_topic=args.kv_events_topic,
-                        bootstrap_host=args.bootstrap_host, bootstrap_port=args.bootstrap_port,
-                        peers=dict(s.split("=", 1) for s in args.peer_url), switch_fallback=args.switch_fallback,
-                        drain_timeout_s=args.drain_timeout_s, request_timeout_s=args.request_timeout_s,
-                        decode_cuda_graph_memory_gb=args.decode_cuda_graph_memory_gb,
-                        metrics_interval_s=args.metrics_interval_s, decode_log_interval=args.decode_log_interval)
+__all__ = ["VOCAB", "SglangBackend", "SglangConfig", "bootstrap_room", "prompt_ids"]
 
 
 def bootstrap_room(request: str) -> int:

@@ -55,9 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections import Counter
-from dataclasses import dataclass, field
 
 import aiohttp
 
@@ -71,6 +69,7 @@ from engine.backends.attached import (
     structured_params,
 )
 from engine.backends.kvmap import PageMap
+from engine.backends.vllm.options import VllmConfig
 from engine.backends.vllm.pd import VllmPd, request_seed
 from engine.backends.vllm.wire import MEDIUM_CPU, MEDIUM_GPU, parse_frames
 from engine.kvpool import KvPool
@@ -83,29 +82,6 @@ log = get_logger("vllm")
 
 #: vLLM's ``medium`` -> our tier (``cpu``: the Mooncake store connector's spelling).
 VLLM_TIERS = {None: "L1", MEDIUM_GPU: "L1", MEDIUM_CPU: "L2", "cpu": "L2"}
-
-
-@dataclass
-class VllmConfig:
-    url: str = ""
-    model: str | None = None  # default: the first of GET /v1/models
-    api_key: str | None = None  # vLLM --api-key
-    wait_s: float = 0.0
-    kv_events_endpoints: list[str] = field(default_factory=list)
-    kv_events_topic: str = ""
-    metrics_interval_s: float = 2.0
-    request_timeout_s: float = 600.0
-    retry_s: float = 60.0
-    pd: bool = False  # the server runs a kv_both KV connector shared with its peers (pd.py)
-
-
-def config_from_args(args) -> VllmConfig:
-    eps = [e.strip() for e in (args.kv_events_endpoint or "").split(",") if e.strip() and e.strip() != "none"]
-    return VllmConfig(url=args.vllm_url.rstrip("/"), model=args.vllm_model,
-                      api_key=args.vllm_api_key or os.environ.get("VLLM_API_KEY") or None,
-                      wait_s=args.vllm_wait_s, kv_events_endpoints=eps, kv_events_topic=args.kv_events_topic,
-                      metrics_interval_s=args.metrics_interval_s, request_timeout_s=args.request_timeout_s,
-                      pd=args.vllm_pd)
 
 
 def prom_labels(text: str, metric: str) -> dict[str, str]:

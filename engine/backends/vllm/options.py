@@ -7,6 +7,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 
@@ -76,3 +78,27 @@ def bind_endpoint(ep: str) -> str:
     """The endpoint a vLLM server binds for subscribers that connect to ``ep`` (tcp: every interface)."""
     scheme, _, rest = ep.partition("://")
     return f"tcp://*:{rest.rpartition(':')[2]}" if scheme == "tcp" else ep
+
+
+@dataclass
+class VllmConfig:
+    url: str = ""
+    model: str | None = None  # default: the first of GET /v1/models
+    api_key: str | None = None  # vLLM --api-key
+    wait_s: float = 0.0
+    kv_events_endpoints: list[str] = field(default_factory=list)
+    kv_events_topic: str = ""
+    metrics_interval_s: float = 2.0
+    request_timeout_s: float = 600.0
+    retry_s: float = 60.0
+    pd: bool = False  # the server runs a kv_both KV connector shared with its peers (pd.py)
+
+
+def config_from_args(args: argparse.Namespace) -> VllmConfig:
+    """The typed configuration of the parsed options (the backend never sees ``args``)."""
+    eps = [e.strip() for e in (args.kv_events_endpoint or "").split(",") if e.strip() and e.strip() != "none"]
+    return VllmConfig(url=args.vllm_url.rstrip("/"), model=args.vllm_model,
+                      api_key=args.vllm_api_key or os.environ.get("VLLM_API_KEY") or None,
+                      wait_s=args.vllm_wait_s, kv_events_endpoints=eps, kv_events_topic=args.kv_events_topic,
+                      metrics_interval_s=args.metrics_interval_s, request_timeout_s=args.request_timeout_s,
+                      pd=args.vllm_pd)
