@@ -236,6 +236,7 @@ def _calibration_rows(args, out) -> list[dict]:
     base = argparse.Namespace(**vars(args))
     base.nodes, base.agents, base.arrivals, base.trace, base.workload = 9, args.agents, None, str(path), None
     base.pace, base.partitions = "agent", 1
+    base.profile = getattr(args, "calibration_profile", None)
     t0, c0 = time.perf_counter(), time.process_time()
     source, what = session_source(base)  # the import (cached: replay/traces/importers/cache.py) and pacing
     import_s, import_cpu_s = time.perf_counter() - t0, time.process_time() - c0
@@ -258,7 +259,11 @@ def _calibration_rows(args, out) -> list[dict]:
                  "x_real_time_cpu": sim_s / cpu, "events": len(res.log), "events_per_s": len(res.log) / wall,
                  "events_per_cpu_s": len(res.log) / cpu, "finished": res.finished, "gen_s": 0.0,
                  "baseline": name == "before", "calibration": name, "digest": _log_digest(res.log),
-                 "import_s": import_s, "import_cpu_s": import_cpu_s, "load_avg_1m": os.getloadavg()[0], **st}
+                 "import_s": import_s, "import_cpu_s": import_cpu_s, "load_avg_1m": os.getloadavg()[0],
+                 "profile": base.profile or "(the trace's)",
+                 # as `evolving replay --out` runs it: the sessions' import (cached) and the run with its log
+                 "x_real_time_with_import": sim_s / (wall + import_s),
+                 "x_real_time_cpu_with_import": sim_s / (cpu + import_cpu_s), **st}
             _target(r, CALIBRATION_TARGET)
             if logged:
                 r["log_bytes_per_sim_min"] = st["log_bytes"] / (sim_s / 60)

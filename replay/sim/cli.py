@@ -340,6 +340,9 @@ def register_sim(sub, bench) -> None:
     bp.add_argument("--calibration-runs", default="nolog,before,full,decisions",
                     help="calibration rows, comma-separated: nolog, before (log format 1 in the simulation's thread: "
                          "the path before format 2), full, decisions (the current format, writer thread, --log-level)")
+    bp.add_argument("--calibration-profile", default=None,
+                    help="the calibration rows' profile (e.g. gb300-glm52-pressure, the experiments' own; default "
+                         "the trace's)")
     bp.add_argument("--json", action="store_true", help="the rows as JSON on stdout (progress on stderr)")
     bp.set_defaults(func=cmd_bench, profile=None, start=None, fast=False, json=False, no_progress=True,
                     trace=None, arrivals=None)

@@ -101,3 +101,21 @@ def test_partition_rows_take_their_own_span_and_extrapolate_an_hour(capsys):
     assert r["extrapolated_hour_wall_s"] == pytest.approx(r["wall_s"] * 240)
     assert r["extrapolated_hour_cpu_s"] == pytest.approx(r["cpu_s"] * 240)
     assert "target" not in r  # the target is the 768-node run in 8 partitions
+
+
+def test_calibration_rows_take_a_profile_and_count_the_import_as_replay_does(capsys):
+    """--calibration-profile runs the rows on that profile (the experiments' pressure one), and
+    each row carries x real time with the sessions' import counted, as `evolving replay --out`
+    runs it."""
+    args = ["bench", "sim", "--sizes", "3:4", "--runs", "evolving", "--agents", "6", "--calibration-runs", "nolog",
+            "--calibration", "tests/fixtures/traces/weka-claude-code", "--warmup", "10s", "--duration", "20s", "--json"]
+    assert main(args + ["--calibration-profile", "gb300-glm52-pressure"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)[1:]
+    assert row["profile"] == "gb300-glm52-pressure"
+    assert row["x_real_time_with_import"] == pytest.approx(row["simulated_s"] / (row["wall_s"] + row["import_s"]))
+    assert row["x_real_time_cpu_with_import"] == pytest.approx(
+        row["simulated_s"] / (row["cpu_s"] + row["import_cpu_s"]))
+    assert main(args) == 0
+    (default,) = json.loads(capsys.readouterr().out)[1:]
+    assert default["profile"] == "(the trace's)"
+    assert default["digest"] != row["digest"]  # another profile, another run
