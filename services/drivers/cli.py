@@ -24,7 +24,7 @@ COMMAND_MODULES = (
     "services.drivers.chaos.cli",
     "services.drivers.soak.cli",
     "services.drivers.bench.kv_cli",
-    "services.drivers.bench.dynamo",
+    "services.drivers.bench.dynamo_cli",
 )
 
 

@@ -106,8 +106,8 @@ def write_tokenizer(dst: Path) -> Path:
     """The bundled SmolLM2 tokenizer as a Hugging Face folder (tokenizer.json, its config with the
     chat template Dynamo's frontend requires, a config.json): the mocker's ``--model-path``."""
     from engine.model_files import smollm2_gguf  # lazy: reads the GGUF only for the live bench
-    from services.drivers.gateway.gguf_meta import read_metadata
-    from services.drivers.gateway.model import gguf_tokenizer
+    from services.drivers.gateway.gguf_meta import read_metadata  # lazy: as above
+    from services.drivers.gateway.model import gguf_tokenizer  # lazy: as above
 
     dst.mkdir(parents=True, exist_ok=True)
     gguf = str(smollm2_gguf())
