@@ -3,7 +3,7 @@
 JSON has no NaN or infinity, and msgspec's encoder writes them as ``null``, which its typed
 decoder then refuses for a ``float`` field: one event published with ``ts = NaN`` (a hostile or
 broken client; the stream takes any msgpack float) made the whole log unreadable to ``evolving
-verify`` (issue 45). So an event holding a non-finite float anywhere (``ts``, a duration, a
+verify``. So an event holding a non-finite float anywhere (``ts``, a duration, a
 score in a list of structs) is written with each such float as the string ``"NaN"``,
 ``"Infinity"`` or ``"-Infinity"`` (DuckDB casts these strings to ``DOUBLE`` too: SQL over the
 payload reads them), every other event exactly as :func:`events.codec.to_json` writes it, byte

@@ -1,6 +1,6 @@
 """``evolving bench dynamo --live``: the real NVIDIA Dynamo serving (its frontend, KV router and
 mocker workers, ai-dynamo 1.6.1) and ``evolving up`` side by side, the same client on the same
-trace, the same engine model and capacity (issue 46 part 4; docs/experiments.md, "Against the
+trace, the same engine model and capacity (docs/experiments.md, "Against the
 real Dynamo", Live).
 
 1. The trace: the offline part's Mooncake file (:func:`~services.drivers.bench.dynamo.write_trace`:

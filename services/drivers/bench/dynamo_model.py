@@ -1,4 +1,4 @@
-"""One engine model on both sides of the side by side with the real Dynamo (issue 46 part 2).
+"""One engine model on both sides of the side by side with the real Dynamo.
 
 Dynamo's mocker (ai-dynamo 1.6.1, ``lib/mocker/src/common/perf_model.rs``) times a worker's
 scheduler step from profiling data (``timing_model`` ``dynamo_profile``: an NPZ file):

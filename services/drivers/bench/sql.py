@@ -37,7 +37,7 @@ DOC = Path(__file__).resolve().parents[3] / "docs" / "recorder.md"
 
 @dataclass(frozen=True)
 class Case:
-    """A log the SQL targets are stated on (issue 48 part 1)."""
+    """A log the SQL targets are stated on (docs/recorder.md)."""
 
     log: str  #: where the log is kept, relative to the working directory
     make: tuple[str, ...] | None  #: `evolving` arguments that write it ({log}: its path); None: ``hint``
