@@ -26,12 +26,18 @@ every one of them (a sustained backlog, not a burst):
   (P * node_rps) <= horizon_s``);
 - ``fluid_wait_s(P)``: the P95 wait a request arriving now sees at P prefill nodes: the
   backlog ahead of it served at ``P * node_rps`` plus, when that is short of the demand, what
-  the backlog grows by over the horizon, times ``spread``.
+  the backlog grows by over the horizon, times ``spread``;
+- ``projected(b, move_s)``: the backlog ``move_s`` seconds on at its measured growth (a growing
+  backlog only), what a request arriving once a move ordered now has taken effect waits behind;
+  ``deficit_wait_s(b, P, move_s)``: the P95 wait at P nodes once the backlog grew for
+  ``move_s`` at the demand P nodes fall short of (the SLO guard of a move to fewer nodes).
 """
 
 from __future__ import annotations
 
 import math
+
+import msgspec
 
 import services.cores.numerics as nm
 from events.catalog import Backlog
@@ -98,6 +104,19 @@ def fluid_wait_s(b: Backlog, prefill_nodes: int) -> float:
     if cap <= 0.0:
         return math.inf
     return b.spread * (b.last_queue + max(0.0, b.demand_rps - cap) * b.horizon_s) / cap
+
+
+def projected(b: Backlog, move_s: float) -> Backlog:
+    """``b`` with its last slice's queue grown at ``growth_rps`` for ``move_s`` seconds (never
+    shrunk: a draining backlog projects to itself)."""
+    return msgspec.structs.replace(b, last_queue=b.last_queue + max(0.0, b.growth_rps) * move_s)
+
+
+def deficit_wait_s(b: Backlog, prefill_nodes: int, move_s: float) -> float:
+    """``fluid_wait_s`` at ``prefill_nodes`` once the backlog grew for ``move_s`` seconds by
+    the demand their capacity falls short of (none when it does not)."""
+    short = max(0.0, b.demand_rps - prefill_nodes * b.node_rps)
+    return fluid_wait_s(msgspec.structs.replace(b, last_queue=b.last_queue + short * move_s), prefill_nodes)
 
 
 def why(b: Backlog) -> str:

@@ -72,7 +72,7 @@ from services.cores.planner.base import (
     PlannerBase,
 )
 from services.cores.planner.evaluate import NodeArrays, WorkArrays, queue_prediction, theta
-from services.cores.planner.shift import change_point, strongest, why
+from services.cores.planner.shift import change_point, passed, strongest, why
 from services.cores.planner.window import SliceStats, Work, work_of
 
 
@@ -95,6 +95,12 @@ class EvolvingConfig(BaseConfig, kw_only=True, forbid_unknown_fields=True):
     # read the measured wait beside the predicted one, and the escape moves at least to the
     # prefill count that drains the backlog within ``slo_ttft_p95_s``
     measured_backlog: bool = True
+    # the projected backlog (issue 41 part 1): when the queue rose in each recent slice and its
+    # rise passes the change-point test, the SLO escape also fires when the backlog grown at
+    # its measured rate for this long breaks the SLO at the current split (0: off). The time a
+    # move takes: the shifting experiment's log measured 288.5 s from order to switch (nodes
+    # draining their decodes), and the escape waits for the next shift or window end after it
+    backlog_projection_s: float = 300.0
 
 
 class Evaluation:
@@ -112,6 +118,8 @@ class Evaluation:
         backlog: Backlog | None = None,
         measured_ttft95: np.ndarray | None = None,
         theta_backlog: np.ndarray | None = None,
+        projected: tuple[float, Backlog] | None = None,
+        guard_ttft: np.ndarray | None = None,
     ) -> None:
         self.P = P_values
         self.theta_mean = theta_mean
@@ -128,6 +136,12 @@ class Evaluation:
         # throughput with the queued requests counted in the decode population (they are
         # deferred decode work in a closed loop); the escape's tolerance reads it
         self.theta_backlog = theta_mean if theta_backlog is None else theta_backlog
+        # (the current split's P95 TTFT once the backlog grew for ``backlog_projection_s``, that
+        # backlog) when the queue is rising; only the SLO escape's trigger reads it
+        self.projected = projected
+        # what the SLO guard reads: ``ttft``, for a candidate with fewer prefill nodes than the
+        # current split the larger of it and its P95 TTFT once its deficit grew the backlog
+        self.guard_ttft = self.ttft if guard_ttft is None else guard_ttft
 
 
 class EvolvingPlanner(PlannerBase):
@@ -198,6 +212,7 @@ class EvolvingPlanner(PlannerBase):
         current_P: int | None,
         serving_P: int | None = None,
         backlog: Backlog | None = None,
+        rising: bool = False,
     ) -> Evaluation:
         arrays = self.node_arrays(seq)
         w = WorkArrays.of(works)
@@ -226,8 +241,21 @@ class EvolvingPlanner(PlannerBase):
         measured = np.maximum(ttft95, waits + (ttft95 - wait95))
         deferred = WorkArrays.of([dataclasses.replace(x, q=x.q + x.prefill_queue) for x in works])
         th_b, _, _ = theta(arrays, deferred)
+        projected, guard = None, measured
+        move_s = self.cfg.backlog_projection_s
+        if move_s > 0.0 and current_P is not None and 1 <= current_P <= N - 1:
+            short = np.array([
+                bl.deficit_wait_s(backlog, int(P), move_s) if P < current_P else 0.0 for P in P_values
+            ])
+            guard = np.maximum(measured, short + (ttft95 - wait95))
+        if rising and move_s > 0.0 and backlog.growth_rps > 0.0 and current_P is not None and 1 <= current_P <= N - 1:
+            c = current_P - 1
+            grown = bl.projected(backlog, move_s)
+            wait = max(waits[c], bl.fluid_wait_s(grown, current_P))
+            projected = (float(max(ttft95[c], wait + ttft95[c] - wait95[c])), grown)
         return Evaluation(
-            P_values, theta_mean, gain, se, wait95, ttft95, n, backlog, measured, th_b.mean(axis=1)
+            P_values, theta_mean, gain, se, wait95, ttft95, n, backlog, measured, th_b.mean(axis=1), projected,
+            guard,
         )
 
     def measure_backlog(self, slices: list[SliceStats]) -> Backlog | None:
@@ -252,6 +280,11 @@ class EvolvingPlanner(PlannerBase):
         if ev.ttft[i] > cfg.slo_ttft_p95_s and ev.ttft[i] > cur_ttft:
             what = "predicted" if ev.measured_ttft95 is None else "predicted/measured"
             return f"slo: {what} ttft p95 {ev.ttft[i]:.1f} s > {cfg.slo_ttft_p95_s:g} s"
+        if ev.guard_ttft[i] > cfg.slo_ttft_p95_s and ev.guard_ttft[i] > cur_ttft:
+            return (
+                f"slo: projected ttft p95 {ev.guard_ttft[i]:.1f} s > {cfg.slo_ttft_p95_s:g} s once "
+                f"{ev.P[i]}P's deficit grew the backlog for {cfg.backlog_projection_s:g} s"
+            )
         return ""
 
     def decide(
@@ -303,9 +336,13 @@ class EvolvingPlanner(PlannerBase):
         requests counted in decode (``theta_backlog``), and when the backlog needs more prefill
         nodes than the current split has (``Backlog.need_prefill``) only candidates with at
         least that many are taken, if any qualifies: one move sized to drain it, not one node
-        per decision."""
+        per decision. With a rising backlog (``Evaluation.projected``) the escape also fires
+        when the current split's P95 TTFT projected ``backlog_projection_s`` on breaks the SLO
+        (before the measured one does); the move is chosen and sized as without it."""
         cfg = self.cfg
-        if not cfg.ttft_objective or cur is None or ev.ttft[cur] <= cfg.slo_ttft_p95_s:
+        if not cfg.ttft_objective or cur is None:
+            return None
+        if ev.ttft[cur] <= cfg.slo_ttft_p95_s and (ev.projected is None or ev.projected[0] <= cfg.slo_ttft_p95_s):
             return None
         theta = ev.theta_backlog
         floor = (1.0 - cfg.throughput_tolerance) * theta[cur]
@@ -329,9 +366,18 @@ class EvolvingPlanner(PlannerBase):
                 f"{ev.P[i]}P predicts {ev.ttft95[i]:.1f} s at {ev.theta_mean[i]:.3f} req/s "
                 f"(current {ev.theta_mean[cur]:.3f}, tolerance {self.cfg.throughput_tolerance:.0%})"
             )
+        slo = self.cfg.slo_ttft_p95_s
+        if ev.ttft[cur] > slo or ev.projected is None:
+            now = f"current split's ttft p95 {ev.ttft[cur]:.1f} s (predicted {ev.ttft95[cur]:.1f} s) > {slo:g} s"
+        else:
+            ttft, grown = ev.projected
+            now = (
+                f"current split's ttft p95 {ev.ttft[cur]:.1f} s (predicted {ev.ttft95[cur]:.1f} s), projected "
+                f"{ttft:.1f} s > {slo:g} s once the rising backlog grows {self.cfg.backlog_projection_s:g} s more "
+                f"(to {grown.last_queue:.0f} requests)"
+            )
         return (
-            f"current split's ttft p95 {ev.ttft[cur]:.1f} s (predicted {ev.ttft95[cur]:.1f} s) > "
-            f"{self.cfg.slo_ttft_p95_s:g} s; {bl.why(ev.backlog)}; {ev.P[i]}P: {ev.ttft[i]:.1f} s "
+            f"{now}; {bl.why(ev.backlog)}; {ev.P[i]}P: {ev.ttft[i]:.1f} s "
             f"(predicted {ev.ttft95[i]:.1f} s) at {ev.theta_backlog[i]:.3f} req/s with the queue in "
             f"decode (current {ev.theta_backlog[cur]:.3f}, tolerance {self.cfg.throughput_tolerance:.0%})"
         )
@@ -515,7 +561,8 @@ class EvolvingPlanner(PlannerBase):
         current = base["current"]
         backlog = self.measure_backlog(self.window_slices(k_end)[-cfg.shift_slices:])
         ev = self.evaluate(
-            self.assignment_order(), works, current.prefill, self.serving_split(base["window_start"]), backlog
+            self.assignment_order(), works, current.prefill, self.serving_split(base["window_start"]), backlog,
+            rising=backlog is not None and self.queue_rising(k_end),
         )
         cooling = ""
         if st.last_switch_at is not None and ts - st.last_switch_at < cfg.cooldown_s:
@@ -534,19 +581,40 @@ class EvolvingPlanner(PlannerBase):
     def slices_kept(self) -> int:
         return self.cfg.slices if self.cfg.shift_path else 0
 
-    def shift_test(self, k_now: int) -> tuple[ShiftTest | None, list[Work], list[SliceStats]]:
-        """(the strongest passing change-point test or None, the recent slices' works, the
-        recent slices) over the sliding window of ``slices`` slices ending at slice ``k_now``."""
+    def sliding(self, k_now: int) -> tuple[list[SliceStats], list[SliceStats]]:
+        """(older, recent) slices of the sliding window of ``slices`` slices ending at slice
+        ``k_now``, those before the warm-up end read as empty: collocated serving and the
+        agents' first minutes are no mix to compare with (at the demo's 5-min warm-up end they
+        read as a shift)."""
         cfg = self.cfg
-        # only slices after the warm-up end: collocated serving and the agents' first minutes
-        # are no mix to compare with (at the demo's 5-min warm-up end they read as a shift)
         first = int(self.st.extra.get("shift_from_k", k_now - cfg.slices))
         slices = [s if k >= first else SliceStats()
                   for k, s in zip(range(k_now - cfg.slices, k_now), self.window_slices(k_now), strict=True)]
         cut = cfg.slices - cfg.shift_slices
-        older, recent = self.works_of(slices[:cut]), self.works_of(slices[cut:])
+        return slices[:cut], slices[cut:]
+
+    def queue_rising(self, k_now: int) -> bool:
+        """The prefill queue rose in each recent slice (non-empty ones, their mean queue), the
+        last one's is above every older slice's (a new high in the sliding window, not a return
+        to a level seen before) and the rise of its recent mean over the older one passes the
+        change-point test (> 2 SE): a backlog growing steadily, not noise. Gates the projected
+        backlog."""
+        older_s, recent_s = self.sliding(k_now)
+        older, recent = self.works_of(older_s), self.works_of(recent_s)
+        t = change_point("prefill queue", [w.prefill_queue for w in older], [w.prefill_queue for w in recent])
+        q = [w.prefill_queue for w in recent]
+        return (
+            t is not None and passed(t) and all(q[j + 1] > q[j] for j in range(len(q) - 1))
+            and all(w.prefill_queue < q[-1] for w in older)
+        )
+
+    def shift_test(self, k_now: int) -> tuple[ShiftTest | None, list[Work], list[SliceStats]]:
+        """(the strongest passing change-point test or None, the recent slices' works, the
+        recent slices) over the sliding window of ``slices`` slices ending at slice ``k_now``."""
+        older_s, recent_s = self.sliding(k_now)
+        older, recent = self.works_of(older_s), self.works_of(recent_s)
         if len(older) < 2 or len(recent) < 2:
-            return None, recent, slices[cut:]
+            return None, recent, recent_s
         cur = self.current_split().prefill - 1
         th, _, _ = theta(self.node_arrays(self.assignment_order()), WorkArrays.of(older + recent))
         gains = th - th[cur][None, :]
@@ -559,7 +627,7 @@ class EvolvingPlanner(PlannerBase):
         tests.append(change_point(
             "prefill queue", [w.prefill_queue for w in older], [w.prefill_queue for w in recent]
         ))
-        return strongest([t for t in tests if t is not None]), recent, slices[cut:]
+        return strongest([t for t in tests if t is not None]), recent, recent_s
 
     def _on_slice(self, ts: float, k_now: int) -> list[Event]:
         """SHIFT: at a slice end between window ends, when the mix shifted (``shift_test``),
@@ -574,7 +642,10 @@ class EvolvingPlanner(PlannerBase):
         current = self.current_split()
         start = (k_now - cfg.shift_slices) * cfg.slice_s
         backlog = self.measure_backlog(recent_slices)
-        ev = self.evaluate(self.assignment_order(), recent, current.prefill, self.serving_split(start), backlog)
+        ev = self.evaluate(
+            self.assignment_order(), recent, current.prefill, self.serving_split(start), backlog,
+            rising=backlog is not None and self.queue_rising(k_now),
+        )
         cooling = ""
         if st.last_switch_at is not None and ts - st.last_switch_at < cfg.cooldown_s:
             cooling = f"cooldown: last switch {ts - st.last_switch_at:.0f} s ago < {cfg.cooldown_s:g} s"
