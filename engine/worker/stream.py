@@ -268,7 +268,7 @@ class StreamFolding(Cancelling):
             except Exception as exc:  # noqa: BLE001 - bad input never kills the node
                 self.applied_seq = max(self.applied_seq, d.seq)
                 self.metrics.fold_failed.labels(self.node_id).inc()
-                log.error("fold_failed", node=self.node_id, seq=d.seq, event=type(d.event).__name__,
+                log.error("fold_failed", node=self.node_id, seq=d.seq, event_type=type(d.event).__name__,
                           error=repr(exc))
         self._progress_at = time.monotonic()
         self.metrics.applied.labels(self.node_id).set(self.applied_seq)

@@ -245,3 +245,42 @@ async def test_reroute_takes_a_queued_request_off_the_node(partition):
         assert w.node.pqueue == []
     finally:
         await w.stop()
+
+
+async def test_a_fold_that_raises_is_logged_counted_and_the_stream_goes_on(partition, monkeypatch):
+    """A fold that raises (a bug, a peer's state the node model did not expect) costs that one
+    delivery: counted in ``fold_failed``, logged, the position moved past it, and the next
+    request is served without the stream input reopening."""
+    bus, tokens = InMemoryBus(partition), MemoryTokens(partition)
+    w = EngineWorker(bus, tokens, "n1", "collocated", PROFILE, time_scale=5.0, heartbeat_s=0.05)
+    real_fold = w.fold
+
+    def fold(seq, event):
+        if isinstance(event, RouteDecided) and event.request == "bad":
+            raise TypeError("a fold that raises")
+        real_fold(seq, event)
+
+    monkeypatch.setattr(w, "fold", fold)
+    logged: list[str] = []
+
+    class Log:  # structlog's signature: the message is the positional ``event``
+        def __getattr__(self, level):
+            def emit(event, **kw):
+                logged.append(event)
+            return emit
+
+    monkeypatch.setattr("engine.worker.stream.log", Log())
+    await w.start()
+    try:
+        await wait_for_event(bus, lambda e: isinstance(e, NodeRegistered))
+        await bus.publish(submit("bad"))
+        await bus.publish(RouteDecided(ts=0.0, request="bad", prefill_node="n1", decode_node="n1", policy="t"))
+        await bus.publish(submit("good"))
+        await bus.publish(RouteDecided(ts=0.0, request="good", prefill_node="n1", decode_node="n1", policy="t"))
+        fin = await wait_for_event(bus, lambda e: isinstance(e, RequestFinished))
+        assert fin.request == "good"
+        assert w.metrics.fold_failed.labels("n1")._value.get() == 1
+        assert w.applied_seq >= 4
+        assert "fold_failed" in logged and "stream_input_failed" not in logged  # the input never reopened
+    finally:
+        await w.stop()
