@@ -328,7 +328,12 @@ class SimNode:
                 break
             store = src.l2 if step.tier == "L2" else src.l1
             end = step.first_block + step.n_blocks
-            j = min(KvPool.prefix_len(job.blocks, pos, store), end)  # held from pos on (a compiled scan)
+            if isinstance(store, (BlockSet, set, frozenset)):
+                j = min(KvPool.prefix_len(job.blocks, pos, store), end)  # held from pos on (a compiled scan)
+            else:  # a live worker's view of a peer's tier (engine/worker/host.py): one lookup a block
+                j = pos
+                while j < end and j < len(job.blocks) and job.blocks[j] in store:
+                    j += 1
             if j > pos:
                 got.append((src.id, list(job.blocks[pos:j])))
             if j < end:
