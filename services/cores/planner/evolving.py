@@ -40,6 +40,11 @@ least the prefill count that drains the backlog within ``slo_ttft_p95_s`` (when 
 instead of one node per decision. The 2-SE rule of the gated path and the cooldown are
 unchanged; ``PlanEvaluated.backlog`` carries the measurement.
 
+The projected backlog (issue 41 part 1, ``backlog_projection_s``, 300 s by default): when the
+queue is rising (``queue_rising``), the SLO escape also fires on the current split's P95 TTFT
+with the backlog grown at its measured rate for that long, and the SLO guard vetoes a
+candidate with fewer prefill nodes whose deficit would grow the backlog past the SLO over it.
+
 Beyond the paper (both on by default, both off = the paper exactly):
 
 - ``slo_guard``: a passing candidate is vetoed when its predicted P95 prefill-queue wait or P95
