@@ -49,7 +49,7 @@ class BranchOpened(Event, frozen=True, kw_only=True, gc=False):
 
 
 class OutputConstraint(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """What a request's output must be (schema 1.4, issue 36): ``prefix``, then one JSON value
+    """What a request's output must be (schema 1.4): ``prefix``, then one JSON value
     valid against ``json_schema`` (a JSON Schema, as JSON text), then ``suffix``; the output ends
     there. The gateway builds it from a forcing ``tool_choice`` (the call in the tool-call
     format it parses, e.g. ``<tool_call>\\n`` ... ``\\n</tool_call>``) or a ``response_format`` /
@@ -89,11 +89,11 @@ class RequestSubmitted(Event, frozen=True, kw_only=True, gc=False):
     prompt_tokens: int = 0
     max_tokens: int = 0
     block_tokens: int = 64
-    # Appended (issue 23) with msgspec's UNSET default, so a payload without the hint is
+    # Appended with msgspec's UNSET default, so a payload without the hint is
     # byte-identical to one written before the fields existed (the pinned replay log stays put).
     priority: int | msgspec.UnsetType = msgspec.UNSET
     osl: int | msgspec.UnsetType = msgspec.UNSET
-    # Appended (schema 1.3, issue 36), UNSET when the client did not send them: how the engine
+    # Appended (schema 1.3), UNSET when the client did not send them: how the engine
     # samples and where the output ends (docs/engines.md, "Sampling and stopping").
     ignore_eos: bool | msgspec.UnsetType = msgspec.UNSET
     temperature: float | msgspec.UnsetType = msgspec.UNSET
@@ -101,7 +101,7 @@ class RequestSubmitted(Event, frozen=True, kw_only=True, gc=False):
     top_k: int | msgspec.UnsetType = msgspec.UNSET
     seed: int | msgspec.UnsetType = msgspec.UNSET
     stop: list[str] | msgspec.UnsetType = msgspec.UNSET
-    # Appended (schema 1.4, issue 36), UNSET unless the client forced a tool call or asked for JSON.
+    # Appended (schema 1.4), UNSET unless the client forced a tool call or asked for JSON.
     constraint: OutputConstraint | msgspec.UnsetType = msgspec.UNSET
 
     def expected_output_tokens(self) -> int:
@@ -133,13 +133,13 @@ class BranchEnded(Event, frozen=True, kw_only=True, gc=False):
     """
 
     branch: BranchId
-    # Appended (issue 23) with msgspec's UNSET default: absent from payloads that do not set it.
+    # Appended with msgspec's UNSET default: absent from payloads that do not set it.
     reason: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class RequestCancelled(Event, frozen=True, kw_only=True, gc=False):
     """The client of ``request`` (of ``branch``) went away or the gateway gave up on it: nobody
-    reads its output any more (schema 1.2, issue 36).
+    reads its output any more (schema 1.2).
 
     Published once by the gateway on the branch's agent subject. ``reason``:
     ``client_disconnected`` (the connection closed before the response ended), ``timeout`` (no
@@ -160,7 +160,7 @@ class RequestCancelled(Event, frozen=True, kw_only=True, gc=False):
 class KvStored(Event, frozen=True, kw_only=True, gc=False):
     """``node`` now holds ``blocks`` in ``tier``. ``request``/``branch`` name the producer if known.
 
-    ``write_through`` (schema 1.1, issue 24), only with ``tier`` L1: the blocks were written to
+    ``write_through`` (schema 1.1), only with ``tier`` L1: the blocks were written to
     L1 and through to L2, one event for what earlier producers sent as two, ``KvStored`` L1 then
     ``KvStored`` L2 with the same ``ts``, blocks, request and branch; it folds exactly as that pair
     (:meth:`tiers`, in order). Logs written before hold the pairs and replay unchanged. Absent
@@ -172,7 +172,7 @@ class KvStored(Event, frozen=True, kw_only=True, gc=False):
     blocks: list[WireBlockHash] = []
     request: RequestId | None = None
     branch: BranchId | None = None
-    # Appended (issue 24) with msgspec's UNSET default: a single-tier store's payload is
+    # Appended with msgspec's UNSET default: a single-tier store's payload is
     # byte-identical to one written before the field existed.
     write_through: bool | msgspec.UnsetType = msgspec.UNSET
 
@@ -240,7 +240,7 @@ class NodeRegistered(Event, frozen=True, kw_only=True, gc=False):
 class NodeHeartbeat(Event, frozen=True, kw_only=True, gc=False):
     """Periodic liveness and load report of an engine.
 
-    Progress (issue 45; 0 from earlier producers): ``applied_seq`` is the stream
+    Progress (0 from earlier producers): ``applied_seq`` is the stream
     sequence the engine's view has folded, ``published`` the events it has published, and
     ``loop_lag_s`` how long its main loop has kept a probe waiting (the heartbeat comes from a
     thread of its own, so a heartbeat alone no longer proves the loop runs). The liveness
@@ -397,7 +397,7 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     predicted_ttft_p95_s: float = 0.0
     passed: bool = False
     veto: str = ""
-    # Appended (schema 1.6, issue 41 part 1), UNSET unless a backlog was measured (``Backlog``):
+    # Appended (schema 1.6), UNSET unless a backlog was measured (``Backlog``):
     # the P95 TTFT the decision used, the prediction's or the measured backlog's wait plus the
     # predicted prefill latency, whichever is larger; and the throughput with the queued requests
     # counted in the decode population (deferred decode work; the SLO escape's tolerance)
@@ -406,7 +406,7 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 
 class ShiftTest(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """The change-point test that opened a planner decision between window ends (issue 41):
+    """The change-point test that opened a planner decision between window ends:
     ``signal``'s mean over the last ``n_recent`` slices (``recent``) against the ``n_older``
     slices before them in the sliding window (``older``); shifted when ``recent - older`` exceeds
     twice ``se``, the Welch standard error of that difference."""
@@ -459,10 +459,10 @@ class PlanEvaluated(Event, frozen=True, kw_only=True, gc=False):
     chosen: Split | None = None
     reason: str = ""
     planner: str = ""
-    # Appended (schema 1.5, issue 41 part 1), UNSET on window-end decisions, so their payload is
+    # Appended (schema 1.5), UNSET on window-end decisions, so their payload is
     # byte-identical to 1.4: the change-point test of a decision taken on the shift path
     shift: ShiftTest | msgspec.UnsetType = msgspec.UNSET
-    # Appended (schema 1.6, issue 41 part 1), UNSET when no backlog was measured (no sustained
+    # Appended (schema 1.6), UNSET when no backlog was measured (no sustained
     # prefill queue), so such payloads are byte-identical to 1.5
     backlog: Backlog | msgspec.UnsetType = msgspec.UNSET
 
@@ -490,7 +490,7 @@ class AnomalyReported(Event, frozen=True, kw_only=True, gc=False):
 
 
 class KvStageOrdered(Event, frozen=True, kw_only=True, gc=False):
-    """Decision (router, issue 25 part 3): during the tool wait after ``request`` finished,
+    """Decision (router): during the tool wait after ``request`` finished,
     stage its KV (prompt + output, held by its decode node ``src_node``) into ``dst_node``'s
     ``tier``, the node the router predicts for the branch's next turn. The destination pulls
     what it lacks over its fetch link and reports ``KvMoved(src_phase=decode,

@@ -16,9 +16,9 @@ from events.catalog import AnyEvent, Event
 from events.ids import MAX_BLOCK_HASH
 
 SCHEMA_MAJOR = 1
-SCHEMA_MINOR = 6  # 1.2: RequestCancelled; 1.3: RequestSubmitted sampling fields; 1.4: its constraint (issue 36);
-# 1.5: PlanEvaluated.shift (issue 41); 1.6: PlanEvaluated.backlog, Candidate.measured_ttft_p95_s and
-# throughput_with_queue (issue 41)
+SCHEMA_MINOR = 6  # 1.2: RequestCancelled; 1.3: RequestSubmitted sampling fields; 1.4: its constraint;
+# 1.5: PlanEvaluated.shift; 1.6: PlanEvaluated.backlog, Candidate.measured_ttft_p95_s and
+# throughput_with_queue
 SCHEMA_VERSION = f"{SCHEMA_MAJOR}.{SCHEMA_MINOR}"
 SCHEMA_HEADER = "Ei-Schema"
 

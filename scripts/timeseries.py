@@ -1,4 +1,4 @@
-"""Per-bin time series of simulator logs, one line per stack (issue 41 part 2): throughput, TTFT
+"""Per-bin time series of simulator logs, one line per stack: throughput, TTFT
 mean and P95, and the prefill-queue imbalance across prefill nodes, after the warm-up.
 
     python scripts/timeseries.py --warmup 600 --bin 300 --out ts.png ours.duckdb dynamo.duckdb ...

@@ -2,7 +2,7 @@
 today's path, the calibration sessions' rows and the partition rows (flags: replay/sim/cli.py).
 
 Every row is a dict; ``--json`` prints the list (replay/sim/scaling_plot.py draws it). A row
-that one of issue 24's targets is about carries ``target`` (what it is measured against) and
+that one of the speed targets is about carries ``target`` (what it is measured against) and
 ``meets_target``; see docs/simulator.md section 8.
 """
 
@@ -83,7 +83,7 @@ def parse_size(text: str) -> tuple[int, int, tuple[float, float] | None]:
 
 
 def _target(r: dict, want_x: float | None) -> None:
-    """A row's target (issue 24): x real time on the wall (the issue's measure), met or not."""
+    """A row's target: x real time on the wall (the target's measure), met or not."""
     if want_x is not None:
         r["target"] = f">= {want_x:g}x real time"
         r["meets_target"] = r["x_real_time"] >= want_x
@@ -160,7 +160,7 @@ def cmd_bench(args) -> int:
                 r["same_log_as_baseline"] = r["digest"] == ref["digest"]
         rows += case
     rows += _calibration_rows(args, out)
-    if getattr(args, "partitions", 1) > 1:  # issue 16: one cluster as 1 vs N partitions (replay/sim/partitioned.py)
+    if getattr(args, "partitions", 1) > 1:  # one cluster as 1 vs N partitions (replay/sim/partitioned.py)
         pa = argparse.Namespace(**vars(args))
         if getattr(args, "partition_warmup", None) is not None:
             pa.warmup = args.partition_warmup
@@ -199,7 +199,7 @@ def cmd_bench(args) -> int:
     return 0
 
 
-#: ``bench sim``'s rows on recorded sessions (issue 24): label -> (log format, written in the
+#: ``bench sim``'s rows on recorded sessions: label -> (log format, written in the
 #: simulation's thread, log level, writes a log). Format ``None`` is the current one
 #: (``services.adapters.eventlog.columnar.FORMAT``, the ``{fmt}`` of the label); ``before`` is the
 #: deliberate old-format baseline: format 1, written in the simulation's thread, as before format 2.
@@ -292,7 +292,7 @@ def _calibration_rows(args, out) -> list[dict]:
         if before is not None:
             r["vs_baseline_wall"] = before["wall_s"] / r["wall_s"]
             r["vs_baseline_cpu"] = before["cpu_s"] / r["cpu_s"]
-        if r["calibration"] == "full" and ref is not None:  # issue 24's log targets
+        if r["calibration"] == "full" and ref is not None:  # the log targets
             r["log_target"] = (f"<= {LOG_HOUR_TARGET_BYTES / 1e6:g} MB per simulated hour, wall within "
                                f"{LOG_WALL_TARGET - 1:.0%} of the run without a log")
             r["meets_log_target"] = (r["log_bytes_per_sim_hour"] <= LOG_HOUR_TARGET_BYTES

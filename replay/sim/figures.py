@@ -16,7 +16,7 @@ window length.
 - Idle prefill GPU time = 1 - (prefill iteration time) / (time nodes spent in a prefill or
   collocated role), over the window; idle decode GPU time likewise for decode runs (weighed by
   their ``iterations``) over decode or collocated node time.
-- KV demand (issue 12 part 3) = the distinct blocks the active branches' contexts reference
+- KV demand = the distinct blocks the active branches' contexts reference
   (a branch is active from ``BranchOpened`` to ``BranchEnded``; its context is its latest
   prompt, or its compacted context after ``ContextCompacted``; forks share their parent's
   blocks, so they count once), in tokens. Peak and time-weighted mean over the window, each
@@ -24,7 +24,7 @@ window length.
 - Splits: a node's role changes at its ``RoleSwitched``; a switch is a ``RoleSwitched`` that
   changed the role, leaving out the end of the warm-up (collocated -> first split); its time is
   ``duration_s`` (order to ack, drain included).
-- The next turn's KV (issue 25 part 3, docs/simulator.md "The next turn's KV"). A
+- The next turn's KV (docs/simulator.md "The next turn's KV"). A
   *continuation* is a request whose branch had an earlier request (warm-up included); its TTFT
   P50/P95 are over the window's continuations. Speculative prefill requests (id ending in
   ``SPEC_SUFFIX``, ``+specprefill``) are the stack's own traffic, not the agents': every other
@@ -77,7 +77,7 @@ class RunMetrics:
     ttft_mean_s: float = float("nan")
     ttft_p50_s: float = float("nan")
     ttft_p95_s: float = float("nan")
-    ttft_p99_s: float = float("nan")  # the tail beyond P95 (issue 41 part 3)
+    ttft_p99_s: float = float("nan")  # the tail beyond P95
     ttft_max_s: float = float("nan")
     e2e_mean_s: float = float("nan")
     e2e_p95_s: float = float("nan")

@@ -1,4 +1,4 @@
-"""The next turn's KV (issue 25 part 3; docs/simulator.md, "The next turn's KV"): the output
+"""The next turn's KV (docs/simulator.md, "The next turn's KV"): the output
 blocks a finishing turn leaves (the simulator's ``+prestage`` and ``+specprefill``) and the
 figures' fold of the parts' traffic (replay/sim/figures.py). Pure: no I/O, no clock."""
 

@@ -43,7 +43,7 @@ ROWS: list[tuple[str, str, str, bool | None]] = [
     ("KV demand peak / host KV", "kv_demand_peak_host", "{:.1%}", None),
     ("unfinished at end", "unfinished", "{:d}", None),
 ]
-#: The next turn's KV (issue 25 part 3; replay/sim/figures.py): shown when a stack of the table
+#: The next turn's KV (replay/sim/figures.py): shown when a stack of the table
 #: has ``+prestage`` or ``+specprefill``
 NEXT_TURN_ROWS: list[tuple[str, str, str, bool | None]] = [
     ("continuation TTFT P50 (s)", "ttft_cont_p50_s", "{:.3f}", True),

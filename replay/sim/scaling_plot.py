@@ -8,7 +8,7 @@ static splits are left out), the calibration sessions' rows (recorded Claude Cod
 agent pace, one point at 9 nodes per log setting) beside them, and the partition rows as
 "1 process (DuckDB log)" and "N partitions". Each point is labelled with its agents. The middle
 panel divides by the CPU seconds of the run (all processes for partition rows), which a loaded
-machine changes less than wall time. Issue 24's targets are drawn as crosses where a row
+machine changes less than wall time. The speed targets are drawn as crosses where a row
 carries one (``target``: 150x synthetic CC at 9 nodes, 100x calibration, 30x at 96 nodes,
 768 nodes' hour in 20 min = 3x). With several files each line is suffixed by its file's stem
 (``--label`` names them), so two measurements can share one plot; the docs say when each was
@@ -30,7 +30,7 @@ matplotlib.use("Agg")  # no display (pyplot picks its backend at the first figur
 
 #: the calibration rows drawn (bench sim --calibration-runs): no log and the default full log
 CALIBRATION_DRAWN = {"nolog": "calibration sessions, no log", "full": "calibration sessions, full log (DuckDB)"}
-#: issue 24's targets in x real time (wall) per kind of row; the 768-node hour in 20 min is 3x
+#: the speed targets in x real time (wall) per kind of row; the 768-node hour in 20 min is 3x
 TARGET_X = {"synthetic": {9: 150.0, 96: 30.0}, "calibration": {9: 100.0}, "partitions": {768: 3.0}}
 
 
@@ -110,7 +110,7 @@ def plot(rows: list[dict], out: str | Path, title: str = "") -> Path:
         # per CPU-second: one process on a free core has wall = CPU; the partitions' 2 cores halve it
         for ax, y in ((ax1, x), (ax2, x / 2 if kind == "partitions" else x)):
             ax.plot([n], [y], marker="x", ms=10, mew=2, color="black", ls="none",
-                    label="issue 24 target (x real time; per CPU-s on 2 cores for partitions)" if i == 0 and ax is ax1
+                    label="target (x real time; per CPU-s on 2 cores for partitions)" if i == 0 and ax is ax1
                     else None)
             ax.annotate(f"target {y:g}x ({kind})", (n, y), textcoords="offset points", xytext=(6, -10), fontsize=7)
     for ax in (ax1, ax2):

@@ -189,7 +189,7 @@ class Simulation:
         self.finished_ids: set[str] = set()
         self.stopped = False
         self.progress: Callable[[float, Simulation], None] | None = None
-        # issue 25 part 3 (docs/simulator.md, "The next turn's KV"): with ``+prestage`` a decode
+        # (docs/simulator.md, "The next turn's KV"): with ``+prestage`` a decode
         # node keeps a finished turn's output KV (``output_kv``) and the router's stage orders
         # move prompt + output; with ``+specprefill`` the frontend sends the speculative prefill
         self.prestage = bool(getattr(stack, "prestage", False))

@@ -16,7 +16,7 @@ Ablations swap one part of ``evolving`` back to the baseline's: ``evolving-lru``
 memory-pool variant), ``evolving-localcache`` (no shared pool), ``evolving-restart`` and
 ``evolving-dropkv`` (switch mechanism), ``evolving-static:<P>P<D>D`` (no planner).
 
-Composed stacks (issue 12 part 5): ``BASE+PART+PART...`` swaps parts of any base stack, each
+Composed stacks: ``BASE+PART+PART...`` swaps parts of any base stack, each
 part named by its value (the kinds never share a name)::
 
     router      least_ttft (= evolving's), cache_aware, sticky, round_robin, least_loaded, dynamo_kv
@@ -73,12 +73,12 @@ class Stack:
     planner_args: dict[str, Any] = field(default_factory=dict)
     router_args: dict[str, Any] = field(default_factory=dict)
     shared_directory: bool = False  # eviction reads the router's embedded directory (speed)
-    # issue 25 part 3 (docs/simulator.md, "The next turn's KV"): the router orders a finished
+    # (docs/simulator.md, "The next turn's KV"): the router orders a finished
     # turn's KV into the predicted next prefill node's host tier (``+prestage``); the frontend
     # sends Dynamo's speculative next-turn prefill, a max_tokens=1 request (``+specprefill``)
     prestage: bool = False
     specprefill: bool = False
-    # the prefill nodes' queue order (engine/backends/sim/prefill_order.py, issue 41 part 3):
+    # the prefill nodes' queue order (engine/backends/sim/prefill_order.py):
     # ``fcfs`` as SGLang and vLLM by default; ``short_first`` (ours) without head-of-line blocking
     prefill_order: str = "fcfs"
 
@@ -191,7 +191,7 @@ PRESTAGING: dict[str, str] = {
 #: Routers that plan peer fetches themselves; for every other router the data plane does.
 ROUTERS_PLANNING_FETCH = frozenset({"evolving"})
 
-#: ``+pack`` (issue 25, docs/experiments.md "Head-of-line blocking behind cold prefills"): the
+#: ``+pack`` (docs/experiments.md "Head-of-line blocking behind cold prefills"): the
 #: least-TTFT router's ``pack_slack`` (docs/router.md): a request may wait up to this many times
 #: its own predicted prefill time longer to join the longest acceptable queue, so 300-400K-token
 #: cold prefills stack on a few prefill nodes instead of one on every node. Measured on the 34

@@ -28,7 +28,7 @@ Request lifecycle on a node (numbers match the docstring of replay/sim/simulatio
    request is admitted. One ``IterationDone(iterations=n)`` per run.
 7. ``RequestFinished``; the prompt's KV stays cached in L1 and is written to L2 for later
    requests ("decode nodes only write to the pool").
-8. ``+prestage`` (issue 25 part 3): the output's full blocks are written to L2 with the
+8. ``+prestage``: the output's full blocks are written to L2 with the
    prompt's (``output_kv``); a ``KvStageOrdered`` naming this node as the destination is
    carried out by ``stage_in``: the finished turn's blocks that this node lacks and the source
    holds in L2 are pulled over this node's fetch link (``fetch_s``) at low priority: staging
@@ -36,7 +36,7 @@ Request lifecycle on a node (numbers match the docstring of replay/sim/simulatio
    request's fetch issued later goes ahead of them (the staging in flight lands that much
    later). They land in the ordered tier (room made through the eviction policy; no room:
    nothing lands), reported as ``KvMoved(src_phase=decode, dst_phase=prefill)``.
-9. ``cancel`` (the client went away, issue 36 part 5): a queued prefill or a decode waiting for
+9. ``cancel`` (the client went away): a queued prefill or a decode waiting for
    admission is dropped at once; one in an iteration (a prefill chunk, a decode run, decodes
    riding along a prefill) stops at that iteration's end, a decode run being cut at its next
    iteration boundary. ``RequestFinished(error="cancelled")`` with the tokens produced so far;
@@ -174,7 +174,7 @@ class SimNode:
         self.busy_start = 0.0
         self.prefill_wait_s = 0.0
         self.prefill_started = 0
-        # ``+prestage`` (issue 25 part 3): (request, prompt blocks) -> the output's full blocks,
+        # ``+prestage``: (request, prompt blocks) -> the output's full blocks,
         # kept with the prompt's in host memory when the request finishes; None: output KV is not
         # cached (the default model, docs/simulator.md §2.7)
         self.output_kv = None
@@ -358,7 +358,7 @@ class SimNode:
         ``KvFetched``: the directory records both). When the GPU tier has no room (its blocks
         pinned by the running and the queued requests), the blocks stay in host memory
         (``KvMoved`` P2P into L2: the count moves as a fetch's does) and are restored into the
-        GPU when the prefill starts (``t_rst``). Before (issue 25 part 2), no GPU room meant
+        GPU when the prefill starts (``t_rst``). Before, no GPU room meant
         the whole prompt was recomputed: on the calibration sessions at the pressure profile,
         336-425K-token prompts whose KV was in the pool took minutes of prefill each and
         queued their nodes behind them (docs/experiments.md, "Why ours loses reuse")."""

@@ -1,4 +1,4 @@
-"""The order a simulated prefill node serves its queue in (issue 41 part 3): no head-of-line
+"""The order a simulated prefill node serves its queue in: no head-of-line
 blocking behind long prefills. Pure helpers for ``SimNode`` (node.py).
 
 Two orders, chosen per run (the stack's ``prefill_order``):

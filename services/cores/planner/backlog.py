@@ -1,4 +1,4 @@
-"""The measured prefill backlog of the recent slices (issue 41 part 1): what the queue says
+"""The measured prefill backlog of the recent slices: what the queue says
 beside what the queueing model predicts. Pure: no I/O, no clock; sums exactly rounded
 (``numerics.total``), so a replay on any machine takes the same decision.
 

@@ -69,7 +69,7 @@ GATED = "gated"  # the mean-gain > 2 SE switch with its cooldown (any other reas
 SLO_ESCAPE = "slo escape"
 UNGATED_PATHS = (INITIAL, NEWCOMERS, REPAIR, SLO_ESCAPE)
 # between window ends, at a slice end where a change-point test says the mix shifted
-# (EvolvingPlanner, issue 41): the 2-SE test (or the SLO escape) over the recent slices, cooldown
+# (EvolvingPlanner): the 2-SE test (or the SLO escape) over the recent slices, cooldown
 # applies; the event carries the test (``PlanEvaluated.shift``)
 SHIFT = "shift"
 
@@ -254,7 +254,7 @@ class PlannerBase:
         if w is None:
             return
         k, t_uc, t_c = w[:3]
-        if len(w) > 3:  # (a snapshot taken before issue 41 kept no route time)
+        if len(w) > 3:  # (a snapshot taken before route times were kept has none)
             self._slice(ev.ts).on_wait(ev.ts - w[3] / 1000.0)
         s = self.st.slices.get(k)  # gone once its window closed: the route's figures were used
         if s is not None:

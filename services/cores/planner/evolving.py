@@ -24,14 +24,14 @@ sides are staffed; the guard state (``PlannerBase.guard``) sends it elsewhere ot
   test, no cooldown (and it starts none);
 - ``repair``: every node on one side (0P or 0D), none without a role: exactly one node moves.
 
-Between window ends (issue 41 part 1, ``shift_path``, on by default): at every slice end the
+Between window ends (``shift_path``, on by default): at every slice end the
 change-point test of ``shift.py`` compares the last ``shift_slices`` slices of the sliding
 window with the slices before them, on each candidate's per-slice gain and on the measured
 prefill queue. When one has shifted, the ``shift`` path decides as the gated one does (mean gain
 > 2 SE, SLO guard, TTFT objective, SLO escape, cooldown) over the recent slices alone, and the
 ``PlanEvaluated`` carries the test (``shift``). No shift: nothing is emitted.
 
-The measured backlog (issue 41 part 1, ``measured_backlog``, on by default; ``backlog.py``): on
+The measured backlog (``measured_backlog``, on by default; ``backlog.py``): on
 the gated and the shift paths, when a prefill queue waited in each of the last ``shift_slices``
 slices, the SLO guard, the TTFT objective and the SLO escape read, per candidate, the larger of
 the predicted P95 TTFT and the one the measured backlog implies; the escape's throughput
@@ -40,7 +40,7 @@ least the prefill count that drains the backlog within ``slo_ttft_p95_s`` (when 
 instead of one node per decision. The 2-SE rule of the gated path and the cooldown are
 unchanged; ``PlanEvaluated.backlog`` carries the measurement.
 
-The projected backlog (issue 41 part 1, ``backlog_projection_s``, 300 s by default): when the
+The projected backlog (``backlog_projection_s``, 300 s by default): when the
 queue is rising (``queue_rising``), the SLO escape also fires on the current split's P95 TTFT
 with the backlog grown at its measured rate for that long, and the SLO guard vetoes a
 candidate with fewer prefill nodes whose deficit would grow the backlog past the SLO over it.
@@ -85,22 +85,22 @@ class EvolvingConfig(BaseConfig, kw_only=True, forbid_unknown_fields=True):
     name: str = "evolving"
     slo_guard: bool = True
     slo_prefill_queue_p95_s: float = 30.0
-    slo_ttft_p95_s: float = 15.0  # issue 12 part 9: the trade-off curve (docs/planner.md)
+    slo_ttft_p95_s: float = 15.0  # the trade-off curve (docs/planner.md)
     ttft_objective: bool = True
     throughput_tolerance: float = 0.05
     ttft_min_improvement_s: float = 1.0  # trade throughput only for at least this much P95 TTFT
     # the warm-up-end reference split when the nodes warm up collocated ("" = half prefill)
     initial: str = ""
-    # the shift path (issue 41 part 1): a change-point test at every slice end between window
+    # the shift path: a change-point test at every slice end between window
     # ends; the recent part of the sliding window is the last ``shift_slices`` slices
     shift_path: bool = True
     shift_slices: int = 3
-    # the measured backlog (issue 41 part 1, backlog.py): over the last ``shift_slices`` slices,
+    # the measured backlog (backlog.py): over the last ``shift_slices`` slices,
     # when a prefill queue waited in each, the SLO guard, the TTFT objective and the SLO escape
     # read the measured wait beside the predicted one, and the escape moves at least to the
     # prefill count that drains the backlog within ``slo_ttft_p95_s``
     measured_backlog: bool = True
-    # the projected backlog (issue 41 part 1): when the queue rose in each recent slice and its
+    # the projected backlog: when the queue rose in each recent slice and its
     # rise passes the change-point test, the SLO escape also fires when the backlog grown at
     # its measured rate for this long breaks the SLO at the current split (0: off). The time a
     # move takes: the shifting experiment's log measured 288.5 s from order to switch (nodes
@@ -335,9 +335,9 @@ class EvolvingPlanner(PlannerBase):
         meets the SLO (the highest throughput among them), else the one with the lowest P95
         TTFT, if it beats the current split's by ``ttft_min_improvement_s``; ``None`` otherwise.
         The 2-SE test asks for certainty of a throughput gain; a split breaking the SLO needs
-        none to be left for one that meets it at the same throughput (issue 12 part 9).
+        none to be left for one that meets it at the same throughput.
 
-        With a measured backlog (issue 41 part 1) the throughput is the one with the queued
+        With a measured backlog the throughput is the one with the queued
         requests counted in decode (``theta_backlog``), and when the backlog needs more prefill
         nodes than the current split has (``Backlog.need_prefill``) only candidates with at
         least that many are taken, if any qualifies: one move sized to drain it, not one node

@@ -1,4 +1,4 @@
-"""The change-point test of the planner's shift path (issue 41 part 1): has the mix changed
+"""The change-point test of the planner's shift path: has the mix changed
 within the sliding window? Pure: no I/O, no clock; sums exactly rounded (``numerics.total``), so
 a replay on any machine takes the same decision.
 

@@ -62,7 +62,7 @@ class SliceStats(msgspec.Struct, kw_only=True):
     pre_busy_s: float = 0.0
     pre_queue: float = 0.0  # sum of queued * duration_s
     # prefill-queue waits (route to prefill start) of the requests whose prefill started in
-    # the slice: their count, sum and histogram (buckets ``WAIT_EDGES_S``; issue 41 part 1)
+    # the slice: their count, sum and histogram (buckets ``WAIT_EDGES_S``)
     waited: int = 0
     sum_wait_s: float = 0.0
     wait_hist: list[int] = []
