@@ -170,29 +170,22 @@ def parse(doc: Path, root: Path = ROOT) -> list[Block]:
 
 
 def parse_text(text: str, name: str = "-") -> list[Block]:
+    """The blocks that run (a language of ``LANGS``), each with the declaration above it."""
     lines = text.splitlines()
     blocks: list[Block] = []
-    i = 0
-    while i < len(lines):
-        m = re.match(r"^\s*```(\w*)\s*$", lines[i])
-        if not m:
-            i += 1
+    for f in fences(text, name):
+        if f.lang not in LANGS:
             continue
-        j = i + 1
-        while j < len(lines) and not lines[j].strip().startswith("```"):
-            j += 1
-        if m.group(1) in LANGS:
-            b = Block(name, i + 1, m.group(1), lines[i + 1:j])
-            k = i - 1
-            while k >= 0 and (not lines[k].strip() or DIRECTIVE.search(lines[k])):
-                d = DIRECTIVE.search(lines[k])
-                if d:
-                    b.kind, b.reason = d.group(1), d.group(3).strip()
-                    b.which = tuple(int(x) for x in d.group(2).split(",") if x)
-                k -= 1
-            b.commands = _commands(b)
-            blocks.append(b)
-        i = j + 1
+        b = Block(name, f.line, f.lang, f.body)
+        k = f.line - 2  # the line above the fence
+        while k >= 0 and (not lines[k].strip() or DIRECTIVE.search(lines[k])):
+            d = DIRECTIVE.search(lines[k])
+            if d:
+                b.kind, b.reason = d.group(1), d.group(3).strip()
+                b.which = tuple(int(x) for x in d.group(2).split(",") if x)
+            k -= 1
+        b.commands = _commands(b)
+        blocks.append(b)
     return blocks
 
 
