@@ -19,6 +19,7 @@ CPUs at a time).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -109,8 +110,10 @@ def local_cluster(tmp: Path):
     with open(log_path, "w") as log:
         proc = subprocess.Popen([ray_bin, "start", "--head", "--block", "--port", str(_free_port()), "--num-cpus", "2",
                                  "--object-store-memory", "200000000", "--include-dashboard=false",
-                                 "--dashboard-port", str(_free_port()), "--ray-client-server-port",
-                                 str(_free_port()), "--dashboard-agent-listen-port", str(_free_port()),
+                                 "--dashboard-port", str(_free_port()),
+                                 *([] if importlib.util.find_spec("grpc") is None  # no Ray Client: no port
+                                   else ["--ray-client-server-port", str(_free_port())]),
+                                 "--dashboard-agent-listen-port", str(_free_port()),
                                  "--temp-dir", str(tmp / "ray"), "--disable-usage-stats"],
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:

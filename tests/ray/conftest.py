@@ -68,6 +68,15 @@ def ray_installed() -> None:
         pytest.skip("ray is not installed: bash scripts/install_ray.sh (the ray extra)")
 
 
+def _client_port() -> list[str]:
+    """Ray Client's server port, free, where Ray Client can run: ``ray start`` takes 10001 by
+    default when grpc imports (as Ray checks it) and refuses the option when it does not (the
+    minimal ``ray`` that scripts/install_ray.sh installs into a fresh .venv)."""
+    if importlib.util.find_spec("grpc") is None:
+        return []
+    return ["--ray-client-server-port", str(_free_port())]
+
+
 @pytest.fixture(scope="session")
 def ray_cluster(ray_installed):
     """The head's address (``HOST:PORT``), with the auth token in this process's environment."""
@@ -84,7 +93,7 @@ def ray_cluster(ray_installed):
         [ray_bin, "start", "--head", "--block", "--port", str(port),
          "--num-cpus", "2", "--object-store-memory", "200000000", "--include-dashboard=false",
          "--dashboard-port", str(_free_port()), "--dashboard-agent-listen-port", str(_free_port()),
-         "--ray-client-server-port", str(_free_port()), "--temp-dir", tmp, "--disable-usage-stats"],
+         *_client_port(), "--temp-dir", tmp, "--disable-usage-stats"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 90
