@@ -186,8 +186,7 @@ class NatsBus:
                 futs.append(await self.js.publish_async(subject_for(ev, self.partition, shadow), codec.encode(ev),
                                                         headers=hdrs))
             # nats-py never times an async publish out: an ack lost with a server would hang here
-            acks = await asyncio.wait_for(asyncio.gather(*futs), self.publish_timeout_s)
-            return [a.seq for a in acks]
+            acks = await asyncio.wait_for(asyncio.gather(*futs, return_exceptions=True), self.publish_timeout_s)
         except Exception as exc:
             for f in futs:
                 f.cancel()
@@ -197,6 +196,33 @@ class NatsBus:
             # one by one, in order, until the cluster answers (a leader election takes seconds).
             log.warning("publish_retry", events=len(events), error=f"{type(exc).__name__}: {exc}")
             return [await self._publish_retrying(ev, mid, shadow) for ev, mid in zip(events, msg_ids, strict=True)]
+        return await self._finish_batch(events, acks, msg_ids, shadow)
+
+    async def _finish_batch(self, events: Sequence[Event], acks: list, msg_ids: Sequence[str] | None,
+                            shadow: str | None) -> list[int]:
+        """The sequences of a pipelined batch whose acks all came back. A tail that no stream took
+        (no responders: a leader election after a lost server, or a stream interest that has not
+        reached this server yet) is published again one by one, in order, through
+        :meth:`publish_raw`'s bounded retry: nothing of it landed, so the retry cannot duplicate,
+        with or without message ids, and the order holds because nothing after it landed
+        either. Any other failure is raised as it came."""
+        first = next((i for i, a in enumerate(acks) if isinstance(a, BaseException)), None)
+        if first is None:
+            return [a.seq for a in acks]
+        seqs = [a.seq for a in acks[:first]]
+        tail = acks[first:]
+        if msg_ids is not None:  # the duplicate window drops what did land: retry from the first failure
+            log.warning("publish_retry", events=len(tail), error=f"{type(acks[first]).__name__}: {acks[first]}")
+            return seqs + [await self._publish_retrying(events[i], msg_ids[i], shadow) for i in range(first, len(events))]
+        if not all(isinstance(a, NoStreamResponseError) for a in tail):
+            # something landed after a lost one (its order is broken) or another failure: say it
+            raise next((a for a in tail if isinstance(a, BaseException) and not isinstance(a, NoStreamResponseError)),
+                       acks[first])
+        log.warning("publish_retry", events=len(tail), error="no response from stream")
+        base = codec.headers()
+        for ev in events[first:]:
+            seqs.append(await self.publish_raw(subject_for(ev, self.partition, shadow), codec.encode(ev), base))
+        return seqs
 
     async def _publish_retrying(self, ev: Event, msg_id: str, shadow: str | None) -> int:
         deadline = asyncio.get_running_loop().time() + self.retry_for_s
