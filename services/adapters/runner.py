@@ -143,7 +143,13 @@ class RunnerConfig:
     shadow: str | None = None  # publish under ei.<p>.shadow.<shadow>.>
     subjects: str | None = None  # consumer filter (None: the whole partition)
     snapshot_every: int = 5000  # events folded between snapshots
-    snapshot_interval_s: float = 5.0  # ... or seconds, whichever comes first
+    # ... or seconds, whichever comes first. A snapshot of the directory / router of a live stack
+    # is megabytes (the block table), built, checksummed and uploaded into the object store: at
+    # 5 s it was about a third of those services' CPU and load on nats-server while serving
+    # (docs/experiments.md, "Against the real Dynamo"). A restart replays at most
+    # ``snapshot_every`` events or this long of the stream; Dynamo's KV router snapshots only by
+    # count (``--router-snapshot-threshold``, a million events).
+    snapshot_interval_s: float = 60.0
     max_batch: int = 512
     recover_idle_s: float = 1.0
     lag_interval_s: float = 1.0

@@ -20,7 +20,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    help="serve /metrics and /healthz on this port (0: a free port; default: off)")
     p.add_argument("--metrics-host", default="127.0.0.1")
     p.add_argument("--snapshot-every", type=int, default=5000, help="events between snapshots")
-    p.add_argument("--snapshot-interval-s", type=float, default=5.0, help="seconds between snapshots")
+    p.add_argument("--snapshot-interval-s", type=float, default=60.0,
+                   help="seconds between snapshots (services/adapters/runner.py, RunnerConfig)")
 
 
 def add_service_args(p: argparse.ArgumentParser, kind: str) -> None:
