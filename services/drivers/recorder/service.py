@@ -54,7 +54,7 @@ async def run_recorder(
     durable: str | None = "recorder",
     *,
     max_batch: int = 4096,
-    flush_interval_s: float = 0.2,
+    flush_interval_s: float = 1.0,
     background_flush_s: float = 1.0,
     stop: asyncio.Event | None = None,
     subjects: str | None = None,
@@ -68,7 +68,9 @@ async def run_recorder(
     after an append at most this often, hand the C heap's free pages back (:func:`release_free_heap`).
 
     A batch is appended when ``max_batch`` rows are buffered, or ``flush_interval_s`` after the
-    oldest buffered row arrived; while every buffered row is a heartbeat or a tick
+    oldest buffered row arrived (1 s: each append is one DuckDB transaction of several ms, and at
+    0.2 s they were most of a serving stack's recorder CPU; the log is at most that far behind
+    the stream, as ``evolving sql --live``'s snapshots already are); while every buffered row is a heartbeat or a tick
     (:data:`BACKGROUND`), ``background_flush_s`` after it instead (never less than
     ``flush_interval_s``): any other event flushes them with it.
 
