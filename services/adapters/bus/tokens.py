@@ -54,7 +54,11 @@ class TokenSub:
             self.queue.put_nowait(msg)
 
     async def get(self, timeout_s: float) -> TokenMsg:
-        """The next message; raises ``asyncio.TimeoutError`` after ``timeout_s`` of silence."""
+        """The next message; raises ``asyncio.TimeoutError`` after ``timeout_s`` of silence.
+        A message already queued is taken at once: ``wait_for`` wraps the wait in a task of its
+        own, which a streaming request would otherwise pay per chunk."""
+        if not self.queue.empty():
+            return self.queue.get_nowait()
         return await asyncio.wait_for(self.queue.get(), timeout_s)
 
     async def close(self) -> None:
