@@ -11,7 +11,8 @@ Request lifecycle (one POST /v1/chat/completions or /v1/completions)
    has ended). Prompt + completion over ``context_length``: 400 ``context_length_exceeded``.
 2. Render the prompt (the model's chat template, or the simple one: ``model``, ``chat_template``),
    tokenise it with the model's tokenizer and compute the chained block hashes of those ids
-   (``events.hashing.block_hashes``).
+   (``events.hashing.block_hashes``; ``prefix_hashes``: the blocks a branch's previous prompt
+   already hashed are reused, so an agent's turn hashes only its new tokens).
 3. Register the request with the route watcher (``routewatch``) and subscribe to its token subject
    (``services.adapters.bus.tokens``) *before* publishing, so neither answer can be missed.
 4. Put the token ids into the partition's prompt store when there is one (the engine that
@@ -50,7 +51,6 @@ import msgspec
 from aiohttp import web
 
 from events.catalog import Event, RouteDecided
-from events.hashing import block_hashes
 from events.wire import token_key
 from services.adapters.bus import Bus
 from services.adapters.bus.prompts import PromptStore
@@ -94,6 +94,7 @@ from services.drivers.gateway.headers import HeaderError, parse_branch_headers
 from services.drivers.gateway.meta import Meta, openai_call
 from services.drivers.gateway.metrics import CONTENT_TYPE, GatewayMetrics, RequestObserver
 from services.drivers.gateway.model import PromptModel, load_model
+from services.drivers.gateway.prefix_hashes import PrefixHashes
 from services.drivers.gateway.routewatch import RouteWatcher
 from services.drivers.gateway.streamwatch import FailWatcher, rebuild
 from services.drivers.gateway.tokenizer import TemplateError
@@ -130,6 +131,7 @@ class Gateway:
         # partition -> the prompt store its engines read the token ids from (None: ids not stored)
         self.prompts: dict[str, PromptStore] = dict(prompts or {})
         self.table = BranchTable(src=self.cfg.src, ttl_s=self.cfg.branch_ttl_s)
+        self.prefix_hashes = PrefixHashes(self.cfg.block_tokens)  # a branch's next prompt rehashes only what is new
         # the responses previous_response_id can name (responses_api.ResponseStore: LRU + TTL)
         self.responses_store = responses_api.ResponseStore(self.cfg.responses_store_entries,
                                                            self.cfg.responses_store_mb * 1024 * 1024,
@@ -626,7 +628,7 @@ class Gateway:
                 sig = BranchSignals(branch=branch, end=sig.end, compacted=sig.compacted, source="conversation")
         branch = sig.branch or f"gw-{self.instance}-{n}"
         request_id = f"{branch}/{self.instance}-{n}"
-        blocks = block_hashes(ids, self.cfg.block_tokens)
+        blocks = self.prefix_hashes.hashes(branch, ids)
         sampling, parser = sampling_fields(r), self.tool_parser
         if structured is not None:  # the engine enforces it; a call is read with the format it was written in
             sampling["constraint"] = structured.constraint
