@@ -3,8 +3,9 @@
 - :mod:`.port` - the ``EventLog`` port: ``Row``, ``EventLogError`` / ``EventLogLocked``, and the
   rules both logs share (``new_rows``: which rows of a batch to store; ``batched``);
 - :mod:`.memory` - ``InMemoryEventLog``, the in-process twin;
-- :mod:`.duckdb_log` - ``DuckDbEventLog`` (one DuckDB file) and ``open_sources`` (a read-only
-  query session over several logs and Parquet segments);
+- :mod:`.duckdb_log` - ``DuckDbEventLog`` (one DuckDB file), ``open_sources`` (a read-only
+  query session over several logs and Parquet segments) and ``refresh_tables`` (its stale
+  ``mat_*`` tables stored again);
 - :mod:`.views` - the typed per-kind views and the named views (requests, route_decisions, ...);
 - :mod:`.sandbox` - the read-only, sandboxed DuckDB sessions of ``evolving sql``.
 
@@ -15,7 +16,7 @@ service that fills a log from the bus, ``evolving verify`` and ``evolving sql`` 
 Layer 2 (adapter: DuckDB). May import: ``events``, DuckDB, pyarrow (writers of format 2, lazily).
 """
 
-from services.adapters.eventlog.duckdb_log import DuckDbEventLog, open_sources
+from services.adapters.eventlog.duckdb_log import DuckDbEventLog, open_sources, refresh_tables
 from services.adapters.eventlog.memory import InMemoryEventLog
 from services.adapters.eventlog.port import EventLog, EventLogError, EventLogLocked, Row, batched, new_rows
 
@@ -29,4 +30,5 @@ __all__ = [
     "batched",
     "new_rows",
     "open_sources",
+    "refresh_tables",
 ]

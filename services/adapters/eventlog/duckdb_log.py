@@ -55,7 +55,13 @@ from services.adapters.eventlog.port import (
     new_rows,
 )
 from services.adapters.eventlog.sandbox import connect_file, connect_sources, expand_parquet
-from services.adapters.eventlog.views import catalog_key, create_views, materialize_views
+from services.adapters.eventlog.views import (
+    NAMED_VIEWS,
+    catalog_key,
+    create_views,
+    materialize_views,
+    view_keys,
+)
 from services.adapters.eventlog.views import use_materialized as use_materialized_views
 from services.adapters.logging import get_logger
 
@@ -117,7 +123,9 @@ class DuckDbEventLog:
     checkpointed stay few, and bounds the block dictionary (``block_dict_entries``, default
     :data:`STREAM_BLOCK_DICT_ENTRIES`; ``0``: unbounded). ``use_materialized=False``: a reader
     computes the named views from the events even where the ``mat_*`` tables are current (what
-    ``evolving bench sql`` times as the other path)."""
+    ``evolving bench sql`` times as the other path). A reader's :attr:`stale_views` names the
+    named views it computes because their stored table is missing or not current (each table is
+    current or not on its own: :meth:`materialize`)."""
 
     def __init__(self, path: str | os.PathLike, read_only: bool = False, *, sandbox: bool = False,
                  format: str = FORMAT, memory_limit: str | None = None,
@@ -125,8 +133,12 @@ class DuckDbEventLog:
                  materialize_on_close: bool = True, use_materialized: bool = True) -> None:
         #: :meth:`close` stores the named views as tables when the log moved (:meth:`materialize`)
         self.materialize_on_close = materialize_on_close
-        #: whether this reader's named views read the ``mat_*`` tables (set by a read-only open)
+        #: whether all of this reader's named views read the ``mat_*`` tables (set by a read-only open)
         self.materialized = False
+        #: named views whose stored table a reader cannot use (missing, or not current): computed
+        self.stale_views: tuple[str, ...] = ()
+        #: the ``materialized*`` notes of ``log_meta`` as a writer found them when it opened the log
+        self._mat_notes: dict[str, str] = {}
         if format not in FORMATS:
             raise ValueError(f"event log format {format!r}: this version writes {', '.join(FORMATS)}")
         self.path = os.fspath(path)
@@ -163,9 +175,12 @@ class DuckDbEventLog:
                 self.format = self._read_format()
                 create_views(self.con, temp=True, events_sql=self._events_sql(), stored=self._stored_sql())
                 self._applied = self._read_applied()
-                if use_materialized and self._materialized_current():
-                    use_materialized_views(self.con)
-                    self.materialized = True
+                fresh = self._fresh_views(self._notes())
+                if use_materialized and fresh:
+                    use_materialized_views(self.con, [n for n in NAMED_VIEWS if n in fresh])
+                    self.materialized = len(fresh) == len(NAMED_VIEWS)
+                if self._applied > 0:
+                    self.stale_views = tuple(n for n in NAMED_VIEWS if n not in fresh)
             except (duckdb.Error, ValueError) as exc:  # a truncated or corrupt file fails on its first read
                 self.con.close()
                 raise EventLogError(f"{self.path} is not a readable event log: {_first_line(exc)}") from exc
@@ -178,8 +193,9 @@ class DuckDbEventLog:
                 if "skipped_seqs" not in tables:
                     self._add_skipped(self._applied)
                 # a writer may change any row: the materialised views stop being current now, and
-                # its close() writes them again
-                self.con.execute("DELETE FROM log_meta WHERE key LIKE 'materialized_%'")
+                # its close() writes them again (refresh_tables: only those not current at open)
+                self._mat_notes = self._notes()
+                self.con.execute("DELETE FROM log_meta WHERE key LIKE 'materialized%'")
             else:
                 self.format = format
                 self._create()
@@ -474,44 +490,66 @@ class DuckDbEventLog:
         row = self.con.execute("SELECT value FROM log_meta WHERE key = ?", [key]).fetchall()
         return row[0][0] if row else None
 
-    def _materialized_current(self) -> bool:
-        """Whether the ``mat_*`` tables hold the named views' rows of this log as it is now (the
-        same applied position) and as this version's views define them."""
-        if not (self._applied > 0 and self._meta("materialized_seq") == str(self._applied)
-                and self._meta("materialized_views") == catalog_key()):
-            return False
-        # rows added or deleted by another tool since: the stored position no longer says so
-        (rows,) = self.con.execute(f"SELECT count(*) FROM {'events' if self.format == '1' else 'event_rows'}").fetchone()
-        return str(rows) == self._meta("materialized_rows")
+    def _notes(self) -> dict[str, str]:
+        """The ``materialized*`` rows of ``log_meta``: ``materialized_seq`` and
+        ``materialized_rows`` (the log as the tables were stored), ``materialized_view.<name>``
+        (the :func:`~services.adapters.eventlog.views.view_key` each table was stored with), and
+        in a log stored before per-view keys, ``materialized_views`` (one key for all)."""
+        return dict(self.con.execute("SELECT key, value FROM log_meta WHERE key LIKE 'materialized%'").fetchall())
 
-    def materialize(self) -> bool:
+    def _rows(self) -> int:
+        (rows,) = self.con.execute(f"SELECT count(*) FROM {'events' if self.format == '1' else 'event_rows'}").fetchone()
+        return int(rows)
+
+    def _fresh_views(self, notes: Mapping[str, str]) -> set[str]:
+        """The named views whose ``mat_*`` table holds this log's rows as it is now (the same
+        applied position and row count: rows added or deleted by another tool since change the
+        count) as this version defines the view (its own key)."""
+        if not (self._applied > 0 and notes.get("materialized_seq") == str(self._applied)
+                and notes.get("materialized_rows") == str(self._rows())):
+            return set()
+        tables = self._tables()
+        legacy = notes.get("materialized_views") == catalog_key()
+        return {name for name, key in view_keys().items()
+                if f"mat_{name}" in tables and (legacy or notes.get(f"materialized_view.{name}") == key)}
+
+    def materialize(self, only_stale: bool = False) -> tuple[str, ...]:
         """Store the named views' rows as tables (``mat_requests``, ...), so a reader answers the
         documented queries from plain tables: on a cluster-hour log computing ``requests`` from
-        the events takes tens of seconds. Done by :meth:`close` of a writer whose log moved since
-        the last time; a reader uses the tables only while they are current (same
-        ``applied_seq``, same version of the views), and computes the views otherwise. Returns
-        whether it wrote them."""
+        the events takes seconds to tens of seconds. Done by :meth:`close` of a writer, for every
+        table (a writer may have changed any row, through :attr:`con` too). Each table carries
+        its own key (the named view's SQL and the kind views it reads), and a reader uses a table
+        only while it is current (same position, same row count, same key), computing the view
+        otherwise: a change to one kind's view stales only the tables that read it.
+        ``only_stale``: keep the tables that were current when this writer opened the log, store
+        the others (:func:`refresh_tables`, which changes nothing in between). Returns the names
+        of the tables it stored."""
         if self.read_only or self._applied == 0:
-            return False
+            return ()
         with self._lock:
-            if self._materialized_current():
-                return False
+            keys = view_keys()
+            fresh = self._fresh_views(self._mat_notes) if only_stale else set()
+            stale = [name for name in NAMED_VIEWS if name not in fresh]
             # this version's views (a file's stored ones are its writer's), and no progress bar on stderr
             self.con.execute("SET enable_progress_bar = false")
-            create_views(self.con, temp=True, events_sql=self._events_sql(), stored=self._stored_sql())
+            notes = {"materialized_seq": str(self._applied), "materialized_rows": str(self._rows()),
+                     **{f"materialized_view.{name}": key for name, key in keys.items()}}
+            if not stale and notes == self._notes():
+                return ()
+            if stale:
+                create_views(self.con, temp=True, events_sql=self._events_sql(), stored=self._stored_sql())
             self.con.execute("BEGIN")
             try:
-                materialize_views(self.con)
-                (rows,) = self.con.execute(
-                    f"SELECT count(*) FROM {'events' if self.format == '1' else 'event_rows'}").fetchone()
-                for key, value in (("materialized_seq", str(self._applied)), ("materialized_views", catalog_key()),
-                                   ("materialized_rows", str(rows))):
-                    self.con.execute("INSERT OR REPLACE INTO log_meta VALUES (?, ?)", [key, value])
+                materialize_views(self.con, stale)
+                self.con.execute("DELETE FROM log_meta WHERE key LIKE 'materialized%'")
+                for key, value in notes.items():
+                    self.con.execute("INSERT INTO log_meta VALUES (?, ?)", [key, value])
                 self.con.execute("COMMIT")
             except Exception:
                 self.con.execute("ROLLBACK")
                 raise
-        return True
+            self._mat_notes = notes
+        return tuple(stale)
 
     def close(self) -> None:
         with self._lock:
@@ -527,6 +565,19 @@ class DuckDbEventLog:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def refresh_tables(path: str | os.PathLike) -> tuple[str, ...]:
+    """Store again the ``mat_*`` tables of the event log at ``path`` that are missing or not
+    current, as a writer's close would (``evolving sql --refresh``); returns their names. The file
+    is checked to be an event log by a read-only open first (a writable open of another DuckDB
+    file would make it one); a running writer's lock is :class:`EventLogLocked`."""
+    DuckDbEventLog(path, read_only=True).close()
+    log = DuckDbEventLog(path, materialize_on_close=False)
+    try:
+        return log.materialize(only_stale=True)
+    finally:
+        log.close()
 
 
 def _decode_v2(hashes: np.ndarray, seq: int, payload: str, ts: float, starts, lens, segs, wnums, wsegs,
@@ -565,16 +616,21 @@ def _columns(rows: Sequence[Row]) -> dict[str, np.ndarray]:
             "payload": payload}
 
 
-def open_sources(sources: Sequence[str], materialized: bool = True):
+def open_sources(sources: Sequence[str], materialized: bool = True, stale: list[str] | None = None):
     """A read-only, sandboxed query session over several recorded sources: DuckDB event logs
     (``*.duckdb``) and Parquet files or globs written by :meth:`DuckDbEventLog.export_parquet`.
     ``events`` is their union (they must not overlap in ``seq``) and every view is defined
     over it. One DuckDB file alone is opened directly (its own views). The session cannot read
     or write other files, attach databases, load extensions or change its settings
     (:mod:`services.adapters.eventlog.sandbox`). ``materialized=False``: one DuckDB file computes
-    its named views from the events even where its ``mat_*`` tables are current."""
+    its named views from the events even where its ``mat_*`` tables are current. ``stale``: one
+    DuckDB file's :attr:`DuckDbEventLog.stale_views` are appended to it (several sources are
+    always computed)."""
     if len(sources) == 1 and not _is_parquet(sources[0]):
-        return DuckDbEventLog(sources[0], sandbox=True, use_materialized=materialized).con
+        log = DuckDbEventLog(sources[0], sandbox=True, use_materialized=materialized)
+        if stale is not None:
+            stale.extend(log.stale_views)
+        return log.con
     db_files: list[str] = []
     parquet: list[list[str]] = []
     for src in sources:

@@ -27,6 +27,7 @@ import json
 import re
 import types
 import typing
+from collections.abc import Iterable
 from typing import Any, Literal, NewType, get_args, get_origin, get_type_hints
 
 import msgspec
@@ -233,8 +234,8 @@ def create_views(con, temp: bool = False, events_sql: str | None = None,
 
 
 def catalog_key() -> str:
-    """What the named views are, as a digest of their SQL and of the kind views under them: a
-    table materialised by another version of the views is not read as this version's."""
+    """The single key of every view at once, which logs stored before the per-view keys carry
+    (``materialized_views``): a log whose key equals this version's still has current tables."""
     h = hashlib.sha256()
     for event_type in EVENT_TYPES:
         h.update(event_view_sql(event_type).encode())
@@ -243,15 +244,43 @@ def catalog_key() -> str:
     return h.hexdigest()[:16]
 
 
-def materialize_views(con) -> None:
-    """Each named view's rows as a table ``mat_<name>`` (inside the caller's transaction)."""
-    for name in NAMED_VIEWS:
+def view_reads(name: str) -> list[str]:
+    """The kind views (``ev_*``) and named views that named view ``name`` reads, sorted."""
+    kinds = {view_name(t) for t in EVENT_TYPES}
+    used = set(re.findall(r"\b(ev_[a-z_]+|[a-z_]+)\b", NAMED_VIEWS[name]))
+    return sorted(used & (kinds | (set(NAMED_VIEWS) - {name})))
+
+
+def view_key(name: str, _seen: frozenset[str] = frozenset()) -> str:
+    """What named view ``name`` is, as a digest of its SQL and of the views it reads (their
+    fields, types and defaults): its stored table is current while this is the key it was
+    stored with, so a change to one kind's view stales only the tables that read that kind.
+    The storage format's decoding is not in it (a format is read alike by every version)."""
+    by_name = {view_name(t): t for t in EVENT_TYPES}
+    assert name not in _seen, f"named views read each other in a circle: {sorted(_seen)}"
+    h = hashlib.sha256(name.encode() + _named_view_sql(NAMED_VIEWS[name]).encode())
+    for read in view_reads(name):
+        h.update(read.encode())
+        h.update((event_view_sql(by_name[read]) if read in by_name else view_key(read, _seen | {name})).encode())
+    return h.hexdigest()[:16]
+
+
+def view_keys() -> dict[str, str]:
+    """:func:`view_key` of every named view."""
+    return {name: view_key(name) for name in NAMED_VIEWS}
+
+
+def materialize_views(con, names: Iterable[str] | None = None) -> None:
+    """Each named view's rows (of ``names``; default all) as a table ``mat_<name>`` (inside the
+    caller's transaction)."""
+    for name in NAMED_VIEWS if names is None else names:
         con.execute(f"CREATE OR REPLACE TABLE mat_{name} AS SELECT * FROM {name}")
 
 
-def use_materialized(con) -> None:
-    """Session views that read the ``mat_<name>`` tables instead of computing the named views."""
-    for name in NAMED_VIEWS:
+def use_materialized(con, names: Iterable[str] | None = None) -> None:
+    """Session views that read the ``mat_<name>`` tables (of ``names``; default all) instead of
+    computing the named views; the others stay computed."""
+    for name in NAMED_VIEWS if names is None else names:
         con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS SELECT * FROM mat_{name}")
 
 

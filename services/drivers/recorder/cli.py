@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import os
+import re
 import sys
 import time
 from typing import Any
@@ -23,7 +25,7 @@ from services.drivers.recorder.verify import verify_log
 def register(sub, bench) -> None:
     p = sub.add_parser("sql", help="run SQL on a recorded run, read-only and sandboxed (docs/recorder.md)")
     p.add_argument("db", help="the run's DuckDB file, or Parquet segments (a file or a quoted glob)")
-    p.add_argument("query", help='SQL, e.g. "SELECT * FROM role_switches"')
+    p.add_argument("query", nargs="?", help='SQL, e.g. "SELECT * FROM role_switches" (optional with --refresh)')
     p.add_argument("--with", dest="more", action="append", default=[], metavar="SOURCE",
                    help="another DuckDB file or Parquet segment(s) of the same run (repeatable)")
     p.add_argument("--format", dest="fmt", choices=("table", "csv", "json"), default="table",
@@ -37,8 +39,12 @@ def register(sub, bench) -> None:
                    help="--live: the bus (default: what the recorder wrote in DB.live.json, else $EI_NATS_URL)")
     p.add_argument("--partition", default=None, help="--live: the partition (default: from DB.live.json)")
     p.add_argument("--timeout-s", type=float, default=30.0, help="--live: wait this long for the snapshot")
+    p.add_argument("--refresh", action="store_true",
+                   help="first store again the log's stale mat_* tables (the named views' rows, as a writer's close "
+                        "does): the one time this command writes to DB; then run QUERY, if given")
     add_cli_options(p)  # --live on a secured bus (default: RUN_DIR/credentials/operator.json of `evolving up`)
     p.set_defaults(func=cmd_sql)
+    p.__class__ = _OptionsAnywhere  # `sql DB --json QUERY` with QUERY optional (--refresh alone)
 
     p = sub.add_parser("verify", help="replay a recorded run through fresh cores; check every decision")
     p.add_argument("db", help="the run's DuckDB file")
@@ -54,6 +60,22 @@ def register(sub, bench) -> None:
     p.add_argument("--blocks", type=int, default=1000, help="block hashes per RequestSubmitted")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)
+
+
+class _OptionsAnywhere(argparse.ArgumentParser):
+    """Positionals before, between and after options: an optional positional (``QUERY``) after
+    an option is otherwise refused by argparse, which takes the positionals of a run at once."""
+
+    _inner = False
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self._inner:  # parse_known_intermixed_args calls back here
+            return super().parse_known_args(args, namespace)
+        self._inner = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._inner = False
 
 
 def _jsonable(v: Any) -> Any:
@@ -89,15 +111,23 @@ def cmd_sql(args) -> int:
     )
 
     query = args.query
+    if args.refresh:
+        rc = _refresh(args)
+        if rc or query is None:
+            return rc
+    elif query is None:
+        print("error: no query (give one, or --refresh to store the log's stale tables)", file=sys.stderr)
+        return 2
     try:
         check_query(query)
     except QueryRefused as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     sources = [args.db, *args.more]
+    stale: list[str] = []
     try:
         try:
-            con = open_sources(sources)
+            con = open_sources(sources, stale=stale)
         except EventLogLocked:
             if not args.live:
                 raise
@@ -118,6 +148,7 @@ def cmd_sql(args) -> int:
                 return 2
             print(f"live snapshot of {args.db} up to seq {snap.applied_seq} ({snap.file}, "
                   f"taken {snap.age_s:.1f} s ago)", file=sys.stderr)
+            stale = []  # a snapshot of a running log: its writer stores the tables when it stops
             con = open_sources([snap.path, *args.more])
     except (EventLogError, duckdb.Error) as exc:
         print(f"error: {_one_line(exc)}", file=sys.stderr)
@@ -125,6 +156,11 @@ def cmd_sql(args) -> int:
     if not args.more and not args.db.endswith(".parquet") and _holds_no_events(con):
         print(f"note: {args.db} holds no events (a copy taken without its .wal while the run was going? "
               "query the running stack with --live)", file=sys.stderr)
+    reads = [v for v in stale if re.search(rf"\b{v}\b", query, flags=re.IGNORECASE)]
+    if reads:  # one line, on stderr, where it matters: the query reads a view that is computed
+        print(f"note: {args.db}: the stored table of {', '.join(reads)} is not current (written by another "
+              "version of the views, or by a writer that stopped before storing it): answered from the "
+              f"events, slower; `evolving sql --refresh {args.db}` stores it again", file=sys.stderr)
     t0 = time.monotonic()
     try:
         rel = con.sql(query)
@@ -148,6 +184,33 @@ def cmd_sql(args) -> int:
         # the reader left (`evolving sql ... | head`): what it wanted it has; no traceback, and no
         # second error when Python flushes stdout at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+def _refresh(args) -> int:
+    """``--refresh``: the log's stale ``mat_*`` tables stored again (one DuckDB file)."""
+    import duckdb  # lazy: evolving --help +40 ms (duckdb)
+
+    from services.adapters.eventlog import (  # lazy: evolving --help +70 ms (duckdb)
+        EventLogError,
+        EventLogLocked,
+        refresh_tables,
+    )
+
+    if args.more or args.live or args.db.endswith(".parquet") or "*" in args.db:
+        print("error: --refresh takes one DuckDB event log (no --with, --live or Parquet)", file=sys.stderr)
+        return 2
+    t0 = time.monotonic()
+    try:
+        stored = refresh_tables(args.db)
+    except EventLogLocked:
+        print(f"error: {args.db} is held by a running writer: its close stores the tables", file=sys.stderr)
+        return 2
+    except (EventLogError, duckdb.Error) as exc:
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    done = f"stored {', '.join(stored)}" if stored else "every table was current"
+    print(f"{args.db}: {done} ({time.monotonic() - t0:.1f} s)", file=sys.stderr)
     return 0
 
 

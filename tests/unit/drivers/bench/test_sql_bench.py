@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from services.adapters.eventlog import DuckDbEventLog, open_sources
+from services.adapters.eventlog.views import NAMED_VIEWS
 from services.drivers.bench import sql as sql_bench
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -93,6 +94,7 @@ def test_a_case_writes_its_log_once_stores_stale_tables_again_and_reports_its_ta
     monkeypatch.setitem(sql_bench.CASES, "tiny", sql_bench.Case(log, make, "a tiny run", 0.0))
     again = sql_bench.run_case("tiny", repeats=1, bound=False)
     assert again["made_s"] is None and again["materialized_s"] > 0 and again["answered_from"] == "materialized"
+    assert again["refreshed"] == list(NAMED_VIEWS)  # a writer's open made every table stale
     assert not again["met"] and again["events"] == first["events"]
     assert "case tiny: target <= 0 s per query: NOT met" in sql_bench.format_report(again)
 

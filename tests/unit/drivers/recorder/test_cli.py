@@ -277,3 +277,44 @@ def test_sql_on_a_log_with_no_events_says_why_it_may_be_empty(tmp_path, capsys):
     make_run(tmp_path / "run.duckdb")
     assert main(["sql", str(tmp_path / "run.duckdb"), "SELECT 1"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_sql_on_a_stale_table_says_so_in_one_line_and_refresh_stores_it_again(tmp_path, capsys):
+    import duckdb
+
+    db = str(tmp_path / "run.duckdb")
+    make_run(db)
+    assert main(["sql", db, "--json", "SELECT count(*) AS n FROM requests"]) == 0
+    want, err = capsys.readouterr()
+    assert json.loads(want)["n"] > 1 and err == ""
+    con = duckdb.connect(db)  # the table no longer this version's: a reader must not print its rows
+    con.execute("DELETE FROM mat_requests WHERE request <> (SELECT min(request) FROM mat_requests)")
+    con.execute("UPDATE log_meta SET value = 'other' WHERE key = 'materialized_view.requests'")
+    con.close()
+    assert main(["sql", db, "--json", "SELECT count(*) AS n FROM requests"]) == 0
+    out, err = capsys.readouterr()
+    assert out == want and len(err.splitlines()) == 1
+    assert "requests" in err and f"evolving sql --refresh {db}" in err
+    assert main(["sql", db, "SELECT count(*) FROM route_decisions"]) == 0  # a current table: no note
+    assert capsys.readouterr().err == ""
+    assert main(["sql", "--refresh", db]) == 0
+    assert "stored requests (" in capsys.readouterr().err
+    assert main(["sql", "--refresh", db, "--json", "SELECT count(*) AS n FROM requests"]) == 0
+    out, err = capsys.readouterr()
+    assert out == want and "every table was current" in err and "note" not in err
+
+
+def test_sql_refresh_writes_only_to_an_event_log(tmp_path, capsys):
+    import duckdb
+
+    assert main(["sql", "--refresh", str(tmp_path / "missing.duckdb")]) == 2
+    assert "no event log" in capsys.readouterr().err and not (tmp_path / "missing.duckdb").exists()
+    other = str(tmp_path / "other.duckdb")
+    duckdb.connect(other).execute("CREATE TABLE t (x INT)").close()
+    assert main(["sql", "--refresh", other]) == 2
+    assert "not an event log" in capsys.readouterr().err
+    con = duckdb.connect(other)
+    assert [r[0] for r in con.execute("SHOW TABLES").fetchall()] == ["t"]
+    con.close()
+    assert main(["sql", str(tmp_path / "other.duckdb")]) == 2
+    assert "no query" in capsys.readouterr().err
