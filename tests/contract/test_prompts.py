@@ -67,6 +67,16 @@ class PromptContract:
         assert await s.get("b/2") == []
         await s.close()
 
+    async def test_warm_then_serve(self, partition):
+        """Warm leaves the store taking writes and holding nothing a request can read."""
+        s = await self.make(partition)
+        took = await s.warm(30.0)
+        assert 0.0 <= took < 30.0
+        assert await s.get("r1") is None
+        await s.put("r1", [4, 5])
+        assert await s.get("r1") == [4, 5]
+        await s.close()
+
     async def test_a_prompt_larger_than_one_value_is_chunked(self, partition):
         s = await self.make(partition, value_bytes=1000)
         ids = [(i * 7919) % 150_000 for i in range(10_000)]  # 4-byte ids: 40 KB in 41 values

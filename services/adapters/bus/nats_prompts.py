@@ -41,6 +41,10 @@ log = get_logger("bus")
 HEADROOM = 4096  # bytes of a message kept for its headers and subject
 
 
+#: the request id of :meth:`NatsPromptStore.warm`'s probe (no gateway request id has a colon first)
+WARM_KEY = ":warm"
+
+
 class NatsPromptStore:
     """:class:`services.adapters.bus.prompts.PromptStore` on a JetStream KV bucket."""
 
@@ -97,6 +101,25 @@ class NatsPromptStore:
                     raise
                 log.warning("prompt_put_retry", bucket=self.bucket, error=f"{type(exc).__name__}: {exc}")
                 await asyncio.sleep(0.2)
+
+    async def warm(self, within_s: float) -> float:
+        """Create the bucket and write one probe value, trying again while the bucket does not
+        answer (an R3 bucket just created elects its leader; on a loaded machine the first
+        write of a fresh one took longer than a request's own retry, and the compose stack's
+        first chat was a 503), for up to ``within_s``. The gateway calls it before it listens,
+        so its health check passes only once a prompt can be stored."""
+        t0 = time.monotonic()
+        deadline = t0 + within_s
+        while True:
+            try:
+                await self.ensure()
+                await self._put_values(self.prefix + prompt_key(WARM_KEY), [encode_tokens([0])])
+                return time.monotonic() - t0
+            except (NoStreamResponseError, NatsTimeoutError, TimeoutError) as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("prompt_store_warming", bucket=self.bucket, error=f"{type(exc).__name__}: {exc}")
+                await asyncio.sleep(0.5)
 
     async def _put_values(self, key: str, values: list[bytes]) -> None:
         if len(values) > 1:  # the chunks before the head (module docstring)

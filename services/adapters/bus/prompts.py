@@ -54,6 +54,11 @@ class PromptStore(Protocol):
 
     async def get(self, request: str) -> list[int] | None: ...
 
+    async def warm(self, within_s: float) -> float:
+        """Make the store take writes before the first request needs it (create the bucket,
+        wait out its leader election) for up to ``within_s``; the seconds it took. Raises the
+        last error when it could not."""
+
     async def close(self) -> None: ...
 
 
@@ -150,6 +155,9 @@ class InMemoryPromptStore:
         if any(r is None for r in rest):
             return None
         return decode_tokens(join([head[1], *(r[1] for r in rest)]))
+
+    async def warm(self, within_s: float) -> float:
+        return 0.0  # a dict takes writes at once
 
     def _expire(self, now: float) -> None:
         for k in [k for k, (t, _) in self._values.items() if t <= now]:

@@ -37,6 +37,8 @@ def _env_epoch() -> float | None:
 
 
 DEFAULT_CONTEXT = GatewayConfig.context_length
+#: how long the gateway waits at start for its prompt stores to take a write (NatsPromptStore.warm)
+PROMPT_WARM_S = 60.0
 PROFILE_DIR = Path(__file__).resolve().parents[3] / "deploy" / "profiles"
 
 
@@ -210,6 +212,13 @@ async def serve(args: argparse.Namespace) -> int:
     if store_prompts:
         buses = {n: b for n, (b, _) in lanes.items()} if lanes else {args.partition: bus}
         prompts = {n: NatsPromptStore.from_bus(b, ttl_s=args.prompt_ttl_s) for n, b in buses.items()}
+        for name, store in prompts.items():  # before listening: health passes once a prompt can be stored
+            try:
+                took = await store.warm(PROMPT_WARM_S)
+                log.info("prompt_store_ready", partition=name, seconds=round(took, 2))
+            except Exception as exc:  # noqa: BLE001 - requests retry on their own; say why it is slow
+                log.warning("prompt_store_not_ready", partition=name, within_s=PROMPT_WARM_S,
+                            error=f"{type(exc).__name__}: {exc}")
     gw = Gateway(bus, NatsTokenMux.from_bus(bus), cfg, lanes=lanes, prompts=prompts, model=model)
     runner = GatewayRunner(gw.make_app())  # aiohttp's own protocol errors as JSON (guard.py)
     await runner.setup()

@@ -53,3 +53,25 @@ async def test_a_bucket_that_never_answers_fails_the_put():
     with pytest.raises(NoStreamResponseError):
         await store.put("r1", [1, 2, 3])
     assert js.published == []
+
+
+async def test_warm_waits_until_the_bucket_takes_a_write():
+    """The gateway warms its stores before it listens (compose torch: the first chat's put on a
+    bucket just created timed out past its own retry at load ~10, a 503)."""
+    store, js = _store(failures=4, retry_for_s=0.0)  # a request's own retry would give up at once
+    took = await store.warm(10.0)
+    assert took >= 0.0 and len(js.published) == 1 and js.published[0][0] == store.prefix + prompt_key(":warm")
+
+
+async def test_warm_gives_up_with_the_cause_after_its_bound():
+    store, js = _store(failures=10**6, retry_for_s=10.0)
+    with pytest.raises(NoStreamResponseError):
+        await store.warm(0.3)
+    assert js.published == []
+
+
+async def test_the_twin_is_warm_at_once():
+    from services.adapters.bus.prompts import InMemoryPromptStore, PromptStore
+
+    s = InMemoryPromptStore()
+    assert isinstance(s, PromptStore) and await s.warm(1.0) == 0.0
