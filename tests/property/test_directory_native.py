@@ -1,10 +1,13 @@
 """Hypothesis: the directory's compiled table kernels (``_native``: mark, touch, read, held_prefix,
-runs, fresh, dropped, common_prefix) give exactly what their numpy / Python definitions give (the code they
+runs, fresh, dropped, common_prefix, held_split, unmark, concat_u64) give exactly what their numpy / Python definitions give (the code they
 replaced in table.py, lookup.py and core.py), on random tables, slot lists and contexts."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -132,3 +135,50 @@ def test_bucket_pick_matches_its_numpy_definition(t, counted, arr):
         assert valid is not None or len(want) == len(arr)  # None: every entry valid and distinct
         assert free.tolist() == [x for x in want if pinned is None or int(block[x]) not in pins]
         assert not mark.any()
+
+
+@settings(max_examples=100, deadline=None)
+@given(tables(), st.lists(st.integers(-2, 3), min_size=SLOTS, max_size=SLOTS))
+def test_held_split_matches_its_numpy_definition(t, counts):
+    held, s, j, _, _ = t
+    refs = np.asfortranarray(np.array([counts, counts[::-1]], dtype=np.int32).T)  # a node column of a table
+    one, zero = _native.held_split(held[:, j >> 6], _bit(j), refs[:, 1], s)
+    kept = s[(held[s, j >> 6] & _bit(j)).astype(bool)]  # what BlockTable._track did
+    c = refs[kept, 1] > 0
+    assert one.tolist() == kept[c].tolist() and zero.tolist() == kept[~c].tolist()
+    assert one.dtype == zero.dtype == np.intp
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(BLOCK, max_size=20), max_size=8))
+def test_concat_u64_matches_fromiter(lists):
+    total = sum(len(b) for b in lists)
+    want = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.uint64, count=total)
+    got = _native.concat_u64(lists, total)
+    assert got.dtype == np.uint64 and got.tolist() == want.tolist()
+    if lists and lists[-1]:
+        with pytest.raises(ValueError):
+            _native.concat_u64(lists, total - 1)
+        with pytest.raises(ValueError):
+            _native.concat_u64(lists, total + 1)
+
+
+@pytest.mark.parametrize("bad", [-1, 2**64, "x", None])
+def test_concat_u64_refuses_what_is_not_a_uint64(bad):
+    with pytest.raises((OverflowError, TypeError, ValueError)):
+        np.fromiter([1, bad], dtype=np.uint64, count=2)  # numpy refuses it too (its own error kind)
+    with pytest.raises(OverflowError):
+        _native.concat_u64([[1], [bad]], 2)
+
+
+@settings(max_examples=100, deadline=None)
+@given(tables())
+def test_unmark_matches_its_numpy_definition(t):
+    held, s, j, _, _ = t
+    h1 = held.copy()
+    had = _native.unmark(h1[:, j >> 6], s, _bit(j))
+    h2 = held.copy()  # what BlockTable.evict did
+    have = (h2[s, j >> 6] & _bit(j)).astype(bool) & (s > 0)
+    want = s[have]
+    h2[want, j >> 6] &= ~_bit(j)
+    assert had.tolist() == want.tolist() and (h1 == h2).all()

@@ -29,7 +29,6 @@ Everything here is pure encoding (Arrow tables in, Arrow tables out); the DuckDB
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 
 import msgspec
@@ -38,6 +37,7 @@ import numpy as np
 from events.catalog import Event
 from services.adapters.eventlog.blockdict import BlockDict
 from services.adapters.eventlog.payload import decode_payload, encode_payload
+from services.cores.directory._native import concat_u64
 
 __all__ = ["FORMAT", "FORMATS", "SCHEMA_V2", "SCHEMA_V3", "BlockDict", "blocks_sql", "decode_bitmap", "decode_blocks",
            "decode_row", "encode_rows", "events_view_sql", "rows_from_sql"]
@@ -195,7 +195,7 @@ def _runs(lists: list[list[int]], bd: BlockDict, bitmaps: bool = True):
     m = len(lists)
     sizes = np.fromiter((len(b) for b in lists), dtype=np.int64, count=m)
     total = int(sizes.sum())
-    h = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.uint64, count=total)
+    h = concat_u64(lists, total)  # compiled: no generator step per hash
     ids, new = bd.encode(h)
     no_bits = (np.zeros(m, dtype=bool), [], [], [])
     if not m:

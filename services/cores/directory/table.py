@@ -33,6 +33,8 @@ from services.cores.directory._native import (
     bucket_pick,
     fill_new,
     held_prefix,
+    held_split,
+    unmark,
     unpinned,
 )
 from services.cores.directory._native import mark as mark_copies
@@ -191,12 +193,9 @@ class BlockTable:
             return 0
         s = self.slots(blocks, len(blocks))
         j = 2 * n + TIER_INDEX[tier]
-        w, bit = j >> 6, _BIT[j & 63]
-        have = (self.held[s, w] & bit).astype(bool) & (s > 0)
-        s = s[have]
-        self.held[s, w] &= ~bit
-        self.release(s)
-        return int(len(have) - have.sum())
+        had = unmark(self.held[:, j >> 6], s, _BIT[j & 63])  # the slots holding the copy, bit cleared
+        self.release(had)
+        return len(s) - len(had)
 
     def drop_node(self, n: int) -> None:
         w, pair = (2 * n) >> 6, _BIT[(2 * n) & 63] | _BIT[(2 * n + 1) & 63]
@@ -270,20 +269,16 @@ class BlockTable:
         o = self.orders.get(j)
         if o is None or not len(s):
             return
-        s = s[(self.held[s, j >> 6] & _BIT[j & 63]).astype(bool)]
-        if not len(s):
-            return
-        c = self.refs[s, j >> 1] > 0
+        # the held ones, counted and not, in one compiled pass (add skips an empty part)
+        one, zero = held_split(self.held[:, j >> 6], _BIT[j & 63], self.refs[:, j >> 1], s)
         if ts is not None:
-            if c.all():
-                o.add(1, ts, s)
-            elif not c.any():
-                o.add(0, ts, s)
-            else:
-                o.add(1, ts, s[c])
-                o.add(0, ts, s[~c])
+            o.add(1, ts, one)
+            o.add(0, ts, zero)
             return
-        _add_grouped(o, s, c, self.last[s, j])
+        last = self.last[:, j]
+        for c, part in ((0, zero), (1, one)):  # the order _add_grouped's (c, last) sort gives
+            if len(part):
+                _add_class(o, c, part, last.take(part))
 
     def _order(self, j: int) -> CopyOrder:
         """Column ``j``'s order, built from a scan the first time and when stale entries
@@ -316,19 +311,25 @@ class BlockTable:
             return
         s = self.index.find(keys)
         s = s[s > 0]
-        if len(s):
-            s = s[(self.held[s, j >> 6] & _BIT[j & 63]).astype(bool)]
-        if not len(s):
-            return
-        c, last = self.refs[s, j >> 1] > 0, self.last[s, j]
-        order = np.lexsort((last, c))
-        s, c, last = s[order], c[order], last[order]
-        cuts = (np.flatnonzero((c[1:] != c[:-1]) | (last[1:] != last[:-1])) + 1).tolist()
-        for a, b in zip([0, *cuts], [*cuts, len(s)]):
-            key = (int(c[a]), float(last[a]))
-            m = o.memo.get(key)
-            if m is not None:
-                o.memo[key] = (m[0], np.concatenate([m[1], s[a:b]]), m[2])
+        # the held ones by count class, then by last access (a stable sort: each key's slots
+        # in release order, as a (count class, last) lexsort of them all gives)
+        one, zero = held_split(self.held[:, j >> 6], _BIT[j & 63], self.refs[:, j >> 1], s)
+        lastc = self.last[:, j]
+        for c, part in ((0, zero), (1, one)):
+            if not len(part):
+                continue
+            last = lastc.take(part)
+            if len(part) > 1 and (last[1:] != last[:-1]).any():
+                order = np.argsort(last, kind="stable")
+                part, last = part[order], last[order]
+                cuts = (np.flatnonzero(last[1:] != last[:-1]) + 1).tolist()
+            else:
+                cuts = []
+            for a, b in zip([0, *cuts], [*cuts, len(part)]):
+                key = (c, float(last[a]))
+                m = o.memo.get(key)
+                if m is not None:
+                    o.memo[key] = (m[0], np.concatenate([m[1], part[a:b]]), m[2])
 
     def eviction_order(self, n: int, tier: str, count_aware: bool, limit: int | None,
                        pinned: AbstractSet[int] | None) -> np.ndarray:
@@ -468,3 +469,16 @@ def _add_grouped(o: CopyOrder, s: np.ndarray, c: np.ndarray, last: np.ndarray) -
     cuts = (np.flatnonzero((c[1:] != c[:-1]) | (last[1:] != last[:-1])) + 1).tolist()
     for a, b in zip([0, *cuts], [*cuts, len(s)]):
         o.add(int(c[a]), float(last[a]), s[a:b])
+
+
+def _add_class(o: CopyOrder, c: int, s: np.ndarray, last: np.ndarray) -> None:
+    """Append slots ``s`` of count class ``c`` (last access ``last``) bucket by bucket: what
+    :func:`_add_grouped` does for one class (a stable sort: a bucket keeps the order of ``s``)."""
+    if len(s) > 1 and (last[1:] != last[:-1]).any():
+        order = np.argsort(last, kind="stable")
+        s, last = s[order], last[order]
+        cuts = (np.flatnonzero(last[1:] != last[:-1]) + 1).tolist()
+        for a, b in zip([0, *cuts], [*cuts, len(s)]):
+            o.add(c, float(last[a]), s[a:b])
+    else:
+        o.add(c, float(last[0]), s)
