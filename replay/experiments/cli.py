@@ -41,6 +41,7 @@ from pathlib import Path
 from rich.console import Console
 
 from replay.sim.cli import DEFAULT_CALIBRATION, parse_duration, parse_tokens
+from replay.sim.inputs import SimSpec
 from replay.traces.pacing import parse_pace
 
 
@@ -258,7 +259,9 @@ def _cmd_regimes(args) -> int:
             return 2
         stacks = [s.strip() for s in args.stacks.split(",") if s.strip()]
         t0 = time.perf_counter()
-        doc = run_grid(args, cells, stacks, out, t)
+        base = SimSpec(trace=args.trace, pace=args.pace, nodes=args.nodes, profile=args.profile,
+                       warmup=args.warmup, duration=args.duration, seed=args.seed, fast=args.fast)
+        doc = run_grid(base, cells, stacks, out, t)
         print(f"grid done in {(time.perf_counter() - t0) / 60:.1f} min wall")
     png = plot_map(doc, out.with_suffix(".png"))
     if args.markdown:

@@ -20,8 +20,12 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from replay.sim.figures import RunMetrics
+
+if TYPE_CHECKING:
+    from replay.sim.inputs import SimSpec
 
 #: the four regimes, mildest first (a cell takes the most severe of its stacks')
 REGIMES = ("agent-bound", "loaded-roomy", "near-capacity", "thrashing")
@@ -181,21 +185,21 @@ def roomy_rps(rows: Sequence[dict]) -> dict[tuple[str, int], float]:
     return {k: r["throughput_rps"] for k, r in best.items()}
 
 
-def settings_of(args) -> dict:
+def settings_of(base: SimSpec) -> dict:
     """What makes two grids' rows comparable (a reused row must share all of it)."""
-    return {"trace": str(args.trace), "pace": args.pace, "nodes": args.nodes, "profile": args.profile,
-            "warmup_s": args.warmup, "duration_s": args.duration, "seed": args.seed, "fast": args.fast}
+    return {"trace": str(base.trace), "pace": base.pace, "nodes": base.nodes, "profile": base.profile,
+            "warmup_s": base.warmup, "duration_s": base.duration, "seed": base.seed, "fast": base.fast}
 
 
-def run_argv(args, cell: Cell) -> list[str]:
+def run_argv(base: SimSpec, cell: Cell) -> list[str]:
     """The ``evolving replay`` flags of one cell (parsed by the same parser, run by ``run_one``)."""
-    argv = ["--trace", str(args.trace), "--pace", args.pace, "--nodes", str(args.nodes),
-            "--agents", str(cell.agents), "--warmup", str(args.warmup), "--duration", str(args.duration),
-            "--seed", str(args.seed), "--kv-gpu-tokens", str(cell.gpu_tokens),
+    argv = ["--trace", str(base.trace), "--pace", str(base.pace), "--nodes", str(base.nodes),
+            "--agents", str(cell.agents), "--warmup", str(base.warmup), "--duration", str(base.duration),
+            "--seed", str(base.seed), "--kv-gpu-tokens", str(cell.gpu_tokens),
             "--kv-host-tokens", str(cell.host_tokens), "--no-progress"]
-    if args.profile:
-        argv += ["--profile", args.profile]
-    if args.fast:
+    if base.profile:
+        argv += ["--profile", base.profile]
+    if base.fast:
         argv.append("--fast")
     return argv
 
@@ -223,21 +227,22 @@ def summarise(doc: dict, t: Thresholds) -> dict:
     return doc
 
 
-def run_grid(args, cells: Sequence[Cell], stacks: Sequence[str], out: Path, t: Thresholds,
+def run_grid(base: SimSpec, cells: Sequence[Cell], stacks: Sequence[str], out: Path, t: Thresholds,
              log: Callable[[str], None] = print) -> dict:
     """Run every (cell, stack) not in ``out`` yet, one at a time, writing ``out`` after each."""
     from replay.experiments.run import run_parser  # lazy: start-up (--help skips the planner: +330 ms)
+    from replay.sim.cli import sim_spec  # lazy: start-up (--help skips the simulator's commands)
     from replay.sim.inputs import session_source  # lazy: start-up (evolving --help skips DuckDB: +55 ms)
     from replay.sim.runs import run_one  # lazy: start-up (evolving --help skips DuckDB: +55 ms)
 
-    doc = load_doc(out, settings_of(args))
+    doc = load_doc(out, settings_of(base))
     done = {(r["key"], r["stack"]) for r in doc["rows"]}
     todo = [(c, s) for c in cells for s in stacks if (c.key, s) not in done]
     parser = run_parser()
     source = None
     out.parent.mkdir(parents=True, exist_ok=True)
     for i, (cell, stack) in enumerate(todo, 1):
-        a = parser.parse_args(run_argv(args, cell))
+        a = sim_spec(parser.parse_args(run_argv(base, cell)))
         if source is None:  # the sessions are a pure function of trace and pace: read once
             source, _ = session_source(a)
         t0, c0 = time.perf_counter(), time.process_time()

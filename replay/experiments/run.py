@@ -36,7 +36,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from replay.experiments.matrix import Experiment, Run
 from replay.sim import stacks
-from replay.sim.cli import add_run_args
+from replay.sim.cli import add_run_args, sim_spec
 from replay.sim.figures import METRIC_TYPES, RunMetrics, compute_metrics
 from replay.sim.inputs import run_profile, session_source
 from replay.sim.runs import run_one
@@ -155,14 +155,14 @@ def execute(run: Run, log: str, seed: int = 0, progress: bool = False) -> Result
     parser = run_parser()
     t0, c0 = time.perf_counter(), time.process_time()
     try:
-        args = parser.parse_args([*run.argv, "--seed", str(seed)])
+        opts = sim_spec(parser.parse_args([*run.argv, "--seed", str(seed)]))
         source: SessionSource
         if run.schedule is not None:
             source = ScheduleSource(run.schedule, seed)
         else:
-            source, _ = session_source(args)
+            source, _ = session_source(opts)
         with _registered(run) as spec:
-            m, _ = run_one(spec, args, source, Path(log), progress=progress)
+            m, _ = run_one(spec, opts, source, Path(log), progress=progress)
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - the row's status (a bad --trace exits), the matrix goes on
         msg = " ".join(str(exc).split())[:300]
         return Result(run, None, f"failed: {type(exc).__name__}: {msg}", time.perf_counter() - t0, "",
@@ -227,7 +227,7 @@ def run_key(run: Run, parser: argparse.ArgumentParser) -> str:
     parsed flag, with the KV flags resolved into the profile's capacities (``--kv-gpu-tokens 5M``
     on a 5M profile is the default run). Equal keys run once; the later row reuses the result."""
     a = parser.parse_args(run.argv)
-    prof = run_profile(a)
+    prof = run_profile(sim_spec(a))
     flags = {k: v for k, v in sorted(vars(a).items())
              if k not in ("kv_gpu_tokens", "kv_host_tokens", "profile", "no_progress", "json")}
     return json.dumps([run.stack, sorted(run.planner_args.items()), run.schedule, flags, prof.name,

@@ -10,16 +10,21 @@ from pathlib import Path
 BUNDLED = Path(__file__).resolve().parents[2] / "deploy" / "traces" / "calibration"
 
 
-def _calibrate(args) -> int:
-    from replay.fidelity.run import cmd_calibrate  # lazy: evolving --help (DuckDB, numpy fits)
+def _calibrate(args: argparse.Namespace) -> int:
+    from replay.fidelity.run import CalibrateSpec, cmd_calibrate  # lazy: evolving --help (DuckDB, numpy fits)
+    from replay.sim.cli import from_flags  # lazy: with the command it serves
 
-    return cmd_calibrate(args)
+    return cmd_calibrate(from_flags(CalibrateSpec, args))
 
 
-def _fidelity(args) -> int:
-    from replay.fidelity.run import cmd_fidelity  # lazy: evolving --help (the live drivers, the simulator)
+def _fidelity(args: argparse.Namespace) -> int:
+    from replay.fidelity.run import (  # lazy: evolving --help (the live drivers, the simulator)
+        FidelitySpec,
+        cmd_fidelity,
+    )
+    from replay.sim.cli import from_flags  # lazy: with the command it serves
 
-    return cmd_fidelity(args)
+    return cmd_fidelity(from_flags(FidelitySpec, args))
 
 
 def register(sub: argparse._SubParsersAction) -> None:

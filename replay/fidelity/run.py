@@ -22,7 +22,7 @@ import signal
 import sys
 import tempfile
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,10 +68,46 @@ def vocab_of(model: str | None) -> int:
     return SMOLLM2_VOCAB
 
 
-def scaling_of(args) -> Scaling:
-    return Scaling(sessions=args.sessions, concurrency=args.concurrency, turns=args.turns, tokens=args.token_scale,
-                   output=args.output_scale, max_output=args.max_output, pause=args.pause_scale,
-                   skip=args.calibration_sessions)
+@dataclass(frozen=True, kw_only=True)
+class FidelitySpec:
+    """``evolving fidelity``'s options, named as its flags (replay/fidelity/cli.py)."""
+
+    trace: str
+    stacks: str = "evolving,dynamo,static:1P1D"
+    engines: int = 2  # torch engines (= simulated nodes) per stack
+    sessions: int = 4
+    calibration_sessions: int = 4
+    concurrency: int = 4
+    turns: int = 3
+    token_scale: int = 64
+    output_scale: int = 16
+    max_output: int = 16
+    pause_scale: float = 0.05
+    warmup_s: float = 30.0
+    profile: str | None = None  # skip calibration: this profile
+    calibration_log: str | None = None
+    model: str | None = None
+    seed: int = 0
+    reuse_live: bool = False
+    out_dir: str | None = None
+    json: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalibrateSpec:
+    """``evolving calibrate``'s options, named as its flags (replay/fidelity/cli.py)."""
+
+    log: str
+    out: str
+    name: str | None = None
+    base: str = "gb300-glm52"
+    json: bool = False
+
+
+def scaling_of(spec: FidelitySpec) -> Scaling:
+    return Scaling(sessions=spec.sessions, concurrency=spec.concurrency, turns=spec.turns, tokens=spec.token_scale,
+                   output=spec.output_scale, max_output=spec.max_output, pause=spec.pause_scale,
+                   skip=spec.calibration_sessions)
 
 
 def read_events(db: Path) -> list:
@@ -98,25 +134,25 @@ def write_sim_log(path: Path, events: list, config: dict) -> None:
 class Fidelity:
     """One ``evolving fidelity`` run (module docstring)."""
 
-    def __init__(self, args, console: Console) -> None:
-        self.args, self.console = args, console
-        self.out = Path(args.out_dir) if args.out_dir else Path(tempfile.mkdtemp(prefix="fidelity-"))
+    def __init__(self, spec: FidelitySpec, console: Console) -> None:
+        self.spec, self.console = spec, console
+        self.out = Path(spec.out_dir) if spec.out_dir else Path(tempfile.mkdtemp(prefix="fidelity-"))
         self.out.mkdir(parents=True, exist_ok=True)
-        self.scaling = scaling_of(args)
+        self.scaling = scaling_of(spec)
         self.notes: list[str] = []
 
     def sessions(self):
         from replay.traces.importers.spec import load_workload  # lazy: evolving --help (the importers)
 
-        real = load_workload(str(self.args.trace)).sessions
+        real = load_workload(str(self.spec.trace)).sessions
         test = scaled_sessions(real, self.scaling)
-        cal = scaled_sessions(real, replace(self.scaling, skip=0, sessions=self.args.calibration_sessions))
+        cal = scaled_sessions(real, replace(self.scaling, skip=0, sessions=self.spec.calibration_sessions))
         if len(test) < self.scaling.sessions:
             self.notes.append(f"only {len(test)} sessions fit after the calibration ones (asked {self.scaling.sessions})")
         return cal, test
 
     async def calibrate(self, cal_sessions, progress, task) -> tuple[Any, str]:
-        a = self.args
+        a = self.spec
         if a.profile:
             return load_profile(a.profile), f"profile {a.profile} (given)"
         log = Path(a.calibration_log) if a.calibration_log else None
@@ -137,7 +173,7 @@ class Fidelity:
         return load_profile(str(path)), f"calibrated from {log} -> {path}"
 
     async def one_stack(self, name: str, profile, test_sessions) -> tuple[list[dict], dict]:
-        a = self.args
+        a = self.spec
         st, cfg = stack_of(name, a.engines, a.warmup_s)
         conf = st.core_config(profile, cfg)
         safe = name.replace(":", "_").replace("+", "_")
@@ -164,7 +200,7 @@ class Fidelity:
         return rows(name, live_m, sim_m), info
 
     async def run(self) -> dict:
-        a = self.args
+        a = self.spec
         cal_sessions, test = self.sessions()
         stacks = [s.strip() for s in a.stacks.split(",") if s.strip()]
         fig = workload_figures(test)
@@ -218,29 +254,29 @@ def _stop_on_sigterm(signum, frame) -> None:
     raise SystemExit(143)  # unwinds through run_live's finally: the live stack is stopped, not orphaned
 
 
-def cmd_fidelity(args) -> int:
-    console = Console(stderr=True) if args.json else Console()
+def cmd_fidelity(spec: FidelitySpec) -> int:
+    console = Console(stderr=True) if spec.json else Console()
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
-    res = asyncio.run(Fidelity(args, console).run())
-    if args.json:
+    res = asyncio.run(Fidelity(spec, console).run())
+    if spec.json:
         print(json.dumps(res, indent=2))
     else:
         console.print(format_report(res), highlight=False)
     return 0
 
 
-def cmd_calibrate(args) -> int:
-    cal = calibrate_log(args.log)
+def cmd_calibrate(spec: CalibrateSpec) -> int:
+    cal = calibrate_log(spec.log)
     if cal.prefill is None and cal.decode is None:
-        print(f"error: {args.log}: no engine iterations to fit ({'; '.join(cal.notes)})", file=sys.stderr)
+        print(f"error: {spec.log}: no engine iterations to fit ({'; '.join(cal.notes)})", file=sys.stderr)
         return 1
-    text = profile_toml(cal, args.name or Path(args.out).stem, base=args.base)
-    Path(args.out).write_text(text)
-    load_profile(args.out)  # the file is one the simulator reads
-    if args.json:
-        print(json.dumps({"calibration": asdict(cal), "out": args.out}, indent=2, default=str))
+    text = profile_toml(cal, spec.name or Path(spec.out).stem, base=spec.base)
+    Path(spec.out).write_text(text)
+    load_profile(spec.out)  # the file is one the simulator reads
+    if spec.json:
+        print(json.dumps({"calibration": asdict(cal), "out": spec.out}, indent=2, default=str))
     else:
         print(format_calibration(cal))
-        print(f"wrote {args.out} (evolving replay --profile {args.out})")
+        print(f"wrote {spec.out} (evolving replay --profile {spec.out})")
     return 0
 

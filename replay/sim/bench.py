@@ -14,13 +14,14 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from replay.sim.inputs import parse_duration, session_source
+from replay.sim.inputs import SimSpec, parse_duration, session_source
 
 #: ``bench sim`` runs per cluster size: label, stack, --fast, two directories (today's path before
 #: the shared directory, the baseline every other row of its size is compared with)
@@ -101,7 +102,30 @@ def _extrapolate(r: dict) -> None:
         r["meets_target"] = r["extrapolated_hour_wall_s"] <= PARTITION_HOUR_TARGET_S
 
 
-def cmd_bench(args) -> int:
+@dataclass(frozen=True, kw_only=True)
+class BenchSimSpec:
+    """``evolving bench sim``'s options, named as its flags; ``run`` holds the ones every row's
+    run starts from (``--agents``, ``--duration``, ``--warmup``, ``--seed``, ``--partitions``,
+    ``--jobs``), which each row varies with ``dataclasses.replace``."""
+
+    run: SimSpec
+    big_nodes: int = 96
+    big_agents: int | None = None  # None: 2 per node
+    sizes: str | None = None  # NODES[:AGENTS][@WARMUP+DURATION],... instead of 9 and big_nodes
+    runs: str = "evolving,baseline"
+    only_partitions: bool = False
+    partition_nodes: int = 96
+    partition_agents_per_node: float = 2.0
+    partition_warmup: float | None = None  # None: run.warmup
+    partition_duration: float | None = None  # None: run.duration
+    no_partition_baseline: bool = False
+    calibration: str = ""  # '': no calibration rows
+    calibration_runs: str = "nolog,before,full,decisions"
+    calibration_profile: str | None = None
+    json: bool = False
+
+
+def cmd_bench(spec: BenchSimSpec) -> int:
     """Simulated seconds per second, each cluster size's runs side by side with today's baseline.
 
     Every row is a dict (``--json`` prints the list; replay/sim/scaling_plot.py reads it). Sessions are
@@ -111,27 +135,24 @@ def cmd_bench(args) -> int:
     from replay.sim.partitioned import bench_rows  # lazy: start-up (evolving --help skips DuckDB: +55 ms)
     from replay.sim.runs import run_one  # lazy: start-up (evolving --help skips DuckDB: +55 ms)
 
-    out = sys.stderr if args.json else sys.stdout
+    out = sys.stderr if spec.json else sys.stdout
     rows: list[dict] = []
-    big_agents = args.big_agents if args.big_agents is not None else 2 * args.big_nodes
-    cases = [(9, args.agents, None), (args.big_nodes, big_agents, None)]
-    if args.sizes:  # NODES[:AGENTS][@WARMUP+DURATION],... instead (agents default: 2 per node)
-        cases = [parse_size(part) for part in (x.strip() for x in args.sizes.split(",") if x.strip())]
-    if getattr(args, "only_partitions", False):  # just the partition rows below
+    big_agents = spec.big_agents if spec.big_agents is not None else 2 * spec.big_nodes
+    cases = [(9, spec.run.agents, None), (spec.big_nodes, big_agents, None)]
+    if spec.sizes:  # NODES[:AGENTS][@WARMUP+DURATION],... instead (agents default: 2 per node)
+        cases = [parse_size(part) for part in (x.strip() for x in spec.sizes.split(",") if x.strip())]
+    if spec.only_partitions:  # just the partition rows below
         cases = []
     for nodes, agents, span in cases:
-        base = argparse.Namespace(**vars(args))
-        base.nodes, base.agents, base.arrivals, base.trace = nodes, agents, None, None
+        # the size rows are single-process runs; --partitions adds its own rows
+        base = replace(spec.run, nodes=nodes, agents=agents, arrivals=None, trace=None, partitions=1, workload="cc")
         if span is not None:
-            base.warmup, base.duration = span
-        base.partitions = 1  # the size rows are single-process runs; --partitions adds its own rows
-        base.workload = "cc"
+            base = replace(base, warmup=span[0], duration=span[1])
         source, _ = session_source(base)
         source.memoize()  # generated once, shared by this size's runs
         case: list[dict] = []
-        for label, stack, fast, two in _bench_runs(args.runs, nodes):
-            a = argparse.Namespace(**vars(base))
-            a.fast, a.two_directories = fast, two
+        for label, stack, fast, two in _bench_runs(spec.runs, nodes):
+            a = replace(base, fast=fast, two_directories=two)
             gen0, gcpu0 = source.make_s, source.make_cpu_s
             _, res = run_one(stack, a, source, None, progress=False, keep_log=True)  # the digest
             gen, gen_cpu = source.make_s - gen0, source.make_cpu_s - gcpu0
@@ -159,22 +180,22 @@ def cmd_bench(args) -> int:
             if r["stack"] == ref["stack"] and not r["run"].endswith("--fast"):  # same run, other code path
                 r["same_log_as_baseline"] = r["digest"] == ref["digest"]
         rows += case
-    rows += _calibration_rows(args, out)
-    if getattr(args, "partitions", 1) > 1:  # one cluster as 1 vs N partitions (replay/sim/partitioned.py)
-        pa = argparse.Namespace(**vars(args))
-        if getattr(args, "partition_warmup", None) is not None:
-            pa.warmup = args.partition_warmup
-        if getattr(args, "partition_duration", None) is not None:
-            pa.duration = args.partition_duration
-        for r in bench_rows(pa, args.partition_nodes, args.partitions, args.partition_agents_per_node, args.jobs,
-                            baseline=not args.no_partition_baseline):
+    rows += _calibration_rows(spec, out)
+    if spec.run.partitions > 1:  # one cluster as 1 vs N partitions (replay/sim/partitioned.py)
+        pa = spec.run
+        if spec.partition_warmup is not None:
+            pa = replace(pa, warmup=spec.partition_warmup)
+        if spec.partition_duration is not None:
+            pa = replace(pa, duration=spec.partition_duration)
+        for r in bench_rows(pa, spec.partition_nodes, spec.run.partitions, spec.partition_agents_per_node,
+                            spec.run.jobs, baseline=not spec.no_partition_baseline):
             _extrapolate(r)
             rows.append(r)
             print(f"{r['nodes']} nodes, {r['agents']} agents, {r['run']}: {r['x_real_time']:.2f}x real time "
                   f"({r['wall_s']:.1f} s wall end to end, {r['cpu_s']:.1f} s CPU, {r['events']} events; "
                   f"1 simulated hour extrapolated: {r['extrapolated_hour_wall_s'] / 60:.1f} min wall, "
                   f"{r['extrapolated_hour_cpu_s'] / 60:.1f} CPU-min)", flush=True, file=out)
-    if args.json:
+    if spec.json:
         print(json.dumps(rows, indent=2))
         return 0
     t = Table(title=f"evolving bench sim: CC-like agents, simulated seconds per second (load {os.getloadavg()[0]:.1f})")
@@ -213,7 +234,7 @@ CALIBRATION_RUNS = {
 DEFAULT_CALIBRATION = Path(__file__).resolve().parents[2] / "deploy" / "traces" / "calibration-100"
 
 
-def _calibration_rows(args, out) -> list[dict]:
+def _calibration_rows(spec: BenchSimSpec, out) -> list[dict]:
     """The calibration sessions at agent pace on 9 nodes, each run once per ``--calibration-runs``
     entry, with the event log written to a temporary folder: wall, CPU, events/s, x real time,
     log bytes per simulated minute, the writer's busy time and how long closing the log waited
@@ -223,21 +244,20 @@ def _calibration_rows(args, out) -> list[dict]:
     from replay.sim.runs import run_one  # lazy: start-up (evolving --help skips DuckDB: +55 ms)
     from services.adapters.eventlog.columnar import FORMAT as CURRENT_FORMAT  # lazy: pyarrow, for these rows
 
-    path = args.calibration
+    path = spec.calibration
     if not path:
         return []
     if not Path(path).exists():
         print(f"note: no calibration sessions at {path}: their rows are left out (--calibration PATH)", file=out)
         return []
-    names = [x.strip() for x in args.calibration_runs.split(",") if x.strip()]
+    names = [x.strip() for x in spec.calibration_runs.split(",") if x.strip()]
     unknown = [x for x in names if x not in CALIBRATION_RUNS]
     if unknown:
         raise SystemExit(f"error: bench sim --calibration-runs: unknown run {unknown[0]!r}; "
                          f"known: {', '.join(CALIBRATION_RUNS)}")
-    base = argparse.Namespace(**vars(args))
-    base.nodes, base.agents, base.arrivals, base.trace, base.workload = 9, args.agents, None, str(path), None
-    base.pace, base.partitions = "agent", 1
-    base.profile = getattr(args, "calibration_profile", None)
+    agents = spec.run.agents
+    base = replace(spec.run, nodes=9, arrivals=None, trace=str(path), workload=None, pace="agent", partitions=1,
+                   profile=spec.calibration_profile)
     t0, c0 = time.perf_counter(), time.process_time()
     source, what = session_source(base)  # the import (cached: replay/traces/importers/cache.py) and pacing
     import_s, import_cpu_s = time.perf_counter() - t0, time.process_time() - c0
@@ -247,15 +267,14 @@ def _calibration_rows(args, out) -> list[dict]:
         for name in names:
             label, fmt, sync, level, logged = CALIBRATION_RUNS[name]
             label = label.format(fmt=fmt or CURRENT_FORMAT)
-            a = argparse.Namespace(**vars(base))
-            a.log_format, a.log_sync, a.log_level = fmt, sync, level
             # the baseline row is the path before format 2 as it was: batches of 20,000 rows
-            a.log_batch = 20_000 if name == "before" else None
+            a = replace(base, log_format=fmt, log_sync=sync, log_level=level,
+                        log_batch=20_000 if name == "before" else None)
             log_path = Path(tmp) / f"{name}.duckdb" if logged else None
             _, res = run_one("evolving", a, source, log_path, progress=False, keep_log=True)  # the digest
             wall, cpu, sim_s = max(1e-9, res.wall_s), max(1e-9, res.cpu_s), res.config.end_s
             st = res.log_stats
-            r = {"nodes": 9, "agents": args.agents, "run": f"calib {label}", "stack": "evolving",
+            r = {"nodes": 9, "agents": agents, "run": f"calib {label}", "stack": "evolving",
                  "workload": what, "simulated_s": sim_s, "wall_s": wall, "x_real_time": sim_s / wall, "cpu_s": cpu,
                  "x_real_time_cpu": sim_s / cpu, "events": len(res.log), "events_per_s": len(res.log) / wall,
                  "events_per_cpu_s": len(res.log) / cpu, "finished": res.finished, "gen_s": 0.0,
@@ -276,7 +295,7 @@ def _calibration_rows(args, out) -> list[dict]:
                        f"hour), writer busy {st['log_write_s']:.1f} s ({st['log_write_cpu_s']:.1f} s CPU), close waited "
                        f"{st['log_close_wait_s']:.1f} s"
                        if logged else "")
-            print(f"9 nodes, {args.agents} agents, calibration, {label}: {r['x_real_time']:.1f}x real time "
+            print(f"9 nodes, {agents} agents, calibration, {label}: {r['x_real_time']:.1f}x real time "
                   f"({sim_s:.0f} s simulated in {wall:.1f} s wall, {cpu:.1f} s CPU; {len(res.log)} events{log_txt}; "
                   f"load {r['load_avg_1m']:.1f})", flush=True, file=out)
             del res

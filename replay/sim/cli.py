@@ -1,8 +1,10 @@
 """``evolving replay`` / ``compare`` / ``sweep-static`` / ``sim-report`` / ``bench sim``: the
 simulator's commands (their flags and handlers; ``bench sim``'s rows are replay/sim/bench.py).
 
-Registered by ``replay.cli._register_sim``. A run's inputs (session source, configuration,
-profile) are read from the flags by replay/sim/inputs.py; every run is one
+Registered by ``replay.cli._register_sim``. Each handler turns its flags into a typed value once
+(:func:`sim_spec`: a :class:`~replay.sim.inputs.SimSpec`; ``bench sim``: a
+:class:`~replay.sim.bench.BenchSimSpec`) and nothing below sees the ``Namespace``. A run's inputs
+(session source, configuration, profile) are read from that spec by replay/sim/inputs.py; every run is one
 ``replay.sim.runs.run_one`` call, which writes its full event log to DuckDB through the
 recorder's :class:`~services.adapters.eventlog.DuckDbEventLog` (the same code the live recorder
 uses), in batches.
@@ -14,19 +16,32 @@ import argparse
 import json
 import re
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import fields
 from multiprocessing import get_context
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from replay.sim.bench import DEFAULT_CALIBRATION, cmd_bench
+from replay.sim.bench import DEFAULT_CALIBRATION, BenchSimSpec, cmd_bench
 from replay.sim.figures import METRIC_TYPES, RunMetrics, compute_metrics
-from replay.sim.inputs import parse_duration, profile_name, run_profile, session_source, sim_config
+from replay.sim.inputs import SimSpec, parse_duration, profile_name, run_profile, session_source, sim_config
 from replay.sim.report import print_table, to_json, write_plots
 from replay.sim.stacks import parse_split
 from replay.traces.importers.spec import WorkloadSpecError, parse_spec
 from replay.traces.pacing import parse_pace
+
+
+def from_flags(cls, args: argparse.Namespace, **given):
+    """``cls`` (a dataclass of options) from the parsed flags of the same names, as vLLM's
+    ``EngineArgs.from_cli_args``: flags it has no field for are left; ``given`` adds the rest."""
+    flags = vars(args)
+    return cls(**{f.name: flags[f.name] for f in fields(cls) if f.name in flags and f.name not in given}, **given)
+
+
+def sim_spec(args: argparse.Namespace) -> SimSpec:
+    """The run's options, parsed once: what ``run_one``, ``session_source`` and the rest read."""
+    return from_flags(SimSpec, args)
 
 
 def parse_tokens(text: str) -> int:
@@ -123,11 +138,12 @@ def add_run_args(p: argparse.ArgumentParser, default_duration: str = "1h", defau
 def _cmd_replay(args) -> int:
     from replay.sim.runs import run_one  # lazy: start-up (evolving --help skips DuckDB: +55 ms)
 
-    source, what = session_source(args)
+    spec = sim_spec(args)
+    source, what = session_source(spec)
     out = Path(args.out) if args.out else None
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
-    m, res = run_one(args.stack, args, source, out, progress=not args.no_progress and not args.json)
+    m, res = run_one(args.stack, spec, source, out, progress=not args.no_progress and not args.json)
     if args.json:
         print(json.dumps(to_json([m]), indent=2))
         return 0
@@ -143,33 +159,34 @@ def _cmd_compare(args) -> int:
     from replay.sim.runs import run_one  # lazy: start-up (evolving --help skips DuckDB: +55 ms)
 
     stacks = [s.strip() for s in args.stacks.split(",") if s.strip()]
-    source, what = session_source(args)
+    spec = sim_spec(args)
+    source, what = session_source(spec)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     c = Console(stderr=args.json, width=max(100, 28 * (len(stacks) + 1)) if not args.json else None)
-    cfg = sim_config(args)
+    cfg = sim_config(spec)
     logs = {name: out_dir / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)}.duckdb" for name in stacks}
 
     def line(name: str, submitted: int, finished: int, wall_s: float) -> None:
         c.print(f"[dim]{name}: {submitted} submitted, {finished} finished, "
                 f"{wall_s:.1f} s wall ({cfg.end_s / max(wall_s, 1e-9):.0f}x real time)")
 
-    jobs = _compare_jobs(args, len(stacks))
+    jobs = _compare_jobs(spec, len(stacks))
     if jobs > 1:
-        runs = _compare_parallel(stacks, args, logs, jobs, line, progress=not args.no_progress and not args.json)
+        runs = _compare_parallel(stacks, spec, logs, jobs, line, progress=not args.no_progress and not args.json)
     else:
         runs = []
         for name in stacks:
-            m, res = run_one(name, args, source, logs[name], progress=not args.no_progress)
+            m, res = run_one(name, spec, source, logs[name], progress=not args.no_progress)
             line(name, res.submitted, res.finished, res.wall_s)
             runs.append(m)
     plots = write_plots(runs, out_dir, cfg.warmup_s, cfg.end_s, cfg.nodes)
     if args.json:
         print(json.dumps(to_json(runs), indent=2))
         return 0
-    prof = run_profile(args)
+    prof = run_profile(spec)
     kv = f"KV/node {prof.l1_capacity_tokens / 1e6:g}M GPU, {prof.l2_capacity_tokens / 1e6:g}M host"
-    print_table(runs, title=f"{what}, {args.nodes} nodes x {profile_name(args)} ({kv}), "
+    print_table(runs, title=f"{what}, {args.nodes} nodes x {profile_name(spec)} ({kv}), "
                             f"{args.duration / 60:.0f} min after {args.warmup / 60:.0f} min warm-up, seed {args.seed}",
                 console=c)
     c.print("event logs: " + ", ".join(str(logs[n]) for n in stacks))
@@ -177,37 +194,36 @@ def _cmd_compare(args) -> int:
     return 0
 
 
-def _compare_jobs(args, n_stacks: int) -> int:
+def _compare_jobs(spec: SimSpec, n_stacks: int) -> int:
     """Stacks simulated at a time: ``--jobs``, default the cores available (at most 2); 1 with
     ``--partitions`` (each run already spreads over processes)."""
     from replay.sim.runs import default_jobs  # lazy: start-up (evolving --help skips DuckDB: +55 ms)
 
-    if getattr(args, "partitions", 1) > 1:
+    if spec.partitions > 1:
         return 1
-    jobs = args.jobs if args.jobs else default_jobs()
+    jobs = spec.jobs if spec.jobs else default_jobs()
     return max(1, min(jobs, n_stacks))
 
 
-def _compare_worker(name: str, args, log: str) -> tuple[RunMetrics, int, int, float]:
+def _compare_worker(name: str, spec: SimSpec, log: str) -> tuple[RunMetrics, int, int, float]:
     """One stack of ``compare`` in a worker process: the same session source, rebuilt there
-    from the same flags (sources are pure functions of them), the same ``run_one``."""
+    from the same spec (sources are pure functions of it), the same ``run_one``."""
     from replay.sim.runs import run_one  # lazy: start-up (evolving --help skips DuckDB: +55 ms)
 
-    source, _ = session_source(args)
-    m, res = run_one(name, args, source, Path(log), progress=False)
+    source, _ = session_source(spec)
+    m, res = run_one(name, spec, source, Path(log), progress=False)
     return m, res.submitted, res.finished, res.wall_s
 
 
-def _compare_parallel(stacks: list[str], args, logs: dict[str, Path], jobs: int, line, progress: bool) -> list:
+def _compare_parallel(stacks: list[str], spec: SimSpec, logs: dict[str, Path], jobs: int, line, progress: bool) -> list:
     """Each stack in its own spawned process, ``jobs`` at a time; results in the given order.
     Each run is the same deterministic simulation as in one process (tested)."""
-    wargs = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "func"})
     results: dict[str, RunMetrics] = {}
     bar = Progress(TextColumn("[bold]compare"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                    TimeElapsedColumn(), transient=True, disable=not progress)
     with bar, ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
         task = bar.add_task("stacks", total=len(stacks), info=f"{jobs} at a time")
-        futs = {pool.submit(_compare_worker, name, wargs, str(logs[name])): name for name in stacks}
+        futs = {pool.submit(_compare_worker, name, spec, str(logs[name])): name for name in stacks}
         for f in as_completed(futs):
             name = futs[f]
             m, submitted, finished, wall_s = f.result()
@@ -220,11 +236,12 @@ def _compare_parallel(stacks: list[str], args, logs: dict[str, Path], jobs: int,
 def _cmd_sweep(args) -> int:
     from replay.sim.runs import run_one  # lazy: start-up (evolving --help skips DuckDB: +55 ms)
 
-    source, what = session_source(args)
+    spec = sim_spec(args)
+    source, what = session_source(spec)
     runs = []
     c = Console(stderr=args.json, width=max(100, 24 * args.nodes) if not args.json else None)
     for p in range(1, args.nodes):
-        m, _ = run_one(f"static:{p}P{args.nodes - p}D", args, source, None, progress=not args.no_progress)
+        m, _ = run_one(f"static:{p}P{args.nodes - p}D", spec, source, None, progress=not args.no_progress)
         c.print(f"[dim]{m.stack}: {m.throughput_rps:.3f} req/s, TTFT P95 {m.ttft_p95_s:.2f} s")
         runs.append(m)
     best = max(runs, key=lambda m: (m.throughput_rps, -m.ttft_p95_s))
@@ -265,6 +282,10 @@ def _cmd_report(args) -> int:
                             float(cfg["warmup_s"]) + float(cfg["duration_s"]), int(cfg.get("nodes", 9)))
         c.print("plots: " + ", ".join(str(p) for p in paths))
     return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    return cmd_bench(from_flags(BenchSimSpec, args, run=sim_spec(args)))
 
 
 def _add_log_level(p: argparse.ArgumentParser) -> None:
@@ -344,5 +365,5 @@ def register_sim(sub, bench) -> None:
                     help="the calibration rows' profile (e.g. gb300-glm52-pressure, the experiments' own; default "
                          "the trace's)")
     bp.add_argument("--json", action="store_true", help="the rows as JSON on stdout (progress on stderr)")
-    bp.set_defaults(func=cmd_bench, profile=None, start=None, fast=False, json=False, no_progress=True,
+    bp.set_defaults(func=_cmd_bench, profile=None, start=None, fast=False, json=False, no_progress=True,
                     trace=None, arrivals=None)

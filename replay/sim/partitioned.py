@@ -29,7 +29,6 @@
 
 from __future__ import annotations
 
-import argparse
 import heapq
 import os
 import shutil
@@ -45,7 +44,7 @@ import duckdb
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from replay.sim.figures import METRIC_TYPES, SPLIT_TYPES, compute_metrics, split_figures
-from replay.sim.inputs import run_profile, session_source, sim_config
+from replay.sim.inputs import SimSpec, run_profile, session_source, sim_config
 from replay.sim.simlog import SimLog
 from replay.sim.simulation import RunResult, SessionSource, SimConfig, Simulation
 from replay.sim.stacks import get_stack
@@ -133,16 +132,16 @@ class PartitionRun:
         return self.result.finished
 
 
-def simulate_partition(stack_name: str, args, partitions: int, index: int, out: Path | None = None,
+def simulate_partition(stack_name: str, spec: SimSpec, partitions: int, index: int, out: Path | None = None,
                        keep_log: bool = False) -> PartitionRun:
     """Simulate partition ``index`` of ``partitions`` alone (in this process)."""
-    pmap = cluster_map(args.nodes, partitions)
-    base, _ = session_source(args)
+    pmap = cluster_map(spec.nodes, partitions)
+    base, _ = session_source(spec)
     source = base if partitions == 1 else PartitionSource(base, pmap, index)
-    cfg = partition_config(sim_config(args), pmap, index)
-    stack = get_stack(stack_name, start=getattr(args, "start", None))
-    rec = SimLog(out, pmap.names[index], level=(getattr(args, "log_level", None) or "full")) if out is not None else None
-    sim = Simulation(run_profile(args), stack, source, cfg, record=rec, keep_log=keep_log)
+    cfg = partition_config(sim_config(spec), pmap, index)
+    stack = get_stack(stack_name, start=spec.start)
+    rec = SimLog(out, pmap.names[index], level=spec.log_level or "full") if out is not None else None
+    sim = Simulation(run_profile(spec), stack, source, cfg, record=rec, keep_log=keep_log)
     t0 = time.perf_counter()
     try:
         res = sim.run()
@@ -154,8 +153,8 @@ def simulate_partition(stack_name: str, args, partitions: int, index: int, out: 
 
 
 def _worker(task: tuple) -> dict:
-    stack_name, args, partitions, index, out = task
-    run = simulate_partition(stack_name, args, partitions, index, Path(out))
+    stack_name, spec, partitions, index, out = task
+    run = simulate_partition(stack_name, spec, partitions, index, Path(out))
     res = run.result
     return {"index": index, "wall_s": res.wall_s, "events": run.events, "submitted": res.submitted,
             "finished": res.finished, "unfinished": len(res.unfinished), "make_s": run.make_s,
@@ -291,21 +290,21 @@ def default_jobs() -> int:
         return os.cpu_count() or 1
 
 
-def run_partitioned(stack_name: str, args, out: Path | None, progress: bool = True):
+def run_partitioned(stack_name: str, spec: SimSpec, out: Path | None, progress: bool = True):
     """Every partition in parallel processes, merged into ``out`` (or a temporary file);
     returns ``(RunMetrics, PartitionedResult)`` from the merged log."""
     log = get_logger("partitions")
-    n = int(args.partitions)
-    if n > args.nodes:
+    n = int(spec.partitions)
+    if n > spec.nodes:
         raise SystemExit(f"evolving: --partitions {n} needs at least {n} nodes (one per partition), "
-                         f"got --nodes {args.nodes}")
-    pmap = cluster_map(args.nodes, n)
-    jobs = max(1, min(n, int(getattr(args, "jobs", None) or default_jobs())))
-    cfg = sim_config(args)
+                         f"got --nodes {spec.nodes}")
+    pmap = cluster_map(spec.nodes, n)
+    jobs = max(1, min(n, int(spec.jobs or default_jobs())))
+    cfg = sim_config(spec)
     tmp = Path(tempfile.mkdtemp(prefix="ei-partitions-"))
     final = out if out is not None else tmp / "merged.duckdb"
     parts = [tmp / f"{name}.duckdb" for name in pmap.names]
-    tasks = [(stack_name, args, n, i, str(parts[i])) for i in range(n)]
+    tasks = [(stack_name, spec, n, i, str(parts[i])) for i in range(n)]
     t0 = time.perf_counter()
     results: list[dict] = []
     bar = None
@@ -333,15 +332,15 @@ def run_partitioned(stack_name: str, args, out: Path | None, progress: bool = Tr
                     done(fut.result())
         results.sort(key=lambda r: r["index"])
         t_merge = time.perf_counter()
-        prof = run_profile(args)
-        stack = get_stack(stack_name, start=getattr(args, "start", None))
+        prof = run_profile(spec)
+        stack = get_stack(stack_name, start=spec.start)
         config = {"driver": "simulator", "stack": stack.describe(), "profile": prof.name,
                   "kv_gpu_tokens": prof.l1_capacity_tokens, "kv_host_tokens": prof.l2_capacity_tokens,
                   "nodes": cfg.nodes, "seed": cfg.seed, "warmup_s": cfg.warmup_s, "duration_s": cfg.duration_s,
                   "agents": cfg.agents, "arrivals_per_min": cfg.arrivals_per_min,
                   "partitions": {name: [ns[0], ns[-1], len(ns)] for name, ns in zip(pmap.names, pmap.nodes,
                                                                                     strict=True)},
-                  "merge_order": MERGE_ORDER, "log_level": (getattr(args, "log_level", None) or "full"),
+                  "merge_order": MERGE_ORDER, "log_level": spec.log_level or "full",
                   **stack.core_config(prof, cfg)}
         with ThreadPoolExecutor(1, thread_name_prefix="merge") as merger:  # the merge beside the figures
             merging = merger.submit(merge_logs, parts, final, config)
@@ -364,7 +363,7 @@ def run_partitioned(stack_name: str, args, out: Path | None, progress: bool = Tr
     return m, res
 
 
-def bench_rows(args, nodes: int, partitions: int, agents_per_node: float, jobs: int | None = None,
+def bench_rows(spec: SimSpec, nodes: int, partitions: int, agents_per_node: float, jobs: int | None = None,
                baseline: bool = True) -> list[dict]:
     """``evolving bench sim --partitions N``: the CC-like workload on ``nodes`` nodes (``agents_per_node``
     agents each, the bench's ``--warmup``/``--duration``/``--seed``), simulated as one partition (the
@@ -376,9 +375,8 @@ def bench_rows(args, nodes: int, partitions: int, agents_per_node: float, jobs: 
     (``VmHWM``; for one partition: this process, which also ran the bench's earlier rows)."""
     rows: list[dict] = []
     for n in ((1,) if baseline else ()) + ((partitions,) if partitions > 1 else ()):
-        a = argparse.Namespace(**vars(args))
-        a.nodes, a.agents, a.partitions, a.jobs = nodes, max(1, round(agents_per_node * nodes)), n, jobs
-        a.workload, a.trace, a.arrivals, a.fast = "cc", None, None, False
+        a = replace(spec, nodes=nodes, agents=max(1, round(agents_per_node * nodes)), partitions=n, jobs=jobs,
+                    workload="cc", trace=None, arrivals=None, fast=False)
         c0 = os.times()
         _, res = run_partitioned("evolving", a, None, progress=False)
         c1 = os.times()

@@ -1,7 +1,8 @@
 """One simulated run, the way every command runs it: :func:`run_one`.
 
 ``evolving replay`` / ``compare`` / ``sweep-static`` / ``bench sim`` (replay/sim/cli.py) and every
-row of ``evolving experiments`` (replay/experiments/run.py) call it with their parsed flags: the
+row of ``evolving experiments`` (replay/experiments/run.py) call it with their flags made a
+:class:`~replay.sim.inputs.SimSpec`: the
 profile with the KV flags, the stack composition, the simulator, and (given a path) the full event
 log written to DuckDB through the recorder's :class:`~services.adapters.eventlog.DuckDbEventLog`
 (the same code the live recorder uses), in batches, by a writer thread (replay/sim/simlog.py;
@@ -18,7 +19,7 @@ from pathlib import Path
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from replay.sim.figures import MetricsFold, RunMetrics
-from replay.sim.inputs import run_profile, sim_config
+from replay.sim.inputs import SimSpec, run_profile, sim_config
 from replay.sim.partitioned import run_partitioned
 from replay.sim.simlog import BATCH, SimLog
 from replay.sim.simulation import SessionSource, Simulation
@@ -26,21 +27,21 @@ from replay.sim.stacks import get_stack
 from services.adapters.eventlog.columnar import FORMAT
 
 
-def run_one(stack_name: str, args, source: SessionSource, out: Path | None, progress: bool = True,
+def run_one(stack_name: str, spec: SimSpec, source: SessionSource, out: Path | None, progress: bool = True,
             keep_log: bool = False) -> tuple[RunMetrics, object]:
     """One run: its figures (folded as the events are emitted, :class:`MetricsFold`) and its
     :class:`RunResult`. ``keep_log``: also keep every event in ``res.log`` (``bench sim``'s digest);
     otherwise the run holds no event past its fold and its log writer's batch, which is what
     bounds a long run's memory (an OSWorld-like row kept ~9 GB of events by its 64th minute)."""
-    if getattr(args, "partitions", 1) > 1:  # one process per partition, merged log (replay/sim/partitioned.py)
-        return run_partitioned(stack_name, args, out, progress=progress)
-    prof = run_profile(args)
-    cfg = sim_config(args)
-    stack = get_stack(stack_name, start=getattr(args, "start", None))
+    if spec.partitions > 1:  # one process per partition, merged log (replay/sim/partitioned.py)
+        return run_partitioned(stack_name, spec, out, progress=progress)
+    prof = run_profile(spec)
+    cfg = sim_config(spec)
+    stack = get_stack(stack_name, start=spec.start)
     rec = None
     if out is not None:  # --log-level; bench sim's baseline row: log_format "1", written in this thread, 20,000 a batch
-        rec = SimLog(out, level=(getattr(args, "log_level", None) or "full"), format=getattr(args, "log_format", None) or FORMAT,
-                     background=not getattr(args, "log_sync", False), batch=getattr(args, "log_batch", None) or BATCH,
+        rec = SimLog(out, level=spec.log_level or "full", format=spec.log_format or FORMAT,
+                     background=not spec.log_sync, batch=spec.log_batch or BATCH,
                      config={"driver": "simulator", "stack": stack.describe(), "profile": prof.name,
                               "kv_gpu_tokens": prof.l1_capacity_tokens, "kv_host_tokens": prof.l2_capacity_tokens,
                               "nodes": cfg.nodes, "seed": cfg.seed, "warmup_s": cfg.warmup_s,

@@ -140,14 +140,14 @@ class Stack:
                 f"pool={self.fetch_mode} switch={self.mechanism} prefill={self.prefill_order} start={start}{extra}")
 
 
-def _accepted(path: str, args: dict[str, Any]) -> dict[str, Any]:
+def _accepted(path: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     """Drop keywords the planner's config does not know (planners differ in their knobs)."""
     cls = resolve(path)
     conf = getattr(cls, "Config", None)
     fields = getattr(conf, "__struct_fields__", None)
     if not fields:
-        return args
-    return {k: v for k, v in args.items() if k in fields}
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in fields}
 
 
 BASELINE_START = (6, 3)

@@ -6,6 +6,7 @@ import duckdb
 import pytest
 
 from events.codec import to_json
+from replay.sim.cli import sim_spec
 from replay.sim.figures import split_figures
 from replay.sim.partitioned import (
     cluster_map,
@@ -51,7 +52,7 @@ def test_merged_log_is_deterministic_and_each_partition_is_its_own_run(tmp_path,
     keys = [(r[1], 0 if r[4].startswith("ei.p0.") else 1) for r in two]
     assert keys == sorted(keys)  # (ts, partition index, ...) order
 
-    args = build_parser().parse_args(["replay", *ARGS])
+    args = sim_spec(build_parser().parse_args(["replay", *ARGS]))
     pmap = cluster_map(6, 2)
     log = DuckDbEventLog(str(tmp_path / "a.duckdb"), read_only=True)
     try:
@@ -96,7 +97,7 @@ def test_more_partitions_than_nodes_is_one_line(capsys):
 def test_merged_events_are_the_merged_log_in_order(tmp_path):
     """The figures of a partitioned run fold ``merged_events`` (the partition logs, k-way merged)
     while the merged log is written beside them: both give the same events in the same order."""
-    args = build_parser().parse_args(["replay", *ARGS])
+    args = sim_spec(build_parser().parse_args(["replay", *ARGS]))
     pmap = cluster_map(6, 2)
     parts = [tmp_path / f"{name}.duckdb" for name in pmap.names]
     for i, path in enumerate(parts):

@@ -149,11 +149,10 @@ def test_dispersed_timings_are_scaled_to_their_measured_total():
 
 def test_the_simulators_profile_flag_takes_the_files_path(tmp_path):
     """``evolving replay --profile FILE.toml`` (replay/sim/inputs.py): a path, not only a name."""
-    from argparse import Namespace
 
-    from replay.sim.inputs import run_profile
+    from replay.sim.inputs import SimSpec, run_profile
 
     path = tmp_path / "cal.toml"
     path.write_text(profile_toml(calibrate_events(synthetic_run(), source="synthetic"), "cal"))
-    p = run_profile(Namespace(profile=str(path), kv_gpu_tokens=None, kv_host_tokens=None))
+    p = run_profile(SimSpec(profile=str(path)))
     assert p.name == "cal" and p.c1 == pytest.approx(C["c1"], rel=1e-6)

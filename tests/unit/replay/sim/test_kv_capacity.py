@@ -23,7 +23,7 @@ from events.catalog import (
 )
 from replay.sim.cli import parse_tokens
 from replay.sim.figures import _fold, compute_metrics
-from replay.sim.inputs import run_profile
+from replay.sim.inputs import SimSpec, run_profile
 from replay.sim.simulation import SimConfig, Simulation
 from replay.sim.stacks import get_stack
 from replay.traces.workloads import generate
@@ -61,8 +61,7 @@ def test_token_counts_and_capacity_flags():
     for bad in ("lots", "-5M", "0"):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_tokens(bad)
-    args = argparse.Namespace(profile=None, workload="cc", kv_gpu_tokens=1_000_000, kv_host_tokens=None)
-    prof = run_profile(args)
+    prof = run_profile(SimSpec(profile=None, workload="cc", kv_gpu_tokens=1_000_000, kv_host_tokens=None))
     assert prof.l1_capacity_tokens == 1_000_000 and prof.l2_capacity_tokens == load_profile("gb300-glm52").l2_capacity_tokens
 
 
