@@ -32,7 +32,7 @@ from typing import Any
 from replay.sim.stacks import Stack
 from replay.traces.format import Session
 from services.drivers.gateway.drive import DriveConfig, Driver, DriveReport
-from services.drivers.soak.stack import Stack as UpStack
+from services.drivers.soak.live_up import LiveUp
 
 #: ``evolving up --heartbeat-timeout-s`` of a fidelity run (see ``up_args``)
 HEARTBEAT_TIMEOUT_S = 120.0
@@ -78,7 +78,7 @@ async def run_live(stack: Stack, conf: dict[str, Any], sessions: Sequence[Sessio
     args = up_args(conf, stack, engines)
     if model:
         args += ["--model", model]
-    up = UpStack(run_dir=run_dir, engines=f"torch:{engines}", up_args=[*args, *extra],  # type: ignore[arg-type]
+    up = LiveUp(run_dir=run_dir, engines=f"torch:{engines}", up_args=[*args, *extra],  # type: ignore[arg-type]
                  start_timeout_s=start_timeout_s)
     t0 = time.monotonic()
     try:

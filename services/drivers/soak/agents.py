@@ -228,13 +228,13 @@ class BusyLoops:
 async def run_agents(cfg: AgentLoadConfig, say=print) -> dict[str, Any]:
     """The whole run; the report (``ok``: 0 lost, 0 errors on the log and 0 removals)."""
     from services.drivers.gateway.drive import DriveConfig, Driver  # lazy: aiohttp
-    from services.drivers.soak.stack import Stack  # lazy: nats, duckdb
+    from services.drivers.soak.live_up import LiveUp  # lazy: nats, duckdb
 
     sessions = agent_sessions(cfg.trace, cfg.sessions, cfg.turns)
     n_req, n_tok = request_count(sessions)
     say(f"load: {len(sessions)} sessions x {cfg.turns} requests = {n_req} requests, {n_tok / 1e6:.1f} M prompt "
         f"tokens, {cfg.concurrency} at a time, x{cfg.repeat}, {cfg.busy} busy loops")
-    stack = Stack(run_dir=cfg.run_dir, engines=cfg.engines, up_args=cfg.up_args, ready_file=cfg.ready_file)
+    stack = LiveUp(run_dir=cfg.run_dir, engines=cfg.engines, up_args=cfg.up_args, ready_file=cfg.ready_file)
     report: dict[str, Any] = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in cfg.__dict__.items()},
                               "load": {"requests": n_req, "prompt_tokens": n_tok}, "repeats": []}
     tag = f"ag{time.strftime('%H%M%S')}{os.getpid() % 1000:03d}"

@@ -66,7 +66,7 @@ def register(sub, bench) -> None:
 def _cmd_trace(args) -> int:
     """``--trace``: the agent load; exit 0 when nothing was lost and no node removed."""
     from services.drivers.soak.agents import AgentLoadConfig, run_agents  # lazy: aiohttp, nats, duckdb
-    from services.drivers.soak.stack import StackError  # lazy: same
+    from services.drivers.soak.live_up import LiveUpError  # lazy: same
 
     if args.sessions < 1 or args.concurrency < 1 or args.repeat < 1 or args.busy < 0 or args.speedup <= 0:
         print("evolving soak: --sessions, --concurrency and --repeat must be >= 1, --busy >= 0, --speedup > 0",
@@ -83,7 +83,7 @@ def _cmd_trace(args) -> int:
     say = (lambda *_: None) if args.json else (lambda line: print(line, file=sys.stderr))
     try:
         report = asyncio.run(run_agents(cfg, say))
-    except StackError as exc:
+    except LiveUpError as exc:
         print(f"evolving soak: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -128,8 +128,8 @@ def _cmd(args) -> int:
     from services.drivers.soak.run import (  # lazy: same
         Limits,
         Live,
+        LiveUpError,
         SoakConfig,
-        StackError,
         parse_duration,
         run_soak,
     )
@@ -167,7 +167,7 @@ def _cmd(args) -> int:
                 report = asyncio.run(run_soak(cfg, live, lambda lv: rl.update(display.render(lv))))
         else:
             report = asyncio.run(run_soak(cfg, live))
-    except StackError as exc:
+    except LiveUpError as exc:
         err.print(f"evolving soak: {exc}", markup=False)
         return 2
     except KeyboardInterrupt:

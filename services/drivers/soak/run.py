@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from services.adapters.logging import get_logger
+from services.drivers.soak.live_up import LiveUp, LiveUpError, check_log, soak_profile, verify
 from services.drivers.soak.load import Load, LoadConfig
 from services.drivers.soak.procs import Sampler
-from services.drivers.soak.stack import Stack, StackError, check_log, soak_profile, verify
 from services.drivers.soak.stats import Flatness, flat, intervals, nearest_rank, poisson_floor, verdict
 
 log = get_logger("soak")
@@ -102,7 +102,7 @@ async def run_soak(cfg: SoakConfig, live: Live | None = None,
         up_args += ["--profile", str(soak_profile(cfg.profile, cfg.kv_capacity_tokens, cfg.run_dir / "profile.toml"))]
     elif cfg.ready_file is None:
         up_args += ["--profile", cfg.profile]
-    stack = Stack(run_dir=cfg.run_dir, engines=cfg.engines, up_args=up_args, ready_file=cfg.ready_file)
+    stack = LiveUp(run_dir=cfg.run_dir, engines=cfg.engines, up_args=up_args, ready_file=cfg.ready_file)
     report: dict[str, Any] = {"config": _config(cfg)}
 
     def tick(phase: str | None = None) -> None:
@@ -235,4 +235,4 @@ def parse_duration(raw: str) -> float:
     return val
 
 
-__all__ = ["Limits", "Live", "SoakConfig", "StackError", "parse_duration", "run_soak"]
+__all__ = ["Limits", "Live", "LiveUpError", "SoakConfig", "parse_duration", "run_soak"]

@@ -227,7 +227,7 @@ def test_sampler_walks_the_tree_and_reads_rss_and_fds():
 
 def test_soak_profile_shrinks_the_kv_tiers_and_keeps_the_rest(tmp_path):
     from engine.profiles import load_profile
-    from services.drivers.soak.stack import StackError, soak_profile
+    from services.drivers.soak.live_up import LiveUpError, soak_profile
 
     base = load_profile("gb300-glm52")
     prof = load_profile(str(soak_profile("gb300-glm52", 131_072, tmp_path / "p.toml")))
@@ -235,7 +235,7 @@ def test_soak_profile_shrinks_the_kv_tiers_and_keeps_the_rest(tmp_path):
     assert prof.name == "gb300-glm52-soak" and (prof.c1, prof.d0, prof.block_tokens) == (base.c1, base.d0, 64)
     bad = tmp_path / "bad.toml"
     bad.write_text('name = "x"\n')
-    with pytest.raises(StackError, match="l1_capacity_tokens"):
+    with pytest.raises(LiveUpError, match="l1_capacity_tokens"):
         soak_profile(str(bad), 1024, tmp_path / "out.toml")
 
 

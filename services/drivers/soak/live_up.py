@@ -1,4 +1,5 @@
-"""The stack under soak: an ``evolving up`` the soak starts (and stops), or one already running
+"""The ``evolving up`` under soak, :class:`LiveUp` (not a "stack": that word names a serving
+composition, replay/sim/stacks.py): one the soak starts (and stops), or one already running
 (``--ready-file``), and the end-of-run checks against its stream and its recorder's log.
 
 Owned: ``python -m services.drivers.cli up --run-dir DIR --gateway-port 0 --ready-file
@@ -34,7 +35,7 @@ from services.drivers.soak.stats import Recorded, recorded_check
 from services.drivers.up.testing import REPO, wait_ready_file
 
 
-class StackError(RuntimeError):
+class LiveUpError(RuntimeError):
     """The stack could not be started or read; ``str`` says why in one line."""
 
 
@@ -56,7 +57,7 @@ def soak_profile(base: str, l1_tokens: int, dest: Path) -> Path:
     for key, val in (("l1_capacity_tokens", l1_tokens), ("l2_capacity_tokens", 2 * l1_tokens)):
         text, n = re.subn(rf"(?m)^{key}\s*=\s*[0-9_]+", f"{key} = {val}", text)
         if n != 1:
-            raise StackError(f"profile {src}: expected one {key} line, found {n}")
+            raise LiveUpError(f"profile {src}: expected one {key} line, found {n}")
     text = re.sub(r'(?m)^name\s*=\s*"([^"]*)"', r'name = "\1-soak"', text, count=1)
     dest.write_text(text)
     prof = load_profile(str(dest))
@@ -72,7 +73,7 @@ def parent_of(pid: int) -> int | None:
         return None
 
 
-class Stack:
+class LiveUp:
     """Start (or attach to) ``evolving up``; read its stream; check its log."""
 
     def __init__(self, *, run_dir: Path, engines: int = 4, up_args: list[str] | None = None,
@@ -107,7 +108,7 @@ class Stack:
     async def start(self) -> None:
         if self.attached:
             if not self.ready_file.exists():
-                raise StackError(f"--ready-file {self.ready_file} does not exist: start `evolving up "
+                raise LiveUpError(f"--ready-file {self.ready_file} does not exist: start `evolving up "
                                  f"--ready-file {self.ready_file}` first")
             self.ready = json.loads(self.ready_file.read_text())
         else:
@@ -118,11 +119,11 @@ class Stack:
                 self.ready = await asyncio.to_thread(wait_ready_file, self.ready_file, self.proc,
                                                      self.start_timeout_s)
             except (AssertionError, TimeoutError) as exc:
-                raise StackError(f"evolving up did not become ready: {str(exc).splitlines()[0]} "
+                raise LiveUpError(f"evolving up did not become ready: {str(exc).splitlines()[0]} "
                                  f"(its output: {self.run_dir / 'up.log'})") from exc
         for key in ("gateway", "nats", "db"):
             if key not in self.ready:
-                raise StackError(f"{self.ready_file} has no {key!r}: was `evolving up` started with a gateway?")
+                raise LiveUpError(f"{self.ready_file} has no {key!r}: was `evolving up` started with a gateway?")
         self.partition = read_sidecar(self.db).get("partition") or self.partition
 
     def _spawn_up(self) -> subprocess.Popen:
@@ -193,7 +194,7 @@ class Stack:
             if snap.applied_seq >= head:
                 return Path(snap.path)
             if time.monotonic() > deadline:
-                raise StackError(f"the recorder's snapshot holds seq {snap.applied_seq}, the stream's head was "
+                raise LiveUpError(f"the recorder's snapshot holds seq {snap.applied_seq}, the stream's head was "
                                  f"{head}, after {timeout_s:g} s")
             await asyncio.sleep(1.1)  # the recorder reuses a snapshot younger than 1 s
 
