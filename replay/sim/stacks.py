@@ -4,7 +4,8 @@
 stack                  planner    router        eviction     KV pool      switch          start
 =====================  =========  ============  ===========  ===========  ==============  ========
 evolving               evolving   evolving      count_aware  shared/async in_place        collocated warm-up
-                       (prefill queue order short_first; every other stack fcfs)
+                       (prefill queue order short_first, and its router prices each node's
+                       wait in that order; every other stack fcfs)
 dynamo                 dynamo     cache_aware   lru          node-local   restart         6P3D
 arrow                  arrow      cache_aware   lru          node-local   in_place_drop_kv 6P3D
 static:<P>P<D>D        static     cache_aware   lru          node-local   (none)          P/D
@@ -54,6 +55,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from engine.backends.sim.prefill_order import AGING, LONG_S, LONG_SHARE
 from engine.profiles import Profile
 from events.ids import Role
 from services.adapters.recipes import CORES, PLANNERS, ROUTERS, resolve
@@ -112,6 +114,11 @@ class Stack:
         rargs = {"name": self.router, "shadow": False, "block_tokens": profile.block_tokens, **self.router_args}
         if self.router == "evolving" and self.fetch_mode == "none":  # node-local caches: no pool to fetch from
             rargs.setdefault("shared_pool", False)
+        if self.router == "evolving" and self.prefill_order != "fcfs":  # price the queue in the order it is served
+            rargs.setdefault("prefill_order", self.prefill_order)
+            rargs.setdefault("order_aging", AGING)
+            rargs.setdefault("order_long_s", LONG_S)
+            rargs.setdefault("order_long_share", LONG_SHARE)
         router = ROUTERS[self.router]
         if self.prestage:
             if router not in PRESTAGING:

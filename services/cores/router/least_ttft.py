@@ -18,6 +18,10 @@ For a request ``w`` and every prefill node ``n`` that takes prefill work now::
   from ``KvFetched`` (:class:`~services.cores.costmodel.FetchCostLearner`; ``fetch_latency_s`` and
   ``fetch_s_per_token`` are its prior); only the part beyond the expected queue wait delays the
   prefill. The duplicate term charges the extra copy the fetch leaves in the pool.
+- ``prefill_order="short_first"`` (the evolving stack's, whose sim engines serve their queue
+  shortest expected prefill first): the wait is the work that sorts ahead of the request and the
+  long prefills' bounded share (:mod:`services.cores.router.queue_order`) instead of
+  ``T_rem + sum(queue)``; the default ``"fcfs"`` is eq. 7 as written.
 - The least score wins, ties to the smallest node id. The decision carries ``t_c``, ``t_uc``,
   the fetch plan (which blocks from which peer, from the directory), the predicted TTFT
   (``T_hat`` plus the fetch excess) and every candidate's :class:`NodeScore`.
@@ -40,6 +44,7 @@ from events.catalog import Event, KvFetched, NodeScore
 from services.cores.costmodel import FETCH_MIN_SAMPLES, FetchCostLearner, FetchModel, PrefillModel
 from services.cores.directory.lookup import Lookup, NodeMatch
 from services.cores.router.base import Choice, RouterBase
+from services.cores.router.queue_order import PREFILL_ORDERS, short_first_wait_s
 from services.cores.router.state import NodeState, RequestState
 
 #: Prior fixed cost of one asynchronous fetch (RDMA setup and the GPU broadcast), seconds,
@@ -75,6 +80,13 @@ class LeastTtftRouter(RouterBase):
         # False: the data plane has no shared pool (node-local caches: a block another node holds
         # is recomputed, not fetched), so a node is priced with its own prefix only
         "shared_pool": True,
+        # the prefill nodes' queue order (queue_order.py): "fcfs" prices a node's wait as eq. 7's
+        # T_rem + sum(queue); "short_first" as the work that sorts ahead of the request, with the
+        # engine's aging, long-request threshold and long share (the stack passes the engine's)
+        "prefill_order": "fcfs",
+        "order_aging": 1.0,
+        "order_long_s": 5.0,
+        "order_long_share": 0.5,
     }
 
     def __init__(self, **kw: Any) -> None:
@@ -83,6 +95,9 @@ class LeastTtftRouter(RouterBase):
         if not (math.isfinite(slack) and slack >= 0.0):
             raise ValueError(f"LeastTtftRouter: pack_slack must be a finite number >= 0, got {self.pack_slack!r}")
         self.pack_slack = slack
+        if self.prefill_order not in PREFILL_ORDERS:
+            raise ValueError(f"LeastTtftRouter: prefill_order must be one of {PREFILL_ORDERS}, "
+                             f"got {self.prefill_order!r}")
         self.fetch = FetchCostLearner(FetchModel(float(self.fetch_latency_s), float(self.fetch_s_per_token)),
                                       min_samples=int(self.fetch_min_samples))
 
@@ -150,7 +165,13 @@ class LeastTtftRouter(RouterBase):
             return ttft + dup * fetched, ttft, fetched, excess, wait
 
         scored: dict[str, _Scored] = {}
-        if len(candidates) <= self.full_scoring_max_nodes or dup < 0.0:
+        if self.prefill_order == "short_first":  # the wait depends on the request: no pruning
+            aging, long_s, share = float(self.order_aging), float(self.order_long_s), float(self.order_long_share)
+            for n in candidates:
+                m = per_node.get(n)
+                own = service(n, *((m.local_blocks, m.l1_blocks) if m is not None else (0, 0)))
+                scored[n] = score(n, short_first_wait_s(state, n, now, own, aging, long_s, share), m)
+        elif len(candidates) <= self.full_scoring_max_nodes or dup < 0.0:
             for n in candidates:
                 scored[n] = score(n, _wait(nodes[n], now), per_node.get(n))
         else:

@@ -126,6 +126,8 @@ class RequestState(msgspec.Struct, kw_only=True):
     t_c: int = 0
     t_uc: int = 0
     service_s: float = 0.0  # predicted prefill service on prefill_node
+    queued_ts: float = 0.0  # when it joined prefill_node's queue (its acting RouteDecided)
+    started_ts: float = 0.0  # when its prefill started (RequestStarted)
     decode_started: bool = False
     decided: bool = False  # an acting decision placed it once (a later one is a re-route)
 
@@ -277,6 +279,7 @@ class ClusterState:
             r.service_s = 0.0
         else:
             r.service_s = self.prefill_model(rd.prefill_node).request_s(rd.t_uc, rd.t_c, 0, ns.token_budget)
+            r.queued_ts = rd.ts
             ns.prefill_queue.append(r.request)
             ns.queue_s += r.service_s
         self._set_decode(r, rd.decode_node)
@@ -332,6 +335,7 @@ class ClusterState:
             if ns is not None:
                 r.service_s = self.prefill_model(ev.node).request_s(r.t_uc, r.t_c, 0, ns.token_budget)
         r.phase = PREFILLING
+        r.started_ts = ev.ts
         r.blocks = []  # no longer routable: free the block list
         if ns is None:
             self.count("unknown_node")

@@ -1,0 +1,64 @@
+"""The wait a prefill node's queue order gives a new request, as the router predicts it. Pure:
+no I/O, no clock (``now`` is the ts of the event being decided), no randomness.
+
+Eq. 7's ``T_rem + sum(queue)`` is the wait of a first-come-first-served queue (SGLang's and
+vLLM's default order, every baseline's). A node serving ``short_first``
+(engine/backends/sim/prefill_order.py: shortest expected remaining prefill first, aging, a
+long request held to a share of each iteration while a shorter one is eligible) runs a new
+request after the work that sorts ahead of it only, not after the whole queue. Pricing such a
+node as FCFS made the router shun every node that held a long cold prefill (a 300K-token
+prompt is ~95 s of ``T_rem``) although a short request there waits for a bounded iteration,
+and pile the short requests on the other nodes.
+
+:func:`short_first_wait_s` predicts, for a request of predicted service ``own_s`` routed now:
+
+- ahead of it: every running or queued request ``j`` whose key ``rem_j - aging * waited_j``
+  is at most ``own_s`` (its own key: it has waited nothing), ``rem_j`` its predicted service
+  left (a running request's service less the time since it started), ``waited_j`` the time
+  since it joined the queue;
+- a short request (``own_s <= long_s``): the long requests (``rem_j > long_s``) take at most
+  ``long_share`` of the node's time while it is eligible, so they add
+  ``min(sum of long rem_j, (short work ahead + own_s) * long_share / (1 - long_share))``
+  whatever their place in the order; the short work ahead counts whole;
+- a long request: the work ahead counts whole.
+
+Requests that arrive later and sort ahead are not foreseen (as FCFS does not foresee a
+priority hint). The constants are the engine's (the stack passes them).
+"""
+
+from __future__ import annotations
+
+from services.cores.router.state import ClusterState
+
+PREFILL_ORDERS = ("fcfs", "short_first")
+
+
+def short_first_wait_s(state: ClusterState, node: str, now: float, own_s: float, aging: float,
+                       long_s: float, long_share: float) -> float:
+    """Predicted wait before a request of service ``own_s`` routed to ``node`` now finishes its
+    share of the work ahead (module docstring). 0 for an idle node."""
+    ns = state.nodes[node]
+    reqs = state.requests
+    short_ahead = long_ahead = long_total = 0.0
+    for rid in ns.prefill_running:
+        r = reqs[rid]
+        rem = max(0.0, r.service_s - (now - r.started_ts))
+        short_ahead, long_ahead, long_total = _add(rem, rem - aging * (now - r.queued_ts), own_s, long_s,
+                                                   short_ahead, long_ahead, long_total)
+    for rid in ns.prefill_queue:
+        r = reqs[rid]
+        rem = r.service_s
+        short_ahead, long_ahead, long_total = _add(rem, rem - aging * (now - r.queued_ts), own_s, long_s,
+                                                   short_ahead, long_ahead, long_total)
+    if own_s > long_s:
+        return short_ahead + long_ahead
+    if long_share >= 1.0:
+        return short_ahead + long_total
+    return short_ahead + min(long_total, (short_ahead + own_s) * long_share / (1.0 - long_share))
+
+
+def _add(rem: float, key: float, own_s: float, long_s: float, short_ahead: float, long_ahead: float,
+         long_total: float) -> tuple[float, float, float]:
+    if rem > long_s:
+        return short_ahead, long_ahead + (rem if key <= own_s else 0.0), long_total + rem
+    return short_ahead + (rem if key <= own_s else 0.0), long_ahead, long_total
