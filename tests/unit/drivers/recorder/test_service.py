@@ -36,9 +36,10 @@ async def test_records_everything_then_resumes_after_a_restart(tmp_path, backend
     bus = InMemoryBus()
     await bus.publish_many([Tick(ts=float(i)) for i in range(1, 251)])
     stop = asyncio.Event()
-    task = asyncio.create_task(run_recorder(bus, log, max_batch=64, flush_interval_s=0.02, stop=stop))
+    task = asyncio.create_task(run_recorder(bus, log, max_batch=64, flush_interval_s=0.02,
+                                            background_flush_s=0.02, stop=stop))
     await _wait_for(lambda: log.last_seq() == 250)
-    await bus.publish(Tick(ts=251.0))  # a trickle is flushed by the interval, not the batch size
+    await bus.publish(Tick(ts=251.0))  # a trickle is flushed by the (background) interval, not the batch size
     await _wait_for(lambda: log.last_seq() == 251)
     stop.set()
     stats = await task
@@ -46,7 +47,8 @@ async def test_records_everything_then_resumes_after_a_restart(tmp_path, backend
 
     await bus.publish_many([Tick(ts=float(i)) for i in range(252, 261)])
     stop = asyncio.Event()
-    task = asyncio.create_task(run_recorder(bus, log, max_batch=64, flush_interval_s=0.02, stop=stop))
+    task = asyncio.create_task(run_recorder(bus, log, max_batch=64, flush_interval_s=0.02,
+                                            background_flush_s=0.02, stop=stop))
     await _wait_for(lambda: log.last_seq() == 260)
     stop.set()
     stats = await task
@@ -62,7 +64,7 @@ async def test_the_log_position_wins_over_a_lost_ack():
     seqs = await bus.publish_many([Tick(ts=float(i)) for i in range(1, 11)])
     log.append([(s, "ei.default.clock", Tick(ts=float(s))) for s in seqs[:5]])
     stop = asyncio.Event()
-    task = asyncio.create_task(run_recorder(bus, log, flush_interval_s=0.02, stop=stop))
+    task = asyncio.create_task(run_recorder(bus, log, flush_interval_s=0.02, background_flush_s=0.02, stop=stop))
     await _wait_for(lambda: log.last_seq() == 10)
     stop.set()
     assert (await task).recorded == 5
