@@ -4,8 +4,9 @@
     (default flags: --quick --only cc-126; e.g. -- --tiny to try it in seconds)
 
 First the baseline, ``--jobs 2`` (local processes, the default runner), then ``--ray ADDRESS`` on a
-Ray cluster this script starts on this machine (``ray start --head --block``, 2 CPUs, a 200 MB
-object store, in a temporary folder; stopped by its own process id at the end) or, with
+Ray cluster this script starts on this machine (services/adapters/ray_head.py, the ray suite's
+head too: ``ray start --head --block``, 2 CPUs, a 200 MB object store, in a temporary folder;
+stopped by its own process id at the end) or, with
 ``--address``, on yours. Per runner: wall time of the whole command (the Ray connection
 included), CPU of the rows (summed in the processes that ran them) and of everything the runner
 used (this process, the pool's workers, and, when this script started the cluster, its daemons
@@ -19,58 +20,24 @@ CPUs at a time).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
-import re
-import secrets
 import shutil
-import signal
-import socket
-import subprocess
 import sys
-import sysconfig
 import tempfile
 import threading
 import time
-from contextlib import contextmanager, redirect_stdout
+from contextlib import redirect_stdout
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from replay.experiments.run import log_digest  # after the path: the script runs from anywhere
+from services.adapters.ray_head import local_ray_head, process_tree
 from services.drivers.cli import main
 
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _stat(pid: int) -> list[str] | None:
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def _tree(root: int) -> dict[int, list[str]]:
-    """``root`` and every process below it: pid -> its /proc stat fields."""
-    stats = {int(d.name): s for d in Path("/proc").iterdir() if d.name.isdigit() and (s := _stat(int(d.name)))}
-    children: dict[int, list[int]] = {}
-    for pid, s in stats.items():
-        children.setdefault(int(s[1]), []).append(pid)
-    out, todo = {}, [root]
-    while todo:
-        pid = todo.pop()
-        if pid in stats and pid not in out:
-            out[pid] = stats[pid]
-            todo.extend(children.get(pid, []))
-    return out
 
 
 class TreeCpu:
@@ -86,7 +53,7 @@ class TreeCpu:
         self._thread.start()
 
     def _sample(self, into: dict) -> None:
-        for pid, st in _tree(self.root).items():
+        for pid, st in process_tree(self.root).items():
             into[(pid, st[19])] = (int(st[11]) + int(st[12])) / TICK
 
     def _loop(self) -> None:
@@ -98,45 +65,6 @@ class TreeCpu:
         self._thread.join()
         self._sample(self.seen)
         return sum(v - self.start.get(k, 0.0) for k, v in self.seen.items())
-
-
-@contextmanager
-def local_cluster(tmp: Path):
-    """A Ray head on this machine for the run: (address, pid of ``ray start --block``)."""
-    ray_bin = os.path.join(sysconfig.get_path("scripts"), "ray")
-    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}  # nothing in ~/.ray
-    os.environ.update(auth)
-    log_path = tmp / "ray-start.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([ray_bin, "start", "--head", "--block", "--port", str(_free_port()), "--num-cpus", "2",
-                                 "--object-store-memory", "200000000", "--include-dashboard=false",
-                                 "--dashboard-port", str(_free_port()),
-                                 *([] if importlib.util.find_spec("grpc") is None  # no Ray Client: no port
-                                   else ["--ray-client-server-port", str(_free_port())]),
-                                 "--dashboard-agent-listen-port", str(_free_port()),
-                                 "--temp-dir", str(tmp / "ray"), "--disable-usage-stats"],
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            deadline, text = time.monotonic() + 120, ""
-            while (found := re.search(r"ray start --address='([^']+)'", text)) is None:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"ray start did not come up: {text[-1500:]}")
-                time.sleep(0.5)
-                text = log_path.read_text()
-            yield found.group(1), proc.pid
-        finally:
-            pids = _tree(proc.pid)
-            proc.send_signal(signal.SIGTERM)  # Ray drains and stops what it started
-            try:
-                proc.wait(timeout=45)
-            except subprocess.TimeoutExpired:
-                pass
-            for pid, s in pids.items():  # anything left, by id (the start time guards a reused pid)
-                if pid != proc.pid and (now := _stat(pid)) is not None and now[19] == s[19]:
-                    os.kill(pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-            for k in auth:
-                os.environ.pop(k, None)
 
 
 def run(flags: list[str], out: Path, runner: list[str], cluster_pid: int | None) -> dict:
@@ -172,7 +100,7 @@ def cmd() -> int:
         if a.address:
             ray = run(flags, tmp / "ray", ["--ray", a.address], None)
         else:
-            with local_cluster(tmp) as (address, pid):
+            with local_ray_head(tmp) as (address, pid):
                 ray = run(flags, tmp / "ray", ["--ray", address], pid)
                 ray["runner"] = "--ray <a local cluster started here, 2 CPUs>"
     finally:
