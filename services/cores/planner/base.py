@@ -195,11 +195,29 @@ class PlannerBase:
         """Fold one event into the state; a ``Tick`` may return events to emit."""
         if self.st.started_at is None:
             self.st.started_at = event.ts
-        if type(event) is Tick:
-            return self._tick(event.ts)
-        fold = _FOLDS.get(type(event))
-        if fold is not None:
-            getattr(self, fold)(event)
+        match event:  # the most frequent first: a class pattern is an isinstance check, in order
+            case IterationDone():
+                self._on_iteration(event)
+            case NodeHeartbeat():
+                self._fold_heartbeat(event)
+            case RequestSubmitted():
+                self._fold_submitted(event)
+            case RouteDecided():
+                self._fold_routed(event)
+            case RequestStarted():
+                self._fold_started(event)
+            case RequestFinished():
+                self._fold_finished(event)
+            case BranchEnded():
+                self._fold_branch_ended(event)
+            case Tick():
+                return self._tick(event.ts)
+            case NodeRegistered():
+                self._fold_registered(event)
+            case RoleSwitched():
+                self._fold_switched(event)
+            case NodeRemoved():
+                self._fold_removed(event)
         return []
 
     def _fold_registered(self, ev: NodeRegistered) -> None:
@@ -590,18 +608,3 @@ class PlannerBase:
         if moves and cooldown:
             self.st.last_switch_at = ts
         return out
-
-
-# event type -> the name of the PlannerBase step that folds it (a Tick is handled by ``apply``)
-_FOLDS: dict[type, str] = {
-    NodeRegistered: "_fold_registered",
-    RoleSwitched: "_fold_switched",
-    NodeRemoved: "_fold_removed",
-    NodeHeartbeat: "_fold_heartbeat",
-    IterationDone: "_on_iteration",
-    RequestSubmitted: "_fold_submitted",
-    RouteDecided: "_fold_routed",
-    RequestStarted: "_fold_started",
-    RequestFinished: "_fold_finished",
-    BranchEnded: "_fold_branch_ended",
-}

@@ -87,26 +87,25 @@ class LoadTrackingPlanner(BaselinePlanner):
 
     # ------------------------------------------------------------------ folding
     def apply(self, event: Event) -> list[Event]:
-        t = type(event)
-        if t is Tick:
-            if self.st.frozen:
+        match event:
+            case IterationDone() if event.phase == "decode" and event.batch > 0 and event.accepted_tokens > 0:
+                n = self.st.nodes.get(event.node)
+                if n is not None and n.target == "decode":
+                    it = max(1, event.iterations)
+                    self.load.tpot[0] += event.duration_s * it
+                    self.load.tpot[1] += event.accepted_tokens / event.batch * it
+            case RequestSubmitted():
+                self.load.reqs[event.request] = _Req(prompt=event.prompt_tokens, out=event.expected_output_tokens())
+            case RouteDecided():
+                self._routed(event)
+            case RequestStarted():
+                self._started(event)
+            case FirstToken():
+                self._first_token(event)
+            case RequestFinished():
+                self._finished(event)
+            case Tick() if self.st.frozen:
                 self._sample()
-        elif t is RequestSubmitted:
-            self.load.reqs[event.request] = _Req(prompt=event.prompt_tokens, out=event.expected_output_tokens())
-        elif t is RouteDecided:
-            self._routed(event)
-        elif t is RequestStarted:
-            self._started(event)
-        elif t is FirstToken:
-            self._first_token(event)
-        elif t is RequestFinished:
-            self._finished(event)
-        elif t is IterationDone and event.phase == "decode" and event.batch > 0 and event.accepted_tokens > 0:
-            n = self.st.nodes.get(event.node)
-            if n is not None and n.target == "decode":
-                it = max(1, event.iterations)
-                self.load.tpot[0] += event.duration_s * it
-                self.load.tpot[1] += event.accepted_tokens / event.batch * it
         return super().apply(event)
 
     def _routed(self, ev: RouteDecided) -> None:
