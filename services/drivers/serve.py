@@ -31,14 +31,14 @@ from nats.js.errors import APIError, ServiceUnavailableError
 
 from events.catalog import Tick
 from services.adapters.bus import NatsBus, StreamSettings
-from services.adapters.bus.options import bus_auth
+from services.adapters.bus.options import BusSpec
 from services.adapters.bus.security import CredentialsError
 from services.adapters.eventlog import DuckDbEventLog
 from services.adapters.logging import configure_logging, get_logger
 from services.adapters.metrics import MetricsServer, ServiceMetrics
 from services.adapters.runner import RunnerConfig, ServiceRunner, cancel_all
 from services.cores.corestack import CoreStack
-from services.drivers.options import add_service_args
+from services.drivers.options import START_RETRY_S, ServiceOptions, add_service_args, service_options
 from services.drivers.recorder.service import run_recorder
 from services.drivers.services import CONFIG_KEYS, SERVICES, ServiceConfig, ServiceKind
 
@@ -64,19 +64,19 @@ def build_parser(kind: str) -> argparse.ArgumentParser:
     return p
 
 
-async def connect_bus(args: argparse.Namespace, name: str) -> NatsBus:
-    """The process's :class:`NatsBus`: ``args.nats_url`` (one server or a list), its credentials
+async def connect_bus(bus: BusSpec, name: str) -> NatsBus:
+    """The process's :class:`NatsBus`: ``--nats-url`` (one server or a list), its credentials
     (flags, then ``--nats-credentials`` file, then ``EI_NATS_*``), ``--stream-replicas``."""
-    creds = bus_auth(args).credentials()
-    settings = StreamSettings(replicas=getattr(args, "stream_replicas", 1) or 1)
-    return await NatsBus.connect(args.nats_url, args.partition, name=name, settings=settings,
+    creds = bus.auth.credentials()
+    return await NatsBus.connect(bus.nats_url, bus.partition, name=name,
+                                 settings=StreamSettings(replicas=bus.stream_replicas),
                                  credentials=None if creds.empty else creds)
 
 
 # ---------------------------------------------------------------------------- core specs
-def core_spec(kind: str, args) -> tuple[str, dict[str, Any], str]:
+def core_spec(kind: str, opts: ServiceOptions) -> tuple[str, dict[str, Any], str]:
     """``(service name, run_config entry, config key)`` of a directory/planner/router service."""
-    conf = _folding(kind).configure(args)
+    conf = _folding(kind).configure(opts.row)
     return conf.name, conf.entry, conf.key
 
 
@@ -87,13 +87,13 @@ def _folding(kind: str) -> ServiceKind:
     return svc
 
 
-def build_runner(kind: str, args, bus, metrics: ServiceMetrics | None = None) -> ServiceRunner:
+def build_runner(kind: str, opts: ServiceOptions, bus, metrics: ServiceMetrics | None = None) -> ServiceRunner:
     """The runner of a directory, planner or router service on ``bus``, from its row of the table."""
     svc = _folding(kind)
-    conf = svc.configure(args)
+    conf = svc.configure(opts.row)
     classes = [_load_core(svc, conf, i) for i in range(len(svc.folds))]  # fail fast, before the stream
     cfg = RunnerConfig(name=conf.name, config=conf.runner_config, shadow=conf.shadow,
-                       snapshot_every=args.snapshot_every, snapshot_interval_s=args.snapshot_interval_s)
+                       snapshot_every=opts.snapshot_every, snapshot_interval_s=opts.snapshot_interval_s)
     if len(classes) == 1:
         cls, kwargs = classes[0], conf.core_kwargs[0]
         return ServiceRunner(bus, cfg, lambda: cls(**kwargs), cls.from_snapshot, metrics)
@@ -142,23 +142,23 @@ async def ticker(bus, period_s: float, stop: asyncio.Event, src: str = "planner"
             pass
 
 
-async def run_core_service(kind: str, args, bus, stop: asyncio.Event,
+async def run_core_service(kind: str, opts: ServiceOptions, bus, stop: asyncio.Event,
                            started: asyncio.Event | None = None, runners: list | None = None) -> ServiceRunner:
     """Run one directory/planner/router service on ``bus`` until ``stop`` (``runners``, when
     given, receives the runner as soon as it is built)."""
-    runner = build_runner(kind, args, bus)
+    runner = build_runner(kind, opts, bus)
     if runners is not None:
         runners.append(runner)
-    svc = SERVICES[kind]
-    conf = svc.configure(args)
+    svc, row = SERVICES[kind], opts.row
+    conf = svc.configure(row)
     await bus.put_snapshot(f"config.{conf.key}", json.dumps(conf.entry, sort_keys=True).encode())
     server = None
-    if args.metrics_port is not None:
-        server = await MetricsServer(runner.metrics, runner.health, args.metrics_host, args.metrics_port).start()
+    if opts.metrics_port is not None:
+        server = await MetricsServer(runner.metrics, runner.health, opts.metrics_host, opts.metrics_port).start()
     tasks = [asyncio.create_task(runner.run(stop), name=f"{kind}-runner")]
-    if svc.ticks and args.tick_s > 0:
-        tasks.append(asyncio.create_task(ticker(bus, args.tick_s, stop, time_scale=args.time_scale,
-                                                epoch=args.clock_epoch), name="planner-ticker"))
+    if svc.ticks and row["tick_s"] > 0:
+        tasks.append(asyncio.create_task(ticker(bus, row["tick_s"], stop, time_scale=row["time_scale"],
+                                                epoch=row["clock_epoch"]), name="planner-ticker"))
     if started is not None:
         started.set()
     try:
@@ -195,10 +195,11 @@ async def collect_run_config(bus, explicit: dict[str, Any] | None = None) -> dic
     return out
 
 
-async def run_recorder_service(args, bus, stop: asyncio.Event, started: asyncio.Event | None = None):
-    """Record the stream into ``args.db`` until ``stop``; run_config merged at start and stop."""
-    explicit = _load_run_config(args.run_config)
-    event_log = DuckDbEventLog(args.db, memory_limit=getattr(args, "memory_limit", "") or None)
+async def run_recorder_service(opts: ServiceOptions, bus, stop: asyncio.Event, started: asyncio.Event | None = None):
+    """Record the stream into ``--db`` until ``stop``; run_config merged at start and stop."""
+    row = opts.row
+    explicit = _load_run_config(row.get("run_config"))
+    event_log = DuckDbEventLog(row["db"], memory_limit=row.get("memory_limit") or None)
     metrics = ServiceMetrics("recorder")
     recorded = metrics.applied.labels("recorder")
     lag = metrics.lag.labels("recorder")
@@ -237,8 +238,8 @@ async def run_recorder_service(args, bus, stop: asyncio.Event, started: asyncio.
 
     await merge_config()
     server = None
-    if args.metrics_port is not None:
-        server = await MetricsServer(metrics, health, args.metrics_host, args.metrics_port).start()
+    if opts.metrics_port is not None:
+        server = await MetricsServer(metrics, health, opts.metrics_host, opts.metrics_port).start()
     inner_stop = asyncio.Event()
 
     async def drain_then_stop() -> None:
@@ -246,7 +247,7 @@ async def run_recorder_service(args, bus, stop: asyncio.Event, started: asyncio.
         whole system leaves every event in the log."""
         await stop.wait()
         head = await bus.last_seq()
-        deadline = asyncio.get_running_loop().time() + args.drain_timeout_s
+        deadline = asyncio.get_running_loop().time() + row["drain_timeout_s"]
         while event_log.last_seq() < head and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.05)
         inner_stop.set()
@@ -256,7 +257,7 @@ async def run_recorder_service(args, bus, stop: asyncio.Event, started: asyncio.
     if started is not None:
         started.set()
     try:
-        stats = await run_recorder(bus, event_log, "recorder", flush_interval_s=args.flush_interval_s,
+        stats = await run_recorder(bus, event_log, "recorder", flush_interval_s=row["flush_interval_s"],
                                    stop=inner_stop)
         await merge_config()
     finally:
@@ -265,10 +266,6 @@ async def run_recorder_service(args, bus, stop: asyncio.Event, started: asyncio.
             await server.stop()
         event_log.close()
     return stats
-
-
-#: how long a service keeps trying to start through transient bus errors before it exits 1
-START_RETRY_S = 60.0
 
 
 def transient_bus_error(exc: BaseException) -> bool:
@@ -282,21 +279,17 @@ def transient_bus_error(exc: BaseException) -> bool:
     return isinstance(exc, NatsError | TimeoutError | OSError | ConnectionError)
 
 
-def _start_timeout(args) -> float:
-    return float(getattr(args, "start_timeout_s", None) or START_RETRY_S)
-
-
 class BusUnreachable(Exception):
     """No bus answered at the URL within the start bound."""
 
 
-async def _connect_until_stopped(args, kind: str, stop: asyncio.Event, deadline: float) -> NatsBus | None:
+async def _connect_until_stopped(opts: ServiceOptions, stop: asyncio.Event, deadline: float) -> NatsBus | None:
     """:func:`connect_bus`, given up when ``stop`` is set (None: the process was asked to stop;
     nats-py's connect to a URL where nothing listens retries for ever, and a signal handler that
     only sets ``stop`` never ended it: SIGTERM was ignored) or at ``deadline``
     (:class:`BusUnreachable`, one line naming the URL)."""
     loop = asyncio.get_running_loop()
-    connect = asyncio.ensure_future(connect_bus(args, f"evolving-{kind}"))
+    connect = asyncio.ensure_future(connect_bus(opts.bus, f"evolving-{opts.kind}"))
     stopped = asyncio.ensure_future(stop.wait())
     try:
         done, _ = await asyncio.wait({connect, stopped}, timeout=max(0.0, deadline - loop.time()),
@@ -310,12 +303,12 @@ async def _connect_until_stopped(args, kind: str, stop: asyncio.Event, deadline:
         await connect
     if stop.is_set():
         return None
-    raise BusUnreachable(f"cannot reach the bus at {args.nats_url} within {_start_timeout(args):.0f} s "
+    raise BusUnreachable(f"cannot reach the bus at {opts.bus.nats_url} within {opts.start_timeout_s:.0f} s "
                          "(is nats-server running there? `evolving nats` starts one and prints its URL; "
                          "pass it with --nats-url or EI_NATS_URL)")
 
 
-async def serve_async(kind: str, args) -> int:
+async def serve_async(opts: ServiceOptions) -> int:
     """Run the service until SIGTERM/SIGINT. Its start (connect, stream setup, snapshot read,
     consumer creation, the replay up to ready) is tried again, on a fresh connection, while it
     fails on a transient bus error (:func:`transient_bus_error`), for up to
@@ -326,20 +319,21 @@ async def serve_async(kind: str, args) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    deadline = loop.time() + _start_timeout(args)
+    kind = opts.kind
+    deadline = loop.time() + opts.start_timeout_s
     attempt = 0
     while True:
         attempt += 1
         runners: list[ServiceRunner] = []
         bus = None
         try:
-            bus = await _connect_until_stopped(args, kind, stop, deadline)
+            bus = await _connect_until_stopped(opts, stop, deadline)
             if bus is None:  # stopped (SIGTERM / SIGINT) while it waited for the bus
                 return 0
             if SERVICES[kind].records:
-                await run_recorder_service(args, bus, stop)
+                await run_recorder_service(opts, bus, stop)
             else:
-                await run_core_service(kind, args, bus, stop, runners=runners)
+                await run_core_service(kind, opts, bus, stop, runners=runners)
             return 0
         except (CredentialsError, BusUnreachable) as exc:
             print(f"evolving serve {kind}: {exc}", file=sys.stderr)
@@ -365,10 +359,10 @@ async def serve_async(kind: str, args) -> int:
 
 def main(kind: str, argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m services.drivers.serve <kind>``."""
-    args = build_parser(kind).parse_args(argv)
+    opts = service_options(kind, build_parser(kind).parse_args(argv))
     configure_logging()
     try:
-        return asyncio.run(serve_async(kind, args))
+        return asyncio.run(serve_async(opts))
     except KeyboardInterrupt:
         return 0
 

@@ -61,6 +61,11 @@ class Option:
     flags: tuple[str, ...]
     kwargs: Mapping[str, Any] = field(default_factory=dict)
 
+    @property
+    def dest(self) -> str:
+        """The parsed option's name, as argparse derives it (``--planner-arg`` -> ``planner_arg``)."""
+        return self.kwargs.get("dest") or self.flags[0].lstrip("-").replace("-", "_")
+
 
 def opt(*flags: str, **kwargs: Any) -> Option:
     return Option(flags, kwargs)
@@ -72,12 +77,12 @@ class Fold:
     than the service's own, which parsed options give its constructor keywords."""
 
     core: str
-    args: Mapping[str, str] = field(default_factory=dict)  # keyword -> option attribute
+    args: Mapping[str, str] = field(default_factory=dict)  # keyword -> option (its destination)
 
 
 @dataclass(frozen=True)
 class ServiceConfig:
-    """One service as started: parsed once from its options (:meth:`ServiceKind.configure`)."""
+    """One service as started, from its parsed options (:meth:`ServiceKind.configure`)."""
 
     kind: str
     name: str  # durable consumer, snapshot key, message-id prefix: "router", "shadow-NAME"
@@ -118,25 +123,27 @@ class ServiceKind:
     def recipes(self) -> tuple[CoreRecipe, ...]:
         return tuple(CORES[f.core] for f in self.folds)
 
-    def entry(self, args) -> dict[str, Any]:
-        """The run_config entry of this service's own core, from its options."""
+    def entry(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        """The run_config entry of this service's own core, from its row's options by name
+        (``{"router": ..., "router_arg": [...]}``)."""
         if self.plugin is None:
             return {}
-        name = getattr(args, self.plugin)
+        name = row[self.plugin]
         if self.group is not None:
             name = canonical(self.group, name)  # the run_config records the canonical name
-        return {"plugin": name, "kwargs": parse_kv(getattr(args, f"{self.plugin}_arg"))}
+        return {"plugin": name, "kwargs": parse_kv(row[f"{self.plugin}_arg"])}
 
-    def configure(self, args) -> ServiceConfig:
-        entry = self.entry(args)
+    def configure(self, row: Mapping[str, Any]) -> ServiceConfig:
+        """The service as started with its row's options (``ServiceOptions.row``)."""
+        entry = self.entry(row)
         name = key = self.name
-        shadow = getattr(args, "shadow", None) if self.shadow_publishes else None
+        shadow = row.get("shadow") if self.shadow_publishes else None
         if shadow:
             entry["kwargs"].update(name=shadow, shadow=True)
             name, key = f"shadow-{shadow}", f"shadow.{shadow}"
-        kwargs = tuple(entry.get("kwargs", {}) if i == 0 else {kw: getattr(args, a) for kw, a in f.args.items()}
+        kwargs = tuple(entry.get("kwargs", {}) if i == 0 else {kw: row[a] for kw, a in f.args.items()}
                        for i, f in enumerate(self.folds))
-        runner = {**entry, **{a: getattr(args, a) for a in self.runner_args}}
+        runner = {**entry, **{a: row[a] for a in self.runner_args}}
         return ServiceConfig(self.name, name, key, entry, runner, kwargs, shadow)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from services.drivers.bench.gateway import add_arguments, run
+from services.drivers.bench.gateway import GatewayBenchSpec, add_arguments, run
 
 
 def test_both_paths_serve_every_request_and_each_one_is_split():
@@ -15,7 +15,7 @@ def test_both_paths_serve_every_request_and_each_one_is_split():
     add_arguments(p)
     args = p.parse_args(["--concurrency", "2", "--requests", "4", "--rounds", "1", "--warmup", "1",
                          "--prompt-tokens", "200", "--turns", "2"])
-    r = asyncio.run(run(args))
+    r = asyncio.run(run(GatewayBenchSpec(**vars(args))))
     assert r["n_errors"] == 0, r["errors"]
     (row,) = r["rows"]
     assert row["engine_alone_ttft_ms"]["n"] == row["full_path_ttft_ms"]["n"] == 4

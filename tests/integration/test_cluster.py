@@ -5,7 +5,6 @@ recorded log passes ``evolving verify``."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import time
 
@@ -16,6 +15,7 @@ from services.adapters.bus import NatsBus, StreamSettings
 from services.adapters.bus.natsserver import NatsCluster
 from services.adapters.eventlog import DuckDbEventLog
 from services.drivers.bench import harness as workload
+from services.drivers.options import ServiceOptions
 from services.drivers.recorder.verify import verify_log
 from services.drivers.serve import build_runner, run_recorder_service
 from services.drivers.up.testing import acting_route_counts, read_all, wait_until
@@ -54,10 +54,10 @@ async def read_all_settled(bus: NatsBus, timeout_s: float = 60.0):
         await asyncio.sleep(0.5)
 
 
-def _args(**kw) -> argparse.Namespace:
+def _args(kind: str = "router", **kw) -> ServiceOptions:
     base = {"router": "evolving", "router_arg": [], "shadow": None, "snapshot_every": 4,
             "snapshot_interval_s": 5.0, "planner": "evolving", "planner_arg": [], "heartbeat_timeout_s": 0.0}
-    return argparse.Namespace(**{**base, **kw})
+    return ServiceOptions.of(kind, **{**base, **kw})
 
 
 async def test_losing_one_server_of_three_loses_nothing(tmp_path):
@@ -71,8 +71,8 @@ async def test_losing_one_server_of_three_loses_nothing(tmp_path):
         stop, rec_stop = asyncio.Event(), asyncio.Event()
         router_task = asyncio.create_task(router.run(stop))
         db = tmp_path / "cluster.duckdb"
-        rec_args = argparse.Namespace(db=str(db), run_config=None, metrics_port=None, metrics_host="127.0.0.1",
-                                      flush_interval_s=0.05, drain_timeout_s=5.0)
+        rec_args = ServiceOptions.of("recorder", db=str(db), run_config=None, flush_interval_s=0.05,
+                                     drain_timeout_s=5.0)
         recorder = asyncio.create_task(run_recorder_service(rec_args, rec_bus, rec_stop))
         first = workload.nodes(2, 2) + [e for b in range(6) for e in workload.branch_events(b, 3)]
         second = [e for b in range(6, 12) for e in workload.branch_events(b, 3)]

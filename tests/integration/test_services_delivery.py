@@ -4,7 +4,6 @@ and a shadow router's decisions land under its own subjects without changing ser
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 
@@ -16,6 +15,7 @@ from services.adapters.bus import NatsBus
 from services.adapters.eventlog import DuckDbEventLog
 from services.adapters.runner import RunnerConfig, ServiceRunner
 from services.drivers.bench import harness as workload
+from services.drivers.options import ServiceOptions
 from services.drivers.recorder.verify import verify_log
 from services.drivers.serve import build_runner, collect_run_config, core_spec, run_recorder_service
 from services.drivers.up.testing import acting_route_counts, read_all, wait_until
@@ -23,10 +23,10 @@ from services.drivers.up.testing import acting_route_counts, read_all, wait_unti
 pytestmark = pytest.mark.asyncio
 
 
-def _args(**kw) -> argparse.Namespace:
+def _args(kind: str = "router", **kw) -> ServiceOptions:
     base = {"router": "evolving", "router_arg": [], "shadow": None, "snapshot_every": 4,
             "snapshot_interval_s": 5.0, "planner": "evolving", "planner_arg": [], "heartbeat_timeout_s": 0.0}
-    return argparse.Namespace(**{**base, **kw})
+    return ServiceOptions.of(kind, **{**base, **kw})
 
 
 class Service:
@@ -44,7 +44,7 @@ class Service:
 
 async def start(kind: str, nats_url: str, partition: str, **kw) -> Service:
     bus = await NatsBus.connect(nats_url, partition)
-    args = _args(**kw)
+    args = _args(kind, **kw)
     runner = build_runner(kind, args, bus)
     _n, entry, key = core_spec(kind, args)
     await bus.put_snapshot(f"config.{key}", json.dumps(entry).encode())
@@ -184,8 +184,8 @@ async def _serve_traffic(nats_url, partition, shadow: bool, db=None) -> tuple[li
     rec_stop = asyncio.Event()
     recorder = None
     if db is not None:
-        rec_args = argparse.Namespace(db=str(db), run_config=None, metrics_port=None, metrics_host="127.0.0.1",
-                                      flush_interval_s=0.05, drain_timeout_s=5.0)
+        rec_args = ServiceOptions.of("recorder", db=str(db), run_config=None, flush_interval_s=0.05,
+                                     drain_timeout_s=5.0)
         recorder = asyncio.create_task(run_recorder_service(rec_args, bus, rec_stop))
     services = [await start("router", nats_url, partition)]
     if shadow:

@@ -4,7 +4,6 @@ stream reproduces it exactly."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import time
 
@@ -13,17 +12,18 @@ import pytest
 from events.catalog import NodeHeartbeat, NodeRegistered, NodeRemoved, Tick
 from services.adapters.bus import NatsBus
 from services.cores.liveness import LivenessWatcher
+from services.drivers.options import ServiceOptions
 from services.drivers.serve import run_core_service
 from services.drivers.up.testing import read_all, wait_until
 
 pytestmark = pytest.mark.asyncio
 
 
-def _planner_args(**kw) -> argparse.Namespace:
+def _planner_args(**kw) -> ServiceOptions:
     base = {"planner": "static", "planner_arg": [], "tick_s": 0.1, "heartbeat_timeout_s": 1.0,
             "time_scale": 1.0, "clock_epoch": None, "snapshot_every": 1000, "snapshot_interval_s": 5.0,
             "metrics_port": 0, "metrics_host": "127.0.0.1"}
-    return argparse.Namespace(**{**base, **kw})
+    return ServiceOptions.of("planner", **{**base, **kw})
 
 
 async def test_silent_node_is_removed_once_and_replay_agrees(nats_url, partition):
@@ -74,8 +74,8 @@ async def test_metrics_endpoint_serves_prometheus_text_and_health(nats_url, part
     from services.drivers.serve import build_runner
 
     bus = await NatsBus.connect(nats_url, partition)
-    args = argparse.Namespace(router="round_robin", router_arg=[], shadow=None, snapshot_every=100,
-                              snapshot_interval_s=5.0)
+    args = ServiceOptions.of("router", router="round_robin", router_arg=[], shadow=None, snapshot_every=100,
+                             snapshot_interval_s=5.0)
     runner = build_runner("router", args, bus)
     server = await MetricsServer(runner.metrics, runner.health, port=0).start()
     stop = asyncio.Event()

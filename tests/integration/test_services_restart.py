@@ -7,7 +7,6 @@ nats-server; the recorder runs in the test's event loop into a DuckDB file in ``
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import signal
 
@@ -22,6 +21,7 @@ from services.cores.contract import Sequenced
 from services.cores.directory.core import DirectoryCore
 from services.drivers.bench import harness as workload
 from services.drivers.chaos.faults import FAULT_EXIT_CODE
+from services.drivers.options import ServiceOptions
 from services.drivers.recorder.verify import verify_log
 from services.drivers.serve import run_recorder_service
 from services.drivers.up.testing import acting_route_counts, read_all, spawn_service, wait_until
@@ -29,9 +29,8 @@ from services.drivers.up.testing import acting_route_counts, read_all, spawn_ser
 pytestmark = pytest.mark.asyncio
 
 
-def _recorder_args(db) -> argparse.Namespace:
-    return argparse.Namespace(db=str(db), run_config=None, metrics_port=None, metrics_host="127.0.0.1",
-                              flush_interval_s=0.05, drain_timeout_s=5.0)
+def _recorder_args(db) -> ServiceOptions:
+    return ServiceOptions.of("recorder", db=str(db), run_config=None, flush_interval_s=0.05, drain_timeout_s=5.0)
 
 
 async def _wait_exit(proc, timeout_s: float = 30.0) -> int:

@@ -9,7 +9,6 @@ slow bus, a burst of them during a drain) does not delay them."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import signal
@@ -31,6 +30,7 @@ from events.catalog import (
 )
 from services.adapters.bus import InMemoryBus, NatsBus
 from services.adapters.bus.tokens import MemoryTokens
+from services.drivers.options import ServiceOptions
 from services.drivers.serve import run_core_service
 from services.drivers.up.testing import read_all, wait_until
 
@@ -39,11 +39,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TIMEOUT_S = 1.5
 
 
-def _args(**kw) -> argparse.Namespace:
+def _args(kind: str = "router", **kw) -> ServiceOptions:
     base = {"planner": "static", "planner_arg": [], "tick_s": 0.1, "heartbeat_timeout_s": TIMEOUT_S,
             "time_scale": 1.0, "clock_epoch": None, "router": "round_robin", "router_arg": [], "shadow": None,
             "snapshot_every": 1000, "snapshot_interval_s": 5.0, "metrics_port": None, "metrics_host": "127.0.0.1"}
-    return argparse.Namespace(**{**base, **kw})
+    return ServiceOptions.of(kind, **{**base, **kw})
 
 
 def _submit(rid: str) -> RequestSubmitted:
@@ -55,7 +55,7 @@ async def test_stopped_worker_is_removed_then_registers_again_and_serves(nats_ur
     bus = await NatsBus.connect(nats_url, partition)
     svc_buses = [await NatsBus.connect(nats_url, partition) for _ in range(2)]
     stop = asyncio.Event()
-    services = [asyncio.create_task(run_core_service(kind, _args(), b, stop))
+    services = [asyncio.create_task(run_core_service(kind, _args(kind), b, stop))
                 for kind, b in zip(("planner", "router"), svc_buses, strict=True)]
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "engine.worker", "--node", "w1", "--role", "collocated", "--heartbeat-s", "0.2",

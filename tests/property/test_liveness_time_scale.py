@@ -22,7 +22,7 @@ from engine.worker.host import WallClockHost
 from events.catalog import NodeHeartbeat, NodeRegistered, NodeRemoved, Tick
 from services.cores.liveness import LivenessWatcher
 from services.drivers.up.launch import plan_children
-from services.drivers.up.options import add_up_args
+from services.drivers.up.options import UpSpec, add_up_args, up_spec
 
 EPOCH = 1.7e9
 
@@ -88,12 +88,10 @@ def test_a_silent_node_is_removed_after_the_timeout_in_wall_seconds_at_any_scale
     assert [e.node for e in out] == ["n1"]
 
 
-def _up_args(*argv: str) -> argparse.Namespace:
+def _up_args(*argv: str) -> UpSpec:
     p = argparse.ArgumentParser()
     add_up_args(p)
-    a = p.parse_args(["--engines", "3", "--insecure", "--metrics-port", "-1", *argv])
-    a.clock_epoch = EPOCH
-    return a
+    return up_spec(p.parse_args(["--engines", "3", "--insecure", "--metrics-port", "-1", *argv]), clock_epoch=EPOCH)
 
 
 @settings(max_examples=30, deadline=None)

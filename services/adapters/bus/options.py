@@ -3,8 +3,9 @@
 ``--nats-url`` (one server or a comma-separated cluster), ``--partition``, ``--stream-replicas``
 and the credentials options (:func:`~services.adapters.bus.security.add_cli_options`). Each
 entry point (``evolving serve``, ``evolving up``, the gateway, the engine worker, ``evolving sql
---live``) parses them once and turns them into what the adapters take: :func:`bus_auth` gives a
-:class:`~services.adapters.bus.security.BusAuth`, whose ``credentials()`` the bus connects with.
+--live``) parses them once and turns them into what the adapters take: :func:`bus_spec` gives a
+:class:`BusSpec` (URL, partition, replicas and a :class:`~services.adapters.bus.security.BusAuth`,
+whose ``credentials()`` the bus connects with).
 
 They live beside the bus (not with the drivers) because every process that talks to the bus needs
 them, the engine worker included, and none of those may import the services' drivers.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import dataclass, field
 
 from services.adapters.bus.security import BusAuth, add_cli_options
 
@@ -47,6 +49,22 @@ def add_bus_args(p: argparse.ArgumentParser) -> None:
                    help="replicas of the partition's stream and of this service's snapshot bucket "
                         "(3 on a 3-server cluster; env EI_STREAM_REPLICAS; default 1)")
     add_cli_options(p)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BusSpec:
+    """Where and as whom a process connects: its bus options parsed once (:func:`bus_spec`)."""
+
+    nats_url: str = DEFAULT_NATS_URL  # one server, or a comma-separated cluster
+    partition: str = "default"
+    stream_replicas: int = 1  # of the partition's stream and the process's snapshot bucket
+    auth: BusAuth = field(default_factory=BusAuth)
+
+
+def bus_spec(args: argparse.Namespace) -> BusSpec:
+    """The options :func:`add_bus_args` added, as a :class:`BusSpec`."""
+    return BusSpec(nats_url=args.nats_url, partition=args.partition,
+                   stream_replicas=getattr(args, "stream_replicas", 1) or 1, auth=bus_auth(args))
 
 
 def bus_auth(args: argparse.Namespace) -> BusAuth:

@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 from services.drivers.bench import router as router_bench
@@ -149,7 +150,8 @@ def _register_router(bench) -> None:
 def _bench_prompts(args: argparse.Namespace) -> int:
     from services.drivers.bench import prompts  # lazy: --help (nats-py, rich)
 
-    return prompts.main(args)
+    return prompts.main([int(x) for x in args.sizes.split(",") if x.strip()], args.requests, args.vocab, args.seed,
+                        args.json)
 
 
 def _register_prompts(bench) -> None:
@@ -167,7 +169,10 @@ def _register_prompts(bench) -> None:
 def _bench_engine(args: argparse.Namespace) -> int:
     from services.drivers.bench import engine  # lazy: --help (torch, transformers)
 
-    return engine.main(args)
+    return engine.main(engine.EngineBenchSpec(
+        model=args.model, batches=tuple(int(x) for x in args.batches.split(",") if x), prompt=args.prompt,
+        steps=args.steps, prefill=args.prefill, repeats=args.repeats, threads=args.threads, seed=args.seed,
+        ours_linear=args.ours_linear, vllm=not args.no_vllm, vllm_dtype=args.vllm_dtype, json=args.json))
 
 
 def _register_engine(bench) -> None:
@@ -182,7 +187,8 @@ def _register_engine(bench) -> None:
 def _bench_gateway(args: argparse.Namespace) -> int:
     from services.drivers.bench import gateway  # lazy: --help (aiohttp, nats-py, the gateway's model)
 
-    return gateway.main(args)
+    return gateway.main(gateway.GatewayBenchSpec(**{f.name: getattr(args, f.name)
+                                                    for f in fields(gateway.GatewayBenchSpec)}))
 
 
 def _register_gateway(bench) -> None:

@@ -31,6 +31,7 @@ import json
 import math
 import os
 import time
+from dataclasses import dataclass
 
 from services.drivers.bench import engine_vllm
 
@@ -270,14 +271,32 @@ def format_report(r: dict) -> str:
     return "\n".join(lines)
 
 
-def main(args: argparse.Namespace) -> int:
+@dataclass(frozen=True, kw_only=True)
+class EngineBenchSpec:
+    """``evolving bench engine``'s options, named as its flags (:func:`add_arguments`)."""
+
+    model: str | None = None
+    batches: tuple[int, ...] = (1, 8, 32)
+    prompt: int = 128
+    steps: int = 16
+    prefill: int = 512
+    repeats: int = 3
+    threads: int = 0
+    seed: int = 0
+    ours_linear: str = "auto"
+    vllm: bool = True  # False: --no-vllm
+    vllm_dtype: str = "bfloat16"
+    json: bool = False
+
+
+def main(spec: EngineBenchSpec) -> int:
     try:
         import torch  # noqa: F401  # lazy: optional dependency (torch)
     except ImportError:
         print("evolving bench engine needs torch: pip install -e '.[kv]'")
         return 2
-    progress = None if args.json else (lambda line: print(line, flush=True))
-    r = run(args.model, tuple(int(x) for x in args.batches.split(",") if x), args.prompt, args.steps, args.prefill,
-            args.repeats, args.threads, args.seed, progress, args.ours_linear, not args.no_vllm, args.vllm_dtype)
-    print(json.dumps(r, indent=2) if args.json else format_report(r))
+    progress = None if spec.json else (lambda line: print(line, flush=True))
+    r = run(spec.model, spec.batches, spec.prompt, spec.steps, spec.prefill, spec.repeats, spec.threads, spec.seed,
+            progress, spec.ours_linear, spec.vllm, spec.vllm_dtype)
+    print(json.dumps(r, indent=2) if spec.json else format_report(r))
     return 0

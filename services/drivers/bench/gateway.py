@@ -58,6 +58,25 @@ TARGET_P99_MS = 10.0
 BLOCK = 64
 
 
+@dataclass(frozen=True, kw_only=True)
+class GatewayBenchSpec:
+    """``evolving bench gateway``'s options, named as its flags (:func:`add_arguments`)."""
+
+    json: bool = False
+    engine: str = "sim"  # sim, torch
+    model: str | None = None  # --engine torch: a GGUF file or model folder (None: a tiny random one)
+    concurrency: str = "1,8,32"  # comma-separated client counts
+    requests: int = 200  # per path at each concurrency
+    rounds: int = 2
+    prompt_tokens: int = 512
+    turn_tokens: int = 32
+    turns: int = 16
+    max_tokens: int = 4
+    time_scale: float = 1.0
+    warmup: int = 8
+    py_spy: str | None = None  # folder for py-spy's collapsed stacks
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("--engine", choices=("sim", "torch"), default="sim",
@@ -161,8 +180,8 @@ class Sample:
 
 
 class Bench:
-    def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
-        self.args, self.dir = args, workdir
+    def __init__(self, spec: GatewayBenchSpec, workdir: Path) -> None:
+        self.spec, self.dir = spec, workdir
         run = f"{os.getpid()}x{int(time.time() * 1000) % 100000}"
         self.pa, self.pb = f"bgwa{run}", f"bgwb{run}"
         self.procs: list[subprocess.Popen] = []
@@ -173,10 +192,10 @@ class Bench:
 
     # ------------------------------------------------------------------ the stack
     def _model(self) -> str | None:
-        if self.args.engine != "torch":
+        if self.spec.engine != "torch":
             return None
-        if self.args.model:
-            return self.args.model
+        if self.spec.model:
+            return self.spec.model
         from engine.backends.torch.loader import (  # lazy: optional dependency (torch)
             LlamaConfig,
             byte_vocab,
@@ -201,7 +220,7 @@ class Bench:
     async def start(self, url: str) -> None:
         self.model_path = self._model()
         eng = ["--backend", "torch", "--model", self.model_path, "--prompt-store", "on"] if self.model_path else \
-            ["--time-scale", str(self.args.time_scale)]
+            ["--time-scale", str(self.spec.time_scale)]
         for node, part in (("a0", self.pa), ("b0", self.pb)):
             self._spawn(f"engine-{node}", ["engine.worker", "--node", node, "--nats-url", url, "--partition", part,
                                            "--log-format", "json", *eng])
@@ -296,7 +315,7 @@ class Bench:
             now = time.time()
             await self.bus_a.publish_many([
                 RequestSubmitted(ts=now, src="bench", request=rid, branch=branch, blocks=block_hashes(ids, BLOCK),
-                                 prompt_tokens=len(ids), max_tokens=self.args.max_tokens, block_tokens=BLOCK),
+                                 prompt_tokens=len(ids), max_tokens=self.spec.max_tokens, block_tokens=BLOCK),
                 RouteDecided(ts=now, src="bench", request=rid, prefill_node="a0", decode_node="a0", policy="bench")])
             while True:
                 m = await tsub.get(60)
@@ -313,7 +332,7 @@ class Bench:
 
     async def full_path(self, cl: Client, n: int, conc: int) -> Sample:
         branch, messages, _new = cl.next()
-        body = {"messages": messages, "max_tokens": self.args.max_tokens, "stream": True,
+        body = {"messages": messages, "max_tokens": self.spec.max_tokens, "stream": True,
                 "ignore_eos": True}  # every answer max_tokens long, whatever the engine's end of turn
         t0 = time.perf_counter()
         async with self.http.post(self.base + "/v1/chat/completions", json=body,
@@ -375,27 +394,27 @@ def _row(b: Bench, conc: int, samples: list[Sample]) -> dict:
             "engine_alone_engine_share_ms": _dist(eng_engine)}
 
 
-async def run(args: argparse.Namespace, progress=None) -> dict:
-    concs = [int(x) for x in args.concurrency.split(",") if x]
+async def run(spec: GatewayBenchSpec, progress=None) -> dict:
+    concs = [int(x) for x in spec.concurrency.split(",") if x]
     workdir = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
     srv = EmbeddedNats().start()
-    b = Bench(args, workdir)
+    b = Bench(spec, workdir)
     samples: list[Sample] = []
     try:
         await b.start(srv.url)
         for path in ("engine", "gateway"):  # warm-up: imports, first calls, the router's first fits
-            await b.phase(path, [Client(f"w{path}", args.turns, args.prompt_tokens, args.turn_tokens)],
-                          args.warmup, 0, [], None)
-        if args.py_spy:
-            b.spy(args.py_spy)
-        total = len(concs) * 2 * args.requests
+            await b.phase(path, [Client(f"w{path}", spec.turns, spec.prompt_tokens, spec.turn_tokens)],
+                          spec.warmup, 0, [], None)
+        if spec.py_spy:
+            b.spy(spec.py_spy)
+        total = len(concs) * 2 * spec.requests
         bar = progress(total) if progress else None
         for conc in concs:
-            per = max(1, args.requests // (args.rounds * conc))
-            clients = {p: [Client(f"c{conc}{p[0]}{i}", args.turns, args.prompt_tokens, args.turn_tokens)
+            per = max(1, spec.requests // (spec.rounds * conc))
+            clients = {p: [Client(f"c{conc}{p[0]}{i}", spec.turns, spec.prompt_tokens, spec.turn_tokens)
                            for i in range(conc)] for p in ("engine", "gateway")}
             cpu = {"gateway": 0.0, "router": 0.0}
-            for _ in range(args.rounds):
+            for _ in range(spec.rounds):
                 for path in ("engine", "gateway"):
                     c0 = b.cpu_s()
                     await b.phase(path, clients[path], per, conc, samples, bar)
@@ -409,9 +428,9 @@ async def run(args: argparse.Namespace, progress=None) -> dict:
         await b.stop()
         srv.stop()
     worst = max((r["paired_overhead_ms"]["p99"] for r in rows), default=float("nan"))
-    return {"engine": args.engine, "model": b.model_path or "sim (gb300-glm52 profile)",
-            "prompt_tokens": args.prompt_tokens, "turn_tokens": args.turn_tokens, "turns": args.turns,
-            "max_tokens": args.max_tokens, "requests_per_path": args.requests, "rounds": args.rounds,
+    return {"engine": spec.engine, "model": b.model_path or "sim (gb300-glm52 profile)",
+            "prompt_tokens": spec.prompt_tokens, "turn_tokens": spec.turn_tokens, "turns": spec.turns,
+            "max_tokens": spec.max_tokens, "requests_per_path": spec.requests, "rounds": spec.rounds,
             "rows": rows, "target_p99_ms": TARGET_P99_MS, "worst_paired_p99_ms": worst,
             "meets_target": bool(worst <= TARGET_P99_MS), "errors": b.errors[:20], "n_errors": len(b.errors),
             "load_avg": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(), "logs": str(workdir)}
@@ -437,23 +456,23 @@ def format_report(r: dict) -> str:
     return "\n".join(lines)
 
 
-async def _main(args: argparse.Namespace, progress) -> dict:
+async def _main(spec: GatewayBenchSpec, progress) -> dict:
     """:func:`run`, cancelled by SIGTERM / SIGINT so its children are stopped, not left behind."""
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, task.cancel)
-    return await run(args, progress)
+    return await run(spec, progress)
 
 
-def main(args: argparse.Namespace) -> int:
-    if args.engine == "torch":
+def main(spec: GatewayBenchSpec) -> int:
+    if spec.engine == "torch":
         try:
             import torch  # noqa: F401  # lazy: optional dependency (torch)
         except ImportError:
             print("evolving bench gateway --engine torch needs torch: pip install -e '.[engine]'", file=sys.stderr)
             return 2
-    show = not args.json and sys.stderr.isatty()
+    show = not spec.json and sys.stderr.isatty()
     if show:
         from rich.progress import Progress  # lazy: start-up (rich ~60 ms), only on a terminal
 
@@ -465,8 +484,8 @@ def main(args: argparse.Namespace) -> int:
             task = bar.add_task("requests (engine alone, then full path, per concurrency)", total=total)
             return lambda: bar.advance(task)
 
-        r = asyncio.run(_main(args, progress if bar is not None else None))
-    print(json.dumps(r, indent=2) if args.json else format_report(r))
+        r = asyncio.run(_main(spec, progress if bar is not None else None))
+    print(json.dumps(r, indent=2) if spec.json else format_report(r))
     return 0 if not r["n_errors"] else 1
 
 

@@ -168,8 +168,8 @@ def format_report(res: dict) -> str:
     return console.export_text()
 
 
-def main(args) -> int:
+def main(sizes: list[int], requests: int, vocab: int, seed: int, as_json: bool) -> int:
     """``evolving bench prompts`` (its options: services/drivers/bench/cli.py)."""
-    res = run([int(x) for x in args.sizes.split(",") if x.strip()], args.requests, args.vocab, args.seed)
-    print(json.dumps(res, indent=2) if args.json else format_report(res))
+    res = run(sizes, requests, vocab, seed)
+    print(json.dumps(res, indent=2) if as_json else format_report(res))
     return 0

@@ -19,7 +19,6 @@ Figures are wall-clock and machine-dependent; the ratio in 2 is the comparable o
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
 import importlib.util
@@ -30,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -43,6 +43,7 @@ from services.adapters.plugins import load_router
 from services.adapters.runner import RunnerConfig, ServiceRunner
 from services.cores.directory.core import DirectoryCore
 from services.drivers.bench import harness as workload
+from services.drivers.options import ServiceOptions
 from services.drivers.serve import build_runner, run_recorder_service
 from services.drivers.up.testing import read_all, spawn_service, wait_until
 
@@ -261,8 +262,7 @@ async def fold_rates(url: str, n_events: int) -> dict:
     await ntask
 
     # directory service: decode, fold, publish anomalies, ack
-    args = argparse.Namespace(snapshot_every=10**9, snapshot_interval_s=10**6)
-    runner = build_runner("directory", args, bus)
+    runner = build_runner("directory", ServiceOptions.of("directory", snapshot_every=10**9, snapshot_interval_s=10**6), bus)
     stop = asyncio.Event()
     t0, c0 = time.perf_counter(), time.process_time()
     task = asyncio.create_task(runner.run(stop))
@@ -274,11 +274,11 @@ async def fold_rates(url: str, n_events: int) -> dict:
 
     # recorder service into a fresh DuckDB file
     with tempfile.TemporaryDirectory() as tmp:
-        rec_args = argparse.Namespace(db=os.path.join(tmp, "bench.duckdb"), run_config=None, metrics_port=None,
-                                      metrics_host="127.0.0.1", flush_interval_s=0.2, drain_timeout_s=60.0)
+        rec = ServiceOptions.of("recorder", db=os.path.join(tmp, "bench.duckdb"), run_config=None,
+                                flush_interval_s=0.2, drain_timeout_s=60.0)
         rstop = asyncio.Event()
         t0 = time.perf_counter()
-        rtask = asyncio.create_task(run_recorder_service(rec_args, bus, rstop))
+        rtask = asyncio.create_task(run_recorder_service(rec, bus, rstop))
         rstop.set()  # the drain waits until the log holds the head seen now
         stats = await rtask
         rec_s = time.perf_counter() - t0
@@ -349,19 +349,30 @@ async def gateway_throughput(url: str, n: int, concurrency: int = 32) -> dict:
 
 
 # ------------------------------------------------------------------------------ driver
-async def run(args) -> dict:
+@dataclass(frozen=True, kw_only=True)
+class LiveBenchSpec:
+    """``evolving bench live``'s options, named as its flags (services/drivers/up/cli.py)."""
+
+    nats_url: str | None = None  # None: an embedded nats-server
+    rate: float = 100.0  # requests/s of the route latency test
+    requests: int = 1000
+    fold_events: int = 50000
+    gateway_requests: int = 200  # 0: skip the gateway row
+
+
+async def run(spec: LiveBenchSpec) -> dict:
     nats = None
-    url = args.nats_url
+    url = spec.nats_url
     if url is None:
         nats = EmbeddedNats().start()
         url = nats.url
     try:
         res: dict = {"cpus": os.cpu_count(), "loadavg_1m_before": round(os.getloadavg()[0], 2)}
-        res["route_latency"] = await route_latency(url, args.rate, args.requests)
-        res["route_latency_round_robin"] = await route_latency(url, args.rate, args.requests, "round_robin")
-        res["fold"] = await fold_rates(url, args.fold_events)
-        if args.gateway_requests > 0:
-            res["gateway"] = await gateway_throughput(url, args.gateway_requests)
+        res["route_latency"] = await route_latency(url, spec.rate, spec.requests)
+        res["route_latency_round_robin"] = await route_latency(url, spec.rate, spec.requests, "round_robin")
+        res["fold"] = await fold_rates(url, spec.fold_events)
+        if spec.gateway_requests > 0:
+            res["gateway"] = await gateway_throughput(url, spec.gateway_requests)
         res["loadavg_1m_after"] = round(os.getloadavg()[0], 2)
         return res
     finally:

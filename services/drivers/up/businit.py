@@ -17,7 +17,7 @@ import asyncio
 import sys
 import time
 
-from services.adapters.bus.options import add_bus_args
+from services.adapters.bus.options import BusSpec, add_bus_args, bus_spec
 from services.adapters.bus.security import CredentialsError
 from services.adapters.logging import configure_logging, get_logger
 from services.drivers.serve import connect_bus
@@ -25,12 +25,12 @@ from services.drivers.serve import connect_bus
 log = get_logger("businit")
 
 
-async def init_bus(args) -> int:
-    deadline = time.monotonic() + args.timeout_s
+async def init_bus(bus_opts: BusSpec, timeout_s: float) -> int:
+    deadline = time.monotonic() + timeout_s
     last = ""
     while time.monotonic() < deadline:
         try:
-            bus = await asyncio.wait_for(connect_bus(args, "evolving-businit"), 15)
+            bus = await asyncio.wait_for(connect_bus(bus_opts, "evolving-businit"), 15)
         except CredentialsError:
             raise
         except Exception as exc:  # noqa: BLE001 - no meta leader yet, a server still starting: try again
@@ -45,7 +45,7 @@ async def init_bus(args) -> int:
         finally:
             await bus.close()
         return 0
-    print(f"businit: the bus at {args.nats_url} did not take the streams within {args.timeout_s:g} s: {last}",
+    print(f"businit: the bus at {bus_opts.nats_url} did not take the streams within {timeout_s:g} s: {last}",
           file=sys.stderr)
     return 1
 
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging()
     try:
-        return asyncio.run(init_bus(args))
+        return asyncio.run(init_bus(bus_spec(args), args.timeout_s))
     except CredentialsError as exc:
         print(f"businit: {exc}", file=sys.stderr)
         return 2

@@ -9,8 +9,13 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from services.drivers.services import CONFIG_KEYS, SERVICES
+from services.drivers.up.options import plugin_options
+
+if TYPE_CHECKING:
+    from services.drivers.up.options import UpSpec
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -66,13 +71,13 @@ def child_env(environ: dict[str, str] | None = None, path: list[str] | None = No
     return {**environ, "PYTHONPATH": os.pathsep.join(entries), "EI_LOG_FORMAT": "json"}
 
 
-def run_config(args) -> dict:
+def run_config(spec: UpSpec) -> dict:
     """The ``run_config`` that ``evolving verify`` reads (docs/recorder.md): each decision
     service's entry (services/drivers/services.py), the cores, and how the run was started."""
     return {
-        **{key: SERVICES[key].entry(args) for key in CONFIG_KEYS},
+        **{key: SERVICES[key].entry(plugin_options(spec)) for key in CONFIG_KEYS},
         "cores": list(CONFIG_KEYS),
-        "live": {"engines": int(args.engines), "engine_backend": getattr(args.engines, "kind", "sim"),
-                 "model": getattr(args, "model", None), "prefill": args.prefill, "time_scale": args.time_scale,
-                 "shadows": list(args.shadow), "partition": args.partition},
+        "live": {"engines": spec.engines, "engine_backend": spec.engine_kind,
+                 "model": spec.model, "prefill": spec.prefill, "time_scale": spec.time_scale,
+                 "shadows": list(spec.shadow), "partition": spec.partition},
     }

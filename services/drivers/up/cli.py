@@ -7,9 +7,9 @@ import asyncio
 import json
 
 from services.drivers.gateway.cli import register_drive
-from services.drivers.options import add_service_args
+from services.drivers.options import add_service_args, service_options
 from services.drivers.services import SERVICES
-from services.drivers.up.options import add_up_args
+from services.drivers.up.options import add_up_args, up_spec
 
 
 def register(sub, bench) -> None:
@@ -42,7 +42,7 @@ def _serve(kind: str):
         from services.drivers.serve import serve_async  # lazy: evolving --help +100 ms (runner, duckdb)
 
         try:
-            return asyncio.run(serve_async(kind, args))
+            return asyncio.run(serve_async(service_options(kind, args)))
         except KeyboardInterrupt:
             return 0
 
@@ -52,13 +52,15 @@ def _serve(kind: str):
 def _up(args) -> int:
     from services.drivers.up.launch import cmd_up  # lazy: evolving --help +100 ms (duckdb, serve)
 
-    return cmd_up(args)
+    return cmd_up(up_spec(args))
 
 
 def _bench(args) -> int:
     from services.drivers.up import bench  # lazy: evolving --help +130 ms (serve)
 
-    res = asyncio.run(bench.run(args))
+    spec = bench.LiveBenchSpec(nats_url=args.nats_url, rate=args.rate, requests=args.requests,
+                               fold_events=args.fold_events, gateway_requests=args.gateway_requests)
+    res = asyncio.run(bench.run(spec))
     if args.json:
         print(json.dumps(res, indent=2))
     else:

@@ -36,7 +36,7 @@ import signal
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import aiohttp
@@ -55,7 +55,6 @@ from events.catalog import (
 )
 from services.adapters.bus import NatsBus
 from services.adapters.bus.natsserver import EmbeddedNats, NatsServerError, free_port
-from services.adapters.bus.options import bus_auth
 from services.adapters.bus.security import ServiceSpec, generate_accounts, write_credentials
 from services.adapters.eventlog import DuckDbEventLog
 from services.adapters.logging import get_logger
@@ -76,7 +75,7 @@ from services.drivers.up.children import (
     child_env,
     run_config,
 )
-from services.drivers.up.options import engine_kind, gateway_options, ready_timeout_s
+from services.drivers.up.options import UpSpec, engine_kind, gateway_options, plugin_options, ready_timeout_s
 from services.drivers.up.partitions import check_partitions, plan_partitioned, wait_partitions
 
 log = get_logger("up")
@@ -152,46 +151,46 @@ def _sglang_fake_args(i: int, role: str, ports: list[tuple[int, int]]) -> list[s
             "--sglang-launch-timeout-s", "60", "--kv-events-endpoint", f"tcp://127.0.0.1:{kv}", *peers]
 
 
-def router_policy_name(args) -> str:
+def router_policy_name(spec: UpSpec) -> str:
     """The in-charge router's policy name (its anomalies' component is ``router.<name>``)."""
-    entry = SERVICES["router"].entry(args)
+    entry = SERVICES["router"].entry(plugin_options(spec))
     kwargs = entry["kwargs"]
     try:
         return str(CORES["router"].build(entry).name)
     except Exception:  # noqa: BLE001 - check_args already refused a plug-in that does not load
-        return str(kwargs.get("name") or args.router)
+        return str(kwargs.get("name") or spec.router)
 
 
-def account_specs(args) -> list[ServiceSpec]:
+def account_specs(spec: UpSpec) -> list[ServiceSpec]:
     """The accounts of the children ``plan_children`` starts (same names), plus the operator's."""
     specs = [ServiceSpec("recorder", "recorder"), ServiceSpec("directory", "directory"),
              ServiceSpec("planner", "planner"),
-             ServiceSpec("router", "router", components=(f"router.{router_policy_name(args)}",)),
-             *[ServiceSpec("router", f"shadow-{name}", shadow=name) for name in args.shadow],
-             *[ServiceSpec("engine", f"engine-n{i}", node=f"n{i}") for i in range(args.engines)],
+             ServiceSpec("router", "router", components=(f"router.{router_policy_name(spec)}",)),
+             *[ServiceSpec("router", f"shadow-{name}", shadow=name) for name in spec.shadow],
+             *[ServiceSpec("engine", f"engine-n{i}", node=f"n{i}") for i in range(spec.engines)],
              ServiceSpec("operator", "operator")]
-    if not args.no_gateway:
+    if not spec.no_gateway:
         specs.append(ServiceSpec("gateway", "gateway"))
     return specs
 
 
-def plan_children(args, url: str, run_dir: Path, db: Path,
+def plan_children(spec: UpSpec, url: str, run_dir: Path, db: Path,
                   credentials: dict[str, Path] | None = None) -> tuple[list[Child], dict]:
     """The children and the URLs to print; ``credentials`` (account -> file): each child gets
     ``--nats-credentials`` of the account named like it, and nothing else."""
-    if getattr(args, "partitions", 1) > 1:  # one set of children per partition (services/drivers/up/partitions.py)
-        return plan_partitioned(args, url, run_dir, db, plan_children)
+    if spec.partitions > 1:  # one set of children per partition (services/drivers/up/partitions.py)
+        return plan_partitioned(spec, url, run_dir, db, plan_children)
     py, logs = sys.executable, run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    common = ["--nats-url", url, "--partition", args.partition]
+    common = ["--nats-url", url, "--partition", spec.partition]
     metrics: dict[str, int] = {}
-    next_port = args.metrics_port
+    next_port = spec.metrics_port
 
     def mport(name: str) -> list[str]:
         nonlocal next_port
-        if args.metrics_port < 0:
+        if spec.metrics_port < 0:
             return []
-        port = free_port() if args.metrics_port == 0 else next_port
+        port = free_port() if spec.metrics_port == 0 else next_port
         next_port += 1
         metrics[name] = port
         return ["--metrics-port", str(port)]
@@ -201,47 +200,47 @@ def plan_children(args, url: str, run_dir: Path, db: Path,
 
     children = [svc("recorder", "recorder", G_RECORDER, "--db", str(db), *mport("recorder")),
                 svc("directory", "directory", G_SERVICE, *mport("directory")),
-                svc("planner", "planner", G_SERVICE, "--planner", args.planner,
-                    *[f"--planner-arg={a}" for a in args.planner_arg], "--tick-s", str(args.tick_s),
+                svc("planner", "planner", G_SERVICE, "--planner", spec.planner,
+                    *[f"--planner-arg={a}" for a in spec.planner_arg], "--tick-s", str(spec.tick_s),
                     # up's timeout is wall-clock seconds; the watcher compares event ts (model time)
-                    "--heartbeat-timeout-s", str(args.heartbeat_timeout_s * args.time_scale),
-                    "--time-scale", str(args.time_scale),
-                    "--clock-epoch", repr(args.clock_epoch), *mport("planner")),
-                svc("router", "router", G_SERVICE, "--router", args.router,
-                    *[f"--router-arg={a}" for a in args.router_arg], *mport("router"))]
-    for name in args.shadow:
+                    "--heartbeat-timeout-s", str(spec.heartbeat_timeout_s * spec.time_scale),
+                    "--time-scale", str(spec.time_scale),
+                    "--clock-epoch", repr(spec.clock_epoch), *mport("planner")),
+                svc("router", "router", G_SERVICE, "--router", spec.router,
+                    *[f"--router-arg={a}" for a in spec.router_arg], *mport("router"))]
+    for name in spec.shadow:
         children.append(svc(f"shadow-{name}", "router", G_SERVICE, "--router", name, "--shadow", name,
                             *mport(f"shadow-{name}")))
-    kind = engine_kind(args)
-    fake_ports = [(free_port(), free_port()) for _ in range(args.engines)] if kind == "sglang-fake" else []
+    kind = engine_kind(spec)
+    fake_ports = [(free_port(), free_port()) for _ in range(spec.engines)] if kind == "sglang-fake" else []
     if kind == "vllm":
-        children += vllm_up.server_children(args, logs)
-    for i in range(args.engines):
-        role = "collocated" if args.prefill is None else ("prefill" if i < args.prefill else "decode")
-        extra = ["--profile", args.profile] if args.profile else []
+        children += vllm_up.server_children(spec, logs)
+    for i in range(spec.engines):
+        role = "collocated" if spec.prefill is None else ("prefill" if i < spec.prefill else "decode")
+        extra = ["--profile", spec.profile] if spec.profile else []
         if fake_ports:
             extra += _sglang_fake_args(i, role, fake_ports)
         if kind == "torch":
-            extra += models.engine_args(args.model)
+            extra += models.engine_args(spec.model)
         if kind == "vllm":
-            extra += vllm_up.engine_args(args, i)
-        if args.kv_bytes:
-            extra += ["--kv-bytes", "--kv-block-bytes", str(args.kv_block_bytes)]
+            extra += vllm_up.engine_args(spec, i)
+        if spec.kv_bytes:
+            extra += ["--kv-bytes", "--kv-block-bytes", str(spec.kv_block_bytes)]
         children.append(Child(f"engine-n{i}", [py, "-m", "engine.worker", "--node", f"n{i}", "--role", role,
-                                               *common, "--time-scale", str(args.time_scale),
-                                               "--clock-epoch", repr(args.clock_epoch), "--seed", str(i),
-                                               *extra, *mport(f"engine-n{i}"), *args.engine_arg], G_ENGINE,
+                                               *common, "--time-scale", str(spec.time_scale),
+                                               "--clock-epoch", repr(spec.clock_epoch), "--seed", str(i),
+                                               *extra, *mport(f"engine-n{i}"), *spec.engine_arg], G_ENGINE,
                               logs / f"engine-n{i}.log"))
     urls: dict = {"nats": url, "db": str(db), "logs": str(logs),
                   "metrics": {k: f"http://127.0.0.1:{v}/metrics" for k, v in metrics.items()}}
     if kind == "vllm":
-        urls["vllm"] = {f"n{i}": s.url for i, s in enumerate(args.vllm.servers)}
-    if not args.no_gateway:
-        port = args.gateway_port or free_port()
-        model = (models.gateway_args(args.model) if kind == "torch" else
-                 vllm_up.gateway_args(args) if kind == "vllm" else [])
+        urls["vllm"] = {f"n{i}": s.url for i, s in enumerate(spec.vllm.servers)}
+    if not spec.no_gateway:
+        port = spec.gateway_port or free_port()
+        model = (models.gateway_args(spec.model) if kind == "torch" else
+                 vllm_up.gateway_args(spec) if kind == "vllm" else [])
         children.append(Child("gateway", [py, "-m", "services.drivers.gateway", "--host", "127.0.0.1", "--port", str(port),
-                                          *common, *model, *gateway_options(args)], G_GATEWAY, logs / "gateway.log"))
+                                          *common, *model, *gateway_options(spec)], G_GATEWAY, logs / "gateway.log"))
         urls["gateway"] = f"http://127.0.0.1:{port}"
     if credentials is not None:
         for c in children:
@@ -256,12 +255,12 @@ def plan_children(args, url: str, run_dir: Path, db: Path,
 
 
 class Up:
-    def __init__(self, args) -> None:
-        self.args = args
+    def __init__(self, spec: UpSpec) -> None:
+        self.spec = spec
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        self.run_dir = Path(args.run_dir or REPO / "runs" / stamp)
+        self.run_dir = Path(spec.run_dir or REPO / "runs" / stamp)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.db = Path(args.db) if args.db else self.run_dir / "run.duckdb"
+        self.db = Path(spec.db) if spec.db else self.run_dir / "run.duckdb"
         self.status = Status()
         self.stop = asyncio.Event()
         self.stopping = False
@@ -272,7 +271,7 @@ class Up:
         self.nats: EmbeddedNats | None = None
         self.nats_deaths: list[float] = []  # monotonic times the embedded server was found dead
         self._console = None
-        args.clock_epoch = time.time()  # model time = epoch + (wall - epoch) * time_scale
+        self.spec = replace(spec, clock_epoch=time.time())  # model time = epoch + (wall - epoch) * time_scale
 
     def say(self, msg: str, **kw) -> None:
         if self._console is not None:
@@ -290,12 +289,12 @@ class Up:
 
     async def run(self) -> int:
         nats = None
-        url = self.args.nats_url
+        url = self.spec.nats_url
         creds, files = self._own_credentials(), None
         if url is None:
             accounts = None
-            if not self.args.insecure:
-                accounts = generate_accounts(self.args.partition, account_specs(self.args))
+            if not self.spec.insecure:
+                accounts = generate_accounts(self.spec.partition, account_specs(self.spec))
                 files = write_credentials(accounts, self.run_dir / "credentials")
                 creds = accounts["admin"].credentials()
             (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -305,10 +304,10 @@ class Up:
         bus = None
         try:
             # creates the streams (the admin's right on a secured bus)
-            bus = await NatsBus.connect(url, self.args.partition, name="evolving-up", credentials=creds)
+            bus = await NatsBus.connect(url, self.spec.partition, name="evolving-up", credentials=creds)
             with DuckDbEventLog(self.db) as event_log:
-                event_log.set_run_config(run_config(self.args))
-            self.children, self.urls = plan_children(self.args, url, self.run_dir, self.db, files)
+                event_log.set_run_config(run_config(self.spec))
+            self.children, self.urls = plan_children(self.spec, url, self.run_dir, self.db, files)
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, self.stop.set)
@@ -349,7 +348,7 @@ class Up:
 
     def _own_credentials(self):
         """``up``'s own credentials on a ``--nats-url`` bus (flags, then ``EI_NATS_*``)."""
-        creds = bus_auth(self.args).credentials()
+        creds = self.spec.auth.credentials()
         return None if creds.empty else creds
 
     async def _check_bus(self) -> None:
@@ -365,9 +364,9 @@ class Up:
         nats.proc = None
         now = time.monotonic()
         self.nats_deaths = [t for t in self.nats_deaths if now - t < 60.0] + [now]
-        if len(self.nats_deaths) > self.args.nats_restarts:
+        if len(self.nats_deaths) > self.spec.nats_restarts:
             self._bus_failed(f"the embedded nats-server exited ({rc}), {len(self.nats_deaths)} time(s) within a "
-                             f"minute, more than --nats-restarts {self.args.nats_restarts}: stopping everything "
+                             f"minute, more than --nats-restarts {self.spec.nats_restarts}: stopping everything "
                              f"(its log: {nats.log_file})")
             return
         self.say("nats_exited", rc=rc, restarting=nats.url, log=str(nats.log_file))
@@ -389,10 +388,10 @@ class Up:
     async def _wait_services(self, bus, timeout_s: float = 60.0) -> None:
         """Wait until each decision service (shadow routers included) wrote its configuration: it
         loaded its plug-in and is consuming. A child that cannot load its plug-in ends the wait."""
-        if getattr(self.args, "partitions", 1) > 1:
+        if self.spec.partitions > 1:
             return await wait_partitions(self, bus, timeout_s)
         keys = ["config.directory", "config.planner", "config.router",
-                *[f"config.shadow.{name}" for name in self.args.shadow]]
+                *[f"config.shadow.{name}" for name in self.spec.shadow]]
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and not self.stop.is_set():
             self.check_plugins()
@@ -468,7 +467,7 @@ class Up:
         return False
 
     async def _write_ready(self, bus) -> None:
-        if not await self._wait_engines(bus, ready_timeout_s(self.args)):
+        if not await self._wait_engines(bus, ready_timeout_s(self.spec)):
             return
         gw = self.urls.get("gateway")
         if gw:
@@ -482,11 +481,11 @@ class Up:
                         pass
                     await asyncio.sleep(0.2)
         self.say("ready", gateway=gw or "-")
-        if self.args.ready_file:
-            tmp = Path(self.args.ready_file + ".tmp")
+        if self.spec.ready_file:
+            tmp = Path(self.spec.ready_file + ".tmp")
             pids = {c.name: c.proc.pid for c in self.children if c.proc is not None}
             tmp.write_text(json.dumps({**self.urls, "pids": pids}, indent=2))
-            tmp.replace(self.args.ready_file)
+            tmp.replace(self.spec.ready_file)
 
     async def _watch_stream(self, bus) -> None:
         """Fold the stream into the status line; after a bus failure, resume where it stopped."""
@@ -502,9 +501,9 @@ class Up:
                 await asyncio.sleep(1.0)
 
     async def _supervise(self) -> None:
-        deadline = time.monotonic() + self.args.run_seconds if self.args.run_seconds > 0 else None
+        deadline = time.monotonic() + self.spec.run_seconds if self.spec.run_seconds > 0 else None
         live = None
-        if not self.args.no_status and sys.stderr.isatty():
+        if not self.spec.no_status and sys.stderr.isatty():
             live = Live(self._render(), refresh_per_second=4, transient=False)
             live.start()
             self._console = live.console
@@ -570,7 +569,7 @@ class Up:
                 c.proc.send_signal(signal.SIGTERM)
             for c in procs:
                 try:
-                    await asyncio.wait_for(asyncio.to_thread(c.proc.wait), timeout=self.args.stop_timeout_s)
+                    await asyncio.wait_for(asyncio.to_thread(c.proc.wait), timeout=self.spec.stop_timeout_s)
                 except TimeoutError:
                     self.say("child_killed", child=c.name, reason="did not stop in time")
                     c.proc.kill()
@@ -586,23 +585,22 @@ def start_fields(urls: dict) -> dict[str, str]:
     return out
 
 
-def prepare_torch(args) -> str | None:
+def prepare_torch(spec: UpSpec) -> tuple[str | None, UpSpec]:
     """``--engines torch``: check it can run, then fix the model path (absolute, or the default)
-    and the planner's settings (models.TORCH_PLANNER_DEFAULTS under the user's) on ``args``, so
-    the children and the recorded run configuration say the same."""
-    problem = models.check_torch(args)
-    if problem is None:
-        args.model = models.model_path(args)
-        args.planner_arg = models.planner_args(args.planner_arg)
-    return problem
+    and the planner's settings (models.TORCH_PLANNER_DEFAULTS under the user's) in the spec it
+    returns, so the children and the recorded run configuration say the same."""
+    problem = models.check_torch(spec)
+    if problem is not None:
+        return problem, spec
+    return None, replace(spec, model=models.model_path(spec), planner_arg=tuple(models.planner_args(spec.planner_arg)))
 
 
-def check_args(args) -> str | None:
+def check_args(spec: UpSpec) -> str | None:
     """A reason to refuse to start, found before anything is started (plug-in names, arguments)."""
-    plugins = [("router", "router", SERVICES["router"].entry(args)),
-               ("planner", "planner", SERVICES["planner"].entry(args)),
+    plugins = [("router", "router", SERVICES["router"].entry(plugin_options(spec))),
+               ("planner", "planner", SERVICES["planner"].entry(plugin_options(spec))),
                *[("shadow router", "router", {"plugin": name, "kwargs": {"name": name, "shadow": True}})
-                 for name in args.shadow]]
+                 for name in spec.shadow]]
     for what, core, entry in plugins:
         try:
             CORES[core].build(entry)
@@ -610,29 +608,33 @@ def check_args(args) -> str | None:
             return str(exc)
         except Exception as exc:  # noqa: BLE001 - an import error inside the plug-in, its own validation error
             return f"cannot load {what} plug-in {entry['plugin']!r}: {type(exc).__name__}: {exc}"
-    if (problem := check_partitions(args)) is not None:
+    if (problem := check_partitions(spec)) is not None:
         return problem
-    if engine_kind(args) == "sglang-fake" and args.time_scale != 1.0:
+    if engine_kind(spec) == "sglang-fake" and spec.time_scale != 1.0:
         return "--engines sglang-fake runs in real time: --time-scale must be 1"
-    if args.model is not None and engine_kind(args) not in ("torch", "vllm"):
+    if spec.model is not None and engine_kind(spec) not in ("torch", "vllm"):
         return "--model names the checkpoint of --engines torch[:N] or vllm[:N]"
-    if (args.attach or args.attach_kv_events) and engine_kind(args) != "vllm":
+    if (spec.attach or spec.attach_kv_events) and engine_kind(spec) != "vllm":
         return "--attach serves vLLM servers someone else started: give it with --engines vllm"
-    if args.engines and importlib.util.find_spec("engine.worker") is None:
+    if spec.engines and importlib.util.find_spec("engine.worker") is None:
         return "engine.worker is not installed: use --engines 0"
-    if not args.no_gateway and importlib.util.find_spec("services.drivers.gateway") is None:
+    if not spec.no_gateway and importlib.util.find_spec("services.drivers.gateway") is None:
         return "services.drivers.gateway is not installed: use --no-gateway"
     return None
 
 
-def cmd_up(args) -> int:
-    kind = engine_kind(args)
-    problem = prepare_torch(args) if kind == "torch" else vllm_up.prepare(args) if kind == "vllm" else None
-    problem = problem or check_args(args)
+def cmd_up(spec: UpSpec) -> int:
+    """``evolving up``, its flags parsed once (services/drivers/up/cli.py: :func:`up_spec`)."""
+    problem, kind = None, engine_kind(spec)
+    if kind == "torch":
+        problem, spec = prepare_torch(spec)
+    elif kind == "vllm":
+        problem, spec = vllm_up.prepare(spec)
+    problem = problem or check_args(spec)
     if problem:
         print(f"evolving up: {problem}", file=sys.stderr)
         return 2
     try:
-        return asyncio.run(Up(args).run())
+        return asyncio.run(Up(spec).run())
     except KeyboardInterrupt:
         return 130

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.model_files import smollm2_gguf
 from services.drivers.services import parse_kv
+
+if TYPE_CHECKING:
+    from services.drivers.up.options import UpSpec
 
 #: The planner of a torch run decides within seconds, not after METHOD.md's 30 min warm-up:
 #: the engines register as ``collocated`` and the planner gives them roles (the warm-up end, or
@@ -26,10 +30,10 @@ def default_model() -> str:
         raise ValueError(f"--engines torch without --model needs SmolLM2's GGUF file: {exc}") from None
 
 
-def model_path(args) -> str:
+def model_path(spec: UpSpec) -> str:
     """The checkpoint of ``--engines torch``: ``--model`` made absolute (the children run in the
     repository root), else the default."""
-    return str(Path(args.model).resolve()) if args.model else default_model()
+    return str(Path(spec.model).resolve()) if spec.model else default_model()
 
 
 def served_name(path: str) -> str:
@@ -38,24 +42,24 @@ def served_name(path: str) -> str:
     return p.stem if p.suffix == ".gguf" else p.name
 
 
-def check_torch(args) -> str | None:
+def check_torch(spec: UpSpec) -> str | None:
     """A reason ``--engines torch`` cannot start (one line), or None."""
-    if args.time_scale != 1.0:
+    if spec.time_scale != 1.0:
         return "--engines torch computes in wall-clock time: --time-scale must be 1"
-    if args.kv_bytes:
+    if spec.kv_bytes:
         return "--kv-bytes is for sim engines: torch engines move their own KV"
-    if getattr(args, "partitions", 1) > 1:
+    if spec.partitions > 1:
         return "--engines torch runs one partition (--partitions 1)"
     for mod, pkg in (("torch", "torch"), ("gguf", "gguf"), ("tokenizers", "tokenizers"), ("jinja2", "jinja2")):
         if importlib.util.find_spec(mod) is None:
             return f"--engines torch needs the {pkg} package (pip install -e '.[engine,kv]', or bash scripts/setup.sh)"
     try:
-        path = model_path(args)
+        path = model_path(spec)
     except ValueError as exc:
         return str(exc)
     p = Path(path)
     if not p.exists():
-        return f"--model {args.model}: no such file or folder"
+        return f"--model {spec.model}: no such file or folder"
     if not (p.suffix == ".gguf" and p.is_file()) and not (p.is_dir() and (p / "config.json").exists()):
         return f"--model {path}: want a .gguf file or a folder with config.json and *.safetensors"
     return None

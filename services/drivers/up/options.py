@@ -1,17 +1,60 @@
-"""The options of ``evolving up`` (services/drivers/up/launch.py runs it)."""
+"""The options of ``evolving up`` and :class:`UpSpec`, the typed value they become once, at the
+command's entry point (:func:`up_spec`); services/drivers/up/launch.py runs it, and nothing below
+this module sees the ``Namespace``."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, field, fields
 
-from services.adapters.bus.security import add_cli_options
+from services.adapters.bus.options import bus_auth
+from services.adapters.bus.security import BusAuth, add_cli_options
 from services.drivers.gateway.toolcalls import PARSERS
+
+#: ``--engines vllm``: launched servers' max_model_len unless --vllm-max-model-len (at most the model's)
+DEFAULT_MAX_MODEL_LEN = 8192
+
+
+@dataclass
+class Server:
+    url: str  # the OpenAI-compatible API
+    kv_endpoint: str = ""  # where its worker connects for KV events ("" : none)
+
+
+@dataclass
+class VllmPlan:
+    """What ``up`` starts for ``--engines vllm``, fixed before anything starts."""
+
+    launch: bool  # False: --attach
+    served: str  # the model name the servers serve and the gateway answers to
+    tokenizer: str  # what the gateway tokenises with (a folder with tokenizer.json, or a .gguf)
+    max_model_len: int
+    block_size: int
+    servers: list[Server] = field(default_factory=list)
+    hf: str = ""  # the folder the launched servers load
 
 
 def vllm_options(p: argparse.ArgumentParser) -> None:
-    from services.drivers.up.vllm import add_arguments  # lazy: imports the engine's vLLM options
-
-    add_arguments(p)
+    """``--engines vllm``'s options (services/drivers/up/vllm.py plans the servers)."""
+    g = p.add_argument_group("--engines vllm (docs/engines.md, vLLM)")
+    g.add_argument("--attach", default=None, metavar="URL[,URL...]",
+                   help="with --engines vllm: serve vLLM servers someone else started (their OpenAI API URLs), one "
+                        "worker each; no server is launched")
+    g.add_argument("--attach-kv-events", default=None, metavar="EP[,EP...]",
+                   help="with --attach: the KV-event endpoint each worker connects to, in the order of --attach "
+                        "(tcp://HOST:PORT of the server's --kv-events-config endpoint; default: none, the "
+                        "directory then does not learn those servers' caches)")
+    g.add_argument("--vllm-max-model-len", type=int, default=None,
+                   help=f"max_model_len of launched servers (default {DEFAULT_MAX_MODEL_LEN}, at most the model's "
+                        "context)")
+    g.add_argument("--vllm-kv-cache-gib", type=int, default=1,
+                   help="KV cache of each launched server on the CPU, whole GiB (VLLM_CPU_KVCACHE_SPACE; default 1)")
+    g.add_argument("--vllm-pd", action="store_true",
+                   help="launched servers run vLLM's ExampleConnector (kv_both) over one folder (RUN_DIR/vllm-kv): "
+                        "prefill on one and decode on another, roles switched in place, --prefill allowed; every "
+                        "prompt's KV is written there (disk grows with the run)")
+    g.add_argument("--vllm-arg", action="append", default=[], metavar="ARG",
+                   help="extra argument for every launched vLLM server, e.g. --vllm-arg=--enforce-eager")
 
 
 def add_up_args(p: argparse.ArgumentParser) -> None:
@@ -28,7 +71,7 @@ def add_up_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", default=None, help="directory for the DuckDB log, child logs and NATS store "
                                                     "(default: runs/<timestamp>)")
     p.add_argument("--db", default=None, help="DuckDB file (default: RUN_DIR/run.duckdb)")
-    p.add_argument("--engines", type=_engines_spec, default=4,
+    p.add_argument("--engines", type=_engines_spec, default=EnginesArg(4),
                    help="sim engines to start (0: none); 'torch[:N]' runs N (default 3) torch engines computing "
                         "with a real model (--model; the gateway then tokenises with it and the prompt store is on); "
                         "'sglang-fake[:N]' runs N (default 2) SGLang-backend workers, each launching a fake SGLang "
@@ -81,44 +124,112 @@ def add_up_args(p: argparse.ArgumentParser) -> None:
     add_cli_options(p)  # up's own connection to --nats-url (default: EI_NATS_*)
 
 
-class EnginesSpec(int):
-    """``--engines``: a count, with the backend kind as an attribute (``sim``, ``torch`` or
-    ``sglang-fake``)."""
+@dataclass(frozen=True)
+class EnginesArg:
+    """``--engines KIND[:N]`` as parsed: how many, of which backend, and whether N was written."""
 
-    kind = "sim"
-    given = True  # False: N was not written (``--engines vllm``: --attach's URLs decide)
+    count: int
+    kind: str = "sim"  # sim, torch, sglang-fake or vllm
+    given: bool = True  # False: N was not written (``--engines vllm``: --attach's URLs decide)
 
 
 #: ``--engines KIND[:N]``: the engine kinds other than sim, and N when it is not given.
 ENGINE_KINDS = {"torch": 3, "sglang-fake": 2, "vllm": 2}
 
 
-def _engines_spec(raw: str) -> int:
+def _engines_spec(raw: str) -> EnginesArg:
     kind, _, n = raw.partition(":")
     if kind in ENGINE_KINDS:
-        spec = EnginesSpec(int(n) if n else ENGINE_KINDS[kind])
-        spec.kind, spec.given = kind, bool(n)
-        return spec
-    return int(raw)
+        return EnginesArg(int(n) if n else ENGINE_KINDS[kind], kind, bool(n))
+    return EnginesArg(int(raw))
 
 
-def gateway_options(args) -> list[str]:
+@dataclass(frozen=True, kw_only=True)
+class UpSpec:
+    """``evolving up``'s options, named as their flags (:func:`add_up_args`); the steps that
+    prepare a run (the torch model path, a vLLM plan, the clock's epoch) return a new one with
+    ``dataclasses.replace``, so the children and the recorded run configuration read the same."""
+
+    nats_url: str | None = None  # None: an embedded nats-server
+    insecure: bool = False
+    partition: str = "default"
+    partitions: int = 1
+    run_dir: str | None = None
+    db: str | None = None
+    engines: int = 4
+    engine_kind: str = "sim"  # sim, torch, sglang-fake, vllm
+    engines_given: bool = True  # False: ``--engines vllm`` without N (--attach's URLs decide)
+    model: str | None = None
+    prefill: int | None = None  # None: every engine collocated
+    profile: str | None = None
+    engine_arg: tuple[str, ...] = ()
+    kv_bytes: bool = False
+    kv_block_bytes: int = 1024
+    time_scale: float = 1.0
+    gateway_port: int = 8000
+    served_model_name: tuple[str, ...] = ()
+    tool_call_parser: str | None = None
+    no_gateway: bool = False
+    router: str = "evolving"
+    router_arg: tuple[str, ...] = ()
+    shadow: tuple[str, ...] = ()
+    planner: str = "evolving"
+    planner_arg: tuple[str, ...] = ()
+    tick_s: float = 1.0
+    heartbeat_timeout_s: float = 10.0  # wall-clock seconds at any time scale
+    metrics_port: int = 0  # first port (0: free ports; -1: off)
+    no_status: bool = False
+    ready_file: str | None = None
+    ready_timeout_s: float | None = None  # None: by engine kind (:func:`ready_timeout_s`)
+    run_seconds: float = 0.0
+    stop_timeout_s: float = 10.0
+    nats_restarts: int = 5
+    attach: str | None = None  # --engines vllm: servers someone else started
+    attach_kv_events: str | None = None
+    vllm_max_model_len: int | None = None
+    vllm_kv_cache_gib: int = 1
+    vllm_pd: bool = False
+    vllm_arg: tuple[str, ...] = ()
+    auth: BusAuth = field(default_factory=BusAuth)  # up's own connection to --nats-url
+    clock_epoch: float | None = None  # set when up starts: model time = epoch + (wall - epoch) * scale
+    vllm: VllmPlan | None = None  # set by services/drivers/up/vllm.py prepare()
+
+
+_TUPLES = ("engine_arg", "served_model_name", "router_arg", "shadow", "planner_arg", "vllm_arg")
+
+
+def up_spec(args: argparse.Namespace, **given) -> UpSpec:
+    """``evolving up``'s parsed flags as an :class:`UpSpec` (``given`` overrides fields)."""
+    flags = {f.name: getattr(args, f.name) for f in fields(UpSpec) if hasattr(args, f.name)}
+    engines = flags.pop("engines", EnginesArg(4))
+    if not isinstance(engines, EnginesArg):
+        engines = EnginesArg(int(engines))
+    flags.update(engines=engines.count, engine_kind=engines.kind, engines_given=engines.given, auth=bus_auth(args))
+    flags.update({k: tuple(flags[k]) for k in _TUPLES if k in flags})
+    return UpSpec(**{**flags, **given})
+
+
+def plugin_options(spec: UpSpec) -> dict[str, object]:
+    """The router's and planner's options of the services table's rows (``SERVICES[k].entry``)."""
+    return {"router": spec.router, "router_arg": spec.router_arg, "planner": spec.planner,
+            "planner_arg": spec.planner_arg}
+
+
+def gateway_options(spec: UpSpec) -> list[str]:
     """The options of up that it passes through to the gateway it starts: each
     ``--served-model-name``, and ``--tool-call-parser`` when given (else the gateway's default)."""
-    out = [a for n in getattr(args, "served_model_name", []) for a in ("--served-model-name", n)]
-    parser = getattr(args, "tool_call_parser", None)
-    return out + (["--tool-call-parser", parser] if parser else [])
+    out = [a for n in spec.served_model_name for a in ("--served-model-name", n)]
+    return out + (["--tool-call-parser", spec.tool_call_parser] if spec.tool_call_parser else [])
 
 
-def engine_kind(args) -> str:
-    """The backend ``--engines`` asked for: ``sim``, ``torch`` or ``sglang-fake``."""
-    return getattr(args.engines, "kind", "sim")
+def engine_kind(spec: UpSpec) -> str:
+    """The backend ``--engines`` asked for: ``sim``, ``torch``, ``sglang-fake`` or ``vllm``."""
+    return spec.engine_kind
 
 
-def ready_timeout_s(args) -> float:
+def ready_timeout_s(spec: UpSpec) -> float:
     """``--ready-timeout-s``, defaulted by engine kind (torch engines load a model first)."""
-    given = getattr(args, "ready_timeout_s", None)
-    if given is not None:
-        return given
+    if spec.ready_timeout_s is not None:
+        return spec.ready_timeout_s
     # torch engines load a model first; vLLM servers load and compile it (67-153 s each here, longer side by side)
-    return {"torch": 600.0, "vllm": 900.0}.get(engine_kind(args), 120.0)
+    return {"torch": 600.0, "vllm": 900.0}.get(spec.engine_kind, 120.0)

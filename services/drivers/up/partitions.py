@@ -20,31 +20,31 @@ generated per-service NATS accounts (they cover one partition: use ``--insecure`
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from services.adapters.bus.natsserver import free_port
 from services.adapters.eventlog import DuckDbEventLog
 from services.cores.partitions import PartitionMap, partition_names
 from services.drivers.up.children import G_GATEWAY, Child, run_config
-from services.drivers.up.options import gateway_options
+from services.drivers.up.options import UpSpec, gateway_options
 
 
-def check_partitions(args) -> str | None:
-    n = int(getattr(args, "partitions", 1) or 1)
+def check_partitions(spec: UpSpec) -> str | None:
+    n = spec.partitions
     if n <= 1:
         return None
-    if args.nats_url is None and not args.insecure:
+    if spec.nats_url is None and not spec.insecure:
         return (f"--partitions {n}: the generated NATS accounts cover one partition; add --insecure "
                 f"(embedded server without accounts) or use --nats-url")
-    if getattr(args.engines, "kind", "sim") == "sglang-fake":
+    if spec.engine_kind == "sglang-fake":
         return f"--partitions {n} does not support --engines sglang-fake (peer URLs are per partition)"
-    if args.engines < n:
-        return f"--partitions {n} needs at least {n} engines (one per partition), got --engines {int(args.engines)}"
-    if args.metrics_port > 0:
+    if spec.engines < n:
+        return f"--partitions {n} needs at least {n} engines (one per partition), got --engines {spec.engines}"
+    if spec.metrics_port > 0:
         return f"--partitions {n}: use --metrics-port 0 (free ports) or -1 (off), not a fixed first port"
     return None
 
@@ -59,28 +59,27 @@ def _share(total: int, weights: list[int]) -> list[int]:
     return out
 
 
-def engine_map(args) -> PartitionMap:
-    n = int(args.partitions)
-    return PartitionMap.contiguous([f"n{i}" for i in range(int(args.engines))],
-                                   partition_names(n, args.partition))
+def engine_map(spec: UpSpec) -> PartitionMap:
+    n = spec.partitions
+    return PartitionMap.contiguous([f"n{i}" for i in range(spec.engines)],
+                                   partition_names(n, spec.partition))
 
 
 def partition_db(db: Path, partition: str) -> Path:
     return db.with_name(f"{db.stem}.{partition}{db.suffix}")
 
 
-def plan_partitioned(args, url: str, run_dir: Path, db: Path, plan_one) -> tuple[list, dict]:
+def plan_partitioned(spec: UpSpec, url: str, run_dir: Path, db: Path, plan_one) -> tuple[list, dict]:
     """The children of every partition (``plan_one`` = up's ``plan_children`` for one partition)
     and one gateway for all of them; writes each partition's run configuration into its log."""
-    pmap = engine_map(args)
+    pmap = engine_map(spec)
     sizes = [len(ns) for ns in pmap.nodes]
-    prefill = _share(args.prefill, sizes) if args.prefill is not None else [None] * len(sizes)
+    prefill = _share(spec.prefill, sizes) if spec.prefill is not None else [None] * len(sizes)
     children, dbs, metrics = [], {}, {}
     logs = run_dir / "logs"
     start = 0
     for i, name in enumerate(pmap.names):
-        a = argparse.Namespace(**vars(args))
-        a.partition, a.engines, a.prefill, a.no_gateway, a.partitions = name, sizes[i], prefill[i], True, 1
+        a = replace(spec, partition=name, engines=sizes[i], prefill=prefill[i], no_gateway=True, partitions=1)
         pdb = partition_db(db, name)
         with DuckDbEventLog(pdb) as log:
             log.set_run_config({**run_config(a), "partitions": pmap.describe()})
@@ -100,11 +99,11 @@ def plan_partitioned(args, url: str, run_dir: Path, db: Path, plan_one) -> tuple
         start += sizes[i]
     out: dict = {"nats": url, "db": ",".join(dbs.values()), "logs": str(logs), "metrics": metrics,
                  "partitions": pmap.describe()}
-    if not args.no_gateway:
-        port = args.gateway_port or free_port()
+    if not spec.no_gateway:
+        port = spec.gateway_port or free_port()
         children.append(Child("gateway", [sys.executable, "-m", "services.drivers.gateway", "--host", "127.0.0.1",
                                           "--port", str(port), "--nats-url", url, "--partition", pmap.names[0],
-                                          "--partitions", ",".join(pmap.names), *gateway_options(args)], G_GATEWAY,
+                                          "--partitions", ",".join(pmap.names), *gateway_options(spec)], G_GATEWAY,
                               logs / "gateway.log"))
         out["gateway"] = f"http://127.0.0.1:{port}"
     return children, out
@@ -113,10 +112,10 @@ def plan_partitioned(args, url: str, run_dir: Path, db: Path, plan_one) -> tuple
 async def wait_partitions(up, bus, timeout_s: float = 60.0) -> None:
     """``Up._wait_services`` for every partition: each decision service of each partition wrote
     its configuration (a child that cannot load its plug-in ends the wait)."""
-    names = engine_map(up.args).names
+    names = engine_map(up.spec).names
     buses = [bus.for_partition(p) for p in names]
     keys = ["config.directory", "config.planner", "config.router",
-            *[f"config.shadow.{name}" for name in up.args.shadow]]
+            *[f"config.shadow.{name}" for name in up.spec.shadow]]
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and not up.stop.is_set():
         up.check_plugins()

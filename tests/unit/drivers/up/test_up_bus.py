@@ -11,7 +11,7 @@ import asyncio
 from services.adapters.bus.natsserver import NatsServerError
 from services.adapters.bus.security import ServiceSpec, service_permissions, snapshot_bucket
 from services.drivers.up.launch import Up, account_specs, plan_children
-from services.drivers.up.options import add_up_args
+from services.drivers.up.options import UpSpec, add_up_args, up_spec
 
 
 class DeadProc:
@@ -38,7 +38,7 @@ class FakeNats:
 
 def _up(nats: FakeNats, restarts: int = 5) -> Up:
     up = Up.__new__(Up)
-    up.args = argparse.Namespace(nats_restarts=restarts)
+    up.spec = UpSpec(nats_restarts=restarts)
     up.nats, up.nats_deaths, up.failure, up.exit_code = nats, [], None, 3
     up.stop, up._console = asyncio.Event(), None
     return up
@@ -68,15 +68,12 @@ async def test_a_dead_server_is_restarted_until_it_dies_too_often():
     assert nats.starts == 2
 
 
-def _args(**kw) -> argparse.Namespace:
+def _args(**kw) -> UpSpec:
     """up's own parser (so a new option of up has its default here), then ``kw``."""
     p = argparse.ArgumentParser()
     add_up_args(p)
     args = p.parse_args(["--shadow", "cache_aware", "--engines", "2", "--metrics-port", "-1", "--gateway-port", "0"])
-    args.clock_epoch = 0.0
-    for k, v in kw.items():
-        setattr(args, k, v)
-    return args
+    return up_spec(args, clock_epoch=0.0, **kw)
 
 
 def test_every_child_gets_exactly_its_own_account(tmp_path):

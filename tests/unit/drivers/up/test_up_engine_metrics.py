@@ -5,15 +5,13 @@ from __future__ import annotations
 import argparse
 
 from services.drivers.up.launch import plan_children, start_fields
-from services.drivers.up.options import add_up_args
+from services.drivers.up.options import UpSpec, add_up_args, up_spec
 
 
-def _args(*argv: str) -> argparse.Namespace:
+def _args(*argv: str) -> UpSpec:
     p = argparse.ArgumentParser()
     add_up_args(p)
-    a = p.parse_args(["--engines", "2", "--insecure", *argv])
-    a.clock_epoch = 0.0
-    return a
+    return up_spec(p.parse_args(["--engines", "2", "--insecure", *argv]), clock_epoch=0.0)
 
 
 def _port(cmd: list[str]) -> str | None:

@@ -6,16 +6,14 @@ import argparse
 
 from services.adapters.eventlog import DuckDbEventLog
 from services.drivers.up.launch import check_args, plan_children
-from services.drivers.up.options import add_up_args
+from services.drivers.up.options import add_up_args, up_spec
 from services.drivers.up.partitions import check_partitions, partition_db
 
 
 def _args(*argv: str):
     p = argparse.ArgumentParser()
     add_up_args(p)
-    a = p.parse_args(list(argv))
-    a.clock_epoch = 0.0
-    return a
+    return up_spec(p.parse_args(list(argv)), clock_epoch=0.0)
 
 
 def test_three_partitions_of_seven_engines(tmp_path):

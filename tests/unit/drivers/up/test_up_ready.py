@@ -11,17 +11,17 @@ import json
 from events.catalog import NodeHeartbeat, NodeRegistered
 from services.adapters.bus import InMemoryBus
 from services.drivers.up.launch import Up, plan_children
-from services.drivers.up.options import add_up_args
+from services.drivers.up.options import add_up_args, up_spec
 
 
 def _up(tmp_path, timeout_s: float) -> Up:
     p = argparse.ArgumentParser()
     add_up_args(p)
-    args = p.parse_args(["--engines", "3", "--insecure", "--no-gateway", "--metrics-port", "-1", "--partition", "rp",
-                         "--run-dir", str(tmp_path / "run"), "--ready-file", str(tmp_path / "ready.json"),
-                         "--ready-timeout-s", str(timeout_s)])
-    up = Up(args)
-    up.children, up.urls = plan_children(args, "nats://x:1", up.run_dir, up.db)
+    spec = up_spec(p.parse_args(["--engines", "3", "--insecure", "--no-gateway", "--metrics-port", "-1", "--partition", "rp",
+                                    "--run-dir", str(tmp_path / "run"), "--ready-file", str(tmp_path / "ready.json"),
+                                    "--ready-timeout-s", str(timeout_s)]))
+    up = Up(spec)
+    up.children, up.urls = plan_children(up.spec, "nats://x:1", up.run_dir, up.db)
     return up
 
 

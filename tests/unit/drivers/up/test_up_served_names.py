@@ -9,15 +9,13 @@ import argparse
 
 from services.drivers.gateway.__main__ import build_parser
 from services.drivers.up.launch import plan_children
-from services.drivers.up.options import add_up_args
+from services.drivers.up.options import UpSpec, add_up_args, up_spec
 
 
-def _up(*argv: str) -> argparse.Namespace:
+def _up(*argv: str) -> UpSpec:
     p = argparse.ArgumentParser()
     add_up_args(p)
-    a = p.parse_args(["--insecure", "--metrics-port", "-1", *argv])
-    a.clock_epoch = 0.0
-    return a
+    return up_spec(p.parse_args(["--insecure", "--metrics-port", "-1", *argv]), clock_epoch=0.0)
 
 
 def test_the_gateway_takes_the_option_repeated():

