@@ -53,6 +53,12 @@ from services.drivers.gateway.drive import DriveReport
 #: the torch run's planner keywords (services/drivers/up/models.py TORCH_PLANNER_DEFAULTS), given
 #: to both sides explicitly so the simulated planner is configured as the live one
 PLANNER_ARGS = {"window_s": 10, "slices": 2, "cooldown_s": 60}
+#: the order a torch engine serves its prefill queue in (engine/backends/torch: arrival, the
+#: running chunk first). A stack's simulated ``prefill_order`` (the evolving stack's
+#: ``short_first``, engine/backends/sim/prefill_order.py) is an engine scheduling policy the torch
+#: engine does not have, so both sides of a fidelity run take the engine's: the simulator models
+#: the engines that served live, and the live router prices their queues as they are served
+LIVE_PREFILL_ORDER = "fcfs"
 
 
 #: SmolLM2-135M's vocabulary (the torch engines' default model, a GGUF file)
@@ -118,7 +124,7 @@ def read_events(db: Path) -> list:
 def stack_of(name: str, engines: int, warmup_s: float):
     """The stack with its start split fitted to ``engines`` and the torch planner keywords."""
     st = get_stack(name)
-    st = replace(st, planner_args={**st.planner_args, **PLANNER_ARGS})
+    st = replace(st, planner_args={**st.planner_args, **PLANNER_ARGS}, prefill_order=LIVE_PREFILL_ORDER)
     return st, SimConfig(nodes=engines, warmup_s=warmup_s, duration_s=3600.0)
 
 
@@ -139,7 +145,8 @@ class Fidelity:
         self.out = Path(spec.out_dir) if spec.out_dir else Path(tempfile.mkdtemp(prefix="fidelity-"))
         self.out.mkdir(parents=True, exist_ok=True)
         self.scaling = scaling_of(spec)
-        self.notes: list[str] = []
+        self.notes: list[str] = [f"prefill queue order {LIVE_PREFILL_ORDER} on both sides: the torch engines' "
+                                 "(a stack's simulated short_first is not in the live engines)"]
 
     def sessions(self):
         from replay.traces.importers.spec import load_workload  # lazy: evolving --help (the importers)
