@@ -145,8 +145,9 @@ class Fidelity:
         self.out = Path(spec.out_dir) if spec.out_dir else Path(tempfile.mkdtemp(prefix="fidelity-"))
         self.out.mkdir(parents=True, exist_ok=True)
         self.scaling = scaling_of(spec)
-        self.notes: list[str] = [f"prefill queue order {LIVE_PREFILL_ORDER} on both sides: the torch engines' "
-                                 "(a stack's simulated short_first is not in the live engines)"]
+        order = (f"prefill queue order {LIVE_PREFILL_ORDER} on both sides: the torch engines' "
+                 "(a stack's simulated short_first is not in the live engines)")
+        self.notes: list[str] = [order]
 
     def sessions(self):
         from replay.traces.importers.spec import load_workload  # lazy: evolving --help (the importers)
