@@ -362,6 +362,11 @@ class BlockTable:
                 arrays = o.buckets[key]
                 m = memo.get(key) if bc is not None else None
                 if m is not None:  # the unpinned copies of the last read, released and appended ones
+                    if m[0] == len(arrays) and not len(m[1]) and m[2]:
+                        # every copy pinned at the last read, none released or appended since:
+                        # nothing to read (what the pass below would find and keep; most of a
+                        # node's front buckets under pressure)
+                        continue
                     arr = m[1] if m[0] == len(arrays) else np.concatenate([m[1], *arrays[m[0]:]])
                     valid, free = bucket_pick(held, bit, refs, bool(c), lastc, last, arr, mark, self.block, bc)
                     k = len(arr) if valid is None else len(valid)
