@@ -45,6 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sessions", type=int, default=4, help="test sessions")
     p.add_argument("--calibration-sessions", type=int, default=4,
                    help="sessions before the test ones, used only for the calibration run")
+    p.add_argument("--calibration-sweep", default="512,1024,2048,4096",
+                   help="cold prompts of these lengths (tokens) served first in the calibration run, so that "
+                        "eq. 1 is fitted over the range of chunks the test serves ('' for none)")
     p.add_argument("--concurrency", type=int, default=4, help="sessions at a time (agents)")
     p.add_argument("--turns", type=int, default=3, help="requests kept per session")
     p.add_argument("--token-scale", type=int, default=64, help="token lengths divided by this")

@@ -43,7 +43,7 @@ from replay.fidelity.compare import (
     sim_warmup_s,
 )
 from replay.fidelity.live import LiveRun, run_live
-from replay.fidelity.workload import Scaling, scaled_sessions, workload_figures
+from replay.fidelity.workload import Scaling, prefill_sweep, scaled_sessions, workload_figures
 from replay.sim.simlog import SimLog
 from replay.sim.simulation import SimConfig
 from replay.sim.stacks import get_stack
@@ -83,6 +83,7 @@ class FidelitySpec:
     engines: int = 2  # torch engines (= simulated nodes) per stack
     sessions: int = 4
     calibration_sessions: int = 4
+    calibration_sweep: str = "512,1024,2048,4096"  # cold prompts (tokens) served before the calibration sessions
     concurrency: int = 4
     turns: int = 3
     token_scale: int = 64
@@ -155,6 +156,8 @@ class Fidelity:
         real = load_workload(str(self.spec.trace)).sessions
         test = scaled_sessions(real, self.scaling)
         cal = scaled_sessions(real, replace(self.scaling, skip=0, sessions=self.spec.calibration_sessions))
+        sweep = [int(x) for x in str(self.spec.calibration_sweep).split(",") if x.strip()]
+        cal = [*prefill_sweep(sweep), *cal]
         if len(test) < self.scaling.sessions:
             self.notes.append(f"only {len(test)} sessions fit after the calibration ones (asked {self.scaling.sessions})")
         return cal, test

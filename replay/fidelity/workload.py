@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from replay.traces.format import Request, Session, reblock
+from replay.traces.format import Branch, Request, Session, reblock
 from replay.traces.pacing import Pace, pace_session
 from services.drivers.soak.agents import cut_session
 
@@ -102,3 +102,27 @@ def workload_figures(sessions: Sequence[Session]) -> dict:
             prompt += len(r.blocks) * s.block_tokens + r.tail_tokens
             output += r.output_tokens
     return {"sessions": len(sessions), "requests": n, "prompt_tokens": prompt, "output_tokens": output}
+
+
+#: the first block hash of the calibration sweep's prompts: a run of consecutive 64-bit values,
+#: which a trace's chained 64-bit block hashes hit with negligible probability, so a sweep prompt
+#: shares no prefix with the sessions (the sweep's own prompts use disjoint runs)
+SWEEP_BASE = (1 << 63) + (1 << 62)
+
+
+def prefill_sweep(lengths: Sequence[int], *, output_tokens: int = 4, block_tokens: int = 64) -> list[Session]:
+    """One single-request session per prompt length (tokens, rounded down to whole blocks), cold
+    (blocks no trace and no other sweep prompt has): what a pre-deployment profiling run does
+    (Dynamo's ``profile_sla`` sweeps the input length). The calibration sessions alone reach a
+    few hundred uncached tokens an iteration, so the fit extrapolated eq. 1's attention term 20x
+    to the test's 2,048-token chunks (docs/simulator.md, section 9)."""
+    out = []
+    nxt = SWEEP_BASE
+    for i, n in enumerate(lengths):
+        k = max(1, int(n) // block_tokens)
+        blocks = list(range(nxt, nxt + k))
+        nxt += k
+        req = Request(blocks=blocks, output_tokens=output_tokens)
+        out.append(Session(id=f"sweep-{i}-{k * block_tokens}", block_tokens=block_tokens, source="fidelity:sweep",
+                           branches=[Branch(id="main", steps=[req])]))
+    return out

@@ -83,3 +83,19 @@ def test_window_offset_and_ranking():
             {"stack": "y", "metric": "throughput_rps", "live": 1.5, "sim": 1.0}]
     assert ranking(rows) == (["y", "x"], ["x", "y"])
     assert not math.isnan(t1)
+
+
+def test_the_calibration_sweep_is_cold_prompts_of_the_asked_lengths(real):
+    """The calibration run's sweep: one request per length, whole blocks, no block shared with
+    another sweep prompt or with any bundled session (so every token is prefilled)."""
+    from replay.fidelity.workload import prefill_sweep
+
+    sweep = prefill_sweep([512, 1000, 2048, 4096])
+    reqs = [s.branches[0].steps[0] for s in sweep]
+    assert [len(r.blocks) * 64 for r in reqs] == [512, 960, 2048, 4096]
+    assert all(r.output_tokens == 4 and r.tail_tokens == 0 for r in reqs)
+    blocks = [b for r in reqs for b in r.blocks]
+    assert len(set(blocks)) == len(blocks)
+    trace_blocks = {b for s in real for br in s.branches for st in br.steps if hasattr(st, "blocks") for b in st.blocks}
+    assert trace_blocks and not trace_blocks & set(blocks)
+    assert max(blocks) < 2**64
