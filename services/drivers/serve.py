@@ -279,6 +279,10 @@ def transient_bus_error(exc: BaseException) -> bool:
     return isinstance(exc, NatsError | TimeoutError | OSError | ConnectionError)
 
 
+#: how many times a stopped start cancels its pending connect (0.2 s apart) before it leaves it
+CANCEL_TRIES = 50
+
+
 class BusUnreachable(Exception):
     """No bus answered at the URL within the start bound."""
 
@@ -298,9 +302,17 @@ async def _connect_until_stopped(opts: ServiceOptions, stop: asyncio.Event, dead
         stopped.cancel()
     if connect in done:
         return connect.result()
-    connect.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):  # cancelled mid-connect: nothing to close
-        await connect
+    # nats-py's connect loop swallows a cancellation that lands in its own close's wait
+    # (nats/aio/client.py ``_close``: ``except (CancelledError, TimeoutError): pass``) and goes on
+    # retrying, so one cancel and an unbounded await hung the process now and then under load
+    # (SIGINT ignored); ask again until the task ends
+    for _ in range(CANCEL_TRIES):
+        connect.cancel()
+        done, _ = await asyncio.wait({connect}, timeout=0.2)
+        if done:
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # cancelled mid-connect: nothing to close
+                connect.result()
+            break
     if stop.is_set():
         return None
     raise BusUnreachable(f"cannot reach the bus at {opts.bus.nats_url} within {opts.start_timeout_s:.0f} s "
