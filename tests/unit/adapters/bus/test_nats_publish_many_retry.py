@@ -15,6 +15,7 @@ from nats.js.errors import NoStreamResponseError
 
 from events.catalog import BranchOpened, RequestSubmitted
 from services.adapters.bus.nats_bus import NatsBus
+from tests.contract.test_bus import _take
 
 
 def _batch() -> list:
@@ -53,13 +54,5 @@ async def test_a_batch_that_never_finds_its_stream_fails_with_the_cause(nats_url
 
 
 async def _read(bus: NatsBus, n: int) -> list:
-    out = []
     async with bus.consumer(None, start_seq=1) as c:
-        async def run():
-            async for d in c:
-                out.append(d)
-                await c.ack(d.seq)
-                if len(out) == n:
-                    return
-        await asyncio.wait_for(run(), 5.0)
-    return out
+        return await _take(c, n)
