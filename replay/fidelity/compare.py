@@ -15,6 +15,7 @@ is its requests over that makespan).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -103,3 +104,43 @@ def ranking(rows_: Sequence[dict], metric: str = "throughput_rps") -> tuple[list
     by = {r["stack"]: r for r in rows_ if r["metric"] == metric}
     key = lambda side: sorted(by, key=lambda s: -(by[s][side] or 0.0))
     return key("live"), key("sim")
+
+
+#: two stacks whose ``metric`` differs by at most this share of the larger are tied: a difference
+#: the run cannot tell from the machine's noise (live, one configuration served twice differed by
+#: 2%: dynamo at 1P1D that never switches and static 1P1D) is no rank
+TIE_TOLERANCE = 0.05
+
+
+def order(a: float | None, b: float | None, tie: float = TIE_TOLERANCE) -> int:
+    """1 if ``a`` ranks above ``b``, -1 below, 0 a tie (within ``tie`` of the larger, or missing)."""
+    if a is None or b is None:
+        return 0
+    top = max(abs(a), abs(b))
+    if top == 0 or abs(a - b) <= tie * top:
+        return 0
+    return 1 if a > b else -1
+
+
+def same_ranking(rows_: Sequence[dict], metric: str = "throughput_rps", tie: float = TIE_TOLERANCE) -> bool:
+    """Whether the stacks rank the same live and simulated: no pair is ordered one way live and
+    the other way simulated. A tie on either side (:func:`order`) contradicts nothing."""
+    by = {r["stack"]: r for r in rows_ if r["metric"] == metric}
+    names = sorted(by)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            lv, sv = order(by[a]["live"], by[b]["live"], tie), order(by[a]["sim"], by[b]["sim"], tie)
+            if lv * sv < 0:
+                return False
+    return True
+
+
+def ranked(names: Sequence[str], rows_: Sequence[dict], side: str, metric: str = "throughput_rps",
+           tie: float = TIE_TOLERANCE) -> str:
+    """``names`` (already ordered best first on ``side``) joined by ``>``, or ``=`` between neighbours
+    that tie: ``evolving > static:1P1D = dynamo``."""
+    by = {r["stack"]: r[side] for r in rows_ if r["metric"] == metric}
+    out = names[0] if names else ""
+    for prev, cur in itertools.pairwise(names):
+        out += f" {'=' if order(by[prev], by[cur], tie) == 0 else '>'} {cur}"
+    return out

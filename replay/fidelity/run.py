@@ -33,13 +33,16 @@ from engine.profiles import load_profile
 from replay.fidelity.calibrate import calibrate_log, format_calibration, profile_toml
 from replay.fidelity.compare import (
     GATED,
+    TIE_TOLERANCE,
     TOLERANCE,
     metrics_of,
     off_by,
     planner_offset_s,
+    ranked,
     ranking,
     rows,
     run_sim,
+    same_ranking,
     sim_warmup_s,
 )
 from replay.fidelity.live import LiveRun, run_live
@@ -236,7 +239,10 @@ class Fidelity:
                 progress.advance(task)
         live_rank, sim_rank = ranking(out_rows)
         return {"rows": out_rows, "stacks": infos, "scaling": asdict(self.scaling), "workload": fig,
-                "profile": prof_src, "ranking": {"live": live_rank, "sim": sim_rank, "same": live_rank == sim_rank},
+                "profile": prof_src,
+                "ranking": {"live": live_rank, "sim": sim_rank, "same": same_ranking(out_rows),
+                            "tie_tolerance": TIE_TOLERANCE, "live_ties": ranked(live_rank, out_rows, "live"),
+                            "sim_ties": ranked(sim_rank, out_rows, "sim")},
                 "out_dir": str(self.out), "wall_s": round(time.monotonic() - t0, 1), "notes": self.notes}
 
 
@@ -250,8 +256,8 @@ def format_report(res: dict) -> str:
         lines.append(f"{r['stack']:<14} {r['metric']:<15} {fmt(r['live']):>10} {fmt(r['sim']):>10} "
                      f"{'-' if d is None else f'{d:+.0%}':>11}{flag}")
     rk = res["ranking"]
-    lines.append(f"ranking by throughput: live {' > '.join(rk['live'])}; sim {' > '.join(rk['sim'])} "
-                 f"({'same' if rk['same'] else 'different'})")
+    lines.append(f"ranking by throughput: live {rk['live_ties']}; sim {rk['sim_ties']} "
+                 f"({'same' if rk['same'] else 'different'}; '=' within {rk['tie_tolerance']:.0%} of the larger)")
     lines.append(f"* = off by more than {TOLERANCE:.0%} on a gated metric ({', '.join(GATED)})")
     for s in res["stacks"]:
         lines.append(f"{s['stack']}: live log {s['live_log']}, sim log {s['sim_log']}; up ready {s['ready_s']} s, "

@@ -99,3 +99,29 @@ def test_the_calibration_sweep_is_cold_prompts_of_the_asked_lengths(real):
     trace_blocks = {b for s in real for br in s.branches for st in br.steps if hasattr(st, "blocks") for b in st.blocks}
     assert trace_blocks and not trace_blocks & set(blocks)
     assert max(blocks) < 2**64
+
+
+def test_ranking_ties_within_tolerance_are_ties():
+    """The quiet run of 6 Dec: dynamo and static 1P1D are one configuration (identical simulated
+    rows), live 0.752 and 0.767 req/s apart by 2%; that is a tie, not a rank change. A pair
+    ordered one way live and the other way simulated beyond 5% still is one."""
+    from replay.fidelity.compare import order, ranked, same_ranking
+
+    def rows(live: dict, sim: dict) -> list[dict]:
+        return [{"stack": s, "metric": "throughput_rps", "live": live[s], "sim": sim[s]} for s in live]
+
+    quiet = rows({"evolving": 0.817, "dynamo": 0.752, "static:1P1D": 0.767},
+                 {"evolving": 0.864, "dynamo": 0.662, "static:1P1D": 0.662})
+    assert ranking(quiet)[0] == ["evolving", "static:1P1D", "dynamo"]  # the strict order differs ...
+    assert ranking(quiet)[1] == ["evolving", "dynamo", "static:1P1D"]
+    assert same_ranking(quiet)  # ... but 2% is within the tie
+    assert ranked(["evolving", "static:1P1D", "dynamo"], quiet, "live") == "evolving > static:1P1D = dynamo"
+    assert order(0.752, 0.767) == 0 and order(0.767, 0.70) == 1 and order(0.70, 0.767) == -1
+    assert order(None, 1.0) == 0 and order(0.0, 0.0) == 0
+    # 10% apart one way live and the other way simulated: a rank change
+    swapped = rows({"a": 1.0, "b": 0.9}, {"a": 0.9, "b": 1.0})
+    assert not same_ranking(swapped)
+    assert same_ranking(swapped, tie=0.12)  # the tolerance is the caller's
+    # evolving simulated below dynamo by more than 5% while live above it: different
+    flipped = rows({"evolving": 0.817, "dynamo": 0.752}, {"evolving": 0.60, "dynamo": 0.662})
+    assert not same_ranking(flipped)
