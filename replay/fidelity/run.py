@@ -46,6 +46,7 @@ from replay.fidelity.compare import (
     sim_warmup_s,
 )
 from replay.fidelity.live import LiveRun, run_live
+from replay.fidelity.requests import format_split, request_times, split_ratios
 from replay.fidelity.workload import Scaling, prefill_sweep, scaled_sessions, workload_figures
 from replay.sim.simlog import SimLog
 from replay.sim.simulation import SimConfig
@@ -210,7 +211,8 @@ class Fidelity:
                 "ready_s": round(lr.ready_s, 1), "drive_s": round(lr.drive_s, 1),
                 "requests_failed": len(lr.report.failed), "planner_offset_s": round(offset, 2),
                 "sim_warmup_s": round(warm, 2), "unfinished_live": live_m.submitted - live_m.finished,
-                "unfinished_sim": sim_m.submitted - sim_m.finished}
+                "unfinished_sim": sim_m.submitted - sim_m.finished,
+                "per_request": split_ratios(request_times(live_events), request_times(sim_events))}
         return rows(name, live_m, sim_m), info
 
     async def run(self) -> dict:
@@ -263,6 +265,7 @@ def format_report(res: dict) -> str:
         lines.append(f"{s['stack']}: live log {s['live_log']}, sim log {s['sim_log']}; up ready {s['ready_s']} s, "
                      f"drive {s['drive_s']} s, {s['requests_failed']} failed, unfinished live {s['unfinished_live']} / sim "
                      f"{s['unfinished_sim']}; sim warm-up {s['sim_warmup_s']} s")
+    lines += [format_split(s["stack"], s["per_request"]) for s in res["stacks"] if "per_request" in s]
     lines += [f"note: {n}" for n in res["notes"]]
     return "\n".join(lines)
 
