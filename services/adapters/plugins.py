@@ -9,6 +9,7 @@ Built-ins and third-party packages register under the groups ``evolving.routers`
 
 from __future__ import annotations
 
+import importlib
 from importlib.metadata import entry_points
 
 ROUTER_GROUP = "evolving.routers"
@@ -21,9 +22,19 @@ PLANNER_GROUP = "evolving.planners"
 SYNONYMS: dict[str, dict[str, str]] = {ROUTER_GROUP: {"least_ttft": "evolving"}}
 
 
+#: Parts a plug-in name may carry after its name (``NAME+PART+...``), per group: part -> the
+#: ``"module:function"`` that turns the plug-in's class into the variant with the part, as the
+#: simulator's composed stacks name them (replay/sim/stacks.py). ``evolving+prestage``: the
+#: router that stages a finished turn's KV on the node it predicts for the next turn
+#: (services/cores/router/prestage.py).
+PARTS: dict[str, dict[str, str]] = {ROUTER_GROUP: {"prestage": "services.cores.router.prestage:with_prestage"}}
+
+
 def canonical(group: str, name: str) -> str:
-    """``name``'s canonical plug-in name in ``group`` (itself unless it is a synonym)."""
-    return SYNONYMS.get(group, {}).get(name, name)
+    """``name``'s canonical plug-in name in ``group`` (its base name's synonym resolved, the
+    parts kept in their order)."""
+    base, *parts = name.split("+")
+    return "+".join([SYNONYMS.get(group, {}).get(base, base), *parts])
 
 
 class PluginNotFound(LookupError):
@@ -35,13 +46,25 @@ def available(group: str) -> dict[str, object]:
 
 
 def load(group: str, name: str):
-    """The class (or factory) registered as ``name`` (or a synonym of it) in ``group``."""
-    name = canonical(group, name)
+    """The class (or factory) registered as ``name`` (or a synonym of it) in ``group``, turned
+    into its variant by each ``+PART`` of the name (:data:`PARTS`)."""
+    base, *parts = canonical(group, name).split("+")
     eps = available(group)
-    if name not in eps:
+    if base not in eps:
         known = ", ".join(sorted(eps)) or "none"
-        raise PluginNotFound(f"no {group} plug-in named {name!r} (installed: {known})")
-    return eps[name].load()
+        raise PluginNotFound(f"no {group} plug-in named {base!r} (installed: {known})")
+    obj = eps[base].load()
+    for part in parts:
+        path = PARTS.get(group, {}).get(part)
+        if path is None:
+            known = ", ".join(sorted(PARTS.get(group, {}))) or "none"
+            raise PluginNotFound(f"no part {part!r} for {group} plug-ins (parts: {known})")
+        module, _, attr = path.partition(":")
+        try:
+            obj = getattr(importlib.import_module(module), attr)(obj)
+        except KeyError as exc:
+            raise PluginNotFound(f"{name!r}: {exc.args[0]}") from None
+    return obj
 
 
 def load_router(name: str):

@@ -26,9 +26,12 @@ comes from the stream, so ``evolving verify`` reproduces every order (it checks
 ``KvStageOrdered`` as a router decision). A router without this mixin never emits one: the
 stacks without the part are unchanged, event for event.
 
-Where the live services carry it out is a follow-up (docs/simulator.md, "Next turn's KV"):
-the worker of ``dst_node`` would consume the order from ``ei.<p>.route`` and pull the blocks
-through the transfer port, as it does for a request's fetch.
+On the live stack the router service runs a variant by its plug-in name and the part
+(``evolving up --router evolving+prestage``: :func:`with_prestage` through
+services/adapters/plugins.py); the worker of ``dst_node`` consumes the order from
+``ei.<p>.route`` and its torch engine pulls the turn's blocks from the source's host tier
+through the transfer port, as it does for a request's fetch (engine/backends/torch/peers.py,
+"stage orders"; docs/live.md, "Next turn's KV staged live").
 """
 
 from __future__ import annotations
@@ -122,3 +125,20 @@ class PrestageDynamoKvRouter(PrestageMixin, DynamoKvRouter):
 class PrestageLeastLoadedRouter(PrestageMixin, LeastLoadedRouter):
     """Least-loaded routing with prestaging."""
 
+
+
+#: router class -> its prestaging variant: the routers whose choice has no side effect (sticky
+#: and round robin advance state when they choose)
+VARIANTS: dict[type, type] = {LeastTtftRouter: PrestageLeastTtftRouter, CacheAwareRouter: PrestageCacheAwareRouter,
+                              DynamoKvRouter: PrestageDynamoKvRouter, LeastLoadedRouter: PrestageLeastLoadedRouter}
+
+
+def with_prestage(cls: type) -> type:
+    """``cls``'s prestaging variant (the ``+prestage`` part of a router's plug-in name); a
+    ``KeyError`` naming the routers that have one when ``cls`` has none."""
+    if cls in VARIANTS.values():
+        return cls
+    if cls not in VARIANTS:
+        raise KeyError(f"router {cls.__name__} has no prestaging variant (its choice advances its state); "
+                       f"routers with one: {', '.join(sorted(c.__name__ for c in VARIANTS))}")
+    return VARIANTS[cls]
