@@ -1,7 +1,8 @@
 """The worker's way in from the stream: fold each delivery into the worker's view, and from the
 start head on act on it (a route enqueues or takes back a prefill job, a ``SwitchRole`` orders a
 switch, a peer's ``FirstToken`` admits the decode, a removal of this node registers it again, a
-``RequestCancelled`` stops the request: engine/worker/cancel.py); the view's snapshots
+``RequestCancelled`` stops the request: engine/worker/cancel.py, a ``KvStageOrdered`` naming this
+node stages a finished turn's KV here); the view's snapshots
 (engine/worker/__init__.py, 1-3 and 6)."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from events import codec
 from events.catalog import (
     Event,
     FirstToken,
+    KvStageOrdered,
     KvStored,
     NodeHeartbeat,
     NodeRegistered,
@@ -78,6 +80,20 @@ class StreamFolding(Cancelling):
             self._admit_decode(event.request, event.node)
         elif t is RequestCancelled:
             self._on_cancel(event)
+        elif t is KvStageOrdered and event.dst_node == self.node_id:
+            self._on_stage(event)
+
+    def _on_stage(self, order: KvStageOrdered) -> None:
+        """A stage order naming this node (the router's ``+prestage``): the backend pulls the
+        finished turn's KV into its host tier (engine/backends/torch/peers.py, stage orders) and
+        reports ``KvMoved``. A backend that stages nothing says so in one line, per order."""
+        stage = getattr(self.backend, "stage_in", None)
+        if stage is None:
+            log.warning("stage_order_skipped", node=self.node_id, request=order.request, src=order.src_node,
+                        reason=f"the {self.backend.name} backend does not stage KV")
+            return
+        self.host.catch_up()
+        stage(order)
 
     def _rejoin(self, removed: NodeRemoved, held: dict[str, dict[int, float]]) -> None:
         """The stream says this node is gone (removed for silence while it was only late): register

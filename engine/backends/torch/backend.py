@@ -24,7 +24,7 @@ import contextlib
 import dataclasses
 import itertools
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 
 import torch
@@ -99,7 +99,11 @@ class TorchBackend(PeerTransfers):
         self.drained = 0
         self.last_was_decode = False
         self.counters = {"pulled_blocks": 0, "served_blocks": 0, "fetched_blocks": 0, "recomputed": 0,
-                         "failed": 0, "pull_chunks": 0}
+                         "failed": 0, "pull_chunks": 0, "staged_blocks": 0, "stage_skipped": 0, "stage_failed": 0}
+        # stage orders (peers.py): the finished turns decoded here, the orders under way and done
+        self.turns: OrderedDict[RequestId, list[BlockHash]] = OrderedDict()
+        self._staging: set[RequestId] = set()
+        self._staged: OrderedDict[RequestId, None] = OrderedDict()
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._bg: set[asyncio.Task] = set()
@@ -580,7 +584,8 @@ class TorchBackend(PeerTransfers):
 
     def _finish_decode(self, s: Seq) -> None:
         del self.running[s.request]
-        self._register_full(s, s.n)  # written through to L2: decode nodes only write to the pool
+        # written through to L2: decode nodes only write to the pool; kept for a stage order
+        self.keep_turn(s.request, self._register_full(s, s.n))
         self._release(s)
         self._chunk(s, done=True)
         self.host.emit(RequestFinished(ts=self._now(), src=self.node_id, request=s.request, node=self.node_id,

@@ -12,7 +12,19 @@ control messages over the KV plane's exchange, engine/kvplane.py), a mixin of ``
   pull larger than either node's free staging moves in chunks (``kv.Staging``), one ``Pull``
   each, one ``KvMoved`` in all. If the pull fails, the decode node recomputes the prompt:
   same tokens, same output.
-- serving peers: ``Lease`` / ``Release`` of L2 blocks and ``Pull`` of a hand-off.
+- *stage orders* (``KvStageOrdered`` naming this node, the router's ``+prestage``): during
+  the tool wait after a turn finished on ``src_node``, this node asks it for the turn's blocks
+  (``StageLease``: the full blocks of the prompt and output it decoded, leased where its L2
+  still holds them), reads those it lacks into its own L2 (the ordered tier; L1 too when the
+  order says ``L1``) over the same transfer as a peer fetch, and reports
+  ``KvMoved(src_phase=decode, dst_phase=prefill)``; the branch's next turn routed here then
+  restores them from L2 as cached tokens. The run stops at the first block neither node
+  holds, as the simulator's ``stage_in`` (engine/backends/sim/node.py, 8). An order it cannot
+  carry out (its source unknown or itself, the turn forgotten or evicted there, no room, a
+  transfer that fails, a duplicate) is one log line (``stage_order_skipped`` /
+  ``stage_order_failed``) and nothing else.
+- serving peers: ``Lease`` / ``Release`` of L2 blocks, ``StageLease`` of a finished turn's and
+  ``Pull`` of a hand-off.
 
 ``DataPlane``: the worker's data-plane hooks, played by the backend (it moves its own KV).
 """
@@ -29,7 +41,7 @@ from engine.backends.torch.state import Seq
 from engine.kvplane import parse_endpoint
 from engine.transfer import PoolDescriptor, TransferCorrupt, TransferError
 from engine.transfer.common import slot_checksums, verify_landed
-from events.catalog import KvFetched, KvMoved
+from events.catalog import KvFetched, KvMoved, KvStageOrdered
 from events.ids import BlockHash, NodeId
 from kernels.layout import KvLayoutError
 from kernels.ops import copy_blocks
@@ -58,6 +70,12 @@ class Pull(msgspec.Struct, tag="pull"):
     last: bool = True
 
 
+class StageLease(msgspec.Struct, tag="stage_lease"):
+    """A stage order's destination asks the source for the finished turn ``request``'s KV."""
+
+    request: str
+
+
 class Reply(msgspec.Struct):
     slots: list[int] = []
     pool: PoolDescriptor | None = None
@@ -68,9 +86,17 @@ class Reply(msgspec.Struct):
     #: ``Lease`` names, of the bytes a ``Pull`` wrote (in ``indices`` order); the receiver
     #: refuses blocks that landed otherwise (a transfer cut mid-way) and recomputes them
     checksums: list[int] = []
+    #: a ``StageLease``'s answer: the turn's full blocks in order, ``slots`` aligned with them
+    #: (-1: not in the sender's L2), ``checksums`` those of the held ones, in order
+    blocks: list[int] = []
 
 
-Message = Lease | Release | Pull
+Message = Lease | Release | Pull | StageLease
+
+#: finished turns whose block hashes a node keeps for stage orders (``StageLease``), newest last
+TURNS_KEPT = 1024
+#: stage orders a node remembers having carried out, to skip a redelivered duplicate
+STAGED_KEPT = 4096
 
 
 class PeerTransfers:
@@ -247,6 +273,121 @@ class PeerTransfers:
             if last:
                 return first
 
+    # ------------------------------------------------------------------ stage orders (module docstring)
+    def keep_turn(self, request: str, hashes: list[BlockHash]) -> None:
+        """A turn decoded here finished: its full blocks, for a later ``StageLease``."""
+        self.turns[request] = hashes
+        self.turns.move_to_end(request)
+        while len(self.turns) > TURNS_KEPT:
+            self.turns.popitem(last=False)
+
+    def stage_in(self, order: KvStageOrdered) -> bool:
+        """Carry out a stage order addressed to this node (module docstring) in a task of its
+        own; False (one ``stage_order_skipped`` line) when it is not carried out at all."""
+        why = self._stage_refusal(order)
+        if why is not None:
+            self.counters["stage_skipped"] += 1
+            log.warning("stage_order_skipped", node=self.node_id, request=order.request, src=order.src_node,
+                        branch=order.branch, reason=why)
+            return False
+        self._staging.add(order.request)
+        self._spawn(self._stage(order))
+        return True
+
+    def _stage_refusal(self, order: KvStageOrdered) -> str | None:
+        if order.dst_node != self.node_id:
+            return f"addressed to {order.dst_node}"
+        if order.src_node == self.node_id:
+            return "the source is this node: the KV is here already"
+        if order.request in self._staging or order.request in self._staged:
+            return "duplicate: this turn's order was carried out or is under way"
+        if order.tier not in ("L1", "L2"):
+            return f"unknown tier {order.tier!r}"
+        if self.transfer is None:
+            return "this node moves no KV (transfer none)"
+        if not self.cfg.peers.get(order.src_node):
+            return f"unknown source node {order.src_node} (no transfer endpoint registered)"
+        return None
+
+    async def _stage(self, order: KvStageOrdered) -> None:
+        src = order.src_node
+        try:
+            ctl = self._peer(src)
+            reply = await self.exchange.request(ctl, StageLease(request=order.request), self.cfg.timeout_s)
+            try:
+                if reply.error:
+                    raise TransferError(f"peer {src}: {reply.error}")
+                got = await self._stage_read(order, reply)
+            finally:
+                if reply.lease:
+                    with contextlib.suppress(TransferError, OSError, TimeoutError):
+                        await self.exchange.request(ctl, Release(lease=reply.lease), self.cfg.timeout_s)
+            if got:
+                self.counters["staged_blocks"] += len(got)
+                self.host.emit(KvMoved(ts=self._now(), src=self.node_id, src_node=src, dst_node=self.node_id,
+                                       blocks=got, src_phase="decode", dst_phase="prefill", dst_tier=order.tier,
+                                       branch=order.branch))
+        except (TransferError, KvLayoutError, OSError, TimeoutError) as exc:
+            self.counters["stage_failed"] += 1
+            log.warning("stage_order_failed", node=self.node_id, request=order.request, src=src, branch=order.branch,
+                        error=str(exc), action="the next turn fetches or recomputes what is missing")
+        finally:
+            self._staging.discard(order.request)
+            self._staged[order.request] = None
+            while len(self._staged) > STAGED_KEPT:
+                self._staged.popitem(last=False)
+
+    async def _stage_read(self, order: KvStageOrdered, reply: Reply) -> list[BlockHash]:
+        """The blocks of a ``StageLease`` answer this node lacks, up to the first block neither
+        holds, read into L2 (and L1 for an ``L1`` order); returns those that landed."""
+        if len(reply.slots) != len(reply.blocks):
+            raise TransferError("stage lease: blocks and slots differ in length")
+        held_sums = iter(reply.checksums)
+        want: list[tuple[BlockHash, int, int | None]] = []  # (block, its slot there, its checksum)
+        for b, sl in zip(reply.blocks, reply.slots, strict=True):
+            chk = next(held_sums, None) if sl >= 0 else None
+            if b in self.kv.slot["L1"] or b in self.kv.slot["L2"]:
+                continue
+            if sl < 0:
+                break  # later blocks are no prefix of anything this node could serve
+            want.append((b, sl, chk))
+        if not want:
+            log.info("stage_order_skipped", node=self.node_id, request=order.request, src=order.src_node,
+                     branch=order.branch, reason="nothing to move: this node holds the turn's blocks, or the "
+                                                 "source no longer does", blocks=len(reply.blocks))
+            return []
+        blocks = [b for b, _, _ in want]
+        mine = self.kv.add_l2(blocks, blocks)
+        if mine is None:
+            log.warning("stage_order_skipped", node=self.node_id, request=order.request, src=order.src_node,
+                        branch=order.branch, reason="no room in L2", blocks=len(blocks))
+            return []
+        mine = dict(mine)
+        self.kv.pools["L2"].poison([mine[b] for b in blocks])  # nor bytes an evicted copy left
+        sums = [c for _, _, c in want]
+        try:
+            await asyncio.to_thread(self.transfer.read_blocks, reply.pool, [sl for _, sl, _ in want],
+                                    self.kv.pools["L2"], [mine[b] for b in blocks],
+                                    expect=None if None in sums or not reply.checksums else sums)
+        except Exception:
+            self.kv.undo_l2(blocks)  # the slots hold no (or torn) bytes of these blocks
+            raise
+        if order.tier == "L1" and (l1 := self.kv.add_l1(blocks, blocks)):
+            copy_blocks(self.kv.pools["L2"], [self.kv.slot["L2"][b] for b, _ in l1],
+                        self.kv.pools["L1"], [sl for _, sl in l1]).wait()
+        return blocks
+
+    def _serve_stage(self, msg: StageLease, lid: int) -> Reply:
+        hashes = self.turns.get(msg.request)
+        if hashes is None:
+            return Reply(error=f"no finished turn {msg.request} here (not decoded here, or forgotten)")
+        slots = [self.kv.slot["L2"].get(b, -1) for b in hashes]
+        held = [b for b, sl in zip(hashes, slots, strict=True) if sl >= 0]
+        self.kv.pool.pin(("l", lid), held)
+        self.counters["served_blocks"] += len(held)
+        return Reply(blocks=list(hashes), slots=slots, pool=self.descs["L2"], lease=lid,
+                     checksums=slot_checksums(self.kv.pools["L2"], [sl for sl in slots if sl >= 0]))
+
     # ------------------------------------------------------------------ serving peers
     async def _handle(self, msg) -> Reply:
         now = time.monotonic()
@@ -259,6 +400,10 @@ class PeerTransfers:
             if owner is not None:
                 self.kv.pool.unpin(owner)
             return Reply()
+        if isinstance(msg, StageLease):
+            lid = next(self._lease_ids)
+            self._leases[lid] = (now, ("l", lid))
+            return self._serve_stage(msg, lid)
         if isinstance(msg, Lease):
             held = []
             for b in msg.blocks:
