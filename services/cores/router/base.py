@@ -100,7 +100,11 @@ class RouterBase:
     defaults: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, name: str | None = None, shadow: bool = False, block_tokens: int = 64,
+                 prior_prefill: list[float] | None = None, prior_decode: list[float] | None = None,
                  **params: Any) -> None:
+        """``prior_prefill`` / ``prior_decode``: the deployment profile's eq. 1 / eq. 2
+        coefficients, every node's model until its first ``ModelFitted`` (state.py); None, the
+        built-in priors."""
         unknown = sorted(set(params) - set(self.defaults))
         if unknown:
             raise TypeError(f"{type(self).__name__}: unknown parameter(s) {unknown}; "
@@ -113,7 +117,9 @@ class RouterBase:
         self.params: dict[str, Any] = {**self.defaults, **params}
         for key, value in self.params.items():
             setattr(self, key, value)
-        self.state = ClusterState()
+        self.priors = {k: [float(c) for c in v] for k, v in
+                       (("prior_prefill", prior_prefill), ("prior_decode", prior_decode)) if v}
+        self.state = ClusterState(prior_prefill, prior_decode)
         self.directory = DirectoryCore()
         self.branches: set[str] = set()
         self.rr_decode = 0
@@ -154,7 +160,8 @@ class RouterBase:
 
     def snapshot(self) -> bytes:
         snap = _Snapshot(
-            config={"name": self.name, "shadow": self.shadow, "block_tokens": self.block_tokens, **self.params},
+            config={"name": self.name, "shadow": self.shadow, "block_tokens": self.block_tokens, **self.priors,
+                    **self.params},
             state=self.state.to_snapshot(), directory=self.directory.snapshot(),
             branches=sorted(self.branches), rr_decode=self.rr_decode, decisions=self.decisions,
             extra=self.extra_snapshot(),

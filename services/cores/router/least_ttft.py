@@ -258,7 +258,7 @@ def _pack(scored: dict[str, _Scored], best_key: tuple[float, str], slack: float)
 
 def _wait(ns: NodeState, now: float) -> float:
     """``ClusterState.wait_s`` inlined (same arithmetic, so the same float)."""
-    rem = max(0.0, ns.busy_until - now) if ns.prefill_running else 0.0
+    rem = abs(ns.busy_until - now) if ns.prefill_running else 0.0
     return rem + ns.queue_s
 
 

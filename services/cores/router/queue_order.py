@@ -14,7 +14,8 @@ and pile the short requests on the other nodes.
 
 - ahead of it: every running or queued request ``j`` whose key ``rem_j - aging * waited_j``
   is at most ``own_s`` (its own key: it has waited nothing), ``rem_j`` its predicted service
-  left (a running request's service less the time since it started), ``waited_j`` the time
+  left (a running request's service less the time since it started; past its prediction, the
+  overrun so far, as state.py's ``T_rem``), ``waited_j`` the time
   since it joined the queue;
 - a short request (``own_s <= long_s``): the long requests (``rem_j > long_s``) take at most
   ``long_share`` of the node's time while it is eligible, so they add
@@ -42,7 +43,7 @@ def short_first_wait_s(state: ClusterState, node: str, now: float, own_s: float,
     short_ahead = long_ahead = long_total = 0.0
     for rid in ns.prefill_running:
         r = reqs[rid]
-        rem = max(0.0, r.service_s - (now - r.started_ts))
+        rem = abs(r.service_s - (now - r.started_ts))  # past its prediction: the overrun so far (state.py)
         short_ahead, long_ahead, long_total = _add(rem, rem - aging * (now - r.queued_ts), own_s, long_s,
                                                    short_ahead, long_ahead, long_total)
     for rid in ns.prefill_queue:

@@ -28,9 +28,19 @@ IterationDone(decode)       tokens accepted per request-iteration (``t_acc``) of
 Remaining time of the running batch (``T_rem`` of eq. 7): running prefill requests are taken
 to run one after another from their ``RequestStarted.ts``, each for its predicted service time
 (eq. 1 at the node's model); ``busy_until`` is the predicted end of the last one and
-``T_rem = max(0, busy_until - now)`` where *now* is the ``ts`` of the event being decided.
-A batch that overruns its prediction counts as ending now (``T_rem = 0``), and the node's
-``busy_until`` snaps back to the event time once the last running request has its first token.
+``T_rem = busy_until - now`` where *now* is the ``ts`` of the event being decided. A batch
+that overruns its prediction is still busy: it is expected to run past its predicted end as long
+again as it already has (``T_rem = now - busy_until``, the overrun so far: the median remaining
+time when nothing is known of the error's scale but that it is at least this large). Counting it
+as ending now (the rule before) made a node deep in a prefill its model under-predicted 100x (the
+built-in prior before the first fit: 0.14 s predicted, 13-19 s taken on a CPU engine) look idle,
+and ties broke by timing. The node's ``busy_until`` snaps back to the event time once the last
+running request has its first token.
+
+Before a node's first ``ModelFitted`` its eq. 1 / eq. 2 coefficients are the deployment's
+profile when one is given (``prior_prefill`` / ``prior_decode``: the engines' declared or
+calibrated iteration times, as Dynamo's planner starts from its pre-deployment profiling), else
+the built-in GB300 priors of services/cores/costmodel.py.
 
 A queued request's predicted service is computed from its ``RouteDecided`` (``t_c``, ``t_uc``)
 with the node's current model, so a router in shadow, which only sees the acting router's
@@ -39,7 +49,7 @@ events, predicts the same queue as the router in charge.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import msgspec
 
@@ -137,13 +147,23 @@ class StateSnapshot(msgspec.Struct, kw_only=True):
     requests: list[RequestState]
     unrouted: list[str]
     anomalies: dict[str, int]
+    prior_prefill: list[float] | None = None  # None: PRIOR_PREFILL
+    prior_decode: list[float] | None = None  # None: PRIOR_DECODE
 
 
 class ClusterState:
     """Nodes, roles, queues and running batches. ``apply`` returns the ids of requests the
     event *displaced* (queued on a node that stopped taking their phase), for re-routing."""
 
-    def __init__(self) -> None:
+    def __init__(self, prior_prefill: Sequence[float] | None = None,
+                 prior_decode: Sequence[float] | None = None) -> None:
+        """``prior_prefill`` (``[c0, c1, c2, c3]``) and ``prior_decode`` (``[d0, d1, d2]`` or with
+        ``d3``): every node's model until its first ``ModelFitted`` (module docstring)."""
+        self.prior_prefill = [float(c) for c in prior_prefill] if prior_prefill else None
+        self.prior_decode = [float(c) for c in prior_decode] if prior_decode else None
+        self._prior_p = PrefillModel(*self.prior_prefill) if self.prior_prefill else PRIOR_PREFILL
+        self._prior_d = (DecodeModel.of(self.prior_decode, PRIOR_DECODE.k, PRIOR_DECODE.E) if self.prior_decode
+                         else PRIOR_DECODE)
         self.nodes: dict[str, NodeState] = {}
         self.requests: dict[str, RequestState] = {}
         self.unrouted: list[str] = []  # FIFO of PENDING requests no node could take yet
@@ -165,7 +185,7 @@ class ClusterState:
         m = self._prefill_models.get(node)
         if m is None:
             coef = self.nodes[node].prefill_coef if node in self.nodes else None
-            m = PrefillModel(*coef) if coef else PRIOR_PREFILL
+            m = PrefillModel(*coef) if coef else self._prior_p
             self._prefill_models[node] = m
         return m
 
@@ -173,16 +193,17 @@ class ClusterState:
         m = self._decode_models.get(node)
         if m is None:
             coef = self.nodes[node].decode_coef if node in self.nodes else None
-            m = DecodeModel.of(coef, PRIOR_DECODE.k, PRIOR_DECODE.E) if coef else PRIOR_DECODE
+            m = DecodeModel.of(coef, PRIOR_DECODE.k, PRIOR_DECODE.E) if coef else self._prior_d
             self._decode_models[node] = m
         return m
 
     def remaining_s(self, node: str, now: float) -> float:
-        """``T_rem``: predicted remaining time of the prefill batch running on ``node``."""
+        """``T_rem``: predicted remaining time of the prefill batch running on ``node``; past its
+        predicted end, the overrun so far (module docstring)."""
         ns = self.nodes[node]
         if not ns.prefill_running:
             return 0.0
-        return max(0.0, ns.busy_until - now)
+        return abs(ns.busy_until - now)
 
     def wait_s(self, node: str, now: float) -> float:
         """Expected wait before a request routed now starts prefill: ``T_rem + sum(queue)``."""
@@ -479,11 +500,12 @@ class ClusterState:
             requests=[self.requests[k] for k in sorted(self.requests)],
             unrouted=list(self.unrouted),
             anomalies=dict(sorted(self.anomalies.items())),
+            prior_prefill=self.prior_prefill, prior_decode=self.prior_decode,
         )
 
     @classmethod
     def from_snapshot(cls, snap: StateSnapshot) -> ClusterState:
-        st = cls()
+        st = cls(snap.prior_prefill, snap.prior_decode)
         st.nodes = {n.node: n for n in snap.nodes}
         st.requests = {r.request: r for r in snap.requests}
         st.unrouted = list(snap.unrouted)

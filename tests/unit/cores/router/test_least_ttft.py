@@ -146,7 +146,46 @@ def test_remaining_batch_time_counts_from_request_started():
     assert r.state.remaining_s("p00", now) == pytest.approx(service / 2)
     rd = decisions(feed(r, [s.submit("w", "b", s.blocks(500, 1), now)]))[0]
     assert rd.scores[0].queue_s == pytest.approx(service / 2)
-    assert r.state.remaining_s("p00", 2.0 + 2 * service) == 0.0
+    # past its predicted end the batch is still running: it is expected to overrun as long again
+    # as it already has (state.py), not to end now
+    assert r.state.remaining_s("p00", 2.0 + 2 * service) == pytest.approx(service)
+    assert r.state.remaining_s("p00", 2.0 + 101 * service) == pytest.approx(100 * service)
+    feed(r, s.lifecycle("a", "p00", "d00", 2.0, prefill_s=10.0)[1:2])  # its first token: idle
+    assert r.state.remaining_s("p00", 12.0) == 0.0
+
+
+def test_a_batch_far_past_its_prediction_keeps_new_work_away():
+    """The quiet fidelity run of 6 Dec: the built-in prior predicted 0.14 s for a 3,232-token
+    prefill that took 13-19 s on a CPU engine; at 7.5 s a 588-token request went to that node,
+    because a batch past its prediction counted as ending now and both nodes looked idle (the tie
+    went to the smaller id). Now the node deep in its overrun is the busy one."""
+    r = LeastTtftRouter()
+    feed(r, s.register(2, 1) + [s.branch("b", 0.0), s.branch("c", 0.0)])
+    rd = decisions(feed(r, [s.submit("long", "b", s.blocks(1, 50), 0.0)]))[0]
+    assert rd.prefill_node == "p00"
+    feed(r, s.lifecycle("long", "p00", "d00", 0.0, prefill_s=20.0)[:1])
+    rd = decisions(feed(r, [s.submit("short", "c", s.blocks(2, 9), 7.5)]))[0]
+    sc = {x.node: x.queue_s for x in rd.scores}
+    assert sc["p00"] == pytest.approx(7.5 - PRIOR_PREFILL.request_s(50 * BT, 0)) and sc["p01"] == 0.0
+    assert rd.prefill_node == "p01"
+
+
+def test_the_deployment_profile_seeds_the_models_until_the_first_fit():
+    """Given the profile's coefficients, the router prices a prefill with them from the first
+    request (not the built-in GB300 prior), keeps them through a snapshot, and a ModelFitted
+    replaces them for its node only."""
+    seed = PrefillModel(0.1, 2e-3, 1e-6, 0.0)
+    r = LeastTtftRouter(prior_prefill=seed.coefficients, prior_decode=[0.05, 0.0, 0.025, 1.8e-5])
+    feed(r, s.register(2, 1) + [s.branch("b", 0.0)])
+    rd = decisions(feed(r, [s.submit("a", "b", s.blocks(1, 10), 1.0)]))[0]
+    assert {x.node: x.score for x in rd.scores}["p00"] == pytest.approx(seed.request_s(10 * BT, 0))
+    assert r.state.decode_model("d00").d3 == 1.8e-5
+    back = LeastTtftRouter.from_snapshot(r.snapshot())
+    assert back.state.prefill_model("p01") == seed and back.priors == r.priors
+    slow = PrefillModel(0.5, 1e-3, 0.0, 0.0)
+    feed(r, [ModelFitted(ts=2.0, node="p00", phase="prefill", coefficients=slow.coefficients)])
+    assert r.state.prefill_model("p00") == slow and r.state.prefill_model("p01") == seed
+    assert LeastTtftRouter().state.prefill_model("p00") == PRIOR_PREFILL  # no profile: the built-in prior
 
 
 def test_decode_goes_to_least_predicted_load_ties_on_id():
