@@ -487,7 +487,7 @@ class ClusterState:
                 r.service_s = model.request_s(r.t_uc, r.t_c, 0, ns.token_budget)
                 total += r.service_s
             ns.queue_s = total
-        elif ev.phase == "decode" and len(ev.coefficients) == 3:
+        elif ev.phase == "decode" and len(ev.coefficients) in (3, 4):  # [d0, d1, d2] or with d3 (sum_ctx)
             ns.decode_coef = [float(c) for c in ev.coefficients]
             self._decode_models.pop(ev.node, None)
         else:

@@ -211,3 +211,16 @@ def test_collocated_node_serves_both_phases_of_a_request():
     feed(r, s.register(0, 0, collocated=2) + [s.branch("b", 0.0)])
     out = decisions(feed(r, [s.submit(f"r{i}", "b", s.blocks(100 * i, 2), 1.0) for i in range(3)]))
     assert [(d.prefill_node, d.decode_node) for d in out] == [("c00", "c00"), ("c01", "c01"), ("c00", "c00")]
+
+
+def test_a_decode_fit_with_the_context_term_is_taken():
+    """The planner's decode ModelFitted carries [d0, d1, d2, d3] since eq. 2 got its context term;
+    the router took only three coefficients and counted every such fit as ``bad_model``, so its
+    decode model stayed the prior for the whole run. Both forms are taken now."""
+    r = LeastTtftRouter()
+    feed(r, s.register(1, 2))
+    feed(r, [ModelFitted(ts=1.0, node="d00", phase="decode", coefficients=[0.07, 0.0, 0.013, 2.8e-5]),
+             ModelFitted(ts=1.0, node="d01", phase="decode", coefficients=[0.05, 0.0, 0.02])])
+    assert r.state.decode_model("d00").coefficients == [0.07, 0.0, 0.013, 2.8e-5]
+    assert r.state.decode_model("d01").coefficients == [0.05, 0.0, 0.02, 0.0]
+    assert "bad_model" not in r.anomalies
