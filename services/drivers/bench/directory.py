@@ -277,17 +277,51 @@ def _sglang_input(steps, path: Path) -> None:
     np.savez(path, ids=ids, offsets=offsets)
 
 
-def _fold_sglang(python: str, path: Path) -> tuple[float, float]:
-    """SGLang's RadixCache (match + insert per request) under its own interpreter: (wall s, CPU s)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SGLANG_CPU_TOOLS),
-                                                                      os.environ.get("PYTHONPATH", "")]))}
-    proc = subprocess.run([python, str(Path(__file__).with_name("sglang_radix.py")), str(path)],
-                          capture_output=True, text=True, env=env, check=False)
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"SGLang radix baseline failed under {python}: {tail}")
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    return out["wall_s"], out["cpu_s"]
+class _SglangRounds:
+    """SGLang's RadixCache (match + insert per request) under its own interpreter, one process
+    for the whole bench (:mod:`services.drivers.bench.sglang_radix`): it loads the requests once,
+    then :meth:`round` folds them into a fresh tree and returns ``(wall s, CPU s)``, so the bench
+    can alternate it with its own rounds."""
+
+    def __init__(self, python: str, path: Path) -> None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SGLANG_CPU_TOOLS),
+                                                                          os.environ.get("PYTHONPATH", "")]))}
+        self.python = python
+        self.proc = subprocess.Popen([python, str(Path(__file__).with_name("sglang_radix.py")), str(path)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env=env)
+        self._read()  # {"ready": true}: the input is loaded
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            tail = (self.proc.stderr.read().strip().splitlines() or ["no output"])[-1]
+            raise RuntimeError(f"SGLang radix baseline failed under {self.python}: {tail}")
+        return json.loads(line)
+
+    def round(self) -> tuple[float, float]:
+        self.proc.stdin.write("run\n")
+        self.proc.stdin.flush()
+        out = self._read()
+        return out["wall_s"], out["cpu_s"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()  # EOF: the child leaves its loop
+                self.proc.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        for f in (self.proc.stdout, self.proc.stderr):
+            f.close()
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
 def run(trace_dir: Path = DEFAULT_TRACES, min_requests: int = 3000, min_blocks: int = 5_000_000,
@@ -295,12 +329,15 @@ def run(trace_dir: Path = DEFAULT_TRACES, min_requests: int = 3000, min_blocks: 
     load_before = os.getloadavg()[0]  # the figures depend on it on a shared machine: printed beside them
     w = load_workload(trace_dir, min_requests, min_blocks)
     setup, steps = build_stream(w)
-    tmp = None
+    tmp = sgl = None
     if sglang_python:
         tmp = tempfile.TemporaryDirectory(prefix="bench-directory-")
         sgl_input = Path(tmp.name) / "requests.npz"
         _sglang_input(steps, sgl_input)
+        sgl = _SglangRounds(sglang_python, sgl_input)
     best_sgl = cpu_sgl = float("inf")
+    sgl_cpus: list[float] = []
+    sgl_ratios: list[float] = []
     # the bench holds the whole stream (~60 k events, millions of ints) in memory; a live
     # consumer does not. Freeze it out of the cyclic GC so collections do not scan it inside
     # the timed folds and lookups (both the directory and the baselines benefit alike).
@@ -309,25 +346,37 @@ def run(trace_dir: Path = DEFAULT_TRACES, min_requests: int = 3000, min_blocks: 
     n_blocks = w.n_blocks
     best_dir = best_bare = best_missing = float("inf")
     cpu_dir = cpu_bare = float("inf")
-    ratios, cpu_ratios = [], []
+    ratios, cpu_ratios, dir_cpus = [], [], []
     d = None
-    for _ in range(repeats):  # alternate; keep the best of each and the median paired ratio
-        gc.collect()
-        d, t_dir, c_dir = _fold_directory(setup, steps)
-        gc.collect()
-        _, t_bare, c_bare = _fold_bare(steps)
-        gc.collect()
-        _, t_missing, _ = _fold_bare(steps, insert_all=False)
-        best_dir, best_bare = min(best_dir, t_dir), min(best_bare, t_bare)
-        cpu_dir, cpu_bare = min(cpu_dir, c_dir), min(cpu_bare, c_bare)
-        best_missing = min(best_missing, t_missing)
-        ratios.append(t_bare / t_dir)
-        cpu_ratios.append(c_bare / c_dir)
-        if sglang_python:
-            t_sgl, c_sgl = _fold_sglang(sglang_python, sgl_input)
-            best_sgl, cpu_sgl = min(best_sgl, t_sgl), min(cpu_sgl, c_sgl)
-    if tmp is not None:
-        tmp.cleanup()
+    try:
+        for i in range(repeats):  # alternate; keep the best of each and the median paired ratio
+            c_sgl = None
+            if sgl is not None and i % 2:  # SGLang first in odd rounds: a drift within a round cancels
+                t_sgl, c_sgl = sgl.round()
+            d = None  # the previous round's directory is dropped before the collection, as SGLang's tree
+            gc.collect()
+            d, t_dir, c_dir = _fold_directory(setup, steps)
+            gc.collect()
+            _, t_bare, c_bare = _fold_bare(steps)
+            gc.collect()
+            _, t_missing, _ = _fold_bare(steps, insert_all=False)
+            if sgl is not None and c_sgl is None:
+                t_sgl, c_sgl = sgl.round()
+            best_dir, best_bare = min(best_dir, t_dir), min(best_bare, t_bare)
+            cpu_dir, cpu_bare = min(cpu_dir, c_dir), min(cpu_bare, c_bare)
+            best_missing = min(best_missing, t_missing)
+            ratios.append(t_bare / t_dir)
+            cpu_ratios.append(c_bare / c_dir)
+            dir_cpus.append(c_dir)
+            if sgl is not None:
+                best_sgl, cpu_sgl = min(best_sgl, t_sgl), min(cpu_sgl, c_sgl)
+                sgl_cpus.append(c_sgl)
+                sgl_ratios.append(c_sgl / c_dir)
+    finally:
+        if sgl is not None:
+            sgl.close()
+        if tmp is not None:
+            tmp.cleanup()
     lat = _lookup_latency(d, steps)
     gc.unfreeze()
     dir_bytes, bare_bytes, copies, unique = _memory(setup, steps)
@@ -357,6 +406,13 @@ def run(trace_dir: Path = DEFAULT_TRACES, min_requests: int = 3000, min_blocks: 
         "anomalies": d.anomalies() if d else {},
         "sglang_radix_blocks_per_s": n_blocks / best_sgl if sglang_python else None,
         "sglang_radix_blocks_per_cpu_s": n_blocks / cpu_sgl if sglang_python else None,
+        # x SGLang per round (SGLang CPU s / directory CPU s of the same round) and its median:
+        # the figure the >= 2x target reads; the best-of rates above can come from different rounds
+        "sglang_ratio_cpu_per_round": [round(x, 3) for x in sgl_ratios] if sglang_python else None,
+        "sglang_ratio_cpu_median_paired": _median(sgl_ratios) if sglang_python else None,
+        "sglang_ratio_cpu_best_of": cpu_sgl / cpu_dir if sglang_python else None,
+        "directory_blocks_per_cpu_s_median": n_blocks / _median(dir_cpus),
+        "sglang_radix_blocks_per_cpu_s_median": n_blocks / _median(sgl_cpus) if sglang_python else None,
         "repeats": repeats,
         "cpus": os.cpu_count(),
         "loadavg_1m_before": round(load_before, 2),
@@ -379,7 +435,10 @@ def format_report(r: dict) -> str:
         sgl = (f"{'  vs SGLang RadixCache match+insert':40}{'':12}{r['sglang_radix_blocks_per_s'] / 1e6:12.2f}"
                f"{r['directory_blocks_per_s'] / r['sglang_radix_blocks_per_s']:8.2f}"
                f"   (CPU: {r['sglang_radix_blocks_per_cpu_s'] / 1e6:.2f} M/s, directory x"
-               f"{r['directory_blocks_per_cpu_s'] / r['sglang_radix_blocks_per_cpu_s']:.2f})")
+               f"{r['directory_blocks_per_cpu_s'] / r['sglang_radix_blocks_per_cpu_s']:.2f})\n"
+               f"{'  x SGLang per round, CPU time':40}{'':12}{'':12}{r['sglang_ratio_cpu_median_paired']:8.2f}"
+               f"   (median of {r['repeats']} alternating rounds: "
+               f"{', '.join(f'{x:.2f}' for x in r['sglang_ratio_cpu_per_round'])})")
     missing = (f"{'  vs bare dict inserting missing only':40}{'':12}"
                f"{r['bare_dict_missing_only_blocks_per_s'] / 1e6:12.2f}{r['ratio_missing_only']:8.2f}")
     latency = (f"{'lookup 1,000 blocks p50 / p99 [ms]':40}{r['lookup_1000_p50_ms']:6.3f} / "
