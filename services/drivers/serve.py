@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import signal
 import sys
@@ -320,6 +321,22 @@ async def _connect_until_stopped(opts: ServiceOptions, stop: asyncio.Event, dead
                          "pass it with --nats-url or EI_NATS_URL)")
 
 
+async def freeze_gc_when_ready(runners: list[ServiceRunner]) -> None:
+    """Once the service's runner has folded the backlog it found at start, move every object
+    alive then (modules, the restored core) out of the cyclic GC's reach (``gc.freeze()``), as
+    vLLM does after its start-up and SGLang's ``freeze_gc`` after warm-up: the later
+    collections scan only what the fold allocates since, not the whole process. Without it the
+    router's generation-1 collections took 1.5-2 ms of CPU each (16 in 10 s at 100 req/s),
+    each one on a route decision's path. Only the service process does this (``evolving
+    serve``), never a process that hosts services beside other work (the tests)."""
+    while not runners:
+        await asyncio.sleep(0.05)
+    await runners[0].ready.wait()
+    gc.collect()
+    gc.freeze()
+    log.info("gc_frozen", service=runners[0].cfg.name, objects=gc.get_freeze_count())
+
+
 async def serve_async(opts: ServiceOptions) -> int:
     """Run the service until SIGTERM/SIGINT. Its start (connect, stream setup, snapshot read,
     consumer creation, the replay up to ready) is tried again, on a fresh connection, while it
@@ -345,7 +362,11 @@ async def serve_async(opts: ServiceOptions) -> int:
             if SERVICES[kind].records:
                 await run_recorder_service(opts, bus, stop)
             else:
-                await run_core_service(kind, opts, bus, stop, runners=runners)
+                freezer = asyncio.create_task(freeze_gc_when_ready(runners), name=f"{kind}-gc-freeze")
+                try:
+                    await run_core_service(kind, opts, bus, stop, runners=runners)
+                finally:
+                    freezer.cancel()
             return 0
         except (CredentialsError, BusUnreachable) as exc:
             print(f"evolving serve {kind}: {exc}", file=sys.stderr)
