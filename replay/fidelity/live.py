@@ -16,15 +16,26 @@ eviction           ``--engine-arg=--eviction=lru|count_aware``
 KV pool            ``--engine-arg=--fetch-mode=async|at_start|none``
 =================  ===============================================================
 
+**One engine, its own cores.** The simulator's nodes are separate GPUs: one node's iteration
+never slows another's. Torch on the CPU takes every core for each engine by default, so two
+engines on one box share them, and an iteration took 1.4-1.9x as long while the other engine
+computed as when it ran alone (the quiet run of 6 Dec: the calibration's prefill iterations all
+overlapped the other engine's and fitted eq. 1 at 1.4-1.5x what the split stacks' first chunks
+took with their decode engine still idle, hence their simulated P95 TTFT +38-43%). The engines
+of a fidelity run therefore get ``OMP_NUM_THREADS`` = cores / engines each (:func:`engine_env`),
+as ``evolving up --engines vllm`` gives its servers.
+
 Not a pure module: it starts processes and reads the clock.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +56,29 @@ class LiveRun:
     report: DriveReport
     ready_s: float  # up's start to every engine registered and the gateway answering
     drive_s: float
+
+
+def engine_env(engines: int, cpus: int | None = None) -> dict[str, str]:
+    """The environment each torch engine of a run gets: ``cpus`` (this machine's) split evenly,
+    at least one thread each (module docstring)."""
+    n = max(1, (cpus if cpus is not None else os.cpu_count() or 1) // max(1, engines))
+    return {"OMP_NUM_THREADS": str(n)}
+
+
+@contextlib.contextmanager
+def _environ(extra: dict[str, str]) -> Iterator[None]:
+    """``extra`` set in this process's environment while ``up`` is started (its children inherit
+    it), the previous values back after."""
+    before = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _kv(kwargs: dict[str, Any], skip: Sequence[str]) -> list[str]:
@@ -82,7 +116,8 @@ async def run_live(stack: Stack, conf: dict[str, Any], sessions: Sequence[Sessio
                  start_timeout_s=start_timeout_s)
     t0 = time.monotonic()
     try:
-        await up.start()
+        with _environ(engine_env(engines)):
+            await up.start()
         ready_s = time.monotonic() - t0
         cfg = DriveConfig(gateway=up.gateway, concurrency=concurrency, model="evolving",
                           timeout_s=request_timeout_s, run_id=f"fid-{stack.name}-", wait_s=30.0, token_ids=vocab)

@@ -45,7 +45,7 @@ from replay.fidelity.compare import (
     same_ranking,
     sim_warmup_s,
 )
-from replay.fidelity.live import LiveRun, run_live
+from replay.fidelity.live import LiveRun, engine_env, run_live
 from replay.fidelity.requests import format_split, request_times, split_ratios
 from replay.fidelity.workload import Scaling, prefill_sweep, scaled_sessions, workload_figures
 from replay.sim.simlog import SimLog
@@ -152,7 +152,10 @@ class Fidelity:
         self.scaling = scaling_of(spec)
         order = (f"prefill queue order {LIVE_PREFILL_ORDER} on both sides: the torch engines' "
                  "(a stack's simulated short_first is not in the live engines)")
-        self.notes: list[str] = [order]
+        threads = engine_env(spec.engines)["OMP_NUM_THREADS"]
+        cores = (f"torch engines with OMP_NUM_THREADS={threads} each (the cores split between them, as the "
+                 "simulated nodes are separate GPUs that never slow each other)")
+        self.notes: list[str] = [order, cores]
 
     def sessions(self):
         from replay.traces.importers.spec import load_workload  # lazy: evolving --help (the importers)
