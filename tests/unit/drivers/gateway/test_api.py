@@ -219,3 +219,38 @@ def test_sampling_fields_for_the_event():
     with pytest.raises(ApiError) as ei:
         sampling_fields(req)
     assert ei.value.param == "stop"
+
+
+_ids = st.lists(st.one_of(st.integers(0, 60_000), st.sampled_from([0, 2**31 - 1, 2**31, 2**32, -1, 2**63])),
+                max_size=6)
+_prompts = st.one_of(_ids, st.lists(st.one_of(st.integers(0, 9), st.booleans(), st.text(max_size=2),
+                                              st.floats(0, 1), st.none()), max_size=3))
+_fields = st.dictionaries(st.sampled_from(["max_tokens", "stream", "n", "stream_options", "echo", "unknown_x",
+                                           "temperature", "model"]),
+                          st.one_of(st.integers(-1, 3), st.booleans(), st.none(), st.text(max_size=3),
+                                    st.just({"include_usage": True, "newer": 1})), max_size=4)
+
+
+@_SETTINGS
+@given(_prompts, _fields)
+def test_a_token_id_prompt_parses_as_the_general_path_does(prompt, fields):
+    """parse_completion's token-id path (typed decode, range check in C) gives the request, the
+    ignored names and the 400 (status, param, code, message) of the general path on any body."""
+    from services.drivers.gateway.api import parse_completion_general
+
+    raw = json.dumps({"prompt": prompt, **fields}).encode()
+
+    def run(fn):
+        ignored: list[str] = []
+        try:
+            return fn(raw, ignored), ignored
+        except ApiError as e:
+            return (e.status, e.param, e.code, e.message), ignored
+
+    assert run(parse_completion) == run(parse_completion_general)
+
+
+def test_token_ids_at_the_edges_of_the_range():
+    assert parse_completion(b'{"prompt": [0, 2147483647]}').prompt == [0, 2147483647]
+    for bad in (b"[2147483648]", b"[4294967296]", b"[-1]", b"[1, true]", b"[1.0]"):
+        assert err(parse_completion, b'{"prompt": ' + bad + b"}").param in ("prompt[0]", "prompt[1]")
