@@ -474,7 +474,7 @@ class _NatsConsumer:
 
     def __init__(self, bus: NatsBus, durable: str | None, start_seq: int | None, subjects: str,
                  batch_acks: int, batch: int = 2048, expires_s: float = 5.0,
-                 ack_delay_s: float = 0.1) -> None:
+                 ack_delay_s: float = 1.0) -> None:
         self.bus, self.durable, self.start_seq, self.subjects = bus, durable, start_seq, subjects
         self.name = durable or "ephemeral"
         self.batch_acks, self.batch = batch_acks, batch
@@ -483,7 +483,13 @@ class _NatsConsumer:
         #: being handed messages until its pull request expires, so ephemerals ask for short ones
         self.expires_s = expires_s if durable else min(expires_s, EPHEMERAL_EXPIRES_S)
         #: an idle consumer sends its pending ack this long after the oldest unsent one, not at
-        #: every wake-up: one socket write per wake-up was most of the router's CPU per request
+        #: every wake-up: one socket write per wake-up was most of the router's CPU per request.
+        #: 1 s, not 0.1: every ack that moves a durable's floor is a consumer-state file write in
+        #: nats-server (o.dat, written again and renamed, at most 10 a second per durable), and
+        #: an idle stack's heartbeats and ticks arrive ~5 a second: at 0.1 s each idle event cost
+        #: each durable an ack, a Python wake-up and a file write (34% of nats-server's idle
+        #: samples in perf, docs/experiments.md "Against the real Dynamo"). A crash redelivers that last
+        #: second of events, which every reader skips by sequence; an orderly close confirms it.
         self.ack_delay_s = ack_delay_s
         self._ack_due: float | None = None  # loop time the pending ack is due (None: nothing pending)
         self._consumer: str | None = None
