@@ -410,6 +410,8 @@ def run(trace_dir: Path = DEFAULT_TRACES, min_requests: int = 3000, min_blocks: 
         # the figure the >= 2x target reads; the best-of rates above can come from different rounds
         "sglang_ratio_cpu_per_round": [round(x, 3) for x in sgl_ratios] if sglang_python else None,
         "sglang_ratio_cpu_median_paired": _median(sgl_ratios) if sglang_python else None,
+        "directory_cpu_s_per_round": [round(x, 3) for x in dir_cpus],
+        "sglang_cpu_s_per_round": [round(x, 3) for x in sgl_cpus] if sglang_python else None,
         "sglang_ratio_cpu_best_of": cpu_sgl / cpu_dir if sglang_python else None,
         "directory_blocks_per_cpu_s_median": n_blocks / _median(dir_cpus),
         "sglang_radix_blocks_per_cpu_s_median": n_blocks / _median(sgl_cpus) if sglang_python else None,
