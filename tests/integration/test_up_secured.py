@@ -167,6 +167,23 @@ def test_up_runs_every_child_on_its_own_account_and_refuses_forgery(stack):
     assert json.loads(sql.stdout.splitlines()[0])["n"] >= 1  # JSON lines
 
 
+def test_up_without_a_status_line_reads_no_stream(stack):
+    """``--no-status``: ``up`` folds no event (its status fold read every event of the partition,
+    heartbeats included, for a line nobody sees). The bus's consumers are the services' durables,
+    the engines' and the gateway's readers, and none of ``up``'s (admin) account."""
+    urls = stack["urls"]
+    deadline = time.monotonic() + 20
+    while True:
+        with urllib.request.urlopen(f"{urls['gateway']}/health", timeout=3) as r:
+            names = set(json.loads(r.read())["consumers"])
+        engines = {n for n in names if n.startswith("engine-n")}
+        if len(engines) >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert {"recorder", "directory", "planner", "router"} <= names and len(engines) >= 2, names
+    assert not [n for n in names if n.startswith("admin-")], names
+
+
 async def _tail(bus: NatsBus, after: int):
     head = await bus.last_seq()
     if head <= after:

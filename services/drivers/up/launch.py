@@ -323,7 +323,8 @@ class Up:
             if self.failure is None:
                 await self._wait_metrics()  # the engines' too (their server starts before they register)
                 self.say("started", **start_fields(self.urls))
-                watch = asyncio.create_task(self._watch_stream(bus))
+                # the status line's fold reads every event of the partition: only for a status shown
+                watch = asyncio.create_task(self._watch_stream(bus) if self._shows_status() else asyncio.sleep(0))
                 ready = asyncio.create_task(self._write_ready(bus))
                 try:
                     await self._supervise()
@@ -487,6 +488,13 @@ class Up:
             tmp.write_text(json.dumps({**self.urls, "pids": pids}, indent=2))
             tmp.replace(self.spec.ready_file)
 
+    def _shows_status(self) -> bool:
+        """Whether ``up`` draws its live status (a terminal, no ``--no-status``). Without it the
+        stream is not read: the status fold was a consumer of every event of the partition,
+        heartbeats and ticks included, for nothing (issue 46: ``up``'s 3 ms of CPU a second
+        idle and ~4 ms per request of the live bench, docs/experiments.md)."""
+        return not self.spec.no_status and sys.stderr.isatty()
+
     async def _watch_stream(self, bus) -> None:
         """Fold the stream into the status line; after a bus failure, resume where it stopped."""
         while True:
@@ -503,7 +511,7 @@ class Up:
     async def _supervise(self) -> None:
         deadline = time.monotonic() + self.spec.run_seconds if self.spec.run_seconds > 0 else None
         live = None
-        if not self.spec.no_status and sys.stderr.isatty():
+        if self._shows_status():
             live = Live(self._render(), refresh_per_second=4, transient=False)
             live.start()
             self._console = live.console
