@@ -18,10 +18,11 @@ KV pool            ``--engine-arg=--fetch-mode=async|at_start|none``
 
 **One engine, its own cores.** The simulator's nodes are separate GPUs: one node's iteration
 never slows another's. Torch on the CPU takes every core for each engine by default, so two
-engines on one box share them, and an iteration took 1.4-1.9x as long while the other engine
-computed as when it ran alone (the quiet run of 6 Dec: the calibration's prefill iterations all
-overlapped the other engine's and fitted eq. 1 at 1.4-1.5x what the split stacks' first chunks
-took with their decode engine still idle, hence their simulated P95 TTFT +38-43%). The engines
+engines on one box share them, and an iteration took 1.35-1.55x as long while the other engine
+computed as when it ran alone (the quiet run of 6 Dec: 7 of the calibration's 8 long prefill
+iterations overlapped the other engine's and fitted eq. 1 at 1.4-1.5x what the split stacks'
+first chunks took with their decode engine still idle, hence their simulated P95 TTFT +38-43%;
+docs/simulator.md section 9). The engines
 of a fidelity run therefore get ``OMP_NUM_THREADS`` = cores / engines each (:func:`engine_env`),
 as ``evolving up --engines vllm`` gives its servers.
 

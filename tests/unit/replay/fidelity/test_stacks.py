@@ -31,7 +31,7 @@ def test_the_simulated_evolving_stack_alone_is_short_first():
 
 def test_each_engine_gets_its_share_of_the_cores_and_the_environment_is_restored(monkeypatch):
     """Two torch engines on two cores get one thread each (the simulator's nodes never share a
-    GPU; sharing cores made an iteration 1.4-1.9x slower while the other engine computed), and
+    GPU; sharing cores made an iteration 1.35-1.55x slower while the other engine computed), and
     the setting is only in force while up starts."""
     import os
 
