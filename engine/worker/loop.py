@@ -279,6 +279,10 @@ class EngineWorker(StreamFolding, Publishing):
         log.info("worker_stopped", node=self.node_id, reason=reason)
 
 
+#: with no run to pace, the progress loop wakes at least this often even if no schedule came
+#: (a safety net only: a run starts in a callback that schedules its end). Not ``interval_s``
+#: (0.2 s): five idle wake-ups a second, each a ``wait_for`` task, on each engine
+IDLE_WAKE_S = 1.0
 #: the shortest wait between two ``progress()`` calls: a sim run at a large time scale has
 #: iterations of microseconds of wall time; past 500 calls a second they are batched into chunks
 MIN_PROGRESS_S = 0.002
@@ -290,7 +294,7 @@ def progress_wait_s(backend, interval_s: float) -> float | None:
     (``next_progress_s()``, the sim engine's: one chunk per iteration), never under
     :data:`MIN_PROGRESS_S`. ``None``: the backend paces its output and has no run now, so the
     loop waits for the host's next ``schedule`` (a run starts in a callback that schedules its
-    end) for at most ``interval_s``, instead of asking again every few ms (polling at 50 Hz cost
+    end) for at most :data:`IDLE_WAKE_S`, instead of asking again every few ms (polling at 50 Hz cost
     each idle engine several ms of CPU a second)."""
     nxt = getattr(backend, "next_progress_s", None)  # optional: only backends that pace their output
     if nxt is None:
@@ -304,13 +308,13 @@ def progress_wait_s(backend, interval_s: float) -> float | None:
 async def progress_loop(backend, host: WallClockHost, interval_s: float) -> None:
     """The worker's token pacing, for its whole life: ``backend.progress()`` after each wait of
     :func:`progress_wait_s`; with no run to pace, until the host schedules something (a run
-    starts in a callback that schedules its end) or ``interval_s`` has passed."""
+    starts in a callback that schedules its end) or :data:`IDLE_WAKE_S` has passed."""
     while True:
         wait = progress_wait_s(backend, interval_s)
         if wait is None:
             host.scheduled.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(host.scheduled.wait(), interval_s)
+                await asyncio.wait_for(host.scheduled.wait(), max(interval_s, IDLE_WAKE_S))
         else:
             await asyncio.sleep(wait)
         host.catch_up()

@@ -97,3 +97,25 @@ async def test_an_idle_loop_sleeps_until_the_host_schedules():
         assert Counting.calls == 1 and asyncio.get_running_loop().time() - t0 < 1.0
     finally:
         loop.cancel()
+
+
+async def test_an_idle_loop_wakes_once_a_second_not_at_the_token_interval():
+    """With no run and no schedule the loop's safety wake-up comes every ``IDLE_WAKE_S`` (1 s),
+    not every ``--token-interval-s`` (0.2 s: five idle wake-ups a second per engine)."""
+    h = Harness(1.0)
+
+    class Counting:
+        calls = 0
+
+        def next_progress_s(self):
+            return None
+
+        def progress(self):
+            Counting.calls += 1
+
+    loop = asyncio.create_task(progress_loop(Counting(), h.host, 0.2))
+    try:
+        await asyncio.sleep(1.5)
+        assert 1 <= Counting.calls <= 2, Counting.calls  # 0.2 s: 7
+    finally:
+        loop.cancel()
