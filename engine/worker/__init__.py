@@ -23,7 +23,9 @@ the order of a request's life on this node)
    prompt bucket first, off the event loop: ``prompts``, docs/engines.md "Prompts"); a
    reroute away from this node takes the queued job off; ``SwitchRole`` on
    ``ei.<p>.cmd.<node>`` drains and switches (``backend.order_switch``; the backend
-   acknowledges with ``RoleSwitched``).
+   acknowledges with ``RoleSwitched``); a ``KvStageOrdered`` naming this node (a ``+prestage``
+   router) goes to ``backend.stage_in``, which pulls the finished turn's KV into the node's host
+   tier and reports ``KvMoved`` (the torch backend; any other logs that it does not stage).
 3. Prefill -> decode across processes: the sim node hands the KV to its decode node in
    process (``NodeHost.peer(...).kv_arrived``). Here a remote peer is a proxy whose
    ``kv_arrived`` does nothing; the *decode* worker instead watches the stream for the
