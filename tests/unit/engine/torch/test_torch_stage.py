@@ -94,3 +94,22 @@ async def test_orders_that_cannot_be_carried_out_are_logged_and_skipped(ckpt):
         assert next(e for e in c.of("RequestStarted", "r2") if e.phase == "prefill").cached_tokens == 128
     finally:
         await c.stop()
+
+
+async def test_no_room_in_the_host_tier_moves_nothing_and_keeps_what_is_there(ckpt):
+    c = await Cluster(ckpt, {"p": "prefill", "d": "decode", "q": "prefill"}, l2_blocks=4).start()
+    try:
+        p1 = prompt(34, 150)
+        await (c.submit("p", "r1", p1, 60, decode="d", ignore_eos=True) and c.finished("r1"))
+        p0 = prompt(35, 260)
+        await (c.submit("q", "r0", p0, 2, ignore_eos=True) and c.finished("r0"))
+        q = c.nodes["q"]
+        mine = block_hashes(p0)
+        assert [b for b in mine if b in q.kv.slot["L2"]] == mine  # q's host tier is full
+        q.kv.pool.pin(("busy", 0), mine)  # ... and in use: nothing may be evicted for the order
+        assert q.stage_in(order("r1", "d", "q"))
+        await until(lambda: "r1" in q._staged)
+        assert not [e for e in c.of("KvMoved") if e.dst_node == "q"]
+        assert [b for b in mine if b in q.kv.slot["L2"]] == mine and q.counters["staged_blocks"] == 0
+    finally:
+        await c.stop()
