@@ -241,7 +241,9 @@ class DirectoryCore:
             r = b.last_req if b is not None else None
             if r is not None and r.slots is not None and r.slots[1] == self._t.gen:
                 k = len(r.blocks)
-                if k <= len(blocks) and blocks[:k] == r.blocks:
+                # compiled compare in place: the slice ``blocks[:k]`` copied up to thousands of
+                # references per lookup (4.5% of bench directory's fold in py-spy)
+                if k <= len(blocks) and common_prefix(r.blocks, blocks) == k:
                     prefix, verified = r.slots[0], r.blocks
         pool, held, slots = self._t.scan(blocks, prefix)
         self._scanned = (blocks, slots, self._t.gen, verified)
