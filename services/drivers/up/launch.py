@@ -491,8 +491,8 @@ class Up:
     def _shows_status(self) -> bool:
         """Whether ``up`` draws its live status (a terminal, no ``--no-status``). Without it the
         stream is not read: the status fold was a consumer of every event of the partition,
-        heartbeats and ticks included, for nothing (issue 46: ``up``'s 3 ms of CPU a second
-        idle and ~4 ms per request of the live bench, docs/experiments.md)."""
+        heartbeats and ticks included, for nothing (``up``'s 3 ms of CPU a second idle and ~4 ms
+        per request of the live bench: docs/experiments.md, "Against the real Dynamo")."""
         return not self.spec.no_status and sys.stderr.isatty()
 
     async def _watch_stream(self, bus) -> None:
