@@ -23,8 +23,9 @@ computed as when it ran alone (the quiet run of 6 Dec: 7 of the calibration's 8 
 iterations overlapped the other engine's and fitted eq. 1 at 1.4-1.5x what the split stacks'
 first chunks took with their decode engine still idle, hence their simulated P95 TTFT +38-43%;
 docs/simulator.md section 9). The engines
-of a fidelity run therefore get ``OMP_NUM_THREADS`` = cores / engines each (:func:`engine_env`),
-as ``evolving up --engines vllm`` gives its servers.
+of a fidelity run therefore get ``OMP_NUM_THREADS`` = cores / engines each: ``evolving up`` gives
+every torch engine its share (services/drivers/up/launch.py ``torch_engine_env``), as it gives
+its vLLM servers.
 
 Not a pure module: it starts processes and reads the clock.
 """
@@ -32,11 +33,9 @@ Not a pure module: it starts processes and reads the clock.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,29 +56,6 @@ class LiveRun:
     report: DriveReport
     ready_s: float  # up's start to every engine registered and the gateway answering
     drive_s: float
-
-
-def engine_env(engines: int, cpus: int | None = None) -> dict[str, str]:
-    """The environment each torch engine of a run gets: ``cpus`` (this machine's) split evenly,
-    at least one thread each (module docstring)."""
-    n = max(1, (cpus if cpus is not None else os.cpu_count() or 1) // max(1, engines))
-    return {"OMP_NUM_THREADS": str(n)}
-
-
-@contextlib.contextmanager
-def _environ(extra: dict[str, str]) -> Iterator[None]:
-    """``extra`` set in this process's environment while ``up`` is started (its children inherit
-    it), the previous values back after."""
-    before = {k: os.environ.get(k) for k in extra}
-    os.environ.update(extra)
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _kv(kwargs: dict[str, Any], skip: Sequence[str]) -> list[str]:
@@ -117,8 +93,7 @@ async def run_live(stack: Stack, conf: dict[str, Any], sessions: Sequence[Sessio
                  start_timeout_s=start_timeout_s)
     t0 = time.monotonic()
     try:
-        with _environ(engine_env(engines)):
-            await up.start()
+        await up.start()
         ready_s = time.monotonic() - t0
         cfg = DriveConfig(gateway=up.gateway, concurrency=concurrency, model="evolving",
                           timeout_s=request_timeout_s, run_id=f"fid-{stack.name}-", wait_s=30.0, token_ids=vocab)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import sys
 import tempfile
@@ -45,7 +46,7 @@ from replay.fidelity.compare import (
     same_ranking,
     sim_warmup_s,
 )
-from replay.fidelity.live import LiveRun, engine_env, run_live
+from replay.fidelity.live import LiveRun, run_live
 from replay.fidelity.requests import format_split, request_times, split_ratios
 from replay.fidelity.workload import Scaling, prefill_sweep, scaled_sessions, workload_figures
 from replay.sim.simlog import SimLog
@@ -53,6 +54,7 @@ from replay.sim.simulation import SimConfig
 from replay.sim.stacks import get_stack
 from services.adapters.eventlog import DuckDbEventLog
 from services.drivers.gateway.drive import DriveReport
+from services.drivers.up.launch import torch_engine_env
 
 #: the torch run's planner keywords (services/drivers/up/models.py TORCH_PLANNER_DEFAULTS), given
 #: to both sides explicitly so the simulated planner is configured as the live one
@@ -152,7 +154,7 @@ class Fidelity:
         self.scaling = scaling_of(spec)
         order = (f"prefill queue order {LIVE_PREFILL_ORDER} on both sides: the torch engines' "
                  "(a stack's simulated short_first is not in the live engines)")
-        threads = engine_env(spec.engines)["OMP_NUM_THREADS"]
+        threads = (torch_engine_env(spec.engines) or os.environ)["OMP_NUM_THREADS"]
         cores = (f"torch engines with OMP_NUM_THREADS={threads} each (the cores split between them, as the "
                  "simulated nodes are separate GPUs that never slow each other)")
         self.notes: list[str] = [order, cores]

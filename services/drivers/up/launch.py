@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import os
 import signal
 import sys
 import time
@@ -174,6 +175,18 @@ def account_specs(spec: UpSpec) -> list[ServiceSpec]:
     return specs
 
 
+def torch_engine_env(engines: int, cpus: int | None = None) -> dict[str, str] | None:
+    """What each of ``engines`` torch engines of one ``up`` gets: ``OMP_NUM_THREADS`` = this
+    machine's cores / engines (at least 1), as ``up`` gives its vLLM servers. Torch takes every
+    core for each engine otherwise, and engines on one box then slow each other's iterations
+    (1.35-1.55x while the other computes: docs/simulator.md section 9). None where the user set
+    ``OMP_NUM_THREADS`` (theirs is kept, children inherit it)."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return None
+    n = max(1, (cpus if cpus is not None else os.cpu_count() or 1) // max(1, engines))
+    return {"OMP_NUM_THREADS": str(n)}
+
+
 def plan_children(spec: UpSpec, url: str, run_dir: Path, db: Path,
                   credentials: dict[str, Path] | None = None) -> tuple[list[Child], dict]:
     """The children and the URLs to print; ``credentials`` (account -> file): each child gets
@@ -215,6 +228,7 @@ def plan_children(spec: UpSpec, url: str, run_dir: Path, db: Path,
     fake_ports = [(free_port(), free_port()) for _ in range(spec.engines)] if kind == "sglang-fake" else []
     if kind == "vllm":
         children += vllm_up.server_children(spec, logs)
+    engine_env = torch_engine_env(spec.engines) if kind == "torch" else None
     for i in range(spec.engines):
         role = "collocated" if spec.prefill is None else ("prefill" if i < spec.prefill else "decode")
         extra = ["--profile", spec.profile] if spec.profile else []
@@ -230,7 +244,7 @@ def plan_children(spec: UpSpec, url: str, run_dir: Path, db: Path,
                                                *common, "--time-scale", str(spec.time_scale),
                                                "--clock-epoch", repr(spec.clock_epoch), "--seed", str(i),
                                                *extra, *mport(f"engine-n{i}"), *spec.engine_arg], G_ENGINE,
-                              logs / f"engine-n{i}.log"))
+                              logs / f"engine-n{i}.log", env=engine_env))
     urls: dict = {"nats": url, "db": str(db), "logs": str(logs),
                   "metrics": {k: f"http://127.0.0.1:{v}/metrics" for k, v in metrics.items()}}
     if kind == "vllm":

@@ -27,24 +27,3 @@ def test_the_simulated_evolving_stack_alone_is_short_first():
     short_first ones and the simulator would serve another order than the engines."""
     assert get_stack("evolving").prefill_order == "short_first"
     assert stack_of("evolving", 2, 30.0)[0].prefill_order == "fcfs"
-
-
-def test_each_engine_gets_its_share_of_the_cores_and_the_environment_is_restored(monkeypatch):
-    """Two torch engines on two cores get one thread each (the simulator's nodes never share a
-    GPU; sharing cores made an iteration 1.35-1.55x slower while the other engine computed), and
-    the setting is only in force while up starts."""
-    import os
-
-    from replay.fidelity.live import _environ, engine_env
-
-    assert engine_env(2, 2) == {"OMP_NUM_THREADS": "1"}
-    assert engine_env(2, 16) == {"OMP_NUM_THREADS": "8"}
-    assert engine_env(4, 2) == {"OMP_NUM_THREADS": "1"}  # at least one
-    monkeypatch.setenv("OMP_NUM_THREADS", "7")
-    with _environ({"OMP_NUM_THREADS": "1"}):
-        assert os.environ["OMP_NUM_THREADS"] == "1"
-    assert os.environ["OMP_NUM_THREADS"] == "7"
-    monkeypatch.delenv("OMP_NUM_THREADS")
-    with _environ({"OMP_NUM_THREADS": "1"}):
-        pass
-    assert "OMP_NUM_THREADS" not in os.environ
