@@ -47,7 +47,7 @@ from events.hashing import block_hashes
 from services.adapters.bus import NatsBus
 from services.adapters.bus.nats_prompts import NatsPromptStore
 from services.adapters.bus.tokens import NatsTokens
-from services.drivers.up.testing import wait_ready_file
+from services.drivers.up.testing import read_all, wait_ready_file
 
 #: the checkpoint: SmolLM2-135M's shape (hidden 576, 9 / 3 heads, FFN 1536) on 12 blocks and a
 #: 4,096-token vocabulary, random weights (greedy outputs are deterministic: same seed, same turns)
@@ -91,12 +91,7 @@ async def agent(k: int, args, bus, tokens, store, rng: random.Random, rows: list
 
 
 async def stream(bus) -> list:
-    out, head = [], await bus.last_seq()
-    async with bus.consumer(None, start_seq=1) as c:
-        async for d in c:
-            out.append(d.event)
-            if d.seq >= head:
-                return out
+    return [d.event for d in await read_all(bus)]
 
 
 def spawn(cmd: list[str], log_path: Path) -> tuple:
