@@ -72,10 +72,8 @@ def test_the_wait_is_the_interval_without_a_run_and_never_under_the_floor():
     assert progress_wait_s(Due(), 0.2) == MIN_PROGRESS_S
 
 
-async def test_an_idle_loop_sleeps_until_the_host_schedules():
-    """No run to pace: the loop does not poll (it asked every 20 ms, 50 wake-ups a second per
-    idle engine), and a schedule wakes it at once, so a run's first chunk is not late."""
-    h = Harness(1.0)
+def _idle_backend():
+    """A backend with no run to pace that counts the loop's ``progress`` calls."""
 
     class Counting:
         calls = 0
@@ -86,6 +84,15 @@ async def test_an_idle_loop_sleeps_until_the_host_schedules():
         def progress(self):
             Counting.calls += 1
 
+    return Counting
+
+
+async def test_an_idle_loop_sleeps_until_the_host_schedules():
+    """No run to pace: the loop does not poll (it asked every 20 ms, 50 wake-ups a second per
+    idle engine), and a schedule wakes it at once, so a run's first chunk is not late."""
+    h = Harness(1.0)
+
+    Counting = _idle_backend()
     loop = asyncio.create_task(progress_loop(Counting(), h.host, 10.0))
     try:
         await asyncio.sleep(0.3)
@@ -104,15 +111,7 @@ async def test_an_idle_loop_wakes_once_a_second_not_at_the_token_interval():
     not every ``--token-interval-s`` (0.2 s: five idle wake-ups a second per engine)."""
     h = Harness(1.0)
 
-    class Counting:
-        calls = 0
-
-        def next_progress_s(self):
-            return None
-
-        def progress(self):
-            Counting.calls += 1
-
+    Counting = _idle_backend()
     loop = asyncio.create_task(progress_loop(Counting(), h.host, 0.2))
     try:
         await asyncio.sleep(1.5)
