@@ -63,6 +63,12 @@ class Profile:
     def decode_iteration_s(self, batch: int, context_tokens: int = 0) -> float:
         return self.d0 + self.d1 * self.phi(batch) + self.d2 * batch + self.d_ctx * context_tokens
 
+    def router_priors(self) -> dict[str, list[float]]:
+        """This profile's eq. 1 / eq. 2 as a router's starting models (``prior_prefill``,
+        ``prior_decode``: services/cores/router/state.py), until the planner's first fit."""
+        return {"prior_prefill": [self.c0, self.c1, self.c2, self.c3],
+                "prior_decode": [self.d0, self.d1, self.d2, self.d_ctx]}
+
     def p2d_transfer_s(self, tokens: int) -> float:
         return self.p2d_latency_s + tokens * self.kv_bytes_per_token / self.p2d_bandwidth_Bps
 

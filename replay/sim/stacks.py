@@ -114,8 +114,7 @@ class Stack:
         # the deployment's profile seeds the router's iteration-time models until the planner's
         # first fit (services/cores/router/state.py), as Dynamo starts from its pre-deployment profiling
         rargs = {"name": self.router, "shadow": False, "block_tokens": profile.block_tokens,
-                 "prior_prefill": [profile.c0, profile.c1, profile.c2, profile.c3],
-                 "prior_decode": [profile.d0, profile.d1, profile.d2, profile.d_ctx], **self.router_args}
+                 **profile.router_priors(), **self.router_args}
         if self.router == "evolving" and self.fetch_mode == "none":  # node-local caches: no pool to fetch from
             rargs.setdefault("shared_pool", False)
         if self.router == "evolving" and self.prefill_order != "fcfs":  # price the queue in the order it is served

@@ -52,6 +52,8 @@ def test_up_serves_a_real_trace_end_to_end(nats_url, partition, tmp_path):
         [sys.executable, "-m", "services.drivers.cli", "up", "--nats-url", nats_url, "--partition", partition,
          "--run-dir", str(run_dir), "--engines", "2", "--gateway-port", "0", "--ready-file", str(ready),
          "--no-status", "--metrics-port", "-1", "--stop-timeout-s", "15", "--shadow", "cache_aware",
+         # a declared profile: the router starts from its eq. 1 / eq. 2 (run_config records them)
+         "--profile", "gb300-glm52-pressure",
          # a planner that plans within seconds: the initial split switches both collocated engines
          "--planner-arg", "warmup_s=3", "--planner-arg", "window_s=4", "--planner-arg", "slices=2",
          "--planner-arg", "cooldown_s=2"],
@@ -96,6 +98,7 @@ def test_up_serves_a_real_trace_end_to_end(nats_url, partition, tmp_path):
             "AND NOT coalesce((payload->>'$.shadow')::BOOLEAN, false) "
             "AND NOT coalesce((payload->>'$.reroute')::BOOLEAN, false) GROUP BY 1").fetchall()
         assert log.run_config()["router"]["plugin"] == "evolving"
+        assert "prior_prefill" in log.run_config()["router"]["kwargs"], log.run_config()["router"]
         shadowed = {r for (r,) in log.con.execute(
             "SELECT payload->>'$.request' FROM events WHERE subject LIKE ?",
             [f"ei.{partition}.shadow.cache_aware.routedecided"]).fetchall()}

@@ -76,7 +76,14 @@ from services.drivers.up.children import (
     child_env,
     run_config,
 )
-from services.drivers.up.options import UpSpec, engine_kind, gateway_options, plugin_options, ready_timeout_s
+from services.drivers.up.options import (
+    UpSpec,
+    engine_kind,
+    gateway_options,
+    plugin_options,
+    ready_timeout_s,
+    router_args,
+)
 from services.drivers.up.partitions import check_partitions, plan_partitioned, wait_partitions
 
 log = get_logger("up")
@@ -220,9 +227,10 @@ def plan_children(spec: UpSpec, url: str, run_dir: Path, db: Path,
                     "--time-scale", str(spec.time_scale),
                     "--clock-epoch", repr(spec.clock_epoch), *mport("planner")),
                 svc("router", "router", G_SERVICE, "--router", spec.router,
-                    *[f"--router-arg={a}" for a in spec.router_arg], *mport("router"))]
+                    *[f"--router-arg={a}" for a in router_args(spec)], *mport("router"))]
     for name in spec.shadow:
         children.append(svc(f"shadow-{name}", "router", G_SERVICE, "--router", name, "--shadow", name,
+                            *[f"--router-arg={a}" for a in router_args(spec, given=())],
                             *mport(f"shadow-{name}")))
     kind = engine_kind(spec)
     fake_ports = [(free_port(), free_port()) for _ in range(spec.engines)] if kind == "sglang-fake" else []

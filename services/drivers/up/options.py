@@ -5,8 +5,10 @@ this module sees the ``Namespace``."""
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass, field, fields
 
+from engine.profiles import load_profile
 from services.adapters.bus.options import bus_auth
 from services.adapters.bus.security import BusAuth, add_cli_options
 from services.drivers.gateway.toolcalls import PARSERS
@@ -209,9 +211,25 @@ def up_spec(args: argparse.Namespace, **given) -> UpSpec:
     return UpSpec(**{**flags, **given})
 
 
+def router_args(spec: UpSpec, given: tuple[str, ...] | None = None) -> list[str]:
+    """The router's ``--router-arg`` values: the user's (``given``, default ``--router-arg``) and,
+    with ``--profile``, the profile's eq. 1 / eq. 2 as its starting models (``prior_prefill``,
+    ``prior_decode``) unless the user gave them, as the simulator's stacks do and as Dynamo's
+    planner starts from its pre-deployment profile: without them the router prices every request
+    with the built-in GB300 prior until the planner's first fit (a CPU engine's 3,232-token
+    prefill at 0.14 s where it took 13-19 s: docs/simulator.md section 9)."""
+    out = list(spec.router_arg if given is None else given)
+    if spec.profile:
+        named = {a.split("=", 1)[0] for a in out}
+        out += [f"{k}={json.dumps(v)}" for k, v in load_profile(spec.profile).router_priors().items()
+                if k not in named]
+    return out
+
+
 def plugin_options(spec: UpSpec) -> dict[str, object]:
-    """The router's and planner's options of the services table's rows (``SERVICES[k].entry``)."""
-    return {"router": spec.router, "router_arg": spec.router_arg, "planner": spec.planner,
+    """The router's and planner's options of the services table's rows (``SERVICES[k].entry``):
+    what ``run_config`` records, so ``evolving verify`` rebuilds the router with the same priors."""
+    return {"router": spec.router, "router_arg": tuple(router_args(spec)), "planner": spec.planner,
             "planner_arg": spec.planner_arg}
 
 
