@@ -1,6 +1,8 @@
 """Hypothesis: the directory's compiled table kernels (``_native``: mark, touch, read, held_prefix,
-runs, fresh, dropped, common_prefix, held_split, unmark, concat_u64) give exactly what their numpy / Python definitions give (the code they
-replaced in table.py, lookup.py and core.py), on random tables, slot lists and contexts."""
+runs, fresh, dropped, common_prefix, held_split, unmark, concat_u64, and the fold's one-pass
+versions: refill, lookup_scan, refs_add, unused, fill_new, add_fresh, is_suffix, runs_ends) give
+exactly what their numpy / Python definitions give (the code they replaced in table.py, lookup.py
+and core.py), on random tables, slot lists and contexts."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.cores.directory import _native
+from services.cores.directory.lookup import _prefix_ends, _runs
 
 SLOTS = 16
 
@@ -182,3 +185,118 @@ def test_unmark_matches_its_numpy_definition(t):
     want = s[have]
     h2[want, j >> 6] &= ~_bit(j)
     assert had.tolist() == want.tolist() and (h1 == h2).all()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(BLOCK, max_size=50), st.sets(BLOCK, max_size=30), st.frozensets(BLOCK, max_size=10))
+def test_add_fresh_is_fresh_then_update(blocks, counted, excluded):
+    want = _native.fresh(blocks, counted, excluded)
+    got_set = set(counted)
+    assert _native.add_fresh(blocks, got_set, excluded) == want
+    assert got_set == counted | set(want)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(BLOCK, max_size=30), st.lists(BLOCK, max_size=30), st.integers(0, 30))
+def test_is_suffix_matches_the_slice(a, b, k):
+    for tail in (b, a[len(a) - min(k, len(a)):], b + a[len(a) - min(k, len(a)):]):
+        want = len(tail) <= len(a) and a[len(a) - len(tail):] == tail
+        assert _native.is_suffix(a, tail) == want
+        assert _native.is_suffix(tuple(a), [int(str(x)) for x in tail]) == want  # equal, not identical
+
+
+@settings(max_examples=200, deadline=None)
+@given(tables())
+def test_runs_ends_matches_runs_and_prefix_ends(t):
+    held, s, _, _, _ = t
+    masks = held.take(s, axis=0)[:, :1]  # one word
+    starts, rows, tiers, local = _native.runs_ends(masks[:, 0])
+    runs = _runs(masks)
+    assert (starts, rows) == runs
+    assert (tiers, local) == _prefix_ends(masks, runs)
+
+
+@st.composite
+def indexed(draw):
+    """A SlotMap of some keys (slots 1..), a block list mixing them with unknown and non-uint64
+    hashes, and cached slots of a prefix of it, some of them stale 0s."""
+    keys = draw(st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=40, unique=True))
+    index = _native.SlotMap()
+    index.insert(np.array(keys, dtype=np.uint64), np.arange(1, len(keys) + 1, dtype=np.intp))
+    pick = st.sampled_from(keys) | st.integers(0, 2**64 - 1) | st.sampled_from([-1, 2**64])
+    blocks = draw(st.lists(pick, max_size=150))
+    k = draw(st.integers(0, len(blocks)))
+    prefix = index.find_seq(blocks[:k], k)
+    prefix[draw(st.lists(st.integers(0, max(k - 1, 0)), max_size=5)) if k else []] = 0
+    return index, keys, blocks, prefix
+
+
+@settings(max_examples=150, deadline=None)
+@given(indexed(), st.integers(1, 2), st.integers(0, 2**32 - 1))
+def test_lookup_scan_and_refill_match_their_numpy_definitions(x, words, seed):
+    index, keys, blocks, prefix = x
+    rng = np.random.default_rng(seed)  # seeded by hypothesis: reproducible
+    held = rng.integers(0, 4, size=(len(keys) + 1, words)).astype(np.uint64)
+    held[0] = 0  # the sentinel slot holds nothing
+    k = len(prefix)
+    for pre in (None, prefix):  # what BlockTable.scan did
+        want = np.empty(len(blocks), dtype=np.intp)
+        if pre is None:
+            want = index.find_seq(blocks, len(blocks))
+        else:
+            want[:k] = pre
+            z = np.flatnonzero(pre == 0)
+            if len(z):
+                want[z] = index.find_seq([blocks[i] for i in z.tolist()], len(z))
+            want[k:] = index.find_seq(blocks[k:], len(blocks) - k)
+        pool = _native.held_prefix(held, want)
+        got_pool, masks, s = _native.lookup_scan(index, blocks, pre, held)
+        assert got_pool == pool and s.tolist() == want.tolist() and s.dtype == np.intp
+        assert masks.dtype == np.uint64 and masks.tolist() == held.take(want[:pool], axis=0).tolist()
+    # refill (BlockTable.resolve of cached slots): the same array when no 0, else 0s re-probed
+    got = _native.refill(index, blocks[:k], prefix)
+    z = np.flatnonzero(prefix == 0)
+    if not len(z):
+        assert got is prefix
+    else:
+        want = prefix.copy()
+        want[z] = index.find_seq([blocks[i] for i in z.tolist()], len(z))
+        assert got is not prefix and got.tolist() == want.tolist()
+
+
+@settings(max_examples=150, deadline=None)
+@given(tables(), st.lists(st.integers(0, 3), min_size=SLOTS * 2, max_size=SLOTS * 2), st.integers(0, 1))
+def test_refs_add_and_unused_match_their_numpy_definitions(t, counts, n):
+    held, s, _, _, _ = t
+    held[::3] = 0  # some slots hold nothing
+    refs = np.asfortranarray(np.array(counts, dtype=np.int32).reshape(SLOTS, 2))
+
+    def unused_def(r, slots):  # BlockTable.release's candidates
+        slots = slots[slots > 0]
+        return slots[~held.take(slots, axis=0).any(axis=1) & ~r[slots].any(axis=1)].tolist()
+
+    assert _native.unused(held, refs, s).tolist() == unused_def(refs, s)
+    r1, r2 = refs.copy(order="F"), refs.copy(order="F")
+    assert _native.refs_add(r1[:, n], s, 1, held, r1) is None
+    r2[:, n][s] = r2[:, n].take(s) + 1
+    assert (r1 == r2).all()
+    r1, r2 = refs.copy(order="F"), refs.copy(order="F")
+    dead = _native.refs_add(r1[:, n], s, -1, held, r1)
+    if not ((s > 0).all() and (r2[s, n] > 0).all()):
+        assert dead is None and (r1 == r2).all()  # refused, nothing written
+        return
+    r2[:, n][s] = r2[:, n].take(s) - 1
+    assert (r1 == r2).all() and dead.tolist() == unused_def(r2, s)
+
+
+def test_fill_new_asks_for_room_and_allocates_nothing_without_it():
+    index = _native.SlotMap()  # slots 1 and 2 in use before, 2 freed since: size 3, free [2]
+    free = [2]
+    s = np.zeros(4, dtype=np.intp)
+    block = np.zeros(4, dtype=np.uint64)
+    need = _native.fill_new(index, [9, 8, 9, 7], s, block, free, 3)  # 3 new: slot 2, then 3, 4
+    assert need == -5 and len(index) == 0 and free == [2] and not block.any() and not s.any()
+    block = np.zeros(5, dtype=np.uint64)
+    assert _native.fill_new(index, [9, 8, 9, 7], s, block, free, 3) == 5
+    assert s.tolist() == [2, 3, 2, 4] and free == [] and block.tolist() == [0, 0, 9, 8, 7]
+    assert index.find_seq([7, 8, 9, 6], 4).tolist() == [4, 3, 2, 0]

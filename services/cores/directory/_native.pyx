@@ -24,7 +24,7 @@ from cpython.long cimport PyLong_CheckExact, PyLong_FromUnsignedLongLong
 from cpython.ref cimport PyObject
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from libc.stdint cimport int32_t, int64_t, uint64_t
-from libc.stdlib cimport malloc
+from libc.stdlib cimport malloc, qsort
 from libc.string cimport memset
 
 import numpy as np
@@ -606,69 +606,298 @@ cdef enum:
 FILL_MAX = _FILL_MAX
 
 
+ctypedef struct _KeyRank:
+    uint64_t key
+    Py_ssize_t d
+
+
+cdef int _key_cmp(const void* a, const void* b) noexcept nogil:
+    cdef uint64_t x = (<const _KeyRank*>a).key, y = (<const _KeyRank*>b).key
+    return (x > y) - (x < y)
+
+
 def fill_new(SlotMap index, blocks, int64_t[:] s, uint64_t[::1] block, list free, Py_ssize_t size):
-    """BlockTable.ensure for up to ``FILL_MAX`` unknown blocks, in one pass (numpy calls on
-    8-element arrays were ~9 of the ~12 us of an 8-block live store). ``s``: the slots of
-    ``blocks`` (0: unknown when probed); each 0 is probed again, and the blocks still unknown get
-    slots exactly as ensure's numpy path gives them: distinct blocks in order of first
-    occurrence, reused slots first (``free``'s tail, in list order, removed from it), then
-    ``size``, ``size + 1``, ... (``block`` must have room for ``FILL_MAX`` more). Each new block
-    goes into ``index`` and ``block[slot]``, its slot into ``s``. Returns the new ``size``, or -1
-    with nothing allocated when more than ``FILL_MAX`` positions are unknown. A hash that is not
-    a uint64 raises ``OverflowError`` (as numpy's conversion in the numpy path does)."""
+    """BlockTable.ensure in one pass (numpy calls on 8-element arrays were ~9 of the ~12 us of an
+    8-block live store; ``np.unique`` and the conversions of a branch's first prompt were 8% of
+    ``bench directory``'s fold). ``s``: the slots of ``blocks`` (0: unknown when probed); each 0
+    is probed again, and the blocks still unknown get slots exactly as ensure's numpy path gave
+    them: the distinct new blocks in order of first occurrence when at most ``FILL_MAX``
+    positions are unknown, sorted by hash when more are (``np.unique``'s order); reused slots
+    first (``free``'s tail, in list order, removed from it), then ``size``, ``size + 1``, ....
+    Each new block goes into ``index`` and ``block[slot]``, its slot into ``s``. Returns the new
+    ``size``; or ``-need`` with nothing allocated when ``block`` has fewer than ``need`` entries
+    (the caller grows the table and calls again; the slots re-probed so far are exact). A hash
+    that is not a uint64 raises ``OverflowError`` (as numpy's conversion did) before anything
+    is allocated."""
     cdef object fast = PySequence_Fast(blocks, "blocks must be a sequence")
-    cdef Py_ssize_t i, d, m = 0, nd = 0, n = PySequence_Fast_GET_SIZE(fast)
+    cdef Py_ssize_t i, d, r, m = 0, nd = 0, z = 0, n = PySequence_Fast_GET_SIZE(fast)
     cdef PyObject** items = PySequence_Fast_ITEMS(fast)
     cdef uint64_t k
     cdef int64_t v
-    cdef uint64_t keys[_FILL_MAX]
-    cdef Py_ssize_t pos[_FILL_MAX]
-    cdef Py_ssize_t which[_FILL_MAX]
-    cdef int64_t slots[_FILL_MAX]
-    cdef Py_ssize_t take, nfree
+    cdef Py_ssize_t take, nfree, need
+    # per unknown position: its index in ``blocks`` and its distinct block's number; per
+    # distinct block: its hash and its slot (on the stack up to FILL_MAX, else on the heap)
+    cdef uint64_t keys_s[_FILL_MAX]
+    cdef Py_ssize_t pos_s[_FILL_MAX]
+    cdef Py_ssize_t which_s[_FILL_MAX]
+    cdef int64_t slots_s[_FILL_MAX]
+    cdef uint64_t* keys = keys_s
+    cdef Py_ssize_t* pos = pos_s
+    cdef Py_ssize_t* which = which_s
+    cdef int64_t* slots = slots_s
+    cdef _KeyRank* order = NULL
+    cdef uint64_t* tk = NULL
+    cdef Py_ssize_t* tv = NULL
+    cdef uint64_t tmask, p
+    cdef int tbits
     if s.shape[0] != n:
         raise ValueError(f"fill_new: {n} blocks but {s.shape[0]} slots")
     for i in range(n):
-        if s[i] != 0:
-            continue
-        if not _as_u64(<object>items[i], &k):
-            raise OverflowError(f"block hash {<object>items[i]!r} is not a uint64")
-        v = index._get(k)
-        if v:
-            s[i] = v
-            continue
-        if m == _FILL_MAX:
-            return -1  # the caller's numpy path takes it (the slots filled so far are exact)
-        for d in range(nd):  # a block may repeat inside one list: one slot
-            if keys[d] == k:
-                break
-        else:
-            d = nd
-            keys[nd] = k
-            nd += 1
-        pos[m] = i
-        which[m] = d
-        m += 1
-    if nd == 0:
+        if s[i] == 0:
+            z += 1
+    if z == 0:
         return size
-    if size + nd > block.shape[0]:
-        raise ValueError(f"fill_new: no room for {nd} slots above {size} (capacity {block.shape[0]})")
-    nfree = len(free)
-    take = min(nd, nfree)
-    for d in range(take):
-        slots[d] = free[nfree - take + d]
-    if take:
-        del free[nfree - take:]
-    for d in range(take, nd):
-        slots[d] = size
-        size += 1
-    index._reserve(nd)
-    for d in range(nd):
-        index._put(keys[d], slots[d])
-        block[slots[d]] = keys[d]
+    try:
+        if z > _FILL_MAX:
+            keys = <uint64_t*>PyMem_Malloc(z * sizeof(uint64_t))
+            pos = <Py_ssize_t*>PyMem_Malloc(z * sizeof(Py_ssize_t))
+            which = <Py_ssize_t*>PyMem_Malloc(z * sizeof(Py_ssize_t))
+            slots = <int64_t*>PyMem_Malloc(z * sizeof(int64_t))
+            if keys == NULL or pos == NULL or which == NULL or slots == NULL:
+                raise MemoryError()
+        for i in range(n):  # re-probe each 0; the rest are this list's unknown positions
+            if s[i] != 0:
+                continue
+            if not _as_u64(<object>items[i], &k):
+                raise OverflowError(f"block hash {<object>items[i]!r} is not a uint64")
+            v = index._get(k)
+            if v:
+                s[i] = v
+                continue
+            pos[m] = i
+            keys[m] = k  # the hash of position m for now; the distinct ones are packed below
+            m += 1
+        if m == 0:
+            return size
+        if m <= _FILL_MAX:  # a block may repeat inside one list: one slot (first occurrence)
+            for i in range(m):
+                k = keys[i]
+                for d in range(nd):
+                    if keys[d] == k:
+                        break
+                else:
+                    d = nd
+                    keys[nd] = k
+                    nd += 1
+                which[i] = d
+        else:  # many: a scratch hash set finds the repeats, then the distinct blocks by hash
+            tbits = 4
+            while (<Py_ssize_t>1 << tbits) < 2 * m:
+                tbits += 1
+            tmask = (<uint64_t>1 << tbits) - 1
+            tk = <uint64_t*>PyMem_Malloc((<Py_ssize_t>1 << tbits) * sizeof(uint64_t))
+            tv = <Py_ssize_t*>PyMem_Malloc((<Py_ssize_t>1 << tbits) * sizeof(Py_ssize_t))
+            if tk == NULL or tv == NULL:
+                raise MemoryError()
+            memset(tv, 0, (<Py_ssize_t>1 << tbits) * sizeof(Py_ssize_t))
+            for i in range(m):
+                k = keys[i]
+                p = (k * PHI) >> (64 - tbits)
+                while tv[p] != 0 and tk[p] != k:
+                    p = (p + 1) & tmask
+                if tv[p] == 0:
+                    tk[p] = k
+                    tv[p] = nd + 1
+                    keys[nd] = k
+                    nd += 1
+                which[i] = tv[p] - 1
+            order = <_KeyRank*>PyMem_Malloc(nd * sizeof(_KeyRank))
+            if order == NULL:
+                raise MemoryError()
+            for d in range(nd):
+                order[d].key = keys[d]
+                order[d].d = d
+            qsort(order, nd, sizeof(_KeyRank), _key_cmp)
+        nfree = len(free)
+        take = min(nd, nfree)
+        need = size + nd - take
+        if need > block.shape[0]:
+            return -need
+        # rank r (first occurrence, or hash order) gets the free list's tail first, then new slots
+        for r in range(nd):
+            d = r if order == NULL else order[r].d
+            slots[d] = free[nfree - take + r] if r < take else size + (r - take)
+        if take:
+            del free[nfree - take:]
+        size = need
+        index._reserve(nd)
+        for r in range(nd):  # into the index in rank order, as the numpy path's insert did
+            d = r if order == NULL else order[r].d
+            index._put(keys[d], slots[d])
+            block[slots[d]] = keys[d]
+        for i in range(m):
+            s[pos[i]] = slots[which[i]]
+        return size
+    finally:
+        if keys != keys_s:
+            PyMem_Free(keys)
+            PyMem_Free(pos)
+            PyMem_Free(which)
+            PyMem_Free(slots)
+        PyMem_Free(tk)
+        PyMem_Free(tv)
+        PyMem_Free(order)
+
+
+def refill(SlotMap index, blocks, s_arr):
+    """``BlockTable.resolve`` of cached slots: ``s_arr`` itself when it has no 0, else a copy
+    with each 0 probed again (a block allocated since; a non-uint64 hash stays 0), in one pass
+    (it was ``flatnonzero``, a list of the unknown blocks and a probe: ~5% of the fold)."""
+    cdef const int64_t[::1] s = s_arr
+    cdef Py_ssize_t i, f = -1, n = s.shape[0]
+    cdef uint64_t k
+    for i in range(n):
+        if s[i] == 0:
+            f = i
+            break
+    if f < 0:
+        return s_arr
+    cdef object fast = PySequence_Fast(blocks, "blocks must be a sequence")
+    cdef PyObject** items = PySequence_Fast_ITEMS(fast)
+    if PySequence_Fast_GET_SIZE(fast) != n:
+        raise ValueError(f"refill: {PySequence_Fast_GET_SIZE(fast)} blocks but {n} slots")
+    out_arr = np.array(s_arr, dtype=np.intp, copy=True)
+    cdef int64_t[::1] out = out_arr
+    for i in range(f, n):
+        if out[i] == 0 and _as_u64(<object>items[i], &k):
+            out[i] = index._get(k)
+    return out_arr
+
+
+def lookup_scan(SlotMap index, blocks, prefix, const uint64_t[:, ::1] held):
+    """``BlockTable.scan`` in one pass: the slots of ``blocks`` (the first ``len(prefix)`` taken
+    from ``prefix``, the slots resolved for an earlier prompt this one extends, with each 0 probed
+    again; the rest probed as ``find_seq`` does), the pool prefix (the blocks before the first one
+    no copy bit is set in) and that prefix's ``[pool, W]`` holder words: ``(pool, masks, s)``."""
+    cdef object fast = PySequence_Fast(blocks, "block hashes must be a sequence")
+    cdef Py_ssize_t i, j, c, w, x, m = PySequence_Fast_GET_SIZE(fast)
+    cdef PyObject** items = PySequence_Fast_ITEMS(fast)
+    cdef Py_ssize_t kp = 0, pool, words = held.shape[1]
+    cdef const int64_t[::1] pre
+    cdef uint64_t ks[CHUNK]
+    cdef unsigned char ok[CHUNK]
+    cdef uint64_t k, acc
+    out = np.empty(m, dtype=np.intp)
+    cdef int64_t[::1] po = out
+    if prefix is not None:
+        pre = prefix
+        kp = pre.shape[0]
+        if kp > m:
+            raise ValueError(f"lookup_scan: a prefix of {kp} slots for {m} blocks")
+        for i in range(kp):
+            x = pre[i]
+            if x == 0 and _as_u64(<object>items[i], &k):
+                x = index._get(k)
+            po[i] = x
+    i = kp
+    while i < m:  # a chunk converted, then probed (CHUNK in _native.pxd)
+        c = min(<Py_ssize_t>CHUNK, m - i)
+        for j in range(c):
+            ok[j] = _as_u64(<object>items[i + j], &ks[j])
+        for j in range(c):
+            po[i + j] = cell_get(index.cells, index.bits, index.mask, ks[j]) if ok[j] else 0
+        i += c
+    pool = m
     for i in range(m):
-        s[pos[i]] = slots[which[i]]
-    return size
+        x = po[i]
+        acc = 0
+        for w in range(words):
+            acc |= held[x, w]
+        if not acc:
+            pool = i
+            break
+    masks_arr = np.empty((pool, words), dtype=np.uint64)
+    cdef uint64_t[:, ::1] masks = masks_arr
+    for i in range(pool):
+        x = po[i]
+        for w in range(words):
+            masks[i, w] = held[x, w]
+    return pool, masks_arr, out
+
+
+cdef inline bint _unused(const uint64_t[:, ::1] held, const int32_t[::1, :] refs, Py_ssize_t x) noexcept nogil:
+    """Slot ``x`` holds no copy bit and no branch reference (it can be freed)."""
+    cdef Py_ssize_t w, c
+    for w in range(held.shape[1]):
+        if held[x, w]:
+            return False
+    for c in range(refs.shape[1]):
+        if refs[x, c]:
+            return False
+    return True
+
+
+def unused(const uint64_t[:, ::1] held, const int32_t[::1, :] refs, const int64_t[:] s):
+    """The slots of ``s`` (> 0) that no node holds and no branch references, in order (a repeated
+    slot as often as it appears): ``BlockTable.release``'s candidates, in one pass (it was a
+    2-D gather, an OR of the words, a row gather of the counts and two selections)."""
+    cdef Py_ssize_t i, x, k = 0, n = s.shape[0]
+    out_arr = np.empty(n, dtype=np.intp)
+    cdef int64_t[::1] out = out_arr
+    with nogil:
+        for i in range(n):
+            x = s[i]
+            if x > 0 and _unused(held, refs, x):
+                out[k] = x
+                k += 1
+    return out_arr[:k]
+
+
+def refs_add(int32_t[::1] col, const int64_t[:] s, int delta, const uint64_t[:, ::1] held,
+             const int32_t[::1, :] refs):
+    """``delta`` (+1 / -1) on one node's reference column ``col`` (a column of ``refs``) for the
+    slots ``s``, as ``col[s] = col.take(s) + delta`` (a slot repeated in ``s`` moves once). +1:
+    returns ``None``. -1: ``None`` with nothing written if a slot is 0 or a count would go
+    negative (the caller raises); else the slots of ``s`` now unused (:func:`unused`), which
+    the caller frees. One pass each way instead of a take, an add, a scatter, two ``all`` and
+    the release's five numpy calls."""
+    cdef Py_ssize_t i, x, k = 0, n = s.shape[0]
+    cdef int32_t* tmp = <int32_t*>PyMem_Malloc((n if n else 1) * sizeof(int32_t))
+    if tmp == NULL:
+        raise MemoryError()
+    try:
+        if delta < 0:
+            for i in range(n):
+                x = s[i]
+                if x <= 0 or col[x] <= 0:
+                    return None
+        with nogil:
+            for i in range(n):  # gather, then scatter: numpy's semantics for a repeated slot
+                tmp[i] = col[s[i]] + delta
+            for i in range(n):
+                col[s[i]] = tmp[i]
+        if delta > 0:
+            return None
+        return unused(held, refs, s)
+    finally:
+        PyMem_Free(tmp)
+
+
+def is_suffix(a, b):
+    """``b`` is the tail of ``a``: ``a[len(a) - len(b):] == b`` (identity first, then ``==``), without
+    the slice (a KV event's blocks against its request's prompt, up to thousands of references)."""
+    cdef object fa = PySequence_Fast(a, "blocks must be a sequence")
+    cdef object fb = PySequence_Fast(b, "blocks must be a sequence")
+    cdef Py_ssize_t i, na = PySequence_Fast_GET_SIZE(fa), nb = PySequence_Fast_GET_SIZE(fb)
+    cdef PyObject** ia = PySequence_Fast_ITEMS(fa)
+    cdef PyObject** ib = PySequence_Fast_ITEMS(fb)
+    if nb > na:
+        return False
+    ia += na - nb
+    for i in range(nb):
+        if ia[i] != ib[i] and not (<object>ia[i] == <object>ib[i]):
+            return False
+    return True
 
 
 # ----------------------------------------------------------------------------- table kernels
@@ -787,6 +1016,57 @@ def runs(const uint64_t[:] col):
     return starts, rows
 
 
+cdef extern from *:
+    int __builtin_ctzll(unsigned long long x) nogil
+
+
+cdef inline int _ends(dict out, uint64_t bits, Py_ssize_t length) except -1:
+    """``out[bit] = length`` for every bit set in ``bits`` (``lookup._assign``)."""
+    cdef uint64_t low
+    while bits:
+        low = bits & (~bits + 1)
+        out[<int>__builtin_ctzll(bits)] = length
+        bits ^= low
+    return 0
+
+
+def runs_ends(const uint64_t[:] col):
+    """``lookup._runs`` and ``lookup._prefix_ends`` of one-word holder masks in one pass:
+    ``(starts, rows, tiers, local)``, the runs of equal rows and, for every copy bit set on the
+    first block, where its prefix ends (``tiers``: per tier bit; ``local``: per node's L1 or L2,
+    keyed by its L1 bit). The running AND of the rows keeps the bits whose prefix is unbroken, so
+    a bit's prefix ends at the run where it leaves the AND (a handful of runs per prompt)."""
+    cdef Py_ssize_t i, n = col.shape[0]
+    cdef uint64_t even = 0x5555555555555555ULL
+    cdef uint64_t acc_t, acc_l, m, nt, nl, gone
+    cdef bint live
+    cdef list starts = [], rows = []
+    cdef dict tiers = {}, local = {}
+    if not n:
+        return starts, rows, tiers, local
+    starts.append(0)
+    rows.append(col[0])
+    acc_t = col[0]
+    acc_l = (acc_t | acc_t >> 1) & even
+    live = acc_t != 0 or acc_l != 0
+    for i in range(1, n):
+        if col[i] == col[i - 1]:
+            continue
+        starts.append(i)
+        m = col[i]
+        rows.append(m)
+        if live:
+            nt = acc_t & m
+            nl = acc_l & (m | m >> 1) & even
+            _ends(tiers, acc_t & ~nt, i)
+            _ends(local, acc_l & ~nl, i)
+            acc_t, acc_l = nt, nl
+            live = acc_t != 0 or acc_l != 0
+    _ends(tiers, acc_t, n)
+    _ends(local, acc_l, n)
+    return starts, rows, tiers, local
+
+
 # ----------------------------------------------------------------------------- branch contexts
 # The set arithmetic of DirectoryCore._set_context (core.py) on a new context: the same answers
 # as its list comprehensions over ``dict.fromkeys`` (ordered, de-duplicated), one C loop each.
@@ -820,6 +1100,27 @@ def fresh(blocks, counted, excluded):
             continue
         PySet_Add(seen, x)
         out.append(x)
+    return out
+
+
+def add_fresh(blocks, set counted, excluded):
+    """:func:`fresh` that also adds what it returns to ``counted`` (``counted |= fresh(...)``):
+    one set probe per block where ``fresh`` and the ``update`` after it took four (the blocks
+    added earlier in the list are in ``counted`` by then, so no set of seen blocks is needed)."""
+    cdef object fast = PySequence_Fast(blocks, "blocks must be a sequence")
+    cdef Py_ssize_t i, n = PySequence_Fast_GET_SIZE(fast), before
+    cdef PyObject** items = PySequence_Fast_ITEMS(fast)
+    cdef list out = []
+    cdef object x
+    cdef bint check_ex = len(excluded) > 0
+    for i in range(n):
+        x = <object>items[i]
+        if check_ex and PySet_Contains(excluded, x):
+            continue
+        before = len(counted)
+        PySet_Add(counted, x)
+        if len(counted) != before:
+            out.append(x)
     return out
 
 

@@ -60,9 +60,8 @@ from events.catalog import (
     RouteDecided,
 )
 from events.ids import BlockHash, BranchId, NodeId, Tier
-from services.cores.directory._native import common_prefix
+from services.cores.directory._native import add_fresh, common_prefix, is_suffix
 from services.cores.directory._native import dropped as dropped_blocks
-from services.cores.directory._native import fresh as fresh_blocks
 from services.cores.directory.lookup import LiveNodes, Lookup
 from services.cores.directory.table import TIER_INDEX, BlockTable
 
@@ -515,12 +514,14 @@ class DirectoryCore:
         # Every block of ``old`` is counted or excluded, so the blocks of the common prefix
         # ``blocks[:p] == old[:p]`` are never added, and only ``blocks[p:]`` is searched.
         tail = blocks[p:]
-        # the tail's blocks counted nowhere yet, in order, each once (a compiled loop)
-        added = fresh_blocks(tail, b.counted, b.excluded)
+        # the tail's blocks counted nowhere yet, in order, each once, now counted (a compiled
+        # loop; adding them before the drops below changes no drop: a block of the tail is kept)
+        added = add_fresh(tail, b.counted, b.excluded)
         fresh_tail = len(added) == len(tail)  # the tail repeats no block and none of ``old``
         if append:  # continuation: only the appended blocks can be new
             if not b.excluded and fresh_tail:
-                added = tail  # the common case: every appended block is new and distinct
+                # the common case: every appended block is new and distinct, and the request's
+                # cached slots of them are filled in place by the allocation below
                 tail_slots = self._cached_tail(r, len(tail))
             dropped: list[int] = []
         elif b.distinct:
@@ -537,9 +538,6 @@ class DirectoryCore:
         if added:
             cached = b.cslots is not None and b.cslots[1] == self._t.gen
             s_add = self._t.ensure(added, tail_slots) if holders else None
-            if tail_slots is not None and r is not None and s_add is not None:
-                self._update_cache(r, s_add)
-            b.counted.update(added)
             for h in holders:
                 self._t.add_refs(h, s_add, +1)
             b.cslots = (np.concatenate([b.cslots[0], s_add]), self._t.gen) if cached and holders else None
@@ -724,27 +722,19 @@ class DirectoryCore:
         return [DECODE] if n.role == "decode" else [PREFILL]
 
     def _cached_tail(self, r: _Request | None, k: int) -> np.ndarray | None:
-        """A copy of the request's cached slots of its last ``k`` blocks, if still exact."""
+        """The request's cached slots of its last ``k`` blocks, if still exact: a view, so what
+        an allocation fills in (``BlockTable.ensure`` writes the 0s it resolves in place) is in
+        the request's cache too. Exact, as the cache only changes where a 0 becomes the block's
+        slot, and no slot is freed in between (``gen``)."""
         if r is None or r.slots is None or r.slots[1] != self._t.gen or k > len(r.blocks):
             return None
-        return r.slots[0][len(r.blocks) - k:].copy()
-
-    def _update_cache(self, r: _Request, tail: np.ndarray) -> None:
-        """Write freshly resolved slots of the request's last ``len(tail)`` blocks into its cache."""
-        if r.slots is None or r.slots[1] != self._t.gen or not len(tail):
-            return
-        s = r.slots[0].copy()
-        s[len(s) - len(tail):] = tail
-        r.slots = (s, self._t.gen)
+        return r.slots[0][len(r.blocks) - k:]
 
     def _kv_slots(self, r: _Request | None, blocks: Sequence[int]) -> np.ndarray | None:
         """Cached slots for a KV event of request ``r`` whose blocks are a suffix of its prompt."""
-        if r is None or not len(blocks):
+        if r is None or not len(blocks) or not is_suffix(r.blocks, blocks):
             return None
-        k, rb = len(blocks), r.blocks
-        if k > len(rb) or rb[len(rb) - k:] != blocks:
-            return None
-        return self._cached_tail(r, k)
+        return self._cached_tail(r, len(blocks))
 
     def _on_kv_stored(self, ev: KvStored) -> None:
         """A write-through store (``write_through``) folds as the pair it replaces:
@@ -759,11 +749,8 @@ class DirectoryCore:
         r = self._request(ev, ev.request)
         if s_prev is not None:  # the same blocks' slots, from the write-through's L1 step
             s = self._t.store(n.idx, tier, ev.blocks, float(ev.ts), s_prev)
-        else:
-            cached = self._kv_slots(r, ev.blocks)
-            s = self._t.store(n.idx, tier, ev.blocks, float(ev.ts), cached)
-            if cached is not None:
-                self._update_cache(r, s)
+        else:  # (the request's cached slots, filled in place)
+            s = self._t.store(n.idx, tier, ev.blocks, float(ev.ts), self._kv_slots(r, ev.blocks))
         branch = r.branch if r is not None else ev.branch
         if branch is None:
             return s
@@ -786,13 +773,11 @@ class DirectoryCore:
         src = self._node_for_kv(ev, ev.src_node)
         dst = self._node_for_kv(ev, ev.dst_node)
         r = self._request(ev, ev.request)
-        cached = self._kv_slots(r, ev.blocks)
+        cached = self._kv_slots(r, ev.blocks)  # (the request's cached slots, filled in place)
         # resolved once for the read and the store (the store re-probes the unknown ones)
         s0 = cached if cached is not None else self._t.slots(ev.blocks, len(ev.blocks))
         self._read(ev, src, ev.blocks, s0)
-        s = self._t.store(dst.idx, ev.dst_tier, ev.blocks, float(ev.ts), s0)
-        if cached is not None:
-            self._update_cache(r, s)
+        self._t.store(dst.idx, ev.dst_tier, ev.blocks, float(ev.ts), s0)
         branch = r.branch if r is not None else ev.branch
         b = self._branch(ev, branch, quiet_ended=True) if branch is not None else None
         if b is None:

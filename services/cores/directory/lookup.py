@@ -17,6 +17,7 @@ import numpy as np
 from events.catalog import FetchStep
 from events.ids import NodeId
 from services.cores.directory._native import runs as equal_runs
+from services.cores.directory._native import runs_ends
 
 
 class NodeMatch(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -131,8 +132,12 @@ class Lookup:
         # is O(words + holders + runs), not a pass per node
         by_col = live.by_col
         per_node = live.zeros.copy()
-        self._runs = runs = _runs(masks)  # shared with fetch_plan
-        tiers, local = _prefix_ends(masks, runs)
+        if masks.shape[1] == 1:  # up to 32 nodes: runs and prefix ends in one compiled pass
+            starts, rows, tiers, local = runs_ends(masks[:, 0])
+            self._runs = (starts, rows)  # shared with fetch_plan
+        else:
+            self._runs = runs = _runs(masks)
+            tiers, local = _prefix_ends(masks, runs)
         for bit, length in local.items():
             node = by_col.get(bit >> 1)
             if node is not None:

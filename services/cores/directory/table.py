@@ -27,15 +27,17 @@ from collections.abc import Set as AbstractSet
 import numpy as np
 
 from services.cores.directory._native import (
-    FILL_MAX,
     BlockCounts,
     SlotMap,
     bucket_pick,
     fill_new,
-    held_prefix,
     held_split,
+    lookup_scan,
+    refill,
+    refs_add,
     unmark,
     unpinned,
+    unused,
 )
 from services.cores.directory._native import mark as mark_copies
 from services.cores.directory._native import read as read_copies
@@ -100,66 +102,34 @@ class BlockTable:
 
     def resolve(self, blocks: Sequence[int], cached: tuple[np.ndarray, int] | None) -> np.ndarray:
         """Slots of ``blocks`` reusing an earlier answer ``(slots, gen)`` for the same list: if no
-        slot was freed since, only the blocks unknown then are probed again."""
+        slot was freed since, only the blocks unknown then are probed again (compiled: the same
+        array back when none was unknown)."""
         if cached is None or cached[1] != self.gen:
             return self.slots(blocks, len(blocks))
-        s = cached[0]
-        z = np.flatnonzero(s == 0)
-        if len(z):
-            s = s.copy()
-            s[z] = self.slots([blocks[i] for i in z.tolist()], len(z))
-        return s
+        return refill(self.index, blocks, cached[0])
 
     def ensure(self, blocks: Sequence[int], s: np.ndarray | None = None) -> np.ndarray:
-        """Slots of ``blocks`` (``s``: already probed), allocating the unknown ones in bulk."""
-        given = s is not None
+        """Slots of ``blocks`` (``s``: already probed; filled in place), allocating the unknown
+        ones: one compiled pass (``fill_new``) re-probes the 0s and allocates the rest, distinct
+        blocks in order of first occurrence when at most ``FILL_MAX`` positions are unknown (a
+        live event's few, a turn's appended ones), sorted by hash above (a branch's first prompt)."""
         if s is None:
             s = self.slots(blocks, len(blocks))
-        # up to FILL_MAX unknown blocks (a live event's few, a turn's appended ones): one compiled
-        # pass re-probes the 0s and allocates the rest, the same slots as the numpy path below
-        if self.size + FILL_MAX > len(self.block):
-            self._grow(self.size + FILL_MAX)
         size = fill_new(self.index, blocks, s, self.block, self.free, self.size)
-        if size >= 0:
-            self.size = size
-            return s
-        missing = np.flatnonzero(s == 0)
-        if given:  # a 0 of an earlier probe may have been allocated since: probe those again
-            s[missing] = self.slots([blocks[i] for i in missing.tolist()], len(missing))
-            missing = np.flatnonzero(s == 0)
-        if not len(missing):
-            return s
-        if 4 * len(missing) > len(s):
-            mk = np.fromiter(blocks, dtype=np.uint64, count=len(blocks))[missing]
-        else:
-            mk = np.fromiter(map(blocks.__getitem__, missing.tolist()), dtype=np.uint64, count=len(missing))
-        new, inverse = _distinct(mk)  # a block may repeat inside one list
-        ks_arr = np.asarray(self._alloc(len(new)), dtype=np.intp)
-        self.index.insert(new, ks_arr)
-        self.block[ks_arr] = new
-        s[missing] = ks_arr[inverse]
+        if size < 0:  # the table is full: grow it to at least -size slots, then allocate
+            self._grow(-size)
+            size = fill_new(self.index, blocks, s, self.block, self.free, self.size)
+        self.size = size
         return s
-
-    def _alloc(self, k: int) -> list[int]:
-        """``k`` free slots: reused ones first (the free list's tail), then new ones."""
-        take = min(k, len(self.free))
-        ks = self.free[len(self.free) - take:]
-        del self.free[len(self.free) - take:]
-        if k > take:
-            if self.size + k - take > len(self.block):
-                self._grow(self.size + k - take)
-            ks.extend(range(self.size, self.size + k - take))
-            self.size += k - take
-        return ks
 
     def release(self, s: np.ndarray) -> None:
         """Free the slots among ``s`` that no node holds and no branch references."""
-        s = s[s > 0]
-        if not len(s):
-            return
-        dead = s[~_any_word(self.held.take(s, axis=0))]
-        if len(dead):  # the references of the unheld ones only (a row gather of N columns)
-            dead = dead[~self.refs[dead].any(axis=1)]
+        if len(s):
+            self._free(unused(self.held, self.refs, s))
+
+    def _free(self, dead: np.ndarray) -> None:
+        """Free the slots ``dead`` (unused; repeats allowed): ``gen`` moves, and they join the
+        free list in slot order."""
         if not len(dead):
             return
         dead = np.unique(dead)
@@ -238,19 +208,19 @@ class BlockTable:
 
     # ------------------------------------------------------------------------- counts
     def add_refs(self, n: int, s: np.ndarray, delta: int) -> None:
-        """``delta`` (+1/-1) on node ``n`` for the distinct, allocated slots ``s``."""
+        """``delta`` (+1/-1) on node ``n`` for the distinct, allocated slots ``s`` (one compiled
+        pass each way; a -1 frees the slots it leaves unused)."""
         if not len(s):
             return
-        col = self.refs[:, n]
         if delta > 0:
-            col[s] = col.take(s) + 1
+            refs_add(self.refs[:, n], s, 1, self.held, self.refs)
             self._count_class_moved(n, s, 1)
             return
-        now = col.take(s)
-        assert (s > 0).all() and (now > 0).all(), f"invariant: counts on node column {n} are never negative"
-        col[s] = now - 1
+        dead = refs_add(self.refs[:, n], s, -1, self.held, self.refs)
+        if dead is None:
+            raise AssertionError(f"invariant: counts on node column {n} are never negative")
         self._count_class_moved(n, s, 0)
-        self.release(s)
+        self._free(dead)
 
     def _count_class_moved(self, n: int, s: np.ndarray, now: int) -> None:
         """Tracked columns of node ``n``: copies whose count just became ``now`` (1 after +1,
@@ -426,43 +396,10 @@ class BlockTable:
         ``len(prefix)`` blocks resolved at the current ``gen`` (0 where unknown then; those are
         probed again), so only the rest is probed."""
         # a hash outside 64 bits is in no table: slot 0, nothing holds it, the prefix ends there
-        if prefix is not None:
-            k = len(prefix)
-            s = np.empty(len(blocks), dtype=np.intp)
-            s[:k] = prefix
-            z = np.flatnonzero(prefix == 0)
-            if len(z):
-                s[z] = self.slots([blocks[i] for i in z.tolist()], len(z))
-            if len(blocks) > k:
-                s[k:] = self.slots(blocks[k:], len(blocks) - k)
-        else:
-            s = self.slots(blocks, len(blocks))
-        pool = held_prefix(self.held, s)  # one pass, stops at the first unheld block
-        return pool, self.held.take(s[:pool], axis=0), s
+        return lookup_scan(self.index, blocks, prefix, self.held)
 
 
 _BIT = [np.uint64(1 << i) for i in range(64)]
-
-
-def _any_word(h: np.ndarray) -> np.ndarray:
-    """bool per row of ``[k, W]`` holder words: any bit set (an OR of the W columns is ~3x
-    cheaper than ``any(axis=1)`` on few rows of a few words)."""
-    a = h[:, 0]
-    if h.shape[1] > 1:
-        a = a.copy()
-        for w in range(1, h.shape[1]):
-            a |= h[:, w]
-    return a.astype(bool)
-
-
-def _distinct(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(distinct keys, index of each key in them)``; plain Python for tiny arrays, where
-    numpy's ``unique`` costs tens of microseconds of overhead."""
-    if len(keys) > 64:
-        return np.unique(keys, return_inverse=True)
-    pos: dict[int, int] = {}
-    inverse = [pos.setdefault(k, len(pos)) for k in keys.tolist()]
-    return np.fromiter(pos, dtype=np.uint64, count=len(pos)), np.asarray(inverse, dtype=np.intp)
 
 
 def _add_grouped(o: CopyOrder, s: np.ndarray, c: np.ndarray, last: np.ndarray) -> None:
