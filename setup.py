@@ -9,5 +9,6 @@ _DIRECTIVES = {"language_level": 3, "boundscheck": False, "wraparound": False}
 
 setup(ext_modules=cythonize(
     [Extension("services.cores.directory._native", ["services/cores/directory/_native.pyx"]),
-     Extension("engine._kvscan", ["engine/_kvscan.pyx"])],
+     Extension("engine._kvscan", ["engine/_kvscan.pyx"]),
+     Extension("replay.traces._chain", ["replay/traces/_chain.pyx"])],
     compiler_directives=_DIRECTIVES, quiet=True))

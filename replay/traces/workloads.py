@@ -42,7 +42,8 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from events.hashing import namespace_root, salted_chain
+from events.hashing import namespace_root
+from replay.traces._chain import salted_chain
 from replay.traces.format import Branch, Compact, End, Fork, Request, Session, Spawn, Step
 
 
@@ -67,7 +68,8 @@ class _Ctx:
 
     def append(self, n: int) -> None:
         # block i's tokens are [salt & U32, salt >> 32 & U32, i], chained from the last block
-        # (events.hashing.salted_chain hashes exactly as hash_block_tokens would, ~5x faster)
+        # (events.hashing.salted_chain hashes exactly as hash_block_tokens would, ~5x faster;
+        # replay/traces/_chain.pyx is the same chain compiled, the generators' main cost before)
         total = self.tail + int(n)
         blocks = self.blocks
         blocks += salted_chain(blocks[-1] if blocks else self.root, self.salt, len(blocks), total // self.bt)

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from events.hashing import hash_block_tokens, salted_chain
+from replay.traces import _chain
 from replay.traces.format import encode_session
 from replay.traces.workloads import LogNormal, Quantiles, generate
 
@@ -35,22 +36,37 @@ def test_generated_sessions_are_byte_identical_to_the_numpy_generator(name, seed
     assert h.hexdigest() == PINNED[(name, seed, agents, rate)]
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1), st.integers(0, 10_000), st.integers(0, 40))
-def test_salted_chain_is_hash_block_tokens_chained(parent, salt, start, count):
+# events.hashing's chain and the generators' compiled one (replay/traces/_chain.pyx)
+CHAINS = pytest.mark.parametrize("chain", [salted_chain, _chain.salted_chain], ids=["python", "compiled"])
+
+
+@CHAINS
+@settings(max_examples=300, deadline=None)
+@given(parent=st.integers(0, 2**64 - 1), salt=st.integers(0, 2**64 - 1), start=st.integers(0, 2**32 - 41),
+       count=st.integers(0, 40))
+def test_salted_chain_is_hash_block_tokens_chained(chain, parent, salt, start, count):
     want, p = [], parent
     for i in range(start, start + count):
         p = hash_block_tokens(p, [salt & 0xFFFFFFFF, salt >> 32 & 0xFFFFFFFF, i])
         want.append(p)
-    assert salted_chain(parent, salt, start, count) == want
+    assert chain(parent, salt, start, count) == want
 
 
-def test_salted_chain_refuses_indices_that_are_not_u32():
+@CHAINS
+def test_salted_chain_takes_parent_and_salt_modulo_2_64(chain):
+    """Wider or negative ints: the low 64 bits, as the struct packing of the Python chain."""
+    for parent, salt in [(2**64 + 5, 7), (-1, 2**70 + 3), (3, -(2**40))]:
+        assert chain(parent, salt, 9, 4) == salted_chain(parent & (2**64 - 1), salt & (2**64 - 1), 9, 4)
+
+
+@CHAINS
+def test_salted_chain_refuses_indices_that_are_not_u32(chain):
     with pytest.raises(ValueError, match="u32"):
-        salted_chain(1, 2, 2**32 - 1, 2)
+        chain(1, 2, 2**32 - 1, 2)
     with pytest.raises(ValueError, match="u32"):
-        salted_chain(1, 2, -1, 1)
-    assert salted_chain(1, 2, 5, 0) == []
+        chain(1, 2, -1, 1)
+    assert chain(1, 2, 5, 0) == []
+    assert chain(1, 2, 2**32 - 1, 1) == salted_chain(1, 2, 2**32 - 1, 1)
 
 
 def _reference_at(qd: Quantiles, u: float) -> float:
