@@ -24,7 +24,7 @@ from cpython.long cimport PyLong_CheckExact, PyLong_FromUnsignedLongLong
 from cpython.ref cimport PyObject
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from libc.stdint cimport int32_t, int64_t, uint64_t
-from libc.stdlib cimport malloc, qsort
+from libc.stdlib cimport malloc
 from libc.string cimport memset
 
 import numpy as np
@@ -606,16 +606,6 @@ cdef enum:
 FILL_MAX = _FILL_MAX
 
 
-ctypedef struct _KeyRank:
-    uint64_t key
-    Py_ssize_t d
-
-
-cdef int _key_cmp(const void* a, const void* b) noexcept nogil:
-    cdef uint64_t x = (<const _KeyRank*>a).key, y = (<const _KeyRank*>b).key
-    return (x > y) - (x < y)
-
-
 def fill_new(SlotMap index, blocks, int64_t[:] s, uint64_t[::1] block, list free, Py_ssize_t size):
     """BlockTable.ensure in one pass (numpy calls on 8-element arrays were ~9 of the ~12 us of an
     8-block live store; ``np.unique`` and the conversions of a branch's first prompt were 8% of
@@ -645,7 +635,8 @@ def fill_new(SlotMap index, blocks, int64_t[:] s, uint64_t[::1] block, list free
     cdef Py_ssize_t* pos = pos_s
     cdef Py_ssize_t* which = which_s
     cdef int64_t* slots = slots_s
-    cdef _KeyRank* order = NULL
+    cdef const int64_t[::1] order = None
+    cdef uint64_t[::1] kv
     cdef uint64_t* tk = NULL
     cdef Py_ssize_t* tv = NULL
     cdef uint64_t tmask, p
@@ -711,13 +702,15 @@ def fill_new(SlotMap index, blocks, int64_t[:] s, uint64_t[::1] block, list free
                     keys[nd] = k
                     nd += 1
                 which[i] = tv[p] - 1
-            order = <_KeyRank*>PyMem_Malloc(nd * sizeof(_KeyRank))
-            if order == NULL:
-                raise MemoryError()
+            # numpy's sort of the distinct hashes (vectorised; a qsort with a compare callback
+            # was half of this function on a branch's first prompt); distinct, so any sort kind
+            # gives the one order np.unique gave
+            keys_arr = np.empty(nd, dtype=np.uint64)
+            kv = keys_arr
             for d in range(nd):
-                order[d].key = keys[d]
-                order[d].d = d
-            qsort(order, nd, sizeof(_KeyRank), _key_cmp)
+                kv[d] = keys[d]
+            order_arr = np.argsort(keys_arr)
+            order = order_arr
         nfree = len(free)
         take = min(nd, nfree)
         need = size + nd - take
@@ -725,14 +718,14 @@ def fill_new(SlotMap index, blocks, int64_t[:] s, uint64_t[::1] block, list free
             return -need
         # rank r (first occurrence, or hash order) gets the free list's tail first, then new slots
         for r in range(nd):
-            d = r if order == NULL else order[r].d
+            d = r if order is None else order[r]
             slots[d] = free[nfree - take + r] if r < take else size + (r - take)
         if take:
             del free[nfree - take:]
         size = need
         index._reserve(nd)
         for r in range(nd):  # into the index in rank order, as the numpy path's insert did
-            d = r if order == NULL else order[r].d
+            d = r if order is None else order[r]
             index._put(keys[d], slots[d])
             block[slots[d]] = keys[d]
         for i in range(m):
@@ -746,7 +739,6 @@ def fill_new(SlotMap index, blocks, int64_t[:] s, uint64_t[::1] block, list free
             PyMem_Free(slots)
         PyMem_Free(tk)
         PyMem_Free(tv)
-        PyMem_Free(order)
 
 
 def refill(SlotMap index, blocks, s_arr):
