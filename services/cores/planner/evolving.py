@@ -514,6 +514,10 @@ class EvolvingPlanner(PlannerBase):
             ]
         ev = self.evaluate(self.assignment_order(), works, ref, self.serving_split(base["window_start"]))
         P, cands, why = self.decide(ev, ref, "")
+        if P is None and self.serving_split(base["window_start"]) is None:
+            P, tie = self._initial_ttft(ev, ref)
+            if P is not None:
+                why = f"{why}; {tie}"
         if P is None:
             P, reason = ref, f"{INITIAL}: reference {ref_name} kept: {why}"
         else:
@@ -523,6 +527,32 @@ class EvolvingPlanner(PlannerBase):
             PlanEvaluated(**base, candidates=cands, chosen=chosen, reason=reason),
             *self.order(self.nodes_to_switch(P), ts, reason),
         ]
+
+    def _initial_ttft(self, ev: Evaluation, ref: int) -> tuple[int | None, str]:
+        """The TTFT objective at a warm-up end where no candidate's throughput gain passed the
+        2-SE test and the nodes warmed up collocated: the reference was never served, every
+        node takes a role now whichever split is chosen, so it holds no incumbency; the 2-SE
+        test says no candidate is surely faster, not that the reference is better. Among the
+        reference and the candidates not vetoed whose predicted throughput is within
+        ``throughput_tolerance`` of the reference's, the lowest predicted P95 TTFT is taken
+        when it beats the reference's by ``ttft_min_improvement_s`` (as ``_ttft_objective``
+        does among passing candidates; METHOD.md §6 limit 1). (P or None, why)."""
+        cfg = self.cfg
+        if not cfg.ttft_objective:
+            return None, ""
+        r = ref - 1
+        floor = (1.0 - cfg.throughput_tolerance) * ev.theta_mean[r]
+        near = [i for i in range(len(ev.P)) if i != r and ev.theta_mean[i] >= floor and not self._veto(ev, i, r)]
+        if not near:
+            return None, ""
+        pick = min(near, key=lambda i: (ev.ttft[i], -ev.theta_mean[i], abs(i - r), i))
+        if ev.ttft[pick] > ev.ttft[r] - cfg.ttft_min_improvement_s:
+            return None, ""
+        return int(ev.P[pick]), (
+            f"ttft objective: {ev.P[pick]}P within {cfg.throughput_tolerance:.0%} of the reference's predicted "
+            f"throughput ({ev.theta_mean[pick]:.3f} vs {ev.theta_mean[r]:.3f} req/s), predicted ttft p95 "
+            f"{ev.ttft[pick]:.2f} s vs {ev.ttft[r]:.2f} s"
+        )
 
     def _newcomers(self, ts: float, k_end: int, base: dict) -> list[Event]:
         """NEWCOMERS: only the nodes without a role get one, at the best split they can reach

@@ -87,3 +87,38 @@ def test_without_two_slices_of_data_the_reference_is_taken():
     assert plan.reason.startswith("initial split without data: reference 2P2D") and plan.chosen.prefill == 2
     assert plan_path(plan.reason) == INITIAL
     assert len([e for e in out if isinstance(e, RoleSwitchOrdered)]) == 4
+
+
+# A 3-node mix where 2P1D predicts a throughput 3% below the reference 1P2D's (no gain, so no
+# candidate passes 2 SE) and a P95 TTFT 0.8 s lower.
+TIE = {"t_uc": 10_000, "t_c": 20_000, "t_out": 400, "arrivals_rps": 1.0, "q": 16}
+
+
+def test_collocated_warmup_takes_the_lower_ttft_split_at_equal_throughput():
+    """No candidate passes 2 SE over the reference 1P2D, but 2P1D is within the throughput
+    tolerance of it and predicts a P95 TTFT lower by more than ``ttft_min_improvement_s``:
+    the nodes warmed up collocated, every one takes a role whichever split is chosen, so the
+    TTFT objective takes 2P1D (before, the never-served reference was kept)."""
+    planner = EvolvingPlanner(warmup_s=300, initial="1P2D", ttft_min_improvement_s=0.5)
+    plan, orders = warmup_end(drive(planner, Scenario(n_nodes=3, mixes=[Mix(400, **TIE)])))
+    ref, two = (next(c for c in plan.candidates if c.split.prefill == p) for p in (1, 2))
+    assert not any(c.passed for c in plan.candidates)
+    assert two.throughput >= 0.95 * ref.throughput and two.throughput < ref.throughput
+    assert two.predicted_ttft_p95_s <= ref.predicted_ttft_p95_s - 0.5
+    assert plan.chosen.prefill == 2 and plan_path(plan.reason) == INITIAL
+    assert "no candidate's mean gain exceeds 2 SE; ttft objective: 2P within 5%" in plan.reason
+    assert plan.reason.endswith("over reference 1P2D")
+    assert sorted((o.node, o.to_role) for o in orders) == [("n00", "prefill"), ("n01", "prefill"), ("n02", "decode")]
+
+
+def test_the_ttft_tie_break_needs_the_improvement_and_a_reference_never_served():
+    """The same mix: with ``ttft_min_improvement_s`` above the 0.8 s difference, with the TTFT
+    objective off, or with the nodes already serving 1P2D (``--start``: the reference is the
+    split served, held until a candidate passes 2 SE), 1P2D is kept."""
+    for planner in (EvolvingPlanner(warmup_s=300, initial="1P2D", ttft_min_improvement_s=1.0),
+                    EvolvingPlanner(warmup_s=300, initial="1P2D", ttft_min_improvement_s=0.5, ttft_objective=False),
+                    StartAt(EvolvingPlanner(warmup_s=300, ttft_min_improvement_s=0.5), prefill=1)):
+        plan, _ = warmup_end(drive(planner, Scenario(n_nodes=3, mixes=[Mix(400, **TIE)])))
+        assert plan.chosen.prefill == 1, plan.reason
+        assert "reference 1P2D kept: no candidate's mean gain exceeds 2 SE" in plan.reason
+        assert "ttft objective" not in plan.reason
