@@ -12,7 +12,12 @@ our simulator's stacks on the same trace, the same request count and the same en
    ``--decode`` decode mocker workers, ``replay_concurrency`` = ``--concurrency``), run by
    services/drivers/bench/dynamo_child.py in ``.venv-dynamo`` (``bash scripts/setup.sh --dynamo``).
 4. Ours: each ``--stacks`` stack on ``prefill + decode`` simulated nodes, ``--concurrency``
-   sessions at a time, no refill (``SimConfig.refill``): the trace ends the run.
+   sessions at a time, no refill (``SimConfig.refill``): the trace ends the run. Dynamo-style
+   serves the real one's split; evolving starts there too (``--start split``) and its planner
+   moves when sure after its ``--warmup``, or warms up collocated (``--start collocated``); our
+   nodes keep the profile's host tier unless ``--host-kv-tokens`` says otherwise (the mocker
+   has none). With ``--keep`` each stack's event log is kept (``<stack>.duckdb``) for
+   ``evolving sim-report`` / ``sql`` / ``verify``.
 
 Per stack: throughput (requests / the span from the first arrival to the last finish), TTFT
 P50 / P95, E2E mean / P95 (every request, percentiles by ``numpy.percentile``), KV hit (prompt
@@ -29,7 +34,7 @@ import os
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +42,7 @@ import numpy as np
 from engine.profiles import Profile, load_profile
 from replay.sim.figures import MetricsFold
 from replay.sim.inputs import load_trace
+from replay.sim.simlog import SimLog
 from replay.sim.simulation import SimConfig, Simulation
 from replay.sim.stacks import get_stack
 from replay.traces.export import export_sessions
@@ -64,6 +70,19 @@ class OfflineSpec:
     stacks: tuple[str, ...]
     pace: str = "agent:60:10"
     seed: int = 0
+    # our stacks' warm-up (SimConfig.warmup_s): evolving serves collocated and fits its models
+    # for this long, then takes its first split (METHOD.md §4.2-4.3; two of the planner's 60 s
+    # slices, the fewest its 2-SE test reads); baselines serve their split from t = 0 either way.
+    # Every request counts in the figures, the warm-up's included
+    warmup_s: float = 120.0
+    # our nodes' host (L2) KV tokens; None: the profile's. The mocker has no host tier: 0 is
+    # Dynamo's KV side exactly (docs/experiments.md, "Offline in the pressure regime")
+    host_kv_tokens: int | None = None
+    # how a stack of ours that picks its own split (evolving) starts: "split" serves the
+    # --prefill / --decode split from t = 0, the deployment the real Dynamo's workers are given,
+    # and its planner moves from there only when sure; "collocated" warms up collocated and picks
+    # its first split at the warm-up end (METHOD.md §4.2)
+    start: str = "split"
 
 
 def dynamo_missing(python: Path = DYNAMO_PYTHON) -> str | None:
@@ -134,24 +153,48 @@ def run_dynamo(spec: OfflineSpec, trace: Path, prof: Profile, work: Path,
                    done if len(done) == len(timed) else None, requests=len(reqs)), out
 
 
-def run_ours(spec: OfflineSpec, trace: Path, prof: Profile, stack_name: str) -> tuple[dict[str, float], object]:
+def run_ours(spec: OfflineSpec, trace: Path, prof: Profile, stack_name: str,
+             log_path: Path | None = None) -> tuple[dict[str, float], object]:
+    """One of our stacks on the trace. ``log_path``: also write its full event log there (DuckDB,
+    the simulator's own writer: ``evolving sim-report`` / ``sql`` / ``verify`` read it); the
+    wall and CPU time then include the writer's share in this process."""
     sessions = load_workload(f"mooncake:{trace}", block_tokens=spec.block_tokens).sessions
     horizon_s = 30 * 24 * 3600.0  # a bound only: the trace ends the run (refill off)
-    cfg = SimConfig(nodes=spec.prefill + spec.decode, warmup_s=0.0, duration_s=horizon_s, seed=spec.seed,
+    cfg = SimConfig(nodes=spec.prefill + spec.decode, warmup_s=spec.warmup_s, duration_s=horizon_s, seed=spec.seed,
                     agents=spec.concurrency, stagger_s=0.0, refill=False)
+    if spec.start not in ("split", "collocated"):
+        raise ValueError(f"start: split or collocated, got {spec.start!r}")
     stack = get_stack(stack_name)
+    if stack.split is None and spec.start == "split":
+        stack = replace(stack, start=(spec.prefill, spec.decode))
+    if stack.name == "dynamo":  # the real one's split (--prefill / --decode), not two thirds of the nodes
+        stack = replace(stack, split=(spec.prefill, spec.decode))
     fold = MetricsFold(0.0, cfg.end_s)
-    sim = Simulation(prof, stack, sessions, cfg, keep_log=False, observe=fold)
+    rec = None
+    if log_path is not None:  # the run_config replay/sim/runs.py writes, so verify rebuilds the same cores
+        rec = SimLog(log_path, config={"driver": "simulator", "stack": stack.describe(), "profile": prof.name,
+                                       "kv_gpu_tokens": prof.l1_capacity_tokens, "kv_host_tokens": prof.l2_capacity_tokens,
+                                       "nodes": cfg.nodes, "seed": cfg.seed, "warmup_s": cfg.warmup_s,
+                                       "duration_s": cfg.duration_s, "agents": cfg.agents,
+                                       "arrivals_per_min": cfg.arrivals_per_min, "bench": "dynamo --offline",
+                                       **stack.core_config(prof, cfg)})
+    sim = Simulation(prof, stack, sessions, cfg, record=rec, keep_log=False, observe=fold)
     t0, c0 = time.perf_counter(), time.process_time()
-    res = sim.run()
+    try:
+        res = sim.run()
+    finally:
+        if rec is not None:
+            rec.close()
     wall_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
     m = fold.metrics(stack.name)
     span = sim.now  # the clock stops at the last finish; every session starts at 0
     return figures(list(m.ttft_s), list(m.e2e_s), span, m.kv_hit_actual, wall_s, cpu_s), (m, res)
 
 
-def run_offline(spec: OfflineSpec, python: Path = DYNAMO_PYTHON, work: Path | None = None) -> dict:
-    """Every row of the offline table, and what it ran."""
+def run_offline(spec: OfflineSpec, python: Path = DYNAMO_PYTHON, work: Path | None = None,
+                keep_logs: bool = False) -> dict:
+    """Every row of the offline table, and what it ran. ``keep_logs``: each of our stacks also
+    writes its event log to ``work/<stack>.duckdb`` (``--keep``), listed in ``logs``."""
     tmp = None
     if work is None:
         tmp = tempfile.TemporaryDirectory(prefix="bench-dynamo-")
@@ -160,9 +203,12 @@ def run_offline(spec: OfflineSpec, python: Path = DYNAMO_PYTHON, work: Path | No
         trace = work / "trace.mooncake.jsonl"
         n = write_trace(spec, trace)
         prof = equalised_profile(load_profile(spec.profile))
+        if spec.host_kv_tokens is not None:
+            prof = replace(prof, l2_capacity_tokens=spec.host_kv_tokens)
         rows: list[dict] = []
         notes: list[str] = []
         results: dict[str, dict[str, float]] = {}
+        logs: dict[str, str] = {}
         why = dynamo_missing(python)
         version = None
         if why is None:
@@ -177,7 +223,10 @@ def run_offline(spec: OfflineSpec, python: Path = DYNAMO_PYTHON, work: Path | No
             notes.append(f"no dynamo row: {why}")
         for st in spec.stacks:
             label = row_label(st)
-            results[label], (m, res) = run_ours(spec, trace, prof, st)
+            log = work / f"{label.replace(':', '_')}.duckdb" if keep_logs else None
+            results[label], (m, res) = run_ours(spec, trace, prof, st, log)
+            if log is not None:
+                logs[label] = str(log)
             if res.finished != n:
                 notes.append(f"{label}: {res.finished} of the trace's {n} requests finished")
             split = {k: v for k, v in m.split_time_s.items() if v > 0}
@@ -187,7 +236,7 @@ def run_offline(spec: OfflineSpec, python: Path = DYNAMO_PYTHON, work: Path | No
         for stack, figs in results.items():
             rows += [{"mode": "offline", "stack": stack, "metric": k, "value": figs[k]} for k in METRICS]
         return {"rows": rows, "requests": n, "notes": notes, "dynamo_version": version, "profile": prof.name,
-                "spec": spec.__dict__}
+                "spec": spec.__dict__, "logs": logs}
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -212,7 +261,8 @@ def print_table(result: dict) -> None:
     spec = result["spec"]
     print(f"offline: {result['requests']} requests ({spec['sessions']} sessions x <= {spec['turns']} turns of "
           f"{spec['trace']}, pace {spec['pace']}), {spec['concurrency']} at a time, {spec['prefill']}P{spec['decode']}D, engine "
-          f"{result['profile']}; ai-dynamo {result['dynamo_version'] or '-'}")
+          f"{result['profile']}; ai-dynamo {result['dynamo_version'] or '-'}; ours: start {spec.get('start', 'collocated')}, warm-up {spec.get('warmup_s', 0):g} s, "
+          f"host KV {'the profile' + chr(39) + 's' if spec.get('host_kv_tokens') is None else spec['host_kv_tokens']}")
     fmt = {"throughput_rps": "{:.3f}", "kv_hit": "{:.1%}", "requests": "{:.0f}"}
     print(f"{'metric':<22}" + "".join(f"{s:>16}" for s in stacks))
     for k in METRICS:
@@ -227,6 +277,8 @@ def print_table(result: dict) -> None:
             print(f"{s} / dynamo: " + ", ".join(f"{k} {v:.2f}x" for k, v in rs.items()))
     for note in result["notes"]:
         print(f"note: {note}")
+    for stack, path in result.get("logs", {}).items():
+        print(f"log: {stack} {path}")
 
 
 __all__ = ["OfflineSpec", "dynamo_missing", "figures", "ratios", "run_dynamo", "run_offline", "run_ours",

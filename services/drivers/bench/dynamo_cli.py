@@ -38,9 +38,18 @@ def add_arguments(p) -> None:
     p.add_argument("--pace", default="agent:60:10", help="client pauses written into the trace: recorded, "
                    "agent[:TOOL_CAP[:HUMAN_CAP]] or scale:X (docs/traces.md), the README demo's by default")
     p.add_argument("--dynamo-python", default=str(DYNAMO_PYTHON), help="the python of the venv with ai-dynamo")
-    p.add_argument("--keep", default=None, help="a folder to keep the trace, the NPZ, Dynamo's output and the "
-                   "live stacks' logs in")
+    p.add_argument("--keep", default=None, help="a folder to keep the trace, the NPZ, Dynamo's output and our "
+                   "stacks' event logs in (offline/<stack>.duckdb: evolving sim-report / sql / verify read them; live: "
+                   "the live stacks' logs)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warmup", type=float, default=120.0, help="offline: our stacks' warm-up in seconds (evolving "
+                   "serves collocated, fits, then takes its first split; baselines serve their split from 0); "
+                   "every request counts")
+    p.add_argument("--start", choices=("split", "collocated"), default="split", help="offline: evolving serves the "
+                   "--prefill/--decode split from t = 0 as Dynamo's workers (its planner moves when sure), or warms up "
+                   "collocated and picks its first split")
+    p.add_argument("--host-kv-tokens", type=int, default=None, help="offline: our nodes' host (L2) KV tokens "
+                   "(default: the profile's; 0: none, as the mocker)")
     p.add_argument("--json", action="store_true")
 
 
@@ -59,9 +68,10 @@ def _bench_dynamo(args) -> int:
             spec = OfflineSpec(trace=args.trace, sessions=sessions, turns=args.turns or 8,
                                block_tokens=args.block_tokens, concurrency=args.concurrency or sessions,
                                profile=args.profile, prefill=args.prefill, decode=args.decode,
-                               stacks=tuple(s for s in args.stacks.split(",") if s), pace=args.pace, seed=args.seed)
+                               stacks=tuple(s for s in args.stacks.split(",") if s), pace=args.pace, seed=args.seed,
+                               warmup_s=args.warmup, host_kv_tokens=args.host_kv_tokens, start=args.start)
             (work / "offline").mkdir(exist_ok=True)
-            results.append(run_offline(spec, Path(args.dynamo_python), work / "offline"))
+            results.append(run_offline(spec, Path(args.dynamo_python), work / "offline", keep_logs=bool(args.keep)))
         if args.live:
             from services.drivers.bench import dynamo_live as live  # lazy: aiohttp, only for --live
 

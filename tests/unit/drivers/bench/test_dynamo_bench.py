@@ -9,6 +9,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import duckdb
 import pytest
 
 from engine.profiles import load_profile
@@ -62,3 +63,49 @@ def test_labels_and_ratios() -> None:
     rows = [{"mode": "offline", "stack": "dynamo", "metric": "ttft_p50_s", "value": 2.0},
             {"mode": "offline", "stack": "dynamo-style", "metric": "ttft_p50_s", "value": 1.0}]
     assert ratios(rows, against="dynamo-style") == {"ttft_p50_s": pytest.approx(0.5)}
+
+
+def test_dynamo_style_serves_the_split_the_real_one_is_given(tmp_path: Path) -> None:
+    """Our Dynamo-style row runs at ``--prefill`` / ``--decode`` as the real Dynamo's workers do
+    (it ran at two thirds of the nodes prefill whatever the split: 2P1D for a 1P2D bench)."""
+    s = spec(prefill=1, decode=2, turns=2)
+    write_trace(s, tmp_path / "t.jsonl")
+    _, (m, _res) = run_ours(s, tmp_path / "t.jsonl", equalised_profile(load_profile(s.profile)), "dynamo")
+    assert {k for k, v in m.split_time_s.items() if v > 0} == {"1P2D"}
+
+
+@pytest.mark.parametrize("start,collocated", [("split", False), ("collocated", True)])
+def test_evolving_starts_at_the_bench_split_or_warms_up_collocated(tmp_path: Path, start: str,
+                                                                  collocated: bool) -> None:
+    s = spec(turns=2, start=start, warmup_s=120.0)
+    write_trace(s, tmp_path / "t.jsonl")
+    _, (m, res) = run_ours(s, tmp_path / "t.jsonl", equalised_profile(load_profile(s.profile)), "evolving")
+    served = {k for k, v in m.split_time_s.items() if v > 0}
+    assert res.finished == res.submitted
+    assert any(k.endswith("C") for k in served) == collocated, served
+    if not collocated:
+        assert served == {"2P1D"}
+
+
+def test_kept_logs_are_event_logs_verify_reproduces(tmp_path: Path, capsys) -> None:
+    """``--keep``: each of our stacks writes its DuckDB event log beside the trace; ``evolving
+    verify`` rebuilds the cores from its run_config and reproduces every decision."""
+    from services.drivers.cli import main
+
+    res = run_offline(spec(stacks=("evolving", "static:2P1D")), python=tmp_path / "none", work=tmp_path,
+                      keep_logs=True)
+    assert res["logs"] == {"evolving": str(tmp_path / "evolving.duckdb"),
+                           "static:2P1D": str(tmp_path / "static_2P1D.duckdb")}
+    capsys.readouterr()
+    for path in res["logs"].values():
+        assert main(["verify", path]) == 0
+        assert "every recorded decision was reproduced exactly" in capsys.readouterr().out
+    assert run_offline(spec(stacks=("evolving",)), python=tmp_path / "none", work=tmp_path / "w")["logs"] == {}
+
+
+def test_host_kv_tokens_sets_our_nodes_host_tier(tmp_path: Path) -> None:
+    res = run_offline(spec(stacks=("evolving",), host_kv_tokens=0), python=tmp_path / "none", work=tmp_path,
+                      keep_logs=True)
+    with duckdb.connect(res["logs"]["evolving"], read_only=True) as con:
+        cfg = {k: json.loads(v) for k, v in con.sql("SELECT key, value FROM run_config").fetchall()}
+    assert cfg["kv_host_tokens"] == 0 and cfg["bench"] == "dynamo --offline"
