@@ -89,6 +89,15 @@ cdef inline bint _seen_add(Seen* s, uint64_t k) noexcept nogil:
     return True
 
 
+cdef inline bint _seen_has(Seen* s, uint64_t k) noexcept nogil:
+    cdef uint64_t p = (k * <uint64_t>0x9E3779B97F4A7C15ULL) >> (64 - s.bits)
+    while s.used[p]:
+        if s.keys[p] == k:
+            return True
+        p = (p + 1) & s.mask
+    return False
+
+
 cdef inline Py_ssize_t _convert(PyObject** items, Py_ssize_t i, Py_ssize_t m, uint64_t* ks,
                                 unsigned char* ok):
     """``items[i:i+m]`` as hashes into ``ks``, ``ok[j]`` 0 where one is not a uint64 hash."""
@@ -240,3 +249,35 @@ def common_prefix(a, b):
         if ia[i] != ib[i] and not PyObject_RichCompareBool(<object>ia[i], <object>ib[i], Py_EQ):
             return i
     return n
+
+
+def meets(a, b):
+    """Whether some block of ``b`` is one of ``a`` (``not set(a).isdisjoint(b)``): the pool's
+    check that an eviction's candidates hold none of a call's own prompt (KvPool._without; a
+    ~1,000-block answer against a ~1,700-block prompt, 3,800 times in 10 simulated minutes). ``a``'s
+    hashes go into a table of this call, ``b``'s are probed: no Python set of ``a`` built. A
+    list ``a`` with anything but uint64 hashes is asked as Python sets would be."""
+    cdef object fa = PySequence_Fast(a, "a must be a sequence")
+    cdef object fb = PySequence_Fast(b, "b must be a sequence")
+    cdef Py_ssize_t i, na = PySequence_Fast_GET_SIZE(fa), nb = PySequence_Fast_GET_SIZE(fb)
+    cdef PyObject** ia = PySequence_Fast_ITEMS(fa)
+    cdef PyObject** ib = PySequence_Fast_ITEMS(fb)
+    cdef uint64_t k = 0
+    cdef Seen s
+    cdef bint found = False
+    if na == 0 or nb == 0:
+        return False
+    _seen_init(&s, na)
+    try:
+        for i in range(na):
+            if not as_u64(<object>ia[i], &k):
+                return not set(a).isdisjoint(b)
+            _seen_add(&s, k)
+        for i in range(nb):
+            if as_u64(<object>ib[i], &k) and _seen_has(&s, k):
+                found = True
+                break
+    finally:
+        PyMem_Free(s.keys)
+        PyMem_Free(s.used)
+    return found

@@ -198,12 +198,7 @@ class KvPool:
         (Counting them into the pins and taking them back instead logged a release of every
         one per call, which the directory's next eviction order re-read: 5-8% of a
         calibration-session run, docs/simulator.md §8.)"""
-        cs = BlockSet()
-        try:
-            cs.update(chosen)
-        except TypeError:  # a chooser that answers non-hashes (never held: any set will do)
-            cs = set(chosen)
-        if cs.isdisjoint(also_pinned):  # none of also_pinned is among them
+        if not _kvscan.meets(chosen, also_pinned):  # none of also_pinned is among them (compiled)
             return chosen
         extra = set(also_pinned)
         more = self._choose(tier, (want + len(extra)) * self.bt, self._pin_n)

@@ -47,6 +47,7 @@ from itertools import islice
 
 import numpy as np
 
+from engine import _kvscan
 from engine.kvpool import BlockSet, KvPool
 from events.catalog import (
     BranchEnded,
@@ -153,6 +154,7 @@ class _Fold:
     finished: int = 0  # of those, finished without error
     finished_in_window: int = 0  # any request finished between warm-up end and end
     seen: BlockSet = field(default_factory=BlockSet)  # every prompt block submitted so far (uint64 set: an OSWorld-like hour submits ~10M)
+    last: dict[str, Sequence[int]] = field(default_factory=dict)  # branch -> its last prompt (all of it in seen)
     sub: dict[str, tuple[float, int, int, bool]] = field(default_factory=dict)  # ts, prompt, ideal, measured
     first: dict[str, float] = field(default_factory=dict)
     done: set[str] = field(default_factory=set)
@@ -176,9 +178,14 @@ class _Fold:
             self.nt.spec_submitted(e, self)
             return
         self.nt.submitted(e, self)
-        n = KvPool.prefix_len(e.blocks, 0, self.seen)  # the run seen before: chunked set tests
+        # the run seen before: the branch's last prompt is all in seen, so the part this one
+        # shares with it is not probed again (compared in C: a prompt usually extends the last)
+        prev = self.last.get(e.branch)
+        start = _kvscan.common_prefix(prev, e.blocks) if prev is not None else 0
+        n = KvPool.prefix_len(e.blocks, start, self.seen)
         ideal = min(n * e.block_tokens, max(0, e.prompt_tokens - 1))
         self.seen.update(islice(e.blocks, n, None))
+        self.last[e.branch] = e.blocks
         measured = e.ts >= self.warmup_s
         self.sub[e.request] = (e.ts, e.prompt_tokens, ideal, measured)
         if measured:
@@ -312,6 +319,7 @@ def _branch_opened(f: _Fold, e: BranchOpened) -> None:
 
 def _branch_ended(f: _Fold, e: BranchEnded) -> None:
     f.demand.end(e.branch, e.ts, f.warmup_s, f.end_s)
+    f.last.pop(e.branch, None)
 
 
 _STEPS = {

@@ -12,19 +12,21 @@ import time
 from collections.abc import Callable, Sequence
 
 import msgspec
+from engine._kvscan import common_prefix
 
+from replay.traces._chain import salted
 from replay.traces.format import Compact, Request, Session
-from replay.traces.importers._common import common_prefix
 
 _MASK = (1 << 64) - 1
 
 
-def _salt_blocks(blocks: list[int], salt: int) -> list[int]:
-    """A bijective 64-bit remap (odd multiplier, xor): a replayed copy of a session gets its own
-    block hashes, so copies never share KV that distinct agents would not share."""
+def _salt_blocks(blocks: list[int], salt: int, start: int = 0) -> list[int]:
+    """A bijective 64-bit remap (odd multiplier, xor) of ``blocks[start:]``: a replayed copy of
+    a session gets its own block hashes, so copies never share KV that distinct agents would
+    not share. ``[((h * mul) & _MASK) ^ x for h in ...]``, compiled (replay/traces/_chain.pyx)."""
     mul = 0x9E3779B97F4A7C15
     x = (salt * 0xD6E8FEB86659FD93) & _MASK
-    return [((h * mul) & _MASK) ^ x for h in blocks]
+    return salted(blocks, start, mul, x)
 
 
 class SessionSource:
@@ -102,9 +104,9 @@ class SessionSource:
             for st in b.steps:
                 if isinstance(st, (Request, Compact)):
                     m = common_prefix(prev, st.blocks)
-                    salted = prev_salted[:m] + _salt_blocks(st.blocks[m:], c)
-                    prev, prev_salted = st.blocks, salted
-                    st = msgspec.structs.replace(st, blocks=salted)
+                    remapped = prev_salted[:m] + _salt_blocks(st.blocks, c, m)
+                    prev, prev_salted = st.blocks, remapped
+                    st = msgspec.structs.replace(st, blocks=remapped)
                 steps.append(st)
             branches.append(msgspec.structs.replace(b, steps=steps))
         return msgspec.structs.replace(s, id=f"{s.id}~{c}", branches=branches)

@@ -80,3 +80,21 @@ def salted_chain(parent, salt, long long start, long long count) -> list:
         p = b2_salted(p, s, <uint64_t>(start + i))
         out[i] = PyLong_FromUnsignedLongLong(p)
     return out
+
+
+def salted(blocks, Py_ssize_t start, uint64_t mul, uint64_t x) -> list:
+    """``[(h * mul) & (2**64 - 1) ^ x for h in blocks[start:]]``, the hashes taken modulo 2**64
+    (replay/sim/sessions.py's remap of a recorded session's later passes)."""
+    cdef list src = list(blocks) if type(blocks) is not list else blocks
+    cdef Py_ssize_t i, n = len(src)
+    if start < 0:
+        start = 0
+    cdef list out = [None] * max(0, n - start)
+    cdef uint64_t h
+    for i in range(start, n):
+        try:
+            h = src[i]  # a uint64 hash, converted in C
+        except OverflowError:  # a negative or wider int: its low 64 bits, as the Python remap
+            h = <uint64_t>(src[i] & _MASK)
+        out[i - start] = PyLong_FromUnsignedLongLong((h * mul) ^ x)
+    return out

@@ -71,3 +71,18 @@ def test_a_held_run_ends_where_it_ends_across_chunk_edges():
             assert _kvscan.missing_after(seq, 0, store) == [gap]
             assert _kvscan.held_unpinned(seq, store, BlockCounts()) == blocks[:end] + blocks[end + 1:]
     assert _kvscan.prefix_len(blocks, 0, store) == 300 and _kvscan.prefix_len(blocks, 64, store) == 300
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(ENTRIES, max_size=120), st.lists(ENTRIES, max_size=120))
+def test_meets_is_a_set_intersection_test(a, b):
+    want = not set(a).isdisjoint(b)
+    for x, y in ((a, b), (tuple(a), b), (a, tuple(b))):
+        assert _kvscan.meets(x, y) is want
+    assert _kvscan.meets(b, a) is want
+
+
+def test_meets_on_lists_of_other_objects_asks_python_sets():
+    assert _kvscan.meets(["x", 3], [3]) is True
+    assert _kvscan.meets(["x", 3], ["y", 4]) is False
+    assert _kvscan.meets([1, 2], []) is False and _kvscan.meets([], [1]) is False
