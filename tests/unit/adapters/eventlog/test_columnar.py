@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from events.catalog import KvEvicted, KvMoved, KvStored, RequestSubmitted, Tick
 from events.codec import to_json
-from services.adapters.eventlog import DuckDbEventLog, open_sources
+from services.adapters.eventlog import DuckDbEventLog, columnar, open_sources
 
 BIG = 2**64 - 1
 hashes = st.integers(min_value=0, max_value=BIG)
@@ -310,3 +310,80 @@ def test_a_new_log_takes_small_blocks_and_a_log_of_duckdbs_default_blocks_reads_
     want = [(i + 1, to_json(ev)) for i, ev in enumerate(evs)]
     assert got["new"] == got["old"] == got["f1"] == want
     assert got["new sql"] == got["old sql"] == got["f1 sql"] == [(s, p.decode()) for s, p in want]
+
+
+def _bitmaps_per_list(h, ids, off, seg_global, keyed, rcount):
+    """columnar._bitmaps as a loop over the lists (the code before issue 40's third pass): the
+    reference the one-pass version must equal, list for list and word for word."""
+    import numpy as np
+
+    bm = np.zeros(len(keyed), dtype=bool)
+    wnums, wsegs, words = [], [], []
+    for i in np.flatnonzero(keyed & (rcount >= 3)):
+        a, b = int(off[i]), int(off[i + 1])
+        seg = seg_global[a:b] - seg_global[a]
+        inner = seg[1:] == seg[:-1]
+        if (h[a + 1:b][inner] <= h[a:b - 1][inner]).any():
+            continue
+        lid = ids[a:b].astype(np.int64)
+        key = seg * (1 << 27) + lid // 64
+        head = np.concatenate(([True], key[1:] != key[:-1]))
+        nw = int(head.sum())
+        if columnar._WORD_BITS * nw >= columnar._RUN_BITS * int(rcount[i]):
+            continue
+        w = np.zeros(nw, dtype=np.uint64)
+        np.bitwise_or.at(w, np.cumsum(head) - 1, np.left_shift(np.uint64(1), (lid % 64).astype(np.uint64)))
+        bm[i] = True
+        wnums.append((lid[head] // 64).astype(np.uint32))
+        wsegs.append(seg[head].astype(np.uint32))
+        words.append(w)
+    return bm, wnums, wsegs, words
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), chain_len=st.integers(2, 300), n_lists=st.integers(1, 12))
+def test_the_one_pass_bitmaps_equal_the_per_list_loop(data, chain_len, n_lists):
+    """Every candidate list (keyed, >= 3 runs) is judged and encoded as the per-list loop did:
+    the same lists as bitmaps (none with a repeated hash in a segment, none where runs are
+    smaller), the same word numbers, segments and words, in list order."""
+    import random
+
+    import numpy as np
+
+    from services.adapters.eventlog.blockdict import BlockDict
+
+    rng = random.Random(data.draw(st.integers(0, 2**32)))
+    chain = [rng.getrandbits(64) for _ in range(chain_len)]
+    lists = []
+    for _ in range(n_lists):
+        kind = rng.randrange(4)
+        if kind == 0:  # a prompt: the chain's prefix, in order
+            lists.append(chain[:rng.randint(1, chain_len)])
+        else:  # an eviction: ascending segments of scattered blocks, maybe a repeat in one
+            segs = [sorted(rng.sample(chain, rng.randint(1, chain_len))) for _ in range(rng.randint(1, 3))]
+            if kind == 3:
+                segs[0] = sorted(segs[0] + segs[0][:1])
+            lists.append([x for sg in segs for x in sg])
+    bd = BlockDict()
+    _, new = bd.encode(np.array(chain, dtype=np.uint64))  # ids in the chain's order, as a prompt gives them
+    bd.commit(new)
+    seen: list[tuple] = []
+    real = columnar._bitmaps
+
+    def spy(h, ids, off, seg_global, keyed, rcount, lst):
+        out = real(h, ids, off, seg_global, keyed, rcount, lst)
+        seen.append((out, _bitmaps_per_list(h, ids, off, seg_global, keyed, rcount)))
+        return out
+
+    columnar._bitmaps = spy
+    try:
+        columnar._runs(lists, bd, bitmaps=True)
+    finally:
+        columnar._bitmaps = real
+    for (bm, wn, ws, w, nw), (bm0, wn0, ws0, w0) in seen:
+        assert bm.tolist() == bm0.tolist()
+        assert nw.tolist() == [len(x) for x in w0]
+        cat = (lambda parts, dt: np.concatenate(parts).astype(dt) if parts else np.zeros(0, dt))
+        assert wn.tolist() == cat(wn0, np.uint32).tolist() and wn.dtype == np.uint32
+        assert ws.tolist() == cat(ws0, np.uint32).tolist() and ws.dtype == np.uint32
+        assert w.tolist() == cat(w0, np.uint64).tolist() and w.dtype == np.uint64
