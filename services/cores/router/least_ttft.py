@@ -7,7 +7,12 @@ For a request ``w`` and every prefill node ``n`` that takes prefill work now::
                             + dup_cost_s_per_token * fetched_tokens_n
 
 - ``t_c`` at ``n`` is the pool prefix: what ``n`` holds itself (L1 or L2) plus what it fetches
-  from peers (the directory's ``pool_blocks``); ``t_uc`` is the rest of the prompt. Blocks in
+  from peers (the directory's ``pool_blocks``); ``t_uc`` is the rest of the prompt. A node that
+  cannot take in a fetch (``NodeState.fetch_in`` False: it registered a GPU tier and no host
+  tier, where a fetch lands first) and every node with ``shared_pool`` False are priced with
+  their own prefix only, and get no fetch plan: with no host tier the planned fetch never
+  landed and the whole prefix was recomputed behind a prediction that assumed it cached
+  (``bench dynamo --host-kv-tokens 0``: 108 of 950 requests, docs/experiments.md). Blocks in
   ``n``'s own host memory are restored at prefill start (``t_rst``, eq. 1's ``c3`` term);
   fetched blocks reach the GPU while the request waits (asynchronous fetch, §4.1).
 - ``T_req^{P,n}`` is eq. 1 at ``n``'s model (``PRIOR_PREFILL`` until a ``ModelFitted``),
@@ -140,13 +145,21 @@ class LeastTtftRouter(RouterBase):
         # evaluation per distinct (model, budget, local, l1) in a decision, not one per node
         services: dict[tuple, float] = {}
 
-        def service(n: str, local: int, l1: int) -> float:
-            budget = nodes[n].token_budget
+        def own_only(n: str) -> bool:
+            """Only ``n``'s own prefix is cached for it (no pool, or ``n`` cannot take in a
+            fetch: no host tier): a block another node holds is recomputed there."""
+            return local_only or not nodes[n].fetch_in
+
+        def service(n: str, local: int, l1: int, own: bool | None = None) -> float:
+            ns = nodes[n]
+            budget = ns.token_budget
             model = state.prefill_model(n)
-            key = (id(model), budget, local, l1)
+            if own is None:
+                own = local_only or not ns.fetch_in
+            key = (id(model), budget, local, l1, own)
             s = services.get(key)
             if s is None:
-                if local_only:  # only the node's own prefix is cached for it; the rest is computed
+                if own:  # only the node's own prefix is cached for it; the rest is computed
                     tc_n = min(local * bt, prompt)
                     t_rst = min((local - l1) * bt, tc_n) if local > l1 else 0
                     s = services[key] = model.request_s(prompt - tc_n, tc_n, t_rst, budget)
@@ -157,7 +170,7 @@ class LeastTtftRouter(RouterBase):
 
         def score(n: str, wait: float, m: NodeMatch | None) -> _Scored:
             local, l1 = (m.local_blocks, m.l1_blocks) if m is not None else (0, 0)
-            fetched = (pool - local) * bt if pool > local and not local_only else 0
+            fetched = (pool - local) * bt if pool > local and not own_only(n) else 0
             excess = 0.0
             if fetched:
                 excess = max(0.0, lat + fetched * fst - wait)
@@ -175,15 +188,16 @@ class LeastTtftRouter(RouterBase):
             for n in candidates:
                 scored[n] = score(n, _wait(nodes[n], now), per_node.get(n))
         else:
-            _score_pruned(candidates, nodes, per_node, now, score, service, state.prefill_model, scored,
-                          self.pack_slack)
+            # the bound's service is the pool-priced one: no larger than a no-fetch node's own
+            _score_pruned(candidates, nodes, per_node, now, score, lambda n, a, b: service(n, a, b, local_only),
+                          state.prefill_model, scored, self.pack_slack)
         best_key: tuple[float, str] | None = None
         scores: list[NodeScore] = []
         for n in candidates:
             s = scored.get(n)
             if s is None:
                 continue
-            scores.append(NodeScore(node=n, score=s[0], t_c=_own_tc(per_node.get(n), bt, prompt) if local_only else t_c,
+            scores.append(NodeScore(node=n, score=s[0], t_c=_own_tc(per_node.get(n), bt, prompt) if own_only(n) else t_c,
                                     queue_s=s[4], fetch_excess_s=s[3]))
             key = (s[0], n)
             if best_key is None or key < best_key:
@@ -195,7 +209,7 @@ class LeastTtftRouter(RouterBase):
             node = _pack(scored, best_key, slack)
         _, best_ttft, best_fetch, _, _ = scored[node]
         plan = lookup.fetch_plan(node) if best_fetch and lookup is not None else []
-        if local_only:
+        if own_only(node):
             t_c = _own_tc(per_node.get(node), bt, prompt)
             t_uc = prompt - t_c
         return Choice(node=node, t_c=t_c, t_uc=t_uc, predicted_ttft_s=best_ttft, scores=scores,

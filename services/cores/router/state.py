@@ -8,7 +8,9 @@ What is folded, and from which event:
 ==========================  ==================================================================
 event                       effect
 ==========================  ==================================================================
-NodeRegistered              node joins (or re-joins) with its role, token budget and ``t_fwd``
+NodeRegistered              node joins (or re-joins) with its role, token budget, ``t_fwd`` and
+                            whether it can take in fetched KV (``fetch_in``: False when it
+                            declares a GPU tier and no host tier)
 NodeRemoved                 node leaves; its queued and prefilling requests are *displaced*
                             (to re-route), and so are prefills elsewhere that were to decode there
 RoleSwitchOrdered           node is *switching*: it keeps serving only the phases its old and
@@ -92,6 +94,12 @@ class NodeState(msgspec.Struct, kw_only=True):
     switch_mechanism: str = "in_place"  # of the switch in progress (meaningless when not switching)
     token_budget: int = 16384
     t_fwd: float = 1.0
+    # The node can take in KV fetched from a peer. An asynchronous fetch lands in the node's own
+    # host memory and then its GPU (METHOD §4.1: peer L2 -> own L2 -> GPU), so a node that
+    # registers a GPU tier and no host tier (``l1_capacity_tokens > 0``, ``l2_capacity_tokens
+    # == 0``: Dynamo's mocker, ``bench dynamo --host-kv-tokens 0``) recomputes what it would
+    # fetch. True when the node declared neither (the event's defaults: unknown).
+    fetch_in: bool = True
     prefill_coef: list[float] | None = None  # None: PRIOR_PREFILL
     decode_coef: list[float] | None = None  # None: PRIOR_DECODE
     prefill_queue: list[str] = []  # FIFO of request ids routed here, prefill not started
@@ -400,12 +408,12 @@ class ClusterState:
         self._eligible = None
         if ns is None:
             self.nodes[ev.node] = NodeState(node=ev.node, role=ev.role, token_budget=ev.prefill_token_budget,
-                                            t_fwd=ev.t_fwd)
+                                            t_fwd=ev.t_fwd, fetch_in=_fetch_in(ev))
             return []
         # re-registration (an engine restarted, possibly in another role: a restart switch)
         before = ns.phases()
         ns.role, ns.switching_to = ev.role, None
-        ns.token_budget, ns.t_fwd = ev.prefill_token_budget, ev.t_fwd
+        ns.token_budget, ns.t_fwd, ns.fetch_in = ev.prefill_token_budget, ev.t_fwd, _fetch_in(ev)
         return self._displaced(ns, before - ns.phases())
 
     def _displaced(self, ns: NodeState, dropped: frozenset[str]) -> list[str]:
@@ -511,6 +519,11 @@ class ClusterState:
         st.unrouted = list(snap.unrouted)
         st.anomalies = dict(snap.anomalies)
         return st
+
+
+def _fetch_in(ev: NodeRegistered) -> bool:
+    """Whether a registering node can take in fetched KV (``NodeState.fetch_in``)."""
+    return not (ev.l1_capacity_tokens > 0 and ev.l2_capacity_tokens <= 0)
 
 
 def queued_ids(state: ClusterState, nodes: Iterable[str]) -> list[str]:
