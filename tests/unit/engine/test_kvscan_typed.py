@@ -6,6 +6,7 @@ typed scans convert and probe in chunks of 64 blocks: lists cross the chunk edge
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from services.cores.directory._native import BlockCounts, BlockSet
@@ -86,3 +87,38 @@ def test_meets_on_lists_of_other_objects_asks_python_sets():
     assert _kvscan.meets(["x", 3], [3]) is True
     assert _kvscan.meets(["x", 3], ["y", 4]) is False
     assert _kvscan.meets([1, 2], []) is False and _kvscan.meets([], [1]) is False
+
+
+def test_ints_at_each_digit_boundary_convert_as_the_hashes_they_are():
+    """The scans read an exact int's 30-bit digits themselves: every size of int, each side of
+    the 2**64 edge, negatives, bools and numpy integers mean what a set of the hashes says."""
+    import numpy as np
+
+    edges = [0, 1, 2**30 - 1, 2**30, 2**60 - 1, 2**60, 2**63, 2**64 - 1]
+    outside = [2**64, 2**64 + 1, 2**90, 2**200, -1, -(2**30), -(2**64 - 1)]
+    store = BlockSet()
+    store.update(edges)
+    s_held = set(edges)
+    probes = edges + outside + [True, np.uint64(2**63), np.int64(5), 2**60 + 7]
+    for b in probes:
+        want = b in s_held  # True is 1, a numpy integer its value
+        assert (_kvscan.prefix_len([b], 0, store) == 1) is want, b
+        assert _kvscan.held_unpinned([b], store, set()) == ([b] if want else []), b
+        assert _kvscan.meets(edges, [b]) is want, b
+    assert _kvscan.missing_after(probes, 0, store) == [b for b in probes if b not in s_held]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(HASHES | st.integers(0, 2**64 - 1), max_size=70), max_size=6))
+def test_concat_u64_is_the_directorys_concat(lists):
+    """The writer's copy of a batch's block lists (engine/_kvscan.pyx, ints read from their
+    digits) gives the array services/cores/directory/_native.pyx's gives, and its errors."""
+    from services.cores.directory._native import concat_u64
+
+    total = sum(map(len, lists))
+    assert _kvscan.concat_u64(lists, total).tolist() == concat_u64(lists, total).tolist()
+    for bad in ([[1, 2**64]], [[-1]], [["x"]]):
+        with pytest.raises(OverflowError):
+            _kvscan.concat_u64(bad, len(bad[0]))
+    with pytest.raises(ValueError):
+        _kvscan.concat_u64(lists + [[1]], total)
