@@ -81,18 +81,63 @@ def test_cache_aware_evicts_lru_blocks_on_its_interval():
 def test_dynamo_cost_exact():
     r = DynamoKvRouter()
     evs = s.register(2, 1) + [s.branch("b", 0.0)] + s.store("p01", s.blocks(1, 8), 0.5)
-    evs += [s.submit("r0", "b", s.blocks(5_000, 4), 1.0)]  # cold: both cost 4+4, tie -> p00
+    evs += [s.submit("r0", "b", s.blocks(5_000, 4), 1.0)]  # cold: both cost 4, tie -> p00
     out = run(r, evs)
     assert out[0].prefill_node == "p00"
-    assert {sc.node: sc.score for sc in out[0].scores} == {"p00": 8.0, "p01": 8.0}
+    assert {sc.node: sc.score for sc in out[0].scores} == {"p00": 4.0, "p01": 4.0}
     out = run(r, [s.submit("r1", "b", s.blocks(1, 8) + s.blocks(9_000, 2), 2.0)])
-    # p00: outstanding t_uc 256 tokens (4 blocks) + 10 new blocks; active 4 + own 10
-    # p01: 0 outstanding + 2 new blocks (8 cached); active 0 + own 10
-    assert {sc.node: sc.score for sc in out[0].scores} == {"p00": 4 + 10 + 4 + 10, "p01": 2 + 10}
+    # prefill nodes carry no decode term (Dynamo's prefill router: router_track_active_blocks = false)
+    # p00: outstanding t_uc 256 tokens (4 blocks) + 10 new blocks; p01: 0 outstanding + 2 new (8 cached)
+    assert {sc.node: sc.score for sc in out[0].scores} == {"p00": 4 + 10, "p01": 2}
     assert (out[0].prefill_node, out[0].t_c, out[0].t_uc) == ("p01", 8 * BT, 2 * BT)
-    heavy = DynamoKvRouter(overlap_score_weight=0.0)
+    heavy = DynamoKvRouter(overlap_score_weight=0.5)
     out = run(heavy, evs + [s.submit("r1", "b", s.blocks(1, 8) + s.blocks(9_000, 2), 2.0)])
-    assert {sc.node: sc.score for sc in out[1].scores} == {"p00": 14.0, "p01": 10.0}
+    assert {sc.node: sc.score for sc in out[1].scores} == {"p00": 7.0, "p01": 1.0}
+
+
+def test_dynamo_prefill_nodes_ignore_active_blocks():
+    """A prefill worker busy with a mostly cached request still wins the next turn of that
+    prefix: only uncached work loads a Dynamo prefill worker (the old cost added every
+    outstanding request's blocks and sent the turn away from its prefix)."""
+    r = DynamoKvRouter()
+    pre = s.blocks(1, 8)
+    evs = s.register(2, 1) + [s.branch("b", 0.0), s.branch("c", 0.0)] + s.store("p00", pre, 0.5)
+    evs += [s.submit("r0", "b", pre + s.blocks(100, 2), 1.0), s.submit("r1", "c", pre + s.blocks(200, 2), 1.1)]
+    out = run(r, evs)
+    assert [d.prefill_node for d in out] == ["p00", "p00"]
+    # r1 on p00: r0's 2 uncached blocks + its own 10 - 8 cached = 4; on p01: 10 cold blocks
+    assert {sc.node: sc.score for sc in out[1].scores} == {"p00": 4.0, "p01": 10.0}
+
+
+def test_dynamo_host_prefix_credited_at_host_cache_hit_weight():
+    r = DynamoKvRouter()
+    evs = s.register(2, 1) + [s.branch("b", 0.0)] + s.store("p01", s.blocks(1, 8), 0.5, tiers=("L2",))
+    out = run(r, evs + [s.submit("r0", "b", s.blocks(1, 8) + s.blocks(900, 2), 1.0)])
+    # p01 holds the 8-block prefix in host memory only: credit 0.75 * 8 blocks
+    assert {sc.node: sc.score for sc in out[0].scores} == {"p00": 10.0, "p01": 10 - 0.75 * 8}
+    assert (out[0].prefill_node, out[0].t_c) == ("p01", 8 * BT)
+
+
+def test_dynamo_collocated_counts_decoding_requests():
+    """Aggregated Dynamo tracks a request's blocks until it finishes, decode included."""
+    r = DynamoKvRouter()
+    out = run(r, s.register(0, 0, collocated=2) + [s.branch("b", 0.0), s.submit("r0", "b", s.blocks(1, 6), 1.0)])
+    assert out[0].prefill_node == "c00"
+    out = run(r, s.lifecycle("r0", "c00", "c00", 1.0)[:3] + [s.submit("r1", "b", s.blocks(500, 4), 2.0)])
+    # c00: 4 new + r0's 6 blocks decoding there + own 4; c01: 4 + 4
+    assert {sc.node: sc.score for sc in out[0].scores} == {"c00": 14.0, "c01": 8.0}
+    assert out[0].prefill_node == "c01"
+
+
+def test_dynamo_decode_fewest_active_blocks():
+    """Dynamo's decode router (no overlap, no prefill tokens): the decode node holding the
+    fewest blocks of unfinished requests, not round robin."""
+    r = DynamoKvRouter()
+    evs = s.register(1, 2) + [s.branch("b", 0.0)]
+    evs += [s.submit("r0", "b", s.blocks(1, 10), 1.0), s.submit("r1", "b", s.blocks(100, 2), 1.1),
+            s.submit("r2", "b", s.blocks(200, 2), 1.2)]
+    out = run(r, evs)
+    assert [d.decode_node for d in out] == ["d00", "d01", "d01"]
 
 
 @pytest.mark.parametrize("cls", [CacheAwareRouter, DynamoKvRouter, LeastLoadedRouter, RoundRobinRouter,
