@@ -13,7 +13,8 @@ our simulator's stacks on the same trace, the same request count and the same en
    services/drivers/bench/dynamo_child.py in ``.venv-dynamo`` (``bash scripts/setup.sh --dynamo``).
 4. Ours: each ``--stacks`` stack on ``prefill + decode`` simulated nodes, ``--concurrency``
    sessions at a time, no refill (``SimConfig.refill``): the trace ends the run. Dynamo-style
-   serves the real one's split; evolving starts there too (``--start split``) and its planner
+   is deployed as the replay deploys the real one (:func:`replica_of_replay`: its KV router, the
+   real one's split held, no planner; ``dynamo-planned``: the matrix's baseline at that split); evolving starts there too (``--start split``) and its planner
    moves when sure after its ``--warmup``, or warms up collocated (``--start collocated``); our
    nodes keep the profile's host tier unless ``--host-kv-tokens`` says otherwise (the mocker
    has none). With ``--keep`` each stack's event log is kept (``<stack>.duckdb``) for
@@ -153,6 +154,22 @@ def run_dynamo(spec: OfflineSpec, trace: Path, prof: Profile, work: Path,
                    done if len(done) == len(timed) else None, requests=len(reqs)), out
 
 
+#: ``--stacks`` name of the simulator's Dynamo baseline as the experiment matrix runs it (its
+#: planner and SGLang-style cache-aware routing, METHOD.md's baseline), at the real one's split
+PLANNED = "dynamo-planned"
+
+
+def replica_of_replay(stack):
+    """Our Dynamo-style stack as Dynamo's offline replay deploys the real one: its KV router on
+    the prefill and decode workers (``dynamo_kv``: services/cores/router/dynamo.py) and the
+    split held (``run_trace_replay`` runs no planner without a ``planner_config``; the bench
+    gives none). The matrix's Dynamo baseline keeps its planner and cache-aware routing
+    (``--stacks dynamo-planned``): with them at ``scale:0`` its planner restarted a prefill
+    node into decode at 125 s and its P95 prefill-done doubled (docs/experiments.md, "Offline
+    in the pressure regime")."""
+    return replace(stack, planner="static", router="dynamo_kv")
+
+
 def run_ours(spec: OfflineSpec, trace: Path, prof: Profile, stack_name: str,
              log_path: Path | None = None) -> tuple[dict[str, float], object]:
     """One of our stacks on the trace. ``log_path``: also write its full event log there (DuckDB,
@@ -164,11 +181,13 @@ def run_ours(spec: OfflineSpec, trace: Path, prof: Profile, stack_name: str,
                     agents=spec.concurrency, stagger_s=0.0, refill=False)
     if spec.start not in ("split", "collocated"):
         raise ValueError(f"start: split or collocated, got {spec.start!r}")
-    stack = get_stack(stack_name)
+    stack = replace(get_stack("dynamo"), name=PLANNED) if stack_name == PLANNED else get_stack(stack_name)
     if stack.split is None and spec.start == "split":
         stack = replace(stack, start=(spec.prefill, spec.decode))
-    if stack.name == "dynamo":  # the real one's split (--prefill / --decode), not two thirds of the nodes
+    if stack.name in ("dynamo", PLANNED):  # the real one's split (--prefill / --decode), not two thirds of the nodes
         stack = replace(stack, split=(spec.prefill, spec.decode))
+    if stack.name == "dynamo":
+        stack = replica_of_replay(stack)
     fold = MetricsFold(0.0, cfg.end_s)
     rec = None
     if log_path is not None:  # the run_config replay/sim/runs.py writes, so verify rebuilds the same cores
@@ -281,5 +300,5 @@ def print_table(result: dict) -> None:
         print(f"log: {stack} {path}")
 
 
-__all__ = ["OfflineSpec", "dynamo_missing", "figures", "ratios", "run_dynamo", "run_offline", "run_ours",
-           "write_trace"]
+__all__ = ["PLANNED", "OfflineSpec", "dynamo_missing", "figures", "ratios", "replica_of_replay", "run_dynamo",
+           "run_offline", "run_ours", "write_trace"]

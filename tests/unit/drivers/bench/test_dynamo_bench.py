@@ -109,3 +109,22 @@ def test_host_kv_tokens_sets_our_nodes_host_tier(tmp_path: Path) -> None:
     with duckdb.connect(res["logs"]["evolving"], read_only=True) as con:
         cfg = {k: json.loads(v) for k, v in con.sql("SELECT key, value FROM run_config").fetchall()}
     assert cfg["kv_host_tokens"] == 0 and cfg["bench"] == "dynamo --offline"
+
+
+def test_dynamo_style_is_deployed_as_the_replay_deploys_the_real_one(tmp_path: Path) -> None:
+    """Dynamo's replay runs its KV router and no planner (no ``planner_config``): so does the
+    dynamo-style row (it ran the matrix baseline's planner, which restarted a prefill node into
+    decode mid-run at ``scale:0``, and SGLang-style cache-aware routing). ``dynamo-planned`` is
+    the matrix baseline at the same split."""
+    s = spec(turns=2)
+    write_trace(s, tmp_path / "t.jsonl")
+    prof = equalised_profile(load_profile(s.profile))
+    for name, want in (("dynamo", "planner=static router=dynamo_kv"),
+                       ("dynamo-planned", "planner=dynamo router=cache_aware")):
+        log = tmp_path / f"{name}.duckdb"
+        run_ours(s, tmp_path / "t.jsonl", prof, name, log)
+        with duckdb.connect(str(log), read_only=True) as c:
+            conf = dict(c.sql("SELECT key, value FROM run_config").fetchall())
+        assert want in json.loads(conf["stack"]) and "start=2P1D" in json.loads(conf["stack"])
+        router = json.loads(conf["router"])["class"]
+        assert router.endswith("DynamoKvRouter" if name == "dynamo" else "CacheAwareRouter")
