@@ -24,7 +24,9 @@ def add_arguments(p) -> None:
     p.add_argument("--prefill", type=int, default=6, help="offline: prefill workers / nodes")
     p.add_argument("--decode", type=int, default=3, help="offline: decode workers / nodes")
     p.add_argument("--stacks", default="dynamo,evolving,static:4P5D",
-                   help="offline: our stacks (ours named dynamo is the row dynamo-style)")
+                   help="offline: our stacks (ours named dynamo is the row dynamo-style: Dynamo's KV router at the "
+                        "split, no planner, as its replay runs; dynamo-planned: the matrix's Dynamo baseline, "
+                        "planner and cache-aware routing, at the split)")
     p.add_argument("--engines", type=int, default=4, help="live: aggregated mocker workers / collocated sim engines")
     p.add_argument("--speedup", type=float, default=10.0, help="live: the client divides the trace's pauses by this")
     p.add_argument("--time-scale", type=float, default=1.0,
