@@ -56,12 +56,13 @@ class SessionSource:
         return self
 
     def _made(self, k: int) -> Session:
-        """``make(k)``, with the cyclic collector paused meanwhile. Inside a run that froze the
-        heap (replay/sim/runs.py's ``_frozen_heap``, which sets ``frozen``) the new session is frozen too: a CC-like
-        session is ~100 lists of ~1,500 block hashes each, which every young collection
-        traversed again (a fifth of the generation's CPU on a 96-node bench); ``frozen`` says
-        so (``gc.get_freeze_count`` walks the frozen objects: as dear as a collection). Its objects are
-        freed as before once unreferenced; only the collector's visits change."""
+        """``make(k)`` with the cyclic collector paused meanwhile. Inside a run that froze the
+        heap (``frozen``, set by replay/sim/runs.py's ``_frozen_heap``) what is alive then, the
+        new session with it, is frozen too: a CC-like session is ~100 lists of ~1,500 block
+        hashes that every young collection walked again (a fifth of the generator's CPU on a
+        96-node bench). Frozen objects are still freed by their reference counts; cyclic garbage
+        waits for the run's end. (``gc.get_freeze_count`` would walk the frozen objects, as dear
+        as a collection: the flag says it instead.)"""
         was = gc.isenabled()
         gc.disable()
         try:
