@@ -19,7 +19,7 @@ from libc.stdint cimport uint64_t
 
 import numpy as np
 
-from services.cores.directory._native cimport CHUNK, SlotMap, as_u64, held
+from services.cores.directory._native cimport CHUNK, SlotMap, held, u64_of
 
 cdef extern from "Python.h":
     # a new reference, owned (and released) by the object it is assigned to: declared as
@@ -33,51 +33,12 @@ cdef extern from "Python.h":
     int PySequence_Contains(object o, object value) except -1
 
 
-cdef extern from *:
-    """
-    /* An exact non-negative int below 2**64 read from its digits (CPython 3.11's layout:
-       ob_size digits of 30 bits): 1 and *out set, or 0 where it is no such int, or -1 where
-       this layout is not the one compiled against (the general conversion decides then). */
-    static inline int kv_u64_digits(PyObject* o, uint64_t* out) {
-    #if PY_VERSION_HEX < 0x030C0000 && PYLONG_BITS_IN_DIGIT == 30
-        if (!PyLong_CheckExact(o)) return -1;
-        const digit* d = ((PyLongObject*)o)->ob_digit;
-        switch (Py_SIZE(o)) {
-            case 0: *out = 0; return 1;
-            case 1: *out = (uint64_t)d[0]; return 1;
-            case 2: *out = (uint64_t)d[0] | ((uint64_t)d[1] << 30); return 1;
-            case 3:
-                if (d[2] >> 4) return 0;  /* 2**64 or more */
-                *out = (uint64_t)d[0] | ((uint64_t)d[1] << 30) | ((uint64_t)d[2] << 60);
-                return 1;
-            default: return 0;  /* negative, or more than 3 digits */
-        }
-    #else
-        (void)o; (void)out;
-        return -1;
-    #endif
-    }
-    """
-    int kv_u64_digits(PyObject* o, uint64_t* out) noexcept
-
-
-cdef inline bint _u64(PyObject* o, uint64_t* out):
-    """``as_u64`` (services/cores/directory/_native.pxd) with the exact int read from its
-    digits: a random 64-bit hash has 3 digits of 30 bits, which Cython's reader converts in
-    ~11 ns against ~1-2 here, and the conversion was most of a scan (~11 ns a block of
-    prefix_len's ~12: the probe of a tier's table is the smaller part)."""
-    cdef int r = kv_u64_digits(o, out)
-    if r >= 0:
-        return r
-    return as_u64(<object>o, out)
-
-
 cdef inline int _contains(object container, int kind, object key) except -1:
     """``key in container`` for a set (kind 0), a dict (1, its keys), any container (2) or a
     uint64 table (3: a BlockSet's members, a BlockCounts' counted blocks)."""
     cdef uint64_t k = 0
     if kind == 3:
-        return _u64(<PyObject*>key, &k) and held(<SlotMap>container, k)
+        return u64_of(<PyObject*>key, &k) and held(<SlotMap>container, k)
     if kind == 0:
         return PySet_Contains(container, key)
     if kind == 1:
@@ -144,7 +105,7 @@ cdef inline Py_ssize_t _convert(PyObject** items, Py_ssize_t i, Py_ssize_t m, ui
     """``items[i:i+m]`` as hashes into ``ks``, ``ok[j]`` 0 where one is not a uint64 hash."""
     cdef Py_ssize_t j
     for j in range(m):
-        ok[j] = _u64(items[i + j], &ks[j])
+        ok[j] = u64_of(items[i + j], &ks[j])
     return m
 
 
@@ -267,7 +228,7 @@ def held_unpinned(blocks, store, pinned):
             return out
         for i in range(n):
             b = <object>items[i]
-            if _u64(<PyObject*>b, &k) and held(t, k) and not _contains(pinned, kind, b):
+            if u64_of(<PyObject*>b, &k) and held(t, k) and not _contains(pinned, kind, b):
                 out.append(b)
         return out
     if not isinstance(store, (set, frozenset)):
@@ -311,11 +272,11 @@ def meets(a, b):
     _seen_init(&s, na)
     try:
         for i in range(na):
-            if not _u64(ia[i], &k):
+            if not u64_of(ia[i], &k):
                 return not set(a).isdisjoint(b)
             _seen_add(&s, k)
         for i in range(nb):
-            if _u64(ib[i], &k) and _seen_has(&s, k):
+            if u64_of(ib[i], &k) and _seen_has(&s, k):
                 found = True
                 break
     finally:
@@ -341,7 +302,7 @@ def concat_u64(lists, Py_ssize_t total):
             raise ValueError(f"concat_u64: more than {total} hashes")
         items = PySequence_Fast_ITEMS(fast)
         for i in range(m):
-            if not _u64(items[i], &out[k + i]):
+            if not u64_of(items[i], &out[k + i]):
                 raise OverflowError(f"block hash {<object>items[i]!r} is not a uint64")
         k += m
     if k != total:

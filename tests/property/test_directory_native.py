@@ -300,3 +300,31 @@ def test_fill_new_asks_for_room_and_allocates_nothing_without_it():
     assert _native.fill_new(index, [9, 8, 9, 7], s, block, free, 3) == 5
     assert s.tolist() == [2, 3, 2, 4] and free == [] and block.tolist() == [0, 0, 9, 8, 7]
     assert index.find_seq([7, 8, 9, 6], 4).tolist() == [4, 3, 2, 0]
+
+
+def test_the_directorys_conversion_at_each_digit_boundary():
+    """The shared conversion (``u64_of`` / ``as_u64`` in _native.pxd: an exact int's 30-bit digits
+    read in place) as the directory's tables use it: every size of int, each side of 2**64,
+    negatives, bools, numpy integers and int subclasses mean what a set of the hashes says, and
+    ``concat_u64`` refuses what is no uint64 hash."""
+    class Sub(int):
+        pass
+
+    edges = [0, 1, 2**30 - 1, 2**30, 2**60 - 1, 2**60, 2**63, 2**64 - 1, 2**60 + 7, 2**34 + 5]
+    outside = [2**64, 2**64 + 1, 2**90, 2**200, -1, -(2**30), -(2**64 - 1), 1.0, "x", None]
+    held = set(edges)
+    store = _native.BlockSet()
+    store.update(edges)
+    index = _native.SlotMap()
+    index.insert(np.array(edges, dtype=np.uint64), np.arange(1, len(edges) + 1, dtype=np.intp))
+    probes = edges + outside + [True, False, np.uint64(2**63), np.int64(5), np.int64(-1), Sub(2**63), Sub(-3)]
+    for b in probes:
+        want = isinstance(b, (int, np.integer)) and b in held
+        assert (b in store) is want, b
+        got = index.find_seq([b], 1)[0]
+        assert (got == edges.index(int(b)) + 1) if want else got == 0, b
+    ints = [b for b in probes if isinstance(b, (int, np.integer)) and 0 <= b < 2**64]
+    assert _native.concat_u64([ints], len(ints)).tolist() == [int(b) for b in ints]
+    for bad in (2**64, -1, 2**200, "x"):
+        with pytest.raises(OverflowError):
+            _native.concat_u64([[bad]], 1)

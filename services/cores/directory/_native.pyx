@@ -40,14 +40,11 @@ cdef extern from "Python.h":
     int PyDict_Contains(object p, object key) except -1
     int PySequence_Contains(object o, object value) except -1
 
-# Cell, as_u64 and cell_get (the probe) are in _native.pxd, shared with engine/_kvscan.pyx
+# Cell, the hash conversion (u64_of / as_u64: an exact int's digits read in place) and cell_get
+# (the probe) are in _native.pxd, shared with engine/_kvscan.pyx
 cdef uint64_t PHI = 0x9E3779B97F4A7C15ULL
 #: keys a BlockCounts' release log holds before it starts a new epoch
 cdef Py_ssize_t _REL_MAX = 1 << 20
-
-
-cdef inline bint _as_u64(object o, uint64_t* out):
-    return as_u64(o, out)
 
 
 cdef uint64_t* _keys(blocks, Py_ssize_t start, Py_ssize_t* n, str who) except? NULL:
@@ -67,7 +64,7 @@ cdef uint64_t* _keys(blocks, Py_ssize_t start, Py_ssize_t* n, str who) except? N
     if out == NULL:
         raise MemoryError()
     for i in range(start, size):
-        if not _as_u64(<object>items[i], &out[i - start]):
+        if not u64_of(items[i], &out[i - start]):
             PyMem_Free(out)
             raise TypeError(f"{who}: block {<object>items[i]!r} is not a uint64 hash (an int in [0, 2**64))")
     return out
@@ -232,7 +229,7 @@ cdef class SlotMap:
     def __contains__(self, key):
         """``key`` is a key (a non-uint64 is none): a BlockSet's member, a counted block."""
         cdef uint64_t k = 0
-        if not _as_u64(key, &k):
+        if not as_u64(key, &k):
             return False
         return cell_get(self.cells, self.bits, self.mask, k) > 0
 
@@ -249,7 +246,7 @@ cdef class SlotMap:
         """The slot of one block, ``default`` if unknown."""
         cdef uint64_t k = 0
         cdef int64_t v
-        if not _as_u64(key, &k):
+        if not as_u64(key, &k):
             return default
         v = cell_get(self.cells, self.bits, self.mask, k)
         return v if v else default
@@ -271,7 +268,7 @@ cdef class SlotMap:
         while i < m:  # a chunk converted, then probed (CHUNK in _native.pxd)
             c = min(<Py_ssize_t>CHUNK, m - i)
             for j in range(c):
-                ok[j] = _as_u64(<object>items[i + j], &ks[j])
+                ok[j] = u64_of(items[i + j], &ks[j])
             for j in range(c):
                 po[i + j] = cell_get(self.cells, self.bits, self.mask, ks[j]) if ok[j] else 0
             i += c
@@ -439,7 +436,7 @@ cdef class BlockCounts(SlotMap):
     def count(self, key):
         """How many times ``key`` is counted (0 if not)."""
         cdef uint64_t k = 0
-        if not _as_u64(key, &k):
+        if not as_u64(key, &k):
             return 0
         return cell_get(self.cells, self.bits, self.mask, k)
 
@@ -520,7 +517,7 @@ cdef class BlockSet(SlotMap):
         """Every member of ``other`` (a set, a BlockSet or a BlockCounts' keys) is in this set."""
         cdef uint64_t k = 0
         for x in other:
-            if not _as_u64(x, &k) or cell_get(self.cells, self.bits, self.mask, k) <= 0:
+            if not as_u64(x, &k) or cell_get(self.cells, self.bits, self.mask, k) <= 0:
                 return False
         return True
 
@@ -578,7 +575,7 @@ cdef class BlockSet(SlotMap):
     def isdisjoint(self, other):
         cdef uint64_t k = 0
         for x in other:
-            if _as_u64(x, &k) and cell_get(self.cells, self.bits, self.mask, k) > 0:
+            if as_u64(x, &k) and cell_get(self.cells, self.bits, self.mask, k) > 0:
                 return False
         return True
 
@@ -659,7 +656,7 @@ def fill_new(SlotMap index, blocks, int64_t[:] s, uint64_t[::1] block, list free
         for i in range(n):  # re-probe each 0; the rest are this list's unknown positions
             if s[i] != 0:
                 continue
-            if not _as_u64(<object>items[i], &k):
+            if not u64_of(items[i], &k):
                 raise OverflowError(f"block hash {<object>items[i]!r} is not a uint64")
             v = index._get(k)
             if v:
@@ -761,7 +758,7 @@ def refill(SlotMap index, blocks, s_arr):
     out_arr = np.array(s_arr, dtype=np.intp, copy=True)
     cdef int64_t[::1] out = out_arr
     for i in range(f, n):
-        if out[i] == 0 and _as_u64(<object>items[i], &k):
+        if out[i] == 0 and u64_of(items[i], &k):
             out[i] = index._get(k)
     return out_arr
 
@@ -788,14 +785,14 @@ def lookup_scan(SlotMap index, blocks, prefix, const uint64_t[:, ::1] held):
             raise ValueError(f"lookup_scan: a prefix of {kp} slots for {m} blocks")
         for i in range(kp):
             x = pre[i]
-            if x == 0 and _as_u64(<object>items[i], &k):
+            if x == 0 and u64_of(items[i], &k):
                 x = index._get(k)
             po[i] = x
     i = kp
     while i < m:  # a chunk converted, then probed (CHUNK in _native.pxd)
         c = min(<Py_ssize_t>CHUNK, m - i)
         for j in range(c):
-            ok[j] = _as_u64(<object>items[i + j], &ks[j])
+            ok[j] = u64_of(items[i + j], &ks[j])
         for j in range(c):
             po[i + j] = cell_get(index.cells, index.bits, index.mask, ks[j]) if ok[j] else 0
         i += c
@@ -1253,7 +1250,7 @@ def concat_u64(lists, Py_ssize_t total):
             raise ValueError(f"concat_u64: more than {total} hashes")
         items = PySequence_Fast_ITEMS(fast)
         for i in range(m):
-            if not _as_u64(<object>items[i], &out[k + i]):
+            if not u64_of(items[i], &out[k + i]):
                 raise OverflowError(f"block hash {<object>items[i]!r} is not a uint64")
         k += m
     if k != total:
