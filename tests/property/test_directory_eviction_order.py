@@ -204,3 +204,55 @@ def test_release_log_names_each_key_whose_count_falls_to_zero():
     _, pos3, keys = c.released_since(epoch2, pos2)
     assert keys.tolist() == [5, 9, 7] and pos3 == pos2 + 3
     assert c.released_since(epoch2 + 1, pos3)[2] is None  # a position of another epoch: start afresh
+
+
+VICTIMS = st.tuples(st.just("victims"), node, tier, st.integers(1, 12), st.booleans(),
+                    st.lists(st.integers(0, 2), max_size=12), st.lists(st.integers(1, 30), max_size=3), ts)
+# orders read and their victims evicted (and stores to evict), among the directory's own updates
+VICTIM_OPS = st.one_of(*OP_LIST, STORE, STORE, VICTIMS, VICTIMS, VICTIMS)
+
+
+def _copies(d: DirectoryCore) -> list:
+    """Every copy of every node and tier: ``(node, tier, block, last access, count)``, sorted."""
+    out = []
+    for n in NODES:
+        for t in ("L1", "L2"):
+            b, last, refs = d.tier_arrays(n, t)
+            out += [(n, t, *x) for x in zip(b.tolist(), last.tolist(), refs.tolist())]
+    return sorted(out)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(VICTIM_OPS, min_size=1, max_size=60))
+def test_victims_of_an_order_evict_as_any_blocks_do(ops):
+    """A ``KvEvicted`` of the blocks an eviction order just gave takes their slots from the order
+    (BlockTable.evict, ``picked_slots``): the victims kept in order with some left out (a pool's
+    held / unpinned filter), blocks the order did not give added, other events between, slots
+    freed since: the directory ends where one that never read an order ends, anomalies too."""
+    d, twin = DirectoryCore(), DirectoryCore()
+    for x in (d, twin):
+        for n in NODES:
+            x.apply(NodeRegistered(ts=0.0, node=n, role="decode" if n.startswith("d") else "prefill"))
+    reqs = 0
+    for op in ops:
+        if op[0] == "victims":
+            _, n, t, k, aware, keep, extra, t_ev = op
+            chosen = (POLICIES[0] if aware else POLICIES[1]).choose(d, n, t, k, BlockCounts())
+            # keep: 0 drops the block, 1 keeps it, 2 keeps it and puts an unknown one after it
+            victims = []
+            for i, b in enumerate(chosen):
+                how = keep[i] if i < len(keep) else 1
+                if how:
+                    victims.append(b)
+                if how == 2:
+                    victims.append(10**6 + i)
+            ev = KvEvicted(ts=t_ev, node=n, tier=t, blocks=victims + extra)
+            assert d.apply(ev) == twin.apply(ev)
+        elif op[0] == "check":  # an order read, no eviction of it: the next one reads another
+            POLICIES[0].choose(d, op[1], op[2], op[3], frozenset(op[4]))
+        else:
+            _apply_op(d, op, reqs)
+            reqs = _apply_op(twin, op, reqs)
+    assert _copies(d) == _copies(twin)
+    assert d.anomalies() == twin.anomalies()
+    assert twin._t._picked == {}  # the twin never read an order: every eviction was probed

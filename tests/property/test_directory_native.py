@@ -302,6 +302,30 @@ def test_fill_new_asks_for_room_and_allocates_nothing_without_it():
     assert index.find_seq([7, 8, 9, 6], 4).tolist() == [4, 3, 2, 0]
 
 
+@settings(max_examples=200, deadline=None)
+@given(indexed(), st.data())
+def test_picked_slots_is_find_seq(x, data):
+    """``picked_slots`` (a ``KvEvicted``'s slots taken from the eviction order that chose its
+    blocks) answers what ``find_seq`` answers for any list: the order's blocks in order with gaps
+    (more than PICK_AHEAD = 64 too), repeats, unknown and non-uint64 hashes between."""
+    index, keys, blocks, _ = x
+    order = np.array(data.draw(st.permutations(keys)), dtype=np.uint64)
+    order_s = index.find_seq(order.tolist(), len(order))
+    picked = [b for b in order.tolist() if data.draw(st.booleans())]
+    mixed = data.draw(st.sampled_from([picked, blocks, picked + blocks, blocks[:5] + picked, picked[::-1]]))
+    got = _native.picked_slots(index, mixed, order, order_s)
+    assert got.dtype == np.intp and got.tolist() == index.find_seq(mixed, len(mixed)).tolist()
+    # a long order: a victim more than 64 entries after the last match is probed
+    long_keys = list(range(1, 300))
+    big = _native.SlotMap()
+    big.insert(np.array(long_keys, dtype=np.uint64), np.arange(1, 300, dtype=np.intp))
+    big_order = np.array(long_keys, dtype=np.uint64)
+    sel = [1, 2, 200, 3, 299, 150, 2**64, -1, True]
+    assert _native.picked_slots(big, sel, big_order, big.find_seq(long_keys)).tolist() == big.find_seq(sel).tolist()
+    with pytest.raises(ValueError):
+        _native.picked_slots(index, mixed, order, order_s[:-1] if len(order_s) else np.ones(1, np.intp))
+
+
 def test_the_directorys_conversion_at_each_digit_boundary():
     """The shared conversion (``u64_of`` / ``as_u64`` in _native.pxd: an exact int's 30-bit digits
     read in place) as the directory's tables use it: every size of int, each side of 2**64,

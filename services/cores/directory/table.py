@@ -33,6 +33,7 @@ from services.cores.directory._native import (
     fill_new,
     held_split,
     lookup_scan,
+    picked_slots,
     refill,
     refs_add,
     unmark,
@@ -48,7 +49,8 @@ TIER_INDEX = {"L1": 0, "L2": 1}
 
 
 class BlockTable:
-    __slots__ = ("_mark", "block", "free", "gen", "held", "index", "last", "n_nodes", "orders", "refs", "size")
+    __slots__ = ("_mark", "_picked", "block", "free", "gen", "held", "index", "last", "n_nodes", "orders", "refs",
+                 "size")
 
     def __init__(self, capacity: int = 1024, node_capacity: int = 4) -> None:
         self.index = SlotMap(4 * capacity)  # block hash -> slot
@@ -65,6 +67,9 @@ class BlockTable:
         self.gen = 0
         # eviction order per copy column 2n + t, kept from the first time it is asked for
         self.orders: dict[int, CopyOrder] = {}
+        # per copy column, the last eviction order given: ``(gen, blocks, their slots)``; the
+        # ``KvEvicted`` of its victims takes their slots from it while ``gen`` has not moved
+        self._picked: dict[int, tuple[int, np.ndarray, np.ndarray]] = {}
 
     # ------------------------------------------------------------------------- growth
     def add_node(self) -> int:
@@ -158,11 +163,18 @@ class BlockTable:
         return s
 
     def evict(self, n: int, tier: str, blocks: Sequence[int]) -> int:
-        """Drop copies; returns how many of ``blocks`` were not held there."""
+        """Drop copies; returns how many of ``blocks`` were not held there. The victims of the
+        column's last eviction order (a pool's ``KvEvicted``) take their slots from that order
+        while no slot has been freed since (``picked_slots``: the index's answer for any list,
+        without probing the ones the order gave)."""
         if not len(blocks):
             return 0
-        s = self.slots(blocks, len(blocks))
         j = 2 * n + TIER_INDEX[tier]
+        p = self._picked.pop(j, None)
+        if p is not None and p[0] == self.gen:  # the victims of this column's last order: its slots
+            s = picked_slots(self.index, blocks, p[1], p[2])
+        else:
+            s = self.slots(blocks, len(blocks))
         had = unmark(self.held[:, j >> 6], s, _BIT[j & 63])  # the slots holding the copy, bit cleared
         self.release(had)
         return len(s) - len(had)
@@ -310,6 +322,7 @@ class BlockTable:
         o = self._order(j)
         w, bit = j >> 6, _BIT[j & 63]
         out: list[np.ndarray] = []
+        out_s: list[np.ndarray] | None = []  # their slots, while every group's are known
         got = 0
         # a membership test per block of the groups read (compiled): a node's pinned set is
         # ~10^5 blocks on the calibration sessions, and converting and sorting it per call cost
@@ -364,16 +377,29 @@ class BlockTable:
                     parts.append(free)
             if not parts:
                 continue
-            blocks = self.block[parts[0] if len(parts) == 1 else np.concatenate(parts)]
+            sl = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            blocks = self.block[sl]
             if spin is not None and bc is None:
                 blocks = unpinned(blocks, spin)
-            blocks.sort()  # filtering then sorting: the same blocks as sorting the group then filtering
+                out_s = None
+                blocks.sort()  # filtering then sorting: the same blocks as sorting the group then filtering
+            else:  # sorted with their slots (a group's blocks are distinct: the same order as a sort)
+                by = blocks.argsort()
+                blocks = blocks[by]
+                if out_s is not None:
+                    out_s.append(sl[by])
             out.append(blocks)
             got += len(blocks)
             if limit is not None and got >= limit:
                 break
         res = np.concatenate(out) if out else np.zeros(0, dtype=np.uint64)
-        return res if limit is None else res[:limit]
+        if limit is not None:
+            res = res[:limit]
+        if out_s:
+            self._picked[j] = (self.gen, res.copy(), np.concatenate(out_s)[: len(res)])  # (a caller may write to res)
+        else:
+            self._picked.pop(j, None)
+        return res
 
     def refs_on(self, n: int) -> dict[int, int]:
         s = np.flatnonzero(self.refs[: self.size, n])
