@@ -45,6 +45,26 @@ from replay.sim.inputs import SimSpec
 from replay.traces.pacing import parse_pace
 
 
+def split_labels(text: str, known: set[str]) -> list[str]:
+    """``--rows``' comma-separated labels, where a label may itself hold commas (the ablation's
+    ``ours (least-TTFT, async, count-aware)``): from each piece on, the longest run of pieces
+    that joins into a known label is one label; a piece that starts none is a label of its own
+    (an unknown one, which the caller names). Whitespace around each label is dropped."""
+    pieces = text.split(",")
+    out: list[str] = []
+    i = 0
+    while i < len(pieces):
+        take = 1
+        for j in range(len(pieces), i + 1, -1):
+            if ",".join(pieces[i:j]).strip() in known:
+                take = j - i
+                break
+        label = ",".join(pieces[i:i + take]).strip()
+        if label:
+            out.append(label)
+        i += take
+    return out
+
 def _cmd(args) -> int:
     from replay.experiments.matrix import matrix  # lazy: start-up (--help skips the planner: +330 ms)
     from replay.experiments.run import (  # lazy: start-up (--help skips the planner and DuckDB: +400 ms)
@@ -69,8 +89,8 @@ def _cmd(args) -> int:
         by_name = {e.name: e for e in exps}
         exps = [by_name[n] for n in dict.fromkeys(names)]  # in the order asked
     if args.rows:
-        want = {n.strip() for n in args.rows.split(",") if n.strip()}
         have = {r.label for e in exps for r in e.runs}
+        want = set(split_labels(args.rows, have))
         if want - have:
             print(f"evolving experiments: no row {', '.join(sorted(want - have))} in "
                   f"{', '.join(e.name for e in exps)}; rows: {', '.join(sorted(have))}")
