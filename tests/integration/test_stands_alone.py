@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,10 +15,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _extensions() -> list[Path]:
+    """The compiled modules setup.py builds in place (every ``Extension("pkg.mod", ...)``)."""
+    names = re.findall(r'Extension\(\s*"([\w.]+)"', (ROOT / "setup.py").read_text())
+    assert names, "setup.py names no extension"
+    found = [so for name in names for so in ROOT.glob(name.replace(".", "/") + "*.so")]
+    assert len(found) >= len(names), (names, found)
+    return found
+
+
 def _clone(tmp_path: Path) -> Path:
     repo = tmp_path / "alone" / "repo"  # tmp_path/alone has no shared/ beside repo
     subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(ROOT), str(repo)], check=True, timeout=120)
-    for so in ROOT.glob("services/cores/directory/_native*.so"):  # built by setup, not tracked
+    for so in _extensions():  # built by setup, not tracked
         (repo / so.relative_to(ROOT)).write_bytes(so.read_bytes())
     assert not (repo.parent / "shared").exists()
     return repo
