@@ -26,6 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from multiprocessing import get_context
 from pathlib import Path
@@ -234,6 +235,12 @@ def run_key(run: Run, parser: argparse.ArgumentParser) -> str:
                        prof.l1_capacity_tokens, prof.l2_capacity_tokens], default=str)
 
 
+#: How many more times a row runs after its worker process died under it (the pool broke).
+POOL_RETRIES = 1
+#: How long a broken pool may take to fail the rows it still held (its manager thread does it).
+BROKEN_POOL_SETTLE_S = 30.0
+
+
 def _submit(pool: Executor, run: Run, log: str, seed: int, ship: bool) -> Future:
     """The row as a job of ``pool``: a future of its :class:`Result`, its log at ``log`` (written
     there by the job, or, ``ship``, shipped back and written here before the future is done)."""
@@ -368,18 +375,59 @@ def run_matrix(exps: list[Experiment], out_dir: Path, console, *,
                 old.run, old.same_as = _run, ""
                 done[key] = old
     pool: Executor | None = executor
-    if pool is None and jobs > 1:
-        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"))
+    own_pool = pool is None and jobs > 1
+
+    def new_pool() -> Executor:
+        return ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"))
+
+    if own_pool:
+        pool = new_pool()
     futures: dict[str, Future] = {}
+    rows_of: dict[str, tuple[Run, str]] = {}  # key -> (run, log) of the row that runs it
+    resubmitted: dict[str, int] = {}
+
+    def submit(key: str, run: Run, log: str) -> Future:
+        fut = _submit(pool, run, log, seed, ship_logs)
+        # the key file as soon as the row ends, not when its experiment is reported: a matrix
+        # stopped mid-experiment resumes without re-running rows that had finished
+        fut.add_done_callback(lambda f, k=key: None if f.cancelled() or f.exception() is not None
+                              else _keep(f.result(), k, seed))
+        futures[key], rows_of[key] = fut, (run, log)
+        return fut
+
     if pool is not None:
         for _exp, _run, log, key in plan:
             if key in first and first[key][0] == log and key not in futures and key not in done:
-                fut = _submit(pool, _run, log, seed, ship_logs)
-                # the key file as soon as the row ends, not when its experiment is reported: a matrix
-                # stopped mid-experiment resumes without re-running rows that had finished
-                fut.add_done_callback(lambda f, k=key: None if f.cancelled() or f.exception() is not None
-                                      else _keep(f.result(), k, seed))
-                futures[key] = fut
+                submit(key, _run, log)
+
+    def retriable(key: str) -> bool:
+        """The row's job ended because the pool's worker process died, and it may run again."""
+        f = futures[key]
+        return (own_pool and f.done() and not f.cancelled() and isinstance(f.exception(), BrokenProcessPool)
+                and resubmitted.get(key, 0) < POOL_RETRIES)
+
+    def revive() -> None:
+        """A worker process that dies (the kernel's OOM killer, a crash) breaks a process pool:
+        every row it still held fails with ``BrokenProcessPool``, the rows that never started
+        included. Those rows go to a fresh pool, each at most :data:`POOL_RETRIES` times more;
+        past that a row keeps its ``failed: BrokenProcessPool`` status and the matrix goes on."""
+        nonlocal pool
+        if not any(retriable(k) for k in futures):
+            return
+        # a broken pool fails all it held from its manager thread: let it finish that first, so
+        # no row of the old pool is still pending when the fresh one takes the rows again
+        wait([f for f in futures.values() if not f.done()], timeout=BROKEN_POOL_SETTLE_S)
+        again = [k for k in futures if retriable(k)]
+        old, pool = pool, new_pool()
+        old.shutdown(wait=False, cancel_futures=True)
+        console.print(f"evolving experiments: a worker process died (killed, or out of memory); "
+                      f"{len(again)} row(s) submitted again to a fresh pool of {jobs}")
+        for k in again:
+            resubmitted[k] = resubmitted.get(k, 0) + 1
+            fut = submit(k, *rows_of[k])
+            if bar is not None:
+                bar.update(bar.task_ids[0], total=bar.tasks[0].total + 1)
+                fut.add_done_callback(lambda _f: bar.advance(bar.task_ids[0]))
     summaries: list[dict] = []
     index = {id(run): k for k, (_e, run, _l, _k) in enumerate(plan, start=1)}
 
@@ -424,13 +472,15 @@ def run_matrix(exps: list[Experiment], out_dir: Path, console, *,
             say(exp, run, r)
 
     def ready(exp: Experiment) -> bool:
-        return pool is None or all(k not in futures or futures[k].done() for e, _r, _l, k in plan if e is exp)
+        return pool is None or all(k not in futures or (futures[k].done() and not retriable(k))
+                                   for e, _r, _l, k in plan if e is exp)
 
     pending = list(exps)
     order = {e.name: k for k, e in enumerate(exps)}
     bar = _rows_bar(futures.values(), console) if progress and futures else None
     try:
         while pending:  # with workers: each experiment reported as soon as its rows are done
+            revive()
             exp = next((e for e in pending if ready(e)), None)
             if exp is None:
                 wait([f for f in futures.values() if not f.done()], return_when=FIRST_COMPLETED)

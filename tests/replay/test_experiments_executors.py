@@ -7,14 +7,16 @@ missing when Ray is not installed."""
 from __future__ import annotations
 
 import io
+import os
 import sys
 from concurrent.futures import Executor, Future
 from pathlib import Path
 
 from rich.console import Console
 
+from replay.experiments import run as run_mod
 from replay.experiments.matrix import matrix
-from replay.experiments.run import log_digest, run_matrix
+from replay.experiments.run import execute, log_digest, run_matrix
 from services.adapters.executors import InlineExecutor
 from services.drivers.cli import main
 
@@ -67,3 +69,33 @@ def test_ray_flags_say_what_is_missing(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "ray is not installed" in err and "scripts/install_ray.sh" in err
     assert not (tmp_path / "summary.json").exists()
+
+
+def _die_once(marker: str, run, log, seed):
+    """A pool job: the first one to start dies (as the kernel's OOM killer ends a worker), every
+    later one runs its row."""
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return execute(run, log, seed, False)
+    os._exit(9)
+
+
+def test_a_worker_that_dies_breaks_no_other_row_of_the_matrix(tmp_path, monkeypatch):
+    """A dead worker process breaks a process pool: every row it held failed with
+    BrokenProcessPool, the rows not started yet included, so one OOM kill ended the rest of a
+    full matrix. The rows go to a fresh pool and run."""
+    marker = str(tmp_path / "died")
+    # the spawned workers unpickle _die_once by its module's name (pytest imports this file with
+    # --import-mode=importlib, off sys.path): the checkout's root on the path they inherit
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2]))
+    monkeypatch.setattr(run_mod, "_submit", lambda pool, run, log, seed, ship: pool.submit(_die_once, marker, run, log,
+                                                                                        seed))
+    out_file = io.StringIO()
+    out = run_matrix(_start_split(), tmp_path / "out", Console(file=out_file, width=200), report=_collect, jobs=2)
+    assert os.path.exists(marker)  # a worker did die
+    assert [r.status for r in out[0]["runs"]] == ["ok", "ok"]
+    assert "a worker process died" in out_file.getvalue()
+    here = run_matrix(_start_split(), tmp_path / "here", Console(file=io.StringIO()), report=_collect, jobs=1)
+    for mine, theirs in zip(out[0]["runs"], here[0]["runs"], strict=True):
+        assert log_digest(mine.log) == log_digest(theirs.log)
