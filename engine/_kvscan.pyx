@@ -17,8 +17,6 @@ from cpython.ref cimport PyObject
 from cpython.mem cimport PyMem_Calloc, PyMem_Free
 from libc.stdint cimport uint64_t
 
-import numpy as np
-
 from services.cores.directory._native cimport CHUNK, SlotMap, held, u64_of
 
 cdef extern from "Python.h":
@@ -283,28 +281,3 @@ def meets(a, b):
         PyMem_Free(s.keys)
         PyMem_Free(s.used)
     return found
-
-
-def concat_u64(lists, Py_ssize_t total):
-    """The hashes of ``lists`` one after the other as one uint64 array of ``total`` entries:
-    services/cores/directory/_native.pyx's ``concat_u64`` (the same array, the same errors) with
-    the ints read from their digits. The event log writer's copy of every block list of a
-    batch (~57 M hashes on 30 simulated minutes of the calibration sessions) took ~11 ns a hash."""
-    out_arr = np.empty(total, dtype=np.uint64)
-    cdef uint64_t[::1] out = out_arr
-    cdef Py_ssize_t i, m, k = 0
-    cdef object fast
-    cdef PyObject** items
-    for blocks in lists:
-        fast = PySequence_Fast(blocks, "blocks must be a sequence")
-        m = PySequence_Fast_GET_SIZE(fast)
-        if k + m > total:
-            raise ValueError(f"concat_u64: more than {total} hashes")
-        items = PySequence_Fast_ITEMS(fast)
-        for i in range(m):
-            if not u64_of(items[i], &out[k + i]):
-                raise OverflowError(f"block hash {<object>items[i]!r} is not a uint64")
-        k += m
-    if k != total:
-        raise ValueError(f"concat_u64: {k} hashes, not {total}")
-    return out_arr

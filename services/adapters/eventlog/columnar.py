@@ -33,11 +33,11 @@ from collections.abc import Sequence
 
 import msgspec
 import numpy as np
-from engine._kvscan import concat_u64
 
 from events.catalog import Event
 from services.adapters.eventlog.blockdict import BlockDict
 from services.adapters.eventlog.payload import decode_payload, encode_payload
+from services.cores.directory._native import concat_u64
 
 __all__ = ["FORMAT", "FORMATS", "SCHEMA_V2", "SCHEMA_V3", "BlockDict", "blocks_sql", "decode_bitmap", "decode_blocks",
            "decode_row", "encode_rows", "events_view_sql", "rows_from_sql"]

@@ -6,7 +6,6 @@ typed scans convert and probe in chunks of 64 blocks: lists cross the chunk edge
 
 from __future__ import annotations
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from services.cores.directory._native import BlockCounts, BlockSet
@@ -106,19 +105,3 @@ def test_ints_at_each_digit_boundary_convert_as_the_hashes_they_are():
         assert _kvscan.held_unpinned([b], store, set()) == ([b] if want else []), b
         assert _kvscan.meets(edges, [b]) is want, b
     assert _kvscan.missing_after(probes, 0, store) == [b for b in probes if b not in s_held]
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.lists(HASHES | st.integers(0, 2**64 - 1), max_size=70), max_size=6))
-def test_concat_u64_is_the_directorys_concat(lists):
-    """The writer's copy of a batch's block lists (engine/_kvscan.pyx, ints read from their
-    digits) gives the array services/cores/directory/_native.pyx's gives, and its errors."""
-    from services.cores.directory._native import concat_u64
-
-    total = sum(map(len, lists))
-    assert _kvscan.concat_u64(lists, total).tolist() == concat_u64(lists, total).tolist()
-    for bad in ([[1, 2**64]], [[-1]], [["x"]]):
-        with pytest.raises(OverflowError):
-            _kvscan.concat_u64(bad, len(bad[0]))
-    with pytest.raises(ValueError):
-        _kvscan.concat_u64(lists + [[1]], total)
