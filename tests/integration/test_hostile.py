@@ -58,6 +58,10 @@ def _chat(gateway: str, i: int, timeout: float = 30.0) -> tuple[int, float]:
             return r.status, time.monotonic() - t0
     except urllib.error.HTTPError as e:
         return e.code, time.monotonic() - t0
+    except urllib.error.URLError as e:  # a restarted gateway not listening yet: not an answer
+        if not isinstance(e.reason, ConnectionRefusedError):
+            raise
+        return 0, time.monotonic() - t0
 
 
 def _metric(url: str, name: str) -> float:
