@@ -105,6 +105,21 @@ cdef void _cells_free(Cell* c) noexcept nogil:
     free(c)
 
 
+cdef void _probe_from(SlotMap t, PyObject** items, Py_ssize_t i, Py_ssize_t m, int64_t[::1] po):
+    """``po[i:m]`` = the slots of ``items[i:m]`` in ``t`` (0: absent, or no uint64 hash): a chunk
+    converted, then probed (CHUNK in _native.pxd), so the probes' cache misses overlap."""
+    cdef uint64_t ks[CHUNK]
+    cdef unsigned char ok[CHUNK]
+    cdef Py_ssize_t j, c
+    while i < m:
+        c = min(<Py_ssize_t>CHUNK, m - i)
+        for j in range(c):
+            ok[j] = u64_of(items[i + j], &ks[j])
+        for j in range(c):
+            po[i + j] = cell_get(t.cells, t.bits, t.mask, ks[j]) if ok[j] else 0
+        i += c
+
+
 cdef class SlotMap:
     """``uint64 -> slot >= 1`` with batch lookups from Python sequences and uint64 arrays."""
 
@@ -264,14 +279,7 @@ cdef class SlotMap:
             raise ValueError(f"find_seq: {m} blocks, expected {n}")
         out = np.empty(m, dtype=np.intp)
         cdef int64_t[::1] po = out
-        i = 0
-        while i < m:  # a chunk converted, then probed (CHUNK in _native.pxd)
-            c = min(<Py_ssize_t>CHUNK, m - i)
-            for j in range(c):
-                ok[j] = u64_of(items[i + j], &ks[j])
-            for j in range(c):
-                po[i + j] = cell_get(self.cells, self.bits, self.mask, ks[j]) if ok[j] else 0
-            i += c
+        _probe_from(self, items, 0, m, po)
         return out
 
     def find(self, const uint64_t[::1] keys):
@@ -828,14 +836,7 @@ def lookup_scan(SlotMap index, blocks, prefix, const uint64_t[:, ::1] held):
             if x == 0 and u64_of(items[i], &k):
                 x = index._get(k)
             po[i] = x
-    i = kp
-    while i < m:  # a chunk converted, then probed (CHUNK in _native.pxd)
-        c = min(<Py_ssize_t>CHUNK, m - i)
-        for j in range(c):
-            ok[j] = u64_of(items[i + j], &ks[j])
-        for j in range(c):
-            po[i + j] = cell_get(index.cells, index.bits, index.mask, ks[j]) if ok[j] else 0
-        i += c
+    _probe_from(index, items, kp, m, po)
     pool = m
     for i in range(m):
         x = po[i]
