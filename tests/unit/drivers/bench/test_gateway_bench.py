@@ -55,9 +55,13 @@ def test_the_split_sums_to_the_ttft_and_the_overhead_excludes_the_engine(tmp_pat
 
 def test_process_cpu_is_read_finer_than_a_clock_tick():
     """CI read 0.0 ms of gateway CPU for a 4-request phase: /proc/PID/stat counts in 10 ms ticks.
-    The threads' schedstat nanoseconds see 2 ms of work."""
+    The threads' schedstat nanoseconds see 2 ms of work. The process read is a child that spins
+    2 ms between two lines on its stdin: its one thread lives through both readings, as the
+    gateway's and router's do (the pytest worker's own threads may exit between two readings and
+    take their time with them, which once read -8.5 s)."""
     import os
-    import time
+    import subprocess
+    import sys
     from pathlib import Path
 
     import pytest
@@ -66,10 +70,27 @@ def test_process_cpu_is_read_finer_than_a_clock_tick():
 
     if not Path(f"/proc/{os.getpid()}/task/{os.getpid()}/schedstat").exists():
         pytest.skip("this kernel has no /proc/PID/task/TID/schedstat: the tick count is all there is")
-    c0 = _proc_cpu_s(os.getpid())
-    t = time.process_time()
-    while time.process_time() - t < 0.002:
-        pass
-    used = _proc_cpu_s(os.getpid()) - c0
+    spin = ("import sys, time\n"
+            "print('ready', flush=True)\n"
+            "sys.stdin.readline()\n"
+            "t = time.process_time()\n"
+            "while time.process_time() - t < 0.002:\n"
+            "    pass\n"
+            "print('done', flush=True)\n"
+            "sys.stdin.readline()\n")
+    child = subprocess.Popen([sys.executable, "-S", "-c", spin], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        c0 = _proc_cpu_s(child.pid)
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "done"
+        used = _proc_cpu_s(child.pid) - c0
+        child.stdin.write("end\n")
+        child.stdin.flush()
+        child.wait(timeout=30)
+    finally:
+        child.kill()
     assert 0.0015 < used < 1.0, used
     assert _proc_cpu_s(2**22 + 12345) != _proc_cpu_s(2**22 + 12345)  # no such process: NaN
