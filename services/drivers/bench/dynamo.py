@@ -7,7 +7,8 @@ our simulator's stacks on the same trace, the same request count and the same en
    ``--block-tokens`` blocks (``evolving trace export mooncake``'s code) after ``--pace`` (the
    README demo's ``agent:60:10`` by default); both sides read that one file, pauses included.
 2. The engine: :func:`~services.drivers.bench.dynamo_model.equalised_profile` of ``--profile``
-   on our side, the same model as the mocker's profiling data (NPZ) and limits on Dynamo's.
+   on our side (one token a decode iteration, one more output token a request: the mocker's
+   decode steps), the same model as the mocker's profiling data (NPZ) and limits on Dynamo's.
 3. Dynamo: ``dynamo.replay.run_trace_replay`` (its KV router, ``--prefill`` prefill and
    ``--decode`` decode mocker workers, ``replay_concurrency`` = ``--concurrency``), run by
    services/drivers/bench/dynamo_child.py in ``.venv-dynamo`` (``bash scripts/setup.sh --dynamo``).
@@ -49,7 +50,12 @@ from replay.sim.stacks import get_stack
 from replay.traces.export import export_sessions
 from replay.traces.importers.spec import load_workload
 from replay.traces.pacing import pace_sessions
-from services.drivers.bench.dynamo_model import equalised_profile, mocker_engine_args, write_mocker_npz
+from services.drivers.bench.dynamo_model import (
+    equalised_profile,
+    mocker_decode_outputs,
+    mocker_engine_args,
+    write_mocker_npz,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 DYNAMO_PYTHON = ROOT / ".venv-dynamo" / "bin" / "python"
@@ -175,7 +181,9 @@ def run_ours(spec: OfflineSpec, trace: Path, prof: Profile, stack_name: str,
     """One of our stacks on the trace. ``log_path``: also write its full event log there (DuckDB,
     the simulator's own writer: ``evolving sim-report`` / ``sql`` / ``verify`` read it); the
     wall and CPU time then include the writer's share in this process."""
-    sessions = load_workload(f"mooncake:{trace}", block_tokens=spec.block_tokens).sessions
+    # one more output token a request: our node emits the first at the prefill's end, the mocker's decode
+    # worker emits all of them after the transfer (dynamo_model.mocker_decode_outputs)
+    sessions = mocker_decode_outputs(load_workload(f"mooncake:{trace}", block_tokens=spec.block_tokens).sessions)
     horizon_s = 30 * 24 * 3600.0  # a bound only: the trace ends the run (refill off)
     cfg = SimConfig(nodes=spec.prefill + spec.decode, warmup_s=spec.warmup_s, duration_s=horizon_s, seed=spec.seed,
                     agents=spec.concurrency, stagger_s=0.0, refill=False)

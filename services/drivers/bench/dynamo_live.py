@@ -86,13 +86,16 @@ class LiveSpec:
 
 # --------------------------------------------------------------------------- inputs both sides read
 def equalised_profile_toml(name_or_path: str, dst: Path) -> Path:
-    """``--profile`` as a TOML file of :func:`equalised_profile` (``c2 = c3 = 0``, noise off), for
-    ``evolving up --profile FILE``; checked against the in-memory equalised profile."""
+    """``--profile`` as a TOML file of :func:`equalised_profile` (``c2 = c3 = 0``, noise off, one
+    token a decode iteration at eq. 2 / ``t_acc``, no fixed P -> D latency), for ``evolving up
+    --profile FILE``; checked against the in-memory equalised profile."""
     src = Path(name_or_path) if Path(name_or_path).suffix else PROFILE_DIR / f"{name_or_path}.toml"
     text = src.read_text()
     want = equalised_profile(load_profile(str(src)))
-    subs = ((r"(?m)^name\s*=.*$", f'name = "{want.name}"'), (r"(?m)^c2\s*=.*$", "c2 = 0.0"),
-            (r"(?m)^c3\s*=.*$", "c3 = 0.0"), (r"(?m)^noise\s*=.*$", "noise = 0.0"))
+    subs = [(r"(?m)^name\s*=.*$", f'name = "{want.name}"'), (r"(?m)^c2\s*=.*$", "c2 = 0.0"),
+            (r"(?m)^c3\s*=.*$", "c3 = 0.0"), (r"(?m)^noise\s*=.*$", "noise = 0.0")]
+    subs += [(rf"(?m)^{k}\s*=.*$", f"{k} = {getattr(want, k)!r}")
+             for k in ("d0", "d1", "d2", "d_ctx", "t_acc", "p2d_latency_s")]
     for pat, rep in subs:
         text = re.sub(pat, rep, text)
     dst.write_text(text)

@@ -19,12 +19,20 @@ reproduces digit for digit, so the equalised engine (:func:`equalised_profile`) 
 with ``c2 = 0`` (the mocker's 1-D prefill model cannot see the prefix a request attends to) and
 ``c3 = 0`` (the mocker's workers have no host tier here), noise off (the mocker has none).
 Decode keeps all of eq. 2: ``B`` = summed context / mean context, the grid's value is eq. 2
-divided by ``t_acc`` (one token a step on Dynamo's side, ``t_acc`` a step on ours), on a
-log-spaced grid dense enough that the bilinear interpolation stays within 0.5% of eq. 2
-(tests/unit/services/drivers/test_dynamo_model.py). Capacities: ``num_gpu_blocks`` = L1 tokens /
+divided by ``t_acc``, on a log-spaced grid dense enough that the bilinear interpolation stays
+within 0.5% of eq. 2 (tests/unit/drivers/bench/test_dynamo_model.py). The equalised engine
+decodes as the mocker steps: one token an iteration at eq. 2 / ``t_acc`` (``t_acc`` = 1 and
+eq. 2's coefficients divided by the profile's ``t_acc``: the same time per token, and a request
+joins or leaves the batch at a step's boundary, not at an MTP iteration's, 2.6 times longer on
+``gb300-glm52-pressure``), and the mocker's decode worker emits every output token after the
+KV transfer (its first included: one request's TTFT is prefill + transfer + one step), where our
+node emits the first at the prefill's end and ``out - 1`` on the decode node, so our side is
+given one more output token a request (:func:`mocker_decode_outputs`): our decode node then runs
+the mocker's ``out`` steps. Capacities: ``num_gpu_blocks`` = L1 tokens /
 block size per worker (one worker = one node), ``max_num_seqs`` = ``max_running``,
 ``max_num_batched_tokens`` = the prefill token budget, KV transfer P -> D at the profile's
-bandwidth. The model and its limits are in docs/experiments.md, "Against the real Dynamo".
+bandwidth, with no fixed latency on either side (the mocker has none: 20K tokens at 150 GB/s
+hand over in 5.99 ms). The model and its limits are in docs/experiments.md, "Against the real Dynamo".
 """
 
 from __future__ import annotations
@@ -34,17 +42,39 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from engine.profiles import Profile
+from replay.traces.format import Request
 
 GRID_POINTS = 96
 MAX_CONTEXT_TOKENS = 1 << 20  # the decode grid's context axis (the longest sessions are ~200K)
 
 
 def equalised_profile(p: Profile) -> Profile:
-    """The profile both sides run: what the mocker's model expresses exactly (module docstring)."""
-    return replace(p, name=f"{p.name}+mocker", c2=0.0, c3=0.0, prefill_noise=0.0, decode_noise=0.0)
+    """The profile both sides run: what the mocker's model expresses exactly (module docstring):
+    no attention or restore term, no noise, one token a decode iteration at eq. 2 / ``t_acc``, the
+    P -> D transfer its bandwidth term only (the mocker's handoff: tokens x bytes / bandwidth)."""
+    a = p.t_acc
+    return replace(p, name=f"{p.name}+mocker", c2=0.0, c3=0.0, prefill_noise=0.0, decode_noise=0.0,
+                   t_acc=1.0, d0=p.d0 / a, d1=p.d1 / a, d2=p.d2 / a, d_ctx=p.d_ctx / a, p2d_latency_s=0.0)
+
+
+def mocker_decode_outputs(sessions: list) -> list:
+    """``sessions`` with one more output token on every request that has one: the mocker's decode
+    worker emits all ``output_length`` tokens after the transfer, our node emits the first at the
+    prefill's end and the rest on the decode node (module docstring). A request with no output
+    token is left as it is (Dynamo reports no TTFT for it)."""
+    out = []
+    for s in sessions:
+        branches = []
+        for b in s.branches:
+            steps = [msgspec.structs.replace(st, output_tokens=st.output_tokens + 1)
+                     if isinstance(st, Request) and st.output_tokens > 0 else st for st in b.steps]
+            branches.append(msgspec.structs.replace(b, steps=steps))
+        out.append(msgspec.structs.replace(s, branches=branches))
+    return out
 
 
 def decode_token_s(p: Profile, batch: float, context_tokens: float) -> float:
@@ -120,5 +150,5 @@ def ours_decode_s(p: Profile, context_tokens: int, output_tokens: int) -> float:
     return math.ceil(output_tokens / p.t_acc) * p.decode_iteration_s(1, context_tokens)
 
 
-__all__ = ["GRID_POINTS", "bilinear", "decode_token_s", "equalised_profile", "mocker_arrays", "mocker_engine_args",
-           "ours_decode_s", "ours_prefill_s", "write_mocker_npz"]
+__all__ = ["GRID_POINTS", "bilinear", "decode_token_s", "equalised_profile", "mocker_arrays", "mocker_decode_outputs",
+           "mocker_engine_args", "ours_decode_s", "ours_prefill_s", "write_mocker_npz"]
