@@ -75,6 +75,10 @@ class EngineWorker(StreamFolding, Publishing):
         self.snapshot_every = snapshot_every
         self.snapshot_key = f"engine-{node}"
         self._out: asyncio.Queue = asyncio.Queue()
+        #: held while a publication is being handed to the bus (the publisher's, or the progress
+        #: loop's tokens: publish.py, ``_progress_step``), so the two never interleave out of order
+        self._pub_lock = asyncio.Lock()
+        self._direct: list[TokenMsg] | None = None  # the progress step's token messages (publish.py)
         self._decode_for: dict[str, str] = {}  # request -> prefill node, for requests we decode
         self._prefill_at: dict[str, str] = {}  # request -> node its prefill started on (stream.py)
         self._first_from: dict[str, str] = {}  # request -> node of its first FirstToken, until it finishes
@@ -163,7 +167,11 @@ class EngineWorker(StreamFolding, Publishing):
             cached = self._cached.pop(msg.request, None)
             if cached is not None:
                 msg = msgspec.structs.replace(msg, cached_tokens=cached)
-        self._out.put_nowait(msg)
+        direct = self._direct
+        if direct is not None and self._out.empty():  # nothing emitted before it waits: the progress loop sends it
+            direct.append(msg)
+        else:
+            self._out.put_nowait(msg)
 
     def _choose(self, node, tier, tokens, pinned):
         return self.policy.choose(self.directory, node, tier, tokens, pinned)
@@ -180,7 +188,7 @@ class EngineWorker(StreamFolding, Publishing):
         self._out.put_nowait(event)
 
     async def _progress(self) -> None:
-        await progress_loop(self.backend, self.host, self.token_interval_s)
+        await progress_loop(self.backend, self.host, self.token_interval_s, self._progress_step)
 
     #: behind the stream's head with no sequence folded for this long: the stream input is stuck
     STUCK_AFTER_S = 5.0
@@ -305,10 +313,12 @@ def progress_wait_s(backend, interval_s: float) -> float | None:
     return max(MIN_PROGRESS_S, min(interval_s, due + 1e-4))
 
 
-async def progress_loop(backend, host: WallClockHost, interval_s: float) -> None:
+async def progress_loop(backend, host: WallClockHost, interval_s: float, step=None) -> None:
     """The worker's token pacing, for its whole life: ``backend.progress()`` after each wait of
     :func:`progress_wait_s`; with no run to pace, until the host schedules something (a run
-    starts in a callback that schedules its end) or :data:`IDLE_WAKE_S` has passed."""
+    starts in a callback that schedules its end) or :data:`IDLE_WAKE_S` has passed. ``step``:
+    ``async step(progress)`` calls it instead (the worker's ``_progress_step``, which sends the
+    iteration's token messages itself)."""
     while True:
         wait = progress_wait_s(backend, interval_s)
         if wait is None:
@@ -318,4 +328,7 @@ async def progress_loop(backend, host: WallClockHost, interval_s: float) -> None
         else:
             await asyncio.sleep(wait)
         host.catch_up()
-        backend.progress()
+        if step is None:
+            backend.progress()
+        else:
+            await step(backend.progress)

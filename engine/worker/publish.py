@@ -41,10 +41,11 @@ class Publishing:
         while True:
             item = await self._out.get()
             try:
-                if isinstance(item, TokenMsg):
-                    await self.tokens.publish(item)  # core NATS: buffered by the client while it reconnects
-                else:
-                    await self._publish_event(item)
+                async with self._pub_lock:
+                    if isinstance(item, TokenMsg):
+                        await self.tokens.publish(item)  # core NATS: buffered by the client while it reconnects
+                    else:
+                        await self._publish_event(item)
             except Exception as exc:  # noqa: BLE001 - a lost publication is logged, the node goes on
                 if not isinstance(item, TokenMsg):
                     self._unechoed = max(0, self._unechoed - 1)  # its echo will never come
@@ -52,6 +53,37 @@ class Publishing:
                           error=str(exc) or type(exc).__name__)
             finally:
                 self._out.task_done()
+
+    async def _progress_step(self, progress) -> None:
+        """One ``backend.progress()`` of the progress loop (engine/worker/loop.py). When nothing
+        waits in the queue and the publisher is not handing anything to the bus, the iteration's
+        token messages are published here, right after it, instead of through the queue: one
+        wake-up of the publisher task (a queue put and get, a turn of the event loop) less per
+        decode iteration, which is most of a streaming engine's loop turns. A token message
+        emitted after an event of the same step queues behind it (``_out_token``), and the lock
+        keeps the publisher from sending a later event before these, so the order on the
+        connection is the order of emission, as through the queue."""
+        if not self._out.empty() or self._pub_lock.locked():
+            progress()
+            return
+        direct: list[TokenMsg] = []
+        self._direct = direct
+        try:
+            progress()
+        finally:
+            self._direct = None
+        if not direct:
+            return
+        async with self._pub_lock:
+            for i, msg in enumerate(direct):
+                try:
+                    await self.tokens.publish(msg)
+                except asyncio.CancelledError:
+                    for rest in direct[i:]:  # not lost with the task: the publisher sends them
+                        self._out.put_nowait(rest)
+                    raise
+                except Exception as exc:  # noqa: BLE001 - a lost publication is logged, the node goes on
+                    log.error("publish_failed", node=self.node_id, item="TokenMsg", error=str(exc) or type(exc).__name__)
 
     async def _publish_event(self, event: Event) -> None:
         """Publish ``event`` with a message id of its own (``node:run:n``) and, while the bus

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from typing import Protocol, runtime_checkable
 
 import msgspec
@@ -39,6 +40,10 @@ from events.wire import (  # noqa: F401 - re-exported for the adapters' users
     token_key,
     token_subject,
 )
+
+#: ``token_subject`` of (partition, request), remembered: an engine publishes a streaming
+#: request's subject once per decode iteration (a blake2b digest each time before)
+_subject = functools.lru_cache(maxsize=4096)(token_subject)
 
 
 class TokenSub:
@@ -103,7 +108,7 @@ class NatsTokens:
         pass  # each request's subscription ends with its TokenSub.close()
 
     async def publish(self, msg: TokenMsg) -> None:
-        await self.nc.publish(token_subject(self.partition, msg.request), encode(msg))
+        await self.nc.publish(_subject(self.partition, msg.request), encode(msg))
 
     async def subscribe(self, request: str) -> TokenSub:
         sub_obj = TokenSub(request, None)
@@ -160,7 +165,7 @@ class NatsTokenMux:
             s._put(msg)  # checks the request id: a digest collision never mixes two requests
 
     async def publish(self, msg: TokenMsg) -> None:
-        await self.nc.publish(token_subject(self.partition, msg.request), encode(msg))
+        await self.nc.publish(_subject(self.partition, msg.request), encode(msg))
 
     async def subscribe(self, request: str) -> TokenSub:
         if self._nsub is None:
