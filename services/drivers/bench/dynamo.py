@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import tempfile
 import time
@@ -90,6 +91,11 @@ class OfflineSpec:
     # and its planner moves from there only when sure; "collocated" warms up collocated and picks
     # its first split at the warm-up end (METHOD.md §4.2)
     start: str = "split"
+    # the order of the sessions in the Mooncake file both sides read (None: the trace's): every
+    # session's first turn arrives at t = 0, so this is the order the cold wave is routed in, and
+    # the placements of the whole run follow from it (docs/experiments.md, "Against the real
+    # Dynamo": the P95's spread over these orders)
+    order_seed: int | None = None
 
 
 def dynamo_missing(python: Path = DYNAMO_PYTHON) -> str | None:
@@ -113,6 +119,14 @@ def write_trace(spec: OfflineSpec, path: Path) -> int:
         k = seen[r["session_id"]] = seen.get(r["session_id"], 0) + 1
         if k <= spec.turns:
             kept.append(r)
+    seed = getattr(spec, "order_seed", None)
+    if seed is not None:  # whole sessions move, each one's turns in their order
+        by: dict[str, list[dict]] = {}
+        for r in kept:
+            by.setdefault(r["session_id"], []).append(r)
+        order = list(by)
+        random.Random(seed).shuffle(order)
+        kept = [r for sid in order for r in by[sid]]
     path.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in kept))
     return len(kept)
 

@@ -44,6 +44,8 @@ def add_arguments(p) -> None:
                    "stacks' event logs in (offline/<stack>.duckdb: evolving sim-report / sql / verify read them; live: "
                    "the live stacks' logs)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--order-seed", type=int, default=None, help="offline: shuffle the order of the sessions in the trace "
+                   "file both sides read (the routing order of the first turns, all at t = 0); default: the trace's")
     p.add_argument("--warmup", type=float, default=120.0, help="offline: our stacks' warm-up in seconds (evolving "
                    "serves collocated, fits, then takes its first split; baselines serve their split from 0); "
                    "every request counts")
@@ -71,7 +73,8 @@ def _bench_dynamo(args) -> int:
                                block_tokens=args.block_tokens, concurrency=args.concurrency or sessions,
                                profile=args.profile, prefill=args.prefill, decode=args.decode,
                                stacks=tuple(s for s in args.stacks.split(",") if s), pace=args.pace, seed=args.seed,
-                               warmup_s=args.warmup, host_kv_tokens=args.host_kv_tokens, start=args.start)
+                               warmup_s=args.warmup, host_kv_tokens=args.host_kv_tokens, start=args.start,
+                               order_seed=args.order_seed)
             (work / "offline").mkdir(exist_ok=True)
             results.append(run_offline(spec, Path(args.dynamo_python), work / "offline", keep_logs=bool(args.keep)))
         if args.live:

@@ -41,6 +41,28 @@ def test_trace_keeps_the_first_turns_of_the_first_sessions(tmp_path: Path) -> No
     assert all(len(r["hash_ids"]) == -(-r["input_length"] // 64) for r in rows)
 
 
+def test_order_seed_moves_whole_sessions_and_keeps_each_one_s_turns(tmp_path: Path) -> None:
+    """``--order-seed``: the same requests, each session's turns contiguous and in their order, the
+    sessions in another order (the routing order of the first turns, all at t = 0)."""
+    base = [json.loads(line) for line in _written(spec(sessions=8), tmp_path / "a.jsonl")]
+    orders = []
+    for seed in (1, 2, 3):
+        rows = [json.loads(line) for line in _written(spec(sessions=8, order_seed=seed), tmp_path / f"{seed}.jsonl")]
+        assert sorted(map(json.dumps, rows)) == sorted(map(json.dumps, base))
+        sids = [r["session_id"] for r in rows]
+        order = list(dict.fromkeys(sids))
+        assert sids == [sid for sid in order for _ in range(sids.count(sid))]  # contiguous
+        for sid in order:
+            assert [r for r in rows if r["session_id"] == sid] == [r for r in base if r["session_id"] == sid]
+        orders.append(order)
+    assert orders[0] != list(dict.fromkeys(r["session_id"] for r in base)) or orders[1] != orders[0]
+
+
+def _written(s: OfflineSpec, path: Path) -> list[str]:
+    write_trace(s, path)
+    return path.read_text().splitlines()
+
+
 def test_ours_runs_every_request_once(tmp_path: Path) -> None:
     s = spec(turns=4)
     n = write_trace(s, tmp_path / "t.jsonl")
