@@ -6,6 +6,7 @@ block)``, ``LruEviction`` by ``(last_access, block)``, pinned blocks left out, a
 
 from __future__ import annotations
 
+import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from services.cores.directory._native import BlockCounts
@@ -23,7 +24,7 @@ from events.catalog import (
     RoleSwitched,
     RouteDecided,
 )
-from services.cores.directory import CountAwareEviction, DirectoryCore, LruEviction
+from services.cores.directory import CountAwareEviction, DirectoryCore, LruEviction, table
 
 NODES = ["p0", "p1", "d0"]
 node = st.sampled_from(NODES)
@@ -256,3 +257,20 @@ def test_victims_of_an_order_evict_as_any_blocks_do(ops):
     assert _copies(d) == _copies(twin)
     assert d.anomalies() == twin.anomalies()
     assert twin._t._picked == {}  # the twin never read an order: every eviction was probed
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_a_groups_first_k_blocks_are_its_sorted_first_k(data):
+    """The walk sorts a group's blocks (distinct hashes) whole, or only its ``k`` smallest when
+    the walk's limit cuts it: either way the head of a full sort's positions, at least ``k`` of
+    them."""
+    n = data.draw(st.sampled_from([1, 2, 5, 40, 300, 3000]))
+    seed = data.draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    blocks = np.unique(rng.integers(0, 2**64, n + 8, dtype=np.uint64))[:n]
+    rng.shuffle(blocks)
+    k = data.draw(st.integers(0, len(blocks)))
+    by = table._by_block(blocks, k)
+    want = np.argsort(blocks)
+    assert len(by) >= k and by.tolist() == want[:len(by)].tolist()  # the sorted order's head, at least k

@@ -116,7 +116,7 @@ def test_common_prefix_matches_its_definition(a, b, k):
 
 
 @settings(max_examples=100, deadline=None)
-@given(tables(), st.booleans(), st.lists(st.integers(0, SLOTS - 1), max_size=40))
+@given(tables(), st.booleans(), st.lists(st.integers(0, SLOTS - 1), max_size=80))  # past the prefetch distances
 def test_bucket_pick_matches_its_numpy_definition(t, counted, arr):
     held, _, j, last, _ = t
     arr = np.array(arr, dtype=np.intp)

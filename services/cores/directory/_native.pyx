@@ -289,6 +289,8 @@ cdef class SlotMap:
         cdef int64_t[::1] po = out
         with nogil:
             for i in range(m):
+                if i + PREFETCH_AHEAD < m:  # the keys are known: start their probes' misses ahead
+                    prefetch(self, keys[i + PREFETCH_AHEAD])
                 po[i] = cell_get(self.cells, self.bits, self.mask, keys[i])
         return out
 
@@ -1227,7 +1229,7 @@ def bucket_pick(const uint64_t[:] h, uint64_t bit, const int32_t[:] refs, bint c
     sessions ~85% of a node's L1 copies are pinned, so an eviction reads ~44 K entries to find
     ~3 K victims; gathering, sorting and probing the pinned ones separately cost more than the
     validity pass itself. Only the unpinned slots are returned, for the caller to sort."""
-    cdef Py_ssize_t i, x, k = 0, f = 0, n = arr.shape[0]
+    cdef Py_ssize_t i, x, y, k = 0, f = 0, n = arr.shape[0]
     cdef bint has_pins = pinned is not None
     valid_arr = np.empty(n, dtype=np.intp)
     free_arr = np.empty(n, dtype=np.intp)
@@ -1235,6 +1237,19 @@ def bucket_pick(const uint64_t[:] h, uint64_t bit, const int32_t[:] refs, bint c
     cdef int64_t[::1] fout = free_arr
     with nogil:
         for i in range(n):
+            # a bucket's slots are scattered over the table: each entry's reads are cache misses,
+            # started ahead (its columns 2 * PREFETCH_AHEAD entries on, its block's pin cell
+            # PREFETCH_AHEAD on, once that block's hash has arrived)
+            if i + 2 * PREFETCH_AHEAD < n:
+                y = arr[i + 2 * PREFETCH_AHEAD]
+                __builtin_prefetch(&h[y])
+                __builtin_prefetch(&refs[y])
+                __builtin_prefetch(&last[y])
+                __builtin_prefetch(&mark[y])
+                if has_pins:
+                    __builtin_prefetch(&block[y])
+            if has_pins and i + PREFETCH_AHEAD < n:
+                prefetch(pinned, block[arr[i + PREFETCH_AHEAD]])
             x = arr[i]
             if mark[x] or not (h[x] & bit) or (refs[x] > 0) != counted or last[x] != key:
                 continue
@@ -1261,6 +1276,10 @@ def held_split(const uint64_t[:] h, uint64_t bit, const int32_t[:] refs, const i
     cdef int64_t[::1] zero = zero_arr
     with nogil:
         for i in range(n):
+            if i + 2 * PREFETCH_AHEAD < n:  # scattered slots (a release log's): their reads started ahead
+                x = s[i + 2 * PREFETCH_AHEAD]
+                __builtin_prefetch(&h[x])
+                __builtin_prefetch(&refs[x])
             x = s[i]
             if not (h[x] & bit):
                 continue

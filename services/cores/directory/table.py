@@ -384,7 +384,7 @@ class BlockTable:
                 out_s = None
                 blocks.sort()  # filtering then sorting: the same blocks as sorting the group then filtering
             else:  # sorted with their slots (a group's blocks are distinct: the same order as a sort)
-                by = blocks.argsort()
+                by = _by_block(blocks, len(blocks) if limit is None else limit - got)
                 blocks = blocks[by]
                 if out_s is not None:
                     out_s.append(sl[by])
@@ -426,6 +426,19 @@ class BlockTable:
 
 
 _BIT = [np.uint64(1 << i) for i in range(64)]
+
+
+def _by_block(blocks: np.ndarray, k: int) -> np.ndarray:
+    """The head of ``blocks.argsort()`` (distinct hashes), at least its first ``k``: all of it, or
+    only the ``k`` where that is cheaper (under 2/5 of them). The eviction walk's last group is
+    cut at the walk's limit: under pressure the groups it cut held ~17 M blocks of which it took
+    ~6 M (5 + 10 simulated minutes of the calibration sessions), so the rest is only partitioned
+    off (``argpartition``: the same ``k`` blocks, as they are distinct)."""
+    n = len(blocks)
+    if 0 < k < n * 2 // 5:
+        part = np.argpartition(blocks, k - 1)[:k]
+        return part[blocks[part].argsort()]
+    return blocks.argsort()
 
 
 def _add_grouped(o: CopyOrder, s: np.ndarray, c: np.ndarray, last: np.ndarray) -> None:
