@@ -17,8 +17,8 @@ our simulator's stacks on the same trace, the same request count and the same en
    is deployed as the replay deploys the real one (:func:`replica_of_replay`: its KV router, the
    real one's split held, no planner; ``dynamo-planned``: the matrix's baseline at that split); evolving starts there too (``--start split``) and its planner
    moves when sure after its ``--warmup``, or warms up collocated (``--start collocated``); our
-   nodes keep the profile's host tier unless ``--host-kv-tokens`` says otherwise (the mocker
-   has none). With ``--keep`` each stack's event log is kept (``<stack>.duckdb``) for
+   other stacks' nodes keep the profile's host tier unless ``--host-kv-tokens`` says otherwise,
+   dynamo-style's have none (the replay's mocker workers have none). With ``--keep`` each stack's event log is kept (``<stack>.duckdb``) for
    ``evolving sim-report`` / ``sql`` / ``verify``.
 
 Per stack: throughput (requests / the span from the first arrival to the last finish), TTFT
@@ -84,7 +84,8 @@ class OfflineSpec:
     # Every request counts in the figures, the warm-up's included
     warmup_s: float = 120.0
     # our nodes' host (L2) KV tokens; None: the profile's. The mocker has no host tier: 0 is
-    # Dynamo's KV side exactly (docs/experiments.md, "Offline in the pressure regime")
+    # Dynamo's KV side exactly (docs/experiments.md, "Offline in the pressure regime"); the
+    # dynamo-style row has none whatever this says (replica_of_replay)
     host_kv_tokens: int | None = None
     # how a stack of ours that picks its own split (evolving) starts: "split" serves the
     # --prefill / --decode split from t = 0, the deployment the real Dynamo's workers are given,
@@ -186,7 +187,10 @@ def replica_of_replay(stack):
     gives none). The matrix's Dynamo baseline keeps its planner and cache-aware routing
     (``--stacks dynamo-planned``): with them at ``scale:0`` its planner restarted a prefill
     node into decode at 125 s and its P95 prefill-done doubled (docs/experiments.md, "Offline
-    in the pressure regime")."""
+    in the pressure regime"). Its nodes have no host KV tier either (:func:`run_ours`): the
+    replay's mocker workers have GPU KV only, and with the profile's 7.4M host tokens a node,
+    restored at no cost on the equalised engine, the replica recomputed less than the real one
+    after an eviction (docs/experiments.md, "Against the real Dynamo")."""
     return replace(stack, planner="static", router="dynamo_kv")
 
 
@@ -210,6 +214,7 @@ def run_ours(spec: OfflineSpec, trace: Path, prof: Profile, stack_name: str,
         stack = replace(stack, split=(spec.prefill, spec.decode))
     if stack.name == "dynamo":
         stack = replica_of_replay(stack)
+        prof = replace(prof, l2_capacity_tokens=0)  # the replay's mocker workers: GPU KV only
     fold = MetricsFold(0.0, cfg.end_s)
     rec = None
     if log_path is not None:  # the run_config replay/sim/runs.py writes, so verify rebuilds the same cores

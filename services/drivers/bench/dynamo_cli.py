@@ -53,7 +53,7 @@ def add_arguments(p) -> None:
                    "--prefill/--decode split from t = 0 as Dynamo's workers (its planner moves when sure), or warms up "
                    "collocated and picks its first split")
     p.add_argument("--host-kv-tokens", type=int, default=None, help="offline: our nodes' host (L2) KV tokens "
-                   "(default: the profile's; 0: none, as the mocker)")
+                   "(default: the profile's; 0: none, as the mocker; dynamo-style has none either way)")
     p.add_argument("--json", action="store_true")
 
 

@@ -133,6 +133,19 @@ def test_host_kv_tokens_sets_our_nodes_host_tier(tmp_path: Path) -> None:
     assert cfg["kv_host_tokens"] == 0 and cfg["bench"] == "dynamo --offline"
 
 
+def test_dynamo_style_has_no_host_tier_as_the_replay_s_workers(tmp_path: Path) -> None:
+    """The replay's mocker workers hold GPU KV only: the dynamo-style row's nodes too, whatever the
+    other stacks keep (the profile's host tier here; it restored evicted prefixes at no cost)."""
+    res = run_offline(spec(stacks=("dynamo", "evolving", "dynamo-planned")), python=tmp_path / "none", work=tmp_path,
+                      keep_logs=True)
+    host = {}
+    for stack, path in res["logs"].items():
+        with duckdb.connect(path, read_only=True) as con:
+            host[stack] = json.loads(con.execute("SELECT value FROM run_config WHERE key = 'kv_host_tokens'").fetchone()[0])
+    prof = load_profile("gb300-glm52-pressure")
+    assert host == {"dynamo-style": 0, "evolving": prof.l2_capacity_tokens, "dynamo-planned": prof.l2_capacity_tokens}
+
+
 def test_dynamo_style_is_deployed_as_the_replay_deploys_the_real_one(tmp_path: Path) -> None:
     """Dynamo's replay runs its KV router and no planner (no ``planner_config``): so does the
     dynamo-style row (it ran the matrix baseline's planner, which restarted a prefill node into
