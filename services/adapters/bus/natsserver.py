@@ -63,6 +63,23 @@ def port_taken(exc: BaseException) -> bool:
     return "address already in use" in str(exc)
 
 
+#: the Go scheduler's processors for a server started here, unless the environment names its own
+#: ``GOMAXPROCS``. One: a local server carries a few hundred messages a second, and with one
+#: processor per core (Go's default) its goroutines hop between threads, each hop a futex wake-up,
+#: with idle threads spinning for work (``runtime.findRunnable``, ``park_m``, with ``sysmon``: ~40% of
+#: its perf samples under `evolving bench dynamo --live`). Two servers side by side under the same
+#: paced load (170 core messages and 16 JetStream events read by 6 durables a second) on this
+#: 2-core box: 43.0-46.4 against 49.6-54.8 ms of CPU a second, lower in 5 of 5 pairs
+#: (docs/experiments.md, "Part 5, third pass")
+GOMAXPROCS = "1"
+
+
+def server_env() -> dict[str, str]:
+    """The environment of a ``nats-server`` started here: this process's, with
+    :data:`GOMAXPROCS` unless it names its own."""
+    return {**os.environ, "GOMAXPROCS": os.environ.get("GOMAXPROCS") or GOMAXPROCS}
+
+
 def _ready(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=0.2) as s:
@@ -140,7 +157,7 @@ class EmbeddedNats:
         if self.log_file:
             cmd += ["-l", self.log_file]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     start_new_session=self.own_session)
+                                     start_new_session=self.own_session, env=server_env())
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
