@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 from itertools import islice
 
 import numpy as np
+from services.cores.directory._native import BlockCounts
 
 from engine import _kvscan
 from engine.kvpool import BlockSet, KvPool
@@ -243,12 +244,18 @@ class _Fold:
 
 
 class _Demand:
-    """Distinct blocks referenced by the active branches, over time (module docstring)."""
+    """Distinct blocks referenced by the active branches, over time (module docstring).
+
+    Compiled tables (services/cores/directory/_native.pyx): each branch's distinct blocks are a
+    ``BlockSet`` and the count of branches per block a ``BlockCounts``, so a request's context
+    (~1,800 hashes on the calibration sessions) is counted in and out by C loops over its list
+    instead of a Python set and a dict step per block (tests/unit/replay/sim/test_figures_demand.py
+    holds it to the set-and-dict fold it replaced)."""
 
     def __init__(self) -> None:
-        self.branch: dict[str, set[int]] = {}
+        self.branch: dict[str, BlockSet] = {}
         self.ctx: dict[str, Sequence[int]] = {}  # the branch's last context, in order
-        self.refs: dict[int, int] = {}
+        self.refs = BlockCounts()  # block -> active branches whose context holds it
         self.block_tokens = 64
         self.last_ts = 0.0
         self.area = 0.0  # token-seconds inside the window
@@ -268,27 +275,22 @@ class _Demand:
     def set_context(self, branch: str, blocks, ts: float, warmup_s: float, end_s: float) -> None:
         self._advance(ts, warmup_s, end_s)
         old = self.branch.get(branch)
-        refs = self.refs
         prev = self.ctx.get(branch)
-        if old is not None and prev is not None and len(blocks) >= len(prev) and blocks[:len(prev)] == prev:
+        if old is not None and prev is not None and len(blocks) >= len(prev) \
+                and _kvscan.common_prefix(prev, blocks) == len(prev):
             # a continuation (the usual next request): only the appended blocks can be new
-            added, removed = set(blocks[len(prev):]) - old, ()
+            added = _kvscan.missing_after(blocks, len(prev), old)
+            old.update(added)
             new = old
-            new |= added
         else:
-            new = set(blocks)
+            new = BlockSet()
+            new.update(blocks)
             if old is None:
-                added, removed = new, ()
+                added = _kvscan.missing_after(blocks, 0, _NO_BLOCKS)  # its distinct blocks
             else:
-                added, removed = new - old, old - new
-        for b in added:
-            refs[b] = refs.get(b, 0) + 1
-        for b in removed:
-            n = refs[b] - 1
-            if n:
-                refs[b] = n
-            else:
-                del refs[b]
+                added = _kvscan.missing_after(blocks, 0, old)
+                self.refs.remove(_kvscan.missing_after(list(old), 0, new))  # the ones it no longer holds
+        self.refs.add(added)
         self.branch[branch] = new
         self.ctx[branch] = blocks
         self._advance(ts, warmup_s, end_s)
@@ -298,6 +300,9 @@ class _Demand:
             self.set_context(branch, (), ts, warmup_s, end_s)
             del self.branch[branch]
             del self.ctx[branch]
+
+
+_NO_BLOCKS = BlockSet()
 
 
 def _branch_context(f: _Fold, e) -> None:
