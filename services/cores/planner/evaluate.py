@@ -123,15 +123,48 @@ def decode_rates(nodes: NodeArrays, w: WorkArrays, D: int, sel: slice) -> np.nda
     return mu
 
 
-def theta(nodes: NodeArrays, w: WorkArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Theta[P-1, s] for P = 1..N-1 (eq. 5), with sum mu_P and sum mu_D."""
+def theta(nodes: NodeArrays, w: WorkArrays, closed_loop: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Theta[P-1, s] for P = 1..N-1 (eq. 5), with sum mu_P and sum mu_D. ``closed_loop``: also
+    at most what the agents of a closed loop bring at each split (``closed_loop_bound``)."""
     N = nodes.coef_p.shape[0]
     muP = prefill_rates(nodes, w)
     sumP = np.cumsum(muP, axis=0)[: N - 1]  # row P-1: nodes seq[:P]
     sumD = np.empty_like(sumP)
     for P in range(1, N):
         sumD[P - 1] = decode_rates(nodes, w, N - P, slice(P, N)).sum(axis=0)
-    return np.minimum(sumP, sumD), sumP, sumD
+    th = np.minimum(sumP, sumD)
+    if closed_loop:
+        th = np.minimum(th, closed_loop_bound(w, sumD))
+    return th, sumP, sumD
+
+
+#: the closed-loop bound leaves at least this share of the measured cycle outside decode
+MIN_OUTSIDE_DECODE = 0.05
+
+
+def closed_loop_bound(w: WorkArrays, sumD: np.ndarray) -> np.ndarray:
+    """X[P-1, s]: the most requests per second the agents of a closed loop bring at each split.
+
+    Per slice, ``n = lam * C`` agents are in the loop (Little's law over the measured branch
+    cycle ``C``, ``cycle_s``, at the measured arrival rate ``lam``). Of a cycle, ``q / lam`` is
+    spent in decode (Little's law over the measured decode population ``q``); at a split with
+    decode rate ``sum mu_D`` that population takes ``R_D = q / sum mu_D`` instead. The rest of
+    the cycle (think time, tools, the prefill wait and service: at least ``MIN_OUTSIDE_DECODE``
+    of ``C``) is held at what was measured, so ``X = n / (C - q / lam + R_D)``. At the split
+    served (``sum mu_D`` = the decode throughput) ``X`` is the arrival rate; a split that
+    decodes faster shortens the cycle by what it saves a request and brings that much more,
+    not the rate the same population would complete at. A slice without a measured cycle or
+    arrivals (open arrivals, no branch seen twice) is not bounded (``inf``)."""
+    lam, C = w.arrivals_rps, w.cycle_s
+    if C is None:
+        return np.full(sumD.shape, np.inf)
+    ok = (lam > 0.0) & (C > 0.0) & (w.q > 0.0)
+    lam_ok = np.where(ok, lam, 1.0)
+    outside = np.maximum(C - w.q / lam_ok, MIN_OUTSIDE_DECODE * C)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r_d = np.where(sumD > 0.0, w.q[None, :] / sumD, np.inf)
+        X = (lam * C)[None, :] / (outside[None, :] + r_d)
+    return np.where(ok[None, :], X, np.inf)
 
 
 def erlang_c_wait_p95(lam: float, mu: np.ndarray, servers: np.ndarray, horizon_s: float) -> np.ndarray:

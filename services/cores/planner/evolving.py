@@ -106,6 +106,13 @@ class EvolvingConfig(BaseConfig, kw_only=True, forbid_unknown_fields=True):
     # move takes: the shifting experiment's log measured 288.5 s from order to switch (nodes
     # draining their decodes), and the escape waits for the next shift or window end after it
     backlog_projection_s: float = 300.0
+    # the closed-loop bound (evaluate.closed_loop_bound): where the arrivals are a closed loop
+    # of agents (a measured branch cycle), a split's throughput is also at most what the
+    # agents bring at it, so a faster decode counts as the shorter cycle it gives, not as the
+    # rate the measured decode population would complete at. Applied after the warm-up end
+    # (the gated and shift paths, newcomers and repairs), when every node serves prefill or
+    # decode (a decode side was measured); the warm-up-end decision keeps eq. 5 as it is
+    closed_loop_bound: bool = True
 
 
 class Evaluation:
@@ -210,6 +217,13 @@ class EvolvingPlanner(PlannerBase):
         P = sum(n.role == "prefill" for n in st.nodes.values())
         return P if 1 <= P < len(st.nodes) else None
 
+    def closed_loop(self) -> bool:
+        """Whether eq. 5 is bounded by the closed loop's arrivals now (``closed_loop_bound``):
+        configured, and every node serves prefill or decode (after a collocated warm-up no
+        decode side was measured, so there is no time in decode to replace)."""
+        nodes = self.st.nodes.values()
+        return self.cfg.closed_loop_bound and bool(nodes) and all(n.role in ("prefill", "decode") for n in nodes)
+
     def evaluate(
         self,
         seq: list[str],
@@ -218,10 +232,14 @@ class EvolvingPlanner(PlannerBase):
         serving_P: int | None = None,
         backlog: Backlog | None = None,
         rising: bool = False,
+        closed_loop: bool | None = None,
     ) -> Evaluation:
+        """Every candidate's figures over ``works``; ``closed_loop``: whether eq. 5 is bounded by
+        the closed loop's arrivals (None: ``self.closed_loop()``)."""
         arrays = self.node_arrays(seq)
         w = WorkArrays.of(works)
-        th, _, _ = theta(arrays, w)
+        closed = self.closed_loop() if closed_loop is None else closed_loop
+        th, _, _ = theta(arrays, w, closed)
         N = len(seq)
         P_values = np.arange(1, N)
         n = th.shape[1]
@@ -245,7 +263,7 @@ class EvolvingPlanner(PlannerBase):
             waits[current_P - 1] = max(waits[current_P - 1], backlog.wait_p95_s)
         measured = np.maximum(ttft95, waits + (ttft95 - wait95))
         deferred = WorkArrays.of([dataclasses.replace(x, q=x.q + x.prefill_queue) for x in works])
-        th_b, _, _ = theta(arrays, deferred)
+        th_b, _, _ = theta(arrays, deferred, closed)
         projected, guard = None, measured
         move_s = self.cfg.backlog_projection_s
         if move_s > 0.0 and current_P is not None and 1 <= current_P <= N - 1:
@@ -512,7 +530,9 @@ class EvolvingPlanner(PlannerBase):
                 PlanEvaluated(**base, chosen=Split(prefill=ref, decode=N - ref), reason=reason),
                 *self.order(self.nodes_to_switch(ref), ts, reason),
             ]
-        ev = self.evaluate(self.assignment_order(), works, ref, self.serving_split(base["window_start"]))
+        # eq. 5 as METHOD.md writes it: the closed-loop bound starts after the warm-up end
+        ev = self.evaluate(self.assignment_order(), works, ref, self.serving_split(base["window_start"]),
+                           closed_loop=False)
         P, cands, why = self.decide(ev, ref, "")
         if P is None and self.serving_split(base["window_start"]) is None:
             P, tie = self._initial_ttft(ev, ref)
@@ -651,7 +671,7 @@ class EvolvingPlanner(PlannerBase):
         if len(older) < 2 or len(recent) < 2:
             return None, recent, recent_s
         cur = self.current_split().prefill - 1
-        th, _, _ = theta(self.node_arrays(self.assignment_order()), WorkArrays.of(older + recent))
+        th, _, _ = theta(self.node_arrays(self.assignment_order()), WorkArrays.of(older + recent), self.closed_loop())
         gains = th - th[cur][None, :]
         n = len(older)
         tests = [

@@ -54,6 +54,51 @@ def test_short_first_wait_is_the_work_ahead(running, queued, now, own, expected)
     assert wait(cluster(running, queued), now, own) == pytest.approx(expected)
 
 
+@pytest.mark.parametrize(("running", "queued", "now", "own", "expected"), [
+    # L (5.5 s, queued at 0) is long for 0.5 s more: half of a's 0.5 s and the request's 1 s
+    # covers it, then it is short and aged ahead of the request (5 - 12 <= 1): its last 5 s
+    # run whole (the old rule: 0.5 + min(5.5, 1.5) = 2.0)
+    ([], [("a", 0.5, 12.0), ("L", 5.5, 0.0)], 12.0, 1.0, 0.5 + 5.0 + 0.5),
+    # the same L queued now has not aged: short at 5 s against the request's 1 s, it stays behind
+    ([], [("a", 0.5, 12.0), ("L", 5.5, 12.0)], 12.0, 1.0, 0.5 + 1.5),
+    # a running L with 5.2 s left (started 8.5 s ago): 0.2 s long, then its 5 s whole
+    ([("L", 13.7, 0.0, 0.0)], [], 8.5, 0.6, 5.0 + 0.2),
+    # two long ones in the engine's order (keys -6.5, -3): L2's 0.5 s above fits the 1.5 s
+    # share and its tail runs whole; L1's 4 s above does not, it keeps its share
+    ([], [("a", 0.5, 12.0), ("L1", 9.0, 0.0), ("L2", 5.5, 0.0)], 12.0, 1.0, 0.5 + 5.0 + 1.5),
+    # a long request that ends its long part too late to matter keeps the old bound
+    ([], [("a", 0.5, 12.0), ("L", 7.0, 0.0)], 12.0, 1.0, 0.5 + 1.5),
+])
+def test_a_long_request_short_and_aged_ahead_before_the_request_is_done_runs_its_last_long_s_whole(
+        running, queued, now, own, expected):
+    assert wait(cluster(running, queued), now, own) == pytest.approx(expected)
+
+
+def test_the_tail_moves_a_choice():
+    """p00 runs a 300K-token cold prefill (13.7 s at the prior) since 0, p01 another since 3 s,
+    with a 2K-token request queued. At 8.5 s a 19K-token request (0.61 s) arrives: p00's
+    prefill is long for 0.24 s more, which the request's share covers, and has aged ahead: its
+    last 5 s run whole before the request there, so p01 (whose prefill is long for 3.2 s
+    more) is the shorter wait. The old rule charged p00 only the long share (0.61 s) against
+    p01's x and share of x + own (0.63 s) and chose p00."""
+    r = LeastTtftRouter(prefill_order="short_first", order_aging=AGING, order_long_s=LONG_S, order_long_share=SHARE)
+    assert feed(r, s.register(2, 1) + [s.branch("b", 0.0), s.submit("L0", "b", s.blocks(1, 4_700), 0.0)])[0] \
+        .prefill_node == "p00"
+    assert feed(r, [s.submit("L1", "b", s.blocks(10_000, 4_700), 0.0)])[0].prefill_node == "p01"
+    feed(r, s.lifecycle("L0", "p00", "d00", 0.0)[:1] + s.lifecycle("L1", "p01", "d00", 3.0)[:1])
+    feed(r, [s.submit("x", "b", s.blocks(20_000, 30), 8.4), s.routed("x", "p01", "d00", 8.4)])
+    assert r.state.nodes["p01"].prefill_queue == ["x"]
+    (w,) = feed(r, [s.submit("w", "b", s.blocks(30_000, 300), 8.5)])
+    long_s = PRIOR_PREFILL.request_s(4_700 * 64, 0)
+    own = PRIOR_PREFILL.request_s(300 * 64, 0)
+    x = r.state.requests["x"].service_s  # as its RouteDecided priced it (t_uc 0: the fixed cost)
+    by_node = {sc.node: sc for sc in w.scores}
+    assert by_node["p00"].queue_s == pytest.approx(long_s - 8.5)  # the 0.24 s shared, then 5 s whole
+    assert by_node["p01"].queue_s == pytest.approx(x + (x + own))  # x, and L1's share of x + own
+    assert own < x + (x + own) < long_s - 8.5  # the old rule's p00 (own) beat p01
+    assert w.prefill_node == "p01"
+
+
 def test_a_long_share_of_one_is_fcfs_for_the_long_work():
     st = cluster([("L", 60.0, 0.0, 10.0)], [("a", 0.5, 20.0)])
     assert wait(st, 20.0, 1.0, share=1.0) == pytest.approx(0.5 + 50.0)
