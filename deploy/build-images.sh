@@ -10,7 +10,7 @@
 #
 # Each build removes the images it superseded (drop_superseded below) and keeps its newest build stage as the
 # next build's cache (tagged evolving-infra-cache:<name>). Before building, the image store needs room: with
-# that cache 2, 4 and 6 GB, without it 5 GB for :dev, 12 GB for :torch, 26 GB for :vllm (need_of); with
+# that cache 2, 2 and 3 GB, without it 4 GB for :dev, 9 GB for :torch, 17 GB for :vllm (need_of); with
 # less, --prune first removes the images no tag names (`image prune`, every project's), then before each
 # build the image it replaces; without --prune the script says how much is missing and builds anyway.
 #
@@ -108,11 +108,12 @@ say "pip configuration for the build: $(grep -c = "$work/pip.conf") setting(s), 
 store=$("$RUNTIME" info --format '{{.Store.GraphRoot}}' 2>/dev/null || "$RUNTIME" info --format '{{.DockerRootDir}}' 2>/dev/null || echo /)
 free_gb() { df -P -BG "$(d=$store; while [ ! -e "$d" ]; do d=$(dirname "$d"); done; echo "$d")" | awk 'NR == 2 { print $4 + 0 }'; }
 # The GB of free store a build wants. From no cache: the dependency install (pip's downloads and the
-# packages it removes again are in the container until the layer is committed), the layer committed
-# through a tar of it, then the run stage's copy of the venv (peaks measured on 7 Dec 2026: 3.5, 11.4 and
-# 25.6 GB; docs/deploy.md). With TAG's cache (a source change): the source, our install and the layers after
-# them (peaks 1.7, 3.0 and 4.9 GB). The cache of TAG is its newest build stage, kept under the tag evolving-infra-cache:<name>
-# (drop_superseded), so that `image prune` (which removes what no tag names) leaves it.
+# packages it removes again are in the container until the layer is committed) and the layer committed
+# through a tar of it; the run stage is built on those layers, so the venv is written once (peaks measured
+# on 7 Dec 2026: 3.3, 7.4 and 14.8 GB; docs/deploy.md). With TAG's cache (a source change): the compiler
+# layer of the build stage (cached too), the source, our install and the layers after them (peaks 0.1, 0.2
+# and 0.9 GB). The cache of TAG is its newest build stage, kept under the tag
+# evolving-infra-cache:<name> (drop_superseded), so that `image prune` (which removes what no tag names) leaves it.
 cache_tag() { echo "evolving-infra-cache:${1##*:}"; }
 newest_build_stage() {  # TAG: the id of TAG's newest build stage, or nothing
   "$RUNTIME" images --no-trunc --filter "label=org.evolving-infra.image=$1" \
@@ -127,9 +128,9 @@ keep_cache() {  # TAG: tag its newest build stage as its cache (a store from bef
 }
 need_of() {  # TAG: GB with its cache, else without
   if has_image "$(cache_tag "$1")"; then
-    case "$1" in *:torch) echo 4 ;; *:vllm) echo 6 ;; *) echo 2 ;; esac
+    case "$1" in *:torch) echo 2 ;; *:vllm) echo 3 ;; *) echo 2 ;; esac
   else
-    case "$1" in *:torch) echo 12 ;; *:vllm) echo 26 ;; *) echo 5 ;; esac
+    case "$1" in *:torch) echo 9 ;; *:vllm) echo 17 ;; *) echo 4 ;; esac
   fi
 }
 TAGS=()

@@ -281,10 +281,22 @@ def test_dockerfile_shape():
     lines = text.splitlines()
     assert lines[[ln.startswith("ARG BASE_IMAGE") for ln in lines].index(True)] == "ARG BASE_IMAGE=python:3.11-slim"
     assert [ln for ln in lines if ln.startswith("FROM")] == ["FROM ${BASE_IMAGE} AS deps", "FROM deps AS build",
-                                                             "FROM ${BASE_IMAGE}"]
-    # the run stage copies the venv of deps (a layer no source change touches), then only what our install added
-    assert "COPY --from=deps /opt/venv /opt/venv" in lines and "COPY --from=build /opt/venv /opt/venv" not in lines
-    assert "COPY --from=build /opt/venv-ours/opt/venv/ /opt/venv/" in lines
+                                                             "FROM deps"]
+    # the run stage is built on deps: the venv is written once, never copied between stages (a copy and
+    # its commit doubled what a build from no cache wrote); from the build stage only our source and the
+    # few files our install adds to the venv; the dependencies come before any source of ours
+    assert [ln for ln in lines if ln.startswith("COPY --from")] == [
+        "COPY --from=build /opt/venv-ours/opt/venv/ /opt/venv/", "COPY --from=build /app /app"]
+    build_at, run_at = lines.index("FROM deps AS build"), lines.index("FROM deps")
+    assert next(i for i, ln in enumerate(lines) if "pip install -r /tmp/requirements.txt" in ln) < build_at
+    assert build_at < lines.index("COPY . /app") < run_at
+    # no compiler in deps (so none in the run image) unless vLLM needs one: gcc comes with the build stage
+    deps_text = "\n".join(lines[:build_at])
+    assert "gcc" not in deps_text.replace("gcc for", "") and "g++ libc6-dev libnuma1" in deps_text
+    assert "gcc libc6-dev" in "\n".join(lines[build_at:run_at])
+    # the labels deploy/build-images.sh reads: the build stage (the cache it keeps) and the run image
+    assert [ln.split()[1] for ln in lines if ln.startswith("LABEL")] == ['org.evolving-infra.stage="build"',
+                                                                        'org.evolving-infra.stage="run"']
     assert "pip install --no-deps --no-build-isolation -e ." in text and "WORKDIR /app" in text
     assert 'ARG EI_EXTRAS="[engine]"' in text and '"$EI_EXTRAS" > /tmp/requirements.txt' in text
     # pip's configuration only as build secrets, never in ENV/ARG (a layer or the image history)
