@@ -39,7 +39,7 @@ from services.adapters.eventlog.blockdict import BlockDict
 from services.adapters.eventlog.payload import decode_payload, encode_payload
 from services.cores.directory._native import concat_u64
 
-__all__ = ["FORMAT", "FORMATS", "SCHEMA_V2", "SCHEMA_V3", "BlockDict", "blocks_sql", "decode_bitmap", "decode_blocks",
+__all__ = ["FORMAT", "FORMATS", "SCHEMA_V2", "SCHEMA_V3", "BlockDict", "blocks_len_sql", "blocks_sql", "decode_bitmap", "decode_blocks",
            "decode_row", "encode_rows", "events_view_sql", "rows_from_sql"]
 
 #: ``log_meta.format`` of the logs this module writes (format 1: no key, ``events`` a table;
@@ -103,6 +103,16 @@ _BITS_SQL = """list_transform(list_sort(flatten(list_transform(range(len(r.bitma
         lambda j: {{'k': r.bitmap_segs[w + 1], 'h': d.h[64 * r.bitmap_words[w + 1] + j + 1]}})))), lambda e: e.h)"""
 
 
+#: A row's block count from its runs (NULL where the list is: no runs), as :func:`blocks_sql`'s
+#: list would have it: a run ``(start, len)`` is ``len`` hashes (a missing id is a NULL in its
+#: place), a run with a NULL start or length none ...
+_RUNS_LEN_SQL = """CASE WHEN r.block_starts IS NULL THEN NULL ELSE coalesce(list_sum(list_transform(
+        range(len(r.block_starts)), lambda i: CASE WHEN r.block_starts[i + 1] IS NULL THEN 0
+        ELSE coalesce(r.block_lens[i + 1], 0) END)), 0) END"""
+#: ... and from the bitmap words, a word its set bits.
+_BITS_LEN_SQL = "coalesce(list_sum(list_transform(r.bitmap_bits, lambda w: coalesce(bit_count(w), 0))), 0)"
+
+
 def blocks_sql(fmt: str = FORMAT) -> str:
     """A row's block list (``UBIGINT[]``, NULL for a row without one) from its own columns, over
     ``r`` (the ``event_rows`` row) and ``d`` (the dictionary list, :func:`rows_from_sql`)."""
@@ -110,6 +120,16 @@ def blocks_sql(fmt: str = FORMAT) -> str:
     if fmt != "2":
         blocks = f"CASE WHEN r.bitmap_bits IS NOT NULL THEN {_BITS_SQL.format()} ELSE {blocks} END"
     return blocks
+
+
+def blocks_len_sql(fmt: str = FORMAT) -> str:
+    """``len()`` of :func:`blocks_sql`'s list (``BIGINT``, NULL where it is NULL), over ``r``
+    alone: no dictionary, no list built (the ``n_blocks`` of ``requests`` counted 18 M hashes on a
+    9-node half hour by building their lists, ~0.8 CPU s)."""
+    n = _RUNS_LEN_SQL
+    if fmt != "2":
+        n = f"CASE WHEN r.bitmap_bits IS NOT NULL THEN {_BITS_LEN_SQL} ELSE {n} END"
+    return f"CAST({n} AS BIGINT)"
 
 
 def rows_from_sql(prefix: str = "") -> str:

@@ -37,6 +37,7 @@ from services.adapters.eventlog.columnar import (
     SCHEMA_V2,
     SCHEMA_V3,
     BlockDict,
+    blocks_len_sql,
     blocks_sql,
     decode_bitmap,
     decode_blocks,
@@ -57,6 +58,7 @@ from services.adapters.eventlog.port import (
 from services.adapters.eventlog.sandbox import connect_file, connect_sources, expand_parquet
 from services.adapters.eventlog.views import (
     NAMED_VIEWS,
+    Stored,
     catalog_key,
     create_views,
     materialize_views,
@@ -250,9 +252,11 @@ class DuckDbEventLog:
         """The ``events`` view of a format-2/3 log (format 1: ``events`` is the table itself)."""
         return events_view_sql(fmt=self.format) if self.format != "1" else None
 
-    def _stored_sql(self) -> tuple[str, str] | None:
-        """What the typed views of kinds with a block list read directly (format 2/3)."""
-        return (rows_from_sql(), blocks_sql(self.format)) if self.format != "1" else None
+    def _stored_sql(self) -> Stored | None:
+        """What the typed views read directly (format 2/3): the stored rows, and the block lists."""
+        if self.format == "1":
+            return None
+        return Stored("event_rows r", rows_from_sql(), blocks_sql(self.format), blocks_len_sql(self.format))
 
     def _block_dict(self) -> BlockDict:
         """The writer's dictionary, read back from the file (bounded: its newest entries)."""

@@ -17,7 +17,9 @@ Named views (documented with example queries in docs/recorder.md):
 - ``requests``: one row per submitted request: route, start, first token, finish, TTFT, E2E.
 
 Everything reads the ``events`` relation only, so the same SQL works over Parquet files that
-hold the same columns (see ``roll_to_parquet`` in docs/recorder.md).
+hold the same columns (see ``roll_to_parquet`` in docs/recorder.md). Over a format-2/3 log the
+same rows are read from its stored rows directly, with cheaper plans (:class:`Stored`): the
+keys of the stored tables (:func:`view_key`) hash the plain SQL.
 """
 
 from __future__ import annotations
@@ -28,11 +30,11 @@ import re
 import types
 import typing
 from collections.abc import Iterable
-from typing import Any, Literal, NewType, get_args, get_origin, get_type_hints
+from typing import Any, Literal, NamedTuple, NewType, get_args, get_origin, get_type_hints
 
 import msgspec
 
-from events.catalog import EVENT_TYPES, RequestStarted
+from events.catalog import EVENT_TYPES, RequestStarted, RequestSubmitted
 from events.ids import BlockHash
 
 _BASE_COLUMNS = ("seq", "ts", "src", "subject")
@@ -77,12 +79,33 @@ def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def event_view_sql(event_type: type, stored: tuple[str, str] | None = None) -> str:
-    """``stored``: ``(FROM clause, block list expression)`` of a format-2/3 log
-    (services.adapters.eventlog.columnar ``rows_from_sql``, ``blocks_sql``). A kind with a
-    ``blocks`` field then reads its other fields from the stored payload (which holds
-    ``"blocks":[]``) and its list straight from the stored runs, as ``UBIGINT[]``: no JSON text of
-    the list is built and parsed again (7.3 M hashes in the README demo's log)."""
+class Stored(NamedTuple):
+    """How the typed views of a format-2/3 log read its stored rows (services.adapters.eventlog.
+    columnar): ``rows``, the FROM clause of the rows alone (``r``, ``event_rows r``);
+    ``rows_dict``, of the rows and the dictionary list ``d`` (``rows_from_sql``); ``blocks``, a
+    row's list over both (``blocks_sql``); ``n_blocks``, its length over ``r`` alone
+    (``blocks_len_sql``)."""
+
+    rows: str
+    rows_dict: str
+    blocks: str
+    n_blocks: str
+
+
+def event_view_sql(event_type: type, stored: Stored | None = None) -> str:
+    """``CREATE OR REPLACE VIEW ev_<kind> AS`` :func:`kind_select`."""
+    return f"CREATE OR REPLACE VIEW {view_name(event_type)} AS {kind_select(event_type, stored)}"
+
+
+def kind_select(event_type: type, stored: Stored | None = None, sized: bool = False) -> str:
+    """The rows of one kind's typed view. ``stored``: a format-2/3 log's rows (:class:`Stored`).
+    A kind with a ``blocks`` field then reads its other fields from the stored payload (which
+    holds ``"blocks":[]``) and its list straight from the stored runs, as ``UBIGINT[]``: no JSON
+    text of the list is built and parsed again (7.3 M hashes in the README demo's log); a kind
+    without one reads its payload as stored (it is the whole payload), without the ``events``
+    view's dictionary (built per query: 0.2-0.45 CPU s for each named view on a 9-node half hour).
+    ``sized`` (with ``stored``): the list's length as ``n_blocks`` instead of the list, neither it
+    nor the dictionary built (the named views that only count a prompt's blocks)."""
     fields = [f for f in msgspec.structs.fields(event_type) if f.name not in _SKIP_FIELDS]
     hints = get_type_hints(event_type)
     structure = {f.name: duck_type(hints[f.name]) for f in fields}
@@ -95,25 +118,25 @@ def event_view_sql(event_type: type, stored: tuple[str, str] | None = None) -> s
         default = _sql_literal(f.default) if f.default is not msgspec.NODEFAULT else None
         if default is not None:
             col = f"coalesce({col}, {default})"
-        cols.append(f"{col} AS {_ident(f.name)}")
+        cols.append(f"{col} AS {_ident('n_blocks' if direct and sized and f.name == 'blocks' else f.name)}")
+    where = f"type = '{event_type.__name__}'"
     if not cols:
-        return (
-            f"CREATE OR REPLACE VIEW {view_name(event_type)} AS SELECT {', '.join(_BASE_COLUMNS)} "
-            f"FROM events WHERE type = '{event_type.__name__}'"
-        )
+        source = "events" if stored is None else stored.rows
+        return f"SELECT {', '.join(_BASE_COLUMNS)} FROM {source} WHERE {where}"
     select = ", ".join([*_BASE_COLUMNS, *cols])
     spec = json.dumps(structure).replace("'", "''")
-    if direct:
-        from_clause, blocks = stored
+    if stored is not None:
+        blocks = (f", {stored.n_blocks if sized else stored.blocks} AS b" if direct else "")
+        source = stored.rows_dict if direct and not sized else stored.rows
         return (
-            f"CREATE OR REPLACE VIEW {view_name(event_type)} AS SELECT {select} FROM ("
-            f"SELECT r.seq, r.ts, r.src, r.subject, json_transform(r.payload, '{spec}') AS p, {blocks} AS b "
-            f"FROM {from_clause} WHERE r.type = '{event_type.__name__}')"
+            f"SELECT {select} FROM ("
+            f"SELECT r.seq, r.ts, r.src, r.subject, json_transform(r.payload, '{spec}') AS p{blocks} "
+            f"FROM {source} WHERE r.{where})"
         )
     return (
-        f"CREATE OR REPLACE VIEW {view_name(event_type)} AS SELECT {select} FROM ("
+        f"SELECT {select} FROM ("
         f"SELECT seq, ts, src, subject, json_transform(payload, '{spec}') AS p "
-        f"FROM events WHERE type = '{event_type.__name__}')"
+        f"FROM events WHERE {where})"
     )
 
 
@@ -156,7 +179,7 @@ SELECT r.seq, r.ts, make_timestamp((r.ts * 1e6)::BIGINT) AS at_utc, r.request, r
        len(r.fetch_plan) AS fetch_steps, r.fetch_plan, r.scores
 FROM ev_route_decided r
 LEFT JOIN (SELECT request, any_value(block_tokens) AS block_tokens
-           FROM ev_request_submitted GROUP BY request) q USING (request)
+           FROM {SUBMITTED} GROUP BY request) q USING (request)
 """,
     "route_scores": """
 SELECT seq, ts, {AT}, request, policy, shadow, prefill_node, decode_node,
@@ -167,8 +190,8 @@ FROM (SELECT *, unnest(scores) AS s FROM ev_route_decided)
 WITH sub AS (
     SELECT request, min(seq) AS seq, min(ts) AS submitted_ts, any_value(branch) AS branch,
            any_value(version) AS version, any_value(prompt_tokens) AS prompt_tokens,
-           any_value(max_tokens) AS max_tokens, any_value(len(blocks)) AS n_blocks
-    FROM ev_request_submitted GROUP BY request),
+           any_value(max_tokens) AS max_tokens, {N_BLOCKS} AS n_blocks
+    FROM {SUBMITTED} GROUP BY request),
 route AS (
     SELECT request, arg_max(ts, seq) AS routed_ts, arg_max(prefill_node, seq) AS prefill_node,
            arg_max(decode_node, seq) AS decode_node, arg_max(t_c, seq) AS t_c,
@@ -207,12 +230,20 @@ LEFT JOIN fin USING (request)
 _STARTED_FACTS = ("cached_tokens", "restored_tokens", "fetched_tokens")
 
 
-def _named_view_sql(body: str) -> str:
+def _named_view_sql(body: str, stored: Stored | None = None) -> str:
+    """A named view's SQL; ``stored`` (a format-2/3 log): the same rows, read with a cheaper plan
+    (the prompts' block counts from the stored runs, ``{SUBMITTED}``). The keys
+    (:func:`view_key`) hash the plain SQL: how a format is read is not in them."""
     have = {f.name for f in msgspec.structs.fields(RequestStarted)}
     facts = [f for f in _STARTED_FACTS if f in have]
     extra = "".join(f",\n           max({f}) FILTER (phase = 'prefill') AS prefill_{f}" for f in facts)
     cols = "".join(f" started.prefill_{f}," for f in facts)
-    return body.replace("{AT}", _AT).replace("{STARTED_EXTRA}", extra).replace("{STARTED_COLS}", cols)
+    if stored is None:
+        submitted, n_blocks = view_name(RequestSubmitted), "any_value(len(blocks))"
+    else:
+        submitted, n_blocks = f"({kind_select(RequestSubmitted, stored, sized=True)})", "any_value(n_blocks)"
+    return (body.replace("{AT}", _AT).replace("{STARTED_EXTRA}", extra).replace("{STARTED_COLS}", cols)
+            .replace("{SUBMITTED}", submitted).replace("{N_BLOCKS}", n_blocks))
 
 
 def create_views(con, temp: bool = False, events_sql: str | None = None,
@@ -230,7 +261,7 @@ def create_views(con, temp: bool = False, events_sql: str | None = None,
         con.execute(event_view_sql(event_type, stored).replace("CREATE OR REPLACE VIEW",
                                                                f"CREATE OR REPLACE {kind}", 1))
     for name, body in NAMED_VIEWS.items():
-        con.execute(f"CREATE OR REPLACE {kind} {name} AS {_named_view_sql(body)}")
+        con.execute(f"CREATE OR REPLACE {kind} {name} AS {_named_view_sql(body, stored)}")
 
 
 def catalog_key() -> str:
@@ -247,7 +278,7 @@ def catalog_key() -> str:
 def view_reads(name: str) -> list[str]:
     """The kind views (``ev_*``) and named views that named view ``name`` reads, sorted."""
     kinds = {view_name(t) for t in EVENT_TYPES}
-    used = set(re.findall(r"\b(ev_[a-z_]+|[a-z_]+)\b", NAMED_VIEWS[name]))
+    used = set(re.findall(r"\b(ev_[a-z_]+|[a-z_]+)\b", _named_view_sql(NAMED_VIEWS[name])))
     return sorted(used & (kinds | (set(NAMED_VIEWS) - {name})))
 
 
