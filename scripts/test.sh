@@ -75,7 +75,7 @@ NARGS=$#
 heavy load 360 "" tests/integration/test_liveness_load.py
 heavy clients 360 "bash scripts/install_clients.sh --optional" tests/integration/test_real_clients.py
 # The compose profile vllm runs last, apart (its image alone is 5.2 GB: 6 min to build from no cache
-# here, 40 s after a source change; the whole test 10-38 min, docs/deploy.md): only when the budget
+# here, 40 s after a source change; the test 5-38 min, docs/deploy.md): only when the budget
 # still has room for it.
 heavy compose 1020 "bash scripts/install_podman.sh --optional" tests/compose -k "not vllm"
 heavy aiperf 300 "bash scripts/install_aiperf.sh --optional" tests/aiperf
