@@ -47,6 +47,7 @@ from engine.transfer.base import PoolDescriptor, TransferBackend, TransferCorrup
 from events.catalog import Event, KvEvicted, KvFetched, KvMoved, KvStored
 from kernels.layout import KvLayout, KvLayoutError
 from kernels.ops import copy_blocks
+from services.adapters.aio import wait_for
 from services.adapters.logging import get_logger
 
 log = get_logger("kvbytes")
@@ -139,7 +140,7 @@ class LocalEndpoint:
         handler = self.hub.handlers.get(address)
         if handler is None:
             raise TransferError(f"no KV plane at {address}")
-        return await asyncio.wait_for(handler(self.hub.decoder.decode(_ENC.encode(msg))), timeout)
+        return await wait_for(handler(self.hub.decoder.decode(_ENC.encode(msg))), timeout)
 
     async def close(self) -> None:
         self.hub.handlers.pop(self.address, None)
@@ -190,7 +191,7 @@ class TcpExchange:
         if conn is None:
             host, _, port = address.rpartition(":")
             try:
-                reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout)
+                reader, writer = await wait_for(asyncio.open_connection(host, int(port)), timeout)
             except (TimeoutError, OSError, ValueError) as exc:
                 raise TransferError(f"KV plane at {address} does not answer ({exc or type(exc).__name__})") from exc
             conn = self._conns[address] = (reader, writer, asyncio.Lock())
@@ -200,8 +201,8 @@ class TcpExchange:
             async with lock:
                 writer.write(_LEN.pack(len(data)) + data)
                 await writer.drain()
-                head = await asyncio.wait_for(reader.readexactly(_LEN.size), timeout)
-                return self._reply.decode(await asyncio.wait_for(reader.readexactly(_LEN.unpack(head)[0]), timeout))
+                head = await wait_for(reader.readexactly(_LEN.size), timeout)
+                return self._reply.decode(await wait_for(reader.readexactly(_LEN.unpack(head)[0]), timeout))
         except (TimeoutError, OSError, asyncio.IncompleteReadError) as exc:
             self._conns.pop(address, None)
             writer.close()
@@ -518,7 +519,7 @@ class KvDataPlane:
                 return
             self._landed.clear()
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._landed.wait(), min(left, 0.05))
+                await wait_for(self._landed.wait(), min(left, 0.05))
 
     def _locate(self, blocks: Sequence[int]) -> tuple[list[str], list[int], list[int]]:
         """Per block: the tier that has its bytes (L2 first: the host copy), slot, checksum."""

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from engine.backend import DecodeJob
 from events.catalog import Event
 from events.wire import TokenMsg
+from services.adapters.aio import wait_for
 from services.adapters.logging import get_logger
 from services.cores.directory.core import DirectoryCore
 
@@ -133,4 +134,4 @@ class WallClockHost:
             if self._heap:
                 delay = max(0.0, (self._heap[0][0] - self.clock()) / self.scale)
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), delay)
+                await wait_for(self._wake.wait(), delay)

@@ -28,6 +28,7 @@ from events.authority import Admission
 from events.catalog import Event, FirstToken, NodeRegistered, NodeRemoved, RequestFinished, RequestStarted
 from events.ids import NodeId, Role
 from events.wire import TokenMsg
+from services.adapters.aio import wait_for
 from services.adapters.logging import get_logger
 from services.adapters.runner import cancel_all
 from services.cores.directory.core import DirectoryCore
@@ -265,13 +266,13 @@ class EngineWorker(StreamFolding, Publishing):
             t.cancel()
         self._publish_own(NodeRemoved(ts=self.host.catch_up(), src=self.src, node=self.node_id, reason=reason))
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._out.join(), 10.0)
+            await wait_for(self._out.join(), 10.0)
         for _ in range(100):  # let the echoes come back, so the snapshot is consistent
             if not self._unechoed:
                 break
             await asyncio.sleep(0.02)
         with contextlib.suppress(asyncio.TimeoutError):  # a lost snapshot only lengthens the next start
-            await asyncio.wait_for(self.snapshot(), 10.0)
+            await wait_for(self.snapshot(), 10.0)
         if self.kv is not None:
             await self.kv.drain()
             summary = self.kv.summary()
@@ -324,7 +325,7 @@ async def progress_loop(backend, host: WallClockHost, interval_s: float, step=No
         if wait is None:
             host.scheduled.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(host.scheduled.wait(), max(interval_s, IDLE_WAKE_S))
+                await wait_for(host.scheduled.wait(), max(interval_s, IDLE_WAKE_S))
         else:
             await asyncio.sleep(wait)
         host.catch_up()

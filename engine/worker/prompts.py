@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from engine.backend import DecodeJob, PrefillJob
+from services.adapters.aio import wait_for
 from services.adapters.logging import get_logger
 
 if TYPE_CHECKING:
@@ -102,7 +103,7 @@ class PromptFetch:
     # ------------------------------------------------------------------ the read
     async def _tokens(self, rid: str) -> list[int] | None:
         try:
-            tokens = await asyncio.wait_for(self.store.get(rid), self.timeout_s)
+            tokens = await wait_for(self.store.get(rid), self.timeout_s)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - a failed read falls back to ids made from the hashes

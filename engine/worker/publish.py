@@ -18,6 +18,7 @@ from nats.js.errors import APIError, ServiceUnavailableError
 
 from events.catalog import Event, NodeHeartbeat
 from events.wire import TokenMsg
+from services.adapters.aio import wait_for
 from services.adapters.logging import get_logger
 
 log = get_logger("worker")
@@ -196,7 +197,7 @@ class Beats:
         msg_id = f"{w.src}:{w._boot}:hb{self.n}"  # ids of their own: not in the events' order
         t0 = time.monotonic()
         try:
-            await asyncio.wait_for(bus.publish(beat, msg_id=msg_id), max(2.0, 2 * w.heartbeat_s))
+            await wait_for(bus.publish(beat, msg_id=msg_id), max(2.0, 2 * w.heartbeat_s))
             ok = True
             self._pub.append(time.monotonic() - t0)
         except asyncio.CancelledError:
@@ -307,7 +308,7 @@ class HeartbeatThread:
     async def _pause(self, seconds: float) -> None:
         """Sleep ``seconds`` or until :meth:`stop`."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), max(0.0, seconds))
+            await wait_for(self._wake.wait(), max(0.0, seconds))
 
     async def _main(self) -> None:
         self._wake, self._tloop = asyncio.Event(), asyncio.get_running_loop()
@@ -339,4 +340,4 @@ class HeartbeatThread:
             beats.flush()
             if bus is not None:
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(bus.close(), 2.0)
+                    await wait_for(bus.close(), 2.0)

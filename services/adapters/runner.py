@@ -52,6 +52,7 @@ import msgspec
 from events import codec
 from events.authority import Refused
 from events.catalog import AnomalyReported, Event
+from services.adapters.aio import wait_for
 from services.adapters.bus.port import (
     MSG_ID,
     Bus,
@@ -282,7 +283,7 @@ class ServiceRunner:
                         idle = False
                         if self.recovering:
                             try:
-                                await asyncio.wait_for(wake.wait(), self.cfg.recover_idle_s)
+                                await wait_for(wake.wait(), self.cfg.recover_idle_s)
                             except TimeoutError:
                                 idle = True
                         else:

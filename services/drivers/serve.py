@@ -31,6 +31,7 @@ from nats.errors import Error as NatsError
 from nats.js.errors import APIError, ServiceUnavailableError
 
 from events.catalog import Tick
+from services.adapters.aio import wait_for
 from services.adapters.bus import NatsBus, StreamSettings
 from services.adapters.bus.options import BusSpec
 from services.adapters.bus.security import CredentialsError
@@ -138,7 +139,7 @@ async def ticker(bus, period_s: float, stop: asyncio.Event, src: str = "planner"
             log.warning("tick_publish_failed", error=f"{type(exc).__name__}: {exc}", action="next period")
         next_at = max(next_at + period_s, loop.time() - period_s)  # after a stall: no burst of ticks
         try:
-            await asyncio.wait_for(stop.wait(), timeout=max(0.0, next_at - loop.time()))
+            await wait_for(stop.wait(), timeout=max(0.0, next_at - loop.time()))
         except TimeoutError:
             pass
 

@@ -62,6 +62,7 @@ from engine.kvpool import KvPool
 from engine.profiles import Profile
 from events.catalog import AnomalyReported, IterationDone, RoleSwitched
 from events.ids import NodeId, RequestId, Role, SwitchMechanism
+from services.adapters.aio import wait_for
 from services.adapters.logging import get_logger
 
 log = get_logger("sglang")
@@ -187,7 +188,7 @@ class SglangBackend(AttachedServer):
         if self._proc is not None and self._proc.returncode is None:
             self._proc.terminate()
             try:
-                await asyncio.wait_for(self._proc.wait(), 60)
+                await wait_for(self._proc.wait(), 60)
             except TimeoutError:
                 self._proc.kill()
                 await self._proc.wait()

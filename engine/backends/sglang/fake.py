@@ -45,6 +45,7 @@ from aiohttp import web
 
 from engine.backends.fake_server import FakeServer
 from engine.backends.sglang.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, frames
+from services.adapters.aio import wait_for
 
 #: Decode servers wait for the prefill of the same bootstrap room (in-process pairing).
 _ROOMS: dict[int, asyncio.Event] = {}
@@ -172,7 +173,7 @@ class FakeSglang(FakeServer):
             cached = 0
             if self.mode == "decode":
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(_room(int(body["bootstrap_room"])).wait(), self.pair_wait_s)
+                    await wait_for(_room(int(body["bootstrap_room"])).wait(), self.pair_wait_s)
                 _ROOMS.pop(int(body["bootstrap_room"]), None)
             else:
                 cached = self._insert(ids)

@@ -37,6 +37,7 @@ from events.subjects import (
     subject_for,
     token,
 )
+from services.adapters.aio import wait_for
 from services.adapters.bus.port import (
     DLQ_CONSUMER,
     DLQ_REASON,
@@ -186,7 +187,7 @@ class NatsBus:
                 futs.append(await self.js.publish_async(subject_for(ev, self.partition, shadow), codec.encode(ev),
                                                         headers=hdrs))
             # nats-py never times an async publish out: an ack lost with a server would hang here
-            acks = await asyncio.wait_for(asyncio.gather(*futs, return_exceptions=True), self.publish_timeout_s)
+            acks = await wait_for(asyncio.gather(*futs, return_exceptions=True), self.publish_timeout_s)
         except Exception as exc:
             for f in futs:
                 f.cancel()
@@ -360,7 +361,7 @@ class NatsBus:
                 # nats-py reads an object through an ordered consumer with no deadline: one lost
                 # with its server (a cluster member killed) would hang the read, and a service
                 # starting then, for good. Bounded, and asked again on a fresh consumer.
-                res = await asyncio.wait_for(obs.get(token(name)), self.snapshot_timeout_s)
+                res = await wait_for(obs.get(token(name)), self.snapshot_timeout_s)
                 return res.data
             except (NotFoundError, ObjectNotFoundError):
                 return None

@@ -25,6 +25,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import api
 from nats.js.errors import BucketNotFoundError, NoStreamResponseError, NotFoundError
 
+from services.adapters.aio import wait_for
 from services.adapters.bus.prompts import (
     DEFAULT_TTL_S,
     chunks_after,
@@ -124,7 +125,7 @@ class NatsPromptStore:
     async def _put_values(self, key: str, values: list[bytes]) -> None:
         if len(values) > 1:  # the chunks before the head (module docstring)
             futs = [await self.js.publish_async(f"{key}.{i}", v) for i, v in enumerate(values[1:], 1)]
-            await asyncio.wait_for(asyncio.gather(*futs), self.timeout_s)
+            await wait_for(asyncio.gather(*futs), self.timeout_s)
         await self.js.publish(key, values[0], timeout=self.timeout_s)
 
     async def _value(self, subject: str) -> bytes | None:
@@ -148,11 +149,11 @@ class NatsPromptStore:
             self._ready = True
         key = self.prefix + prompt_key(request)
         try:
-            head = await asyncio.wait_for(self._value(key), self.timeout_s)
+            head = await wait_for(self._value(key), self.timeout_s)
             if head is None:
                 return None
             n = chunks_after(head)
-            rest = await asyncio.wait_for(
+            rest = await wait_for(
                 asyncio.gather(*(self._value(f"{key}.{i}") for i in range(1, n + 1))), self.timeout_s)
         except NoRespondersError:  # the bucket went away (deleted by the admin)
             self._ready = False

@@ -33,7 +33,6 @@ Delivery semantics (both backends):
 
 from __future__ import annotations
 
-import asyncio
 import base64
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from typing import Protocol, Self, runtime_checkable
 from events import codec
 from events.catalog import AnyEvent, Event
 from events.subjects import dlq_subject
+from services.adapters.aio import wait_for
 from services.adapters.logging import get_logger
 
 DLQ_REASON = "Ei-Dlq-Reason"
@@ -265,7 +265,7 @@ async def dead_letter(bus, consumer: str, seq: int, subject: str, data: bytes, r
     account = getattr(bus, "account", None) or consumer
     headers = {DLQ_REASON: reason[:1000], DLQ_SUBJECT: subject[:1000], DLQ_SEQ: str(seq), DLQ_CONSUMER: consumer}
     try:
-        await asyncio.wait_for(bus.publish_raw(dlq_subject(bus.partition, account), data, headers=headers),
+        await wait_for(bus.publish_raw(dlq_subject(bus.partition, account), data, headers=headers),
                                DEAD_LETTER_TIMEOUT_S)
         return True
     except Exception as exc:  # noqa: BLE001 - losing the copy must not stop the consumer

@@ -40,6 +40,7 @@ from events.wire import (  # noqa: F401 - re-exported for the adapters' users
     token_key,
     token_subject,
 )
+from services.adapters.aio import wait_for
 
 #: ``token_subject`` of (partition, request), remembered: an engine publishes a streaming
 #: request's subject once per decode iteration (a blake2b digest each time before)
@@ -60,11 +61,10 @@ class TokenSub:
 
     async def get(self, timeout_s: float) -> TokenMsg:
         """The next message; raises ``asyncio.TimeoutError`` after ``timeout_s`` of silence.
-        A message already queued is taken at once: ``wait_for`` wraps the wait in a task of its
-        own, which a streaming request would otherwise pay per chunk."""
+        A message already queued is taken at once, without the timeout's timer."""
         if not self.queue.empty():
             return self.queue.get_nowait()
-        return await asyncio.wait_for(self.queue.get(), timeout_s)
+        return await wait_for(self.queue.get(), timeout_s)
 
     async def close(self) -> None:
         if self._closer is not None:

@@ -27,6 +27,7 @@ from engine.profiles import load_profile
 from engine.worker.host import WallClockHost
 from events.catalog import IterationDone, NodeRegistered, RequestFinished
 from events.hashing import block_hashes
+from services.adapters.aio import wait_for
 from services.cores.directory.core import DirectoryCore
 from services.cores.directory.eviction import LruEviction
 from services.drivers.bench.timings import Timing, from_iteration
@@ -89,7 +90,7 @@ class _Engine:
             self.b.enqueue_prefill(PrefillJob(request=rid, blocks=block_hashes(ids, 64), prompt_tokens=len(ids),
                                               max_tokens=max_tokens, decode_node="m0", fetch_plan=[],
                                               enqueued_s=self.host.now, tokens=ids))
-        await asyncio.wait_for(asyncio.gather(*(self._done[r].wait() for r, _, _ in prompts)), 600)
+        await wait_for(asyncio.gather(*(self._done[r].wait() for r, _, _ in prompts)), 600)
 
 
 def _rows(ev: IterationDone) -> Timing:

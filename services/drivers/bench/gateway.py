@@ -47,6 +47,7 @@ import numpy as np
 from events import codec, wire
 from events.catalog import BranchOpened, NodeRegistered, RequestSubmitted, RouteDecided
 from events.hashing import block_hashes
+from services.adapters.aio import wait_for
 from services.adapters.bus import NatsBus
 from services.adapters.bus.nats_prompts import NatsPromptStore
 from services.adapters.bus.natsserver import EmbeddedNats, free_port
@@ -249,7 +250,7 @@ class Bench:
             async with bus.consumer(None, start_seq=1, subjects=f"ei.{bus.partition}.node.>") as c:
                 it = c.__aiter__()
                 try:
-                    return isinstance((await asyncio.wait_for(it.__anext__(), 2.0)).event, NodeRegistered)
+                    return isinstance((await wait_for(it.__anext__(), 2.0)).event, NodeRegistered)
                 except (TimeoutError, StopAsyncIteration):
                     return False
 
@@ -292,7 +293,7 @@ class Bench:
                     p.send_signal(sig)
             for p in group:
                 try:
-                    await asyncio.wait_for(asyncio.to_thread(p.wait), 15)
+                    await wait_for(asyncio.to_thread(p.wait), 15)
                 except TimeoutError:
                     p.kill()
         for b in (getattr(self, "bus_a", None), getattr(self, "bus_b", None)):

@@ -36,6 +36,7 @@ import time
 import aiohttp
 
 from events.catalog import BranchOpened, RequestSubmitted
+from services.adapters.aio import wait_for
 from services.drivers.chaos.accounting import ScenarioResult, finished_requests
 from services.drivers.chaos.progress import Progress
 from services.drivers.chaos.supervisor import ChaosCluster
@@ -160,7 +161,7 @@ async def _restart_gateway(stack: ChaosCluster, res: ScenarioResult) -> None:
 
         task = asyncio.create_task(stream(), name="chaos-gw-stream")
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(first.wait(), 150)
+            await wait_for(first.wait(), 150)
         if not seen["chunks"]:
             task.cancel()
             res.detail = f"no token reached the client within 150 s ({seen})"
@@ -170,7 +171,7 @@ async def _restart_gateway(stack: ChaosCluster, res: ScenarioResult) -> None:
         gw.send_signal(signal.SIGTERM)
         ended = True
         try:
-            await asyncio.wait_for(asyncio.shield(task), 20)
+            await wait_for(asyncio.shield(task), 20)
         except TimeoutError:
             ended = False
             task.cancel()

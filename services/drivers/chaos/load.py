@@ -7,6 +7,7 @@ import contextlib
 import time
 
 from events.catalog import BranchOpened, Event, NodeHeartbeat, NodeRegistered, NodeRemoved, RequestSubmitted
+from services.adapters.aio import wait_for
 from services.adapters.bus import NatsBus
 from services.drivers.chaos.tail import Published, Tail
 
@@ -47,7 +48,7 @@ class Load:
         deadline = time.monotonic() + self.retry_for_s
         while True:
             try:
-                seq = await asyncio.wait_for(self.bus.publish(ev, msg_id=mid), 5)
+                seq = await wait_for(self.bus.publish(ev, msg_id=mid), 5)
                 break
             except Exception:
                 if time.monotonic() > deadline:
@@ -110,7 +111,7 @@ class Load:
                 next_req = max(next_req + 1.0 / self.rate, now - 1.0)  # after a stall: no burst
             wait = max(0.0, min(next_req, next_hb) - loop.time())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), wait)
+                await wait_for(stop.wait(), wait)
 
     def requests(self, lo: int = 0, hi: int | None = None) -> list[str]:
         return [p.event.request for p in self.published[lo:hi] if isinstance(p.event, RequestSubmitted)]

@@ -14,6 +14,7 @@ import msgspec
 from events import codec
 from events.catalog import NodeRegistered, NodeRemoved, RequestSubmitted
 from events.subjects import subject_for
+from services.adapters.aio import wait_for
 from services.drivers.chaos.accounting import ScenarioResult
 from services.drivers.chaos.engine_scenarios import cut_kv_transfer, kill_engine
 from services.drivers.chaos.gateway_scenario import restart_gateway
@@ -65,7 +66,7 @@ def corrupt_snapshot(kind: str) -> Callable[[ChaosCluster, ScenarioResult], Awai
         stack.kill(kind)
         data = bytearray(await stack.bus.get_snapshot(kind))
         data[len(data) // 2] ^= 0x04  # one bit, in the middle of the sealed body
-        await asyncio.wait_for(stack.bus.put_snapshot(kind, bytes(data)), 30)
+        await wait_for(stack.bus.put_snapshot(kind, bytes(data)), 30)
         offset = stack.log_size(kind)
         stack.spawn(kind)
         res.recover_s = await recover(stack, t, head)
@@ -93,7 +94,7 @@ async def kill_nats_leader(stack: ChaosCluster, res: ScenarioResult) -> None:
 
     async def rejoined() -> bool:
         try:
-            inf = await asyncio.wait_for(stack.bus.stream_info(), 3)
+            inf = await wait_for(stack.bus.stream_info(), 3)
         except Exception:  # noqa: BLE001 - still electing
             return False
         return inf.replicas == 3 and inf.replicas_current == 3  # the leader and two current followers
@@ -169,8 +170,8 @@ async def restart_all_nats(stack: ChaosCluster, res: ScenarioResult) -> None:
     for i in range(n):
         await asyncio.to_thread(stack.cluster.restart, i)
     res.recover_s = await recover(stack, t, head, timeout_s=60.0)
-    last = await asyncio.wait_for(stack.bus.last_seq(), 10)
-    info = await asyncio.wait_for(stack.bus.stream_info(), 10)
+    last = await wait_for(stack.bus.last_seq(), 10)
+    info = await wait_for(stack.bus.stream_info(), 10)
     res.survived = last >= head and info.replicas == n
     res.detail = f"all {n} servers killed and started again; stream head {head} -> {last}, R{info.replicas}"
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import aiohttp
 
 from events.catalog import NodeRegistered
+from services.adapters.aio import wait_for
 from services.adapters.bus import NatsBus, StreamSettings
 from services.adapters.bus.natsserver import NatsCluster
 from services.adapters.logging import get_logger
@@ -49,7 +50,7 @@ async def connect_when_ready(url: str, partition: str, timeout_s: float = 30.0) 
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            return await asyncio.wait_for(NatsBus.connect(url, partition, settings=R3, name="evolving-chaos"), 10)
+            return await wait_for(NatsBus.connect(url, partition, settings=R3, name="evolving-chaos"), 10)
         except Exception:
             if time.monotonic() > deadline:
                 raise
@@ -291,7 +292,7 @@ class ChaosCluster:
             if self._tasks and self._tasks[0].done():
                 self._tasks[0].result()  # the load generator failed: say why
             try:  # a check that hangs (a reply lost with a killed server) is a "not yet"
-                ok = await asyncio.wait_for(pred(), 15)
+                ok = await wait_for(pred(), 15)
             except TimeoutError:
                 ok = False
             if ok:
@@ -303,7 +304,7 @@ class ChaosCluster:
     async def stop_load(self) -> None:
         self._stop_load.set()
         if self._tasks:
-            await asyncio.wait_for(self._tasks[0], 60)
+            await wait_for(self._tasks[0], 60)
 
     async def stop_services(self) -> dict[str, int | None]:
         """SIGTERM every service (the recorder drains to the head) and wait."""
@@ -312,7 +313,7 @@ class ChaosCluster:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 try:
-                    rcs[name] = await asyncio.wait_for(asyncio.to_thread(proc.wait), 30)
+                    rcs[name] = await wait_for(asyncio.to_thread(proc.wait), 30)
                 except TimeoutError:
                     proc.kill()
                     rcs[name] = None
@@ -321,7 +322,7 @@ class ChaosCluster:
                 proc.send_signal(signal.SIGTERM)
         for node, proc in self.engine_procs.items():
             try:
-                rcs[f"engine-{node}"] = await asyncio.wait_for(asyncio.to_thread(proc.wait), 30)
+                rcs[f"engine-{node}"] = await wait_for(asyncio.to_thread(proc.wait), 30)
             except TimeoutError:
                 proc.kill()
                 rcs[f"engine-{node}"] = None
@@ -330,7 +331,7 @@ class ChaosCluster:
                 proc.send_signal(signal.SIGTERM)
         for kind, proc in self.procs.items():
             try:
-                rcs[kind] = await asyncio.wait_for(asyncio.to_thread(proc.wait), 30)
+                rcs[kind] = await wait_for(asyncio.to_thread(proc.wait), 30)
             except TimeoutError:
                 proc.kill()
                 rcs[kind] = None
@@ -349,7 +350,7 @@ class ChaosCluster:
         try:
             for t in self._tasks:
                 with contextlib.suppress(BaseException):
-                    await asyncio.wait_for(t, 5)
+                    await wait_for(t, 5)
         finally:
             for kind in list(self.procs):
                 self.kill(kind)
@@ -371,7 +372,7 @@ class ChaosCluster:
                 for bus in (self.tail_bus, self.bus):
                     if bus is not None:
                         with contextlib.suppress(Exception):
-                            await asyncio.wait_for(bus.close(), 5)
+                            await wait_for(bus.close(), 5)
             finally:
                 if self.cluster is not None:
                     self.cluster.stop()  # in this thread: a cancelled await must not skip it

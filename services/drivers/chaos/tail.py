@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 
 from events.catalog import Event, RequestSubmitted
+from services.adapters.aio import wait_for
 from services.adapters.bus import Delivery, NatsBus
 from services.adapters.logging import get_logger
 
@@ -42,7 +43,7 @@ class Tail:
         bus._dead_letter = count_only
 
     async def poll(self, idle_s: float = 0.3) -> None:
-        head = await asyncio.wait_for(self.bus.last_seq(), 5)
+        head = await wait_for(self.bus.last_seq(), 5)
         if head <= self.cursor:
             return
         got: set[int] = set()
@@ -50,7 +51,7 @@ class Tail:
             it = c.__aiter__()
             while max(got, default=self.cursor) < head:
                 try:
-                    d = await asyncio.wait_for(it.__anext__(), timeout=idle_s)
+                    d = await wait_for(it.__anext__(), timeout=idle_s)
                 except (TimeoutError, StopAsyncIteration):
                     break
                 got.add(d.seq)
@@ -65,12 +66,12 @@ class Tail:
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
-                await asyncio.wait_for(self.poll(), 30)
+                await wait_for(self.poll(), 30)
             except Exception as exc:  # noqa: BLE001 - a server lost mid-read: read again
                 self.errors += 1
                 log.debug("tail_retry", error=f"{type(exc).__name__}: {exc}")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.every_s)
+                await wait_for(stop.wait(), self.every_s)
 
     def first_decision_after(self, published: list[Published], t: float) -> float | None:
         """Monotonic time the first acting ``RouteDecided`` of a request published after ``t``

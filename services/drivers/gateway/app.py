@@ -52,6 +52,7 @@ from aiohttp import web
 
 from events.catalog import Event, RouteDecided
 from events.wire import token_key
+from services.adapters.aio import wait_for
 from services.adapters.bus import Bus
 from services.adapters.bus.prompts import PromptStore
 from services.adapters.bus.tokens import TokenChannel
@@ -665,7 +666,7 @@ class Gateway:
             await self._store_prompt(part, request_id, ids)
             await self._publish([*adm.before, adm.request], part)
             try:
-                route: RouteDecided = await asyncio.wait_for(fut, self.cfg.route_timeout_s)
+                route: RouteDecided = await wait_for(fut, self.cfg.route_timeout_s)
             except TimeoutError:
                 self.metrics.inc("ei_gateway_route_timeouts_total")
                 raise ApiError(503, f"no RouteDecided for request {request_id!r} within "

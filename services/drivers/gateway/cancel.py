@@ -107,9 +107,10 @@ class Cancels:
             self._watched.pop(gone, None)
         if not task.done():  # the connection closed while the work waited
             task.cancel()
+            resp = await self._gone(req)  # the engine is told first: the work's unwinding never delays it
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-            return await self._gone(req)
+            return resp
         try:
             resp = task.result()
         except ConnectionResetError:  # a write to the closed connection

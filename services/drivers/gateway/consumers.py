@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from events import codec
 from events.authority import Admission
+from services.adapters.aio import wait_for
 from services.adapters.bus import Bus
 from services.adapters.bus.port import ConsumerState, Delivery, dead_letter
 from services.adapters.logging import get_logger
@@ -149,7 +150,7 @@ class ConsumerHealth:
 
     async def poll(self) -> None:
         try:
-            states = await asyncio.wait_for(self.bus.consumers(), 5.0)
+            states = await wait_for(self.bus.consumers(), 5.0)
         except Exception as exc:  # noqa: BLE001 - reported, not fatal
             self.error = f"{type(exc).__name__}: {exc}"[:300] or type(exc).__name__
             return

@@ -7,6 +7,7 @@ import contextlib
 
 from events.catalog import RouteDecided
 from events.subjects import token
+from services.adapters.aio import wait_for
 from services.adapters.bus import Bus
 from services.adapters.bus.port import Delivery
 from services.drivers.gateway.consumers import Watch
@@ -25,7 +26,7 @@ class RouteWatcher:
     async def start(self) -> None:
         head = await self.bus.last_seq()
         self._task = asyncio.create_task(self.reader.run(head + 1), name="route-watcher")
-        await asyncio.wait_for(self.reader.ready.wait(), 10.0)
+        await wait_for(self.reader.ready.wait(), 10.0)
 
     def _on(self, d: Delivery) -> None:
         ev = d.event

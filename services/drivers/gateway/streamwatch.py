@@ -24,6 +24,7 @@ from events.authority import Admission
 from events.catalog import NodeHeartbeat, NodeRemoved, RequestFinished
 from events.subjects import token
 from events.wire import TokenMsg
+from services.adapters.aio import wait_for
 from services.adapters.bus import Bus
 from services.adapters.bus.port import Delivery
 from services.adapters.logging import get_logger
@@ -103,7 +104,7 @@ class FailWatcher:
     async def start(self) -> None:
         head = await self.bus.last_seq()
         self._task = asyncio.create_task(self.reader.run(head + 1), name="fail-watcher")
-        await asyncio.wait_for(self.reader.ready.wait(), 10.0)
+        await wait_for(self.reader.ready.wait(), 10.0)
 
     def _on(self, d: Delivery) -> None:
         ev = d.event

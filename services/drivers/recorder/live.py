@@ -32,6 +32,7 @@ from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
 
 from events.subjects import token
+from services.adapters.aio import wait_for
 from services.adapters.bus.options import DEFAULT_NATS_URL
 from services.adapters.bus.security import Credentials, CredentialsError
 
@@ -113,7 +114,7 @@ async def request_snapshot_async(db: str, *, nats_url: str | None = None, partit
         errors.append(exc)
 
     try:
-        nc = await asyncio.wait_for(
+        nc = await wait_for(
             nats.connect(servers=[u.strip() for u in url.split(",") if u.strip()], name="evolving-sql",
                          allow_reconnect=False, max_reconnect_attempts=1,
                          reconnect_time_wait=0.2,  # 0 attempts would retry forever (nats-py 2.x)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.profiles import PROFILE_DIR, load_profile
+from services.adapters.aio import wait_for
 from services.adapters.bus import NatsBus
 from services.adapters.bus.security import Credentials
 from services.adapters.eventlog import DuckDbEventLog
@@ -152,7 +153,7 @@ class LiveUp:
             info = await bus.stream_info()
             return StreamState(info.last_seq, info.messages, info.dead_letters)
         finally:
-            await asyncio.wait_for(bus.close(), 5)
+            await wait_for(bus.close(), 5)
 
     async def stop(self, timeout_s: float = 120.0) -> int | None:
         """SIGINT ``up`` (owned) and wait; its exit status (None if it had to be killed)."""
@@ -161,7 +162,7 @@ class LiveUp:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
             try:
-                await asyncio.wait_for(asyncio.to_thread(self.proc.wait), timeout_s)
+                await wait_for(asyncio.to_thread(self.proc.wait), timeout_s)
             except TimeoutError:
                 self.proc.kill()
                 await asyncio.to_thread(self.proc.wait)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from services.adapters.aio import wait_for
 from services.drivers.soak.stats import Outcome
 
 
@@ -140,7 +141,7 @@ class Load:
         try:
             if not self._idle.empty():
                 return self._idle.get_nowait()
-            return await asyncio.wait_for(self._idle.get(), max(0.0, duration_s - self.now_s()))
+            return await wait_for(self._idle.get(), max(0.0, duration_s - self.now_s()))
         except TimeoutError:
             return None
 

@@ -37,6 +37,7 @@ import numpy as np
 
 from events import codec
 from events.catalog import KvStored, RequestSubmitted, Tick
+from services.adapters.aio import wait_for
 from services.adapters.bus import Bus, NatsBus
 from services.adapters.bus.natsserver import EmbeddedNats
 from services.adapters.plugins import load_router
@@ -136,7 +137,7 @@ async def _stop_process(proc, timeout_s: float = 20.0, sig: int = signal.SIGTERM
     if proc.poll() is None:
         proc.send_signal(sig)
     try:
-        await asyncio.wait_for(asyncio.to_thread(proc.wait), timeout_s)
+        await wait_for(asyncio.to_thread(proc.wait), timeout_s)
     except TimeoutError:
         proc.kill()
         await asyncio.to_thread(proc.wait)
@@ -251,7 +252,7 @@ async def fold_rates(url: str, n_events: int) -> dict:
     # CPU time of this process beside wall clock: on a shared machine the wall-clock rates
     # mostly measure how much of a core the bench got (the nats-server runs beside it)
     t0, c0 = time.perf_counter(), time.process_time()
-    await asyncio.wait_for(consume(), 300)
+    await wait_for(consume(), 300)
     raw_s, raw_cpu = time.perf_counter() - t0, time.process_time() - c0
 
     # the same runner around a core that does nothing: the adapter's own cost

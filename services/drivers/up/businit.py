@@ -17,6 +17,7 @@ import asyncio
 import sys
 import time
 
+from services.adapters.aio import wait_for
 from services.adapters.bus.options import BusSpec, add_bus_args, bus_spec
 from services.adapters.bus.security import CredentialsError
 from services.adapters.logging import configure_logging, get_logger
@@ -30,7 +31,7 @@ async def init_bus(bus_opts: BusSpec, timeout_s: float) -> int:
     last = ""
     while time.monotonic() < deadline:
         try:
-            bus = await asyncio.wait_for(connect_bus(bus_opts, "evolving-businit"), 15)
+            bus = await wait_for(connect_bus(bus_opts, "evolving-businit"), 15)
         except CredentialsError:
             raise
         except Exception as exc:  # noqa: BLE001 - no meta leader yet, a server still starting: try again

@@ -54,6 +54,7 @@ from events.catalog import (
     RoleSwitchOrdered,
     RouteDecided,
 )
+from services.adapters.aio import wait_for
 from services.adapters.bus import NatsBus
 from services.adapters.bus.natsserver import EmbeddedNats, NatsServerError, free_port
 from services.adapters.bus.security import ServiceSpec, generate_accounts, write_credentials
@@ -358,7 +359,7 @@ class Up:
             await self._stop_children()
             if bus is not None:
                 try:
-                    await asyncio.wait_for(bus.close(), 5.0)
+                    await wait_for(bus.close(), 5.0)
                 except Exception as exc:  # noqa: BLE001 - NATS may be gone already; stop anyway
                     log.warning("bus_close_failed", error=str(exc) or type(exc).__name__)
             if nats is not None:
@@ -549,7 +550,7 @@ class Up:
                 if live is not None:
                     live.update(self._render())
                 try:
-                    await asyncio.wait_for(self.stop.wait(), timeout=0.25)
+                    await wait_for(self.stop.wait(), timeout=0.25)
                 except TimeoutError:
                     pass
         finally:
@@ -599,7 +600,7 @@ class Up:
                 c.proc.send_signal(signal.SIGTERM)
             for c in procs:
                 try:
-                    await asyncio.wait_for(asyncio.to_thread(c.proc.wait), timeout=self.spec.stop_timeout_s)
+                    await wait_for(asyncio.to_thread(c.proc.wait), timeout=self.spec.stop_timeout_s)
                 except TimeoutError:
                     self.say("child_killed", child=c.name, reason="did not stop in time")
                     c.proc.kill()

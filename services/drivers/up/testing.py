@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from events.catalog import RouteDecided
+from services.adapters.aio import wait_for
 from services.adapters.bus import Bus, Delivery
 
 REPO = Path(__file__).resolve().parents[3]
@@ -30,7 +31,7 @@ async def read_all(bus: Bus, subjects: str | None = None, idle_s: float = 0.5) -
         it = c.__aiter__()
         while True:
             try:
-                d = await asyncio.wait_for(it.__anext__(), timeout=idle_s)
+                d = await wait_for(it.__anext__(), timeout=idle_s)
             except (TimeoutError, StopAsyncIteration):
                 break
             out.append(d)
