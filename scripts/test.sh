@@ -29,7 +29,12 @@ fi
 # container runtime) warns, and the suite's tests then skip with the reason. A suite that collects
 # no test fails loudly. Measured on this 2-core machine (docs/engines.md, docs/deploy.md, docs/live.md):
 #   load     226 real Claude Code requests twice on `evolving up --engines 4` beside two busy loops,
-#            0 lost and 0 removals (docs/live.md, "Liveness under load"): ~4 min, alone.
+#            0 lost and 0 removals (docs/live.md, "Liveness under load"), then the short form
+#            (24 requests; its busy loops slowed the default suite's other worker): ~5 min, alone.
+#   chaos    `evolving chaos --engines --quick` on the 3-server cluster (docs/chaos_engines.md):
+#            ~2 min alone (3.3 min in the default suite, beside the other worker, where it was).
+#   torch    real torch engines served live: `up --engines torch:1` (tool calls, JSON), SmolLM2-shaped
+#            checkpoints, `--kv-bytes` (docs/engines.md, docs/kernels.md): ~3 min.
 #   clients  Claude Code, Codex, opencode and mini-swe-agent headless against `evolving up`
 #            (scripts/install_clients.sh: ~2 min the first time, seconds after): ~2 min.
 #   vllm     two real vLLM-CPU servers under the control plane: chats, restarts, PD, chaos, the bench
@@ -72,7 +77,9 @@ heavy() {  # heavy NAME ESTIMATE_S PREPARE TEST_PATH [PYTEST_ARGS...]: run one h
   fi
 }
 NARGS=$#
-heavy load 360 "" tests/integration/test_liveness_load.py
+heavy load 420 "" tests/integration/test_liveness_load.py
+heavy chaos 300 "" tests/integration/test_chaos_engines.py
+heavy torch 360 "" tests/integration
 heavy clients 360 "bash scripts/install_clients.sh --optional" tests/integration/test_real_clients.py
 # The compose profile vllm runs last, apart (its image alone is 5.2 GB: 6 min to build from no cache
 # here, 40 s after a source change; the test 5-38 min, docs/deploy.md): only when the budget

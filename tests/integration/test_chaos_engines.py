@@ -21,6 +21,8 @@ import pytest
 
 from tests.integration.test_chaos import _still_alive, _Watch
 
+pytestmark = pytest.mark.chaos  # its own suite after the default one (pyproject.toml, scripts/test.sh)
+
 REPO = Path(__file__).resolve().parents[2]
 ROWS = {"steady-load", "partition-engine", "kill-engine-prefill", "kill-engine-decode", "cut-kv-transfer",
         "restart-gateway"}

@@ -25,6 +25,8 @@ import pytest
 from services.adapters.eventlog import DuckDbEventLog
 from services.drivers.up.testing import run_cli, stop_up
 
+pytestmark = pytest.mark.torch  # its own suite after the default one (pyproject.toml, scripts/test.sh)
+
 REPO = Path(__file__).resolve().parents[2]
 TRACES = REPO / "tests" / "fixtures" / "traces" / "weka-claude-code"
 BLOCK_BYTES = 256

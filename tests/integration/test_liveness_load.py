@@ -6,7 +6,8 @@ The full load (marker ``load``, not in the default suite: ``pytest -m load``) is
 the first 30 sessions of ``../shared/traces/weka-claude-code-calibration`` that fit the
 gateway's context, each cut to its first 8 requests (226 requests, 19.1 M prompt tokens), or of
 the bundled ``deploy/traces/calibration`` where that folder is absent (223 requests), 30 at a
-time. The short one (default suite) is 6 bundled sessions x 4 requests, 6 at a time, on engines
+time. The short one (marker ``load`` too, since its busy loops slow the
+default suite's other worker) is 6 bundled sessions x 4 requests, 6 at a time, on engines
 whose model clock runs 5x the wall clock, pauses / 1000 (about 25 s).
 services/drivers/soak/agents.py runs them (``evolving soak --trace``); docs/live.md, "Liveness",
 has the figures."""
@@ -41,6 +42,7 @@ async def test_the_agent_load_twice_under_cpu_contention_loses_nothing_and_remov
     _check(rep, 226 if trace == SHARED else 223)
 
 
+@pytest.mark.load  # its two busy loops take both cores for a minute: the default suite's other worker too
 async def test_a_short_agent_load_twice_under_cpu_contention_loses_nothing(tmp_path):
     # the engines' model clock 5x the wall clock (`up --time-scale 5`: the liveness timeout scales with
     # it) and the sessions' pauses / 1000: about 25 s here

@@ -12,6 +12,8 @@ from engine.model_files import has_smollm2
 from tests.unit.engine.torch.cluster import Cluster
 from tests.unit.engine.torch.test_torch_engine import reference
 
+pytestmark = pytest.mark.torch  # its own suite after the default one (pyproject.toml, scripts/test.sh)
+
 PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 
 

@@ -15,6 +15,8 @@ from engine.model_files import has_smollm2
 from events.catalog import OutputConstraint
 from tests.unit.engine.torch.cluster import Cluster
 
+pytestmark = pytest.mark.torch  # its own suite after the default one (pyproject.toml, scripts/test.sh)
+
 jsonschema_rs = pytest.importorskip("jsonschema_rs")
 pytest.importorskip("llguidance")
 

@@ -39,6 +39,8 @@ from tests.unit.drivers.gateway.test_model import tiny_vocab, write_tiny_folder
 from tests.unit.engine.torch.cluster import TINY
 from tests.unit.engine.torch.test_torch_engine import reference
 
+pytestmark = pytest.mark.torch  # its own suite after the default one (pyproject.toml, scripts/test.sh)
+
 REPO = Path(__file__).resolve().parents[2]
 QUESTION = ("Tell me, in a few words, what a prefill node does and what a decode node does, and why the "
             "key-value cache of the prompt moves from one to the other.")

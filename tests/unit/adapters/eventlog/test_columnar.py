@@ -220,7 +220,7 @@ def test_a_bounded_writer_stores_a_forgotten_hash_again_and_its_log_reads_exactl
     rec.close()
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data(), chain_len=st.integers(20, 400), n_evictions=st.integers(1, 8))
 def test_scattered_evictions_are_stored_as_bitmaps_and_read_back_exactly(tmp_path_factory, data, chain_len,
                                                                            n_evictions):
@@ -286,7 +286,7 @@ def _block_size(path) -> int:
         con.close()
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lists=st.lists(block_lists, min_size=1, max_size=24))
 def test_a_new_log_takes_small_blocks_and_a_log_of_duckdbs_default_blocks_reads_and_appends_alike(
         tmp_path_factory, lists):
