@@ -256,7 +256,9 @@ class DuckDbEventLog:
         """What the typed views read directly (format 2/3): the stored rows, and the block lists."""
         if self.format == "1":
             return None
-        return Stored("event_rows r", rows_from_sql(), blocks_sql(self.format), blocks_len_sql(self.format))
+        # every kind with a list has one (empty by default): a row that stores none holds [], as in format 1
+        return Stored("event_rows r", rows_from_sql(), f"coalesce({blocks_sql(self.format)}, []::UBIGINT[])",
+                      f"coalesce({blocks_len_sql(self.format)}, 0)")
 
     def _block_dict(self) -> BlockDict:
         """The writer's dictionary, read back from the file (bounded: its newest entries)."""
