@@ -295,6 +295,7 @@ async def _connect_until_stopped(opts: ServiceOptions, stop: asyncio.Event, dead
     only sets ``stop`` never ended it: SIGTERM was ignored) or at ``deadline``
     (:class:`BusUnreachable`, one line naming the URL)."""
     loop = asyncio.get_running_loop()
+    log.info("bus_connecting", service=opts.kind, url=opts.bus.nats_url)  # SIGTERM / SIGINT stop it from here on
     connect = asyncio.ensure_future(connect_bus(opts.bus, f"evolving-{opts.kind}"))
     stopped = asyncio.ensure_future(stop.wait())
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -28,13 +29,23 @@ def _serve(*extra: str) -> subprocess.Popen:
 def test_a_service_waiting_for_its_bus_stops_when_asked(sig):
     proc = _serve()
     try:
-        time.sleep(3.0)  # connecting (and failing) by now
+        # its handlers are installed once it says it connects (a fixed 3 s sleep was too short for
+        # the imports on a loaded CI machine: the signal killed it, -15); then it retries a while
+        seen = []
+        reader = threading.Thread(target=lambda: seen.extend(iter(proc.stderr.readline, "")), daemon=True)
+        reader.start()
+        t_end = time.monotonic() + 60
+        while not any("bus_connecting" in line for line in seen) and time.monotonic() < t_end:
+            time.sleep(0.05)
+        assert any("bus_connecting" in line for line in seen), seen
+        time.sleep(1.0)  # connecting (and failing) by now
         assert proc.poll() is None
         t0 = time.monotonic()
         proc.send_signal(sig)
         rc = proc.wait(timeout=10)
         assert rc == 0 and time.monotonic() - t0 < 5.0
-        assert "Traceback" not in proc.stderr.read()
+        reader.join(timeout=5)  # it has read to the end
+        assert not [line for line in seen if "Traceback" in line]
     finally:
         if proc.poll() is None:
             proc.kill()
