@@ -11,7 +11,8 @@ fi
 set +e
 # Both cores (pytest-xdist): most tests wait on processes, servers and sockets. Measured on this
 # 2-core machine: 1,487 tests in 6 min 37 s with two workers, where one process took 8 min 56 s
-# for 1,338 of them. EI_TEST_WORKERS=0 runs in one process.
+# for 1,338 of them (early on); 2,599 tests in 17 min 16 s on 7 Dec 2026 (a fresh clone, quiet
+# machine; 835 s the day before for 2,602, not yet explained). EI_TEST_WORKERS=0 runs in one process.
 .venv/bin/python -m pytest -p no:cacheprovider -n "${EI_TEST_WORKERS:-2}" "$@"
 rc=$?
 set -e
@@ -47,8 +48,8 @@ fi
 #            beside our simulator: one request's times, the offline side by side: seconds.
 #   ray      `evolving experiments --ray` on a local Ray cluster the test starts (ray into .venv,
 #            scripts/install_ray.sh: ~15 s): rows as Ray tasks, same log digests as local: ~1.5 min.
-# Together with the default suite about 55-60 min on 2 cores from a clean clone, summed from the
-# figures above (each measured alone; not yet timed as one run); CI allows 90. So that the whole
+# Together with the default suite about 55-60 min on 2 cores from a clean clone (timed as one run on
+# 7 Dec 2026 without vllm: 55 min, compose's vllm profile left out by the budget); CI allows 90. So that the whole
 # run stays inside it whatever the machine, each suite is given its first-time estimate (install
 # included, with margin) and is started only when the time spent so far plus that estimate fits
 # EI_BUDGET_S (default 84 min; 0 = no limit); a suite left out for time says so loudly, by name.
