@@ -86,7 +86,16 @@ async def test_router_crash_between_publish_and_ack_rebuilds_without_double_deci
                            fault="crash_after_publish:7", log_path=log1)
     try:
         await _started(bus, "router")
-        publisher = asyncio.create_task(_publish_slowly(bus, first))
+        # The first branch (4 decisions, under the crash's 7) goes out alone, and the rest only once
+        # its snapshot is on the bus: on a loaded machine the router can start late and take all
+        # of ``first`` in one batch, crashing before it ever snapshots.
+        await _publish_slowly(bus, first[:5])
+
+        async def snapshotted() -> bool:
+            return await bus.get_snapshot("router") is not None
+
+        await wait_until(snapshotted, 30.0, what="the router's first snapshot")
+        publisher = asyncio.create_task(_publish_slowly(bus, first[5:]))
         assert await _wait_exit(router) == FAULT_EXIT_CODE, log1.read_text()
         await publisher
         await bus.publish_many(second)  # arrives while no router runs
