@@ -699,7 +699,9 @@ def _check_file(path: str) -> None:
         head = fh.read(16)
     if not head:
         raise EventLogError(f"{path} is empty (0 bytes), not an event log")
-    if head[:2] == b"\x1f\x8b":
+    # A DuckDB file opens with an 8-byte header checksum and then its magic ``DUCK``: the checksum
+    # can start with gzip's two magic bytes (1 file in 65,536), so the magic decides first.
+    if head[8:12] != b"DUCK" and head[:2] == b"\x1f\x8b":
         raise EventLogError(f"{path} is gzip-compressed: gunzip it first")
 
 
