@@ -29,6 +29,9 @@ fi
 # prepares what it needs first; a preparation that cannot succeed here (no Node, no registry, no
 # container runtime) warns, and the suite's tests then skip with the reason. A suite that collects
 # no test fails loudly. Measured on this 2-core machine (docs/engines.md, docs/deploy.md, docs/live.md):
+#   stack    the whole live stack end to end in child processes: `evolving up` with sim, SGLang-fake and
+#            fake-vLLM engines, partitions, plugins, the Anthropic client, soak, `chaos --quick`,
+#            the README's stack block (~350 s of tests, two workers): ~4 min.
 #   load     226 real Claude Code requests twice on `evolving up --engines 4` beside two busy loops,
 #            0 lost and 0 removals (docs/live.md, "Liveness under load"), then the short form
 #            (24 requests; its busy loops slowed the default suite's other worker): ~5 min, alone.
@@ -78,6 +81,7 @@ heavy() {  # heavy NAME ESTIMATE_S PREPARE TEST_PATH [PYTEST_ARGS...]: run one h
   fi
 }
 NARGS=$#
+heavy stack 480 "" tests/integration -n 2
 heavy load 420 "" tests/integration/test_liveness_load.py
 heavy chaos 300 "" tests/integration/test_chaos_engines.py
 heavy torch 360 "" tests/integration

@@ -90,6 +90,7 @@ class _Watch:
         return self.seen
 
 
+@pytest.mark.stack
 def test_quick_suite_prints_an_all_zero_table_and_leaves_nothing_running(tmp_path):
     t0 = time.monotonic()
     # a session of its own: if it has to be killed, its nats-servers and services go with it
@@ -127,6 +128,7 @@ def test_quick_suite_prints_an_all_zero_table_and_leaves_nothing_running(tmp_pat
     print(f"chaos --quick: {elapsed:.0f} s")
 
 
+@pytest.mark.stack
 def test_sigterm_mid_run_stops_the_whole_stack(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "services.drivers.cli", "chaos", "--only", "rewind-consumer",
                              "--workdir", str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

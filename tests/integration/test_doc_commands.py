@@ -221,7 +221,7 @@ def _cases():
         if b.kind in ("skip", "heavy"):
             continue
         if b.kind == "stack":
-            yield pytest.param(b, None, id=f"{b.doc}:{b.line}:stack")
+            yield pytest.param(b, None, id=f"{b.doc}:{b.line}:stack", marks=pytest.mark.stack)
             continue
         for n, (cmd, _) in enumerate(b.commands, 1):
             if b.kind == "only" and n not in b.which:

@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "traces" / "weka-claude-code"
 
 
+@pytest.mark.stack
 def test_fidelity_one_stack_live_and_simulated(tmp_path):
     model = tmp_path / "tiny"
     cfg = replace(TINY, vocab=len(tiny_vocab()[0]))

@@ -42,6 +42,7 @@ def _wait_text(path: Path, text: str, times: int, timeout_s: float) -> None:
 
 
 @pytest.mark.skipif(bool(MISSING), reason=f"needs the engine worker and gateway: missing {MISSING}")
+@pytest.mark.stack
 def test_up_serves_a_real_trace_end_to_end(nats_url, partition, tmp_path):
     trace = tmp_path / "trace.jsonl"
     imported = run_cli("trace", "import", "weka", str(TRACE), "-o", str(trace))

@@ -28,6 +28,7 @@ MISSING = [m for m in ("engine.worker", "services.drivers.gateway.drive", "servi
 
 
 @pytest.mark.skipif(bool(MISSING), reason=f"missing {MISSING}")
+@pytest.mark.stack
 def test_up_with_sglang_fake_engines_end_to_end(nats_url, partition, tmp_path):
     trace = tmp_path / "trace.jsonl"
     imported = run_cli("trace", "import", "weka", str(TRACE), "-o", str(trace), timeout=180)

@@ -9,11 +9,14 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from services.drivers.up.testing import run_cli
 
 ROLES = {"up", "nats-server", "recorder", "directory", "planner", "router", "engine-n0", "gateway"}
 
 
+@pytest.mark.stack
 def test_soak_counts_every_request_and_event_and_verifies(tmp_path):
     plot = tmp_path / "soak.png"
     res = run_cli("soak", "--duration", "4s", "--rate", "6", "--streams", "3", "--turns", "3", "--fork-every", "2",

@@ -35,6 +35,7 @@ def _stream_text(client, model: str, messages: list, headers: dict) -> tuple[str
     return "".join(b.text for b in final.content if b.type == "text"), kinds
 
 
+@pytest.mark.stack
 def test_the_anthropic_client_through_up_is_one_agent_with_a_sub_agent(nats_url, partition, tmp_path):
     run_dir, ready = tmp_path / "run", tmp_path / "ready.json"
     up = subprocess.Popen(

@@ -13,6 +13,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from services.adapters.bus import NatsBus
 from services.adapters.eventlog import DuckDbEventLog
 from services.cores.partitions import partition_names, session_index
@@ -33,6 +35,7 @@ def _post(url: str, body: dict, headers: dict) -> dict:
         raise AssertionError(f"{exc.code}: {exc.read().decode(errors='replace')}") from None
 
 
+@pytest.mark.stack
 def test_up_two_partitions_keeps_every_session_in_its_partition(nats_url, partition, tmp_path):
     run_dir, ready = tmp_path / "run", tmp_path / "ready.json"
     names = partition_names(2, partition)

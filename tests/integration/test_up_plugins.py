@@ -91,6 +91,7 @@ async def _shadow_decisions(nats_url: str, partition: str, name: str, wanted: in
 
 
 @NEEDS_GATEWAY
+@pytest.mark.stack
 def test_plugin_on_pythonpath_runs_in_shadow_and_start_line_names_ports(nats_url, partition, tmp_path):
     elsewhere = tmp_path / "elsewhere"  # the user's directory: not the repository
     elsewhere.mkdir()
@@ -125,6 +126,7 @@ def test_plugin_on_pythonpath_runs_in_shadow_and_start_line_names_ports(nats_url
     assert "child_exited" not in text  # the shadow child never crashed
 
 
+@pytest.mark.stack
 def test_child_that_cannot_import_its_plugin_stops_up_with_one_line(nats_url, partition, tmp_path):
     out = tmp_path / "up.out"
     t0 = time.monotonic()

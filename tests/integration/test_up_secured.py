@@ -216,6 +216,7 @@ def test_up_restarts_its_killed_nats_server_and_serves_again(stack):
     assert proc.poll() is None
 
 
+@pytest.mark.stack
 def test_a_bus_that_cannot_be_kept_up_stops_everything_with_one_line(tmp_path):
     run_dir = tmp_path / "run"
     proc, out = _start(run_dir, "--engines", "1", "--no-gateway", "--nats-restarts", "0")

@@ -36,6 +36,7 @@ def _fake(port: int, kv: int, log: Path) -> subprocess.Popen:
                                 cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
 
 
+@pytest.mark.stack
 def test_up_attached_to_two_fake_vllm_servers(nats_url, partition, tmp_path):
     model = tmp_path / "tiny"
     write_tiny_folder(model)
