@@ -113,13 +113,27 @@ def _nodes(tree: ast.AST):
     yield from walk(tree, False)
 
 
-def imports_of(path: Path) -> list[tuple[int, str, bool]]:
+_PARSED: dict[tuple[Path, int], list] = {}
+
+
+def _import_nodes(path: Path) -> list:
+    """``_nodes`` of the file, parsed once per process and version of the file."""
+    key = (path, path.stat().st_mtime_ns)
+    if key not in _PARSED:
+        _PARSED[key] = list(_nodes(ast.parse(path.read_text(), filename=str(path))))
+    return _PARSED[key]
+
+
+def known_modules() -> set[str]:
+    return {module_name(p) for p in first_party_modules()} | compiled_modules()
+
+
+def imports_of(path: Path, known: set[str] | None = None) -> list[tuple[int, str, bool]]:
     """(line, absolute name, nested) for every import statement; ``from a import b`` gives
-    ``a.b`` when that is a module of ours, else ``a``."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    known = {module_name(p) for p in first_party_modules()} | compiled_modules()
+    ``a.b`` when that is a module of ours (``known``), else ``a``."""
+    known = known_modules() if known is None else known
     found = []
-    for node, nested in _nodes(tree):
+    for node, nested in _import_nodes(path):
         if isinstance(node, ast.Import):
             found += [(node.lineno, a.name, nested) for a in node.names]
             continue
@@ -131,13 +145,14 @@ def imports_of(path: Path) -> list[tuple[int, str, bool]]:
 
 def violations() -> list[str]:
     bad = []
+    known = known_modules()
     for path in first_party_modules():
         mod = module_name(path)
         own = layer_of(mod)
         if own is None:
             bad.append(f"{mod}: no layer assigned (put it in a layer's folder, see docs/contracts.md)")
             continue
-        for line, name, _ in imports_of(path):
+        for line, name, _ in imports_of(path, known):
             top = name.split(".")[0]
             rel = f"{_rel(path)}:{line}"
             if top in FIRST_PARTY:
@@ -154,12 +169,12 @@ def violations() -> list[str]:
 
 def import_graph() -> dict[str, set[str]]:
     """Our module -> our modules it imports (at module level or inside functions)."""
-    known = {module_name(p) for p in first_party_modules()} | compiled_modules()
+    known = known_modules()
     graph: dict[str, set[str]] = {}
     for path in first_party_modules():
         mod = module_name(path)
         out = graph.setdefault(mod, set())
-        for _, name, _ in imports_of(path):
+        for _, name, _ in imports_of(path, known):
             while name and name not in known:
                 name = name.rpartition(".")[0]
             if name and name != mod:
@@ -216,7 +231,7 @@ def unexplained_lazy_imports() -> list[str]:
     bad = []
     for path in first_party_modules():
         lines = path.read_text().splitlines()
-        for node, nested in _nodes(ast.parse("\n".join(lines), filename=str(path))):
+        for node, nested in _import_nodes(path):
             if nested and LAZY_TAG not in lines[node.lineno - 1] and LAZY_TAG not in lines[node.end_lineno - 1]:
                 bad.append(f"{_rel(path)}:{node.lineno}: {lines[node.lineno - 1].strip()}")
     return bad
