@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from services.adapters.bus.natsserver import EmbeddedNats
+from tests.hyp import examples
 
 settings.register_profile(
     "ci",
@@ -26,7 +27,7 @@ settings.register_profile(
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow],  # timing-based: flaky on a loaded machine
 )
-settings.register_profile("fuzz", derandomize=False, max_examples=1000, deadline=None, print_blob=True)
+settings.register_profile("fuzz", derandomize=False, max_examples=examples(1000), deadline=None, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or "ci")
 
 _partition_ids = itertools.count(1)

@@ -22,11 +22,12 @@ from services.adapters.bus.prompts import (
     prompt_key,
     split,
 )
+from tests.hyp import examples
 
 ids_st = st.lists(st.integers(0, 2**32 - 1), max_size=300)
 
 
-@settings(max_examples=40)
+@settings(max_examples=examples(40))
 @given(ids_st, st.integers(HEADER.size + 1, 200))
 def test_codec_round_trip_through_chunks(ids, value_bytes):
     data = encode_tokens(ids)

@@ -30,6 +30,7 @@ from engine.transfer.mooncake import mooncake_available
 from kernels.checksum import block_checksums
 from kernels.layout import KvLayout, KvLayoutError
 from kernels.pool import BlockPool
+from tests.hyp import examples
 
 LAYOUT = KvLayout(4, 2, 2, 8, "bf16")  # 256-byte blocks
 SLOTS = 16
@@ -216,7 +217,7 @@ class TransferContract(abc.ABC):
         assert torch.equal(pb.bytes, before)
 
     @settings(
-        max_examples=15,
+        max_examples=examples(15),
         deadline=None,
         suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.differing_executors],
     )

@@ -13,6 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from services.cores.directory._native import BlockCounts, BlockSet
 
+from tests.hyp import examples
+
 # a small pool of hashes so that writes collide (re-adds, removes of members), plus the edges
 HASHES = st.integers(0, 40) | st.sampled_from([2**64 - 1, 2**63, 2**32, 1 << 40])
 BAD = st.integers(max_value=-1) | st.integers(min_value=2**64) | st.sampled_from(["1", 1.0, None, (1,)])
@@ -44,7 +46,7 @@ def _apply(bs: BlockSet, ref: set, op: tuple) -> None:
     getattr(ref, name)(*op[1:])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(OPS, max_size=40), st.lists(HASHES | BAD, max_size=20))
 def test_blockset_is_a_set_of_uint64_hashes_under_any_writes(ops, probes):
     bs, ref = BlockSet(16), set()

@@ -37,6 +37,7 @@ from events.catalog import (
 )
 from services.cores.directory import DirectoryCore
 from services.cores.directory.eviction import CountAwareEviction
+from tests.hyp import examples
 
 ROLES = {"p0": "prefill", "p1": "prefill", "d0": "decode", "d1": "decode", "c0": "collocated"}
 NODES = sorted(ROLES)
@@ -182,7 +183,7 @@ def check_eviction(d: DirectoryCore, pinned_pick: list[int], k: int) -> None:
                 f"{n}/{t}: a counted copy chosen while zero-count copies {sorted(zero_left)} are evictable")
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(OPS, min_size=3, max_size=60), pinned=st.lists(st.sampled_from(list(UNIVERSE)), max_size=3),
        k=st.integers(1, 6))
 def test_counts_follow_the_kv_and_count_aware_eviction_respects_them(ops, pinned, k):

@@ -25,6 +25,7 @@ from events.catalog import (
     RouteDecided,
 )
 from services.cores.directory import CountAwareEviction, DirectoryCore, LruEviction, table
+from tests.hyp import examples
 
 NODES = ["p0", "p1", "d0"]
 node = st.sampled_from(NODES)
@@ -90,7 +91,7 @@ def _apply_op(d: DirectoryCore, op: tuple, reqs: int) -> int:
     return reqs
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(OPS, min_size=1, max_size=60))
 def test_incremental_order_equals_the_sorted_definition(ops):
     d = DirectoryCore()
@@ -124,7 +125,7 @@ PIN_OPS = st.one_of(  # stores, pins and unpins twice as likely: appends to a re
 )
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(PIN_OPS, min_size=1, max_size=80))
 def test_remembered_buckets_under_changing_pins_equal_the_sorted_definition(ops):
     """The order read under one long-lived pin multiset per node, as a node's KV pool passes it
@@ -223,7 +224,7 @@ def _copies(d: DirectoryCore) -> list:
     return sorted(out)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(VICTIM_OPS, min_size=1, max_size=60))
 def test_victims_of_an_order_evict_as_any_blocks_do(ops):
     """A ``KvEvicted`` of the blocks an eviction order just gave takes their slots from the order
@@ -259,7 +260,7 @@ def test_victims_of_an_order_evict_as_any_blocks_do(ops):
     assert twin._t._picked == {}  # the twin never read an order: every eviction was probed
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.data())
 def test_a_groups_first_k_blocks_are_its_sorted_first_k(data):
     """The walk sorts a group's blocks (distinct hashes) whole, or only its ``k`` smallest when

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from events.catalog import FetchStep
 from services.cores.directory.lookup import Lookup
+from tests.hyp import examples
 
 NODES = [f"n{i}" for i in range(5)]
 
@@ -51,7 +52,7 @@ def reference_plan(lk: Lookup, node: str, cols: dict[str, int] | None = None) ->
     return steps
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.integers(min_value=1, max_value=40).flatmap(
     lambda n: st.lists(st.integers(min_value=0, max_value=(1 << (2 * len(NODES))) - 1), min_size=n, max_size=n)),
     st.sampled_from(NODES))
@@ -66,7 +67,7 @@ def test_fetch_plan_equals_the_step_by_step_definition(words, node):
 WIDE = [f"w{i:02d}" for i in range(40)]  # 80 copy bits: two words
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.integers(min_value=1, max_value=30).flatmap(
     lambda n: st.lists(st.sets(st.integers(min_value=0, max_value=79), max_size=6), min_size=n, max_size=n)),
     st.sampled_from(WIDE), st.permutations(range(len(WIDE))))

@@ -9,11 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from services.cores.directory._native import SlotMap
 
+from tests.hyp import examples
+
 KEYS = st.one_of(st.integers(0, 40), st.integers(0, 2**64 - 1))
 ODD = st.one_of(st.integers(-5, -1), st.integers(2**64, 2**70), st.just(1.5), st.just("b"), st.none())
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.tuples(st.booleans(), st.lists(KEYS, max_size=90)), max_size=25), st.lists(ODD, max_size=4))
 def test_slot_map_matches_a_dict(ops, odd):
     idx, model = SlotMap(4), {}

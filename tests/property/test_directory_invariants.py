@@ -25,6 +25,7 @@ from events.catalog import (
     RouteDecided,
 )
 from services.cores.directory import DirectoryCore
+from tests.hyp import examples
 
 NODES = ["p0", "p1", "d0", "d1", "c0"]
 ROLES0 = {"p0": "prefill", "p1": "prefill", "d0": "decode", "d1": "decode", "c0": "collocated"}
@@ -168,7 +169,7 @@ def check(d: DirectoryCore, m: Model) -> None:
     assert held == m.held
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(OPS, min_size=4, max_size=50))
 def test_counts_equal_a_recomputation_from_scratch(ops):
     d, m = DirectoryCore(), Model()

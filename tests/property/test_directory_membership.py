@@ -32,6 +32,7 @@ from events.catalog import (
     RouteDecided,
 )
 from services.cores.directory import DirectoryCore
+from tests.hyp import examples
 from tests.property.test_directory_invariants import NODES, OPS, PHASES, ROLES0, UNIVERSE, Model, check, step
 
 SMALL = [1000 + i for i in range(3)]
@@ -162,7 +163,7 @@ def check_members(d: DirectoryCore, m: MemberModel) -> None:
         assert all(c >= 0 for c in d.counts_on(n).values())
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(MEMBER_OPS, min_size=4, max_size=60))
 def test_repeated_removal_and_reregistration_keep_the_invariants(ops):
     d, m = DirectoryCore(), MemberModel()

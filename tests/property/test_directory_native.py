@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from services.cores.directory import _native
 from services.cores.directory.lookup import _prefix_ends, _runs
+from tests.hyp import examples
 
 SLOTS = 16
 
@@ -37,7 +38,7 @@ def _bit(j: int) -> np.uint64:
     return np.uint64(1 << (j & 63))
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(tables())
 def test_mark_touch_read_match_their_numpy_definitions(t):
     held, s, j, last, ts = t
@@ -90,7 +91,7 @@ def test_mark_touch_read_match_their_numpy_definitions(t):
 BLOCK = st.integers(0, 30) | st.integers(0, 2**64 - 1)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(BLOCK, max_size=50), st.lists(BLOCK, max_size=50), st.sets(BLOCK, max_size=30),
        st.frozensets(BLOCK, max_size=10))
 def test_fresh_and_dropped_match_the_comprehensions(blocks, old, counted, excluded):
@@ -104,7 +105,7 @@ def test_fresh_and_dropped_match_the_comprehensions(blocks, old, counted, exclud
                                                                     if x in counted and x not in new]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(BLOCK, max_size=30), st.lists(BLOCK, max_size=30), st.integers(0, 30))
 def test_common_prefix_matches_its_definition(a, b, k):
     b = a[:k] + b  # a shared head of any length, then anything
@@ -115,7 +116,7 @@ def test_common_prefix_matches_its_definition(a, b, k):
     assert _native.common_prefix([int(str(x)) for x in a], a) == len(a)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(tables(), st.booleans(), st.lists(st.integers(0, SLOTS - 1), max_size=80))  # past the prefetch distances
 def test_bucket_pick_matches_its_numpy_definition(t, counted, arr):
     held, _, j, last, _ = t
@@ -140,7 +141,7 @@ def test_bucket_pick_matches_its_numpy_definition(t, counted, arr):
         assert not mark.any()
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(tables(), st.lists(st.integers(-2, 3), min_size=SLOTS, max_size=SLOTS))
 def test_held_split_matches_its_numpy_definition(t, counts):
     held, s, j, _, _ = t
@@ -152,7 +153,7 @@ def test_held_split_matches_its_numpy_definition(t, counts):
     assert one.dtype == zero.dtype == np.intp
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.lists(BLOCK, max_size=20), max_size=8))
 def test_concat_u64_matches_fromiter(lists):
     total = sum(len(b) for b in lists)
@@ -174,7 +175,7 @@ def test_concat_u64_refuses_what_is_not_a_uint64(bad):
         _native.concat_u64([[1], [bad]], 2)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(tables())
 def test_unmark_matches_its_numpy_definition(t):
     held, s, j, _, _ = t
@@ -187,7 +188,7 @@ def test_unmark_matches_its_numpy_definition(t):
     assert had.tolist() == want.tolist() and (h1 == h2).all()
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(BLOCK, max_size=50), st.sets(BLOCK, max_size=30), st.frozensets(BLOCK, max_size=10))
 def test_add_fresh_is_fresh_then_update(blocks, counted, excluded):
     want = _native.fresh(blocks, counted, excluded)
@@ -196,7 +197,7 @@ def test_add_fresh_is_fresh_then_update(blocks, counted, excluded):
     assert got_set == counted | set(want)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(BLOCK, max_size=30), st.lists(BLOCK, max_size=30), st.integers(0, 30))
 def test_is_suffix_matches_the_slice(a, b, k):
     for tail in (b, a[len(a) - min(k, len(a)):], b + a[len(a) - min(k, len(a)):]):
@@ -205,7 +206,7 @@ def test_is_suffix_matches_the_slice(a, b, k):
         assert _native.is_suffix(tuple(a), [int(str(x)) for x in tail]) == want  # equal, not identical
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(tables())
 def test_runs_ends_matches_runs_and_prefix_ends(t):
     held, s, _, _, _ = t
@@ -231,7 +232,7 @@ def indexed(draw):
     return index, keys, blocks, prefix
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(indexed(), st.integers(1, 2), st.integers(0, 2**32 - 1))
 def test_lookup_scan_and_refill_match_their_numpy_definitions(x, words, seed):
     index, keys, blocks, prefix = x
@@ -264,7 +265,7 @@ def test_lookup_scan_and_refill_match_their_numpy_definitions(x, words, seed):
         assert got is not prefix and got.tolist() == want.tolist()
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(tables(), st.lists(st.integers(0, 3), min_size=SLOTS * 2, max_size=SLOTS * 2), st.integers(0, 1))
 def test_refs_add_and_unused_match_their_numpy_definitions(t, counts, n):
     held, s, _, _, _ = t
@@ -302,7 +303,7 @@ def test_fill_new_asks_for_room_and_allocates_nothing_without_it():
     assert index.find_seq([7, 8, 9, 6], 4).tolist() == [4, 3, 2, 0]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(indexed(), st.data())
 def test_picked_slots_is_find_seq(x, data):
     """``picked_slots`` (a ``KvEvicted``'s slots taken from the eviction order that chose its

@@ -10,12 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.cores.directory.table import BlockTable
+from tests.hyp import examples
 
 KEY = st.integers(min_value=0, max_value=3000)
 PROBE = list(range(0, 3001, 2))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(st.tuples(st.booleans(), st.one_of(st.lists(KEY, max_size=40), st.lists(KEY, min_size=300, max_size=900))),
                 max_size=14))
 def test_slots_follow_a_dict_model(ops):
@@ -42,7 +43,7 @@ def test_slots_follow_a_dict_model(ops):
         assert len(t.index) == len(model)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(st.lists(KEY, max_size=80), st.lists(KEY, max_size=80), st.lists(KEY, max_size=80))
 def test_ensure_of_a_stale_probe_equals_a_fresh_one(seed, between, keys):
     """``ensure(keys, s)`` with ``s`` probed before other blocks were allocated (the fold's

@@ -28,6 +28,7 @@ from events.catalog import (
     RouteDecided,
 )
 from services.cores.directory import CountAwareEviction, DirectoryCore, LruEviction
+from tests.hyp import examples
 
 NODES = ["p0", "p1", "d0"]
 node = st.sampled_from(NODES + ["x9"])  # x9 never registers: the store is an anomaly, the node added
@@ -117,7 +118,7 @@ def _state(d: DirectoryCore, prompts: list[list[int]]) -> tuple:
     return d.snapshot(), orders, slots, tuple(map(repr, looks)), d.anomalies()
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(OPS, min_size=1, max_size=50))
 def test_a_write_through_store_folds_as_the_l1_then_l2_pair(ops):
     pairs, merged = _stream(ops)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from events.catalog import IterationDone, NodeHeartbeat, NodeRegistered, NodeRemoved, Tick
 from services.cores.liveness import LivenessWatcher
+from tests.hyp import examples
 
 
 def _hb(ts: float, node: str, seq: int, lag: float) -> NodeHeartbeat:
@@ -22,7 +23,7 @@ def _hb(ts: float, node: str, seq: int, lag: float) -> NodeHeartbeat:
                          loop_lag_s=lag)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(h=st.floats(0.2, 2.0), tick_s=st.floats(0.1, 3.0), delays=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=9),
        lags=st.lists(st.floats(0.0, 120.0), min_size=1, max_size=9), duration=st.floats(10.0, 200.0),
        timeout=st.floats(5.0, 30.0))
@@ -70,7 +71,7 @@ def _events(script) -> list:
     return out
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(script=st.lists(_EVENT, max_size=60), timeout=st.floats(2.0, 20.0), tick_s=st.floats(0.1, 2.0))
 def test_a_dead_node_is_removed_within_max_grace_whatever_its_history(script, timeout, tick_s):
     w = LivenessWatcher(timeout)
@@ -89,7 +90,7 @@ def test_a_dead_node_is_removed_within_max_grace_whatever_its_history(script, ti
     assert w.max_grace_s == 3 * timeout
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(script=st.lists(_EVENT, max_size=60), cut=st.integers(0, 130), timeout=st.floats(2.0, 20.0),
        window=st.integers(1, 8))
 def test_deterministic_and_a_snapshot_anywhere_decides_the_rest_the_same(script, cut, timeout, window):

@@ -23,6 +23,7 @@ from events.catalog import NodeHeartbeat, NodeRegistered, NodeRemoved, Tick
 from services.cores.liveness import LivenessWatcher
 from services.drivers.up.launch import plan_children
 from services.drivers.up.options import UpSpec, add_up_args, up_spec
+from tests.hyp import examples
 
 EPOCH = 1.7e9
 
@@ -44,7 +45,7 @@ def tick_ts(scale: float, clock_epoch: float, w: float) -> float:
     return clock_epoch + (w - clock_epoch) * scale  # services/drivers/serve.py ticker
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(scale=st.one_of(st.sampled_from([0.5, 1.0, 2.0, 10.0, 100.0, 1000.0]), st.floats(0.05, 2000.0)),
        start_delay=st.floats(0.0, 60.0), heartbeat_s=st.floats(0.05, 2.0), slack=st.floats(1.05, 20.0),
        tick_s=st.floats(0.05, 3.0), delays=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=8),
@@ -74,7 +75,7 @@ def test_a_node_heartbeating_within_the_timeout_is_never_removed(scale, start_de
     assert not any(isinstance(e, NodeRemoved) for e in removed), (scale, removed[:1])
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(scale=st.floats(0.05, 2000.0), start_delay=st.floats(0.0, 60.0), silent_wall=st.floats(1.1, 5.0))
 def test_a_silent_node_is_removed_after_the_timeout_in_wall_seconds_at_any_scale(scale, start_delay, silent_wall):
     timeout_wall = 2.0
@@ -94,7 +95,7 @@ def _up_args(*argv: str) -> UpSpec:
     return up_spec(p.parse_args(["--engines", "3", "--insecure", "--metrics-port", "-1", *argv]), clock_epoch=EPOCH)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(scale=st.sampled_from(["0.5", "1", "2", "10", "100", "1000"]), timeout=st.sampled_from(["2", "10", "30"]))
 def test_up_gives_every_engine_and_the_planner_one_clock_and_a_model_time_timeout(tmp_path_factory, scale, timeout):
     tmp = tmp_path_factory.mktemp("plan")

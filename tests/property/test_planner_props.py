@@ -36,6 +36,7 @@ from services.cores.planner.evolving import EvolvingPlanner
 from services.cores.planner.shift import passed
 from services.cores.planner.static import StaticPlanner
 from services.cores.planner.window import Work
+from tests.hyp import examples
 
 finite = st.floats(min_value=-1e6, max_value=1e12) | st.sampled_from([math.nan, math.inf, 0.0])
 
@@ -362,7 +363,7 @@ shifted = st.builds(
 
 
 @given(steady, shifted, st.integers(240, 330), st.floats(0.0, 0.2), st.integers(0, 2**16))
-@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=examples(30), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 def test_a_shift_to_a_prefill_backlog_keeps_the_invariants_on_the_shift_path(before, after, at_s, noise, seed):
     """Issue 41: a synthetic cluster (4 nodes, seeded noise) serves a steady mix, then one whose
     prefill nodes hold a queue: the shift path is reached in every example (a change-point

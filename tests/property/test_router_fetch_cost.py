@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from events.catalog import IterationDone, KvFetched
 from services.cores.costmodel import FetchCostLearner, FetchModel
 from services.cores.router.least_ttft import LeastTtftRouter
+from tests.hyp import examples
 
 BT = 64
 
@@ -26,7 +27,7 @@ fetch = st.tuples(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(latency=st.floats(0.0, 0.05), s_per_token=st.floats(1e-9, 1e-4),
        fetches=st.lists(fetch, min_size=8, max_size=60))
 def test_any_fifo_link_is_recovered_exactly(latency, s_per_token, fetches):
@@ -58,7 +59,7 @@ sample = st.tuples(st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.
                    st.floats(allow_nan=True, allow_infinity=True))
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(samples=st.lists(sample, max_size=300), min_samples=st.integers(2, 20))
 def test_model_is_finite_non_negative_and_snapshots_round_trip(samples, min_samples):
     f = FetchCostLearner(min_samples=min_samples, max_samples=64)

@@ -22,6 +22,7 @@ from events.catalog import (
 from services.adapters.plugins import load_router
 from services.cores.router.state import DECODING, PENDING, PREFILLING, QUEUED
 from services.drivers.bench import scenario as s
+from tests.hyp import examples
 
 NODES = ["p00", "p01", "p02", "d00", "d01", "c00"]
 ROLES = ["prefill", "decode", "collocated"]
@@ -169,7 +170,7 @@ ROUTERS = ["evolving", "cache_aware", "sticky", "round_robin", "least_loaded", "
 
 
 @pytest.mark.parametrize("name", ROUTERS)
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(op, min_size=5, max_size=60))
 def test_router_invariants(name, ops):
     make = load_router(name)
@@ -179,7 +180,7 @@ def test_router_invariants(name, ops):
     check_targets(fed, outs, make)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(ops=st.lists(op, min_size=5, max_size=60), cut=st.integers(0, 100))
 def test_snapshot_restore_is_transparent(ops, cut):
     make = load_router("evolving")

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from events.catalog import ModelFitted, NodeRegistered, RequestStarted, RouteDecided
 from services.cores.router.least_ttft import LeastTtftRouter
 from services.drivers.bench import scenario as s
+from tests.hyp import examples
 
 coef = st.tuples(st.floats(1e-3, 5e-2), st.floats(1e-6, 1e-4), st.floats(0.0, 1e-9), st.floats(0.0, 1e-6))
 
@@ -65,7 +66,7 @@ def cluster(draw):
     return evs, f"a{probe_agent}", probe, now, params
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=cluster())
 def test_pruned_decision_equals_full_scoring(case):
     evs, branch, probe, now, params = case

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from services.adapters.eventlog import DuckDbEventLog
 from services.drivers.recorder.verify import CoreSpec, _checks_planner, _checks_router, verify_log
+from tests.hyp import examples
 from tests.unit.drivers.recorder.fakecores import FakePlanner, FakeRouter, inputs, live_log
 
 REGISTRY = {
@@ -46,7 +47,7 @@ def ranges(seqs):
     return out
 
 
-@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(20), suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_verify_reports_exactly_the_deleted_seqs(base, tmp_path_factory, data):
     path, seqs = base

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from scipy.optimize import nnls as scipy_nnls
 
 from services.cores import numerics as nm
+from tests.hyp import examples
 
 
 @st.composite
@@ -28,7 +29,7 @@ def problems(draw):
     return A, b
 
 
-@settings(max_examples=200, deadline=None, derandomize=True)
+@settings(max_examples=examples(200), deadline=None, derandomize=True)
 @given(problems())
 def test_nnls_reaches_scipys_optimum_and_satisfies_kkt(prob):
     A, b = prob
@@ -64,7 +65,7 @@ def test_reductions_are_exactly_rounded_so_order_does_not_matter():
     assert nm.matvec(M, np.ones_like(a)).tolist() == [100.0, 100.0]
 
 
-@settings(max_examples=50, deadline=None, derandomize=True)
+@settings(max_examples=examples(50), deadline=None, derandomize=True)
 @given(problems())
 def test_the_fit_does_not_depend_on_the_order_of_its_rows(prob):
     A, b = prob

@@ -18,6 +18,7 @@ from events.catalog import KvEvicted, KvStored
 from kernels.checksum import block_checksum
 from kernels.layout import KvLayout
 from kernels.pool import BlockPool
+from tests.hyp import examples
 
 LAYOUT = KvLayout(4, 2, 1, 8, "bf16")  # 128-byte blocks
 
@@ -95,7 +96,7 @@ def test_events_of_other_nodes_and_tiers_move_no_bytes():
     assert a.bytes.slot_of == {}
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(st.lists(st.lists(st.integers(0, 15), min_size=1, max_size=5), max_size=12))
 def test_slots_follow_the_pool_through_any_store_sequence(batches):
     a = Node("a", LoopbackFabric(), l2_blocks=5)

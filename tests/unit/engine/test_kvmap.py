@@ -16,6 +16,7 @@ from engine.backends.sglang.wire import (
     KVEventBatch,
 )
 from events.hashing import block_hashes
+from tests.hyp import examples
 
 TOKENS = list(range(1000, 1000 + 64 * 3 + 10))  # 3 full blocks + a 10-token tail
 
@@ -75,7 +76,7 @@ def test_aliases_map_sent_tokens_to_the_requests_blocks():
     assert [b for c in ch for b in c.blocks] == [11, 22]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(st.integers(0, 50_000), min_size=0, max_size=400), st.sampled_from([1, 4, 16, 64, 256]))
 def test_stored_then_removed_leaves_nothing(tokens, page_size):
     m = PageMap(64, tiers=SGLANG_TIERS)

@@ -36,6 +36,7 @@ from kernels.layout import KvLayoutError
 from kernels.pool import BlockPool
 from services.adapters.bus import InMemoryBus
 from services.adapters.bus.tokens import MemoryTokens
+from tests.hyp import examples
 
 PROFILE = load_profile("gb300-glm52")
 BLOCK_BYTES = 256
@@ -163,7 +164,7 @@ def test_held_slots_are_never_handed_out_until_released():
     assert kb.slot_of[4] == 0
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["store", "evict", "expect", "land", "abandon", "hold", "release"]),
                           st.lists(st.integers(0, 9), min_size=1, max_size=3)), max_size=30))
 def test_slots_stay_consistent_under_any_mix_of_stores_transfers_and_holds(ops):

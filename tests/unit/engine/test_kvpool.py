@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from engine.kvpool import KvPool
 from events.catalog import KvEvicted, KvStored
+from tests.hyp import examples
 
 
 class Fixture:
@@ -91,7 +92,7 @@ def test_drop_all_and_add_and_observed_tiers():
     assert f.pool.l2 == {9} and (f.log[-1].tier, f.log[-1].blocks) == ("L2", [10])
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["store", "pin", "unpin"]), st.lists(st.integers(0, 30), max_size=8)),
                 max_size=40))
 def test_capacity_and_pins_hold_under_any_sequence(ops):

@@ -12,12 +12,13 @@ from hypothesis import strategies as st
 from services.cores.directory._native import BlockCounts
 
 from engine.kvpool import KvPool
+from tests.hyp import examples
 
 _OPS = st.lists(st.tuples(st.sampled_from(["pin", "pin", "unpin", "evict"]), st.integers(0, 3),
                           st.lists(st.integers(0, 40) | st.just(2**64 - 1), max_size=12)), max_size=40)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(_OPS)
 def test_pinned_is_the_union_of_the_owners_lists(ops):
     seen = []
@@ -76,7 +77,7 @@ def test_block_counts_is_a_multiset_of_uint64_hashes():
     assert sorted(c) == [5]  # checked first: nothing changed
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(order=st.permutations(list(range(100, 116))), pinned=st.sets(st.integers(100, 115), max_size=6),
        also=st.lists(st.integers(100, 120), max_size=10), need=st.integers(1, 16))
 def test_also_pinned_gives_the_policys_first_blocks_without_them(order, pinned, also, need):

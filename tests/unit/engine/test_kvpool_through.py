@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from engine.kvpool import KvPool
 from events.catalog import KvEvicted, KvStored
+from tests.hyp import examples
 
 
 class Fixture:
@@ -58,7 +59,7 @@ OPS = st.lists(st.one_of(
 ), min_size=1, max_size=30)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(ops=OPS, l1=st.integers(1, 6), l2=st.integers(1, 9), batch=st.sampled_from([0.0, 0.3]),
        reserved=st.sampled_from([0, 64, 130]))
 def test_store_through_is_the_l1_then_l2_pair(ops, l1, l2, batch, reserved):

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from services.cores.directory._native import BlockCounts, BlockSet
 
 from engine import _kvscan
+from tests.hyp import examples
 
 HASHES = st.integers(0, 30) | st.sampled_from([2**64 - 1, 2**63 + 5, 1 << 40])
 ENTRIES = HASHES | st.sampled_from([-1, -(2**70), 2**64, 2**80])
@@ -24,7 +25,7 @@ def _tables(held: list[int], pins: list[int]) -> tuple[BlockSet, BlockCounts]:
     return store, counts
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(ENTRIES, max_size=200), st.lists(HASHES, max_size=40), st.lists(HASHES, max_size=20),
        st.integers(-2, 150))
 def test_scans_against_blockset_and_blockcounts_match_sets(blocks, held, pins, start):
@@ -73,7 +74,7 @@ def test_a_held_run_ends_where_it_ends_across_chunk_edges():
     assert _kvscan.prefix_len(blocks, 0, store) == 300 and _kvscan.prefix_len(blocks, 64, store) == 300
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(ENTRIES, max_size=120), st.lists(ENTRIES, max_size=120))
 def test_meets_is_a_set_intersection_test(a, b):
     want = not set(a).isdisjoint(b)

@@ -16,6 +16,7 @@ from engine.backends.sim.backend import CHARS_PER_TOKEN
 from engine.backends.sim.instance import constrained_text, instance
 from events.catalog import OutputConstraint, RequestFinished
 from tests.contract.test_backend import PROFILE, Harness, job
+from tests.hyp import examples
 from tests.unit.engine.schemas import schemas
 
 jsonschema_rs = pytest.importorskip("jsonschema_rs")
@@ -25,7 +26,7 @@ def valid(schema, value) -> bool:
     return jsonschema_rs.validator_for(schema).is_valid(value)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(schemas)
 def test_the_instance_of_a_random_schema_validates(schema):
     v = instance(schema)

@@ -15,6 +15,7 @@ from events.catalog import FetchStep, KvEvicted, KvFetched, KvMoved, KvStored, R
 from replay.sim.simulation import EventQueue
 from services.cores.directory.core import DirectoryCore
 from services.cores.directory.eviction import CountAwareEviction
+from tests.hyp import examples
 
 TINY = replace(load_profile("gb300-glm52"), l1_capacity_tokens=64 * 40, l2_capacity_tokens=64 * 80,
                prefill_noise=0.05, decode_noise=0.05)
@@ -65,7 +66,7 @@ request = st.tuples(st.integers(0, 3), st.integers(1, 12), st.integers(0, 63), s
                     st.floats(0, 5), st.sampled_from(["p0", "p1"]))
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(st.lists(request, min_size=1, max_size=12), st.sampled_from(["async", "at_start", "none"]))
 def test_every_request_finishes_once_within_capacity(reqs, fetch_mode):
     h = Host()

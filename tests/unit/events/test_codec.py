@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from events import codec
 from events.catalog import EVENT_TYPES, BranchOpened, Candidate, FetchStep, NodeScore, RequestSubmitted, Split
+from tests.hyp import examples
 
 u64 = st.integers(min_value=0, max_value=2**64 - 1)
 finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
@@ -55,7 +56,7 @@ def _struct_strategy(cls):
 
 @pytest.mark.parametrize("cls", EVENT_TYPES, ids=lambda c: c.__name__)
 def test_every_event_round_trips(cls):
-    @settings(max_examples=40, deadline=None)
+    @settings(max_examples=examples(40), deadline=None)
     @given(_struct_strategy(cls))
     def check(ev):
         assert codec.decode(codec.encode(ev)) == ev

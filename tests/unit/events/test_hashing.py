@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from events.hashing import block_hashes, hash_block_tokens, namespace_root, namespaced_hash
+from tests.hyp import examples
 
 tokens_st = st.lists(st.integers(min_value=0, max_value=2**32 - 1), min_size=0, max_size=400)
 
@@ -25,7 +26,7 @@ def test_same_tokens_same_hashes_in_another_process():
     assert len(here) == 5
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(tokens_st, st.integers(min_value=1, max_value=64))
 def test_partial_tail_not_hashed_and_prefix_property(toks, bt):
     hs = block_hashes(toks, bt)
@@ -36,7 +37,7 @@ def test_partial_tail_not_hashed_and_prefix_property(toks, bt):
     assert all(0 <= h < 2**64 for h in hs)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=50_000), min_size=64 * 4, max_size=64 * 6),
        st.integers(min_value=0, max_value=64 * 4 - 1), st.integers(min_value=1, max_value=1000))
 def test_changing_one_token_changes_that_block_and_every_later_one(toks, pos, delta):

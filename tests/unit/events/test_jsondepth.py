@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from events.jsondepth import nesting_depth, too_deep
+from tests.hyp import examples
 
 
 def reference(raw: bytes) -> int:
@@ -65,13 +66,13 @@ _JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text('"\\[]{
                      max_leaves=30)
 
 
-@settings(max_examples=300, derandomize=True, database=None)
+@settings(max_examples=examples(300), derandomize=True, database=None)
 @given(obj=_JSON, chunk=st.sampled_from([1, 2, 3, 7, 1 << 20]))
 def test_depth_of_any_document_at_any_chunk_size(obj, chunk):
     assert nesting_depth(json.dumps(obj).encode(), chunk) == depth_of(obj)
 
 
-@settings(max_examples=500, derandomize=True, database=None)
+@settings(max_examples=examples(500), derandomize=True, database=None)
 @given(raw=st.binary(max_size=48).map(lambda b: bytes(b'[]{}"\\a'[x % 7] for x in b)),
        chunk=st.sampled_from([1, 2, 3, 5, 1 << 20]))
 def test_malformed_text_follows_the_byte_rule(raw, chunk):

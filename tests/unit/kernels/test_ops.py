@@ -13,6 +13,7 @@ from kernels import ops, ref
 from kernels.checksum import block_checksum, block_checksums, fast_checksums
 from kernels.layout import DTYPE_BYTES, KvLayout, KvLayoutError
 from kernels.pool import BlockPool, SlotAllocator, host_pool, word_dtype
+from tests.hyp import examples
 
 layouts = st.builds(
     KvLayout,
@@ -43,7 +44,7 @@ def pool_and_slots(draw, unique: bool):
     return layout, num_slots, slots, draw(st.integers(0, 2**31))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(pool_and_slots(unique=False))
 def test_gather_matches_reference(case):
     layout, num_slots, slots, seed = case
@@ -51,7 +52,7 @@ def test_gather_matches_reference(case):
     assert torch.equal(ops.gather_blocks(pool, slots), ref.ref_gather(pool, slots))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(pool_and_slots(unique=True))
 def test_scatter_matches_reference(case):
     layout, num_slots, slots, seed = case
@@ -62,7 +63,7 @@ def test_scatter_matches_reference(case):
     assert torch.equal(fast.bytes, slow.bytes)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(pool_and_slots(unique=True), st.data())
 def test_copy_matches_reference_including_one_pool(case, data):
     layout, num_slots, dst_slots, seed = case
@@ -87,7 +88,7 @@ def test_copy_matches_reference_including_one_pool(case, data):
     assert torch.equal(src.bytes, src_ref.bytes)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(pool_and_slots(unique=False), st.integers(1, 3))
 def test_broadcast_gives_every_target_the_same_blocks(case, targets):
     layout, num_slots, src_slots, seed = case
@@ -206,7 +207,7 @@ def ref_fast_checksum(pool: BlockPool, slot: int) -> int:
     return sum((2 * i + 1) * w for i, w in enumerate(words)) % 2**64
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(pool_and_slots(unique=False))
 def test_fast_checksum_matches_its_integer_definition(case):
     layout, num_slots, slots, seed = case
@@ -214,7 +215,7 @@ def test_fast_checksum_matches_its_integer_definition(case):
     assert fast_checksums(pool, slots) == [ref_fast_checksum(pool, s) for s in slots]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(pool_and_slots(unique=False), st.data())
 def test_fast_checksum_sees_any_single_byte_change(case, data):
     layout, num_slots, _, seed = case

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from events.catalog import KvEvicted, KvMoved, KvStored, RequestSubmitted, Tick
 from events.codec import to_json
 from services.adapters.eventlog import DuckDbEventLog, columnar, open_sources
+from tests.hyp import examples
 
 BIG = 2**64 - 1
 hashes = st.integers(min_value=0, max_value=BIG)
@@ -43,7 +44,7 @@ def _events(lists: list[list[int]]) -> list:
     return out
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(8), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lists=st.lists(block_lists, min_size=1, max_size=24), cut=st.integers(min_value=0, max_value=24))
 def test_every_event_reads_back_exactly_from_python_and_sql(tmp_path_factory, lists, cut):
     path = tmp_path_factory.mktemp("v2") / "run.duckdb"
@@ -120,7 +121,7 @@ def test_a_bad_format_value_in_a_new_log_is_refused():
         DuckDbEventLog(":memory:", format="4")
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(batches=st.lists(st.tuples(st.lists(st.integers(0, 40) | hashes, max_size=30), st.booleans()), max_size=40))
 def test_the_block_dictionary_numbers_hashes_by_first_appearance_and_undoes_failed_batches(batches):
     """BlockDict against a dict: ids dense by first appearance, a batch not stored gives its ids back."""
@@ -146,7 +147,7 @@ def test_the_block_dictionary_numbers_hashes_by_first_appearance_and_undoes_fail
         assert found.all() and ids.tolist() == list(range(len(model)))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(batches=st.lists(st.tuples(st.lists(st.integers(0, 300), max_size=40), st.booleans()), max_size=60),
        max_entries=st.integers(1, 40))
 def test_a_bounded_block_dictionary_decodes_every_id_holds_at_most_two_generations_and_keeps_recent_ids(
@@ -220,7 +221,7 @@ def test_a_bounded_writer_stores_a_forgotten_hash_again_and_its_log_reads_exactl
     rec.close()
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(12), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data(), chain_len=st.integers(20, 400), n_evictions=st.integers(1, 8))
 def test_scattered_evictions_are_stored_as_bitmaps_and_read_back_exactly(tmp_path_factory, data, chain_len,
                                                                            n_evictions):
@@ -286,7 +287,7 @@ def _block_size(path) -> int:
         con.close()
 
 
-@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(5), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lists=st.lists(block_lists, min_size=1, max_size=24))
 def test_a_new_log_takes_small_blocks_and_a_log_of_duckdbs_default_blocks_reads_and_appends_alike(
         tmp_path_factory, lists):
@@ -340,7 +341,7 @@ def _bitmaps_per_list(h, ids, off, seg_global, keyed, rcount):
     return bm, wnums, wsegs, words
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(data=st.data(), chain_len=st.integers(2, 300), n_lists=st.integers(1, 12))
 def test_the_one_pass_bitmaps_equal_the_per_list_loop(data, chain_len, n_lists):
     """Every candidate list (keyed, >= 3 runs) is judged and encoded as the per-list loop did:

@@ -170,11 +170,13 @@ def test_any_script_runs_iff_every_statement_is_a_query_and_never_changes_a_file
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
+    from tests.hyp import examples
+
     d = prop_run
     before = snapshot_dir(d)
     pool = [(s, True) for s in SAFE] + [(s, False) for s in _unsafe(d)]
 
-    @settings(max_examples=25, deadline=None, derandomize=True,
+    @settings(max_examples=examples(25), deadline=None, derandomize=True,
               suppress_health_check=[HealthCheck.function_scoped_fixture])
     @given(st.lists(st.sampled_from(pool), min_size=1, max_size=4))
     def check(script):

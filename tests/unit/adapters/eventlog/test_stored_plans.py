@@ -23,6 +23,7 @@ from events.catalog import (
 from services.adapters.eventlog import DuckDbEventLog
 from services.adapters.eventlog.columnar import blocks_len_sql, blocks_sql, rows_from_sql
 from services.adapters.eventlog.views import NAMED_VIEWS, _named_view_sql
+from tests.hyp import examples
 
 
 def _prompt(rng: random.Random, chain: list[int]) -> list[int]:
@@ -78,7 +79,7 @@ def _same(con, a: str, b: str) -> None:
         assert con.execute(f"SELECT count(*) FROM (({x}) EXCEPT ALL ({y}))").fetchone() == (0,), (x, y)
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(6), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**32), n_requests=st.integers(1, 25))
 def test_stored_tables_computed_views_and_the_plain_sql_have_the_same_rows(tmp_path_factory, seed, n_requests):
     rows = _run(seed, n_requests)

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from events.catalog import BranchEnded, BranchOpened, RequestSubmitted
 from services.cores.branches import BranchSignals, BranchStateError, BranchTable
 from services.drivers.gateway.headers import FAMILIES, HeaderError, parse_branch_headers
+from tests.hyp import examples
 
 CC = {"x-claude-code-session-id": "sess"}
 
@@ -186,7 +187,7 @@ def test_agent_hints_ride_on_request_submitted_and_stay_absent_otherwise():
 steps = st.lists(st.tuples(st.integers(0, 4), st.floats(0, 250, allow_nan=False)), min_size=1, max_size=60)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(steps=steps, ttl=st.sampled_from([30.0, 100.0, 200.0]))
 def test_ttl_property(steps, ttl):
     """A branch is never expired while its requests arrive within the TTL of each other, and

@@ -20,6 +20,7 @@ from services.drivers.gateway.api import (
     sampling_fields,
     unapplied,
 )
+from tests.hyp import examples
 
 MSG = [{"role": "user", "content": "hi"}]
 
@@ -184,7 +185,7 @@ _keys = st.sampled_from(["messages", "prompt", "model", "max_tokens", "stream", 
                          "stream_options", "temperature", "logprobs", "echo", "x"])
 
 
-_SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+_SETTINGS = settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @_SETTINGS

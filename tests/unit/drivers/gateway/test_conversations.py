@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.drivers.gateway.conversations import ConversationIndex, chain, link, message_key
+from tests.hyp import examples
 
 SYS = {"role": "system", "content": "You are a coding agent."}
 U1 = {"role": "user", "content": "fix the bug"}
@@ -86,7 +87,7 @@ def test_the_index_is_bounded_least_recently_used_first():
 texts = st.lists(st.text(alphabet="ab ", min_size=1, max_size=3), min_size=1, max_size=6)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(texts, texts)
 def test_a_conversation_continues_exactly_when_it_extends_a_remembered_request(first, second):
     """Property: after a request R, a request S continues R's branch iff R's messages are a

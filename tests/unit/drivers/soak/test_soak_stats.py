@@ -26,13 +26,14 @@ from services.drivers.soak.stats import (
     slope_per_min,
     verdict,
 )
+from tests.hyp import examples
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False)
 latency = st.floats(min_value=0.0, max_value=100.0, allow_nan=False)
 
 
 # --------------------------------------------------------------------------- percentiles
-@settings(max_examples=40)  # each example sorts or fits; 40 cover the shapes, cheaply
+@settings(max_examples=examples(40))  # each example sorts or fits; 40 cover the shapes, cheaply
 @given(st.lists(finite, min_size=1, max_size=200), st.floats(min_value=0.001, max_value=1.0))
 def test_nearest_rank_is_a_sample_value_and_numpys_inverted_cdf(xs, q):
     p = nearest_rank(xs, q)
@@ -43,7 +44,7 @@ def test_nearest_rank_is_a_sample_value_and_numpys_inverted_cdf(xs, q):
     assert sum(x < p for x in xs) < q * len(xs) + 1e-9
 
 
-@settings(max_examples=40)  # each example sorts or fits; 40 cover the shapes, cheaply
+@settings(max_examples=examples(40))  # each example sorts or fits; 40 cover the shapes, cheaply
 @given(st.lists(finite, min_size=1, max_size=100), st.floats(0.01, 1.0), st.floats(0.01, 1.0))
 def test_nearest_rank_is_monotone_in_q(xs, a, b):
     lo, hi = sorted((a, b))
@@ -64,7 +65,7 @@ outcomes = st.lists(st.builds(Outcome, sent_s=st.floats(0.0, 59.999), ok=st.bool
                               ttft_s=st.one_of(st.none(), latency), e2e_s=latency, wait_s=latency), max_size=150)
 
 
-@settings(max_examples=40)  # each example sorts or fits; 40 cover the shapes, cheaply
+@settings(max_examples=examples(40))  # each example sorts or fits; 40 cover the shapes, cheaply
 @given(outcomes, st.lists(st.floats(0.0, 59.999), max_size=10), st.sampled_from([1.0, 7.0, 10.0, 60.0]))
 def test_intervals_conserve_every_request(outs, in_flight, width):
     rows = intervals(outs, width, 60.0, in_flight)
@@ -91,14 +92,14 @@ def test_intervals_take_only_answered_latencies():
 
 
 # --------------------------------------------------------------------------- slopes and flatness
-@settings(max_examples=40)  # each example sorts or fits; 40 cover the shapes, cheaply
+@settings(max_examples=examples(40))  # each example sorts or fits; 40 cover the shapes, cheaply
 @given(st.floats(-1e3, 1e3), st.floats(-10.0, 10.0), st.integers(3, 60))
 def test_slope_of_a_line_is_its_slope_per_minute(a, b, n):
     ts = [5.0 * i for i in range(n)]
     assert slope_per_min(ts, [a + b * t for t in ts]) == pytest.approx(b * 60, rel=1e-6, abs=1e-6)
 
 
-@settings(max_examples=40)  # each example sorts or fits; 40 cover the shapes, cheaply
+@settings(max_examples=examples(40))  # each example sorts or fits; 40 cover the shapes, cheaply
 @given(st.floats(-10.0, 10.0), st.integers(12, 60), st.data())
 def test_one_outlier_does_not_make_a_trend(b, n, data):
     ts = [5.0 * i for i in range(n)]
@@ -115,7 +116,7 @@ def test_second_half_keeps_the_points_after_the_middle():
     assert len(t) == 0
 
 
-@settings(max_examples=40)  # each example sorts or fits; 40 cover the shapes, cheaply
+@settings(max_examples=examples(40))  # each example sorts or fits; 40 cover the shapes, cheaply
 @given(st.floats(0.0, 5.0), st.floats(0.2, 10.0))
 def test_flat_fails_exactly_when_growth_beats_the_limit(growth_mb_min, limit):
     ts = [5.0 * i for i in range(120)]

@@ -20,6 +20,7 @@ from services.adapters.runner import (
     seal_snapshot,
 )
 from services.cores.directory.core import DirectoryCore
+from tests.hyp import examples
 
 
 def events():
@@ -56,7 +57,7 @@ async def test_a_sealed_snapshot_restores_exactly():
     assert second.core.snapshot() == first.core.snapshot()
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(st.data())
 def test_any_flipped_bit_is_refused(data):
     import asyncio

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from engine.backends.torch.grammar import GrammarError, Grammars, key, lark, validate
 from engine.model_files import has_smollm2
 from events.catalog import OutputConstraint
+from tests.hyp import examples
 from tests.unit.engine.schemas import schemas
 
 pytest.importorskip("llguidance")
@@ -99,7 +100,7 @@ def test_eos_only_where_the_grammar_accepts_and_compiled_once(smollm2, grammars)
     assert not again.allowed([])[eos]  # a fresh copy: the first request's tokens are not in it
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(schema=schemas, seed=st.integers(0, 2**31 - 1))
 def test_any_pick_under_the_mask_gives_a_valid_value(smollm2, grammars, schema, seed):
     """Random logits stand for any model: whatever it prefers, the masked pick writes a value the

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replay.sim.figures import _Demand
+from tests.hyp import examples
 
 
 class _SetDemand(_Demand):
@@ -56,7 +57,7 @@ OP = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(OP, max_size=40), st.floats(0, 5), st.floats(5, 20))
 def test_compiled_demand_equals_the_set_fold(ops, warmup_s, end_s):
     got, want = _Demand(), _SetDemand()

@@ -10,13 +10,14 @@ from hypothesis import strategies as st
 
 from events.catalog import BranchEnded, RequestSubmitted
 from replay.sim.figures import MetricsFold
+from tests.hyp import examples
 
 BLOCKS = st.lists(st.integers(0, 40), max_size=30)
 STEP = st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from(["extend", "new", "cut", "end"]), BLOCKS,
                  st.integers(0, 30))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(STEP, max_size=40))
 def test_ideal_is_the_run_of_blocks_submitted_before(steps):
     fold = MetricsFold(0.0, 1e9)

@@ -27,6 +27,7 @@ from replay.sim.inputs import SimSpec, run_profile
 from replay.sim.simulation import SimConfig, Simulation
 from replay.sim.stacks import get_stack
 from replay.traces.workloads import generate
+from tests.hyp import examples
 
 
 def test_kv_demand_counts_distinct_blocks_of_active_branches_over_time():
@@ -99,7 +100,7 @@ _CTX_OPS = st.lists(st.tuples(st.sampled_from(["submit", "extend", "compact", "e
                               st.lists(st.integers(0, 25), max_size=6)), max_size=30)
 
 
-@settings(max_examples=150)
+@settings(max_examples=examples(150))
 @given(ops=_CTX_OPS)
 @example(ops=[("submit", 0, [1, 2]), ("extend", 0, [1, 3]), ("end", 0, []), ("submit", 1, [5])])  # a repeat in a tail
 @example(ops=[("submit", 0, [1, 2]), ("submit", 0, [2]), ("extend", 0, [4]), ("submit", 1, [2, 9])])

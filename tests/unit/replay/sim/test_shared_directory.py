@@ -15,6 +15,7 @@ from events.catalog import AnomalyReported, BranchOpened, KvEvicted, RequestSubm
 from replay.sim.simulation import SimConfig, Simulation, _RouterDirectory
 from replay.sim.stacks import get_stack
 from replay.traces.workloads import generate
+from tests.hyp import examples
 
 PROFILE = load_profile("gb300-glm52")
 SMALL = replace(PROFILE, l1_capacity_tokens=300_000, l2_capacity_tokens=900_000)  # evictions in a short run
@@ -85,7 +86,7 @@ def test_a_directory_anomaly_on_a_submission_keeps_its_place_in_the_log():
     assert logs[0] == logs[1]
 
 
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(4), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), nodes=st.integers(2, 6),
        stack=st.sampled_from(["evolving", "evolving-restart", "memory-pool", "evolving-lru"]))
 def test_shared_equals_two_copies_on_random_runs(seed, nodes, stack):

@@ -19,6 +19,7 @@ from replay.traces.importers.agentic import import_agentic_mooncake
 from replay.traces.importers.mooncake import import_mooncake
 from replay.traces.importers.spec import detect_format
 from services.drivers.cli import main
+from tests.hyp import examples
 
 FIX = Path(__file__).resolve().parents[3] / "fixtures" / "traces"
 MOON = FIX / "mooncake" / "synthetic_trace_head300.jsonl"
@@ -118,7 +119,7 @@ def _many(tree: bool):
     return st.integers(1, 4).flatmap(lambda n: st.tuples(*(session_trees(f"s{k}", tree=tree) for k in range(n))))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sessions=_many(tree=True))
 def test_agentic_export_then_import_gives_the_same_sessions(tmp_path, sessions):
     out = tmp_path / "a.jsonl"
@@ -129,7 +130,7 @@ def test_agentic_export_then_import_gives_the_same_sessions(tmp_path, sessions):
     assert canonical(back.sessions) == canonical(list(sessions))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sessions=_many(tree=False))
 def test_mooncake_export_then_import_gives_the_same_chains(tmp_path, sessions):
     """One-branch sessions without compactions: Mooncake rows keep everything but the pause

@@ -18,6 +18,7 @@ from replay.sim.simulation import SimConfig, Simulation
 from replay.sim.stacks import get_stack
 from replay.traces.format import Request, TraceFormatError, reblock, validate_session
 from replay.traces.importers.mooncake import MAX_GAP_S, import_mooncake, infer_sessions
+from tests.hyp import examples
 
 MOON = Path(__file__).resolve().parents[3] / "fixtures" / "traces" / "mooncake" / "synthetic_trace_head300.jsonl"
 NS = "mooncake:synthetic_trace_head300"
@@ -89,7 +90,7 @@ def test_an_idle_gap_starts_a_new_session(tmp_path):
     assert [sum(1 for _ in s.requests()) for s in res.sessions] == [3]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 1), st.lists(st.integers(1, 4), min_size=1, max_size=5),
                           st.lists(st.floats(1.0, 600.0), min_size=5, max_size=5), st.floats(0.0, 300.0)),
                 min_size=1, max_size=12))

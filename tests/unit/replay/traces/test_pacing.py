@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from replay.traces.format import Branch, End, Request, Session, Spawn, validate_session
 from replay.traces.pacing import HUMAN_CAP_S, TOOL_CAP_S, Pace, pace_session, parse_pace
 from services.drivers.cli import main
+from tests.hyp import examples
 
 
 def _session(pauses, at=None):
@@ -53,7 +54,7 @@ def test_scale_scales_pauses_and_pinned_times():
     assert pace_session(s, parse_pace("agent")).branches[0].steps[1].at_s == 40.0  # agent: pinned times kept
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.lists(st.tuples(st.floats(0, 1e5, allow_nan=False), st.sampled_from(["", "tool", "human"])),
                 min_size=1, max_size=20),
        st.floats(0, 600), st.floats(0, 600))

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replay.traces.format import Branch, Compact, End, Request, Session, reblock, validate_session
+from tests.hyp import examples
 
 
 def _common(a, b):
@@ -32,7 +33,7 @@ def sessions(draw):
     return Session(id="s", block_tokens=src, branches=[Branch(id="main", steps=steps)])
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(sessions(), st.sampled_from([16, 64, 128]))
 def test_reblock_keeps_tokens_and_prefix_hits(s, dst):
     src = s.block_tokens

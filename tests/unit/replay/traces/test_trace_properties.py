@@ -18,6 +18,7 @@ from replay.traces.format import (
     Spawn,
     validate_session,
 )
+from tests.hyp import examples
 
 
 @st.composite
@@ -43,7 +44,7 @@ def sessions(draw):
     return Session(id="p", branches=branches), opened_by
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(sessions(), st.floats(0.1, 10))
 def test_every_branch_opens_and_ends_and_waits_hold(case, service_s):
     s, opened_by = case

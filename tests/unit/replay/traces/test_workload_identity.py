@@ -18,6 +18,7 @@ from events.hashing import hash_block_tokens, salted_chain
 from replay.traces import _chain
 from replay.traces.format import encode_session
 from replay.traces.workloads import LogNormal, Quantiles, generate
+from tests.hyp import examples
 
 PINNED = {
     ("cc", 0, 12, None): "9cf03e1786ef313ea5b3a7355f77fecf4838ce4b76e0602385c7a671d6290ffb",
@@ -41,7 +42,7 @@ CHAINS = pytest.mark.parametrize("chain", [salted_chain, _chain.salted_chain], i
 
 
 @CHAINS
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(parent=st.integers(0, 2**64 - 1), salt=st.integers(0, 2**64 - 1), start=st.integers(0, 2**32 - 41),
        count=st.integers(0, 40))
 def test_salted_chain_is_hash_block_tokens_chained(chain, parent, salt, start, count):
@@ -95,7 +96,7 @@ def quantiles(draw):
     return Quantiles(q=tuple(q), p=p, integer=draw(st.booleans()))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(quantiles(), st.lists(st.floats(-0.5, 1.5, allow_nan=False), min_size=1, max_size=20))
 def test_quantile_draws_are_bit_identical_to_the_numpy_version(qd, us):
     for u in [*us, 0.0, 1.0, 0.5]:
@@ -103,7 +104,7 @@ def test_quantile_draws_are_bit_identical_to_the_numpy_version(qd, us):
         assert got == want or (np.isnan(got) and np.isnan(want)), (qd, u, got, want)
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(st.floats(0.5, 1e5), st.floats(0.01, 3.0), st.integers(0, 2**32 - 1), st.booleans())
 def test_lognormal_draws_unchanged(median, sigma, seed, integer):
     d = LogNormal(median, sigma, 1.0, 1e6, zero_p=0.1, integer=integer)
