@@ -31,11 +31,13 @@ fi
 # no test fails loudly. Measured on this 2-core machine (docs/engines.md, docs/deploy.md, docs/live.md):
 #   stack    the whole live stack end to end in child processes: `evolving up` with sim, SGLang-fake and
 #            fake-vLLM engines, partitions, plugins, the Anthropic client, soak, `chaos --quick`,
-#            the README's stack block (~350 s of tests, two workers): ~4 min.
+#            a client that leaves mid-answer, forced tool calls and JSON answers, the README's stack
+#            block (~390 s of tests, two workers): ~5 min.
 #   load     226 real Claude Code requests twice on `evolving up --engines 4` beside two busy loops,
 #            0 lost and 0 removals (docs/live.md, "Liveness under load"), then the short form
 #            (24 requests; its busy loops slowed the default suite's other worker): ~5 min, alone.
-#   chaos    `evolving chaos --engines --quick` on the 3-server cluster (docs/chaos_engines.md):
+#   chaos    `evolving chaos --engines --quick` on the 3-server cluster (docs/chaos_engines.md), and
+#            one server of three lost under traffic (test_cluster.py, ~25 s):
 #            ~2 min alone (3.3 min in the default suite, beside the other worker, where it was).
 #   torch    real torch engines served live: `up --engines torch:1` (tool calls, JSON), SmolLM2-shaped
 #            checkpoints, `--kv-bytes` (docs/engines.md, docs/kernels.md): ~3 min.
@@ -83,7 +85,7 @@ heavy() {  # heavy NAME ESTIMATE_S PREPARE TEST_PATH [PYTEST_ARGS...]: run one h
 NARGS=$#
 heavy stack 480 "" tests/integration -n 2
 heavy load 420 "" tests/integration/test_liveness_load.py
-heavy chaos 300 "" tests/integration/test_chaos_engines.py
+heavy chaos 330 "" tests/integration
 heavy torch 360 "" tests/integration
 heavy clients 360 "bash scripts/install_clients.sh --optional" tests/integration/test_real_clients.py
 # The compose profile vllm runs last, apart (its image alone is 5.2 GB: 6 min to build from no cache

@@ -60,6 +60,7 @@ def _args(kind: str = "router", **kw) -> ServiceOptions:
     return ServiceOptions.of(kind, **{**base, **kw})
 
 
+@pytest.mark.chaos
 async def test_losing_one_server_of_three_loses_nothing(tmp_path):
     partition = "clu"
     with NatsCluster(3) as cluster:

@@ -46,6 +46,7 @@ def _stream_then_leave(url: str, chunks: int = 3) -> str:
 
 
 @pytest.mark.skipif(bool(MISSING), reason=f"needs the engine worker and gateway: missing {MISSING}")
+@pytest.mark.stack
 def test_a_client_that_leaves_stops_its_engine_and_the_log_verifies(nats_url, partition, tmp_path):
     run_dir, ready = tmp_path / "run", tmp_path / "ready.json"
     up = subprocess.Popen(

@@ -37,7 +37,8 @@ def valid(schema, value) -> bool:
     return jsonschema_rs.validator_for(schema).is_valid(value)
 
 
-@pytest.mark.parametrize("engines", ["1", pytest.param("torch:1", marks=pytest.mark.torch)])
+@pytest.mark.parametrize("engines", [pytest.param("1", marks=pytest.mark.stack),
+                                     pytest.param("torch:1", marks=pytest.mark.torch)])
 def test_forced_calls_and_json_answers_through_up(nats_url, partition, tmp_path, engines):
     if engines.startswith("torch"):
         pytest.importorskip("torch")

@@ -221,7 +221,7 @@ def test_a_bounded_writer_stores_a_forgotten_hash_again_and_its_log_reads_exactl
     rec.close()
 
 
-@settings(max_examples=examples(12), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(6), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data(), chain_len=st.integers(20, 400), n_evictions=st.integers(1, 8))
 def test_scattered_evictions_are_stored_as_bitmaps_and_read_back_exactly(tmp_path_factory, data, chain_len,
                                                                            n_evictions):
