@@ -18,6 +18,10 @@ ENGINE_BACKENDS = ("sim", "torch", "vllm")
 QUICK_ENGINES_RATE = 10.0
 TORCH_RATE = 4.0  # the harness's default requests/s with --engines torch (10 overran one torch decode node at load average 20-25)
 VLLM_RATE = 1.0  # with --engines vllm: two vLLM servers of one thread each (services/drivers/chaos/vllm_engines.py)
+#: with --engines vllm, the load's requests unfinished at once (two per server): at an open 1/s a
+#: one-thread server that prefills ~200 tokens/s fell behind on this 2-core machine and the queue
+#: grew to 179 requests, so cut-kv-events' two fresh requests never ran within its 180 s
+VLLM_MAX_IN_FLIGHT = 4
 
 
 def _interrupt(signum, frame) -> None:
@@ -58,6 +62,8 @@ def _cmd(args) -> int:
                 else QUICK_ENGINES_RATE if engines and args.quick else 20.0)
             report = asyncio.run(run_chaos(quick=args.quick, only=only, rate=rate, engines=engines,
                                            engine_backend=args.engines or "sim", model=args.model,
+                                           max_in_flight=args.max_in_flight if args.max_in_flight is not None else (
+                                               VLLM_MAX_IN_FLIGHT if args.engines == "vllm" else None),
                                            workdir=Path(args.workdir) if args.workdir else None, on_progress=step))
     except ValueError as exc:
         err.print(f"evolving chaos: {exc}")
@@ -79,6 +85,9 @@ def register(sub, bench) -> None:
     p.add_argument("--rate", type=float, default=None,
                    help="harness requests/s during the run (default 20; 10 with --engines --quick, the CI form; 4 with "
                         "--engines torch, whose workers compute every token and move real KV; 1 with --engines vllm)")
+    p.add_argument("--max-in-flight", type=int, default=None, metavar="N",
+                   help="the load keeps at most N of its requests unfinished; an arrival that finds none free is "
+                        "skipped, as a client with N slots would (default: open loop; 4 with --engines vllm)")
     p.add_argument("--engines", nargs="?", const="sim", default=None, choices=ENGINE_BACKENDS, metavar="BACKEND",
                    help="run an engine worker per node (engine.worker) instead of the load generator's nodes: "
                         "sim (the default), torch (the reference engine on a tiny random checkpoint the run "

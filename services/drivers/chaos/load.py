@@ -6,7 +6,15 @@ import asyncio
 import contextlib
 import time
 
-from events.catalog import BranchOpened, Event, NodeHeartbeat, NodeRegistered, NodeRemoved, RequestSubmitted
+from events.catalog import (
+    BranchOpened,
+    Event,
+    NodeHeartbeat,
+    NodeRegistered,
+    NodeRemoved,
+    RequestFinished,
+    RequestSubmitted,
+)
 from services.adapters.aio import wait_for
 from services.adapters.bus import NatsBus
 from services.drivers.chaos.tail import Published, Tail
@@ -24,8 +32,17 @@ class Load:
     and a failed publish is retried with the same id, as an engine does."""
 
     def __init__(self, bus: NatsBus, rate: float = 20.0, heartbeat_s: float = 0.5,
-                 branch_len: int = 6, blocks_per_request: int = 4, retry_for_s: float = 60.0) -> None:
+                 branch_len: int = 6, blocks_per_request: int = 4, retry_for_s: float = 60.0,
+                 max_in_flight: int | None = None, in_flight_for_s: float = 120.0) -> None:
         self.bus, self.rate, self.heartbeat_s = bus, rate, heartbeat_s
+        #: at most this many of its requests unfinished at once (None: open loop, every tick sends):
+        #: an arrival that finds them all busy is skipped, as a client with that many slots would
+        #: (aiperf's --concurrency). A request with no RequestFinished after ``in_flight_for_s``
+        #: (one a fault left hanging: the accounting reports it) stops holding a slot.
+        self.max_in_flight, self.in_flight_for_s = max_in_flight, in_flight_for_s
+        self.skipped = 0  # arrivals skipped for want of a slot
+        self._open: dict[str, float] = {}  # request -> monotonic time it was published
+        self._fin_scan = 0
         self.branch_len, self.bpr, self.retry_for_s = branch_len, blocks_per_request, retry_for_s
         self.published: list[Published] = []
         self.silent: set[str] = set()
@@ -88,9 +105,27 @@ class Load:
         bid, k = f"c{self._branch}", self._k
         base = (self._branch + 1) * 1_000_003
         blocks = [base * 131 + j for j in range((k + 1) * self.bpr)]
-        await self.publish(RequestSubmitted(ts=time.time(), src=LOAD_SRC, request=f"{bid}/{k}", branch=bid,
-                                            blocks=blocks, prompt_tokens=len(blocks) * 64 + 10, max_tokens=16))
+        p = await self.publish(RequestSubmitted(ts=time.time(), src=LOAD_SRC, request=f"{bid}/{k}", branch=bid,
+                                                blocks=blocks, prompt_tokens=len(blocks) * 64 + 10, max_tokens=16))
+        if self.max_in_flight is not None:
+            self._open[p.event.request] = p.t
         self._k += 1
+
+    def in_flight(self) -> int:
+        """Its requests with no RequestFinished on the tail yet, published in the last
+        ``in_flight_for_s`` seconds."""
+        if self.tail is not None:
+            new, self._fin_scan = self.tail.deliveries[self._fin_scan:], len(self.tail.deliveries)
+            for d in new:
+                if type(d.event) is RequestFinished:
+                    self._open.pop(d.event.request, None)
+        cutoff = time.monotonic() - self.in_flight_for_s
+        for req in [r for r, t in self._open.items() if t < cutoff]:
+            del self._open[req]
+        return len(self._open)
+
+    def has_slot(self) -> bool:
+        return self.max_in_flight is None or self.in_flight() < self.max_in_flight
 
     async def run(self, stop: asyncio.Event) -> None:
         for node, role in self.nodes:
@@ -107,7 +142,10 @@ class Load:
                 next_hb = max(next_hb + self.heartbeat_s, now)
             if now >= next_req:
                 if not self.paused:
-                    await self.next_request()
+                    if self.has_slot():
+                        await self.next_request()
+                    else:
+                        self.skipped += 1
                 next_req = max(next_req + 1.0 / self.rate, now - 1.0)  # after a stall: no burst
             wait = max(0.0, min(next_req, next_hb) - loop.time())
             with contextlib.suppress(TimeoutError):

@@ -69,14 +69,15 @@ async def serve_a_while(stack: ChaosCluster, dwell_s: float, cap_s: float = 60.0
 
 async def run_chaos(*, quick: bool = False, only: list[str] | None = None, workdir: Path | None = None,
                     rate: float = 20.0, dwell_s: float | None = None, engines: bool = False,
-                    engine_backend: str = "sim", model: str | None = None,
+                    engine_backend: str = "sim", model: str | None = None, max_in_flight: int | None = None,
                     drain_stall_s: float = 45.0, drain_cap_s: float = 1800.0,
                     on_progress: Callable[[str], None] | None = None) -> ChaosReport:
     """Start the stack, run the scenarios one after the other under load, stop everything, and
     account for every event. ``on_progress(name)`` is called as each scenario starts.
     ``engine_backend`` (with ``engines``): the workers' backend, ``sim``, ``torch`` (on
     ``model``, else a tiny random checkpoint the run writes) or ``vllm`` (a vLLM server per
-    node on ``model``, else SmolLM2)."""
+    node on ``model``, else SmolLM2). ``max_in_flight``: the load keeps at most that many requests
+    unfinished (None: open loop at ``rate``)."""
     chosen = select(scenarios(), quick=quick, only=only, engines=engines, backend=engine_backend)
     if engines and engine_backend == "torch" and (why := torch_missing()):
         raise ValueError(why)
@@ -93,7 +94,8 @@ async def run_chaos(*, quick: bool = False, only: list[str] | None = None, workd
     # real workers on a loaded 2-core machine miss a 2 s heartbeat deadline (all four were removed
     # within 20 s in a trial run): give them 6 s
     stack = ChaosCluster(Path(workdir), rate=rate, engines=engines, heartbeat_timeout_s=6.0 if engines else 2.0,
-                  kv_bytes=engines and any(s.kv_bytes for s in chosen), engine_backend=engine_backend, model=model)
+                  kv_bytes=engines and any(s.kv_bytes for s in chosen), engine_backend=engine_backend, model=model,
+                  max_in_flight=max_in_flight)
     results: list[ScenarioResult] = []
     try:
         if on_progress:

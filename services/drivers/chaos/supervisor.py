@@ -63,7 +63,7 @@ class ChaosCluster:
     def __init__(self, workdir: Path, *, partition: str = "chaos", rate: float = 20.0,
                  heartbeat_s: float = 0.5, heartbeat_timeout_s: float = 2.0, tick_s: float = 0.5,
                  engines: bool = False, kv_bytes: bool = False, engine_backend: str = "sim",
-                 model: str | None = None) -> None:
+                 model: str | None = None, max_in_flight: int | None = None) -> None:
         # ``--workdir`` may name a folder that does not exist yet (it was a traceback at the first log)
         workdir.mkdir(parents=True, exist_ok=True)
         self.workdir, self.partition, self.engines = workdir, partition, engines
@@ -80,7 +80,7 @@ class ChaosCluster:
         self.engine_procs: dict[str, subprocess.Popen] = {}
         #: processes a scenario starts for itself (the gateway of restart-gateway): not supervised
         self.extra_procs: dict[str, subprocess.Popen] = {}
-        self.rate, self.heartbeat_s = rate, heartbeat_s
+        self.rate, self.heartbeat_s, self.max_in_flight = rate, heartbeat_s, max_in_flight
         self.heartbeat_timeout_s, self.tick_s = heartbeat_timeout_s, tick_s
         self.db = workdir / "chaos.duckdb"
         self.cluster: NatsCluster | None = None
@@ -251,7 +251,7 @@ class ChaosCluster:
         # its catch-up; its stderr was not kept (tests/integration/test_chaos.py prints it now), and
         # this 60 s wait was the likeliest start-up step to have ended it
         await self.wait(lambda: self.caught_up(0), 120, "the services to start")
-        self.load = Load(self.bus, rate=self.rate, heartbeat_s=self.heartbeat_s)
+        self.load = Load(self.bus, rate=self.rate, heartbeat_s=self.heartbeat_s, max_in_flight=self.max_in_flight)
         if self.engines:
             self.load.nodes = ()
             if self.vllm is not None:  # a worker waits for its server, but the registration waits below do not
