@@ -229,7 +229,7 @@ class EventLogContract(abc.ABC):
         assert log.skipped() == Skipped(((1, 2), (5, 6), (9, 11)), 0)
 
     # one contract class per backend runs the same property: differing executors are intended
-    @settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.differing_executors])
+    @settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.differing_executors])
     @given(batches=st.lists(st.lists(st.integers(1, 40), max_size=8), max_size=6))
     def test_property_stored_seqs_follow_the_applied_position(self, tmp_path_factory, batches):
         log = self.make(tmp_path_factory.mktemp("prop"))

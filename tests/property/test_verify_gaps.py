@@ -47,7 +47,7 @@ def ranges(seqs):
     return out
 
 
-@settings(max_examples=examples(20), suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(12), suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_verify_reports_exactly_the_deleted_seqs(base, tmp_path_factory, data):
     path, seqs = base

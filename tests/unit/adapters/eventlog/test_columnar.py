@@ -287,7 +287,7 @@ def _block_size(path) -> int:
         con.close()
 
 
-@settings(max_examples=examples(5), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(3), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lists=st.lists(block_lists, min_size=1, max_size=24))
 def test_a_new_log_takes_small_blocks_and_a_log_of_duckdbs_default_blocks_reads_and_appends_alike(
         tmp_path_factory, lists):

@@ -79,7 +79,7 @@ def _same(con, a: str, b: str) -> None:
         assert con.execute(f"SELECT count(*) FROM (({x}) EXCEPT ALL ({y}))").fetchone() == (0,), (x, y)
 
 
-@settings(max_examples=examples(6), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(4), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**32), n_requests=st.integers(1, 25))
 def test_stored_tables_computed_views_and_the_plain_sql_have_the_same_rows(tmp_path_factory, seed, n_requests):
     rows = _run(seed, n_requests)
