@@ -41,6 +41,7 @@ class Load:
         #: (one a fault left hanging: the accounting reports it) stops holding a slot.
         self.max_in_flight, self.in_flight_for_s = max_in_flight, in_flight_for_s
         self.skipped = 0  # arrivals skipped for want of a slot
+        self._granted = 0  # arrivals to send even with every slot taken (:meth:`grant`)
         self._open: dict[str, float] = {}  # request -> monotonic time it was published
         self._fin_scan = 0
         self.branch_len, self.bpr, self.retry_for_s = branch_len, blocks_per_request, retry_for_s
@@ -127,6 +128,12 @@ class Load:
     def has_slot(self) -> bool:
         return self.max_in_flight is None or self.in_flight() < self.max_in_flight
 
+    def grant(self, n: int = 1) -> None:
+        """Let the next ``n`` arrivals through even with every slot taken: the probe a
+        recovery measurement needs (a request published after the fault, decided) while the
+        faulted node's requests still hold the slots."""
+        self._granted += n
+
     async def run(self, stop: asyncio.Event) -> None:
         for node, role in self.nodes:
             await self.register(node, role)
@@ -143,6 +150,9 @@ class Load:
             if now >= next_req:
                 if not self.paused:
                     if self.has_slot():
+                        await self.next_request()
+                    elif self._granted:
+                        self._granted -= 1
                         await self.next_request()
                     else:
                         self.skipped += 1

@@ -99,6 +99,7 @@ def test_progress_since_counts_work_that_arrived_before_the_watch():
 class _Load:
     def __init__(self) -> None:
         self.published: list[Published] = []
+        self.max_in_flight = None  # open loop, as the sim and torch runs
 
 
 class _Stack:

@@ -70,3 +70,20 @@ def test_run_skips_ticks_when_full_and_keeps_its_heartbeats():
         assert sum(type(p.event).__name__ == "NodeHeartbeat" for p in load.published) >= 8
 
     asyncio.run(go())
+
+
+def test_a_grant_sends_one_arrival_through_full_slots():
+    async def go() -> None:
+        load = Load(InMemoryBus(), rate=50.0, heartbeat_s=0.05, max_in_flight=1)
+        load.tail = _Tail()
+        stop = asyncio.Event()
+        task = asyncio.create_task(load.run(stop))
+        await asyncio.sleep(0.2)
+        assert len(_submitted(load)) == 1
+        load.grant()
+        await asyncio.sleep(0.2)
+        stop.set()
+        await task
+        assert len(_submitted(load)) == 2  # the granted one, and no more
+
+    asyncio.run(go())
