@@ -57,33 +57,30 @@ def test_without_a_bound_every_arrival_is_sent():
     asyncio.run(go())
 
 
-def test_run_skips_ticks_when_full_and_keeps_its_heartbeats():
-    async def go() -> None:
-        load = Load(InMemoryBus(), rate=50.0, heartbeat_s=0.05, max_in_flight=3)
-        load.tail = _Tail()
-        stop = asyncio.Event()
-        task = asyncio.create_task(load.run(stop))
-        await asyncio.sleep(0.5)  # ~25 ticks
-        stop.set()
-        await task
-        assert len(_submitted(load)) == 3 and load.skipped >= 10
-        assert sum(type(p.event).__name__ == "NodeHeartbeat" for p in load.published) >= 8
+async def _running(max_in_flight: int, *steps) -> Load:
+    """A load at 50/s with ``max_in_flight`` slots, run through ``steps`` (seconds to run, or a
+    callable applied to the load between them)."""
+    load = Load(InMemoryBus(), rate=50.0, heartbeat_s=0.05, max_in_flight=max_in_flight)
+    load.tail = _Tail()
+    stop = asyncio.Event()
+    task = asyncio.create_task(load.run(stop))
+    for step in steps:
+        if callable(step):
+            step(load)
+        else:
+            await asyncio.sleep(step)
+    stop.set()
+    await task
+    return load
 
-    asyncio.run(go())
+
+def test_run_skips_ticks_when_full_and_keeps_its_heartbeats():
+    load = asyncio.run(_running(3, 0.5))  # ~25 ticks
+    assert len(_submitted(load)) == 3 and load.skipped >= 10
+    assert sum(type(p.event).__name__ == "NodeHeartbeat" for p in load.published) >= 8
 
 
 def test_a_grant_sends_one_arrival_through_full_slots():
-    async def go() -> None:
-        load = Load(InMemoryBus(), rate=50.0, heartbeat_s=0.05, max_in_flight=1)
-        load.tail = _Tail()
-        stop = asyncio.Event()
-        task = asyncio.create_task(load.run(stop))
-        await asyncio.sleep(0.2)
-        assert len(_submitted(load)) == 1
-        load.grant()
-        await asyncio.sleep(0.2)
-        stop.set()
-        await task
-        assert len(_submitted(load)) == 2  # the granted one, and no more
-
-    asyncio.run(go())
+    seen = []
+    load = asyncio.run(_running(1, 0.2, lambda ld: seen.append(len(_submitted(ld))), Load.grant, 0.2))
+    assert seen == [1] and len(_submitted(load)) == 2  # the granted one, and no more
