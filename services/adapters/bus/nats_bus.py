@@ -410,11 +410,22 @@ def _consumer_state(info: api.ConsumerInfo) -> ConsumerState:
 
 def _durable_config(durable: str, start: int, subjects: str) -> api.ConsumerConfig:
     """A durable pull consumer starting at ``start``. ``name`` too: nats-py then sends the
-    filtered create subject, the only one a secured bus grants (security.py, READS)."""
+    filtered create subject, the only one a secured bus grants (security.py, READS).
+
+    Its state is kept in the server's memory (``mem_storage``), not in a file. Every reader of
+    ours starts from a position of its own (a service at its snapshot + 1, the recorder after
+    the last row it wrote: ``bus.consumer(durable, start_seq=...)``), never from the
+    durable's ack floor, so a file of that floor was written for nothing: nats-server rewrote
+    and renamed each durable's ``o.dat`` as its delivered sequence and ack floor moved, up to
+    ten times a second per durable (a third of an idle server's CPU in ``perf``; under load,
+    27 renames a second). A server restart loses a memory-stored consumer: the reader's next
+    pull request finds no responder (503) and the consumer is made again right after the
+    last message it handed out (:meth:`_NatsConsumer._recreate`), as ephemeral readers
+    always were. The stream itself stays on disk."""
     return api.ConsumerConfig(
         name=durable, durable_name=durable, ack_policy=api.AckPolicy.ALL, max_ack_pending=100_000,
         ack_wait=30.0, deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
-        opt_start_seq=start, filter_subject=subjects, max_waiting=16)
+        opt_start_seq=start, filter_subject=subjects, max_waiting=16, mem_storage=True)
 
 
 class _NatsListener:
@@ -504,7 +515,7 @@ class _NatsConsumer:
         self._acked = 0
         self._ack_msgs: dict[int, object] = {}
         self.reused = False  # the durable was kept from an earlier run (tests, logs)
-        self._gone = False  # the ephemeral consumer no longer exists on the server (see _recreate)
+        self._gone = False  # the consumer no longer answers on the server (see _recreate)
         self._last_cseq = 0  # consumer sequence of the last message taken from this consumer
         #: reading the whole partition: every stream sequence comes to it, so a skipped one is a loss
         self._whole = subjects == all_subjects(bus.partition)
@@ -521,12 +532,14 @@ class _NatsConsumer:
         floor = info.ack_floor.stream_seq if info.ack_floor else 0
         delivered = info.delivered.stream_seq if info.delivered else 0
         clean = (delivered <= floor and info.config.filter_subject == self.subjects
-                 and info.config.deliver_subject is None)
+                 and info.config.deliver_subject is None and bool(info.config.mem_storage))
         if clean and self.start_seq in (None, floor + 1):
             self.reused = True
             return 0
+        reason = ("unacknowledged tail" if delivered > floor else "new start" if info.config.mem_storage
+                  else "state kept in a file")  # made by an earlier version (_durable_config)
         log.info("consumer_recreated", consumer=self.durable, ack_floor=floor, delivered=delivered,
-                 start_seq=self.start_seq, reason="unacknowledged tail" if delivered > floor else "new start")
+                 start_seq=self.start_seq, reason=reason)
         await js.delete_consumer(stream, self.durable)
         return max(self.start_seq if self.start_seq is not None else floor + 1, 1)
 
@@ -588,7 +601,7 @@ class _NatsConsumer:
             self._buf.append(msg)
         elif status in _STATUS_DONE and self._owed:
             self._owed.popleft()
-        elif status == "503" and not self.durable:
+        elif status == "503":
             self._gone = True  # no consumer answers its pull requests any more
         self._wake.set()
 
@@ -601,13 +614,24 @@ class _NatsConsumer:
         return info.name
 
     async def _recreate(self) -> None:
-        """An ephemeral consumer vanished: its server restarted (memory-stored consumers are not
-        kept) or this client was away past the inactivity threshold. Make a new one that starts
-        after the last message handed out, so the reader neither stalls nor reads twice."""
+        """The consumer no longer answers: its server restarted (memory-stored consumers, ours
+        all, are not kept) or, for an ephemeral one, this client was away past the inactivity
+        threshold. Make a new one that starts after the last message handed out, so the reader
+        neither stalls nor reads twice. A durable that is still there (no responder for a
+        moment: a leader election in a cluster) is kept as it is."""
         self._gone = False
         start = self._last_seen + 1 if self._last_seen else max(self.start_seq or 1, 1)
         try:
-            self._consumer = await self._add_ephemeral(start)
+            if self.durable:
+                try:
+                    await self.bus.js.consumer_info(self.bus.stream, self.durable)
+                    await asyncio.sleep(0.2)  # still there: ask again shortly
+                    self._owed.clear()
+                    return
+                except NotFoundError:
+                    await self._create_durable(start)
+            else:
+                self._consumer = await self._add_ephemeral(start)
         except Exception as exc:  # noqa: BLE001 - JetStream not back yet: try again on the next wake-up
             self._gone = True
             log.debug("consumer_recreate_failed", consumer=self.name, error=str(exc) or type(exc).__name__)
@@ -615,7 +639,9 @@ class _NatsConsumer:
             return
         self._owed.clear()
         self._last_cseq = 0
-        log.info("consumer_recreated", consumer=self.name, start_seq=start, reason="ephemeral consumer lost")
+        self._ack_msgs.clear()  # acks of the lost consumer's messages mean nothing to the new one
+        self._acked, self._ack_due = self._ack_target, None
+        log.info("consumer_recreated", consumer=self.name, start_seq=start, reason="consumer lost")
 
     async def fetch(self, batch: int | None = None) -> None:
         """Ask JetStream for the next ``batch`` messages (they arrive on the inbox)."""
