@@ -9,8 +9,10 @@ import math
 from typing import Any, ClassVar
 
 import msgspec
+import numpy as np
 
 from events.catalog import BranchOpened, Event, RouteDecided
+from services.cores.directory._native import SlotMap
 from services.cores.router.base import RouterBase, local_choice, node_score
 from services.cores.router.state import RequestState
 
@@ -61,6 +63,160 @@ class _CacheAwareSnap(msgspec.Struct, kw_only=True):
     next_eviction: float
 
 
+class RouteTrees:
+    """Every worker's approximate tree as one table: the blocks routed to each worker and when.
+
+    A block has a slot (``SlotMap``: uint64 hash -> slot >= 1) while some worker holds it; per
+    slot its hash, its depth (position in the prompt that last routed it) and how many workers
+    hold it, and per worker and slot the last time it was routed there (NaN: not held). A
+    route writes its prompt's slots with a few array operations, where the dicts it replaces
+    (block -> owner mask, per worker block -> ts, block -> depth) took four dict operations a
+    block: ~1.6 us a block on large trees, a fifth of a baseline row of the matrix. It answers
+    exactly what the dicts answered (tests/property/test_route_trees.py holds it to them).
+    Memory: 8 bytes per worker and held block, plus 20 per block."""
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self.index = SlotMap()
+        self.block = np.zeros(capacity, dtype=np.uint64)
+        self.depth = np.zeros(capacity, dtype=np.int64)
+        self.held = np.zeros(capacity, dtype=np.int32)  # workers holding the slot's block
+        self.last = np.full((0, capacity), np.nan)  # worker x slot; slot 0 is never used
+        self.sizes: list[int] = []  # blocks per worker
+        self.free: list[int] = []
+        self.top = 1  # slots below it were handed out once
+
+    def add_worker(self) -> int:
+        self.last = np.vstack([self.last, np.full((1, self.last.shape[1]), np.nan)])
+        self.sizes.append(0)
+        return len(self.sizes) - 1
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def _grow(self, need: int) -> None:
+        cap = self.block.shape[0]
+        while cap < need:
+            cap *= 2
+        if cap == self.block.shape[0]:
+            return
+        n = self.block.shape[0]
+        for name in ("block", "depth", "held"):
+            old = getattr(self, name)
+            arr = np.zeros(cap, dtype=old.dtype)
+            arr[:n] = old
+            setattr(self, name, arr)
+        last = np.full((self.last.shape[0], cap), np.nan)
+        last[:, :n] = self.last
+        self.last = last
+
+    def _slots_for_new(self, k: int) -> np.ndarray:
+        reuse = self.free[-k:] if k <= len(self.free) else self.free
+        del self.free[len(self.free) - len(reuse):]
+        fresh = k - len(reuse)
+        if fresh:
+            self._grow(self.top + fresh)
+        out = np.array(list(reuse) + list(range(self.top, self.top + fresh)), dtype=np.intp)
+        self.top += fresh
+        return out
+
+    def insert(self, worker: int, blocks, ts: float) -> None:
+        """Route ``blocks`` to ``worker`` at ``ts``: each is held there with last time ``ts``,
+        and its depth is its position in ``blocks`` (the last one, should a block repeat)."""
+        n = len(blocks)
+        if not n:
+            return
+        slots = self.index.find_seq(blocks)
+        missing = slots == 0
+        if missing.any():
+            keys = np.array([blocks[i] for i in np.flatnonzero(missing).tolist()], dtype=np.uint64)
+            _, first = np.unique(keys, return_index=True)
+            keys = keys[np.sort(first)]  # distinct, in order of first appearance
+            new = self._slots_for_new(keys.shape[0])
+            self.index.insert(keys, new)
+            self.block[new] = keys
+            slots = self.index.find_seq(blocks)
+        pos = np.arange(n)
+        uniq, last_at = np.unique(slots[::-1], return_index=True)
+        if uniq.shape[0] != n:  # a block repeats: its last position counts
+            slots, pos = uniq, (n - 1) - last_at
+        row = self.last[worker]
+        fresh = slots[np.isnan(row[slots])]
+        if fresh.shape[0]:
+            self.held[fresh] += 1
+            self.sizes[worker] += fresh.shape[0]
+        row[slots] = ts
+        self.depth[slots] = pos
+
+    def matched(self, blocks, workers: list[int]) -> list[int]:
+        """Per worker, how many leading blocks of ``blocks`` it holds."""
+        n = len(blocks)
+        if not workers:
+            return []
+        if not n:
+            return [0] * len(workers)
+        slots = self.index.find_seq(blocks)
+        gone = np.isnan(self.last[np.asarray(workers)[:, None], slots])  # slot 0 (unknown) is NaN
+        first = gone.argmax(axis=1)
+        return [int(f) if g[f] else n for f, g in zip(first, gone)]
+
+    def drop(self, worker: int, slots: np.ndarray) -> None:
+        """``worker`` no longer holds the blocks of ``slots`` (each held there, distinct); a
+        block no worker holds loses its slot."""
+        if not slots.shape[0]:
+            return
+        self.last[worker, slots] = np.nan
+        self.sizes[worker] -= slots.shape[0]
+        self.held[slots] -= 1
+        gone = slots[self.held[slots] == 0]
+        if gone.shape[0]:
+            self.index.delete(self.block[gone])
+            self.free.extend(np.sort(gone).tolist())
+
+    def held_by(self, worker: int) -> np.ndarray:
+        return np.flatnonzero(~np.isnan(self.last[worker]))
+
+    def oldest(self, worker: int, k: int) -> np.ndarray:
+        """The ``k`` slots ``worker`` routed least recently, deepest first among equal times
+        (leaves before their parents), then by hash."""
+        present = self.held_by(worker)
+        order = np.lexsort((self.block[present], -self.depth[present], self.last[worker, present]))
+        return present[order[:k]]
+
+    @classmethod
+    def from_rows(cls, workers: int, rows: list[tuple[int, int, list[float]]]) -> RouteTrees:
+        """The trees :meth:`rows` described (a time below 0: not held; a block no worker
+        holds is left out)."""
+        stamps = np.array([st for _, _, st in rows], dtype=np.float64).reshape(len(rows), workers).T
+        keep = (stamps >= 0).any(axis=0)
+        n = int(keep.sum())
+        t = cls(capacity=max(1024, 2 * (n + 1)))
+        for _ in range(workers):
+            t.add_worker()
+        if n:
+            slots = np.arange(1, n + 1, dtype=np.intp)
+            keys = np.array([b for b, _, _ in rows], dtype=np.uint64)[keep]
+            t.index.insert(keys, slots)
+            t.block[slots] = keys
+            t.depth[slots] = np.array([d for _, d, _ in rows], dtype=np.int64)[keep]
+            held = stamps[:, keep] >= 0
+            t.last[:, slots] = np.where(held, stamps[:, keep], np.nan)
+            t.held[slots] = held.sum(axis=0)
+            t.sizes = held.sum(axis=1).tolist()
+            t.top = n + 1
+        return t
+
+    def blocks_of(self, worker: int) -> list[int]:
+        return sorted(int(b) for b in self.block[self.held_by(worker)])
+
+    def rows(self) -> list[tuple[int, int, list[float]]]:
+        """(block, depth, last time per worker or -1.0) of every block, by block."""
+        keys, slots = self.index.items()
+        order = np.argsort(keys, kind="stable")
+        keys, slots = keys[order], slots[order]
+        stamps = np.where(np.isnan(self.last[:, slots]), -1.0, self.last[:, slots]).T.tolist()
+        return [(int(b), int(d), st) for b, d, st in zip(keys.tolist(), self.depth[slots].tolist(), stamps)]
+
+
 class CacheAwareRouter(RouterBase):
     """SGLang Model Gateway's cache-aware policy, on blocks instead of characters.
 
@@ -76,7 +232,8 @@ class CacheAwareRouter(RouterBase):
     Ties to the smallest node id. Every ``eviction_interval_s`` (event time) a tree over
     ``max_tree_tokens`` drops its least recently routed blocks, deepest first among blocks
     routed at the same time (leaves before their parents). Score: matched prefix tokens
-    (*higher* is better), the winner's rule is in the decision's choice.
+    (*higher* is better), the winner's rule is in the decision's choice. The trees are one
+    table (:class:`RouteTrees`).
     """
 
     default_name: ClassVar[str] = "cache_aware"
@@ -92,9 +249,7 @@ class CacheAwareRouter(RouterBase):
         super().__init__(**kw)
         self.workers: list[str] = []  # index -> node id (append only)
         self.index: dict[str, int] = {}
-        self.owners: dict[int, int] = {}  # block -> bitmask of worker indices
-        self.last: list[dict[int, float]] = []  # per worker: block -> last routed ts
-        self.depth: dict[int, int] = {}  # block -> position in its prompt (fixed by the chain)
+        self.trees = RouteTrees()
         self.next_eviction = float(self.eviction_interval_s)
 
     def _worker(self, node: str) -> int:
@@ -102,20 +257,13 @@ class CacheAwareRouter(RouterBase):
         if idx is None:
             idx = self.index[node] = len(self.workers)
             self.workers.append(node)
-            self.last.append({})
+            self.trees.add_worker()
         return idx
 
     def on_acting(self, rd: RouteDecided, r: RequestState | None) -> None:
         if r is None or not r.blocks or rd.shadow:
             return
-        idx = self._worker(rd.prefill_node)
-        bit = 1 << idx
-        last = self.last[idx]
-        owners, depth = self.owners, self.depth
-        for i, b in enumerate(r.blocks):
-            owners[b] = owners.get(b, 0) | bit
-            last[b] = rd.ts
-            depth[b] = i
+        self.trees.insert(self._worker(rd.prefill_node), r.blocks, rd.ts)
 
     def on_event(self, event: Event) -> None:
         if event.ts >= self.next_eviction:
@@ -132,55 +280,20 @@ class CacheAwareRouter(RouterBase):
     def on_node_removed(self, node: str) -> None:
         idx = self.index.get(node)
         if idx is not None:
-            self._drop(idx, list(self.last[idx]))
-
-    def _drop(self, idx: int, blocks: list[int]) -> None:
-        keep = ~(1 << idx)
-        last = self.last[idx]
-        for b in blocks:
-            last.pop(b, None)
-            m = self.owners.get(b, 0) & keep
-            if m:
-                self.owners[b] = m
-            else:
-                self.owners.pop(b, None)
-                self.depth.pop(b, None)
+            self.trees.drop(idx, self.trees.held_by(idx))
 
     def _evict(self) -> None:
         cap = max(0, int(self.max_tree_tokens) // self.block_tokens)
-        for idx, last in enumerate(self.last):
-            if len(last) > cap:
-                depth = self.depth
-                order = sorted(last.items(), key=lambda kv: (kv[1], -depth.get(kv[0], 0), kv[0]))
-                self._drop(idx, [b for b, _ in order[: len(last) - cap]])
+        trees = self.trees
+        for idx, size in enumerate(trees.sizes):
+            if size > cap:
+                trees.drop(idx, trees.oldest(idx, size - cap))
 
     def _matches(self, blocks: list[int], candidates: list[str]) -> dict[str, int]:
-        """Matched prefix blocks per candidate, one pass over the blocks."""
-        alive = 0
-        for n in candidates:
-            idx = self.index.get(n)
-            if idx is not None:
-                alive |= 1 << idx
-        matched = {n: 0 for n in candidates}
-        owners = self.owners
-        i = 0
-        for b in blocks:
-            m = owners.get(b, 0) & alive
-            if m != alive:
-                dropped = alive & ~m
-                for n in candidates:
-                    idx = self.index.get(n)
-                    if idx is not None and dropped >> idx & 1:
-                        matched[n] = i
-                alive = m
-                if not alive:
-                    break
-            i += 1
-        if alive:
-            for n in candidates:
-                idx = self.index.get(n)
-                if idx is not None and alive >> idx & 1:
-                    matched[n] = i
+        """Matched prefix blocks per candidate (0 for a worker never routed to)."""
+        known = [n for n in candidates if n in self.index]
+        matched = dict.fromkeys(candidates, 0)
+        matched.update(zip(known, self.trees.matched(blocks, [self.index[n] for n in known])))
         return matched
 
     def choose_prefill(self, r, candidates, lookup, now):
@@ -203,26 +316,17 @@ class CacheAwareRouter(RouterBase):
 
     def _tree_size(self, node: str) -> int:
         idx = self.index.get(node)
-        return len(self.last[idx]) if idx is not None else 0
+        return self.trees.sizes[idx] if idx is not None else 0
 
     def extra_snapshot(self) -> bytes:
-        rows = []
-        for b in sorted(self.owners):
-            rows.append((b, self.depth.get(b, 0), [self.last[i].get(b, -1.0) for i in range(len(self.workers))]))
-        return msgspec.msgpack.encode(_CacheAwareSnap(workers=self.workers, blocks=rows,
+        return msgspec.msgpack.encode(_CacheAwareSnap(workers=self.workers, blocks=self.trees.rows(),
                                                       next_eviction=self.next_eviction))
 
     def restore_extra(self, data: bytes) -> None:
         snap = msgspec.msgpack.decode(data, type=_CacheAwareSnap)
-        self.workers, self.index, self.owners = [], {}, {}
-        self.last = []
-        for n in snap.workers:
-            self._worker(n)
-        self.depth = {}
-        for b, d, stamps in snap.blocks:
-            self.depth[b] = d
-            for i, ts in enumerate(stamps):
-                if ts >= 0:
-                    self.last[i][b] = ts
-                    self.owners[b] = self.owners.get(b, 0) | (1 << i)
+        self.workers, self.index = [], {}
+        self.trees = RouteTrees.from_rows(len(snap.workers), snap.blocks)
+        for i, n in enumerate(snap.workers):
+            self.index[n] = i
+            self.workers.append(n)
         self.next_eviction = snap.next_eviction

@@ -71,10 +71,10 @@ def test_cache_aware_evicts_lru_blocks_on_its_interval():
     r = CacheAwareRouter(max_tree_tokens=4 * BT, eviction_interval_s=10.0)
     run(r, s.register(1, 1) + [s.branch("b", 0.0), s.submit("r0", "b", s.blocks(1, 3), 1.0),
                                 s.submit("r1", "b", s.blocks(100, 3), 2.0)])
-    assert len(r.last[0]) == 6
+    assert r.trees.sizes[0] == 6
     run(r, [s.branch("c", 10.5)])
     # the older request's blocks go first, its leaves before their parents
-    assert sorted(r.last[0]) == [1, 100, 101, 102]
+    assert r.trees.blocks_of(0) == [1, 100, 101, 102]
     assert r.next_eviction == 20.0
 
 
