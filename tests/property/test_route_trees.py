@@ -106,6 +106,8 @@ def test_the_table_answers_what_the_dicts_answered(ops):
         assert t.sizes == [len(d) for d in ref.last], (k, op)
         assert [t.blocks_of(w) for w in range(WORKERS)] == [sorted(d) for d in ref.last]
         assert len(t) == len(ref.owners)
+        # every slot handed out is held by a block or free again: freed slots are reused, not lost
+        assert t.top - 1 == len(t) + len(t.free) and len(set(t.free)) == len(t.free), (k, op)
     assert t.rows() == ref.rows()
     again = RouteTrees.from_rows(WORKERS, t.rows())
     assert again.rows() == t.rows() and again.sizes == t.sizes
