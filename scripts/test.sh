@@ -36,8 +36,9 @@ fi
 #   load     226 real Claude Code requests twice on `evolving up --engines 4` beside two busy loops,
 #            0 lost and 0 removals (docs/live.md, "Liveness under load"), then the short form
 #            (24 requests; its busy loops slowed the default suite's other worker): ~5 min, alone.
-#   chaos    `evolving chaos --engines --quick` on the 3-server cluster (docs/chaos_engines.md), and
-#            one server of three lost under traffic (test_cluster.py, ~25 s):
+#   chaos    `evolving chaos --engines --quick` on the 3-server cluster (docs/chaos_engines.md),
+#            one server of three lost under traffic (test_cluster.py, ~25 s), and a reader's
+#            consumer leader killed (test_failover_reader.py, ~20 s):
 #            ~2 min alone (3.3 min in the default suite, beside the other worker, where it was).
 #   torch    real torch engines served live: `up --engines torch:1` (tool calls, JSON), SmolLM2-shaped
 #            checkpoints, `--kv-bytes` (docs/engines.md, docs/kernels.md): ~3 min.

@@ -1,4 +1,5 @@
-"""``evolving nats`` (run the embedded JetStream server) and ``evolving bench bus``."""
+"""``evolving nats`` (run the embedded JetStream server), ``evolving bench bus`` and ``evolving
+bench failover``."""
 
 from __future__ import annotations
 
@@ -29,6 +30,13 @@ def register(sub, bench) -> None:
     b.add_argument("--nats-url", default=None, help="use this server instead of an embedded one")
     b.add_argument("--json", action="store_true", help="print the figures as JSON")
     b.set_defaults(func=_cmd_bench_bus)
+
+    f = bench.add_parser("failover", help="a durable reader's stall when its consumer's nats-server is killed "
+                                          "(3-server cluster): ours vs the client's 5 s API timeout")
+    f.add_argument("--runs", type=int, default=3, help="pairs of runs, the order alternating (default %(default)s)")
+    f.add_argument("--rate", type=float, default=20.0, help="events/s published through the kill")
+    f.add_argument("--json", action="store_true", help="print the figures as JSON")
+    f.set_defaults(func=_cmd_bench_failover)
 
 
 def _cmd_nats(args) -> int:
@@ -93,3 +101,30 @@ def _cmd_bench_bus(args) -> int:
     verdict = "meets" if res["ratio"]["consume_events_per_s"] >= 0.5 else "misses"
     con.print(f"consume ratio {res['ratio']['consume_events_per_s']:.2f} {verdict} the >= 0.5 target")
     return 0
+
+
+def _cmd_bench_failover(args) -> int:
+    from services.drivers.bench.failover import run  # lazy: start-up
+
+    con = Console(stderr=True)
+
+    def progress(r) -> None:
+        con.print(f"{r.variant:9} stall {r.stall_s:5.2f} s, {r.distinct}/{r.events} events read "
+                  f"({r.read - r.distinct} twice), stream leader killed too: {r.stream_leader_killed}")
+
+    res = run(args.runs, args.rate, progress)
+    if args.json:
+        json.dump(res, sys.stdout, indent=2)
+        print()
+        return 0
+    t = Table(title=f"a killed nats-server of 3: the reader's stall, {args.runs} run(s) each, {args.rate:g} events/s")
+    for col in ("reader", "median s", "min s", "max s", "lost", "read twice"):
+        t.add_column(col, justify="right" if col != "reader" else "left")
+    labels = {"ours": "ours (1 s look after a 503)", "client_timeout": "baseline (the client's 5 s)"}
+    for v, s in res["summary"].items():
+        t.add_row(labels[v], f"{s['stall_median_s']:.2f}", f"{s['stall_min_s']:.2f}", f"{s['stall_max_s']:.2f}",
+                  str(s["lost"]), str(s["duplicated"]))
+    Console().print(t)
+    print(f"median stall, baseline / ours: {res['ratio_median_stall_baseline_over_ours']:.2f}x")
+    bad = any(s["lost"] or s["duplicated"] or s["out_of_order_runs"] for s in res["summary"].values())
+    return 1 if bad else 0

@@ -238,8 +238,9 @@ class Stack:
         try:
             with urllib.request.urlopen(req, timeout=180) as r:
                 out = json.loads(r.read())
-        except urllib.error.HTTPError as exc:
-            pytest.fail(f"{text!r}: HTTP {exc.code}: {exc.read()[:2000]!r}")
+        except urllib.error.HTTPError as exc:  # what the router and the gateway said says why
+            pytest.fail(f"{text!r}: HTTP {exc.code}: {exc.read()[:2000]!r}\n"
+                        + "\n".join(f"--- {s}\n{self.logs(s, 40)}" for s in ("router", "gateway")))
         assert out["choices"][0]["finish_reason"] in ("length", "stop"), out
         assert out["usage"]["completion_tokens"] > 0, out
         self.answered.append(out["evolving"]["request"])
@@ -247,10 +248,17 @@ class Stack:
 
     def chats(self, n: int, tag: str) -> list[dict]:
         t0 = time.monotonic()
+
+        def timed(i: int) -> float:
+            t = time.monotonic()
+            self.chat(f"{tag}: request {i} of {n}, say something")
+            return time.monotonic() - t
+
         with ThreadPoolExecutor(3) as pool:
-            out = list(pool.map(lambda i: self.chat(f"{tag}: request {i} of {n}, say something"), range(n)))
+            took = list(pool.map(timed, range(n)))
         self.timings[f"{n} chats ({tag})"] = time.monotonic() - t0
-        return out
+        self.timings[f"the slowest ({tag})"] = max(took)
+        return took
 
 
 def _wait_gateway(stack: Stack, timeout_s: float) -> None:

@@ -405,7 +405,8 @@ def _consumer_state(info: api.ConsumerInfo) -> ConsumerState:
                          filter=getattr(cfg, "filter_subject", None) or "",
                          pending=int(info.num_pending or 0) + int(info.num_ack_pending or 0),
                          delivered=info.delivered.stream_seq if info.delivered else 0,
-                         ack_floor=info.ack_floor.stream_seq if info.ack_floor else 0)
+                         ack_floor=info.ack_floor.stream_seq if info.ack_floor else 0,
+                         leader=(info.cluster.leader or "") if info.cluster else "")
 
 
 def _durable_config(durable: str, start: int, subjects: str) -> api.ConsumerConfig:
@@ -469,6 +470,17 @@ def _quiet_callbacks(opts: dict, name: str) -> None:
 #: pull-request lifetime of an ephemeral consumer (see _NatsConsumer.expires_s)
 EPHEMERAL_EXPIRES_S = 2.0
 
+#: How long the look for a consumer that stopped answering (a 503 on its pull request), and the
+#: making of it again, wait for JetStream's answer: during an election the call goes unanswered,
+#: and the client's default 5 s put a whole extra wait between the new leader and the reader (a
+#: killed nats-server of the compose stack: a route took more than the gateway's 10 s). A look
+#: that times out sends a pull request again, which is the probe: the new leader answers it with
+#: messages, a leaderless consumer with another 503. Past :data:`RECREATE_SLOW_AFTER` looks (a
+#: cluster slower than any election) the look waits the client's default, so a lost consumer is
+#: still found on a JetStream that answers slowly.
+RECREATE_TIMEOUT_S = 1.0
+RECREATE_SLOW_AFTER = 20
+
 #: JetStream status codes on a pull consumer's inbox (they carry no stream message).
 _STATUS_HEARTBEAT = "100"
 _STATUS_DONE = {"404", "408", "409"}  # no messages / request expired / request closed (e.g. limits)
@@ -516,6 +528,11 @@ class _NatsConsumer:
         self._ack_msgs: dict[int, object] = {}
         self.reused = False  # the durable was kept from an earlier run (tests, logs)
         self._gone = False  # the consumer no longer answers on the server (see _recreate)
+        self._recreate_tries = 0  # failed looks for the consumer since it stopped answering
+        #: the look's API timeout (RECREATE_TIMEOUT_S; `evolving bench failover` runs the reader
+        #: with the client's 5 s as its baseline)
+        self.recreate_timeout_s = RECREATE_TIMEOUT_S
+        self.looks = 0  # times a 503 sent it looking for its consumer (tests, bench)
         self._last_cseq = 0  # consumer sequence of the last message taken from this consumer
         #: reading the whole partition: every stream sequence comes to it, so a skipped one is a loss
         self._whole = subjects == all_subjects(bus.partition)
@@ -543,8 +560,9 @@ class _NatsConsumer:
         await js.delete_consumer(stream, self.durable)
         return max(self.start_seq if self.start_seq is not None else floor + 1, 1)
 
-    async def _create_durable(self, start: int) -> None:
-        await self.bus.js.add_consumer(self.bus.stream, config=_durable_config(self.durable, start, self.subjects))
+    async def _create_durable(self, start: int, timeout: float | None = None) -> None:
+        await self.bus.js.add_consumer(self.bus.stream, config=_durable_config(self.durable, start, self.subjects),
+                                       timeout=timeout)
 
     async def _reopen_after_gap(self) -> None:
         """Deliveries were lost on the way (the consumer sequence jumped, or a stream sequence
@@ -556,18 +574,19 @@ class _NatsConsumer:
         would never send them again: start a consumer again right after the last message
         handed out (the recorder lost 3 events this way in `evolving chaos`, restart-all-nats)."""
         start = self._last_seen + 1
+        timeout = self.recreate_timeout_s  # as short as a look for a lost one: it happens in elections too
         try:
             if self.durable:
                 with contextlib.suppress(NotFoundError):
-                    await self.bus.js.delete_consumer(self.bus.stream, self.durable)
-                await self._create_durable(start)
+                    await wait_for(self.bus.js.delete_consumer(self.bus.stream, self.durable), timeout)
+                await self._create_durable(start, timeout)
             else:
                 with contextlib.suppress(Exception):  # the old one expires by itself
-                    await self.bus.js.delete_consumer(self.bus.stream, self._consumer)
-                self._consumer = await self._add_ephemeral(start)
+                    await wait_for(self.bus.js.delete_consumer(self.bus.stream, self._consumer), timeout)
+                self._consumer = await self._add_ephemeral(start, timeout)
         except Exception as exc:  # noqa: BLE001 - JetStream not back yet: try again on the next wake-up
             log.debug("consumer_reopen_failed", consumer=self.name, error=str(exc) or type(exc).__name__)
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.25)
             return
         self._reopen, self._gone = False, False
         self._buf.clear()  # the old consumer's: the new one delivers them again
@@ -605,12 +624,13 @@ class _NatsConsumer:
             self._gone = True  # no consumer answers its pull requests any more
         self._wake.set()
 
-    async def _add_ephemeral(self, start: int) -> str:
+    async def _add_ephemeral(self, start: int, timeout: float | None = None) -> str:
         # named (random, after the account: the gateway's /health names an engine's stuck reader by
         # it): nats-py then sends the filtered create subject (see _open_durable's caller)
         info = await self.bus.js.add_consumer(self.bus.stream, config=api.ConsumerConfig(
             name=f"{self.bus.account or 'eph'}-{secrets.token_hex(8)}", ack_policy=api.AckPolicy.NONE, deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
-            opt_start_seq=start, filter_subject=self.subjects, inactive_threshold=30.0, mem_storage=True))
+            opt_start_seq=start, filter_subject=self.subjects, inactive_threshold=30.0, mem_storage=True),
+            timeout=timeout)
         return info.name
 
     async def _recreate(self) -> None:
@@ -620,23 +640,30 @@ class _NatsConsumer:
         neither stalls nor reads twice. A durable that is still there (no responder for a
         moment: a leader election in a cluster) is kept as it is."""
         self._gone = False
+        self.looks += 1
         start = self._last_seen + 1 if self._last_seen else max(self.start_seq or 1, 1)
+        timeout = self.recreate_timeout_s if self._recreate_tries < RECREATE_SLOW_AFTER else 5.0
         try:
             if self.durable:
                 try:
-                    await self.bus.js.consumer_info(self.bus.stream, self.durable)
+                    await self.bus.js.consumer_info(self.bus.stream, self.durable, timeout=timeout)
+                    self._recreate_tries = 0
                     await asyncio.sleep(0.2)  # still there: ask again shortly
                     self._owed.clear()
                     return
                 except NotFoundError:
-                    await self._create_durable(start)
+                    await self._create_durable(start, timeout)
             else:
-                self._consumer = await self._add_ephemeral(start)
-        except Exception as exc:  # noqa: BLE001 - JetStream not back yet: try again on the next wake-up
-            self._gone = True
-            log.debug("consumer_recreate_failed", consumer=self.name, error=str(exc) or type(exc).__name__)
-            await asyncio.sleep(0.5)
+                # one that timed out but was made after all expires unused (inactive_threshold)
+                self._consumer = await self._add_ephemeral(start, timeout)
+        except Exception as exc:  # noqa: BLE001 - JetStream not back yet: pull again (the probe), then look again
+            self._recreate_tries += 1
+            log.debug("consumer_recreate_failed", consumer=self.name, error=str(exc) or type(exc).__name__,
+                      timeout_s=timeout)
+            await asyncio.sleep(0.25)
+            self._owed.clear()
             return
+        self._recreate_tries = 0
         self._owed.clear()
         self._last_cseq = 0
         self._ack_msgs.clear()  # acks of the lost consumer's messages mean nothing to the new one

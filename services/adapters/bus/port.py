@@ -136,6 +136,7 @@ class ConsumerState:
     pending: int  # not yet handed to it, plus handed and not acknowledged (durables)
     delivered: int  # stream sequence of the last message handed to it
     ack_floor: int  # the last sequence it acknowledged (an ephemeral needs no ack: what it was handed)
+    leader: str = ""  # the server that leads it in a cluster ("" for one server or an in-memory bus)
 
     @property
     def position(self) -> int:

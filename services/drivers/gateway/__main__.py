@@ -124,7 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "engine that prefills it (docs/engines.md, Prompts); auto: on when --tokenizer names a model's files")
     p.add_argument("--prompt-ttl-s", type=float, default=600.0,
                    help="seconds a prompt stays in the store (the bucket's max age; default %(default)s)")
-    p.add_argument("--route-timeout-s", type=float, default=10.0)
+    p.add_argument("--route-timeout-s", type=float, default=GatewayConfig.route_timeout_s,
+                   help="seconds to wait for the router's RouteDecided, then 503 (default %(default)s: "
+                        "longer than a NATS cluster's failover, docs/gateway.md)")
     p.add_argument("--token-timeout-s", type=float, default=60.0)
     p.add_argument("--default-max-tokens", type=int, default=0,
                    help="budget of a request that sets none: what the context leaves, at most this "

@@ -17,7 +17,11 @@ class GatewayConfig:
     # name is served (a single-model gateway answers whatever name a client was configured with).
     served_model_names: tuple[str, ...] = ()
     block_tokens: int = 64
-    route_timeout_s: float = 10.0
+    # 30 s, not 10: a route crosses JetStream twice (RouteRequested in, RouteDecided out), and a
+    # NATS server lost from the cluster stalls both until the stream's and the router consumer's
+    # new leaders are elected (4-9 s in nats-server) and found (6.2-8.8 s for a reader in
+    # `evolving bench failover`); 10 s turned a failover into 503s (docs/gateway.md)
+    route_timeout_s: float = 30.0
     token_timeout_s: float = 60.0
     # a request without a budget: what the context leaves, at most this (0: no further cap) and
     # default_budget_cap; the engine ends the turn long before (docs/gateway.md)
