@@ -113,10 +113,11 @@ def _cmd_bench_failover(args) -> int:
                   f"({r.read - r.distinct} twice), stream leader killed too: {r.stream_leader_killed}")
 
     res = run(args.runs, args.rate, progress)
+    bad = any(s["lost"] or s["duplicated"] or s["out_of_order_runs"] for s in res["summary"].values())
     if args.json:
         json.dump(res, sys.stdout, indent=2)
         print()
-        return 0
+        return 1 if bad else 0
     t = Table(title=f"a killed nats-server of 3: the reader's stall, {args.runs} run(s) each, {args.rate:g} events/s")
     for col in ("reader", "median s", "min s", "max s", "lost", "read twice"):
         t.add_column(col, justify="right" if col != "reader" else "left")
@@ -126,5 +127,4 @@ def _cmd_bench_failover(args) -> int:
                   str(s["lost"]), str(s["duplicated"]))
     Console().print(t)
     print(f"median stall, baseline / ours: {res['ratio_median_stall_baseline_over_ours']:.2f}x")
-    bad = any(s["lost"] or s["duplicated"] or s["out_of_order_runs"] for s in res["summary"].values())
     return 1 if bad else 0

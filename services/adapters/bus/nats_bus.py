@@ -475,9 +475,9 @@ EPHEMERAL_EXPIRES_S = 2.0
 #: and the client's default 5 s put a whole extra wait between the new leader and the reader (a
 #: killed nats-server of the compose stack: a route took more than the gateway's 10 s). A look
 #: that times out sends a pull request again, which is the probe: the new leader answers it with
-#: messages, a leaderless consumer with another 503. Past :data:`RECREATE_SLOW_AFTER` looks (a
-#: cluster slower than any election) the look waits the client's default, so a lost consumer is
-#: still found on a JetStream that answers slowly.
+#: messages, a leaderless consumer with another 503. Past :data:`RECREATE_SLOW_AFTER` failed looks
+#: or re-opens (a cluster slower than any election) they wait the client's default, so a lost
+#: consumer is still found, and a re-open still ends, on a JetStream that answers slowly.
 RECREATE_TIMEOUT_S = 1.0
 RECREATE_SLOW_AFTER = 20
 
@@ -574,7 +574,7 @@ class _NatsConsumer:
         would never send them again: start a consumer again right after the last message
         handed out (the recorder lost 3 events this way in `evolving chaos`, restart-all-nats)."""
         start = self._last_seen + 1
-        timeout = self.recreate_timeout_s  # as short as a look for a lost one: it happens in elections too
+        timeout = self._look_timeout()  # as short as a look for a lost one: it happens in elections too
         try:
             if self.durable:
                 with contextlib.suppress(NotFoundError):
@@ -585,9 +585,12 @@ class _NatsConsumer:
                     await wait_for(self.bus.js.delete_consumer(self.bus.stream, self._consumer), timeout)
                 self._consumer = await self._add_ephemeral(start, timeout)
         except Exception as exc:  # noqa: BLE001 - JetStream not back yet: try again on the next wake-up
-            log.debug("consumer_reopen_failed", consumer=self.name, error=str(exc) or type(exc).__name__)
+            self._recreate_tries += 1
+            log.debug("consumer_reopen_failed", consumer=self.name, error=str(exc) or type(exc).__name__,
+                      timeout_s=timeout)
             await asyncio.sleep(0.25)
             return
+        self._recreate_tries = 0
         self._reopen, self._gone = False, False
         self._buf.clear()  # the old consumer's: the new one delivers them again
         self._owed.clear()
@@ -633,6 +636,11 @@ class _NatsConsumer:
             timeout=timeout)
         return info.name
 
+    def _look_timeout(self) -> float:
+        """The API timeout of the next look for (or making of) the consumer: short during an
+        election, the client's default once that many have failed (see RECREATE_TIMEOUT_S)."""
+        return self.recreate_timeout_s if self._recreate_tries < RECREATE_SLOW_AFTER else 5.0
+
     async def _recreate(self) -> None:
         """The consumer no longer answers: its server restarted (memory-stored consumers, ours
         all, are not kept) or, for an ephemeral one, this client was away past the inactivity
@@ -642,7 +650,7 @@ class _NatsConsumer:
         self._gone = False
         self.looks += 1
         start = self._last_seen + 1 if self._last_seen else max(self.start_seq or 1, 1)
-        timeout = self.recreate_timeout_s if self._recreate_tries < RECREATE_SLOW_AFTER else 5.0
+        timeout = self._look_timeout()
         try:
             if self.durable:
                 try:

@@ -19,7 +19,7 @@ class GatewayConfig:
     block_tokens: int = 64
     # 30 s, not 10: a route crosses JetStream twice (RouteRequested in, RouteDecided out), and a
     # NATS server lost from the cluster stalls both until the stream's and the router consumer's
-    # new leaders are elected (4-9 s in nats-server) and found (6.2-8.8 s for a reader in
+    # new leaders are elected (4-9 s in nats-server) and found (4.3-8.8 s for a reader in
     # `evolving bench failover`); 10 s turned a failover into 503s (docs/gateway.md)
     route_timeout_s: float = 30.0
     token_timeout_s: float = 60.0
